@@ -1,0 +1,33 @@
+# One command runs the demo, one runs the tests; both build .venv from scratch when needed.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# CPU build of torch; a GPU host sets TORCH_PIN (e.g. to a CUDA build of the same version).
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: demo test install dev clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q "$(TORCH_PIN)"
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+dev: $(VENV)/.installed-dev
+
+demo: $(VENV)/.installed
+	$(BIN)/ddpviz up
+
+test: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) .ddpviz

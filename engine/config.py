@@ -1,0 +1,182 @@
+"""The job spec: `RunConfig`, validated before anything runs.
+
+This module imports no torch, so the app and the Redis client can validate a job cheaply.
+Every refusal is a `ConfigError` whose message names the field and the rule, e.g.
+``world_size must be >= 1 (got 0)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+SCHEMA_VERSION = 1  # version of the event schema, carried in `run_started`
+
+BUILTIN_MODELS = ("mlp", "cnn", "gpt")
+DATASETS = ("digits", "text", "synthetic")
+# Which datasets each built-in model trains on (the first is the default).
+MODEL_DATASETS: dict[str, tuple[str, ...]] = {
+    "mlp": ("digits", "synthetic"),
+    "cnn": ("digits", "synthetic"),
+    "gpt": ("text", "synthetic"),
+}
+
+
+class ConfigError(ValueError):
+    """A job spec broke a rule. `.errors` lists ``(field, message)`` pairs."""
+
+    def __init__(self, errors: list[tuple[str, str]]):
+        self.errors = errors
+        super().__init__("; ".join(msg for _, msg in errors))
+
+
+class RunConfig(BaseModel):
+    """One training run: strategy, model, data and every DDP knob.
+
+    Sizes are in samples, bytes or MiB as each name says; times in seconds.
+    Defaults give a DDP run of about 20 s on 2 CPU cores (mlp on digits).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["dp", "ddp", "single"] = "ddp"  # single = one device, same global batch
+    world_size: int = Field(2, ge=1, le=64)  # devices (DP) or rank processes (DDP)
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: CUDA if world_size GPUs, else CPU
+    backend: Literal["auto", "gloo", "nccl"] = "auto"  # DDP process-group backend
+    model: str = Field("mlp", min_length=1, max_length=64)  # a built-in or a `ddpviz.models` plugin
+    width: int = Field(128, ge=1, le=8192)  # mlp hidden units, cnn channels, gpt n_embd
+    depth: int = Field(3, ge=1, le=48)  # mlp hidden layers, cnn conv blocks, gpt n_layer
+    n_head: int = Field(4, ge=1, le=64)  # gpt attention heads (width % n_head == 0)
+    block_size: int = Field(64, ge=2, le=2048)  # gpt context length, tokens
+    dataset: Literal["digits", "text", "synthetic"] = "digits"
+    global_batch_size: int = Field(64, ge=1, le=65536)  # samples per optimizer step, all devices
+    steps: int = Field(150, ge=1, le=1_000_000)  # optimizer steps
+    lr: float = Field(0.05, gt=0.0, le=10.0)  # learning rate
+    optimizer: Literal["sgd", "adamw"] = "sgd"
+    seed: int = Field(0, ge=0, le=2**31 - 1)  # model init and data order
+    bucket_cap_mb: float = Field(25.0, gt=0.0, le=4096.0)  # DDP bucket size cap, MiB
+    overlap: bool = True  # False: defer every all-reduce until the last bucket is ready
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    find_unused_parameters: bool = False
+    grad_accum_steps: int = Field(1, ge=1, le=1024)  # micro-batches per optimizer step
+    amp: bool = False  # bf16 autocast
+    eval_every: int = Field(25, ge=0, le=1_000_000)  # validation every N steps; 0 = at end only
+    step_delay_s: float = Field(0.0, ge=0.0, le=5.0)  # sleep per step, to slow a demo down
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> "RunConfig":
+        errors = cross_field_errors(self)
+        if errors:
+            raise ValueError(" | ".join(f"{f}: {m}" for f, m in errors))
+        return self
+
+    @property
+    def micro_batch_per_device(self) -> int:
+        """Samples each device processes per forward (global / world_size / grad_accum_steps)."""
+        return self.global_batch_size // (self.world_size * self.grad_accum_steps)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def cross_field_errors(cfg: RunConfig) -> list[tuple[str, str]]:
+    """Rules that tie fields together; each names its field and the rule."""
+    errs: list[tuple[str, str]] = []
+    per_step = cfg.world_size * cfg.grad_accum_steps
+    if cfg.global_batch_size < cfg.world_size:
+        errs.append(("global_batch_size",
+                     f"global_batch_size must be >= world_size ({cfg.world_size}), "
+                     f"so every device gets at least one sample (got {cfg.global_batch_size})"))
+    elif cfg.global_batch_size % per_step:
+        sizes = _scatter_sizes(cfg.global_batch_size // cfg.grad_accum_steps, cfg.world_size)
+        errs.append(("global_batch_size",
+                     f"global_batch_size must be divisible by world_size * grad_accum_steps "
+                     f"({per_step}); got {cfg.global_batch_size}, which DP's scatter would split "
+                     f"unevenly as {sizes} per device and DDP cannot average exactly"))
+    if cfg.model in MODEL_DATASETS and cfg.dataset not in MODEL_DATASETS[cfg.model]:
+        errs.append(("dataset", f"dataset '{cfg.dataset}' does not fit model '{cfg.model}'; "
+                                f"use one of {list(MODEL_DATASETS[cfg.model])}"))
+    if cfg.model == "gpt" and cfg.width % cfg.n_head:
+        errs.append(("n_head", f"width ({cfg.width}) must be divisible by n_head ({cfg.n_head})"))
+    if cfg.backend == "nccl" and cfg.device == "cpu":
+        errs.append(("backend", "backend 'nccl' needs device 'cuda' (use 'gloo' on CPU)"))
+    return errs
+
+
+def _scatter_sizes(batch: int, n: int) -> list[int]:
+    """Chunk sizes of `torch.chunk(batch, n)`, which DP's scatter uses: ceil(batch/n) each."""
+    size = -(-batch // n)
+    out, left = [], batch
+    while left > 0 and len(out) < n:
+        out.append(min(size, left))
+        left -= out[-1]
+    return out
+
+
+def _describe(err: dict[str, Any]) -> tuple[str, str]:
+    field = ".".join(str(p) for p in err.get("loc", ())) or "config"
+    kind, ctx, got = err.get("type", ""), err.get("ctx") or {}, err.get("input")
+    rules = {
+        "greater_than_equal": lambda: f"must be >= {ctx.get('ge')}",
+        "greater_than": lambda: f"must be > {ctx.get('gt')}",
+        "less_than_equal": lambda: f"must be <= {ctx.get('le')}",
+        "less_than": lambda: f"must be < {ctx.get('lt')}",
+        "literal_error": lambda: f"must be one of {ctx.get('expected')}",
+        "extra_forbidden": lambda: "is not a known field",
+        "missing": lambda: "is required",
+        "string_too_long": lambda: f"must be at most {ctx.get('max_length')} characters",
+        "string_too_short": lambda: f"must be at least {ctx.get('min_length')} characters",
+    }
+    if kind in rules:
+        rule = rules[kind]()
+    elif kind == "value_error":
+        # cross-field rules arrive pre-formatted as "field: message | field: message"
+        return field, str(ctx.get("error", err.get("msg", "")))
+    else:
+        rule = err.get("msg", "is invalid").lower()
+    shown = repr(got)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    return field, f"{field} {rule} (got {shown})"
+
+
+def validate_config(data: dict[str, Any] | RunConfig, *, known_models: set[str] | None = None) -> RunConfig:
+    """Validate a job spec.
+
+    Args:
+        data: field values (unknown fields are refused), or a RunConfig to re-check.
+        known_models: model names allowed; default the built-ins plus installed plugins.
+
+    Raises:
+        ConfigError: listing every broken rule as ``(field, message)``.
+    """
+    if isinstance(data, RunConfig):
+        data = data.model_dump()
+    if not isinstance(data, dict):
+        raise ConfigError([("config", f"config must be a JSON object (got {type(data).__name__})")])
+    try:
+        cfg = RunConfig(**data)
+    except ValidationError as exc:
+        errors: list[tuple[str, str]] = []
+        for e in exc.errors():
+            field, msg = _describe(e)
+            if e.get("type") == "value_error":
+                for part in msg.removeprefix("Value error, ").split(" | "):
+                    f, _, m = part.partition(": ")
+                    errors.append((f, m))
+            else:
+                errors.append((field, msg))
+        raise ConfigError(errors) from None
+    models = known_models if known_models is not None else set(BUILTIN_MODELS) | plugin_model_names()
+    if cfg.model not in models:
+        raise ConfigError([("model", f"model must be one of {sorted(models)} (got {cfg.model!r})")])
+    return cfg
+
+
+def plugin_model_names() -> set[str]:
+    """Names registered under the `ddpviz.models` entry-point group (read without importing them)."""
+    from importlib.metadata import entry_points
+
+    return {ep.name for ep in entry_points(group="ddpviz.models")}

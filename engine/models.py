@@ -1,0 +1,157 @@
+"""Built-in models and the `ddpviz.models` plugin registry.
+
+Every model maps a batch `x` to logits; the loss is cross-entropy over the last dimension
+(`engine.training.loss_fn`). Size knobs (`width`, `depth`, `n_head`, `block_size`) scale the
+parameter count, and so the bytes DP broadcasts and DDP all-reduces.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from engine.config import RunConfig
+
+
+class MLP(nn.Module):
+    """`depth` hidden layers of `width` units. x: (B, in_dim) -> logits (B, n_classes)."""
+
+    def __init__(self, in_dim: int, width: int, depth: int, n_classes: int):
+        super().__init__()
+        dims = [in_dim] + [width] * depth
+        self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+        self.head = nn.Linear(dims[-1], n_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.hidden:
+            x = F.relu(layer(x))  # (B, width)
+        return self.head(x)  # (B, n_classes)
+
+
+class CNN(nn.Module):
+    """`depth` 3x3 conv blocks of `width` channels on 8x8 images. x: (B, 64) -> (B, n_classes)."""
+
+    def __init__(self, side: int, width: int, depth: int, n_classes: int):
+        super().__init__()
+        self.side = side
+        chans = [1] + [width] * depth
+        self.convs = nn.ModuleList(nn.Conv2d(a, b, 3, padding=1) for a, b in zip(chans[:-1], chans[1:]))
+        self.head = nn.Linear(width, n_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.view(x.size(0), 1, self.side, self.side)  # (B, 1, H, W)
+        for conv in self.convs:
+            x = F.relu(conv(x))  # (B, width, H, W)
+        return self.head(x.mean(dim=(2, 3)))  # (B, n_classes)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention (nanoGPT). x: (B, T, C) -> (B, T, C)."""
+
+    def __init__(self, width: int, n_head: int):
+        super().__init__()
+        self.n_head = n_head
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, width: int, n_head: int):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.attn = CausalSelfAttention(width, n_head)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """Decoder-only transformer with tied input/output embedding (nanoGPT, Karpathy 2022).
+
+    x: (B, T) token ids, T <= block_size -> logits (B, T, vocab_size).
+    """
+
+    def __init__(self, vocab_size: int, block_size: int, width: int, depth: int, n_head: int):
+        super().__init__()
+        self.block_size = block_size
+        self.tok_emb = nn.Embedding(vocab_size, width)
+        self.pos_emb = nn.Embedding(block_size, width)
+        self.blocks = nn.ModuleList(Block(width, n_head) for _ in range(depth))
+        self.ln_f = nn.LayerNorm(width)
+        self.lm_head = nn.Linear(width, vocab_size, bias=False)
+        self.lm_head.weight = self.tok_emb.weight  # weight tying (Press & Wolf 2017)
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        T = idx.size(1)
+        pos = torch.arange(T, device=idx.device)
+        x = self.tok_emb(idx) + self.pos_emb(pos)  # (B, T, C)
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))  # (B, T, vocab)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How to build a model for a dataset: `build(cfg, dataset) -> nn.Module`."""
+
+    name: str
+    build: Callable[[RunConfig, object], nn.Module]
+
+
+def _build_builtin(cfg: RunConfig, ds) -> nn.Module:
+    if cfg.model == "mlp":
+        return MLP(ds.in_dim, cfg.width, cfg.depth, ds.n_classes)
+    if cfg.model == "cnn":
+        side = int(round(ds.in_dim ** 0.5))
+        if side * side != ds.in_dim:
+            raise ValueError(f"model 'cnn' needs square inputs; dataset '{cfg.dataset}' has {ds.in_dim} features")
+        return CNN(side, cfg.width, cfg.depth, ds.n_classes)
+    if cfg.model == "gpt":
+        return GPT(ds.n_classes, cfg.block_size, cfg.width, cfg.depth, cfg.n_head)
+    raise KeyError(cfg.model)
+
+
+def build_model(cfg: RunConfig, ds) -> nn.Module:
+    """Build `cfg.model` for dataset `ds` with the init seeded by `cfg.seed` (identical on every rank).
+
+    Raises:
+        KeyError: the name is neither built in nor a registered `ddpviz.models` plugin.
+    """
+    torch.manual_seed(cfg.seed)
+    if cfg.model in ("mlp", "cnn", "gpt"):
+        return _build_builtin(cfg, ds)
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="ddpviz.models"):
+        if ep.name == cfg.model:
+            return ep.load()(cfg, ds)
+    raise KeyError(f"model must be a built-in or a registered plugin (got {cfg.model!r})")
+
+
+def param_count(model: nn.Module) -> int:
+    """Trainable parameters, counting a tied tensor once."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def grad_bytes(model: nn.Module) -> int:
+    """Bytes of one full gradient (what DDP all-reduces and DP reduces per step)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
