@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Protocol
 
-EVENT_TYPES = ("run_started", "step", "bucket", "dp_phase", "memory", "comm_volume", "eval",
+EVENT_TYPES = ("run_started", "step", "bucket", "dp_phase", "memory", "comm_volume", "eval", "sync",
                "log", "run_finished")
 
 

@@ -24,6 +24,7 @@ class RunResult:
     status: Status
     error: dict[str, Any] | None = None
     summary: dict[str, Any] = field(default_factory=dict)
+    final_params: Any = None  # torch.Tensor (P,) on CPU: the trained parameters, for comparisons
 
 
 def run_training(cfg: RunConfig, sink: EventSink, run_id: str, *,

@@ -1,0 +1,113 @@
+"""Runs one job in this process (single, DP) or in rank processes (DDP) and reports it.
+
+Order of events: `run_started` (after pre-flight checks), the run's own events, `run_finished`
+(always, with status succeeded|failed|canceled and a summary built from the events).
+"""
+
+from __future__ import annotations
+
+import socket
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from engine.config import SCHEMA_VERSION, RunConfig
+from engine.data import load_dataset
+from engine.devices import DevicePlan, PreflightError, resolve_plan
+from engine.events import EventSink, make_event
+from engine.loop import Canceled
+from engine.models import build_model, grad_bytes, param_count
+from engine.preflight import check_model
+from engine.run import RunResult
+from engine.summary import SummaryBuilder
+from engine.telemetry import Telemetry
+from engine.training import flat_params, param_checksum
+
+
+class _Observed:
+    """Forwards events to `sink` while the summary builder watches them."""
+
+    def __init__(self, sink: EventSink, builder: SummaryBuilder):
+        self.sink, self.builder = sink, builder
+
+    def emit(self, event: dict[str, Any]) -> None:
+        self.builder.observe(event)
+        self.sink.emit(event)
+
+    def close(self) -> None:
+        pass
+
+
+def error_dict(exc: BaseException, rank: int | None = 0) -> dict[str, Any]:
+    """`{rank, exception, traceback}` for a `run_finished` event."""
+    return dict(rank=rank, exception=f"{type(exc).__name__}: {exc}",
+                traceback="".join(traceback.format_exception(exc)))
+
+
+def _started_fields(cfg: RunConfig, plan: DevicePlan, model: torch.nn.Module) -> dict[str, Any]:
+    return dict(schema_version=SCHEMA_VERSION, config=cfg.to_json_dict(), mode=cfg.mode,
+                world_size=cfg.world_size, backend=plan.backend, devices=plan.infos,
+                device_names=plan.names, emulated=plan.emulated, torch_version=torch.__version__,
+                host=socket.gethostname(), param_count=param_count(model), grad_bytes=grad_bytes(model),
+                micro_batch_per_device=cfg.micro_batch_per_device)
+
+
+def execute(cfg: RunConfig, sink: EventSink, run_id: str, *,
+            should_stop: Callable[[], bool] | None = None,
+            workdir: str | Path | None = None) -> RunResult:
+    """See `engine.run.run_training`."""
+    builder = SummaryBuilder()
+    out = _Observed(sink, builder)
+    t0 = time.time()
+    result = RunResult(status="succeeded")
+    tmp = None
+    try:
+        plan = resolve_plan(cfg)
+        ds = load_dataset(cfg)
+        model = build_model(cfg, ds)
+        check_model(cfg, model, ds)
+        out.emit(make_event("run_started", run_id, rank=0, device=plan.names[0],
+                            **_started_fields(cfg, plan, model)))
+        if workdir is None:
+            tmp = tempfile.TemporaryDirectory(prefix=f"ddpviz-{run_id}-")
+            workdir = tmp.name
+        result.final_params = _dispatch(cfg, plan, ds, model, out, run_id, should_stop, Path(workdir))
+    except Canceled as exc:
+        result.status, result.error = "canceled", dict(rank=None, exception=str(exc), traceback="")
+    except PreflightError as exc:
+        result.status, result.error = "failed", dict(rank=None, exception=f"{exc.field}: {exc}", traceback="")
+    except Exception as exc:
+        result.status = "failed"
+        result.error = getattr(exc, "error", None) or error_dict(exc, rank=0)
+    finally:
+        result.summary = builder.summary()
+        result.summary["wall_time_s"] = time.time() - t0
+        out.emit(make_event("run_finished", run_id, rank=0, status=result.status,
+                            error=result.error, summary=result.summary))
+        if tmp is not None:
+            tmp.cleanup()
+    return result
+
+
+def _dispatch(cfg, plan: DevicePlan, ds, model, out, run_id, should_stop, workdir: Path):
+    """Train in the mode asked for; returns the final parameters as a flat CPU tensor."""
+    if cfg.mode == "ddp":
+        from engine.launcher import launch_ddp
+
+        return launch_ddp(cfg, plan, out, run_id, should_stop, workdir)
+    tel = Telemetry(out, run_id, rank=0, device=plan.names[0])
+    if cfg.mode == "single":
+        from engine.single import train_single
+
+        trained = train_single(cfg, ds, model, torch.device(plan.names[0] if plan.kind == "cuda" else "cpu"),
+                               tel, should_stop)
+        tel.emit("sync", step=cfg.steps - 1, checksums=[param_checksum(trained)], in_sync=True)
+    else:
+        from engine.dp import train_dp
+
+        trained = train_dp(cfg, plan, ds, model, tel, should_stop)
+    return flat_params(trained)

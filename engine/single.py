@@ -1,0 +1,69 @@
+"""`mode=single`: one device trains on the whole global batch — the baseline for speed and numerics.
+
+The global micro-batch is every rank's shard in rank order (`BatchPlan.global_indices`), so after k
+steps the parameters must equal DP's and DDP's (up to float summation order).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from engine.config import RunConfig
+from engine.data import BatchPlan, Dataset
+from engine.loop import drive
+from engine.memory import ActivationCounter, accounted_event, buffer_bytes, cuda_event, grads_bytes, \
+    optimizer_state_bytes, param_bytes, tensor_bytes
+from engine.telemetry import Telemetry, now, step_fields
+from engine.training import autocast, evaluate, loss_fn, make_optimizer
+
+
+def train_single(cfg: RunConfig, ds: Dataset, model: nn.Module, device: torch.device, tel: Telemetry,
+                 should_stop: Callable[[], bool] | None = None) -> nn.Module:
+    """Train `model` on `device` for `cfg.steps` steps; returns the trained model."""
+    model.to(device).train()
+    opt = make_optimizer(cfg, model.parameters())
+    plan = BatchPlan(len(ds), cfg.world_size, cfg.micro_batch_per_device, cfg.seed)
+    acts = ActivationCounter()
+    last: dict[str, int] = {}
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def train_step(step: int) -> dict:
+        t0 = now()
+        fwd = bwd = 0.0
+        loss_sum = 0.0
+        for micro in range(cfg.grad_accum_steps):
+            idx = plan.global_indices(step * cfg.grad_accum_steps + micro)
+            x, y = ds.x_train[idx].to(device), ds.y_train[idx].to(device)
+            t1 = now()
+            with acts, autocast(cfg, device.type):
+                loss = loss_fn(model(x), y) / cfg.grad_accum_steps
+            sync()
+            t2 = now()
+            loss.backward()
+            sync()
+            t3 = now()
+            fwd, bwd, loss_sum = fwd + t2 - t1, bwd + t3 - t2, loss_sum + loss.item()
+            last.update(activations=acts.nbytes, inputs=tensor_bytes([x, y]))
+        t4 = now()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        sync()
+        t5 = now()
+        return step_fields(loss=loss_sum, samples=cfg.global_batch_size, step_time_s=t5 - t0,
+                           forward_s=fwd, backward_s=bwd, comm_exposed_s=0.0, optimizer_s=t5 - t4)
+
+    def memory(step: int) -> None:
+        breakdown = dict(params=param_bytes(model), grads=grads_bytes(model),
+                         optimizer_state=optimizer_state_bytes(opt), buffers=buffer_bytes(model), **last)
+        fields = cuda_event(device, breakdown) if device.type == "cuda" else accounted_event(breakdown)
+        tel.emit("memory", step=step, **fields)
+
+    drive(cfg, tel, train_step, should_stop=should_stop, memory=memory,
+          evaluate=lambda: evaluate(model, ds, device))
+    return model

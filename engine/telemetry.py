@@ -1,0 +1,40 @@
+"""Per-rank telemetry: builds events with the run's identity and a monotonic clock.
+
+`Telemetry.emit` adds `run_id`, `rank`, `device` and `ts`. Times inside a step are taken with
+`time.perf_counter()` and reported in seconds relative to an origin (the step or backward start).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from engine.events import EventSink, make_event
+
+
+class Telemetry:
+    """Emits events for one rank (DDP) or one process (single/DP, rank 0)."""
+
+    def __init__(self, sink: EventSink, run_id: str, rank: int = 0, device: str = "cpu:0"):
+        self.sink, self.run_id, self.rank, self.device = sink, run_id, rank, device
+
+    def emit(self, type_: str, **fields: Any) -> None:
+        fields.setdefault("rank", self.rank)
+        fields.setdefault("device", self.device)
+        self.sink.emit(make_event(type_, self.run_id, **fields))
+
+
+def should_sample_memory(step: int, steps: int) -> bool:
+    """Memory events: every step for the first 5, then about 100 per run, and the last step."""
+    return step < 5 or step == steps - 1 or step % max(1, steps // 100) == 0
+
+
+def step_fields(*, loss: float, samples: int, step_time_s: float, forward_s: float,
+                backward_s: float, comm_exposed_s: float, optimizer_s: float) -> dict[str, Any]:
+    """The `step` event's measures; samples_per_s = samples / step_time_s."""
+    return dict(loss=loss, samples=samples, step_time_s=step_time_s, forward_s=forward_s,
+                backward_s=backward_s, comm_exposed_s=comm_exposed_s, optimizer_s=optimizer_s,
+                samples_per_s=samples / step_time_s if step_time_s > 0 else 0.0)
+
+
+now = time.perf_counter

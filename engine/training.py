@@ -1,0 +1,85 @@
+"""Pieces every mode shares: loss, optimizer, evaluation, parameter checksums, devices.
+
+The loss is cross-entropy over the last dimension, averaged over every sample (and token), so a
+mean over the global batch equals the average of equal-sized per-rank means — the identity DDP's
+gradient averaging relies on (PyTorch DDP docs, "gradients are averaged across ranks").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from engine.config import RunConfig
+from engine.data import Dataset
+
+EVAL_BATCH = 512  # samples per validation forward
+
+
+def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy. logits: (B, C) or (B, T, C); y: (B,) or (B, T) class ids."""
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
+
+
+def make_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:
+    """SGD (no momentum, so k steps are easy to reproduce) or AdamW (weight_decay 0.01)."""
+    params = list(params)
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.01)
+
+
+def autocast(cfg: RunConfig, device_type: str):
+    """bf16 autocast when `cfg.amp`, else a no-op context."""
+    if cfg.amp:
+        return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, ds: Dataset, device: torch.device) -> tuple[float, float]:
+    """Validation (mean loss, accuracy in [0, 1]) over the whole held-out split."""
+    was_training = model.training
+    model.eval()
+    total_loss, correct, count = 0.0, 0, 0
+    for i in range(0, len(ds.x_val), EVAL_BATCH):
+        x, y = ds.x_val[i:i + EVAL_BATCH].to(device), ds.y_val[i:i + EVAL_BATCH].to(device)
+        logits = model(x)
+        n = y.numel()
+        total_loss += loss_fn(logits, y).item() * n
+        correct += (logits.argmax(-1) == y).sum().item()
+        count += n
+    model.train(was_training)
+    return total_loss / max(count, 1), correct / max(count, 1)
+
+
+@torch.no_grad()
+def param_checksum(model: nn.Module) -> list[float]:
+    """[sum, sum of squares] of all parameters in float64: equal on replicas that are in sync."""
+    s = torch.zeros(2, dtype=torch.float64)
+    for p in model.parameters():
+        d = p.detach().double().cpu()
+        s[0] += d.sum()
+        s[1] += (d * d).sum()
+    return s.tolist()
+
+
+@torch.no_grad()
+def flat_params(model: nn.Module) -> torch.Tensor:
+    """All parameters concatenated, float32 on CPU: (P,)."""
+    return torch.cat([p.detach().float().cpu().reshape(-1) for p in model.parameters()])
+
+
+def cpu_threads_per_rank(world_size: int) -> int:
+    """Intra-op threads per rank so ranks do not oversubscribe the host's cores."""
+    return max(1, (os.cpu_count() or 1) // world_size)
+
+
+def should_eval(cfg: RunConfig, step: int) -> bool:
+    """Validate every `eval_every` steps (if > 0) and after the last step."""
+    last = step == cfg.steps - 1
+    return last or (cfg.eval_every > 0 and (step + 1) % cfg.eval_every == 0)
