@@ -64,6 +64,7 @@ class RunConfig(BaseModel):
     amp: bool = False  # bf16 autocast
     eval_every: int = Field(25, ge=0, le=1_000_000)  # validation every N steps; 0 = at end only
     step_delay_s: float = Field(0.0, ge=0.0, le=5.0)  # sleep per step, to slow a demo down
+    collective_timeout_s: float = Field(60.0, ge=1.0, le=3600.0)  # a collective waiting longer fails the run
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> "RunConfig":

@@ -1,0 +1,123 @@
+"""A DDP communication hook that all-reduces each gradient bucket and records when it happened.
+
+It keeps DDP's semantics: the bucket is divided by world_size once and all-reduced (sum), as
+PyTorch's default `allreduce_hook` does (torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py).
+DDP calls hooks in bucket-index order as buckets become ready during backward
+(`Reducer::mark_bucket_ready`), so `bucket.is_last()` marks the last one of the step.
+
+With `overlap=False` every all-reduce is deferred until the last bucket is ready: the hook returns
+futures it completes later, showing on the same model what overlap buys.
+
+Times are seconds from the step's backward start (`BucketRecorder.begin_backward`). On CPU they
+are host clock readings; on CUDA, events recorded on the current stream (resolved after the step).
+"""
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from engine.telemetry import now
+
+
+class HostClock:
+    """Wall-clock marks (perf_counter seconds)."""
+
+    def mark(self) -> Any:
+        return now()
+
+    def seconds(self, origin: Any, mark: Any) -> float:
+        return mark - origin
+
+
+class CudaClock:
+    """CUDA event marks, resolved to seconds after a synchronize."""
+
+    def mark(self) -> Any:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def seconds(self, origin: Any, mark: Any) -> float:
+        return origin.elapsed_time(mark) / 1e3
+
+
+class BucketRecorder:
+    """State of the recording hook for one rank.
+
+    Args:
+        world_size: ranks in the process group (the divisor that turns the sum into a mean).
+        overlap: all-reduce each bucket as soon as it is ready (True) or after the last one (False).
+        names: parameter name by `data_ptr()`, to name each bucket's parameters.
+        clock: `HostClock()` on CPU, `CudaClock()` on CUDA.
+    """
+
+    def __init__(self, world_size: int, overlap: bool, names: dict[int, str], clock=None,
+                 group=None):
+        self.world_size, self.overlap, self.names = world_size, overlap, names
+        self.clock = clock or HostClock()
+        self.group = group
+        self.records: list[dict[str, Any]] = []
+        self.pending: list[tuple[torch.Tensor, dict, torch.futures.Future]] = []
+        self.layout: dict[int, tuple[str, ...]] = {}  # bucket index -> parameter names last seen
+        self.origin: Any = None
+
+    def begin_backward(self) -> None:
+        """Call right before the backward whose buckets should be recorded."""
+        self.records, self.pending = [], []
+        self.origin = self.clock.mark()
+
+    def _record(self, bucket: dist.GradBucket) -> dict[str, Any]:
+        buf = bucket.buffer()
+        names = tuple(self.names.get(p.data_ptr(), "?") for p in bucket.parameters())
+        rec: dict[str, Any] = dict(bucket_index=bucket.index(), nbytes=buf.numel() * buf.element_size(),
+                                   num_params=len(names), is_last=bucket.is_last(), ready=self.clock.mark())
+        if self.layout.get(bucket.index()) != names:
+            self.layout[bucket.index()] = names
+            rec["param_names"] = list(names)
+        self.records.append(rec)
+        return rec
+
+    def _launch(self, buf: torch.Tensor, rec: dict) -> torch.futures.Future:
+        rec["comm_start"] = self.clock.mark()
+        buf.div_(self.world_size)
+        fut = dist.all_reduce(buf, group=self.group, async_op=True).get_future()
+
+        def done(f: torch.futures.Future) -> torch.Tensor:
+            rec["comm_end"] = self.clock.mark()
+            return f.value()[0]
+
+        return fut.then(done)
+
+    def hook(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        rec = self._record(bucket)
+        buf = bucket.buffer()
+        if self.overlap:
+            return self._launch(buf, rec)
+        fut: torch.futures.Future = torch.futures.Future()
+        self.pending.append((buf, rec, fut))
+        if bucket.is_last():  # every bucket is ready: now run the deferred all-reduces in order
+            for b, r, f in self.pending:
+                r["comm_start"] = self.clock.mark()
+                b.div_(self.world_size)
+                dist.all_reduce(b, group=self.group)
+                r["comm_end"] = self.clock.mark()
+                f.set_result(b)
+            self.pending = []
+        return fut
+
+    def resolved(self) -> list[dict[str, Any]]:
+        """This step's records with times in seconds from backward start (call after the step)."""
+        out = []
+        for r in self.records:
+            e = {k: v for k, v in r.items() if k not in ("ready", "comm_start", "comm_end")}
+            for k, key in (("ready", "ready_s"), ("comm_start", "comm_start_s"), ("comm_end", "comm_end_s")):
+                e[key] = self.clock.seconds(self.origin, r[k]) if k in r else None
+            out.append(e)
+        return out
+
+
+# No `from __future__ import annotations` here: DDP checks this signature's real annotation types.
+def recording_hook(state: BucketRecorder, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The function given to `DistributedDataParallel.register_comm_hook(state, hook)`."""
+    return state.hook(bucket)
