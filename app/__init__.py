@@ -1,0 +1,1 @@
+"""ddpviz web app (Streamlit + Altair). Imports no torch: it talks to runs through `workers.client`."""

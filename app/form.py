@@ -1,0 +1,91 @@
+"""The Launch form's fields, defaults and validation, without widgets (pure, testable).
+
+Defaults come from `engine.config.RunConfig`; validation is `engine.config.validate_config`, so
+the form refuses exactly what a worker would, with the same ``(field, message)`` pairs.
+"""
+
+from __future__ import annotations
+
+import typing
+from typing import Any
+
+from engine.config import (BUILTIN_MODELS, RunConfig, ConfigError, plugin_model_names,
+                           validate_config)
+
+# (title, fields) of the form's three columns, then the "advanced" expander.
+COLUMNS: list[tuple[str, list[str]]] = [
+    ("Strategy", ["mode", "world_size", "bucket_cap_mb", "overlap"]),
+    ("Model and data", ["model", "dataset", "width", "depth"]),
+    ("Training", ["global_batch_size", "steps", "lr", "optimizer", "seed", "step_delay_s"]),
+]
+ADVANCED = ["gradient_as_bucket_view", "static_graph", "find_unused_parameters",
+            "grad_accum_steps", "amp", "device", "backend", "n_head", "block_size", "eval_every"]
+
+HELP = {
+    "mode": "dp: one process, a thread per device; ddp: a process per rank; single: one device "
+            "(the baseline). Ignored by 'Launch DP and DDP'.",
+    "world_size": "devices (DP) or rank processes (DDP), >= 1",
+    "bucket_cap_mb": "DDP gradient bucket size cap, MiB (PyTorch default 25)",
+    "overlap": "DDP: all-reduce each bucket as soon as it is ready; off defers every "
+               "all-reduce until the last bucket is ready",
+    "model": "built-in model (or an installed ddpviz.models plugin)",
+    "dataset": "digits/synthetic for mlp and cnn; text/synthetic for gpt",
+    "width": "mlp hidden units, cnn channels, gpt embedding size",
+    "depth": "mlp hidden layers, cnn conv blocks, gpt layers",
+    "global_batch_size": "samples per optimizer step over all devices; divisible by "
+                         "world_size × grad_accum_steps",
+    "steps": "optimizer steps",
+    "lr": "learning rate",
+    "seed": "model init and data order",
+    "step_delay_s": "seconds to sleep per step, to slow a demo down",
+    "grad_accum_steps": "micro-batches per optimizer step",
+    "amp": "bf16 autocast",
+    "device": "auto: CUDA when world_size GPUs are visible, else virtual CPU devices",
+    "backend": "DDP process-group backend; auto: nccl on CUDA, gloo on CPU",
+    "n_head": "gpt attention heads (width % n_head == 0)",
+    "block_size": "gpt context length, tokens",
+    "eval_every": "validation every N steps; 0 = at the end only",
+}
+
+
+def defaults() -> dict[str, Any]:
+    """Every RunConfig field's default, by name."""
+    return {name: f.default for name, f in RunConfig.model_fields.items()}
+
+
+def choices(field: str) -> list[str] | None:
+    """Allowed values of a choice field (Literal, or `model`), else None."""
+    if field == "model":
+        return sorted(set(BUILTIN_MODELS) | plugin_model_names(),
+                      key=lambda m: (m not in BUILTIN_MODELS, m))
+    ann = RunConfig.model_fields[field].annotation
+    if typing.get_origin(ann) is typing.Literal:
+        return list(typing.get_args(ann))
+    return None
+
+
+def kind(field: str) -> str:
+    """Widget kind for a field: 'choice', 'bool', 'int' or 'float'."""
+    if choices(field) is not None:
+        return "choice"
+    ann = RunConfig.model_fields[field].annotation
+    return {bool: "bool", int: "int", float: "float"}.get(ann, "text")
+
+
+def form_fields() -> list[str]:
+    """Every field the form shows, in order."""
+    return [f for _, fields in COLUMNS for f in fields] + ADVANCED
+
+
+def validation_errors(values: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(field, message)`` for every rule `values` breaks; empty when it is a valid RunConfig."""
+    try:
+        validate_config(values)
+    except ConfigError as exc:
+        return list(exc.errors)
+    return []
+
+
+def pair_values(values: dict[str, Any]) -> dict[str, Any]:
+    """The config `submit_pair` receives: `values` with mode set to ddp (it sets dp and ddp itself)."""
+    return {**values, "mode": "ddp"}

@@ -1,0 +1,118 @@
+"""Live page: one or two runs side by side, each panel refreshing itself about once a second.
+
+Which runs: `?runs=id1,id2` in the URL, else the ids the Launch/Runs page left in
+`st.session_state["live_runs"]`, else the latest pair (the newest run and its group mate).
+Each panel is its own `st.fragment(run_every=REFRESH_S)`; once every shown run is terminal and
+its stream is drained, the page reruns once with `run_every=None` and stops polling.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import frames, panels
+from app.connection import require_client
+from app.window import RunWindow
+
+REFRESH_S = 1.0
+MAX_RUNS = 2
+
+
+def latest_pair(runs: list[dict]) -> list[str]:
+    """The newest run and, if it belongs to a group (a DP/DDP pair), its group mates (max 2)."""
+    if not runs:
+        return []
+    newest = max(runs, key=lambda r: r.get("created_at") or 0)
+    if not newest.get("group"):
+        return [newest["run_id"]]
+    mates = [r for r in runs if r.get("group") == newest["group"]]
+    mates.sort(key=lambda r: ((r.get("config") or {}).get("mode") != "dp", r["run_id"]))
+    return [r["run_id"] for r in mates[:MAX_RUNS]]
+
+
+def wanted_runs(runs: list[dict]) -> list[str]:
+    """Runs asked for by the URL, else by another page, else the latest pair."""
+    from_url = [i for i in st.query_params.get("runs", "").split(",") if i]
+    if from_url:
+        return from_url[:MAX_RUNS]
+    if "live_runs" in st.session_state:  # an empty choice made here is kept
+        return st.session_state["live_runs"][:MAX_RUNS]
+    return latest_pair(runs)
+
+
+def pick_runs(client) -> list[str]:
+    """The run picker; its choice is mirrored into the URL so the view can be shared."""
+    runs = client.list_runs(limit=100)
+    by_id = {r["run_id"]: r for r in runs}
+    wanted = wanted_runs(runs)
+    if wanted != st.session_state.get("live_wanted"):  # a new request overrides the picker
+        st.session_state["live_wanted"] = wanted
+        st.session_state["live_pick"] = wanted
+    options = list(dict.fromkeys(wanted + list(by_id)))
+
+    def describe(rid: str) -> str:
+        run = by_id.get(rid) or client.get_run(rid)
+        return f"{frames.run_label(run, rid)} ({(run or {}).get('status', 'unknown')})"
+
+    picked = st.multiselect("Runs (one or two)", options, key="live_pick",
+                            max_selections=MAX_RUNS, format_func=describe)
+    if picked:
+        st.query_params["runs"] = ",".join(picked)
+    elif "runs" in st.query_params:
+        del st.query_params["runs"]
+    st.session_state["live_runs"] = picked
+    st.session_state["live_wanted"] = picked
+    return picked
+
+
+def windows_for(ids: list[str]) -> dict[str, RunWindow]:
+    """The `RunWindow` of each id, kept across reruns in session state."""
+    store = st.session_state.setdefault("windows", {})
+    for rid in ids:
+        store.setdefault(rid, RunWindow(rid))
+    return {rid: store[rid] for rid in ids}
+
+
+def unique_labels(client, windows: dict[str, RunWindow]) -> dict[str, str]:
+    """Legend name per run, made unique when two runs share a label."""
+    labels = {rid: frames.run_label(w.run or client.get_run(rid), rid) for rid, w in windows.items()}
+    if len(set(labels.values())) < len(labels):
+        labels = {rid: f"{lab} · {rid[:6]}" for rid, lab in labels.items()}
+    return labels
+
+
+def status_fragment(client, windows, labels) -> None:
+    """Status badges; triggers the one full rerun that stops polling when all runs are done."""
+    panels.status_panel(client, windows, labels)
+    if st.session_state.get("live_polling") and panels.all_done(windows):
+        st.session_state["live_polling"] = False
+        st.rerun()
+
+
+st.title("Live")
+client = require_client()
+ids = pick_runs(client)
+if not ids:
+    st.info("No runs yet: launch one on the Launch page.")
+    st.page_link("pages/launch.py", label="Launch a run", icon="🚀")
+    st.stop()
+
+windows = windows_for(ids)
+panels.refresh(client, windows)
+labels = unique_labels(client, windows)
+live = not panels.all_done(windows)
+st.session_state["live_polling"] = live
+every = REFRESH_S if live else None
+args = (client, windows, labels)
+
+st.fragment(status_fragment, run_every=every)(*args)
+left, right = st.columns([3, 2])
+with left:
+    st.fragment(panels.throughput_panel, run_every=every)(*args)
+with right:
+    st.fragment(panels.split_panel, run_every=every)(*args)
+st.fragment(panels.memory_panel, run_every=every)(*args)
+st.subheader("Latest step, per device")
+for col, rid in zip(st.columns(len(ids)), ids):
+    with col:
+        st.fragment(panels.detail_panel, run_every=every, key=f"detail_{rid}")(*args, rid)

@@ -1,0 +1,170 @@
+"""The Live page's panels. Each draws from `RunWindow`s (bounded, already read) and never blocks.
+
+`app/pages/live.py` wraps each in its own `st.fragment(run_every=...)`; every panel first calls
+`refresh`, which reads new events at most twice a second whichever panel asks first.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from app import charts, frames
+from app.window import TERMINAL, RunWindow
+
+POLL_INTERVAL_S = 0.5  # windows shared by several panels are read at most this often
+_BADGE = {"queued": ("gray", "⏳"), "started": ("blue", "▶️"), "finished": ("green", "✅"),
+          "failed": ("red", "❌"), "canceled": ("orange", "⏹️"), "unknown": ("gray", "❔")}
+
+
+def refresh(client, windows: dict[str, RunWindow]) -> None:
+    """Read new events of every window (skipping ones read in the last POLL_INTERVAL_S)."""
+    for w in windows.values():
+        try:
+            w.poll(client, min_interval_s=POLL_INTERVAL_S)
+        except Exception as exc:  # Redis hiccup: say so, keep the last data on screen
+            st.warning(f"Could not read run {w.run_id}: {type(exc).__name__}: {exc}")
+
+
+def _chart(chart, key: str) -> None:
+    st.altair_chart(chart, key=key)
+
+
+def _waiting(what: str) -> None:
+    st.info(f"Waiting for {what}…", icon="⏳")
+
+
+# ---- status ------------------------------------------------------------------------------
+def status_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
+    """Per run: status badge, progress (step i / steps), summary, the full error if it failed."""
+    refresh(client, windows)
+    for col, (rid, w) in zip(st.columns(len(windows)), windows.items()):
+        with col:
+            _run_status(client, w, labels[rid])
+
+
+def _run_status(client, w: RunWindow, label: str) -> None:
+    colour, icon = _BADGE.get(w.status, _BADGE["unknown"])
+    st.markdown(f"##### {label}")
+    st.badge(w.status, color=colour, icon=icon)
+    total = max(1, w.steps_total)
+    st.progress(min(1.0, w.steps_done / total), text=f"step {w.steps_done} / {w.steps_total}")
+    if w.started and w.started.get("emulated"):
+        st.caption("DP emulated on virtual CPU devices (real threads and copies)")
+    cfg = w.config
+    st.caption(f"`{w.run_id}` · {cfg.get('model')} on {cfg.get('dataset')} · "
+               f"global batch {cfg.get('global_batch_size')} · "
+               f"bucket cap {cfg.get('bucket_cap_mb')} MiB · overlap {cfg.get('overlap')}")
+    if w.error:
+        _show_error(w.error)
+    if w.status in ("queued", "started") and st.button("Cancel", key=f"cancel_{w.run_id}"):
+        st.toast(f"{w.run_id}: {client.cancel(w.run_id)}")
+
+
+def _show_error(error: dict[str, Any]) -> None:
+    rank = error.get("rank")
+    where = f" on rank {rank}" if rank is not None else ""
+    st.error(f"Run failed{where}: {error.get('exception', 'unknown error')}", icon="❌")
+    if error.get("traceback"):
+        st.code(error["traceback"], language="python")
+
+
+# ---- throughput and step split -------------------------------------------------------------
+def steps_of(windows: dict[str, RunWindow], labels: dict[str, str]) -> pd.DataFrame:
+    """`frames.steps_frame` of every window, concatenated (run = label)."""
+    parts = [frames.steps_frame(w.of_type("step"), labels[rid]) for rid, w in windows.items()]
+    parts = [p for p in parts if not p.empty]
+    return pd.concat(parts, ignore_index=True) if parts else frames.steps_frame([], "")
+
+
+def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
+    """Samples/s per step, both runs overlaid, with the median of each above the chart."""
+    refresh(client, windows)
+    steps = steps_of(windows, labels)
+    if steps.empty:
+        return _waiting("the first step")
+    medians = {run: float(df["samples_per_s"].median()) for run, df in steps.groupby("run")}
+    cols = st.columns(max(1, len(medians)))
+    base = min(medians.values()) if medians else 0
+    for col, (run, v) in zip(cols, medians.items()):
+        delta = f"{v / base:.2f}× slowest" if len(medians) > 1 and base > 0 else None
+        col.metric(f"{run}: median samples/s", f"{v:,.0f}", delta=delta, delta_color="off")
+    _chart(charts.throughput_chart(steps), "chart_throughput")
+
+
+def split_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
+    """Stacked median step time (forward, backward, exposed comm, optimizer, other) per run."""
+    refresh(client, windows)
+    split = frames.split_frame(steps_of(windows, labels))
+    if split.empty:
+        return _waiting("the first step")
+    _chart(charts.split_chart(split), "chart_split")
+
+
+# ---- memory ---------------------------------------------------------------------------------
+def memory_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
+    """Allocated MiB per device over steps, one facet per run, and peak imbalance (max/min)."""
+    refresh(client, windows)
+    parts = [frames.memory_frame(w.of_type("memory"), labels[rid], w.start_ts)
+             for rid, w in windows.items()]
+    mem = pd.concat([p for p in parts if not p.empty] or [parts[0]], ignore_index=True)
+    if mem.empty:
+        return _waiting("memory samples")
+    notes = []
+    for run, df in mem.groupby("run", sort=False):
+        peak = df.groupby("device")["allocated_mib"].max()
+        if len(peak) > 1 and peak.min() > 0:
+            notes.append(f"**{run}**: peak imbalance {peak.max() / peak.min():.2f}× "
+                         f"(max {peak.max():.1f} MiB on {peak.idxmax()})")
+    if notes:
+        st.markdown(" · ".join(notes))
+    _chart(charts.memory_chart(mem), "chart_memory")
+
+
+# ---- per-run detail ---------------------------------------------------------------------------
+def detail_panel(client, windows: dict[str, RunWindow], labels: dict[str, str], rid: str) -> None:
+    """The latest step of one run: DDP bucket timeline or DP phase timeline, and bytes moved."""
+    refresh(client, windows)
+    w = windows[rid]
+    st.markdown(f"##### {labels[rid]}")
+    if w.mode == "ddp":
+        buckets = frames.bucket_frame(w.of_type("bucket"))
+        if buckets.empty:
+            _waiting("bucket events")
+        else:
+            step = int(buckets["step"].iloc[0])
+            _chart(charts.bucket_timeline_chart(
+                buckets, frames.backward_frame(w.of_type("step"), step)), f"chart_buckets_{rid}")
+            _bucket_caption(buckets)
+    elif w.mode == "dp":
+        phases = frames.dp_phase_frame(w.of_type("dp_phase"))
+        if phases.empty:
+            _waiting("DP phase events")
+        else:
+            _chart(charts.dp_phase_chart(phases), f"chart_phases_{rid}")
+    else:
+        st.caption("single device: no communication to show")
+        return
+    volume = frames.comm_volume_frame(w.of_type("comm_volume"))
+    if not volume.empty:
+        _chart(charts.comm_volume_chart(volume), f"chart_volume_{rid}")
+
+
+def _bucket_caption(buckets: pd.DataFrame) -> None:
+    r0 = buckets[buckets["rank"] == buckets["rank"].min()]
+    bw = r0["algbw_gbps"].dropna()
+    med = statistics.median(bw) if len(bw) else float("nan")
+    st.caption(f"{len(r0)} buckets, {r0['nbytes'].sum() / frames.MIB:.2f} MiB of gradients per "
+               f"rank; median all-reduce algbw {med:.3f} GB/s (rank {int(r0['rank'].iloc[0])})")
+
+
+def all_done(windows: dict[str, RunWindow]) -> bool:
+    """True when every run is terminal and its stream fully read."""
+    return all(w.done for w in windows.values())
+
+
+def is_terminal(status: str) -> bool:
+    return status in TERMINAL

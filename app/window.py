@@ -1,0 +1,135 @@
+"""`RunWindow`: the bounded, incrementally read view of one run's event stream.
+
+The Live page keeps one `RunWindow` per run in `st.session_state`. Each `poll` reads only the
+events after the last stream id it saw (`DdpvizClient.read_events`) and keeps bounded windows:
+the last `max_steps` steps of `step`/`memory` events, the last two steps of `bucket`/`dp_phase`/
+`comm_volume` events (the charts draw the latest complete one), every `eval`, the last 50 `log`.
+Once the run is terminal and its stream is drained, `done` is True and polling stops.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+TERMINAL = ("finished", "failed", "canceled")
+_RECENT_STEPS = {"bucket": 2, "dp_phase": 2, "comm_volume": 2}
+_MAX_LOGS = 50
+
+
+class EventReader(Protocol):
+    """The part of `workers.client.DdpvizClient` a window needs."""
+
+    def read_events(self, run_id: str, after_id: str = "0-0", count: int = 2000
+                    ) -> tuple[list[dict[str, Any]], str]: ...
+
+    def get_run(self, run_id: str) -> dict[str, Any] | None: ...
+
+
+class RunWindow:
+    """Bounded recent events of one run.
+
+    Args:
+        run_id: the run to follow.
+        max_steps: optimizer steps of `step` and `memory` events kept (older ones are dropped).
+        batch: events per `read_events` call; `max_batches` calls per poll at most, so a long
+            finished run is caught up over a few polls instead of blocking one.
+    """
+
+    def __init__(self, run_id: str, max_steps: int = 500, batch: int = 2000, max_batches: int = 5):
+        self.run_id = run_id
+        self.max_steps, self.batch, self.max_batches = max_steps, batch, max_batches
+        self.last_id = "0-0"
+        self.run: dict[str, Any] | None = None  # latest get_run() record
+        self.started: dict[str, Any] | None = None
+        self.finished: dict[str, Any] | None = None
+        self.events: dict[str, list[dict[str, Any]]] = {}
+        self.latest_step = -1
+        self.done = False
+        self.polled_at = 0.0  # time.monotonic() of the last poll
+
+    # ---- reading ---------------------------------------------------------------------------
+    def poll(self, client: EventReader, min_interval_s: float = 0.0) -> int:
+        """Read new events and refresh the run record; returns how many events arrived.
+
+        Several panels share one window; `min_interval_s` lets all but the first skip the read.
+        """
+        if self.done or time.monotonic() - self.polled_at < min_interval_s:
+            return 0
+        self.polled_at = time.monotonic()
+        self.run = client.get_run(self.run_id) or self.run
+        terminal = self.status in TERMINAL
+        got = 0
+        for _ in range(self.max_batches):
+            events, last_id = client.read_events(self.run_id, after_id=self.last_id,
+                                                 count=self.batch)
+            self.ingest(events)
+            self.last_id = last_id or self.last_id
+            got += len(events)
+            if len(events) < self.batch:
+                # status was read before the stream: a terminal run has written all its events
+                self.done = terminal
+                break
+        return got
+
+    def ingest(self, events: list[dict[str, Any]]) -> None:
+        """Add events (in stream order) and trim the windows."""
+        for e in events:
+            t = e.get("type")
+            if t == "run_started":
+                self.started = e
+            elif t == "run_finished":
+                self.finished = e
+            else:
+                self.events.setdefault(t, []).append(e)
+                if isinstance(e.get("step"), int) and t != "eval":
+                    self.latest_step = max(self.latest_step, e["step"])
+        self._trim()
+
+    def _trim(self) -> None:
+        for t, evs in self.events.items():
+            if t == "log":
+                del evs[:-_MAX_LOGS]
+                continue
+            if t == "eval" or not evs:
+                continue
+            newest = max(e.get("step", 0) for e in evs[-64:])
+            keep = _RECENT_STEPS.get(t, self.max_steps)
+            if evs[0].get("step", 0) <= newest - keep:
+                evs[:] = [e for e in evs if e.get("step", 0) > newest - keep]
+
+    # ---- views -----------------------------------------------------------------------------
+    def of_type(self, type_: str) -> list[dict[str, Any]]:
+        return self.events.get(type_, [])
+
+    @property
+    def status(self) -> str:
+        """queued|started|finished|failed|canceled, or 'unknown' before the first poll."""
+        return (self.run or {}).get("status", "unknown")
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return (self.run or {}).get("config") or (self.started or {}).get("config") or {}
+
+    @property
+    def mode(self) -> str:
+        return self.config.get("mode", "?")
+
+    @property
+    def steps_total(self) -> int:
+        return int(self.config.get("steps") or 0)
+
+    @property
+    def steps_done(self) -> int:
+        """Optimizer steps completed (from step events, or the summary once finished)."""
+        summary = (self.run or {}).get("summary") or (self.finished or {}).get("summary") or {}
+        return max(self.latest_step + 1, int(summary.get("steps_done") or 0))
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        """``{rank, exception, traceback}`` of a failed run, from its record or its last event."""
+        return (self.run or {}).get("error") or (self.finished or {}).get("error")
+
+    @property
+    def start_ts(self) -> float | None:
+        return (self.started or {}).get("ts")

@@ -1,0 +1,110 @@
+"""Chart specs: every chart has a title, axis titles with units, a legend, and the right data."""
+
+import altair as alt
+import pandas as pd
+import pytest
+
+from app import charts, frames
+
+import eventgen as g
+
+
+def _encodings(spec: dict) -> list[dict]:
+    """Every `encoding` block of a (possibly layered or faceted) Vega-Lite spec."""
+    out = [spec["encoding"]] if "encoding" in spec else []
+    for layer in spec.get("layer", []):
+        out += _encodings(layer)
+    if "spec" in spec:
+        out += _encodings(spec["spec"])
+    return out
+
+
+def _check(chart, x_title: str, y_title: str, legend_title: str) -> dict:
+    spec = chart.to_dict()
+    title = spec["title"]
+    assert title["text"], "chart needs a title"
+    encs = _encodings(spec)
+    assert any(e.get("x", {}).get("title") == x_title for e in encs)
+    assert any(e.get("y", {}).get("title") == y_title for e in encs)
+    colours = [e["color"] for e in encs if "color" in e]
+    assert colours and all(c["legend"]["title"] == legend_title for c in colours)
+    return spec
+
+
+def _data(spec: dict) -> list[list[dict]]:
+    return list(spec.get("datasets", {}).values())
+
+
+@pytest.fixture
+def two_runs():
+    dp = [e for s in range(4) for e in g.dp_step("a", s)]
+    ddp = [e for s in range(4) for e in g.ddp_step("b", s)]
+    return dp, ddp
+
+
+def test_throughput_chart(two_runs):
+    dp, ddp = two_runs
+    steps = pd.concat([frames.steps_frame(dp, "dp"), frames.steps_frame(ddp, "ddp")])
+    spec = _check(charts.throughput_chart(steps), "optimizer step", "throughput (samples/s)", "run")
+    assert spec["mark"]["type"] == "line"
+    rows = _data(spec)[0]
+    assert {r["run"] for r in rows} == {"dp", "ddp"} and len(rows) == 8
+
+
+def test_split_chart_stacks_parts_in_order(two_runs):
+    dp, ddp = two_runs
+    split = frames.split_frame(pd.concat([frames.steps_frame(dp, "dp"),
+                                          frames.steps_frame(ddp, "ddp")]))
+    spec = _check(charts.split_chart(split), "median time per step (ms)", "run",
+                  "part of the step")
+    assert spec["encoding"]["color"]["scale"]["domain"] == frames.SPLIT_PARTS
+    assert spec["encoding"]["x"]["stack"] == "zero"
+
+
+def test_memory_chart_facets_by_run(two_runs):
+    dp, ddp = two_runs
+    mem = pd.concat([frames.memory_frame(dp, "dp"), frames.memory_frame(ddp, "ddp")])
+    chart = charts.memory_chart(mem)
+    assert isinstance(chart, alt.FacetChart)
+    spec = _check(chart, "optimizer step", "allocated (MiB)", "device")
+    assert spec["facet"]["column"]["field"] == "run"
+
+
+def test_bucket_timeline_layers(two_runs):
+    _, ddp = two_runs
+    buckets = frames.bucket_frame(ddp)
+    chart = charts.bucket_timeline_chart(buckets, frames.backward_frame(ddp, 3))
+    spec = _check(chart, "ms from backward start", "rank", "what")
+    assert "step 3" in spec["title"]["text"]
+    marks = [layer["mark"]["type"] for layer in spec["layer"]]
+    assert marks == ["bar", "bar", "tick"]
+    comm = spec["layer"][1]["encoding"]
+    assert (comm["x"]["field"], comm["x2"]["field"]) == ("comm_start_ms", "comm_end_ms")
+    assert any(t["field"] == "nbytes" for t in comm["tooltip"])  # bytes on hover
+    assert spec["layer"][2]["encoding"]["x"]["field"] == "ready_ms"
+
+
+def test_dp_phase_chart(two_runs):
+    dp, _ = two_runs
+    spec = _check(charts.dp_phase_chart(frames.dp_phase_frame(dp)), "ms from step start",
+                  "device", "phase")
+    assert spec["encoding"]["color"]["scale"]["domain"] == frames.DP_PHASES
+    assert "step 3" in spec["title"]["text"]
+
+
+def test_comm_volume_chart_measured_beside_theory(two_runs):
+    dp, _ = two_runs
+    spec = _check(charts.comm_volume_chart(frames.comm_volume_frame(dp)),
+                  "sent + received per step (MiB)", "device", "bytes")
+    rows = _data(spec)[0]
+    d0 = {r["which"]: r["mib"] for r in rows if r["device"] == "cpu:0"}
+    assert d0 == pytest.approx({"measured": 240000 / 2**20, "theory": 240000 / 2**20})
+
+
+def test_charts_accept_empty_frames():
+    # a panel may draw before the first events: no exception, still titled
+    for chart in (charts.throughput_chart(frames.steps_frame([], "x")),
+                  charts.dp_phase_chart(frames.dp_phase_frame([])),
+                  charts.bucket_timeline_chart(frames.bucket_frame([]),
+                                               frames.backward_frame([], 0))):
+        assert chart.to_dict()["title"]["text"]

@@ -1,0 +1,116 @@
+"""Event lists -> DataFrames: values checked against the numbers the events carry."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from app import frames
+
+import eventgen as g
+
+
+def test_steps_frame_ddp_takes_slowest_rank_and_mean_parts():
+    events = [e for s in range(3) for e in g.ddp_step("r", s)]
+    df = frames.steps_frame(events, "ddp")
+    assert list(df["step"]) == [0, 1, 2]
+    # rank 1 is 1 ms slower: a synchronous step lasts as long as its slowest rank
+    assert df["step_time_ms"].tolist() == pytest.approx([21.0] * 3)
+    assert df["samples_per_s"].tolist() == pytest.approx([64 / 0.021] * 3)
+    assert df["forward_ms"].tolist() == pytest.approx([4.0] * 3)
+    assert df["comm_exposed_ms"].tolist() == pytest.approx([2.0] * 3)
+    assert set(df["run"]) == {"ddp"}
+    assert list(df.columns) == frames.STEP_COLUMNS
+
+
+def test_steps_frame_empty_has_columns():
+    df = frames.steps_frame([], "x")
+    assert df.empty and list(df.columns) == frames.STEP_COLUMNS
+
+
+def test_split_frame_medians_and_other_after_warmup():
+    events = [e for s in range(4) for e in g.dp_step("r", s)]
+    steps = frames.steps_frame(events, "dp")
+    steps.loc[steps["step"] == 0, "step_time_ms"] = 500.0  # a slow first step is ignored
+    split = frames.split_frame(steps)
+    got = dict(zip(split["part"], split["ms"]))
+    assert got == pytest.approx({"forward": 6.0, "backward": 10.0, "exposed comm": 9.0,
+                                 "optimizer": 4.0, "other": 3.0})
+    assert list(split["order"]) == [0, 1, 2, 3, 4]
+
+
+def test_split_frame_two_runs():
+    dp = frames.steps_frame([e for s in range(3) for e in g.dp_step("a", s)], "dp")
+    ddp = frames.steps_frame([e for s in range(3) for e in g.ddp_step("b", s)], "ddp")
+    split = frames.split_frame(pd.concat([dp, ddp]))
+    assert split.groupby("run", sort=False)["ms"].sum().to_dict() == pytest.approx(
+        {"dp": 32.0, "ddp": 21.0})
+
+
+def test_memory_frame_mib_and_elapsed():
+    events = [e for s in range(2) for e in g.dp_step("r", s)]
+    df = frames.memory_frame(events, "dp", start_ts=g.T0)
+    assert len(df) == 4
+    d0 = df[df["device"] == "cpu:0"]
+    assert d0["allocated_mib"].tolist() == pytest.approx([4.0, 4.0])
+    assert df["elapsed_s"].min() == pytest.approx(1.0)
+    assert df["used_mib"].isna().all()  # no NVML on CPU
+
+
+def test_latest_complete_step_skips_half_delivered_step():
+    events = g.ddp_step("r", 0) + g.ddp_step("r", 1) + g.ddp_step("r", 2, complete=False)
+    assert frames.latest_complete_step(events, "bucket") == 1
+    assert frames.latest_complete_step(g.ddp_step("r", 5, complete=False), "bucket") == 5
+    assert frames.latest_complete_step([], "bucket") is None
+
+
+def test_bucket_frame_ms_and_algbw():
+    events = g.ddp_step("r", 0) + g.ddp_step("r", 1)
+    df = frames.bucket_frame(events)
+    assert set(df["step"]) == {1}
+    assert len(df) == 6  # 3 buckets x 2 ranks
+    b0 = df[(df["rank"] == 0) & (df["bucket_index"] == 0)].iloc[0]
+    assert b0["ready_ms"] == pytest.approx(2.0)
+    assert b0["comm_start_ms"] == pytest.approx(3.0)
+    assert b0["comm_end_ms"] == pytest.approx(4.5)
+    assert b0["comm_ms"] == pytest.approx(1.5)
+    assert b0["algbw_gbps"] == pytest.approx(40000 / 0.0015 / 1e9)
+    assert b0["mib"] == pytest.approx(40000 / 2**20)
+
+
+def test_backward_frame():
+    df = frames.backward_frame(g.ddp_step("r", 3), 3)
+    assert df["end_ms"].tolist() == pytest.approx([8.0, 8.0])
+    assert df["rank"].tolist() == [0, 1]
+
+
+def test_dp_phase_frame_orders_phases_and_keeps_bytes():
+    df = frames.dp_phase_frame(g.dp_step("r", 0) + g.dp_step("r", 1))
+    assert set(df["step"]) == {1}
+    d0 = df[df["device"] == "cpu:0"]
+    assert list(d0["phase"]) == frames.DP_PHASES
+    assert list(df[df["device"] == "cpu:1"]["phase"]) == frames.DP_PHASES[:-1]
+    bc = d0[d0["phase"] == "broadcast"].iloc[0]
+    assert (bc["start_ms"], bc["end_ms"], bc["dur_ms"], bc["nbytes"]) == pytest.approx(
+        (0.0, 3.0, 3.0, 120000))
+
+
+def test_comm_volume_frame_latest_step_in_mib():
+    df = frames.comm_volume_frame(g.dp_step("r", 0, world_size=3) + g.dp_step("r", 1, world_size=3))
+    assert df["device"].tolist() == ["cpu:0", "cpu:1", "cpu:2"]
+    assert df["sent_mib"].tolist() == pytest.approx([240000 / 2**20, 120000 / 2**20,
+                                                     120000 / 2**20])
+
+
+def test_run_label_and_runs_frame():
+    run = {"run_id": "abcdef123456", "label": None, "status": "finished",
+           "config": {"mode": "ddp", "world_size": 2, "model": "mlp"},
+           "summary": {"samples_per_s": 1234.5}, "created_at": g.T0}
+    assert frames.run_label(run, run["run_id"]) == "ddp ×2 · abcdef"
+    assert frames.run_label({**run, "label": "mine"}, "x") == "mine"
+    older = {**run, "run_id": "old", "created_at": g.T0 - 10, "summary": None}
+    df = frames.runs_frame([older, run])
+    assert df["run_id"].tolist() == ["abcdef123456", "old"]
+    assert df["samples_per_s"].iloc[0] == 1234.5
+    assert math.isnan(df["samples_per_s"].iloc[1])
+    assert list(df.columns) == frames.RUN_COLUMNS

@@ -1,0 +1,128 @@
+"""Each page renders without exceptions (AppTest, in-memory client), and the form validates."""
+
+import json
+
+import eventgen as g
+
+
+def _texts(at) -> str:
+    parts = [e.value for e in at.error] + [e.value for e in at.markdown] + \
+            [e.value for e in at.caption] + [e.value for e in at.info] + \
+            [e.value for e in at.warning] + [e.value for e in at.success]
+    return "\n".join(str(p) for p in parts)
+
+
+def _add_pair(client, steps=4, status="finished"):
+    events_dp, events_ddp = g.full_run("dp1", "dp", steps), g.full_run("ddp1", "ddp", steps)
+    cfg = {"mode": "dp", "world_size": 2, "steps": steps}
+    client.add_run("dp1", cfg, status=status, events=events_dp, group="grp", created_at=g.T0)
+    client.add_run("ddp1", {**cfg, "mode": "ddp"}, status=status, events=events_ddp,
+                   group="grp", created_at=g.T0 + 1,
+                   summary={"samples_per_s": 3000.0, "steps_done": steps})
+
+
+def test_launch_page_renders_with_defaults(fake_client, app_test):
+    at = app_test()
+    assert not at.exception
+    assert at.title[0].value == "Launch a run"
+    assert at.number_input(key="cfg_world_size").value == 2
+    assert at.selectbox(key="cfg_mode").value == "ddp"
+    assert at.number_input(key="cfg_bucket_cap_mb").value == 25.0
+
+
+def test_world_size_zero_shows_error_and_submits_nothing(fake_client, app_test):
+    at = app_test()
+    at.number_input(key="cfg_world_size").set_value(0)
+    at.button(key="launch_one").click().run()
+    assert not at.exception
+    errors = "\n".join(e.value for e in at.error)
+    assert "world_size" in errors and "must be >= 1" in errors
+    assert fake_client.submitted == [] and fake_client.runs == {}
+
+
+def test_cross_field_error_names_field(fake_client, app_test):
+    at = app_test()
+    at.number_input(key="cfg_global_batch_size").set_value(63)
+    at.button(key="launch_pair").click().run()
+    errors = "\n".join(e.value for e in at.error)
+    assert "**global_batch_size**" in errors and "divisible" in errors
+    assert fake_client.submitted == []
+
+
+def test_launch_one_and_pair(fake_client, app_test):
+    at = app_test()
+    at.number_input(key="cfg_steps").set_value(5)
+    at.text_input(key="cfg_label").input("mine")
+    at.button(key="launch_one").click().run()
+    assert not at.exception and len(fake_client.submitted) == 1
+    assert fake_client.submitted[0]["steps"] == 5
+    (rid,) = at.session_state["launched"]
+    assert fake_client.runs[rid]["label"] == "mine"
+    at.button(key="launch_pair").click().run()
+    assert [c["mode"] for c in fake_client.submitted[1:]] == ["dp", "ddp"]
+    assert len(at.session_state["live_runs"]) == 2
+    assert "Launched 2 run(s)" in _texts(at)
+
+
+def test_redis_down_shows_banner_without_password(fake_client, app_test, monkeypatch):
+    fake_client.reachable = False
+    monkeypatch.setenv("REDIS_URL", "redis://:s3cret@db.example:6390/2")
+    for page in (None, "pages/live.py", "pages/runs.py"):
+        at = app_test(page)
+        assert not at.exception
+        banner = at.error[0].value
+        assert "redis://:***@db.example:6390/2" in banner and "s3cret" not in banner
+
+
+def test_live_page_empty(fake_client, app_test):
+    at = app_test("pages/live.py")
+    assert not at.exception
+    assert "No runs yet" in _texts(at)
+
+
+def test_live_page_defaults_to_latest_pair_and_draws_charts(fake_client, app_test):
+    _add_pair(fake_client)
+    at = app_test("pages/live.py")
+    assert not at.exception
+    assert at.multiselect(key="live_pick").value == ["dp1", "ddp1"]
+    specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
+    titles = sorted(s["title"]["text"] for s in specs)
+    # throughput, split, memory, DP phases + volume, DDP buckets + volume
+    assert titles == sorted(["Throughput per step", "Step time split", "Memory per device",
+                             "DP phases, step 3", "Communication per device",
+                             "Gradient buckets, step 3", "Communication per device"])
+    assert "step 4 / 4" in str([p.proto.text for p in at.get("progress")])
+    assert not at.session_state["live_polling"]  # both finished: polling stopped
+
+
+def test_live_page_shows_full_error(fake_client, app_test):
+    err = {"rank": 1, "exception": "RuntimeError: boom", "traceback": "Traceback (most recent)\n"
+           "  File \"x.py\", line 1\nRuntimeError: boom"}
+    fake_client.add_run("bad", {"mode": "ddp"}, status="failed", error=err,
+                        events=[g.run_started("bad", "ddp"), g.run_finished("bad", 0, "failed", err)])
+    at = app_test("pages/live.py", runs="bad")
+    assert not at.exception
+    assert "Run failed on rank 1: RuntimeError: boom" in at.error[0].value
+    assert at.code[0].value == err["traceback"]
+
+
+def test_live_page_running_run_keeps_polling(fake_client, app_test):
+    events = [g.run_started("run", "ddp", steps=50)] + g.ddp_step("run", 0)
+    fake_client.add_run("run", {"mode": "ddp", "steps": 50}, status="started", events=events)
+    at = app_test("pages/live.py", runs="run")
+    assert not at.exception
+    assert at.session_state["live_polling"]
+    assert at.button(key="cancel_run").value is False
+    at.button(key="cancel_run").click().run()
+    assert fake_client.canceled == ["run"]
+
+
+def test_runs_page_lists_runs(fake_client, app_test):
+    _add_pair(fake_client, status="finished")
+    fake_client.add_run("q1", {"mode": "ddp"}, status="queued", created_at=g.T0 + 5)
+    at = app_test("pages/runs.py")
+    assert not at.exception
+    df = at.dataframe[0].value
+    assert df["run_id"].tolist() == ["q1", "ddp1", "dp1"]
+    assert df.loc[df["run_id"] == "ddp1", "samples_per_s"].iloc[0] == 3000.0
+    assert at.button(key="cancel_runs").disabled  # nothing selected yet
