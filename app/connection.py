@@ -2,48 +2,34 @@
 
 from __future__ import annotations
 
-import os
-from urllib.parse import urlsplit, urlunsplit
-
 import streamlit as st
 
-DEFAULT_REDIS_URL = "redis://localhost:6379/0"
-
-
-def redis_url() -> str:
-    """The server the app talks to: `REDIS_URL`, else the local default."""
-    return os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
+from workers.connection import redact, redis_url
 
 
 def redact_url(url: str) -> str:
     """`url` with any password replaced by ``***`` (``redis://:pw@h:1/0`` -> ``redis://:***@h:1/0``)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable REDIS_URL>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    return redact(url)
+
+
+@st.cache_resource(show_spinner=False)
+def _client(url: str):
+    """One `DdpvizClient` per URL for the whole server. A failed connect raises, and
+    `st.cache_resource` does not keep exceptions, so the next rerun tries again."""
+    from workers.client import DdpvizClient
+
+    return DdpvizClient(url=url)
 
 
 def _scrub(text: str, url: str) -> str:
     """`text` with the URL's password (if any) masked, e.g. in an exception message."""
+    from urllib.parse import urlsplit
+
     try:
         password = urlsplit(url).password
     except ValueError:
         password = None
     return text.replace(password, "***") if password else text
-
-
-@st.cache_resource(show_spinner=False)
-def _client(url: str):
-    from workers.client import DdpvizClient
-
-    return DdpvizClient(url=url)
 
 
 def get_client():
@@ -59,7 +45,7 @@ def get_client():
             return client
         reason = "it did not answer PING"
     except Exception as exc:  # any failure here is a connection problem for the user
-        reason = _scrub(f"{type(exc).__name__}: {exc}", url)
+        reason = _scrub(str(getattr(exc, "cause", None) or f"{type(exc).__name__}: {exc}"), url)
     st.error(f"**Cannot reach Redis at `{redact_url(url)}`** ({reason}).  \n"
              "Start everything with `ddpviz up`, or point `REDIS_URL` at a running server "
              "and start a worker with `ddpviz worker`.", icon="🚫")
