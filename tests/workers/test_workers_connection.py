@@ -1,0 +1,78 @@
+"""Keys, URLs, connecting, and the embedded server."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import workers  # noqa: F401  (sets RQ's key prefix)
+from workers import keys
+from workers.connection import (EmbeddedRedis, RedisUnavailable, URL_FILE, connect, free_port,
+                                redact, redis_url)
+
+
+def test_every_key_is_under_the_prefix():
+    import rq.defaults
+
+    for key in (keys.run("r1"), keys.events("r1"), keys.cancel("r1"), keys.worker("w"),
+                keys.RUNS, keys.WORKERS, keys.RQ_KEY_PREFIX):
+        assert key.startswith("ddpviz:"), key
+    assert rq.defaults.RQ_KEY_PREFIX == "ddpviz:rq"
+    assert os.environ["RQ_KEY_PREFIX"] == "ddpviz:rq"
+
+
+def test_a_submitted_run_writes_only_ddpviz_keys(redis_client):
+    from workers.client import DdpvizClient
+
+    client = DdpvizClient(redis=redis_client)
+    run_id = client.submit({"mode": "single", "world_size": 1, "steps": 3})
+    client.cancel(run_id)
+    names = sorted(k.decode() for k in redis_client.keys("*"))
+    assert names and all(n.startswith("ddpviz:") for n in names), names
+    assert f"ddpviz:rq:job:{run_id}" in names
+
+
+def test_redact_hides_only_the_password():
+    assert redact("redis://:s3cret@db.example:6390/2") == "redis://:***@db.example:6390/2"
+    assert redact("redis://alice:s3cret@db.example/0") == "redis://alice:***@db.example/0"
+    assert redact("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+
+
+def test_unreachable_redis_names_the_url_without_password():
+    port = free_port()
+    url = f"redis://:hunter2@127.0.0.1:{port}/0"
+    with pytest.raises(RedisUnavailable) as info:
+        connect(url)
+    message = str(info.value)
+    assert f"127.0.0.1:{port}" in message
+    assert "hunter2" not in message and "***" in message
+
+
+def test_malformed_url_is_unavailable_not_a_traceback():
+    with pytest.raises(RedisUnavailable, match="invalid URL"):
+        connect("http://nowhere")
+
+
+def test_redis_url_prefers_env_then_up_file_then_default(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    assert redis_url() == "redis://127.0.0.1:6379/0"
+    URL_FILE.parent.mkdir()
+    URL_FILE.write_text("redis://127.0.0.1:7777/0\n")
+    assert redis_url() == "redis://127.0.0.1:7777/0"
+    monkeypatch.setenv("REDIS_URL", "redis://10.0.0.1:6379/3")
+    assert redis_url() == "redis://10.0.0.1:6379/3"
+
+
+def test_embedded_redis_listens_on_loopback_and_persists_across_restart(tmp_path):
+    with EmbeddedRedis(tmp_path / "data") as server:
+        assert server.url.startswith("redis://127.0.0.1:")
+        client = connect(server.url)
+        client.hset("ddpviz:run:x", "status", "queued")
+        client.close()
+        proc = server.proc
+    assert proc.poll() is not None  # stopped and reaped
+    assert (tmp_path / "data" / "appendonly.aof").exists()
+    with EmbeddedRedis(tmp_path / "data") as server:
+        assert connect(server.url).hget("ddpviz:run:x", "status") == b"queued"

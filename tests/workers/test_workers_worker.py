@@ -1,0 +1,104 @@
+"""Real workers (subprocesses) running real jobs: events flow, failures and cancels settle runs,
+and no process outlives its run."""
+
+from __future__ import annotations
+
+import pytest
+from rq.serializers import JSONSerializer
+
+from workers.client import DdpvizClient
+from workers.jobs import JOB_TIMEOUT_S, STOPPED_CALLBACK
+from workers.reaper import RUN_ENV_VAR, processes_with_env
+from workers.store import new_run_id
+from wjobs import CHILD_PID_KEY
+from wtools import TINY, alive, descendants, wait_for, worker_process
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def client(redis_client):
+    return DdpvizClient(redis=redis_client)
+
+
+def test_a_submitted_run_runs_on_a_worker_and_streams_its_events(client, redis_url, tmp_path):
+    run_id = client.submit({**TINY, "mode": "single", "world_size": 1}, label="t")
+    with worker_process(redis_url, burst=True, name="wt1", log_path=tmp_path / "w.log") as proc:
+        seen, last = [], "0-0"
+
+        def more():
+            nonlocal last
+            events, last = client.read_events(run_id, last)
+            seen.extend(events)
+            return seen and seen[-1]["type"] == "run_finished"
+
+        wait_for(more, 60, "the run's events")
+        assert proc.wait(30) == 0
+    rec = client.get_run(run_id)
+    assert rec["status"] == "finished", (rec, (tmp_path / "w.log").read_text()[-3000:])
+    assert rec["worker"] == "wt1" and rec["summary"]["steps_done"] == TINY["steps"]
+    types = [e["type"] for e in seen]
+    assert types[0] == "run_started" and types[-1] == "run_finished"
+    assert [e["step"] for e in seen if e["type"] == "step"] == list(range(TINY["steps"]))
+    assert client.workers() == []  # the heartbeat is removed when the worker exits
+
+
+def test_a_killed_work_horse_fails_the_run_with_an_explanation(client, redis_url):
+    run_id = client.submit({**TINY, "mode": "single", "world_size": 1, "fault": "kill",
+                            "fault_step": 2})
+    with worker_process(redis_url, burst=True) as proc:
+        assert proc.wait(60) == 0
+    rec = client.get_run(run_id)
+    assert rec["status"] == "failed"
+    assert "WorkHorseKilled" in rec["error"]["exception"] and "SIGKILL" in rec["error"]["exception"]
+    assert client.tail_events(run_id, 1)[0]["type"] == "run_finished"
+
+
+def test_a_run_deaf_to_cancel_is_stopped_by_force_leaving_no_process(client, redis_client, redis_url):
+    run_id = new_run_id()
+    with redis_client.pipeline(transaction=True) as pipe:  # a record whose job ignores cancel
+        pipe.multi()
+        client.store.create(run_id, {**TINY, "mode": "single", "world_size": 1}, pipeline=pipe)
+        client.queue.enqueue("wjobs.ignore_cancel", args=[run_id], job_id=run_id,
+                             job_timeout=JOB_TIMEOUT_S, on_stopped=STOPPED_CALLBACK, pipeline=pipe)
+        pipe.execute()
+    with worker_process(redis_url, burst=True) as proc:
+        child = int(wait_for(lambda: redis_client.get(CHILD_PID_KEY.format(run_id)), 30,
+                             "the job's escaped child"))
+        horses = descendants(proc.pid)
+        assert child in horses or alive(child)
+        assert client.cancel(run_id) == "canceled"
+        rec = client.get_run(run_id)
+        assert "killed" in rec["error"]["exception"]
+        wait_for(lambda: not alive(child), 15, "the escaped child to be reaped")
+        wait_for(lambda: not any(alive(p) for p in horses), 15, "the work-horse to die")
+        assert proc.wait(30) == 0  # the worker itself survives the stop and quits (burst)
+    assert client.get_run(run_id)["status"] == "canceled"
+    assert processes_with_env(RUN_ENV_VAR, run_id) == []
+
+
+def test_cancel_of_a_running_ddp_run_leaves_no_rank_process(client, redis_url):
+    cfg = {**TINY, "mode": "ddp", "world_size": 2, "steps": 2000, "step_delay_s": 0.05}
+    run_id = client.submit(cfg)
+    with worker_process(redis_url, burst=True) as proc:
+        wait_for(lambda: any(e["type"] == "step" for e in client.tail_events(run_id, 50)), 60,
+                 "the first DDP step")
+        procs = descendants(proc.pid)
+        assert len(procs) >= 3  # work-horse + 2 ranks
+        assert client.cancel(run_id) == "canceled"
+        wait_for(lambda: not any(alive(p) for p in procs), 15, "every rank process to end")
+        assert processes_with_env(RUN_ENV_VAR, run_id) == []
+        assert proc.wait(30) == 0
+    rec = client.get_run(run_id)
+    assert rec["status"] == "canceled"
+    assert client.tail_events(run_id, 1)[0]["type"] == "run_finished"
+
+
+def test_heartbeat_shows_the_worker_and_sigterm_stops_it(client, redis_url):
+    with worker_process(redis_url, burst=False, name="wt-hb") as proc:
+        (w,) = wait_for(client.workers, 20, "the worker's heartbeat")
+        assert w["name"] == "wt-hb" and w["pid"] == proc.pid and w["current_run"] is None
+        assert any(d["kind"] == "cpu" for d in w["devices"])
+        proc.terminate()
+        assert proc.wait(20) == 0
+    assert client.workers() == []

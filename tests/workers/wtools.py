@@ -1,0 +1,107 @@
+"""Helpers for the workers tests: the ddpviz command, worker subprocesses, waiting, processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+
+# A tiny config that trains in a few seconds on 2 CPU cores.
+TINY = {"model": "mlp", "dataset": "digits", "width": 16, "depth": 1, "global_batch_size": 32,
+        "steps": 5, "eval_every": 0}
+
+
+def ddpviz_argv() -> list[str]:
+    """The installed console script when there is one, else ``python -m workers``."""
+    script = Path(sys.executable).parent / "ddpviz"
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("ddpviz")
+    return [found] if found else [sys.executable, "-m", "workers"]
+
+
+def cli_env(redis_url: str | None = None, **extra: str) -> dict[str, str]:
+    """Environment for a ddpviz subprocess: REDIS_URL set (or removed), tests/workers importable
+    (for the test-only jobs in wjobs.py)."""
+    env = dict(os.environ)
+    env.pop("REDIS_URL", None)
+    if redis_url:
+        env["REDIS_URL"] = redis_url
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.update(extra)
+    return env
+
+
+def ddpviz(*args: str, env: dict[str, str], timeout: float = 60, cwd: str | Path | None = None,
+           ) -> subprocess.CompletedProcess:
+    """Run ``ddpviz ARGS`` to completion, capturing text output."""
+    return subprocess.run([*ddpviz_argv(), *args], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def wait_for(pred: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.1) -> Any:
+    """Poll `pred` until it returns something truthy; fail the test after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def stop_process(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM (then SIGKILL) `proc` and reap it."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+@contextmanager
+def worker_process(redis_url: str, *, burst: bool = True, name: str | None = None,
+                   log_path: Path | None = None):
+    """A ``ddpviz worker`` subprocess on `redis_url`; stopped and reaped on exit."""
+    args = ["worker"] + (["--burst"] if burst else []) + (["--name", name] if name else [])
+    out = open(log_path, "w") if log_path else subprocess.DEVNULL
+    proc = subprocess.Popen([*ddpviz_argv(), *args], env=cli_env(redis_url),
+                            stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        stop_process(proc)
+        if log_path:
+            out.close()
+
+
+def alive(pid: int) -> bool:
+    """True if `pid` runs (zombies, which an orphan becomes under some container inits, count as
+    ended)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def descendants(pid: int) -> list[int]:
+    import psutil
+
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []

@@ -1,0 +1,302 @@
+"""The ``ddpviz`` command.
+
+    ddpviz train --mode ddp --world-size 2 --steps 50 --events run.jsonl   # here, no Redis
+    ddpviz submit --pair --world-size 2 --wait                             # through Redis
+    ddpviz worker | runs | cancel RUN_ID | export RUN_ID --out run.jsonl | up
+
+Exit codes: 0 success; 1 the run failed or was canceled (or a run id is unknown); 2 a refused
+setting (the message names the field) or unreachable Redis (the message names the URL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+from datetime import datetime
+from typing import Any, Callable
+
+EXIT_OK, EXIT_FAILED, EXIT_REFUSED = 0, 1, 2
+WAIT_POLL_S = 0.25  # `submit --wait` reads new events this often
+
+
+def _err(message: str) -> None:
+    print(f"ddpviz: {message}", file=sys.stderr, flush=True)
+
+
+def _client(args: argparse.Namespace):
+    from workers.client import DdpvizClient
+
+    return DdpvizClient(url=args.url)
+
+
+# -- train ------------------------------------------------------------------------------------
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Run one job in this process (DDP: rank processes on this host); no Redis."""
+    from engine.config import validate_config
+    from engine.events import BatchingSink, CallbackSink, FanoutSink, JsonlWriter
+    from workers.flags import run_fields
+    from workers.progress import RunProgress, summary_line
+    from workers.store import new_run_id
+
+    cfg = validate_config(run_fields(args))
+    run_id = args.run_id or new_run_id()
+    progress = RunProgress(cfg.steps, f"{cfg.mode} {run_id}")
+    sinks: list[Any] = [CallbackSink(progress.on_event)]
+    if args.events:
+        open(args.events, "w").close()  # a fresh file per run (JsonlWriter appends)
+        sinks.append(BatchingSink(JsonlWriter(args.events)))
+    stop = threading.Event()
+
+    def on_sigint(signum, frame):
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        _err("stopping the run (Ctrl-C again to abort at once)")
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    from engine.run import run_training  # loads torch
+
+    try:
+        result = run_training(cfg, FanoutSink(*sinks), run_id, should_stop=stop.is_set)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        FanoutSink(*sinks).close()
+        progress.close()
+    print(summary_line(run_id, result.status, result.summary, result.error), flush=True)
+    if result.status == "failed" and (result.error or {}).get("traceback") and args.verbose:
+        print(result.error["traceback"], file=sys.stderr)
+    return EXIT_OK if result.status == "succeeded" else EXIT_FAILED
+
+
+# -- submit and follow ------------------------------------------------------------------------
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    """Validate and enqueue a run (or a DP+DDP pair); optionally follow it to its end."""
+    from workers.flags import run_fields
+
+    fields = run_fields(args)
+    if not args.pair:  # validate before connecting: a refused setting needs no Redis
+        from engine.config import validate_config
+
+        validate_config(fields)
+    client = _client(args)
+    if args.pair:
+        run_ids = list(client.submit_pair(fields))
+    else:
+        run_ids = [client.submit(fields, label=args.label)]
+    for run_id in run_ids:
+        print(run_id, flush=True)
+    if not args.wait:
+        return EXIT_OK
+    return follow(client, run_ids)
+
+
+def follow(client: Any, run_ids: list[str]) -> int:
+    """Show progress bars until every run has ended; print a summary line per run.
+
+    Returns:
+        0 if every run finished, else 1.
+    """
+    from workers.progress import RunProgress, summary_line
+    from workers.store import TERMINAL
+
+    records = {rid: client.get_run(rid) for rid in run_ids}
+    bars = {rid: RunProgress(rec["config"].get("steps", 0), rec.get("label") or rid, i)
+            for i, (rid, rec) in enumerate(records.items())}
+    last = {rid: "0-0" for rid in run_ids}
+    pending = set(run_ids)
+    try:
+        while pending:
+            for rid in sorted(pending):
+                ended = client.get_run(rid)["status"] in {s.value for s in TERMINAL}
+                events, last[rid] = client.read_events(rid, last[rid])
+                for event in events:
+                    bars[rid].on_event(event)
+                if ended and not events:  # terminal and the stream drained
+                    pending.discard(rid)
+            if pending:
+                time.sleep(WAIT_POLL_S)
+    except KeyboardInterrupt:
+        _err(f"stopped following; the runs go on (ddpviz cancel {' '.join(run_ids)})")
+        return EXIT_FAILED
+    finally:
+        for bar in bars.values():
+            bar.close()
+    ok = True
+    for rid in run_ids:
+        rec = client.get_run(rid)
+        print(summary_line(rid, rec["status"], rec["summary"], rec["error"]), flush=True)
+        ok &= rec["status"] == "finished"
+    return EXIT_OK if ok else EXIT_FAILED
+
+
+# -- worker, runs, cancel, export, up ---------------------------------------------------------
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from workers.worker import run_worker
+
+    run_worker(args.url, name=args.name, burst=args.burst)
+    return EXIT_OK
+
+
+def _when(ts: float | None) -> str:
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
+
+
+def _duration(rec: dict[str, Any]) -> str:
+    if not rec["started_at"]:
+        return "-"
+    end = rec["finished_at"] or time.time()
+    return f"{end - rec['started_at']:.1f}s"
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    runs = _client(args).list_runs(args.limit)
+    if args.json:
+        print(json.dumps(runs, indent=2))
+        return EXIT_OK
+    header = f"{'RUN_ID':<16}  {'STATUS':<9}  {'LABEL':<8}  {'MODE':<6}  {'WS':>3}  {'STEPS':>6}  " \
+             f"{'CREATED':<19}  {'TIME':>8}  WORKER"
+    print(header)
+    for r in runs:
+        cfg = r["config"]
+        print(f"{r['run_id']:<16}  {r['status']:<9}  {(r['label'] or '-'):<8}  "
+              f"{cfg.get('mode', '-'):<6}  {cfg.get('world_size', '-'):>3}  "
+              f"{cfg.get('steps', '-'):>6}  {_when(r['created_at']):<19}  {_duration(r):>8}  "
+              f"{r['worker'] or '-'}")
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    client = _client(args)
+    try:
+        status = client.cancel(args.run_id)
+    except KeyError:
+        _err(f"no run {args.run_id!r}")
+        return EXIT_FAILED
+    print(status)
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write the run's events as JSON lines, oldest first."""
+    client = _client(args)
+    if client.get_run(args.run_id) is None:
+        _err(f"no run {args.run_id!r}")
+        return EXIT_FAILED
+    out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
+    try:
+        after, n = "0-0", 0
+        while True:
+            events, after = client.read_events(args.run_id, after, count=2000)
+            if not events:
+                break
+            out.write("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in events))
+            n += len(events)
+    finally:
+        if args.out:
+            out.close()
+    if args.out:
+        print(f"{n} events -> {args.out}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from workers.up import run_up
+
+    try:
+        return run_up(args.host, args.port, args.workers, args.data_dir, args.app)
+    except FileNotFoundError as exc:
+        _err(str(exc))
+        return EXIT_REFUSED
+
+
+# -- parser -----------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    from workers.flags import add_run_flags
+
+    parser = argparse.ArgumentParser(prog="ddpviz", description="Launch real DP and DDP training "
+                                     "runs and watch them (https://pytorch.org/docs/stable/notes/ddp.html).")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, fn: Callable[[argparse.Namespace], int], text: str,
+                redis: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=text, description=text)
+        p.set_defaults(handler=fn)
+        if redis:
+            p.add_argument("--url", default=None, help="Redis URL (default: $REDIS_URL)")
+        return p
+
+    p = command("train", cmd_train, "run one job here, without Redis", redis=False)
+    add_run_flags(p)
+    p.add_argument("--events", metavar="FILE.jsonl", help="also write every event to this file")
+    p.add_argument("--run-id", help="run id carried by the events (default: a new one)")
+    p.add_argument("-v", "--verbose", action="store_true", help="print the traceback of a failure")
+
+    p = command("submit", cmd_submit, "queue a run through Redis for a worker")
+    add_run_flags(p)
+    p.add_argument("--label", help="a name shown in the app")
+    p.add_argument("--pair", action="store_true", help="submit the same config as DP and as DDP")
+    p.add_argument("--wait", action="store_true",
+                   help="follow the run(s) with a progress bar; exit non-zero unless finished")
+
+    p = command("worker", cmd_worker, "serve the queue: run submitted jobs on this host")
+    p.add_argument("--name", help="worker name, unique among live workers (default: host-pid)")
+    p.add_argument("--burst", action="store_true", help="quit once the queue is empty")
+
+    p = command("runs", cmd_runs, "list recent runs")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--json", action="store_true", help="print the records as JSON")
+
+    p = command("cancel", cmd_cancel, "cancel a queued or running run")
+    p.add_argument("run_id")
+
+    p = command("export", cmd_export, "write a run's events as JSON lines")
+    p.add_argument("run_id")
+    p.add_argument("--out", metavar="FILE.jsonl", help="file to write (default: stdout)")
+
+    p = command("up", cmd_up, "the demo: Redis, worker(s) and the app", redis=False)
+    p.add_argument("--host", default="127.0.0.1", help="address the app listens on")
+    p.add_argument("--port", type=int, default=8501, help="the app's port")
+    p.add_argument("--workers", type=int, default=1, help="worker processes to start")
+    p.add_argument("--data-dir", default=".ddpviz", help="folder for the embedded Redis' data")
+    p.add_argument("--app", help=argparse.SUPPRESS)  # another Streamlit script (tests)
+    return parser
+
+
+def _refused(exc: Any) -> int:
+    from workers.flags import flag_name
+
+    for field, message in exc.errors:
+        hint = f" [{flag_name(field)}]" if field and field.isidentifier() else ""
+        _err(f"refused: {message}{hint}")
+    return EXIT_REFUSED
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``ddpviz`` console script; exits with the command's code."""
+    import redis
+
+    from engine.config import ConfigError
+    from workers.connection import RedisUnavailable
+
+    args = build_parser().parse_args(argv)
+    try:
+        code = args.handler(args)
+    except ConfigError as exc:
+        code = _refused(exc)
+    except RedisUnavailable as exc:
+        _err(str(exc))
+        code = EXIT_REFUSED
+    except redis.exceptions.ConnectionError as exc:
+        _err(f"lost the connection to Redis: {exc}")
+        code = EXIT_REFUSED
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)

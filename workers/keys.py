@@ -1,0 +1,49 @@
+"""Every Redis key ddpviz uses, in one place.
+
+All keys live under the prefix ``ddpviz:`` so one Redis server (or one database) can be shared
+with other applications and cleaned up by pattern. RQ's own keys (queues, jobs, registries,
+worker records, the pub/sub command channel) go under ``ddpviz:rq:`` through RQ's
+``RQ_KEY_PREFIX`` setting, which `workers/__init__.py` applies before RQ is imported.
+
+Layout:
+
+| key | type | holds |
+|---|---|---|
+| ``ddpviz:run:{run_id}`` | hash | one run record (see `workers.store`) |
+| ``ddpviz:runs`` | sorted set | run ids scored by created time (unix seconds) |
+| ``ddpviz:events:{run_id}`` | stream | the run's events, one field ``e`` holding the JSON |
+| ``ddpviz:cancel:{run_id}`` | string | present while a cancel is requested; value = reason |
+| ``ddpviz:worker:{name}`` | hash | a worker's heartbeat (expires unless refreshed) |
+| ``ddpviz:workers`` | set | names of workers that have sent a heartbeat |
+"""
+
+from __future__ import annotations
+
+PREFIX = "ddpviz:"
+QUEUE_NAME = "ddpviz"  # the RQ queue every run is enqueued on
+RQ_KEY_PREFIX = PREFIX + "rq"  # RQ's keys become ddpviz:rq:queue:ddpviz, ddpviz:rq:job:{id}, ...
+
+RUNS = PREFIX + "runs"
+WORKERS = PREFIX + "workers"
+
+EVENT_FIELD = b"e"  # the single stream field holding an event's JSON
+
+
+def run(run_id: str) -> str:
+    """Hash of one run record."""
+    return f"{PREFIX}run:{run_id}"
+
+
+def events(run_id: str) -> str:
+    """Stream of one run's events."""
+    return f"{PREFIX}events:{run_id}"
+
+
+def cancel(run_id: str) -> str:
+    """Flag set while a cancel of the run is requested (polled by the running job)."""
+    return f"{PREFIX}cancel:{run_id}"
+
+
+def worker(name: str) -> str:
+    """Heartbeat hash of one worker."""
+    return f"{PREFIX}worker:{name}"

@@ -1,0 +1,136 @@
+"""`ddpviz up`: the whole demo on one machine — Redis, N workers and the Streamlit app.
+
+Redis is ``$REDIS_URL`` when set, else an embedded server persisted under ``<data_dir>/redis``.
+Ctrl-C or SIGTERM stops everything, in order: the app; the workers (each asks its running run to
+cancel, then exits; a second signal kills its work-horse; then SIGKILL); any process still
+carrying this session's token; Redis last. Nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+from workers.connection import ENV_VAR, URL_FILE, EmbeddedRedis, connect, redact
+from workers.procs import UP_TOKEN_ENV, Child, sweep, wait_any_exit
+
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+APP_STOP_GRACE_S = 5.0
+WORKER_STOP_GRACE_S = 15.0  # a canceled run stops in about a second; DDP ranks need a bit more
+POLL_S = 0.5
+
+
+def default_app_path() -> Path:
+    """app/main.py of the installed ``app`` package (found without importing it)."""
+    spec = importlib.util.find_spec("app")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the ddpviz 'app' package is not installed")
+    return Path(list(spec.submodule_search_locations)[0]) / "main.py"
+
+
+def app_command(app: Path, host: str, port: int) -> list[str]:
+    return [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", host,
+            "--server.port", str(port), "--server.headless", "true",
+            "--browser.gatherUsageStats", "false"]
+
+
+def _warn_if_exposed(host: str) -> None:
+    if host not in LOOPBACK:
+        print(f"ddpviz up: WARNING: the app listens on {host}; anyone who can reach it can launch "
+              f"training runs on this machine. The embedded Redis stays on 127.0.0.1 and has no "
+              f"password: if you set {ENV_VAR} to a server others can reach, protect it with one "
+              f"(redis://:PASSWORD@host:6379/0).", file=sys.stderr)
+
+
+def _stop_on_signals(stop: threading.Event) -> None:
+    def handler(signum, frame):
+        stop.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def run_up(host: str = "127.0.0.1", port: int = 8501, n_workers: int = 1,
+           data_dir: str | os.PathLike[str] = ".ddpviz", app: str | os.PathLike[str] | None = None) -> int:
+    """Run the demo until Ctrl-C / SIGTERM (or until the app exits). Returns an exit code.
+
+    Raises:
+        RedisUnavailable: ``$REDIS_URL`` is set but does not answer.
+        FileNotFoundError: the app file does not exist.
+    """
+    app_path = Path(app) if app is not None else default_app_path()
+    if not app_path.is_file():
+        raise FileNotFoundError(f"app file not found: {app_path}")
+    _warn_if_exposed(host)
+    stop = threading.Event()
+    _stop_on_signals(stop)
+    token = uuid.uuid4().hex
+    server: EmbeddedRedis | None = None
+    children: list[Child] = []
+    url_file = Path(data_dir) / URL_FILE.name
+    try:
+        url = os.environ.get(ENV_VAR, "").strip()
+        if not url:
+            server = EmbeddedRedis(Path(data_dir) / "redis").start()
+            url = server.url
+            url_file.write_text(url + "\n", encoding="utf-8")
+        connect(url).close()  # fail early, naming the URL
+        env = {**os.environ, ENV_VAR: url, UP_TOKEN_ENV: token, "PYTHONUNBUFFERED": "1"}
+        hostname = socket.gethostname()
+        workers = [Child(f"worker-{i + 1}", [sys.executable, "-m", "workers", "worker", "--name",
+                                             f"{hostname}-up{os.getpid()}-{i + 1}"], env).start()
+                   for i in range(n_workers)]
+        children += workers
+        app_child = Child("app", app_command(app_path, host, port), env).start()
+        children.append(app_child)
+        shown = "localhost" if host in ("127.0.0.1", "0.0.0.0") else host
+        print(f"ddpviz up: Redis {redact(url)}{' (embedded)' if server else ''}, "
+              f"{n_workers} worker(s); app at http://{shown}:{port}  (Ctrl-C stops everything)",
+              flush=True)
+        return _supervise(stop, app_child, workers)
+    finally:
+        _shutdown(children, token, server, url_file)
+
+
+def _supervise(stop: threading.Event, app_child: Child, workers: list[Child]) -> int:
+    """Wait for a stop request; report children that die. Returns the exit code."""
+    reported: set[str] = set()
+    while not stop.wait(POLL_S):
+        if not app_child.running():
+            print(f"ddpviz up: the app exited (code {app_child.proc.returncode}); stopping",
+                  file=sys.stderr)
+            return 1
+        dead = wait_any_exit([w for w in workers if w.name not in reported], 0)
+        if dead is not None:
+            reported.add(dead.name)
+            print(f"ddpviz up: {dead.name} exited (code {dead.proc.returncode})", file=sys.stderr)
+    return 0
+
+
+def _shutdown(children: list[Child], token: str, server: EmbeddedRedis | None,
+              url_file: Path) -> None:
+    # Shutdown is bounded (about APP_STOP_GRACE_S + WORKER_STOP_GRACE_S + 5 s): further Ctrl-Cs
+    # must not interrupt it half-way and leave processes behind.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print("ddpviz up: stopping...", file=sys.stderr, flush=True)
+    for child in children:
+        if child.name == "app":
+            child.stop(APP_STOP_GRACE_S)
+    workers = [c for c in children if c.name != "app"]
+    for child in workers:  # warm shutdown of all at once: each cancels its run
+        child.signal_group(signal.SIGTERM)
+    for child in workers:
+        child.wait(WORKER_STOP_GRACE_S)
+    for child in workers:  # second signal = cold shutdown (kills the work-horse), then SIGKILL
+        child.stop(3.0)
+    sweep(token)
+    if server is not None:
+        server.stop()
+        url_file.unlink(missing_ok=True)
