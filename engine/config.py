@@ -65,6 +65,9 @@ class RunConfig(BaseModel):
     eval_every: int = Field(25, ge=0, le=1_000_000)  # validation every N steps; 0 = at end only
     step_delay_s: float = Field(0.0, ge=0.0, le=5.0)  # sleep per step, to slow a demo down
     collective_timeout_s: float = Field(60.0, ge=1.0, le=3600.0)  # a collective waiting longer fails the run
+    fault: Literal["none", "raise", "kill", "hang"] = "none"  # inject a failure, to see what it does
+    fault_rank: int = Field(0, ge=0, le=63)  # the rank (DDP) or device (DP) that fails
+    fault_step: int = Field(0, ge=0, le=1_000_000)  # the step at which it fails
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> "RunConfig":
@@ -101,6 +104,14 @@ def cross_field_errors(cfg: RunConfig) -> list[tuple[str, str]]:
                                 f"use one of {list(MODEL_DATASETS[cfg.model])}"))
     if cfg.model == "gpt" and cfg.width % cfg.n_head:
         errs.append(("n_head", f"width ({cfg.width}) must be divisible by n_head ({cfg.n_head})"))
+    if cfg.fault != "none":
+        if cfg.fault_rank >= cfg.world_size:
+            errs.append(("fault_rank", f"fault_rank must be < world_size ({cfg.world_size}) (got {cfg.fault_rank})"))
+        if cfg.fault_step >= cfg.steps:
+            errs.append(("fault_step", f"fault_step must be < steps ({cfg.steps}) (got {cfg.fault_step})"))
+        if cfg.fault == "hang" and cfg.mode != "ddp":
+            errs.append(("fault", "fault 'hang' needs mode 'ddp': DP and single have no collective "
+                                  "timeout, so the run would hang for good"))
     if cfg.backend == "nccl" and cfg.device == "cpu":
         errs.append(("backend", "backend 'nccl' needs device 'cuda' (use 'gloo' on CPU)"))
     return errs

@@ -28,6 +28,7 @@ from engine.comm_hook import BucketRecorder, CudaClock, HostClock, recording_hoo
 from engine.config import RunConfig
 from engine.data import BatchPlan, load_dataset
 from engine.events import BatchingSink, JsonlWriter
+from engine.faults import maybe_fail
 from engine.loop import drive
 from engine.memory import ActivationCounter, accounted_event, buffer_bytes, cuda_event, grads_bytes, \
     optimizer_state_bytes, param_bytes, tensor_bytes
@@ -37,6 +38,7 @@ from engine.training import autocast, cpu_threads_per_rank, evaluate, flat_param
     make_optimizer, param_checksum
 
 PR_SET_PDEATHSIG = 1
+_progress: dict[str, int | None] = {"step": None}  # the step this rank is in, for its error report
 
 
 class ReplicasDiverged(RuntimeError):
@@ -59,7 +61,7 @@ def rank_main(cfg_dict: dict, run_id: str, workdir: str, backend: str, device_ki
     try:
         _train_rank(RunConfig(**cfg_dict), run_id, rank, wd, backend, device_kind, sink)
     except BaseException as exc:
-        err = dict(rank=rank, exception=f"{type(exc).__name__}: {exc}",
+        err = dict(rank=rank, step=_progress["step"], exception=f"{type(exc).__name__}: {exc}",
                    traceback="".join(traceback.format_exception(exc)))
         (wd / f"rank{rank}.error.json").write_text(json.dumps(err))
         raise
@@ -106,6 +108,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
             torch.cuda.synchronize(device)
 
     def train_step(step: int) -> dict:
+        _progress["step"] = step
         t0 = now()
         fwd = bwd = exposed = 0.0
         loss_sum = 0.0
@@ -113,6 +116,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
             last_micro = micro == cfg.grad_accum_steps - 1
             idx = plan.rank_indices(step * cfg.grad_accum_steps + micro, rank)
             x, y = ds.x_train[idx].to(device), ds.y_train[idx].to(device)
+            maybe_fail(cfg, rank, step)
             ctx = contextlib.nullcontext() if last_micro else ddp.no_sync()  # all-reduce once per step
             with ctx:
                 t1 = now()

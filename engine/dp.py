@@ -23,6 +23,7 @@ import torch.nn as nn
 from engine.config import RunConfig
 from engine.data import BatchPlan, Dataset
 from engine.devices import DevicePlan
+from engine.faults import maybe_fail
 from engine.loop import drive
 from engine.memory import ActivationCounter, accounted_event, buffer_bytes, optimizer_state_bytes, \
     param_bytes, tensor_bytes
@@ -99,8 +100,9 @@ class EmulatedDP:
             log.add(phase, i, t, e)
         return [r for r, _, _ in results]
 
-    def _forward(self, chunks, log):
+    def _forward(self, chunks, log, step: int):
         def fwd(i):
+            maybe_fail(self.cfg, i, step)  # a failing device thread fails the whole DP process
             with self.counters[i], autocast(self.cfg, "cpu"):
                 return self.replicas[i](chunks[i])
         return self._in_threads("forward", fwd, log)
@@ -148,11 +150,11 @@ class EmulatedDP:
             self.recv[0] += nb
         log.add("reduce", 0, t_all, now(), tensor_bytes(master) * (self.n - 1))
 
-    def micro_step(self, x, y, log: PhaseLog, accum: int) -> float:
+    def micro_step(self, x, y, log: PhaseLog, accum: int, step: int) -> float:
         """One micro-batch through all eight phases but the optimizer; returns its loss."""
         self._broadcast(log)
         chunks = self._scatter(x, log)
-        outs = self._forward(chunks, log)
+        outs = self._forward(chunks, log, step)
         gathered = self._gather(outs, log)
         t = now()
         loss = loss_fn(gathered, y) / accum
@@ -188,7 +190,7 @@ def train_dp(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Module, te
         loss = 0.0
         for micro in range(cfg.grad_accum_steps):
             idx = batches.global_indices(step * cfg.grad_accum_steps + micro)
-            loss += dp.micro_step(ds.x_train[idx], ds.y_train[idx], log, cfg.grad_accum_steps)
+            loss += dp.micro_step(ds.x_train[idx], ds.y_train[idx], log, cfg.grad_accum_steps, step)
         t = now()
         opt.step()
         opt.zero_grad(set_to_none=True)

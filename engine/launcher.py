@@ -83,6 +83,37 @@ def _first_error(workdir: Path, world_size: int) -> dict | None:
     return min(errors, key=lambda e: e[0])[1] if errors else None
 
 
+def _stalled_note(err: dict, workdir: Path, world_size: int) -> str:
+    """After a collective timeout, name the ranks that raised nothing: they are the ones that stalled."""
+    text = err["exception"].lower()
+    if "timeout" not in text and "timed out" not in text:
+        return ""
+    quiet = [r for r in range(world_size) if not (workdir / f"rank{r}.error.json").exists()]
+    where = f" at step {err['step']}" if err.get("step") is not None else ""
+    return (f" — rank {err['rank']} timed out in a collective{where}; rank(s) {quiet} raised no error "
+            f"and never joined it: they stalled.") if quiet else ""
+
+
+def _signal_death(exc: Exception) -> dict | None:
+    """A rank killed by a signal is the root cause; the others' errors (peer gone) follow from it."""
+    failures = getattr(exc, "failures", {}) or {}
+    dead = [f for f in failures.values() if f.exitcode is not None and f.exitcode < 0]
+    if not dead:
+        return None
+    f = min(dead, key=lambda f: f.timestamp)
+    return dict(rank=f.local_rank, traceback="",
+                exception=f"rank {f.local_rank} (pid {f.pid}) was killed by signal {f.signal_name()}")
+
+
+def _exit_error(exc: Exception) -> dict:
+    """Error for ranks that died without writing one (killed, segfault): from elastic's report."""
+    failures = getattr(exc, "failures", {}) or {}
+    for _, f in sorted(failures.items(), key=lambda kv: getattr(kv[1], "timestamp", 0)):
+        how = (f"killed by signal {f.signal_name()}" if f.exitcode < 0 else f"exited with code {f.exitcode}")
+        return dict(rank=f.local_rank, exception=f"rank {f.local_rank} (pid {f.pid}) {how}", traceback="")
+    return dict(rank=None, exception=f"{type(exc).__name__}: {exc}", traceback="")
+
+
 def launch_ddp(cfg: RunConfig, plan: DevicePlan, out, run_id: str,
                should_stop: Callable[[], bool] | None, workdir: Path) -> torch.Tensor:
     """Run `cfg.world_size` DDP ranks on this host; returns rank 0's final parameters (P,).
@@ -114,8 +145,8 @@ def launch_ddp(cfg: RunConfig, plan: DevicePlan, out, run_id: str,
         follower.pump()
         if follower.canceled:
             raise Canceled("canceled: every rank process was stopped") from None
-        err = _first_error(workdir, cfg.world_size) or dict(
-            rank=None, exception=f"{type(exc).__name__}: {exc}", traceback="")
+        err = _signal_death(exc) or _first_error(workdir, cfg.world_size) or _exit_error(exc)
+        err["exception"] += _stalled_note(err, workdir, cfg.world_size)
         raise RankFailed(err) from None
     follower.done.set()
     follower.join()

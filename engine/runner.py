@@ -82,7 +82,7 @@ def execute(cfg: RunConfig, sink: EventSink, run_id: str, *,
         result.status, result.error = "failed", dict(rank=None, exception=f"{exc.field}: {exc}", traceback="")
     except Exception as exc:
         result.status = "failed"
-        result.error = getattr(exc, "error", None) or error_dict(exc, rank=0)
+        result.error = getattr(exc, "error", None) or error_dict(exc, rank=getattr(exc, "rank", 0))
     finally:
         result.summary = builder.summary()
         result.summary["wall_time_s"] = time.time() - t0

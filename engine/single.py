@@ -13,6 +13,7 @@ import torch.nn as nn
 
 from engine.config import RunConfig
 from engine.data import BatchPlan, Dataset
+from engine.faults import maybe_fail
 from engine.loop import drive
 from engine.memory import ActivationCounter, accounted_event, buffer_bytes, cuda_event, grads_bytes, \
     optimizer_state_bytes, param_bytes, tensor_bytes
@@ -40,6 +41,7 @@ def train_single(cfg: RunConfig, ds: Dataset, model: nn.Module, device: torch.de
         for micro in range(cfg.grad_accum_steps):
             idx = plan.global_indices(step * cfg.grad_accum_steps + micro)
             x, y = ds.x_train[idx].to(device), ds.y_train[idx].to(device)
+            maybe_fail(cfg, 0, step)
             t1 = now()
             with acts, autocast(cfg, device.type):
                 loss = loss_fn(model(x), y) / cfg.grad_accum_steps

@@ -1,0 +1,57 @@
+"""RunConfig validation: every refusal names the field and the rule."""
+
+import pytest
+
+from engine.config import ConfigError, RunConfig, validate_config
+
+
+def refused(**fields) -> dict[str, str]:
+    with pytest.raises(ConfigError) as info:
+        validate_config(fields)
+    return dict(info.value.errors)
+
+
+def test_defaults_are_valid_and_describe_a_ddp_pair_run():
+    cfg = validate_config({})
+    assert (cfg.mode, cfg.world_size, cfg.model, cfg.dataset, cfg.bucket_cap_mb) == ("ddp", 2, "mlp", "digits", 25.0)
+    assert cfg.micro_batch_per_device == 32
+
+
+@pytest.mark.parametrize("fields, field, words", [
+    ({"world_size": 0}, "world_size", "must be >= 1"),
+    ({"bucket_cap_mb": 0}, "bucket_cap_mb", "must be > 0"),
+    ({"bucket_cap_mb": -5}, "bucket_cap_mb", "must be > 0"),
+    ({"mode": "fsdp"}, "mode", "must be one of"),
+    ({"global_batch_size": 3, "world_size": 4}, "global_batch_size", "must be >= world_size (4)"),
+    ({"global_batch_size": 10, "world_size": 3}, "global_batch_size", "[4, 4, 2]"),
+    ({"model": "gpt", "dataset": "digits"}, "dataset", "does not fit model 'gpt'"),
+    ({"model": "gpt", "dataset": "text", "width": 30, "n_head": 4}, "n_head", "divisible by n_head"),
+    ({"warp_speed": True}, "warp_speed", "is not a known field"),
+    ({"fault": "hang", "mode": "dp"}, "fault", "needs mode 'ddp'"),
+    ({"fault": "raise", "fault_rank": 2, "world_size": 2}, "fault_rank", "must be < world_size"),
+    ({"steps": "many"}, "steps", "steps"),
+])
+def test_refusals_name_the_field_and_rule(fields, field, words):
+    errors = refused(**fields)
+    assert field in errors, errors
+    assert words in errors[field]
+
+
+def test_unknown_model_is_refused_with_the_known_names():
+    errors = refused(model="resnet9000")
+    assert "mlp" in errors["model"] and "resnet9000" in errors["model"]
+
+
+def test_several_errors_are_all_reported():
+    errors = refused(world_size=0, lr=-1)
+    assert set(errors) == {"world_size", "lr"}
+
+
+def test_config_round_trips_through_json():
+    cfg = RunConfig(mode="dp", world_size=4, global_batch_size=128)
+    assert validate_config(cfg.to_json_dict()) == cfg
+
+
+def test_non_object_payload_is_refused():
+    with pytest.raises(ConfigError, match="JSON object"):
+        validate_config(["mode", "ddp"])  # type: ignore[arg-type]

@@ -1,0 +1,73 @@
+"""A failing, killed, hanging or canceled rank ends the run in an explained state, no process left."""
+
+import os
+import time
+
+import psutil
+import pytest
+
+from engine.config import RunConfig
+from engine.events import ListSink
+from engine.run import run_training
+
+pytestmark = pytest.mark.slow
+BASE = dict(mode="ddp", width=32, depth=2, global_batch_size=32, steps=40, eval_every=0)
+
+
+def children_alive():
+    return [p for p in psutil.Process().children(recursive=True) if p.is_running()
+            and p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline())]
+
+
+def run(**fields):
+    sink = ListSink()
+    t0 = time.monotonic()
+    result = run_training(RunConfig(**{**BASE, **fields}), sink, "f")
+    return result, sink, time.monotonic() - t0
+
+
+def test_a_rank_that_raises_fails_the_run_with_its_traceback():
+    result, sink, _ = run(fault="raise", fault_rank=1, fault_step=3)
+    assert result.status == "failed"
+    assert result.error["rank"] == 1
+    assert "rank 1 raised at step 3" in result.error["exception"]
+    assert "maybe_fail" in result.error["traceback"]
+    assert sink.events[-1]["type"] == "run_finished" and sink.events[-1]["status"] == "failed"
+    assert not children_alive()
+
+
+def test_a_killed_rank_is_named_with_its_signal():
+    result, _, _ = run(fault="kill", fault_rank=0, fault_step=2)
+    assert result.status == "failed"
+    assert "SIGKILL" in result.error["exception"] and result.error["rank"] == 0
+    assert not children_alive()
+
+
+def test_a_hanging_rank_ends_by_collective_timeout_naming_the_stalled_rank():
+    result, _, elapsed = run(fault="hang", fault_rank=1, fault_step=2, collective_timeout_s=3)
+    assert result.status == "failed"
+    assert "timed out in a collective at step 2; rank(s) [1] raised no error" in result.error["exception"]
+    assert elapsed < 60
+    assert not children_alive()
+
+
+def test_cancel_stops_every_rank_process():
+    started = time.monotonic()
+    seen = []
+
+    def should_stop():
+        seen.extend(p.pid for p in children_alive())
+        return time.monotonic() - started > 8
+
+    sink = ListSink()
+    result = run_training(RunConfig(**{**BASE, "steps": 100000, "step_delay_s": 0.01}), sink, "c",
+                          should_stop=should_stop)
+    assert result.status == "canceled"
+    assert seen, "rank processes should have been running before the cancel"
+    assert not children_alive()
+    assert sink.events[-1]["status"] == "canceled"
+
+
+def test_dp_device_thread_failure_fails_the_whole_process_run():
+    result, _, _ = run(mode="dp", fault="raise", fault_rank=1, fault_step=1)
+    assert result.status == "failed" and result.error["rank"] == 1
