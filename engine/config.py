@@ -65,7 +65,7 @@ class RunConfig(BaseModel):
     eval_every: int = Field(25, ge=0, le=1_000_000)  # validation every N steps; 0 = at end only
     step_delay_s: float = Field(0.0, ge=0.0, le=5.0)  # sleep per step, to slow a demo down
     collective_timeout_s: float = Field(60.0, ge=1.0, le=3600.0)  # a collective waiting longer fails the run
-    fault: Literal["none", "raise", "kill", "hang"] = "none"  # inject a failure, to see what it does
+    fault: Literal["none", "raise", "kill", "hang", "diverge"] = "none"  # inject a failure, to see what it does
     fault_rank: int = Field(0, ge=0, le=63)  # the rank (DDP) or device (DP) that fails
     fault_step: int = Field(0, ge=0, le=1_000_000)  # the step at which it fails
 

@@ -82,7 +82,11 @@ def _text(block_size: int, seed: int) -> Dataset:
 
 
 def load_dataset(cfg: RunConfig) -> Dataset:
-    """Load `cfg.dataset`, split train/validation with a seeded permutation."""
+    """Load `cfg.dataset` (or a plugin model's own data), split train/validation."""
+    if cfg.model not in ("mlp", "cnn", "gpt"):
+        from engine.plugins import load_plugin
+
+        return load_plugin(cfg.model).dataset(cfg)
     if cfg.dataset == "digits":
         x, y = _digits_arrays()
         return Dataset("digits", *_split(x, y, 0), in_dim=64, n_classes=10)

@@ -24,11 +24,12 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from engine.buckets import ddp_bucket_cap_arg
 from engine.comm_hook import BucketRecorder, CudaClock, HostClock, recording_hook
 from engine.config import RunConfig
 from engine.data import BatchPlan, load_dataset
 from engine.events import BatchingSink, JsonlWriter
-from engine.faults import maybe_fail
+from engine.faults import maybe_diverge, maybe_fail
 from engine.loop import drive
 from engine.memory import ActivationCounter, accounted_event, buffer_bytes, cuda_event, grads_bytes, \
     optimizer_state_bytes, param_bytes, tensor_bytes
@@ -91,7 +92,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
     ds = load_dataset(cfg)
     model = build_model(cfg, ds).to(device).train()
     ddp = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,
-              bucket_cap_mb=cfg.bucket_cap_mb, gradient_as_bucket_view=cfg.gradient_as_bucket_view,
+              bucket_cap_mb=ddp_bucket_cap_arg(cfg), gradient_as_bucket_view=cfg.gradient_as_bucket_view,
               static_graph=cfg.static_graph, find_unused_parameters=cfg.find_unused_parameters)
     names = {p.data_ptr(): n for n, p in model.named_parameters()}
     rec = BucketRecorder(world, cfg.overlap, names, CudaClock() if device.type == "cuda" else HostClock())
@@ -141,6 +142,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         t4 = now()
         opt.step()
         opt.zero_grad(set_to_none=not cfg.gradient_as_bucket_view)
+        maybe_diverge(cfg, rank, step, model)
         sync()
         t5 = now()
         for b in buckets:

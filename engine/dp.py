@@ -23,7 +23,7 @@ import torch.nn as nn
 from engine.config import RunConfig
 from engine.data import BatchPlan, Dataset
 from engine.devices import DevicePlan
-from engine.faults import maybe_fail
+from engine.faults import maybe_diverge, maybe_fail
 from engine.loop import drive
 from engine.memory import ActivationCounter, accounted_event, buffer_bytes, optimizer_state_bytes, \
     param_bytes, tensor_bytes
@@ -195,6 +195,8 @@ def train_dp(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Module, te
         opt.step()
         opt.zero_grad(set_to_none=True)
         log.add("optimizer", 0, t, now())
+        if cfg.fault_rank > 0:  # a replica drifts; the next step's broadcast overwrites it
+            maybe_diverge(cfg, cfg.fault_rank, step, dp.replicas[cfg.fault_rank])
         t_end = now()
         for phase, dev, s, e, nb in log.spans:
             tel.emit("dp_phase", step=step, phase=phase, device=plan.names[dev], start_s=s, end_s=e, nbytes=nb)

@@ -2,7 +2,8 @@
 
 A teaching feature and the driver of the reliability tests: `raise` throws, `kill` SIGKILLs the
 process (in DP that is the whole run: one process), `hang` sleeps until the collective timeout of
-the other ranks ends the run (DDP only).
+the other ranks ends the run (DDP only), `diverge` nudges one replica's weights after its optimizer
+step — DDP's replica check then fails the run; DP heals it with the next broadcast.
 """
 
 from __future__ import annotations
@@ -22,6 +23,19 @@ class InjectedFault(RuntimeError):
     def __init__(self, message: str, rank: int):
         self.rank = rank
         super().__init__(message)
+
+
+DIVERGE_NUDGE = 1e-3  # added to every weight of the diverging replica
+
+
+def maybe_diverge(cfg: RunConfig, rank: int, step: int, model) -> None:
+    """With `fault=diverge`, nudge this replica's parameters so it no longer matches the others."""
+    if cfg.fault == "diverge" and rank == cfg.fault_rank and step == cfg.fault_step:
+        import torch
+
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(DIVERGE_NUDGE)
 
 
 def maybe_fail(cfg: RunConfig, rank: int, step: int) -> None:

@@ -8,9 +8,6 @@ parameter count, and so the bytes DP broadcasts and DDP all-reduces.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Callable
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -109,14 +106,6 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))  # (B, T, vocab)
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    """How to build a model for a dataset: `build(cfg, dataset) -> nn.Module`."""
-
-    name: str
-    build: Callable[[RunConfig, object], nn.Module]
-
-
 def _build_builtin(cfg: RunConfig, ds) -> nn.Module:
     if cfg.model == "mlp":
         return MLP(ds.in_dim, cfg.width, cfg.depth, ds.n_classes)
@@ -139,12 +128,9 @@ def build_model(cfg: RunConfig, ds) -> nn.Module:
     torch.manual_seed(cfg.seed)
     if cfg.model in ("mlp", "cnn", "gpt"):
         return _build_builtin(cfg, ds)
-    from importlib.metadata import entry_points
+    from engine.plugins import load_plugin
 
-    for ep in entry_points(group="ddpviz.models"):
-        if ep.name == cfg.model:
-            return ep.load()(cfg, ds)
-    raise KeyError(f"model must be a built-in or a registered plugin (got {cfg.model!r})")
+    return load_plugin(cfg.model).build(cfg)
 
 
 def param_count(model: nn.Module) -> int:

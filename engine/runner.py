@@ -48,12 +48,21 @@ def error_dict(exc: BaseException, rank: int | None = 0) -> dict[str, Any]:
                 traceback="".join(traceback.format_exception(exc)))
 
 
-def _started_fields(cfg: RunConfig, plan: DevicePlan, model: torch.nn.Module) -> dict[str, Any]:
-    return dict(schema_version=SCHEMA_VERSION, config=cfg.to_json_dict(), mode=cfg.mode,
+def _started_fields(cfg: RunConfig, plan: DevicePlan, model: torch.nn.Module, ds) -> dict[str, Any]:
+    extra: dict[str, Any] = {}
+    if cfg.mode == "ddp":
+        from engine.buckets import preview_buckets
+
+        extra["bucket_preview"] = preview_buckets(cfg, model, ds.x_train[:2], ds.y_train[:2])
+    return dict(extra, schema_version=SCHEMA_VERSION, config=cfg.to_json_dict(), mode=cfg.mode,
                 world_size=cfg.world_size, backend=plan.backend, devices=plan.infos,
                 device_names=plan.names, emulated=plan.emulated, torch_version=torch.__version__,
                 host=socket.gethostname(), param_count=param_count(model), grad_bytes=grad_bytes(model),
-                micro_batch_per_device=cfg.micro_batch_per_device)
+                micro_batch_per_device=cfg.micro_batch_per_device,
+                sampler=dict(kind="DistributedSampler", shuffle=True, drop_last=True,
+                             policy="drop_last: every rank gets len(dataset) // world_size samples and "
+                                    "the same number of full batches, so no collective waits for a rank"),
+                train_samples=len(ds), val_samples=len(ds.x_val))
 
 
 def execute(cfg: RunConfig, sink: EventSink, run_id: str, *,
@@ -71,7 +80,7 @@ def execute(cfg: RunConfig, sink: EventSink, run_id: str, *,
         model = build_model(cfg, ds)
         check_model(cfg, model, ds)
         out.emit(make_event("run_started", run_id, rank=0, device=plan.names[0],
-                            **_started_fields(cfg, plan, model)))
+                            **_started_fields(cfg, plan, model, ds)))
         if workdir is None:
             tmp = tempfile.TemporaryDirectory(prefix=f"ddpviz-{run_id}-")
             workdir = tmp.name

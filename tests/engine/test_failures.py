@@ -71,3 +71,16 @@ def test_cancel_stops_every_rank_process():
 def test_dp_device_thread_failure_fails_the_whole_process_run():
     result, _, _ = run(mode="dp", fault="raise", fault_rank=1, fault_step=1)
     assert result.status == "failed" and result.error["rank"] == 1
+
+
+def test_diverged_replicas_fail_the_ddp_run_at_the_check():
+    result, sink, _ = run(fault="diverge", fault_rank=1, fault_step=1, eval_every=2, steps=6)
+    assert result.status == "failed"
+    assert "replicas diverged at step 1" in result.error["exception"]
+    (sync,) = sink.of_type("sync")
+    assert sync["in_sync"] is False and sync["checksums"][0] != sync["checksums"][1]
+
+
+def test_dp_replicas_cannot_diverge_because_weights_are_broadcast_every_step():
+    result, _, _ = run(mode="dp", fault="diverge", fault_rank=1, fault_step=1, eval_every=2, steps=4)
+    assert result.status == "succeeded" and result.summary["replicas_in_sync"] is True

@@ -1,0 +1,53 @@
+"""`compare`: single, DP and DDP on one config, side by side, with the numbers that explain them.
+
+Speed-up is `samples_per_s(mode) / samples_per_s(single)` (median steady-state steps).
+`max_param_diff_vs_single` is the largest absolute difference of any parameter after the run,
+against the single-device run on the same global batches (0 up to float rounding when correct).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from engine.config import RunConfig
+from engine.events import EventSink, ListSink
+from engine.run import RunResult, run_training
+
+MODES = ("single", "dp", "ddp")
+SPLIT = ("step_time_s", "forward_s", "backward_s", "comm_exposed_s", "optimizer_s")
+
+
+def mode_report(result: RunResult, single: RunResult | None) -> dict[str, Any]:
+    """One mode's entry of the comparison (see module docstring for the formulas)."""
+    s = result.summary
+    base = single.summary.get("samples_per_s") if single is not None else None
+    sps = s.get("samples_per_s")
+    diff = None
+    if single is not None and result.final_params is not None and single.final_params is not None:
+        diff = float((result.final_params - single.final_params).abs().max())
+    return dict(status=result.status, error=result.error, samples_per_s=sps,
+                speedup_vs_single=(sps / base) if sps and base else None,
+                step_time_split={k: s.get(k) for k in SPLIT},
+                peak_memory_bytes=s.get("peak_memory_bytes"), memory_imbalance=s.get("memory_imbalance"),
+                bytes_per_device=s.get("bytes_per_device"), overlap=s.get("overlap"),
+                replicas_in_sync=s.get("replicas_in_sync"), max_param_diff_vs_single=diff,
+                val_accuracy=s.get("val_accuracy"), final_loss=s.get("final_loss"))
+
+
+def compare(cfg: RunConfig, *, sink_for: Callable[[str], EventSink] | None = None,
+            on_mode: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
+    """Run `cfg` as single, dp and ddp (in that order); returns a report keyed by mode.
+
+    Args:
+        cfg: the shared config; its `mode` is ignored.
+        sink_for: sink for a mode's events (default: kept in memory and dropped).
+        on_mode: called with each mode's name before it starts (progress display).
+    """
+    results: dict[str, RunResult] = {}
+    for mode in MODES:
+        if on_mode is not None:
+            on_mode(mode)
+        sink = sink_for(mode) if sink_for else ListSink()
+        results[mode] = run_training(cfg.model_copy(update={"mode": mode}), sink, f"compare-{mode}")
+    single = results["single"] if results["single"].status == "succeeded" else None
+    return {m: mode_report(results[m], single) for m in MODES}
