@@ -34,7 +34,7 @@ from engine.loop import drive
 from engine.memory import ActivationCounter, accounted_event, buffer_bytes, cuda_event, grads_bytes, \
     optimizer_state_bytes, param_bytes, tensor_bytes
 from engine.models import build_model
-from engine.telemetry import Telemetry, now, step_fields
+from engine.telemetry import Telemetry, now, step_fields, wall_ts
 from engine.training import autocast, cpu_threads_per_rank, evaluate, flat_params, loss_fn, \
     make_optimizer, param_checksum
 
@@ -127,6 +127,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
                 t2 = now()
                 if last_micro:
                     rec.begin_backward()
+                    backward_start = now()
                 loss.backward()
                 sync()
                 t3 = now()
@@ -150,7 +151,8 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         nbytes = sum(b["nbytes"] for b in buckets)
         tel.emit("comm_volume", step=step, sent_bytes=int(ring * nbytes), recv_bytes=int(ring * nbytes),
                  theory_sent_bytes=int(ring * P), theory_recv_bytes=int(ring * P))
-        return step_fields(loss=loss_sum, samples=cfg.global_batch_size, step_time_s=t5 - t0,
+        return step_fields(start=t0, backward_start_ts=wall_ts(backward_start), loss=loss_sum,
+                           samples=cfg.global_batch_size, step_time_s=t5 - t0,
                            forward_s=fwd, backward_s=bwd, comm_exposed_s=exposed, optimizer_s=t5 - t4)
 
     def memory(step: int) -> None:

@@ -205,7 +205,7 @@ def train_dp(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Module, te
             tel.emit("comm_volume", step=step, device=plan.names[i], sent_bytes=dp.sent[i],
                      recv_bytes=dp.recv[i], theory_sent_bytes=theory * cfg.grad_accum_steps,
                      theory_recv_bytes=theory * cfg.grad_accum_steps)
-        return step_fields(loss=loss, samples=cfg.global_batch_size, step_time_s=t_end - t0,
+        return step_fields(start=t0, loss=loss, samples=cfg.global_batch_size, step_time_s=t_end - t0,
                            forward_s=log.total(("forward",)), backward_s=log.total(("loss", "backward")),
                            comm_exposed_s=log.total(EmulatedDP.COMM_PHASES),
                            optimizer_s=log.total(("optimizer",)))

@@ -83,7 +83,7 @@ def train_dp_cuda(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Modul
             tel.emit("comm_volume", step=step, device=plan.names[i], sent_bytes=theory, recv_bytes=theory,
                      theory_sent_bytes=theory, theory_recv_bytes=theory)
         dur = {p: e - s for p, (s, e) in span.items()}
-        return step_fields(loss=loss_total, samples=cfg.global_batch_size, step_time_s=step_time,
+        return step_fields(start=t0, loss=loss_total, samples=cfg.global_batch_size, step_time_s=step_time,
                            forward_s=dur["forward"], backward_s=dur["loss"] + dur["backward"],
                            comm_exposed_s=dur["broadcast"] + dur["scatter"] + dur["gather"],
                            optimizer_s=dur["optimizer"])

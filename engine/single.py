@@ -57,7 +57,7 @@ def train_single(cfg: RunConfig, ds: Dataset, model: nn.Module, device: torch.de
         opt.zero_grad(set_to_none=False)
         sync()
         t5 = now()
-        return step_fields(loss=loss_sum, samples=cfg.global_batch_size, step_time_s=t5 - t0,
+        return step_fields(start=t0, loss=loss_sum, samples=cfg.global_batch_size, step_time_s=t5 - t0,
                            forward_s=fwd, backward_s=bwd, comm_exposed_s=0.0, optimizer_s=t5 - t4)
 
     def memory(step: int) -> None:

@@ -29,12 +29,23 @@ def should_sample_memory(step: int, steps: int) -> bool:
     return step < 5 or step == steps - 1 or step % max(1, steps // 100) == 0
 
 
+now = time.perf_counter
+_WALL_OFFSET_S = time.time() - time.perf_counter()
+
+
+def wall_ts(perf_t: float) -> float:
+    """Unix seconds of a `now()` reading (for placing spans on a shared timeline, e.g. Chrome trace)."""
+    return perf_t + _WALL_OFFSET_S
+
+
 def step_fields(*, loss: float, samples: int, step_time_s: float, forward_s: float,
-                backward_s: float, comm_exposed_s: float, optimizer_s: float) -> dict[str, Any]:
-    """The `step` event's measures; samples_per_s = samples / step_time_s."""
+                backward_s: float, comm_exposed_s: float, optimizer_s: float, start: float,
+                **extra: Any) -> dict[str, Any]:
+    """The `step` event's measures; samples_per_s = samples / step_time_s.
+
+    `start` is the step's `now()` reading; it is reported as `start_ts` (unix seconds).
+    """
     return dict(loss=loss, samples=samples, step_time_s=step_time_s, forward_s=forward_s,
                 backward_s=backward_s, comm_exposed_s=comm_exposed_s, optimizer_s=optimizer_s,
-                samples_per_s=samples / step_time_s if step_time_s > 0 else 0.0)
-
-
-now = time.perf_counter
+                samples_per_s=samples / step_time_s if step_time_s > 0 else 0.0,
+                start_ts=wall_ts(start), **extra)

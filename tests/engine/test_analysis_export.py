@@ -1,0 +1,85 @@
+"""Bandwidths, the ring cost model, theory bytes and exports, on real runs and known inputs."""
+
+import csv
+import io
+import json
+
+import pytest
+
+from engine.analysis import bucket_bandwidths, fit_ring_model, predict_ring_s, ring_factor, theory_bytes
+from engine.config import RunConfig
+from engine.events import ListSink
+from engine.export import chrome_trace, export_path, steps_csv, to_jsonl
+from engine.run import run_training
+
+
+def test_busbw_is_algbw_times_the_ring_factor():
+    (b,) = bucket_bandwidths([dict(nbytes=1_000_000, comm_start_s=0.1, comm_end_s=0.3)], world_size=4)
+    assert b["algbw_bytes_per_s"] == pytest.approx(5e6)
+    assert b["busbw_bytes_per_s"] == pytest.approx(5e6 * 1.5)
+    assert ring_factor(2) == 1.0 and ring_factor(8) == pytest.approx(1.75)
+
+
+def test_ring_model_recovers_a_known_latency_and_bandwidth():
+    alpha, beta, n = 20e-6, 10e9, 4  # 20 us per hop, 10 GB/s links
+    buckets = [dict(nbytes=b, comm_start_s=0.0, comm_end_s=2 * (n - 1) * alpha + ring_factor(n) * b / beta)
+               for b in (1e5, 1e6, 4e6, 25e6)]
+    m = fit_ring_model(buckets, n)
+    assert m["alpha_s"] == pytest.approx(alpha, rel=1e-6)
+    assert m["beta_bytes_per_s"] == pytest.approx(beta, rel=1e-6)
+    assert predict_ring_s(m, 2e6) == pytest.approx(2 * 3 * alpha + 1.5 * 2e6 / beta)
+    assert fit_ring_model(buckets[:1], n) is None
+
+
+def test_theory_bytes_follow_the_star_and_the_ring():
+    assert theory_bytes("dp", 4, 100) == {0: 300, 1: 100, 2: 100, 3: 100}
+    assert theory_bytes("ddp", 4, 100) == {i: 150 for i in range(4)}
+
+
+@pytest.fixture(scope="module")
+def dp_events():
+    sink = ListSink()
+    run_training(RunConfig(mode="dp", width=16, depth=2, global_batch_size=16, steps=3, eval_every=0), sink, "e")
+    return sink.events
+
+
+def test_exports_round_trip(dp_events):
+    lines = to_jsonl(dp_events).splitlines()
+    assert [json.loads(x)["type"] for x in lines] == [e["type"] for e in dp_events]
+    rows = list(csv.DictReader(io.StringIO(steps_csv(dp_events))))
+    assert [int(r["step"]) for r in rows] == [0, 1, 2]
+    assert float(rows[0]["samples_per_s"]) > 0
+
+
+def test_chrome_trace_has_one_track_per_device_with_every_dp_phase(dp_events):
+    trace = chrome_trace(dp_events)
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    assert names == {"device cpu:0", "device cpu:1"}
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert {e["name"] for e in spans} >= {"broadcast", "scatter", "forward", "gather", "backward", "reduce"}
+    assert all(e["dur"] >= 0 and e["ts"] > 1e15 for e in spans)  # microseconds since the epoch
+    json.dumps(trace)
+
+
+@pytest.mark.parametrize("bad", ["../etc/passwd", "a/b", "", "x" * 65, "..", "run id", "/abs"])
+def test_export_paths_never_leave_their_folder(tmp_path, bad):
+    with pytest.raises(ValueError, match="run_id"):
+        export_path(tmp_path, bad, ".jsonl")
+
+
+def test_export_path_for_a_normal_id(tmp_path):
+    assert export_path(tmp_path, "abc-123_x", ".csv") == (tmp_path / "abc-123_x.csv").resolve()
+
+
+@pytest.mark.slow
+def test_ddp_trace_and_fit_on_a_real_run():
+    sink = ListSink()
+    run_training(RunConfig(mode="ddp", width=64, depth=3, global_batch_size=16, steps=5, eval_every=0,
+                           bucket_cap_mb=0.005), sink, "d")
+    buckets = [e for e in sink.of_type("bucket") if e["step"] >= 1]
+    for b in bucket_bandwidths(buckets, 2):
+        assert b["busbw_bytes_per_s"] == pytest.approx(b["algbw_bytes_per_s"])  # n = 2: factor 1
+    trace = chrome_trace(sink.events)
+    tracks = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    assert tracks == {"rank 0 (cpu:0)", "rank 1 (cpu:1)"}
+    assert sum(1 for e in trace["traceEvents"] if e.get("cat") == "bucket") == len(sink.of_type("bucket"))
