@@ -10,36 +10,54 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from app.frames import DP_PHASES, SPLIT_PARTS
+from app.frames import DP_PHASES, SMOOTH_STEPS, SPLIT_PARTS
 
+# Streamlit draws Vega-Lite with autosize "fit": a chart's height is its whole box (title,
+# axes, legend), so each height below is the plot's rows plus room for those.
 WIDTH = "container"
-HEIGHT = 260
+HEIGHT = 300
+_ROW_PX = 42  # one rank/device/run row in the timeline and bar charts
+_CHROME_PX = 120  # title, subtitle, x axis and its title
 _PHASE_COLOURS = ["#9467bd", "#8c564b", "#1f77b4", "#e377c2", "#7f7f7f", "#ff7f0e", "#d62728",
                   "#2ca02c"]
 _SPLIT_COLOURS = ["#1f77b4", "#ff7f0e", "#d62728", "#2ca02c", "#c7c7c7"]
+_CATEGORIES = alt.Scale(scheme="tableau10")  # distinct hues for runs and devices
 _TIMELINE_KINDS = ["backward (compute)", "all-reduce (one bucket)", "bucket ready"]
 _TIMELINE_COLOURS = ["#c6dbef", "#d62728", "#000000"]
 
 
-def _legend(title: str, orient: str = "bottom") -> alt.Legend:
-    return alt.Legend(title=title, orient=orient)
+def _legend(title: str, orient: str = "right") -> alt.Legend:
+    return alt.Legend(title=title, orient=orient, symbolOpacity=1)
 
 
 def _title(text: str, subtitle: str | None = None) -> alt.TitleParams:
     return alt.TitleParams(text=text, subtitle=subtitle or "", anchor="start")
 
 
-def throughput_chart(steps: pd.DataFrame) -> alt.Chart:
-    """Samples/s per optimizer step, one line per run (`frames.steps_frame` rows)."""
-    return alt.Chart(steps).mark_line(point=alt.OverlayMarkDef(size=12), strokeWidth=1.5).encode(
-        x=alt.X("step:Q", title="optimizer step"),
-        y=alt.Y("samples_per_s:Q", title="throughput (samples/s)"),
-        color=alt.Color("run:N", legend=_legend("run")),
-        tooltip=[alt.Tooltip("run:N"), alt.Tooltip("step:Q"),
-                 alt.Tooltip("samples_per_s:Q", title="samples/s", format=",.0f"),
-                 alt.Tooltip("step_time_ms:Q", title="step time (ms)", format=".2f")],
-    ).properties(title=_title("Throughput per step", "global samples / step time"),
-                 width=WIDTH, height=HEIGHT)
+def _rows_height(df: pd.DataFrame, column: str, min_rows: int = 2) -> int:
+    """Box height (px) for a chart with one band per distinct `column` value."""
+    rows = df[column].nunique() if not df.empty else 1
+    return _CHROME_PX + _ROW_PX * max(min_rows, rows)
+
+
+def throughput_chart(steps: pd.DataFrame) -> alt.LayerChart:
+    """Samples/s per optimizer step, per run (`frames.steps_frame` rows): a faint point per step
+    and a line through the rolling median, so noise does not hide the difference."""
+    colour = alt.Color("run:N", legend=_legend("run"), scale=_CATEGORIES)
+    x = alt.X("step:Q", title="optimizer step")
+    tip = [alt.Tooltip("run:N"), alt.Tooltip("step:Q"),
+           alt.Tooltip("samples_per_s:Q", title="samples/s", format=",.0f"),
+           alt.Tooltip("samples_per_s_smooth:Q", title="rolling median", format=",.0f"),
+           alt.Tooltip("step_time_ms:Q", title="step time (ms)", format=".2f")]
+    base = alt.Chart(steps)
+    points = base.mark_circle(size=14, opacity=0.35).encode(
+        x=x, y=alt.Y("samples_per_s:Q", title="throughput (samples/s)"), color=colour,
+        tooltip=tip)
+    line = base.mark_line(strokeWidth=2).encode(x=x, y="samples_per_s_smooth:Q", color=colour,
+                                                tooltip=tip)
+    return alt.layer(points, line).properties(
+        title=_title("Throughput per step", f"dots: each step (slowest rank); line: rolling "
+                     f"median of {SMOOTH_STEPS} steps"), width=WIDTH, height=HEIGHT)
 
 
 def split_chart(split: pd.DataFrame) -> alt.Chart:
@@ -53,27 +71,27 @@ def split_chart(split: pd.DataFrame) -> alt.Chart:
         order=alt.Order("order:Q"),
         tooltip=[alt.Tooltip("run:N"), alt.Tooltip("part:N"),
                  alt.Tooltip("ms:Q", title="median (ms)", format=".2f")],
-    ).properties(title=_title("Step time split", "median over the window; exposed comm = "
-                              "all-reduce time not hidden behind backward"),
-                 width=WIDTH, height=max(90, 55 * max(1, split["run"].nunique())))
+    ).properties(title=_title("Step time split", "median ms per step"),
+                 width=WIDTH, height=_rows_height(split, "run"))
 
 
-def memory_chart(memory: pd.DataFrame) -> alt.FacetChart:
-    """Allocated MiB per device over optimizer steps, one panel per run (`frames.memory_frame`)."""
-    base = alt.Chart(memory).mark_line(point=alt.OverlayMarkDef(size=14)).encode(
+def memory_chart(memory: pd.DataFrame, run: str, y_max_mib: float | None = None) -> alt.Chart:
+    """Allocated MiB per device over optimizer steps for one run (`frames.memory_frame` rows).
+
+    Pass the same `y_max_mib` to the charts of runs shown side by side so their heights compare.
+    """
+    scale = alt.Scale(domain=[0, y_max_mib], nice=True) if y_max_mib else alt.Scale(zero=True)
+    return alt.Chart(memory).mark_line(point=alt.OverlayMarkDef(size=14)).encode(
         x=alt.X("step:Q", title="optimizer step"),
-        y=alt.Y("allocated_mib:Q", title="allocated (MiB)"),
-        color=alt.Color("device:N", legend=_legend("device")),
-        tooltip=[alt.Tooltip("run:N"), alt.Tooltip("device:N"), alt.Tooltip("step:Q"),
+        y=alt.Y("allocated_mib:Q", title="allocated (MiB)", scale=scale),
+        color=alt.Color("device:N", legend=_legend("device"), scale=_CATEGORIES),
+        tooltip=[alt.Tooltip("device:N"), alt.Tooltip("step:Q"),
                  alt.Tooltip("allocated_mib:Q", title="allocated (MiB)", format=".2f"),
                  alt.Tooltip("reserved_mib:Q", title="reserved (MiB)", format=".2f"),
                  alt.Tooltip("used_mib:Q", title="NVML used (MiB)", format=".0f"),
                  alt.Tooltip("source:N")],
-    ).properties(width=340, height=200)
-    return base.facet(column=alt.Column("run:N", title=None, header=alt.Header(labelFontSize=12))
-                      ).properties(title=_title("Memory per device",
-                                                "tensors each device holds (MiB); DP piles "
-                                                "outputs and gradients onto device 0"))
+    ).properties(title=_title(f"Memory per device: {run}", "MiB of tensors each device holds"),
+                 width=WIDTH, height=HEIGHT - 40)
 
 
 def bucket_timeline_chart(buckets: pd.DataFrame, backward: pd.DataFrame) -> alt.LayerChart:
@@ -106,9 +124,8 @@ def bucket_timeline_chart(buckets: pd.DataFrame, backward: pd.DataFrame) -> alt.
         thickness=2, size=22).encode(x="ready_ms:Q", y=y, color=colour, tooltip=tip)
     label = f"Gradient buckets, step {step}" if step is not None else "Gradient buckets"
     return alt.layer(bwd, comm, ready).properties(
-        title=_title(label, "each bucket's all-reduce vs the backward pass, per rank"),
-        width=WIDTH, height=max(110, 60 * max(1, buckets["rank"].nunique() if not buckets.empty
-                                              else 1)))
+        title=_title(label, "each bucket's all-reduce against the backward pass"),
+        width=WIDTH, height=_rows_height(buckets, "rank"))
 
 
 def dp_phase_chart(phases: pd.DataFrame) -> alt.Chart:
@@ -119,15 +136,13 @@ def dp_phase_chart(phases: pd.DataFrame) -> alt.Chart:
                                       strokeWidth=0.5).encode(
         x=alt.X("start_ms:Q", title="ms from step start"), x2="end_ms:Q",
         y=alt.Y("device:N", title="device"),
-        color=alt.Color("phase:N", legend=_legend("phase"),
+        color=alt.Color("phase:N", legend=alt.Legend(title="phase", orient="right", columns=2),
                         scale=alt.Scale(domain=DP_PHASES, range=_PHASE_COLOURS), sort=DP_PHASES),
         tooltip=[alt.Tooltip("device:N"), alt.Tooltip("phase:N"),
                  alt.Tooltip("dur_ms:Q", title="duration (ms)", format=".2f"),
                  alt.Tooltip("nbytes:Q", title="bytes copied", format=",")],
-    ).properties(title=_title(label, "device 0 broadcasts, scatters, gathers, reduces and "
-                              "steps alone; the others wait"),
-                 width=WIDTH, height=max(110, 45 * max(1, phases["device"].nunique()
-                                                       if not phases.empty else 1)))
+    ).properties(title=_title(label, "device 0 alone broadcasts, reduces and steps"),
+                 width=WIDTH, height=max(230, _rows_height(phases, "device")))  # 4 legend rows
 
 
 def comm_volume_chart(volume: pd.DataFrame) -> alt.Chart:
@@ -146,6 +161,5 @@ def comm_volume_chart(volume: pd.DataFrame) -> alt.Chart:
                                         range=["#1f77b4", "#aec7e8"])),
         tooltip=[alt.Tooltip("device:N"), alt.Tooltip("which:N"),
                  alt.Tooltip("mib:Q", title="MiB", format=".3f")],
-    ).properties(title=_title("Communication per device", "DP: device 0 moves (n−1)·P; "
-                              "ring all-reduce: 2(n−1)/n·P per rank"),
-                 width=WIDTH, height=max(110, 50 * max(1, volume["device"].nunique())))
+    ).properties(title=_title("Bytes moved per device", "latest step, measured vs theory"),
+                 width=WIDTH, height=_rows_height(volume, "device") + 20)

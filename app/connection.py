@@ -48,7 +48,7 @@ def get_client():
         reason = _scrub(str(getattr(exc, "cause", None) or f"{type(exc).__name__}: {exc}"), url)
     st.error(f"**Cannot reach Redis at `{redact_url(url)}`** ({reason}).  \n"
              "Start everything with `ddpviz up`, or point `REDIS_URL` at a running server "
-             "and start a worker with `ddpviz worker`.", icon="🚫")
+             "and start a worker with `ddpviz worker`.", icon=":material/cloud_off:")
     return None
 
 

@@ -14,8 +14,9 @@ import pandas as pd
 MIB = 1024 * 1024
 Event = dict[str, Any]
 
-STEP_COLUMNS = ["run", "step", "samples", "samples_per_s", "step_time_ms", "forward_ms",
-                "backward_ms", "comm_exposed_ms", "optimizer_ms", "loss"]
+STEP_COLUMNS = ["run", "step", "samples", "samples_per_s", "samples_per_s_smooth", "step_time_ms",
+                "forward_ms", "backward_ms", "comm_exposed_ms", "optimizer_ms", "loss"]
+SMOOTH_STEPS = 9  # rolling-median window of `samples_per_s_smooth`, steps
 _STEP_PARTS = {"forward_ms": "forward_s", "backward_ms": "backward_s",
                "comm_exposed_ms": "comm_exposed_s", "optimizer_ms": "optimizer_s"}
 SPLIT_PARTS = ["forward", "backward", "exposed comm", "optimizer", "other"]
@@ -57,6 +58,7 @@ def steps_frame(events: Iterable[Event], run: str) -> pd.DataFrame:
     out = pd.DataFrame({"run": run, "step": g["step"].astype(int), "samples": g["samples"]})
     step_s = g["step_time_s"].where(g["step_time_s"] > 0)
     out["samples_per_s"] = g["samples"] / step_s
+    out["samples_per_s_smooth"] = out["samples_per_s"].rolling(SMOOTH_STEPS, min_periods=1).median()
     out["step_time_ms"] = g["step_time_s"] * 1000.0
     for col, src in _STEP_PARTS.items():
         out[col] = g[src] * 1000.0

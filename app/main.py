@@ -1,11 +1,16 @@
-"""Entry point: `streamlit run app/main.py`. Routes only; each page is a file under app/pages/."""
+"""Entry point: `streamlit run app/main.py`. Routes only; each page is a file under app/views/.
+
+The folder is not called `pages/`: Streamlit treats a `pages/` folder next to the main script as
+its older multipage mode, and a browser's first request for e.g. /live on a fresh server would
+then run that file directly, bypassing this router and its page config.
+"""
 
 import streamlit as st
 
 st.set_page_config(page_title="ddpviz", layout="wide")
 page = st.navigation([
-    st.Page("pages/launch.py", title="Launch", icon="🚀", default=True),
-    st.Page("pages/live.py", title="Live", icon="📈"),
-    st.Page("pages/runs.py", title="Runs", icon="🗂️"),
+    st.Page("views/launch.py", title="Launch", icon=":material/rocket_launch:", default=True),
+    st.Page("views/live.py", title="Live", icon=":material/monitoring:"),
+    st.Page("views/runs.py", title="Runs", icon=":material/list:"),
 ])
 page.run()

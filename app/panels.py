@@ -1,6 +1,6 @@
 """The Live page's panels. Each draws from `RunWindow`s (bounded, already read) and never blocks.
 
-`app/pages/live.py` wraps each in its own `st.fragment(run_every=...)`; every panel first calls
+`app/views/live.py` wraps each in its own `st.fragment(run_every=...)`; every panel first calls
 `refresh`, which reads new events at most twice a second whichever panel asks first.
 """
 
@@ -16,8 +16,10 @@ from app import charts, frames
 from app.window import TERMINAL, RunWindow
 
 POLL_INTERVAL_S = 0.5  # windows shared by several panels are read at most this often
-_BADGE = {"queued": ("gray", "⏳"), "started": ("blue", "▶️"), "finished": ("green", "✅"),
-          "failed": ("red", "❌"), "canceled": ("orange", "⏹️"), "unknown": ("gray", "❔")}
+# Material icons: Streamlit ships their font, so they render where no emoji font is installed.
+_BADGE = {"queued": ("gray", ":material/schedule:"), "started": ("blue", ":material/play_arrow:"),
+          "finished": ("green", ":material/check_circle:"), "failed": ("red", ":material/error:"),
+          "canceled": ("orange", ":material/stop_circle:"), "unknown": ("gray", ":material/help:")}
 
 
 def refresh(client, windows: dict[str, RunWindow]) -> None:
@@ -34,7 +36,7 @@ def _chart(chart, key: str) -> None:
 
 
 def _waiting(what: str) -> None:
-    st.info(f"Waiting for {what}…", icon="⏳")
+    st.info(f"Waiting for {what}…", icon=":material/hourglass_empty:")
 
 
 # ---- status ------------------------------------------------------------------------------
@@ -67,7 +69,7 @@ def _run_status(client, w: RunWindow, label: str) -> None:
 def _show_error(error: dict[str, Any]) -> None:
     rank = error.get("rank")
     where = f" on rank {rank}" if rank is not None else ""
-    st.error(f"Run failed{where}: {error.get('exception', 'unknown error')}", icon="❌")
+    st.error(f"Run failed{where}: {error.get('exception', 'unknown error')}", icon=":material/error:")
     if error.get("traceback"):
         st.code(error["traceback"], language="python")
 
@@ -86,12 +88,13 @@ def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, st
     steps = steps_of(windows, labels)
     if steps.empty:
         return _waiting("the first step")
-    medians = {run: float(df["samples_per_s"].median()) for run, df in steps.groupby("run")}
-    cols = st.columns(max(1, len(medians)))
-    base = min(medians.values()) if medians else 0
-    for col, (run, v) in zip(cols, medians.items()):
-        delta = f"{v / base:.2f}× slowest" if len(medians) > 1 and base > 0 else None
-        col.metric(f"{run}: median samples/s", f"{v:,.0f}", delta=delta, delta_color="off")
+    medians = {run: float(df["samples_per_s"].median())
+               for run, df in steps.groupby("run", sort=False)}
+    for col, (run, v) in zip(st.columns(len(medians)), medians.items()):
+        others = [(r, o) for r, o in medians.items() if r != run and o > 0]
+        delta = f"{v / others[0][1]:.2f}× {others[0][0]}" if others else None
+        col.metric(f"{run}: median samples/s", f"{v:,.0f}", delta=delta, delta_color="off",
+                   delta_arrow="off")
     _chart(charts.throughput_chart(steps), "chart_throughput")
 
 
@@ -102,26 +105,30 @@ def split_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -
     if split.empty:
         return _waiting("the first step")
     _chart(charts.split_chart(split), "chart_split")
+    st.caption("exposed comm: all-reduce time not hidden behind backward; other: data loading "
+               "and synchronisation. Steps after the first, median over the window.")
 
 
 # ---- memory ---------------------------------------------------------------------------------
 def memory_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
-    """Allocated MiB per device over steps, one facet per run, and peak imbalance (max/min)."""
+    """Allocated MiB per device over steps, one chart per run on a shared y scale, and the
+    peak imbalance (max/min over devices) of each run."""
     refresh(client, windows)
-    parts = [frames.memory_frame(w.of_type("memory"), labels[rid], w.start_ts)
-             for rid, w in windows.items()]
-    mem = pd.concat([p for p in parts if not p.empty] or [parts[0]], ignore_index=True)
-    if mem.empty:
+    mems = {rid: frames.memory_frame(w.of_type("memory"), labels[rid], w.start_ts)
+            for rid, w in windows.items()}
+    if all(m.empty for m in mems.values()):
         return _waiting("memory samples")
-    notes = []
-    for run, df in mem.groupby("run", sort=False):
-        peak = df.groupby("device")["allocated_mib"].max()
-        if len(peak) > 1 and peak.min() > 0:
-            notes.append(f"**{run}**: peak imbalance {peak.max() / peak.min():.2f}× "
-                         f"(max {peak.max():.1f} MiB on {peak.idxmax()})")
-    if notes:
-        st.markdown(" · ".join(notes))
-    _chart(charts.memory_chart(mem), "chart_memory")
+    y_max = max(float(m["allocated_mib"].max()) for m in mems.values() if not m.empty)
+    for col, (rid, mem) in zip(st.columns(len(mems)), mems.items()):
+        with col:
+            if mem.empty:
+                _waiting("memory samples")
+                continue
+            _chart(charts.memory_chart(mem, labels[rid], y_max), f"chart_memory_{rid}")
+            peak = mem.groupby("device")["allocated_mib"].max()
+            if len(peak) > 1 and peak.min() > 0:
+                st.caption(f"peak {peak.max():.2f} MiB on {peak.idxmax()}; imbalance max/min "
+                           f"{peak.max() / peak.min():.2f}×")
 
 
 # ---- per-run detail ---------------------------------------------------------------------------
@@ -151,6 +158,8 @@ def detail_panel(client, windows: dict[str, RunWindow], labels: dict[str, str], 
     volume = frames.comm_volume_frame(w.of_type("comm_volume"))
     if not volume.empty:
         _chart(charts.comm_volume_chart(volume), f"chart_volume_{rid}")
+        st.caption("theory (P = gradient bytes, n = devices): DP device 0 sends and receives "
+                   "(n−1)·P, the others P; ring all-reduce 2(n−1)/n·P per rank")
 
 
 def _bucket_caption(buckets: pd.DataFrame) -> None:

@@ -14,7 +14,7 @@ from app import form
 from app.connection import get_client
 from engine.config import ConfigError
 
-LIVE_PAGE = "pages/live.py"
+LIVE_PAGE = "views/live.py"
 
 
 def field_widget(field: str, default: Any) -> Any:
@@ -61,7 +61,7 @@ def config_form() -> tuple[dict[str, Any], str, str | None]:
 def show_errors(errors: list[tuple[str, str]]) -> None:
     """One line per broken rule, naming the field."""
     lines = "\n".join(f"- **{field}**: {msg}" for field, msg in errors)
-    st.error(f"Not launched: fix {len(errors)} field(s).\n\n{lines}", icon="⚠️")
+    st.error(f"Not launched: fix {len(errors)} field(s).\n\n{lines}", icon=":material/warning:")
 
 
 def submit(client, values: dict[str, Any], label: str, action: str) -> list[str] | None:
@@ -92,8 +92,8 @@ def launched_panel() -> None:
     ids = st.session_state.get("launched")
     if not ids:
         return
-    st.success(f"Launched {len(ids)} run(s): " + ", ".join(f"`{i}`" for i in ids), icon="🚀")
-    st.page_link(LIVE_PAGE, label="Watch them live", icon="📈",
+    st.success(f"Launched {len(ids)} run(s): " + ", ".join(f"`{i}`" for i in ids), icon=":material/rocket_launch:")
+    st.page_link(LIVE_PAGE, label="Watch them live", icon=":material/monitoring:",
                  query_params={"runs": ",".join(ids)})
 
 

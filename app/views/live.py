@@ -50,9 +50,8 @@ def pick_runs(client) -> list[str]:
         st.session_state["live_pick"] = wanted
     options = list(dict.fromkeys(wanted + list(by_id)))
 
-    def describe(rid: str) -> str:
-        run = by_id.get(rid) or client.get_run(rid)
-        return f"{frames.run_label(run, rid)} ({(run or {}).get('status', 'unknown')})"
+    def describe(rid: str) -> str:  # no status here: the badges below stay current, this doesn't
+        return frames.run_label(by_id.get(rid) or client.get_run(rid), rid)
 
     picked = st.multiselect("Runs (one or two)", options, key="live_pick",
                             max_selections=MAX_RUNS, format_func=describe)
@@ -94,7 +93,7 @@ client = require_client()
 ids = pick_runs(client)
 if not ids:
     st.info("No runs yet: launch one on the Launch page.")
-    st.page_link("pages/launch.py", label="Launch a run", icon="🚀")
+    st.page_link("views/launch.py", label="Launch a run", icon=":material/rocket_launch:")
     st.stop()
 
 windows = windows_for(ids)

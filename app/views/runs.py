@@ -7,7 +7,7 @@ import streamlit as st
 from app import frames
 from app.connection import require_client
 
-LIVE_PAGE = "pages/live.py"
+LIVE_PAGE = "views/live.py"
 ACTIVE = ("queued", "started")
 
 
@@ -47,11 +47,12 @@ def actions(client, runs: list[dict], selected: list[str]) -> None:
 
 st.title("Runs")
 client = require_client()
-limit = st.select_slider("show the newest", [25, 50, 100, 250, 500], value=100, key="runs_limit")
+limit = st.columns([1, 5])[0].selectbox("show the newest", [25, 50, 100, 250, 500], index=2,
+                                        key="runs_limit")
 runs = client.list_runs(limit=limit)
 if not runs:
     st.info("No runs yet: launch one on the Launch page.")
-    st.page_link("pages/launch.py", label="Launch a run", icon="🚀")
+    st.page_link("views/launch.py", label="Launch a run", icon=":material/rocket_launch:")
     st.stop()
 selected = runs_table(runs)
 actions(client, runs, selected)

@@ -49,8 +49,8 @@ class FakeClient:
 
     def submit_pair(self, config: dict[str, Any]) -> tuple[str, str]:
         group = uuid.uuid4().hex[:8]
-        return (self.submit({**config, "mode": "dp"}, group=group),
-                self.submit({**config, "mode": "ddp"}, group=group))
+        return (self.submit({**config, "mode": "dp"}, group=group, label="DP"),
+                self.submit({**config, "mode": "ddp"}, group=group, label="DDP"))
 
     def list_runs(self, limit: int = 100) -> list[dict[str, Any]]:
         runs = sorted(self.runs.values(), key=lambda r: r["created_at"], reverse=True)

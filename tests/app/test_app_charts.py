@@ -1,6 +1,5 @@
 """Chart specs: every chart has a title, axis titles with units, a legend, and the right data."""
 
-import altair as alt
 import pandas as pd
 import pytest
 
@@ -46,7 +45,8 @@ def test_throughput_chart(two_runs):
     dp, ddp = two_runs
     steps = pd.concat([frames.steps_frame(dp, "dp"), frames.steps_frame(ddp, "ddp")])
     spec = _check(charts.throughput_chart(steps), "optimizer step", "throughput (samples/s)", "run")
-    assert spec["mark"]["type"] == "line"
+    assert [layer["mark"]["type"] for layer in spec["layer"]] == ["circle", "line"]
+    assert spec["layer"][1]["encoding"]["y"]["field"] == "samples_per_s_smooth"
     rows = _data(spec)[0]
     assert {r["run"] for r in rows} == {"dp", "ddp"} and len(rows) == 8
 
@@ -61,13 +61,12 @@ def test_split_chart_stacks_parts_in_order(two_runs):
     assert spec["encoding"]["x"]["stack"] == "zero"
 
 
-def test_memory_chart_facets_by_run(two_runs):
-    dp, ddp = two_runs
-    mem = pd.concat([frames.memory_frame(dp, "dp"), frames.memory_frame(ddp, "ddp")])
-    chart = charts.memory_chart(mem)
-    assert isinstance(chart, alt.FacetChart)
-    spec = _check(chart, "optimizer step", "allocated (MiB)", "device")
-    assert spec["facet"]["column"]["field"] == "run"
+def test_memory_chart_shared_scale(two_runs):
+    dp, _ = two_runs
+    spec = _check(charts.memory_chart(frames.memory_frame(dp, "dp"), "dp", y_max_mib=10.0),
+                  "optimizer step", "allocated (MiB)", "device")
+    assert spec["encoding"]["y"]["scale"]["domain"] == [0, 10.0]
+    assert spec["title"]["text"] == "Memory per device: dp"
 
 
 def test_bucket_timeline_layers(two_runs):

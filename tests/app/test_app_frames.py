@@ -23,6 +23,16 @@ def test_steps_frame_ddp_takes_slowest_rank_and_mean_parts():
     assert list(df.columns) == frames.STEP_COLUMNS
 
 
+def test_steps_frame_rolling_median():
+    events = [e for s in range(12) for e in g.dp_step("r", s)]
+    for e in events:
+        if e["type"] == "step" and e["step"] == 4:
+            e["step_time_s"] = 0.064  # one slow step: half the throughput
+    df = frames.steps_frame(events, "dp")
+    assert df.loc[4, "samples_per_s"] == pytest.approx(1000.0)
+    assert df["samples_per_s_smooth"].tolist() == pytest.approx([2000.0] * 12)  # median ignores it
+
+
 def test_steps_frame_empty_has_columns():
     df = frames.steps_frame([], "x")
     assert df.empty and list(df.columns) == frames.STEP_COLUMNS

@@ -15,9 +15,10 @@ def _texts(at) -> str:
 def _add_pair(client, steps=4, status="finished"):
     events_dp, events_ddp = g.full_run("dp1", "dp", steps), g.full_run("ddp1", "ddp", steps)
     cfg = {"mode": "dp", "world_size": 2, "steps": steps}
-    client.add_run("dp1", cfg, status=status, events=events_dp, group="grp", created_at=g.T0)
+    client.add_run("dp1", cfg, status=status, events=events_dp, group="grp", created_at=g.T0,
+                   label="DP")
     client.add_run("ddp1", {**cfg, "mode": "ddp"}, status=status, events=events_ddp,
-                   group="grp", created_at=g.T0 + 1,
+                   group="grp", created_at=g.T0 + 1, label="DDP",
                    summary={"samples_per_s": 3000.0, "steps_done": steps})
 
 
@@ -67,7 +68,7 @@ def test_launch_one_and_pair(fake_client, app_test):
 def test_redis_down_shows_banner_without_password(fake_client, app_test, monkeypatch):
     fake_client.reachable = False
     monkeypatch.setenv("REDIS_URL", "redis://:s3cret@db.example:6390/2")
-    for page in (None, "pages/live.py", "pages/runs.py"):
+    for page in (None, "views/live.py", "views/runs.py"):
         at = app_test(page)
         assert not at.exception
         banner = at.error[0].value
@@ -75,22 +76,23 @@ def test_redis_down_shows_banner_without_password(fake_client, app_test, monkeyp
 
 
 def test_live_page_empty(fake_client, app_test):
-    at = app_test("pages/live.py")
+    at = app_test("views/live.py")
     assert not at.exception
     assert "No runs yet" in _texts(at)
 
 
 def test_live_page_defaults_to_latest_pair_and_draws_charts(fake_client, app_test):
     _add_pair(fake_client)
-    at = app_test("pages/live.py")
+    at = app_test("views/live.py")
     assert not at.exception
     assert at.multiselect(key="live_pick").value == ["dp1", "ddp1"]
     specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
     titles = sorted(s["title"]["text"] for s in specs)
-    # throughput, split, memory, DP phases + volume, DDP buckets + volume
-    assert titles == sorted(["Throughput per step", "Step time split", "Memory per device",
-                             "DP phases, step 3", "Communication per device",
-                             "Gradient buckets, step 3", "Communication per device"])
+    # throughput, split, memory x2, DP phases + volume, DDP buckets + volume
+    assert titles == sorted(["Throughput per step", "Step time split",
+                             "Memory per device: DP", "Memory per device: DDP",
+                             "DP phases, step 3", "Bytes moved per device",
+                             "Gradient buckets, step 3", "Bytes moved per device"])
     assert "step 4 / 4" in str([p.proto.text for p in at.get("progress")])
     assert not at.session_state["live_polling"]  # both finished: polling stopped
 
@@ -100,7 +102,7 @@ def test_live_page_shows_full_error(fake_client, app_test):
            "  File \"x.py\", line 1\nRuntimeError: boom"}
     fake_client.add_run("bad", {"mode": "ddp"}, status="failed", error=err,
                         events=[g.run_started("bad", "ddp"), g.run_finished("bad", 0, "failed", err)])
-    at = app_test("pages/live.py", runs="bad")
+    at = app_test("views/live.py", runs="bad")
     assert not at.exception
     assert "Run failed on rank 1: RuntimeError: boom" in at.error[0].value
     assert at.code[0].value == err["traceback"]
@@ -109,7 +111,7 @@ def test_live_page_shows_full_error(fake_client, app_test):
 def test_live_page_running_run_keeps_polling(fake_client, app_test):
     events = [g.run_started("run", "ddp", steps=50)] + g.ddp_step("run", 0)
     fake_client.add_run("run", {"mode": "ddp", "steps": 50}, status="started", events=events)
-    at = app_test("pages/live.py", runs="run")
+    at = app_test("views/live.py", runs="run")
     assert not at.exception
     assert at.session_state["live_polling"]
     assert at.button(key="cancel_run").value is False
@@ -120,7 +122,7 @@ def test_live_page_running_run_keeps_polling(fake_client, app_test):
 def test_runs_page_lists_runs(fake_client, app_test):
     _add_pair(fake_client, status="finished")
     fake_client.add_run("q1", {"mode": "ddp"}, status="queued", created_at=g.T0 + 5)
-    at = app_test("pages/runs.py")
+    at = app_test("views/runs.py")
     assert not at.exception
     df = at.dataframe[0].value
     assert df["run_id"].tolist() == ["q1", "ddp1", "dp1"]

@@ -44,16 +44,16 @@ def test_live_and_runs_pages_on_recorded_runs(real_client, app_test):
                                              "bucket_cap_mb": 0.1})
     _play(real_client, dp_id, "real_dp_mlp_ws2.jsonl")
     _play(real_client, ddp_id, "real_ddp_mlp_ws2.jsonl")
-    at = app_test("pages/live.py")
+    at = app_test("views/live.py")
     assert not at.exception and not at.error
     assert at.multiselect(key="live_pick").value == [dp_id, ddp_id]
     specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
     titles = {s["title"]["text"] for s in specs}
-    assert {"Throughput per step", "Step time split", "Memory per device",
+    assert {"Throughput per step", "Step time split", "Memory per device: DP",
             "Gradient buckets, step 11", "DP phases, step 11"} <= titles
     assert not at.session_state["live_polling"]
 
-    at = app_test("pages/runs.py")
+    at = app_test("views/runs.py")
     assert not at.exception and not at.error
     df = at.dataframe[0].value
     assert set(df["run_id"]) == {dp_id, ddp_id} and set(df["status"]) == {"finished"}
@@ -61,7 +61,7 @@ def test_live_and_runs_pages_on_recorded_runs(real_client, app_test):
 
 def test_cancel_queued_run_from_live(real_client, app_test):
     rid = real_client.submit({"mode": "ddp", "steps": 5})
-    at = app_test("pages/live.py", runs=rid)
+    at = app_test("views/live.py", runs=rid)
     assert not at.exception
     at.button(key=f"cancel_{rid}").click().run()
     assert real_client.get_run(rid)["status"] == "canceled"
