@@ -79,11 +79,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
     """Validate and enqueue a run (or a DP+DDP pair); optionally follow it to its end."""
     from workers.flags import run_fields
 
-    fields = run_fields(args)
-    if not args.pair:  # validate before connecting: a refused setting needs no Redis
-        from engine.config import validate_config
+    from engine.config import validate_config
 
-        validate_config(fields)
+    fields = run_fields(args)
+    for mode in ("dp", "ddp") if args.pair else (None,):  # a refused setting needs no Redis
+        validate_config({**fields, "mode": mode} if mode else fields)
     client = _client(args)
     if args.pair:
         run_ids = list(client.submit_pair(fields))
@@ -140,7 +140,11 @@ def follow(client: Any, run_ids: list[str]) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from workers.worker import run_worker
 
-    run_worker(args.url, name=args.name, burst=args.burst)
+    try:
+        run_worker(args.url, name=args.name, burst=args.burst)
+    except ValueError as exc:  # RQ: another live worker has this name
+        _err(str(exc))
+        return EXIT_REFUSED
     return EXIT_OK
 
 

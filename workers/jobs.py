@@ -151,8 +151,10 @@ def _train(store: RunStore, cfg: Any, run_id: str, workdir: str | Path | None):
             sink.close()
         except Exception as exc:  # the stream's tail is lost; the record still gets the end
             log.warning("run %s: event stream flush failed: %s", run_id, exc)
-    if status is RunStatus.CANCELED and error is None:
-        error = make_error(f"Canceled: {poller.reason or 'canceled'}")
+    if status is RunStatus.CANCELED:  # say who asked, and keep what the engine said
+        said = (error or {}).get("exception")
+        error = make_error(f"Canceled: {poller.reason or 'canceled'}" + (f" ({said})" if said else ""),
+                           (error or {}).get("traceback"), (error or {}).get("rank"))
     return status, error, summary, reported
 
 

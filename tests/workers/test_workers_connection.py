@@ -76,3 +76,16 @@ def test_embedded_redis_listens_on_loopback_and_persists_across_restart(tmp_path
     assert (tmp_path / "data" / "appendonly.aof").exists()
     with EmbeddedRedis(tmp_path / "data") as server:
         assert connect(server.url).hget("ddpviz:run:x", "status") == b"queued"
+
+
+def test_the_prefix_applies_outside_the_repo_too(tmp_path):
+    """`workers/__init__.py` must run wherever ddpviz is started (a stale editable install once
+    mapped `workers` as a namespace package outside the repo, and RQ used ``rq:``)."""
+    import subprocess
+    import sys
+
+    code = "import workers, rq.defaults; print(rq.defaults.RQ_KEY_PREFIX)"
+    env = {k: v for k, v in os.environ.items() if k not in ("RQ_KEY_PREFIX", "PYTHONPATH")}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.stdout.strip() == "ddpviz:rq", out.stderr

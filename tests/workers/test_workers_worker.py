@@ -85,6 +85,8 @@ def test_cancel_of_a_running_ddp_run_leaves_no_rank_process(client, redis_url):
                  "the first DDP step")
         procs = descendants(proc.pid)
         assert len(procs) >= 3  # work-horse + 2 ranks
+        wait_for(lambda: [w["current_run"] for w in client.workers()] == [run_id], 10,
+                 "the heartbeat to name the current run")
         assert client.cancel(run_id) == "canceled"
         wait_for(lambda: not any(alive(p) for p in procs), 15, "every rank process to end")
         assert processes_with_env(RUN_ENV_VAR, run_id) == []

@@ -1,0 +1,117 @@
+"""The ddpviz command: refusals, unreachable Redis, train, submit/runs/cancel/export, --wait."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.config import RunConfig
+from engine.events import read_jsonl
+from workers.cli import build_parser
+from workers.client import DdpvizClient
+from workers.connection import free_port
+from workers.flags import flag_name, run_fields
+from wtools import TINY, cli_env, ddpviz, worker_process
+
+
+def tiny_flags(**over) -> list[str]:
+    out = []
+    for k, v in {**TINY, **over}.items():
+        out += [flag_name(k), str(v)]
+    return out
+
+
+def test_every_run_config_field_has_a_flag():
+    parser = build_parser()
+    args = parser.parse_args(["train", "--world-size", "3", "--no-overlap", "--static-graph"])
+    assert run_fields(args) == {"world_size": 3, "overlap": False, "static_graph": True}
+    assert run_fields(parser.parse_args(["submit"])) == {}  # only what the user set
+    text = parser._subparsers._group_actions[0].choices["train"].format_help()
+    for name in RunConfig.model_fields:
+        assert flag_name(name) in text, name
+    assert "--no-overlap" in text
+
+
+def test_train_refuses_a_bad_setting_naming_the_field():
+    res = ddpviz("train", "--world-size", "0", env=cli_env())
+    assert res.returncode == 2
+    assert "world_size" in res.stderr and "--world-size" in res.stderr
+    assert "Traceback" not in res.stderr + res.stdout
+
+
+def test_submit_refuses_a_bad_setting_before_touching_redis():
+    res = ddpviz("submit", "--global-batch-size", "7", "--world-size", "2",
+                 env=cli_env(f"redis://127.0.0.1:{free_port()}/0"))
+    assert res.returncode == 2 and "global_batch_size" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_submit_to_unreachable_redis_names_the_url():
+    port = free_port()
+    res = ddpviz("submit", "--steps", "3", env=cli_env(f"redis://:pw123@127.0.0.1:{port}/0"))
+    assert res.returncode == 2
+    assert f"127.0.0.1:{port}" in res.stderr and "pw123" not in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+@pytest.mark.slow
+def test_train_runs_here_and_writes_events(tmp_path):
+    out = tmp_path / "run.jsonl"
+    res = ddpviz("train", "--mode", "single", "--world-size", "1", *tiny_flags(),
+                 "--events", str(out), "--run-id", "cli1", env=cli_env())
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("run cli1 succeeded: 5 steps")
+    events = read_jsonl(out)
+    assert events[0]["type"] == "run_started" and events[-1]["type"] == "run_finished"
+    assert {e["run_id"] for e in events} == {"cli1"}
+    assert sum(e["type"] == "step" for e in events) == 5
+
+
+@pytest.mark.slow
+def test_train_exits_non_zero_when_the_run_fails(tmp_path):
+    res = ddpviz("train", "--mode", "single", "--world-size", "1", *tiny_flags(),
+                 "--fault", "raise", "--fault-step", "1", env=cli_env())
+    assert res.returncode == 1
+    assert "failed" in res.stdout and "injected fault" in res.stdout
+    assert "Traceback" not in res.stderr
+
+
+def test_submit_runs_cancel_export_round_trip(redis_client, redis_url, tmp_path):
+    env = cli_env(redis_url)
+    res = ddpviz("submit", *tiny_flags(), "--label", "cli", env=env)
+    assert res.returncode == 0, res.stderr
+    run_id = res.stdout.strip()
+    res = ddpviz("submit", "--pair", *tiny_flags(), env=env)
+    dp_id, ddp_id = res.stdout.split()
+
+    res = ddpviz("runs", env=env)
+    assert res.returncode == 0 and run_id in res.stdout and "queued" in res.stdout
+    listed = json.loads(ddpviz("runs", "--json", env=env).stdout)
+    assert [r["run_id"] for r in listed][-1] == run_id and len(listed) == 3
+    assert {r["label"] for r in listed} == {"cli", "DP", "DDP"}
+
+    res = ddpviz("cancel", run_id, env=env)
+    assert res.returncode == 0 and res.stdout.strip() == "canceled"
+    assert ddpviz("cancel", "nope", env=env).returncode == 1
+
+    out = tmp_path / "ev.jsonl"
+    res = ddpviz("export", run_id, "--out", str(out), env=env)
+    assert res.returncode == 0
+    assert [e["type"] for e in read_jsonl(out)] == ["run_finished"]
+    assert ddpviz("export", "nope", env=env).returncode == 1
+    DdpvizClient(redis=redis_client).cancel(dp_id)
+
+
+@pytest.mark.slow
+def test_submit_wait_follows_the_run_to_its_end(redis_client, redis_url):
+    env = cli_env(redis_url)
+    with worker_process(redis_url, burst=False):
+        res = ddpviz("submit", "--mode", "single", "--world-size", "1", *tiny_flags(), "--wait",
+                     env=env, timeout=90)
+        assert res.returncode == 0, res.stderr
+        run_id = res.stdout.split()[0]
+        assert f"run {run_id} finished: 5 steps" in res.stdout
+        res = ddpviz("submit", "--mode", "single", "--world-size", "1", *tiny_flags(),
+                     "--fault", "raise", "--fault-step", "0", "--wait", env=env, timeout=90)
+        assert res.returncode == 1 and "failed" in res.stdout
