@@ -21,6 +21,7 @@ _CHROME_PX = 120  # title, subtitle, x axis and its title
 _PHASE_COLOURS = ["#9467bd", "#8c564b", "#1f77b4", "#e377c2", "#7f7f7f", "#ff7f0e", "#d62728",
                   "#2ca02c"]
 _SPLIT_COLOURS = ["#1f77b4", "#ff7f0e", "#d62728", "#2ca02c", "#c7c7c7"]
+_STEP_X = alt.X("step:Q", title="optimizer step", axis=alt.Axis(tickMinStep=1, format="d"))
 _CATEGORIES = alt.Scale(scheme="tableau10")  # distinct hues for runs and devices
 _TIMELINE_KINDS = ["backward (compute)", "all-reduce (one bucket)", "bucket ready"]
 _TIMELINE_COLOURS = ["#c6dbef", "#d62728", "#000000"]
@@ -44,7 +45,7 @@ def throughput_chart(steps: pd.DataFrame) -> alt.LayerChart:
     """Samples/s per optimizer step, per run (`frames.steps_frame` rows): a faint point per step
     and a line through the rolling median, so noise does not hide the difference."""
     colour = alt.Color("run:N", legend=_legend("run"), scale=_CATEGORIES)
-    x = alt.X("step:Q", title="optimizer step")
+    x = _STEP_X
     tip = [alt.Tooltip("run:N"), alt.Tooltip("step:Q"),
            alt.Tooltip("samples_per_s:Q", title="samples/s", format=",.0f"),
            alt.Tooltip("samples_per_s_smooth:Q", title="rolling median", format=",.0f"),
@@ -82,7 +83,7 @@ def memory_chart(memory: pd.DataFrame, run: str, y_max_mib: float | None = None)
     """
     scale = alt.Scale(domain=[0, y_max_mib], nice=True) if y_max_mib else alt.Scale(zero=True)
     return alt.Chart(memory).mark_line(point=alt.OverlayMarkDef(size=14)).encode(
-        x=alt.X("step:Q", title="optimizer step"),
+        x=_STEP_X,
         y=alt.Y("allocated_mib:Q", title="allocated (MiB)", scale=scale),
         color=alt.Color("device:N", legend=_legend("device"), scale=_CATEGORIES),
         tooltip=[alt.Tooltip("device:N"), alt.Tooltip("step:Q"),
@@ -129,7 +130,8 @@ def bucket_timeline_chart(buckets: pd.DataFrame, backward: pd.DataFrame) -> alt.
 
 
 def dp_phase_chart(phases: pd.DataFrame) -> alt.Chart:
-    """One DP step per device, bars coloured by phase (`frames.dp_phase_frame`, ms from step start)."""
+    """One DP step per device, bars coloured by phase (`frames.dp_phase_frame`, ms from the
+    step start)."""
     step = int(phases["step"].iloc[0]) if not phases.empty else None
     label = f"DP phases, step {step}" if step is not None else "DP phases"
     return alt.Chart(phases).mark_bar(height=alt.RelativeBandSize(0.7), stroke="white",

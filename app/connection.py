@@ -8,7 +8,7 @@ from workers.connection import redact, redis_url
 
 
 def redact_url(url: str) -> str:
-    """`url` with any password replaced by ``***`` (``redis://:pw@h:1/0`` -> ``redis://:***@h:1/0``)."""
+    """`url` with any password replaced: ``redis://:pw@h:1/0`` -> ``redis://:***@h:1/0``."""
     return redact(url)
 
 

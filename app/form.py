@@ -19,7 +19,9 @@ COLUMNS: list[tuple[str, list[str]]] = [
     ("Training", ["global_batch_size", "steps", "lr", "optimizer", "seed", "step_delay_s"]),
 ]
 ADVANCED = ["gradient_as_bucket_view", "static_graph", "find_unused_parameters",
-            "grad_accum_steps", "amp", "device", "backend", "n_head", "block_size", "eval_every"]
+            "grad_accum_steps", "amp", "device", "backend", "nnodes", "n_head", "block_size",
+            "eval_every"]
+FAULTS = ["fault", "fault_rank", "fault_step", "collective_timeout_s"]
 
 HELP = {
     "mode": "dp: one process, a thread per device; ddp: a process per rank; single: one device "
@@ -42,9 +44,15 @@ HELP = {
     "amp": "bf16 autocast",
     "device": "auto: CUDA when world_size GPUs are visible, else virtual CPU devices",
     "backend": "DDP process-group backend; auto: nccl on CUDA, gloo on CPU",
+    "nnodes": "hosts a DDP run spans (world_size / nnodes ranks on each); needs a worker per host",
     "n_head": "gpt attention heads (width % n_head == 0)",
     "block_size": "gpt context length, tokens",
     "eval_every": "validation every N steps; 0 = at the end only",
+    "fault": "inject a failure to see what each strategy does: raise an exception, kill the "
+             "process, hang in a collective (DDP), or let one replica diverge",
+    "fault_rank": "the rank (DDP) or device (DP) that fails, < world_size",
+    "fault_step": "the step at which it fails, < steps",
+    "collective_timeout_s": "seconds a collective may wait before the run fails",
 }
 
 
@@ -74,7 +82,7 @@ def kind(field: str) -> str:
 
 def form_fields() -> list[str]:
     """Every field the form shows, in order."""
-    return [f for _, fields in COLUMNS for f in fields] + ADVANCED
+    return [f for _, fields in COLUMNS for f in fields] + ADVANCED + FAULTS
 
 
 def validation_errors(values: dict[str, Any]) -> list[tuple[str, str]]:
@@ -87,5 +95,5 @@ def validation_errors(values: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def pair_values(values: dict[str, Any]) -> dict[str, Any]:
-    """The config `submit_pair` receives: `values` with mode set to ddp (it sets dp and ddp itself)."""
+    """The config `submit_pair` receives: `values` with mode ddp (it makes the dp copy itself)."""
     return {**values, "mode": "ddp"}

@@ -170,7 +170,8 @@ def bucket_frame(events: Iterable[Event], step: int | None = None) -> pd.DataFra
 
 def backward_frame(events: Iterable[Event], step: int) -> pd.DataFrame:
     """Backward span of each rank in `step`: rank, start_ms (0), end_ms (= backward_s)."""
-    rows = [{"rank": int(e.get("rank", 0)), "start_ms": 0.0, "end_ms": e.get("backward_s", 0.0) * 1000}
+    rows = [{"rank": int(e.get("rank", 0)), "start_ms": 0.0,
+             "end_ms": e.get("backward_s", 0.0) * 1000.0}
             for e in of_type(events, "step") if e["step"] == step]
     return pd.DataFrame(rows, columns=["rank", "start_ms", "end_ms"])
 

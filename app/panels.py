@@ -69,7 +69,8 @@ def _run_status(client, w: RunWindow, label: str) -> None:
 def _show_error(error: dict[str, Any]) -> None:
     rank = error.get("rank")
     where = f" on rank {rank}" if rank is not None else ""
-    st.error(f"Run failed{where}: {error.get('exception', 'unknown error')}", icon=":material/error:")
+    st.error(f"Run failed{where}: {error.get('exception', 'unknown error')}",
+             icon=":material/error:")
     if error.get("traceback"):
         st.code(error["traceback"], language="python")
 

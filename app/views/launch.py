@@ -43,11 +43,12 @@ def config_form() -> tuple[dict[str, Any], str, str | None]:
                 st.markdown(f"**{title}**")
                 for f in fields:
                     values[f] = field_widget(f, defaults[f])
-        with st.expander("Advanced"):
-            cols = st.columns(2)
-            for i, f in enumerate(form.ADVANCED):
-                with cols[i % 2]:
-                    values[f] = field_widget(f, defaults[f])
+        for title, fields in (("Advanced", form.ADVANCED), ("Fault injection", form.FAULTS)):
+            with st.expander(title):
+                cols = st.columns(2)
+                for i, f in enumerate(fields):
+                    with cols[i % 2]:
+                        values[f] = field_widget(f, defaults[f])
         label = st.text_input("label (optional)", key="cfg_label",
                               help="name shown in legends; default '<mode> ×<world_size> · <id>'")
         left, right = st.columns(2)
@@ -92,7 +93,8 @@ def launched_panel() -> None:
     ids = st.session_state.get("launched")
     if not ids:
         return
-    st.success(f"Launched {len(ids)} run(s): " + ", ".join(f"`{i}`" for i in ids), icon=":material/rocket_launch:")
+    st.success(f"Launched {len(ids)} run(s): " + ", ".join(f"`{i}`" for i in ids),
+               icon=":material/rocket_launch:")
     st.page_link(LIVE_PAGE, label="Watch them live", icon=":material/monitoring:",
                  query_params={"runs": ",".join(ids)})
 

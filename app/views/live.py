@@ -45,6 +45,11 @@ def pick_runs(client) -> list[str]:
     runs = client.list_runs(limit=100)
     by_id = {r["run_id"]: r for r in runs}
     wanted = wanted_runs(runs)
+    missing = [i for i in wanted if i not in by_id and client.get_run(i) is None]
+    if missing:
+        st.warning("No such run: " + ", ".join(f"`{i}`" for i in missing),
+                   icon=":material/search_off:")
+        wanted = [i for i in wanted if i not in missing]
     if wanted != st.session_state.get("live_wanted"):  # a new request overrides the picker
         st.session_state["live_wanted"] = wanted
         st.session_state["live_pick"] = wanted
@@ -74,7 +79,8 @@ def windows_for(ids: list[str]) -> dict[str, RunWindow]:
 
 def unique_labels(client, windows: dict[str, RunWindow]) -> dict[str, str]:
     """Legend name per run, made unique when two runs share a label."""
-    labels = {rid: frames.run_label(w.run or client.get_run(rid), rid) for rid, w in windows.items()}
+    labels = {rid: frames.run_label(w.run or client.get_run(rid), rid)
+              for rid, w in windows.items()}
     if len(set(labels.values())) < len(labels):
         labels = {rid: f"{lab} · {rid[:6]}" for rid, lab in labels.items()}
     return labels

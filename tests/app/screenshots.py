@@ -1,7 +1,8 @@
 """Screenshots of every page with real runs: ``.venv/bin/python tests/app/screenshots.py``.
 
 Starts the stack (embedded Redis, one worker, Streamlit), submits a DP/DDP pair of the same
-config, and writes docs/screenshots/{launch,launch-error,live-running,live,runs}.png.
+config, then a DDP run that fails on purpose (fault=raise on rank 1), and writes
+docs/screenshots/{launch,launch-error,live-running,live,live-failed,runs}.png.
 """
 
 from __future__ import annotations
@@ -77,6 +78,16 @@ def main() -> None:
         time.sleep(3)
         _settle(page, charts=6)
         shoot(page, "live", LIVE_HEIGHT)
+        bad = client.submit({**CONFIG, "mode": "ddp", "steps": 20, "fault": "raise",
+                             "fault_rank": 1, "fault_step": 5}, label="DDP, rank 1 raises")
+        while client.get_run(bad)["status"] not in ("finished", "failed", "canceled"):
+            assert time.monotonic() < deadline + 240, "failing run too slow"
+            time.sleep(0.5)
+        page.set_viewport_size(VIEW)
+        page.goto(f"{stack.url}/live?runs={bad}")
+        page.get_by_text("Run failed").wait_for()
+        _settle(page, charts=2)
+        shoot(page, "live-failed", 1600)
         page.set_viewport_size(VIEW)
         page.goto(f"{stack.url}/runs")
         page.get_by_role("heading", name="Runs").wait_for()

@@ -128,3 +128,11 @@ def test_runs_page_lists_runs(fake_client, app_test):
     assert df["run_id"].tolist() == ["q1", "ddp1", "dp1"]
     assert df.loc[df["run_id"] == "ddp1", "samples_per_s"].iloc[0] == 3000.0
     assert at.button(key="cancel_runs").disabled  # nothing selected yet
+
+
+def test_live_page_unknown_run_id(fake_client, app_test):
+    _add_pair(fake_client)
+    at = app_test("views/live.py", runs="nope,dp1")
+    assert not at.exception
+    assert "No such run: `nope`" in at.warning[0].value
+    assert at.multiselect(key="live_pick").value == ["dp1"]
