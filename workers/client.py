@@ -168,7 +168,9 @@ class DdpvizClient:
             send_stop_job_command(self.redis, run_id, serializer=JSONSerializer)
         except (NoSuchJobError, InvalidJobOperation):
             pass  # the job ended or has no worker: the record below still settles the run
-        self.store.finish(run_id, RunStatus.CANCELED, append_event=True, error=make_error(
+        # The flag stays set: should the stop command miss the horse, the run still stops.
+        self.store.finish(run_id, RunStatus.CANCELED, append_event=True, clear_cancel_flag=False,
+                          error=make_error(
             f"Canceled: {reason}; the run did not stop within {CANCEL_WAIT_S:g} s, so its "
             f"work-horse process group (and its rank processes) was killed"))
         return self.store.status(run_id).value

@@ -156,11 +156,37 @@ class EmbeddedRedis:
                   ["--appendonly", "no", "--save", ""]
         return [exe, "--port", str(port), "--bind", EMBEDDED_HOST, "--protected-mode", "yes",
                 "--daemonize", "no", "--dir", str(self.data_dir), "--dbfilename", "dump.rdb",
+                "--pidfile", str(self.pidfile),
                 "--logfile", str(self.data_dir / "redis.log"), *persist]
 
+    @property
+    def pidfile(self) -> Path:
+        return self.data_dir / "redis.pid"
+
+    def _refuse_if_in_use(self) -> None:
+        """Two servers on one data folder would overwrite each other's files."""
+        try:
+            pid = int(self.pidfile.read_text().strip())
+        except (OSError, ValueError):
+            return
+        try:
+            os.kill(pid, 0)
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes() if Path("/proc").is_dir() else b"redis-server"
+        except (ProcessLookupError, PermissionError, OSError):
+            return  # a stale pidfile
+        if b"redis-server" in cmdline:
+            raise RuntimeError(f"a redis-server (pid {pid}) already uses {self.data_dir}: is "
+                               f"`ddpviz up` running in this folder? Stop it first, or set "
+                               f"{ENV_VAR} to that server's URL")
+
     def start(self) -> "EmbeddedRedis":
-        """Start the server and wait until it answers PING. Returns self."""
+        """Start the server and wait until it answers PING. Returns self.
+
+        Raises:
+            RuntimeError: another redis-server uses `data_dir`, or the server did not start.
+        """
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._refuse_if_in_use()
         tries = 1 if self.port is not None else 3  # a free port can be taken before we bind it
         for attempt in range(tries):
             port = self.port if tries == 1 else free_port()

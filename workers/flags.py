@@ -42,7 +42,7 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     for name, info in RunConfig.model_fields.items():
         kwargs, text = _describe(name, info)
         group.add_argument(flag_name(name), dest=f"cfg_{name}", default=argparse.SUPPRESS,
-                           help=text, **kwargs)
+                           help=text.replace("%", "%%"), **kwargs)
 
 
 def run_fields(args: argparse.Namespace) -> dict[str, Any]:

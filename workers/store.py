@@ -189,7 +189,7 @@ class RunStore:
 
     def finish(self, run_id: str, status: RunStatus, *, error: dict | None = None,
                summary: dict | None = None, allowed_from: Iterable[RunStatus] = (RunStatus.STARTED,),
-               append_event: bool = False) -> bool:
+               append_event: bool = False, clear_cancel_flag: bool = True) -> bool:
         """Record a terminal `status` with its error and summary, clearing any cancel flag.
 
         Args:
@@ -198,6 +198,8 @@ class RunStore:
             append_event: also append a ``run_finished`` event to the run's stream, in the same
                 transaction — for endings the engine could not report itself (canceled while
                 queued, work-horse killed).
+            clear_cancel_flag: delete the run's cancel flag (keep it when the run may still be
+                running, so it stops as soon as it looks).
 
         Returns:
             True if this call set the terminal status.
@@ -209,7 +211,8 @@ class RunStore:
             fields["summary"] = _dumps(summary)
 
         def also(pipe: Any) -> None:
-            pipe.delete(keys.cancel(run_id))
+            if clear_cancel_flag:
+                pipe.delete(keys.cancel(run_id))
             if append_event:
                 event = make_event("run_finished", run_id, status=TO_ENGINE[status], error=error,
                                    summary=summary or {})

@@ -48,7 +48,8 @@ def _current(worker: Worker) -> tuple[str | None, str]:
     """(current run id, RQ state) without Redis round trips (read from the worker's memory)."""
     try:
         execution = next(iter(list(worker.executions.values())), None)
-        return (execution.job_id if execution else None), str(worker._state)
+        state = worker.get_state()
+        return (execution.job_id if execution else None), str(getattr(state, "value", state))
     except Exception:
         return None, "unknown"
 

@@ -89,3 +89,11 @@ def test_the_prefix_applies_outside_the_repo_too(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=60)
     assert out.stdout.strip() == "ddpviz:rq", out.stderr
+
+
+def test_two_embedded_servers_never_share_a_data_folder(tmp_path):
+    with EmbeddedRedis(tmp_path) as server:
+        with pytest.raises(RuntimeError, match=f"pid {server.proc.pid}"):
+            EmbeddedRedis(tmp_path).start()
+    with EmbeddedRedis(tmp_path):  # a stale pidfile is no obstacle
+        pass

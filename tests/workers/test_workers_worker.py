@@ -85,8 +85,8 @@ def test_cancel_of_a_running_ddp_run_leaves_no_rank_process(client, redis_url):
                  "the first DDP step")
         procs = descendants(proc.pid)
         assert len(procs) >= 3  # work-horse + 2 ranks
-        wait_for(lambda: [w["current_run"] for w in client.workers()] == [run_id], 10,
-                 "the heartbeat to name the current run")
+        wait_for(lambda: [(w["current_run"], w["state"]) for w in client.workers()]
+                 == [(run_id, "busy")], 10, "the heartbeat to name the current run")
         assert client.cancel(run_id) == "canceled"
         wait_for(lambda: not any(alive(p) for p in procs), 15, "every rank process to end")
         assert processes_with_env(RUN_ENV_VAR, run_id) == []
@@ -100,6 +100,7 @@ def test_heartbeat_shows_the_worker_and_sigterm_stops_it(client, redis_url):
     with worker_process(redis_url, burst=False, name="wt-hb") as proc:
         (w,) = wait_for(client.workers, 20, "the worker's heartbeat")
         assert w["name"] == "wt-hb" and w["pid"] == proc.pid and w["current_run"] is None
+        wait_for(lambda: client.workers()[0]["state"] == "idle", 10, "state idle")
         assert any(d["kind"] == "cpu" for d in w["devices"])
         proc.terminate()
         assert proc.wait(20) == 0
