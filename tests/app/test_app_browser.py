@@ -49,5 +49,9 @@ def test_launch_ddp_and_watch_it_finish(tmp_path):
             charts = page.locator(".vega-embed canvas, .vega-embed svg")
             charts.nth(4).wait_for(timeout=30_000)  # throughput, split, memory, buckets, volume
             _no_exceptions(page)
+            page.get_by_role("link", name="Runs").click()
+            page.get_by_role("heading", name="Runs").wait_for(timeout=30_000)
+            page.locator('[data-testid="stDataFrame"]').wait_for(timeout=30_000)
+            _no_exceptions(page)
         finally:
             browser.close()

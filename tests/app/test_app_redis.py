@@ -65,3 +65,16 @@ def test_cancel_queued_run_from_live(real_client, app_test):
     assert not at.exception
     at.button(key=f"cancel_{rid}").click().run()
     assert real_client.get_run(rid)["status"] == "canceled"
+
+
+def test_unreachable_redis_banner_with_real_client(app_test, monkeypatch):
+    import app.connection
+
+    monkeypatch.setenv("REDIS_URL", "redis://:hunter2@127.0.0.1:1/0")  # nothing listens on port 1
+    app.connection._client.clear()
+    for page in (None, "views/live.py", "views/runs.py"):
+        at = app_test(page)
+        assert not at.exception
+        banner = at.error[0].value
+        assert "Cannot reach Redis at `redis://:***@127.0.0.1:1/0`" in banner
+        assert "hunter2" not in banner
