@@ -42,6 +42,7 @@ class RunConfig(BaseModel):
 
     mode: Literal["dp", "ddp", "single"] = "ddp"  # single = one device, same global batch
     world_size: int = Field(2, ge=1, le=64)  # devices (DP) or rank processes (DDP)
+    nnodes: int = Field(1, ge=1, le=64)  # hosts a DDP run spans (world_size // nnodes ranks each)
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: CUDA if world_size GPUs, else CPU
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # DDP process-group backend
     model: str = Field("mlp", min_length=1, max_length=64)  # a built-in or a `ddpviz.models` plugin
@@ -104,6 +105,11 @@ def cross_field_errors(cfg: RunConfig) -> list[tuple[str, str]]:
                                 f"use one of {list(MODEL_DATASETS[cfg.model])}"))
     if cfg.model == "gpt" and cfg.width % cfg.n_head:
         errs.append(("n_head", f"width ({cfg.width}) must be divisible by n_head ({cfg.n_head})"))
+    if cfg.nnodes > 1:
+        if cfg.mode != "ddp":
+            errs.append(("nnodes", f"nnodes > 1 needs mode 'ddp' (DP is one process on one host)"))
+        elif cfg.world_size % cfg.nnodes:
+            errs.append(("nnodes", f"world_size ({cfg.world_size}) must be divisible by nnodes ({cfg.nnodes})"))
     if cfg.fault != "none":
         if cfg.fault_rank >= cfg.world_size:
             errs.append(("fault_rank", f"fault_rank must be < world_size ({cfg.world_size}) (got {cfg.fault_rank})"))

@@ -5,8 +5,9 @@ DDP's constructor only checks/broadcasts once), loads its own shard with `Distri
 wraps the model in `torch.nn.parallel.DistributedDataParallel` with the run's knobs and the
 recording comm hook, and steps its own optimizer on the averaged gradients.
 
-Events go to `<workdir>/rank<R>.jsonl` (batched); the launcher forwards them. A failure writes
-`<workdir>/rank<R>.error.json` ({rank, exception, traceback}) before the process exits.
+Files in the launcher's workdir, by local rank L: `local<L>.json` ({rank, pid, host}) at start,
+`local<L>.jsonl` events (batched; the launcher forwards them), and on failure `local<L>.error.json`
+({rank, step, host, exception, traceback}) before the process exits.
 """
 
 from __future__ import annotations
@@ -52,19 +53,23 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def rank_main(cfg_dict: dict, run_id: str, workdir: str, backend: str, device_kind: str) -> None:
-    """Entry point of one rank. Reads RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT from the env."""
+def rank_main(cfg_dict: dict, run_id: str, workdir: str, backend: str, device_kind: str,
+              host: str = "") -> None:
+    """Entry point of one rank. Reads RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT from the env.
+
+    `host` labels this rank's events (the worker's identity, which tells hosts apart).
+    """
     die_with_parent()
-    rank = int(os.environ["RANK"])
+    rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     wd = Path(workdir)
-    (wd / f"rank{rank}.pid").write_text(str(os.getpid()))
-    sink = BatchingSink(JsonlWriter(wd / f"rank{rank}.jsonl"), flush_interval_s=0.1)
+    (wd / f"local{local}.json").write_text(json.dumps(dict(rank=rank, pid=os.getpid(), host=host)))
+    sink = BatchingSink(JsonlWriter(wd / f"local{local}.jsonl"), flush_interval_s=0.1)
     try:
-        _train_rank(RunConfig(**cfg_dict), run_id, rank, wd, backend, device_kind, sink)
+        _train_rank(RunConfig(**cfg_dict), run_id, rank, wd, backend, device_kind, sink, host)
     except BaseException as exc:
-        err = dict(rank=rank, step=_progress["step"], exception=f"{type(exc).__name__}: {exc}",
+        err = dict(rank=rank, step=_progress["step"], host=host, exception=f"{type(exc).__name__}: {exc}",
                    traceback="".join(traceback.format_exception(exc)))
-        (wd / f"rank{rank}.error.json").write_text(json.dumps(err))
+        (wd / f"local{local}.error.json").write_text(json.dumps(err))
         raise
     finally:
         sink.close()
@@ -81,14 +86,14 @@ def _device(device_kind: str, local_rank: int) -> torch.device:
 
 
 def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, device_kind: str,
-                sink) -> None:
+                sink, host: str) -> None:
     local_rank, world = int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
     device = _device(device_kind, local_rank)
     if device.type == "cpu":
         torch.set_num_threads(cpu_threads_per_rank(world))
     dist.init_process_group(backend, timeout=timedelta(seconds=cfg.collective_timeout_s))
     dev_name = f"cuda:{local_rank}" if device.type == "cuda" else f"cpu:{rank}"
-    tel = Telemetry(sink, run_id, rank=rank, device=dev_name)
+    tel = Telemetry(sink, run_id, rank=rank, device=dev_name, host=host)
     ds = load_dataset(cfg)
     model = build_model(cfg, ds).to(device).train()
     ddp = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,

@@ -49,7 +49,7 @@ def resolve_plan(cfg: RunConfig) -> DevicePlan:
     Raises:
         PreflightError: CUDA asked for but missing, fewer GPUs than `world_size`, or NCCL on CPU.
     """
-    n = 1 if cfg.mode == "single" else cfg.world_size
+    n = 1 if cfg.mode == "single" else cfg.world_size // cfg.nnodes  # devices on this host
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if cfg.device == "cuda" and gpus < n:
         raise PreflightError("world_size" if gpus else "device",

@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -46,13 +47,30 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-class _Follower(threading.Thread):
-    """Forwards rank events to the sink and kills the ranks when `should_stop()` turns True."""
+@dataclass(frozen=True)
+class NodeSpec:
+    """This host's part in a multi-host run (torch elastic c10d rendezvous).
 
-    def __init__(self, workdir: Path, world_size: int, out, should_stop):
+    Attributes:
+        nnodes: hosts in the run; each runs world_size // nnodes ranks.
+        rdzv_endpoint: "host:port" of the rendezvous store, reachable from every host.
+        is_host: this node serves the rendezvous store (exactly one node does).
+        host_label: names this host in every rank's events (e.g. the worker's name).
+    """
+
+    nnodes: int = 1
+    rdzv_endpoint: str | None = None
+    is_host: bool = True
+    host_label: str = ""
+
+
+class _Follower(threading.Thread):
+    """Forwards local ranks' events to the sink and kills them when `should_stop()` turns True."""
+
+    def __init__(self, workdir: Path, nproc: int, out, should_stop):
         super().__init__(name="ddpviz-rank-follower", daemon=True)
-        self.tails = [JsonlTail(workdir / f"rank{r}.jsonl") for r in range(world_size)]
-        self.workdir, self.world_size, self.out, self.should_stop = workdir, world_size, out, should_stop
+        self.tails = [JsonlTail(workdir / f"local{r}.jsonl") for r in range(nproc)]
+        self.workdir, self.nproc, self.out, self.should_stop = workdir, nproc, out, should_stop
         self.done = threading.Event()
         self.canceled = False
 
@@ -62,9 +80,9 @@ class _Follower(threading.Thread):
                 self.out.emit(e)
 
     def kill_ranks(self) -> None:
-        for r in range(self.world_size):
+        for info in _local_infos(self.workdir, self.nproc).values():
             with contextlib.suppress(Exception):
-                os.kill(int((self.workdir / f"rank{r}.pid").read_text()), signal.SIGKILL)
+                os.kill(int(info["pid"]), signal.SIGKILL)
 
     def run(self) -> None:
         while not self.done.wait(FOLLOW_INTERVAL_S):
@@ -74,21 +92,31 @@ class _Follower(threading.Thread):
                 self.kill_ranks()
 
 
-def _first_error(workdir: Path, world_size: int) -> dict | None:
+def _local_infos(workdir: Path, nproc: int) -> dict[int, dict]:
+    """{local rank: {rank, pid, host}} of the ranks that have started."""
+    out = {}
+    for r in range(nproc):
+        with contextlib.suppress(Exception):
+            out[r] = json.loads((workdir / f"local{r}.json").read_text())
+    return out
+
+
+def _first_error(workdir: Path, nproc: int) -> dict | None:
     errors = []
-    for r in range(world_size):
-        p = workdir / f"rank{r}.error.json"
+    for r in range(nproc):
+        p = workdir / f"local{r}.error.json"
         if p.exists():
             errors.append((p.stat().st_mtime, json.loads(p.read_text())))
     return min(errors, key=lambda e: e[0])[1] if errors else None
 
 
-def _stalled_note(err: dict, workdir: Path, world_size: int) -> str:
+def _stalled_note(err: dict, workdir: Path, nproc: int) -> str:
     """After a collective timeout, name the ranks that raised nothing: they are the ones that stalled."""
     text = err["exception"].lower()
     if "timeout" not in text and "timed out" not in text:
         return ""
-    quiet = [r for r in range(world_size) if not (workdir / f"rank{r}.error.json").exists()]
+    infos = _local_infos(workdir, nproc)
+    quiet = sorted(infos[r]["rank"] for r in infos if not (workdir / f"local{r}.error.json").exists())
     where = f" at step {err['step']}" if err.get("step") is not None else ""
     return (f" — rank {err['rank']} timed out in a collective{where}; rank(s) {quiet} raised no error "
             f"and never joined it: they stalled.") if quiet else ""
@@ -101,8 +129,9 @@ def _signal_death(exc: Exception) -> dict | None:
     if not dead:
         return None
     f = min(dead, key=lambda f: f.timestamp)
-    return dict(rank=f.local_rank, traceback="",
-                exception=f"rank {f.local_rank} (pid {f.pid}) was killed by signal {f.signal_name()}")
+    rank = f.local_rank + getattr(exc, "_rank_offset", 0)
+    return dict(rank=rank, traceback="",
+                exception=f"rank {rank} (pid {f.pid}) was killed by signal {f.signal_name()}")
 
 
 def _exit_error(exc: Exception) -> dict:
@@ -110,47 +139,58 @@ def _exit_error(exc: Exception) -> dict:
     failures = getattr(exc, "failures", {}) or {}
     for _, f in sorted(failures.items(), key=lambda kv: getattr(kv[1], "timestamp", 0)):
         how = (f"killed by signal {f.signal_name()}" if f.exitcode < 0 else f"exited with code {f.exitcode}")
-        return dict(rank=f.local_rank, exception=f"rank {f.local_rank} (pid {f.pid}) {how}", traceback="")
+        rank = f.local_rank + getattr(exc, "_rank_offset", 0)
+        return dict(rank=rank, exception=f"rank {rank} (pid {f.pid}) {how}", traceback="")
     return dict(rank=None, exception=f"{type(exc).__name__}: {exc}", traceback="")
 
 
 def launch_ddp(cfg: RunConfig, plan: DevicePlan, out, run_id: str,
-               should_stop: Callable[[], bool] | None, workdir: Path) -> torch.Tensor:
-    """Run `cfg.world_size` DDP ranks on this host; returns rank 0's final parameters (P,).
+               should_stop: Callable[[], bool] | None, workdir: Path,
+               node: NodeSpec | None = None) -> torch.Tensor | None:
+    """Run this host's DDP ranks; returns global rank 0's final parameters (P,) if it ran here.
+
+    One host: `cfg.world_size` ranks, rendezvous on a free loopback port. Several hosts (`node`):
+    `world_size // nnodes` ranks here, c10d rendezvous at `node.rdzv_endpoint`; a rank failing on
+    any host ends the rendezvous round, so every host's ranks stop.
 
     Raises:
         Canceled: `should_stop()` turned True.
-        RankFailed: a rank raised or died; its error names the rank.
+        RankFailed: a rank raised or died; its error names the rank (and host).
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from engine.ddp import rank_main
 
+    node = node or NodeSpec()
     for name in ("torch.distributed.elastic", "torch.multiprocessing"):  # errors reach the run's event
         logging.getLogger(name).setLevel(logging.CRITICAL)
     workdir.mkdir(parents=True, exist_ok=True)
-    lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=cfg.world_size, run_id=run_id,
-                      rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}",
-                      rdzv_configs={"timeout": RDZV_TIMEOUT_S}, max_restarts=0, monitor_interval=0.1,
-                      start_method="spawn",
+    nproc = cfg.world_size // node.nnodes
+    endpoint = node.rdzv_endpoint or f"127.0.0.1:{free_port()}"
+    lc = LaunchConfig(min_nodes=node.nnodes, max_nodes=node.nnodes, nproc_per_node=nproc, run_id=run_id,
+                      rdzv_backend="c10d", rdzv_endpoint=endpoint,
+                      rdzv_configs={"timeout": RDZV_TIMEOUT_S, "is_host": node.is_host},
+                      max_restarts=0, monitor_interval=0.1, start_method="spawn",
                       logs_specs=DefaultLogsSpecs(log_dir=str(workdir / "logs"), redirects=Std.ALL))
-    follower = _Follower(workdir, cfg.world_size, out, should_stop)
+    follower = _Follower(workdir, nproc, out, should_stop)
     follower.start()
     try:
-        elastic_launch(lc, rank_main)(cfg.to_json_dict(), run_id, str(workdir), plan.backend, plan.kind)
-    except Exception as exc:
-        follower.done.set()
-        follower.join()
-        follower.pump()
-        if follower.canceled:
-            raise Canceled("canceled: every rank process was stopped") from None
-        err = _signal_death(exc) or _first_error(workdir, cfg.world_size) or _exit_error(exc)
-        err["exception"] += _stalled_note(err, workdir, cfg.world_size)
-        raise RankFailed(err) from None
+        elastic_launch(lc, rank_main)(cfg.to_json_dict(), run_id, str(workdir), plan.backend, plan.kind,
+                                      node.host_label)
+        failure = None
+    except Exception as exc:  # ChildFailedError, or the agent's own (rendezvous) errors
+        failure = exc
     follower.done.set()
     follower.join()
     follower.pump()
     if follower.canceled:
         raise Canceled("canceled: every rank process was stopped")
-    return torch.load(workdir / "final_params.pt")
+    if failure is not None:
+        infos = _local_infos(workdir, nproc)
+        failure._rank_offset = min((i["rank"] for i in infos.values()), default=0)
+        err = _signal_death(failure) or _first_error(workdir, nproc) or _exit_error(failure)
+        err["exception"] += _stalled_note(err, workdir, nproc)
+        raise RankFailed(err) from None
+    params = workdir / "final_params.pt"
+    return torch.load(params) if params.exists() else None

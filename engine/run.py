@@ -29,7 +29,7 @@ class RunResult:
 
 def run_training(cfg: RunConfig, sink: EventSink, run_id: str, *,
                  should_stop: Callable[[], bool] | None = None,
-                 workdir: str | Path | None = None) -> RunResult:
+                 workdir: str | Path | None = None, node: Any = None) -> RunResult:
     """Run `cfg` here (one process for single/DP, one spawned process per rank for DDP).
 
     Args:
@@ -39,7 +39,9 @@ def run_training(cfg: RunConfig, sink: EventSink, run_id: str, *,
         should_stop: polled a few times a second; returning True cancels the run (every rank
             process is stopped) and the result has status ``canceled``.
         workdir: scratch folder for rank event files; a temporary one when None.
+        node: `engine.launcher.NodeSpec` — this host's part of a multi-host DDP run (nnodes > 1).
+            Every node emits run_started/run_finished for its own ranks; the caller merges them.
     """
     from engine.runner import execute
 
-    return execute(cfg, sink, run_id, should_stop=should_stop, workdir=workdir)
+    return execute(cfg, sink, run_id, should_stop=should_stop, workdir=workdir, node=node)

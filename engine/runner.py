@@ -67,7 +67,7 @@ def _started_fields(cfg: RunConfig, plan: DevicePlan, model: torch.nn.Module, ds
 
 def execute(cfg: RunConfig, sink: EventSink, run_id: str, *,
             should_stop: Callable[[], bool] | None = None,
-            workdir: str | Path | None = None) -> RunResult:
+            workdir: str | Path | None = None, node=None) -> RunResult:
     """See `engine.run.run_training`."""
     builder = SummaryBuilder()
     out = _Observed(sink, builder)
@@ -84,7 +84,7 @@ def execute(cfg: RunConfig, sink: EventSink, run_id: str, *,
         if workdir is None:
             tmp = tempfile.TemporaryDirectory(prefix=f"ddpviz-{run_id}-")
             workdir = tmp.name
-        result.final_params = _dispatch(cfg, plan, ds, model, out, run_id, should_stop, Path(workdir))
+        result.final_params = _dispatch(cfg, plan, ds, model, out, run_id, should_stop, Path(workdir), node)
     except Canceled as exc:
         result.status, result.error = "canceled", dict(rank=None, exception=str(exc), traceback="")
     except PreflightError as exc:
@@ -102,12 +102,12 @@ def execute(cfg: RunConfig, sink: EventSink, run_id: str, *,
     return result
 
 
-def _dispatch(cfg, plan: DevicePlan, ds, model, out, run_id, should_stop, workdir: Path):
+def _dispatch(cfg, plan: DevicePlan, ds, model, out, run_id, should_stop, workdir: Path, node=None):
     """Train in the mode asked for; returns the final parameters as a flat CPU tensor."""
     if cfg.mode == "ddp":
         from engine.launcher import launch_ddp
 
-        return launch_ddp(cfg, plan, out, run_id, should_stop, workdir)
+        return launch_ddp(cfg, plan, out, run_id, should_stop, workdir, node)
     tel = Telemetry(out, run_id, rank=0, device=plan.names[0])
     if cfg.mode == "single":
         from engine.single import train_single

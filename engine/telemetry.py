@@ -15,12 +15,14 @@ from engine.events import EventSink, make_event
 class Telemetry:
     """Emits events for one rank (DDP) or one process (single/DP, rank 0)."""
 
-    def __init__(self, sink: EventSink, run_id: str, rank: int = 0, device: str = "cpu:0"):
-        self.sink, self.run_id, self.rank, self.device = sink, run_id, rank, device
+    def __init__(self, sink: EventSink, run_id: str, rank: int = 0, device: str = "cpu:0", host: str = ""):
+        self.sink, self.run_id, self.rank, self.device, self.host = sink, run_id, rank, device, host
 
     def emit(self, type_: str, **fields: Any) -> None:
         fields.setdefault("rank", self.rank)
         fields.setdefault("device", self.device)
+        if self.host:
+            fields.setdefault("host", self.host)
         self.sink.emit(make_event(type_, self.run_id, **fields))
 
 
