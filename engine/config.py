@@ -52,7 +52,7 @@ class RunConfig(BaseModel):
     block_size: int = Field(64, ge=2, le=2048)  # gpt context length, tokens
     dataset: Literal["digits", "text", "synthetic"] = "digits"
     global_batch_size: int = Field(64, ge=1, le=65536)  # samples per optimizer step, all devices
-    steps: int = Field(150, ge=1, le=1_000_000)  # optimizer steps
+    steps: int = Field(300, ge=1, le=1_000_000)  # optimizer steps
     lr: float = Field(0.05, gt=0.0, le=10.0)  # learning rate
     optimizer: Literal["sgd", "adamw"] = "sgd"
     seed: int = Field(0, ge=0, le=2**31 - 1)  # model init and data order
@@ -64,7 +64,7 @@ class RunConfig(BaseModel):
     grad_accum_steps: int = Field(1, ge=1, le=1024)  # micro-batches per optimizer step
     amp: bool = False  # bf16 autocast
     eval_every: int = Field(25, ge=0, le=1_000_000)  # validation every N steps; 0 = at end only
-    step_delay_s: float = Field(0.0, ge=0.0, le=5.0)  # sleep per step, to slow a demo down
+    step_delay_s: float = Field(0.05, ge=0.0, le=5.0)  # pause after each step so a demo can be watched; not in step times
     collective_timeout_s: float = Field(60.0, ge=1.0, le=3600.0)  # a collective waiting longer fails the run
     fault: Literal["none", "raise", "kill", "hang", "diverge"] = "none"  # inject a failure, to see what it does
     fault_rank: int = Field(0, ge=0, le=63)  # the rank (DDP) or device (DP) that fails

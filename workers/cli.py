@@ -271,6 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=1, help="worker processes to start")
     p.add_argument("--data-dir", default=".ddpviz", help="folder for the embedded Redis' data")
     p.add_argument("--app", help=argparse.SUPPRESS)  # another Streamlit script (tests)
+
+    from workers.cli_engine import register
+
+    register(command, add_run_flags)
     return parser
 
 

@@ -11,12 +11,28 @@ from engine.events import ListSink
 from engine.run import run_training
 
 pytestmark = pytest.mark.slow
-BASE = dict(mode="ddp", width=32, depth=2, global_batch_size=32, steps=40, eval_every=0)
+BASE = dict(mode="ddp", width=32, depth=2, global_batch_size=32, steps=40, eval_every=0, step_delay_s=0)
+BEFORE: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def _baseline():
+    """Children that existed before the test (e.g. a session's embedded Redis) are not the run's."""
+    BEFORE.clear()
+    BEFORE.update(p.pid for p in psutil.Process().children(recursive=True))
 
 
 def children_alive():
-    return [p for p in psutil.Process().children(recursive=True) if p.is_running()
-            and p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline())]
+    """Processes this test module started (directly or not) that are still running."""
+    alive = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if (p.pid not in BEFORE and p.status() != psutil.STATUS_ZOMBIE
+                    and "resource_tracker" not in " ".join(p.cmdline())):
+                alive.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
 
 
 def run(**fields):
