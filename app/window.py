@@ -4,6 +4,8 @@ The Live page keeps one `RunWindow` per run in `st.session_state`. Each `poll` r
 events after the last stream id it saw (`DdpvizClient.read_events`) and keeps bounded windows:
 the last `max_steps` steps of `step`/`memory` events, the last two steps of `bucket`/`dp_phase`/
 `comm_volume` events (the charts draw the latest complete one), every `eval`, the last 50 `log`.
+Analysis pages keep more: `recent_steps` widens those per-step windows and `first_steps` also
+keeps the first steps (step 0's single DDP bucket, the rebuild after it) for good.
 Once the run is terminal and its stream is drained, `done` is True and polling stops.
 """
 
@@ -34,11 +36,18 @@ class RunWindow:
         max_steps: optimizer steps of `step` and `memory` events kept (older ones are dropped).
         batch: events per `read_events` call; `max_batches` calls per poll at most, so a long
             finished run is caught up over a few polls instead of blocking one.
+        recent_steps: newest steps kept of the per-step detail types (`bucket`, `dp_phase`,
+            `comm_volume`); default 2 each.
+        first_steps: steps ``0 .. first_steps-1`` of those types are kept as well (default 0).
     """
 
-    def __init__(self, run_id: str, max_steps: int = 500, batch: int = 2000, max_batches: int = 5):
+    def __init__(self, run_id: str, max_steps: int = 500, batch: int = 2000, max_batches: int = 5,
+                 recent_steps: int | None = None, first_steps: int = 0):
         self.run_id = run_id
         self.max_steps, self.batch, self.max_batches = max_steps, batch, max_batches
+        self.recent = ({t: recent_steps for t in _RECENT_STEPS} if recent_steps
+                       else dict(_RECENT_STEPS))
+        self.first_steps = first_steps
         self.last_id = "0-0"
         self.run: dict[str, Any] | None = None  # latest get_run() record
         self.started: dict[str, Any] | None = None
@@ -94,9 +103,11 @@ class RunWindow:
             if t == "eval" or not evs:
                 continue
             newest = max(e.get("step", 0) for e in evs[-64:])
-            keep = _RECENT_STEPS.get(t, self.max_steps)
-            if evs[0].get("step", 0) <= newest - keep:
-                evs[:] = [e for e in evs if e.get("step", 0) > newest - keep]
+            keep = self.recent.get(t, self.max_steps)
+            first = self.first_steps if t in self.recent else 0
+            stale = [e.get("step", 0) for e in evs]
+            if any(first <= st <= newest - keep for st in stale):
+                evs[:] = [e for e, st in zip(evs, stale) if st > newest - keep or st < first]
 
     # ---- views -----------------------------------------------------------------------------
     def of_type(self, type_: str) -> list[dict[str, Any]]:
