@@ -56,12 +56,15 @@ class NodeSpec:
         rdzv_endpoint: "host:port" of the rendezvous store, reachable from every host.
         is_host: this node serves the rendezvous store (exactly one node does).
         host_label: names this host in every rank's events (e.g. the worker's name).
+        local_addr: the address other hosts reach this one at (becomes MASTER_ADDR when this
+            node gets group rank 0); None = torch's default, this machine's FQDN.
     """
 
     nnodes: int = 1
     rdzv_endpoint: str | None = None
     is_host: bool = True
     host_label: str = ""
+    local_addr: str | None = None
 
 
 class _Follower(threading.Thread):
@@ -171,7 +174,7 @@ def launch_ddp(cfg: RunConfig, plan: DevicePlan, out, run_id: str,
     lc = LaunchConfig(min_nodes=node.nnodes, max_nodes=node.nnodes, nproc_per_node=nproc, run_id=run_id,
                       rdzv_backend="c10d", rdzv_endpoint=endpoint,
                       rdzv_configs={"timeout": RDZV_TIMEOUT_S, "is_host": node.is_host},
-                      max_restarts=0, monitor_interval=0.1, start_method="spawn",
+                      max_restarts=0, monitor_interval=0.1, start_method="spawn", local_addr=node.local_addr,
                       logs_specs=DefaultLogsSpecs(log_dir=str(workdir / "logs"), redirects=Std.ALL))
     follower = _Follower(workdir, nproc, out, should_stop)
     follower.start()
