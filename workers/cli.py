@@ -138,7 +138,14 @@ def follow(client: Any, run_ids: list[str]) -> int:
 # -- worker, runs, cancel, export, up ---------------------------------------------------------
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    import os
+
+    from workers.node_job import ADVERTISE_ENV, RDZV_PORTS_ENV
     from workers.worker import run_worker
+
+    for var, value in ((ADVERTISE_ENV, args.advertise_addr), (RDZV_PORTS_ENV, args.rdzv_ports)):
+        if value:  # read by this worker's multi-host node jobs (workers.node_job)
+            os.environ[var] = value
 
     try:
         run_worker(args.url, name=args.name, burst=args.burst)
@@ -253,6 +260,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("worker", cmd_worker, "serve the queue: run submitted jobs on this host")
     p.add_argument("--name", help="worker name, unique among live workers (default: host-pid)")
     p.add_argument("--burst", action="store_true", help="quit once the queue is empty")
+    p.add_argument("--advertise-addr", default=None, metavar="ADDR",
+                   help="address other hosts reach this one at, for multi-host DDP "
+                        "(default: $DDPVIZ_ADVERTISE_ADDR, else 127.0.0.1)")
+    p.add_argument("--rdzv-ports", default=None, metavar="LOW-HIGH",
+                   help="ports this host may serve a multi-host run's rendezvous on "
+                        "(default: $DDPVIZ_RDZV_PORTS, else any free port)")
 
     p = command("runs", cmd_runs, "list recent runs")
     p.add_argument("--limit", type=int, default=20)

@@ -57,8 +57,14 @@ class DdpvizClient:
         """Validate `config`, store the run as queued and enqueue it. Returns the run id.
 
         Raises:
-            engine.config.ConfigError: a field breaks a rule (the message names the field).
+            engine.config.ConfigError: a field breaks a rule (the message names the field);
+                for ``nnodes > 1``, also fewer idle workers than nnodes.
         """
+        cfg = validate_config(config)
+        if cfg.nnodes > 1:  # one node job per host (workers.multinode)
+            from workers.multinode import submit_multinode
+
+            return submit_multinode(self.redis, cfg.to_json_dict(), label=label, group=group)
         return self._submit_many([(config, label)], group)[0]
 
     def submit_pair(self, config: dict[str, Any]) -> tuple[str, str]:
@@ -151,10 +157,13 @@ class DdpvizClient:
         return status.value
 
     def _cancel_rq_job(self, run_id: str) -> None:
-        try:
-            Job.fetch(run_id, connection=self.redis, serializer=JSONSerializer).cancel()
-        except (NoSuchJobError, InvalidJobOperation):
-            pass  # already gone or canceled; the worker skips runs that are not queued anyway
+        from workers.multinode import rq_job_ids  # a multi-host run has one job per host
+
+        for job_id in rq_job_ids(self.redis, run_id):
+            try:
+                Job.fetch(job_id, connection=self.redis, serializer=JSONSerializer).cancel()
+            except (NoSuchJobError, InvalidJobOperation):
+                pass  # already gone or canceled; the worker skips runs that are not queued anyway
 
     def _cancel_started(self, run_id: str, reason: str) -> str:
         self.store.request_cancel(run_id, reason)
@@ -164,10 +173,13 @@ class DdpvizClient:
             if status in TERMINAL:
                 return status.value
             time.sleep(CANCEL_POLL_S)
-        try:
-            send_stop_job_command(self.redis, run_id, serializer=JSONSerializer)
-        except (NoSuchJobError, InvalidJobOperation):
-            pass  # the job ended or has no worker: the record below still settles the run
+        from workers.multinode import rq_job_ids  # a multi-host run has one job per host
+
+        for job_id in rq_job_ids(self.redis, run_id):
+            try:
+                send_stop_job_command(self.redis, job_id, serializer=JSONSerializer)
+            except (NoSuchJobError, InvalidJobOperation):
+                pass  # the job ended or has no worker: the record below still settles the run
         # The flag stays set: should the stop command miss the horse, the run still stops.
         self.store.finish(run_id, RunStatus.CANCELED, append_event=True, clear_cancel_flag=False,
                           error=make_error(

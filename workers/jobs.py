@@ -202,6 +202,10 @@ def on_job_stopped(job: Any, connection: redis.Redis) -> None:
 
 def _settle(connection: redis.Redis, run_id: str, status: RunStatus, error: dict) -> None:
     try:
+        from workers.nodes import settle_node_job
+
+        if settle_node_job(connection, run_id, status, error):  # a node job of a multi-host run
+            return
         if RunStore(connection).finish(run_id, status, error=error, allowed_from=ACTIVE,
                                        append_event=True):
             log.warning("run %s: %s (%s)", run_id, status.value, error["exception"])

@@ -15,6 +15,10 @@ Layout:
 | ``ddpviz:cancel:{run_id}`` | string | present while a cancel is requested; value = reason |
 | ``ddpviz:worker:{name}`` | hash | a worker's heartbeat (expires unless refreshed) |
 | ``ddpviz:workers`` | set | names of workers that have sent a heartbeat |
+| ``ddpviz:nodes:{run_id}`` | hash | per-node state of a multi-host run (see `workers.nodes`) |
+
+Each worker also serves its own RQ queue ``ddpviz:node:{name}``, where `workers.multinode` puts
+the node jobs of multi-host runs.
 """
 
 from __future__ import annotations
@@ -47,3 +51,13 @@ def cancel(run_id: str) -> str:
 def worker(name: str) -> str:
     """Heartbeat hash of one worker."""
     return f"{PREFIX}worker:{name}"
+
+
+def node_queue(worker_name: str) -> str:
+    """Name of the RQ queue only worker `worker_name` serves (node jobs of multi-host runs)."""
+    return f"{PREFIX}node:{worker_name}"
+
+
+def nodes(run_id: str) -> str:
+    """Hash of a multi-host run's per-node state: endpoint, plans, ranks, results."""
+    return f"{PREFIX}nodes:{run_id}"

@@ -77,16 +77,23 @@ def rdzv_port(ports: str | None = None) -> int:
 
 
 class PeerAbort:
-    """``should_stop`` for a node: the run's cancel flag, or another host failed more than
-    `grace_s` seconds ago (Redis is asked at most every `PEER_POLL_S`)."""
+    """``should_stop`` for a node: the run's cancel flag (`poller`), this node job's own (set by
+    its worker's warm shutdown, `job_poller`), or another host failed more than `grace_s` seconds
+    ago (Redis is asked at most every `PEER_POLL_S`)."""
 
-    def __init__(self, state: NodeState, poller: CancelPoller, grace_s: float = PEER_ABORT_GRACE_S):
-        self.state, self.poller, self.grace_s = state, poller, grace_s
+    def __init__(self, state: NodeState, poller: CancelPoller, job_poller: CancelPoller | None = None,
+                 grace_s: float = PEER_ABORT_GRACE_S):
+        self.state, self.poller, self.job_poller, self.grace_s = state, poller, job_poller, grace_s
         self.peer_failed = False
         self._next = 0.0
 
+    @property
+    def reason(self) -> str | None:
+        """Why this node was asked to stop (a cancel request), or None."""
+        return self.poller.reason or (self.job_poller.reason if self.job_poller else None)
+
     def __call__(self) -> bool:
-        if self.poller() or self.peer_failed:
+        if self.poller() or (self.job_poller is not None and self.job_poller()) or self.peer_failed:
             return True
         if time.monotonic() < self._next:
             return False
@@ -238,8 +245,8 @@ def _endpoint(state: NodeState, store: RunStore, run_id: str, index: int, hosts:
         endpoint = state.endpoint()
         if endpoint:
             return endpoint, None
-        if stop.poller():
-            return None, (RunStatus.CANCELED, make_error(f"Canceled: {stop.poller.reason}"))
+        if stop.poller() or (stop.job_poller is not None and stop.job_poller()):
+            return None, (RunStatus.CANCELED, make_error(f"Canceled: {stop.reason}"))
         if store.status(run_id) in TERMINAL or state.failed_since() is not None:
             return None, (RunStatus.CANCELED, {**make_error(
                 "Canceled: another host failed before the rendezvous"), "echo": True})
@@ -256,7 +263,7 @@ def _run_part(store: RunStore, state: NodeState, cfg: Any, run_id: str, index: i
     from engine.launcher import NodeSpec
     from engine.run import run_training  # imports torch: only in the work-horse
 
-    stop = PeerAbort(state, CancelPoller(store, run_id))
+    stop = PeerAbort(state, CancelPoller(store, run_id), CancelPoller(store, node_job_id(run_id, index)))
     endpoint, ended = _endpoint(state, store, run_id, index, hosts, stop)
     if ended is not None:
         return (*ended, None)
@@ -292,9 +299,9 @@ def _run_part(store: RunStore, state: NodeState, cfg: Any, run_id: str, index: i
 def _why_canceled(stop: PeerAbort, error: dict | None, workdir: Path) -> tuple[RunStatus, dict]:
     """A canceled node: by the user (cancel flag), or stopped because another host failed — then
     a rank of this host that raised meanwhile is reported as this node's failure."""
-    if stop.poller.reason is not None:
+    if stop.reason is not None:
         said = (error or {}).get("exception")
-        return RunStatus.CANCELED, make_error(f"Canceled: {stop.poller.reason}" + (f" ({said})" if said else ""))
+        return RunStatus.CANCELED, make_error(f"Canceled: {stop.reason}" + (f" ({said})" if said else ""))
     raised = sorted(workdir.glob("local*.error.json"), key=lambda p: p.stat().st_mtime)
     if raised:
         err = json.loads(raised[0].read_text())

@@ -13,9 +13,9 @@ jobs, each on its own worker (`workers.multinode`). They coordinate through one 
 | ``result:{i}`` | node i, or a worker hook when its job died | JSON ``{status, error, summary, worker, ts}`` |
 
 Every node records its result, then `settle` tries to end the run: once every node has a result
-(or the missing ones' workers are gone), the statuses and errors are merged — any failure fails
-the run and its error is the root cause, not the "connection closed by peer" echoes it caused on
-the other hosts — and `RunStore.finish` (a compare-and-set) records it and appends the only
+(or the missing ones' workers are gone), the statuses and errors are merged (`merge_endings`) —
+a failure fails the run and its error is the root cause, not the "connection closed by peer"
+echoes it caused on the other hosts — and `RunStore.finish` (a compare-and-set) records it and appends the only
 ``run_finished`` event, with a summary built from the whole stream.
 """
 
@@ -138,43 +138,47 @@ def update_record_hosts(connection: redis.Redis, run_id: str) -> list[dict[str, 
                 continue
 
 
-def merged_status(results: list[dict[str, Any]]) -> RunStatus:
-    """Any node that failed (or was lost) fails the run; else any canceled node cancels it; else
-    it finished."""
-    statuses = {r["status"] for r in results}
-    if statuses - {RunStatus.FINISHED.value, RunStatus.CANCELED.value}:  # failed, lost, ...
-        return RunStatus.FAILED
-    if RunStatus.CANCELED.value in statuses:
-        return RunStatus.CANCELED
-    return RunStatus.FINISHED
+def merge_endings(results: dict[int, dict[str, Any]]) -> tuple[RunStatus, dict | None]:
+    """The run's status and error from its nodes' endings: the root cause decides.
 
-
-def root_cause(results: dict[int, dict[str, Any]]) -> dict | None:
-    """The error of the run: the earliest failure that is not an echo of another host's failure
-    (`is_echo`), else the earliest failure, else the earliest cancel. The other hosts' errors
-    follow in ``other_hosts``. None when every node succeeded.
+    In order: the earliest failure that is not an echo of another host's failure (`is_echo`)
+    fails the run; else the earliest cancel that is not an echo (the user, a worker shutting
+    down) cancels it; else the earliest failure fails it; else it was canceled. Statuses other
+    than finished/canceled (a lost host) count as failures. Every node finished: (finished, None).
 
     Returns:
-        ``{rank, host, exception, traceback, other_hosts: [{host, rank, exception}]}``.
+        (status, error); error is ``{rank, host, exception, traceback, other_hosts: [{host, rank,
+        exception}]}``.
     """
-    ended = [(r["ts"], i, r) for i, r in results.items() if r["error"] and r["status"] != "finished"]
+    ended = [(r["ts"], i, {**r, "error": r.get("error") or make_error(f"host ended {r['status']}")})
+             for i, r in results.items() if r["status"] != RunStatus.FINISHED.value]
     if not ended:
-        return None
-    failed = [e for e in ended if e[2]["status"] == RunStatus.FAILED.value] or ended
-    causes = [e for e in failed if not is_echo(e[2]["error"])] or failed
+        return RunStatus.FINISHED, None
+
+    def failed(e: tuple) -> bool:
+        return e[2]["status"] != RunStatus.CANCELED.value
+
+    def real(e: tuple) -> bool:
+        return not is_echo(e[2]["error"])
+
+    rules = ((lambda e: failed(e) and real(e), RunStatus.FAILED),
+             (lambda e: not failed(e) and real(e), RunStatus.CANCELED),
+             (failed, RunStatus.FAILED), (lambda e: True, RunStatus.CANCELED))
+    status, causes = next((st, [e for e in ended if rule(e)]) for rule, st in rules
+                          if any(rule(e) for e in ended))
     _, index, chosen = min(causes, key=lambda e: (e[0], e[1]))
     error = {**chosen["error"], "host": chosen["error"].get("host") or chosen["worker"]}
     error.pop("echo", None)
     error["other_hosts"] = [{"host": r["error"].get("host") or r["worker"], "rank": r["error"].get("rank"),
                              "exception": r["error"].get("exception")}
-                            for _, i, r in sorted(ended) if i != index]
+                            for _, i, r in sorted(ended, key=lambda e: (e[0], e[1])) if i != index]
     quiet = sorted(r["worker"] for _, i, r in ended
                    if i != index and r["status"] == RunStatus.CANCELED.value and r["error"].get("echo"))
     if quiet and re.search(r"timed out|timeout", error.get("exception") or "", re.IGNORECASE):
         error["exception"] = error["exception"].rstrip() + (
             f" — the ranks on {', '.join(quiet)} raised no error and never joined that collective: "
             f"they stalled, and were stopped")
-    return error
+    return status, error
 
 
 def stream_summary(connection: redis.Redis, run_id: str, node_summaries: list[dict | None]) -> dict:
@@ -213,10 +217,9 @@ def settle(connection: redis.Redis, run_id: str, *, missing: dict[int, dict] | N
     if len(results) < nnodes:
         return False
     update_record_hosts(connection, run_id)
-    status = merged_status(list(results.values()))
+    status, error = merge_endings(results)
     summary = stream_summary(connection, run_id, [r["summary"] for r in results.values()])
-    store.finish(run_id, status, error=root_cause(results), summary=summary, allowed_from=ACTIVE,
-                 append_event=True)
+    store.finish(run_id, status, error=error, summary=summary, allowed_from=ACTIVE, append_event=True)
     return True
 
 

@@ -9,7 +9,8 @@ another's terminal status. Changes that touch several keys (record + index, reco
 Hash fields (all bytes; empty string = none): ``run_id``, ``status``, ``config`` (RunConfig JSON),
 ``created_at`` / ``started_at`` / ``finished_at`` (unix seconds), ``error`` (JSON
 ``{rank, exception, traceback}``), ``summary`` (JSON, see docs/events.md), ``worker``, ``group``,
-``label``.
+``label``; multi-host runs also ``hosts`` (JSON list, one entry per node: worker, ranks, devices;
+`workers.nodes.host_plan`).
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ def decode_record(h: dict[bytes, bytes]) -> dict[str, Any] | None:
         "worker": text("worker"),
         "group": text("group"),
         "label": text("label"),
+        "hosts": _loads(h.get(b"hosts")),  # multi-host runs: one entry per node (workers.nodes)
     }
 
 

@@ -55,15 +55,17 @@ def _current(worker: Worker) -> tuple[str | None, str]:
 
 
 def build_worker(url: str | None = None, name: str | None = None) -> DdpvizWorker:
-    """An RQ worker on queue ``ddpviz`` (JSON serializer) with ddpviz's failure hooks.
+    """An RQ worker on queue ``ddpviz`` and on its own ``ddpviz:node:{name}`` (the node jobs of
+    multi-host runs, `workers.multinode`), JSON serializer, with ddpviz's failure hooks.
 
     Raises:
         RedisUnavailable: Redis at `url` (default `redis_url()`) cannot be reached.
     """
+    name = name or default_worker_name()
     worker = DdpvizWorker(
-        [keys.QUEUE_NAME],
+        [keys.node_queue(name), keys.QUEUE_NAME],  # its own queue first: node jobs of multi-host runs
         connection=connect(url),
-        name=name or default_worker_name(),
+        name=name,
         serializer=JSONSerializer,
         exception_handlers=[on_job_exception],
         work_horse_killed_handler=on_horse_killed,

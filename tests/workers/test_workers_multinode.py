@@ -12,9 +12,9 @@ from engine.config import ConfigError
 from workers.client import DdpvizClient
 from workers.heartbeat import Heartbeat
 from workers.multinode import NotEnoughWorkers, node_job_id, parse_node_job_id, pick_workers
-from workers.nodes import is_echo, root_cause
+from workers.nodes import is_echo, merge_endings
 from workers.reaper import RUN_ENV_VAR, processes_with_env
-from workers.store import TERMINAL
+from workers.store import TERMINAL, RunStatus
 from wtools import TINY, cli_env, ddpviz, wait_for, worker_process
 
 HOSTS = ("hostA", "hostB")
@@ -92,9 +92,16 @@ def test_root_cause_is_the_failure_not_the_peer_closed_echo():
     results = {0: {"status": "failed", "error": echo, "worker": "hostA", "ts": 1.0},
                1: {"status": "failed", "error": cause, "worker": "hostB", "ts": 2.0}}
     assert is_echo(echo) and not is_echo(cause)
-    err = root_cause(results)
-    assert err["exception"] == cause["exception"] and err["host"] == "hostB"
+    status, err = merge_endings(results)
+    assert status.value == "failed" and err["exception"] == cause["exception"] and err["host"] == "hostB"
     assert err["other_hosts"] == [{"host": "hostA", "rank": 0, "exception": echo["exception"]}]
+    # a user's cancel on one host is the cause of the peer-closed failure on the other
+    user = {"rank": None, "exception": "Canceled: canceled by user", "traceback": None}
+    status, err = merge_endings({0: {"status": "failed", "error": echo, "worker": "hostA", "ts": 1.0},
+                                 1: {"status": "canceled", "error": user, "worker": "hostB", "ts": 2.0}})
+    assert status.value == "canceled" and err["exception"] == user["exception"]
+    assert merge_endings({0: {"status": "finished", "error": None, "worker": "a", "ts": 1.0}}) == \
+        (RunStatus.FINISHED, None)
     assert parse_node_job_id(node_job_id("0123abcd0123abcd", 1)) == ("0123abcd0123abcd", 1)
     assert parse_node_job_id("0123abcd0123abcd") is None
 
