@@ -2,7 +2,7 @@
 
     ddpviz train --mode ddp --world-size 2 --steps 50 --events run.jsonl   # here, no Redis
     ddpviz submit --pair --world-size 2 --wait                             # through Redis
-    ddpviz worker | runs | cancel RUN_ID | export RUN_ID --out run.jsonl | up
+    ddpviz worker | runs | cancel RUN_ID | requeue RUN_ID | export RUN_ID --out run.jsonl | up
 
 Exit codes: 0 success; 1 the run failed or was canceled (or a run id is unknown); 2 a refused
 setting (the message names the field) or unreachable Redis (the message names the URL).
@@ -86,9 +86,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
         validate_config({**fields, "mode": mode} if mode else fields)
     client = _client(args)
     if args.pair:
-        run_ids = list(client.submit_pair(fields))
+        run_ids = list(client.submit_pair(fields, timeout_s=args.timeout_s))
     else:
-        run_ids = [client.submit(fields, label=args.label)]
+        run_ids = [client.submit(fields, label=args.label, timeout_s=args.timeout_s)]
     for run_id in run_ids:
         print(run_id, flush=True)
     if not args.wait:
@@ -194,26 +194,56 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_requeue(args: argparse.Namespace) -> int:
+    """Submit an ended (lost, failed, canceled, finished) run again; prints the new run id."""
+    client = _client(args)
+    try:
+        new_id = client.requeue(args.run_id)
+    except KeyError:
+        _err(f"no run {args.run_id!r}")
+        return EXIT_FAILED
+    except ValueError as exc:
+        if hasattr(exc, "errors"):  # ConfigError: the stored config no longer validates
+            raise
+        _err(str(exc))
+        return EXIT_FAILED
+    print(new_id)
+    return EXIT_OK
+
+
+EXPORT_SUFFIX = {"jsonl": ".jsonl", "csv": ".steps.csv", "trace": ".trace.json"}
+
+
 def cmd_export(args: argparse.Namespace) -> int:
-    """Write the run's events as JSON lines, oldest first."""
+    """Write the run's events as JSON lines (or its steps as CSV, or a Chrome trace), oldest
+    first; with --dir, to ``DIR/<run_id><suffix>`` and never outside DIR
+    (`engine.export.export_path`)."""
+    from engine.export import SAFE_ID, chrome_trace, export_path, steps_csv, to_jsonl
+
+    if not SAFE_ID.match(args.run_id):
+        _err(f"refused: run_id must be 1-64 letters, digits, '-' or '_' (got {args.run_id[:80]!r})")
+        return EXIT_REFUSED
+    path = export_path(args.dir, args.run_id, EXPORT_SUFFIX[args.format]) if args.dir else args.out
     client = _client(args)
     if client.get_run(args.run_id) is None:
         _err(f"no run {args.run_id!r}")
         return EXIT_FAILED
-    out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
-    try:
-        after, n = "0-0", 0
-        while True:
-            events, after = client.read_events(args.run_id, after, count=2000)
-            if not events:
-                break
-            out.write("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in events))
-            n += len(events)
-    finally:
-        if args.out:
-            out.close()
-    if args.out:
-        print(f"{n} events -> {args.out}", file=sys.stderr)
+    events, after = [], "0-0"
+    while True:
+        batch, after = client.read_events(args.run_id, after, count=2000)
+        if not batch:
+            break
+        events += batch
+    text = (to_jsonl(events) if args.format == "jsonl" else steps_csv(events)
+            if args.format == "csv" else json.dumps(chrome_trace(events)))
+    if path is None:
+        sys.stdout.write(text)
+        return EXIT_OK
+    if args.dir:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    print(f"{len(events)} events -> {path}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -256,6 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pair", action="store_true", help="submit the same config as DP and as DDP")
     p.add_argument("--wait", action="store_true",
                    help="follow the run(s) with a progress bar; exit non-zero unless finished")
+    p.add_argument("--timeout-s", type=float, default=None, metavar="SECONDS",
+                   help="time limit from the run's start; then its processes are stopped and it "
+                        "fails (default: 6 h)")
 
     p = command("worker", cmd_worker, "serve the queue: run submitted jobs on this host")
     p.add_argument("--name", help="worker name, unique among live workers (default: host-pid)")
@@ -274,9 +307,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("cancel", cmd_cancel, "cancel a queued or running run")
     p.add_argument("run_id")
 
-    p = command("export", cmd_export, "write a run's events as JSON lines")
+    p = command("requeue", cmd_requeue, "submit an ended run (e.g. lost) again; prints the new id")
     p.add_argument("run_id")
-    p.add_argument("--out", metavar="FILE.jsonl", help="file to write (default: stdout)")
+
+    p = command("export", cmd_export, "write a run's events as JSON lines (or CSV, Chrome trace)")
+    p.add_argument("run_id")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--out", metavar="FILE", help="file to write (default: stdout)")
+    where.add_argument("--dir", metavar="DIR", help="write DIR/<run_id><suffix>, never outside DIR")
+    p.add_argument("--format", choices=sorted(EXPORT_SUFFIX), default="jsonl",
+                   help="jsonl: every event; csv: step events; trace: Chrome trace (Perfetto)")
 
     p = command("up", cmd_up, "the demo: Redis, worker(s) and the app", redis=False)
     p.add_argument("--host", default="127.0.0.1", help="address the app listens on")

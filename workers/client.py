@@ -24,9 +24,10 @@ from engine.config import validate_config
 from workers import keys
 from workers.connection import connect
 from workers.heartbeat import read_workers
-from workers.jobs import JOB_FUNC, JOB_TIMEOUT_S, STOPPED_CALLBACK
+from workers.jobs import JOB_FUNC, STOPPED_CALLBACK, rq_job_timeout
+from workers.liveness import check_records
 from workers.sink import decode_entries
-from workers.store import TERMINAL, RunStatus, RunStore, make_error, new_run_id
+from workers.store import ACTIVE, TERMINAL, RunStatus, RunStore, make_error, new_run_id
 
 CANCEL_WAIT_S = 3.0  # how long a started run gets to stop by itself before its horse is killed
 CANCEL_POLL_S = 0.1
@@ -53,8 +54,13 @@ class DdpvizClient:
     # -- submitting -------------------------------------------------------------------------
 
     def submit(self, config: dict[str, Any], *, label: str | None = None,
-               group: str | None = None) -> str:
+               group: str | None = None, timeout_s: float | None = None) -> str:
         """Validate `config`, store the run as queued and enqueue it. Returns the run id.
+
+        Args:
+            timeout_s: the run's time limit in seconds, from its start (default
+                `workers.jobs.JOB_TIMEOUT_S`); past it every process of the run is stopped and
+                the run is failed with ``JobTimeout``.
 
         Raises:
             engine.config.ConfigError: a field breaks a rule (the message names the field);
@@ -65,11 +71,13 @@ class DdpvizClient:
             from workers.multinode import submit_multinode
 
             return submit_multinode(self.redis, cfg.to_json_dict(), label=label, group=group)
-        return self._submit_many([(config, label)], group)[0]
+        return self._submit_many([(config, label)], group, timeout_s=timeout_s)[0]
 
-    def submit_pair(self, config: dict[str, Any]) -> tuple[str, str]:
+    def submit_pair(self, config: dict[str, Any], *,
+                    timeout_s: float | None = None) -> tuple[str, str]:
         """Submit `config` twice, as mode=dp (label "DP") and mode=ddp (label "DDP"), sharing a
-        group id. Both are validated before either is stored.
+        group id (and the time limit `timeout_s`, see `submit`). Both are validated before
+        either is stored.
 
         Returns:
             (dp_run_id, ddp_run_id).
@@ -78,18 +86,25 @@ class DdpvizClient:
             engine.config.ConfigError: either variant breaks a rule.
         """
         dp, ddp = self._submit_many([({**config, "mode": "dp"}, "DP"),
-                                     ({**config, "mode": "ddp"}, "DDP")], uuid.uuid4().hex[:12])
+                                     ({**config, "mode": "ddp"}, "DDP")], uuid.uuid4().hex[:12],
+                                    timeout_s=timeout_s)
         return dp, ddp
 
-    def _submit_many(self, items: list[tuple[dict[str, Any], str | None]],
-                     group: str | None) -> list[str]:
+    def _submit_many(self, items: list[tuple[dict[str, Any], str | None]], group: str | None, *,
+                     timeout_s: float | None = None, requeued_from: str | None = None) -> list[str]:
+        if timeout_s is not None and not 0 < timeout_s <= 30 * 24 * 3600:
+            from engine.config import ConfigError
+
+            raise ConfigError([("timeout_s", f"timeout_s must be > 0 and <= 30 days (got {timeout_s})")])
         configs = [validate_config(cfg).to_json_dict() for cfg, _ in items]
         run_ids = [new_run_id() for _ in items]
         with self.redis.pipeline(transaction=True) as pipe:  # records and jobs appear together
             pipe.multi()  # explicit MULTI, as RQ expects of a caller's pipeline
             for run_id, cfg, (_, label) in zip(run_ids, configs, items):
-                self.store.create(run_id, cfg, label=label, group=group, pipeline=pipe)
-                self.queue.enqueue(JOB_FUNC, args=[run_id], job_id=run_id, job_timeout=JOB_TIMEOUT_S,
+                self.store.create(run_id, cfg, label=label, group=group, timeout_s=timeout_s,
+                                  requeued_from=requeued_from, pipeline=pipe)
+                self.queue.enqueue(JOB_FUNC, args=[run_id], job_id=run_id,
+                                   job_timeout=rq_job_timeout(timeout_s),
                                    result_ttl=RESULT_TTL_S, failure_ttl=FAILURE_TTL_S,
                                    description=f"ddpviz run {run_id} ({cfg['mode']})",
                                    on_stopped=STOPPED_CALLBACK, pipeline=pipe)
@@ -100,13 +115,40 @@ class DdpvizClient:
 
     def get_run(self, run_id: str) -> dict[str, Any] | None:
         """The run's record: ``{run_id, status, config, created_at, started_at, finished_at,
-        error, summary, worker, group, label}`` (times in unix seconds, None when not yet), or
-        None if there is no such run."""
-        return self.store.get(run_id)
+        error, summary, worker, group, label, timeout_s, requeued_from, requeued_as}`` (times in
+        unix seconds, None when not yet), or None if there is no such run.
+
+        A started run whose worker stopped sending heartbeats is marked ``lost`` here (see
+        `workers.liveness`)."""
+        return check_records(self.store, [self.store.get(run_id)])[0]
 
     def list_runs(self, limit: int = 100) -> list[dict[str, Any]]:
         """The `limit` most recent runs, newest first (same dicts as `get_run`)."""
-        return self.store.list(limit)
+        return check_records(self.store, self.store.list(limit))
+
+    def requeue(self, run_id: str) -> str:
+        """Submit an ended run again (same config, label and time limit) as a new run, e.g. after
+        its worker was lost. Returns the new run's id; the old record gets ``requeued_as``.
+
+        Raises:
+            KeyError: there is no run `run_id`.
+            ValueError: the run is still queued or started (cancel it first).
+            engine.config.ConfigError: its config no longer validates (a plugin model gone).
+        """
+        record = self.get_run(run_id)
+        if record is None:
+            raise KeyError(f"no run {run_id!r}")
+        if record["status"] in {s.value for s in ACTIVE}:
+            raise ValueError(f"run {run_id} is {record['status']}; only an ended run can be "
+                             f"re-queued (cancel it first)")
+        if (record["config"] or {}).get("nnodes", 1) > 1:  # placed on hosts again
+            new_id = self.submit(record["config"], label=record["label"])
+            self.redis.hset(keys.run(new_id), "requeued_from", run_id)
+        else:
+            (new_id,) = self._submit_many([(record["config"], record["label"])], None,
+                                          timeout_s=record.get("timeout_s"), requeued_from=run_id)
+        self.redis.hset(keys.run(run_id), "requeued_as", new_id)
+        return new_id
 
     def read_events(self, run_id: str, after_id: str = "0-0",
                     count: int = 2000) -> tuple[list[dict[str, Any]], str]:
@@ -197,6 +239,8 @@ class DdpvizClient:
             return False
 
     def workers(self) -> list[dict[str, Any]]:
-        """Live workers: ``{name, host, pid, devices, ts, current_run, state}`` (ts = unix
-        seconds of the last heartbeat; devices = ``[{name, kind, total_memory_bytes, ...}]``)."""
+        """Live workers: ``{name, host, pid, devices, gpus, ts, current_run, state}`` (ts = unix
+        seconds of the last heartbeat; devices = ``[{name, kind, total_memory_bytes, ...}]``;
+        gpus = live NVML figures ``[{index, name, memory_used_bytes, memory_total_bytes,
+        utilization_pct}]``, empty on a host without GPUs)."""
         return read_workers(self.redis)

@@ -2,6 +2,12 @@
 
 Clients use ``decode_responses=False`` everywhere (RQ stores pickled/JSON bytes and needs raw
 replies), so ddpviz code decodes what it reads itself (`workers.store`).
+
+Authentication and TLS come from the URL: ``redis://:PASSWORD@host:6379/0`` (``requirepass``),
+``redis://USER:PASSWORD@host:6379/0`` (an ACL user), ``rediss://...`` (TLS). redis-py reads TLS
+settings from the URL's query (``?ssl_ca_certs=/path/ca.pem&ssl_certfile=...&ssl_keyfile=...``);
+``$DDPVIZ_REDIS_CA_CERTS`` names the CA bundle for ``rediss://`` URLs that do not. Passwords are
+masked (`redact`) wherever a URL is shown.
 """
 
 from __future__ import annotations
@@ -11,13 +17,14 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 ENV_VAR = "REDIS_URL"
+CA_CERTS_ENV_VAR = "DDPVIZ_REDIS_CA_CERTS"  # CA bundle (PEM) for rediss:// URLs without ssl_ca_certs
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 # Written by `ddpviz up` while its embedded server runs, so `ddpviz submit` etc. in the same
 # folder find it without REDIS_URL; removed when `up` stops.
@@ -29,6 +36,12 @@ HEALTH_CHECK_INTERVAL_S = 25  # PING an idle pooled connection before reuse afte
 RETRY_ATTEMPTS = 3  # retries of a command after a connection error or timeout
 RETRY_BACKOFF_BASE_S = 0.05  # first backoff; doubles each retry
 RETRY_BACKOFF_CAP_S = 1.0  # longest backoff between retries
+# Workers ride out a Redis restart: each command is retried for ~10 s (0.05, 0.1, ... 2 s) before
+# failing, and RQ's loop and the event writer retry beyond that (see workers.worker, workers.sink).
+WORKER_RETRY_ATTEMPTS = 10
+WORKER_RETRY_BACKOFF_CAP_S = 2.0
+LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
+_SECRET_QUERY_KEYS = {"password", "ssl_password"}
 
 EMBEDDED_HOST = "127.0.0.1"
 EMBEDDED_START_TIMEOUT_S = 10.0
@@ -46,18 +59,44 @@ class RedisUnavailable(ConnectionError):
 
 
 def redact(url: str) -> str:
-    """`url` with its password replaced by ``***`` (``redis://:***@host:6379/0``)."""
+    """`url` with its password replaced by ``***`` (``redis://:***@host:6379/0``), in the user
+    part and in ``?password=`` / ``?ssl_password=`` query parameters."""
     try:
         parts = urlsplit(url)
+        port = parts.port
+        query = parse_qsl(parts.query, keep_blank_values=True)
     except ValueError:
         return "<unparsable Redis URL>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    if any(k in _SECRET_QUERY_KEYS for k, _ in query):
+        parts = parts._replace(query=urlencode(
+            [(k, "***" if k in _SECRET_QUERY_KEYS else v) for k, v in query], safe="/*"))
+    if parts.password is not None:
+        user = parts.username or ""
+        host = parts.hostname or ""
+        if ":" in host:
+            host = f"[{host}]"
+        if port is not None:
+            host = f"{host}:{port}"
+        parts = parts._replace(netloc=f"{user}:***@{host}")
+    return urlunsplit(parts)
+
+
+def exposure_warning(url: str) -> str | None:
+    """A warning when `url` reaches a Redis beyond this machine with no password and no TLS
+    (anyone who can reach it can run jobs on every worker); None otherwise."""
+    try:
+        parts = urlsplit(url)
+        query = dict(parse_qsl(parts.query))
+    except ValueError:
+        return None
+    if parts.scheme == "unix" or (parts.hostname or "127.0.0.1") in LOOPBACK_HOSTS:
+        return None
+    if parts.password or query.get("password"):
+        return None if parts.scheme == "rediss" else (
+            f"Redis at {redact(url)} is reached without TLS: its password crosses the network "
+            f"in clear; consider rediss://")
+    return (f"Redis at {redact(url)} has no password: anyone who can reach it can submit jobs "
+            f"that workers run. Protect it (requirepass or an ACL user, and TLS).")
 
 
 def redis_url() -> str:
@@ -73,30 +112,38 @@ def redis_url() -> str:
     return DEFAULT_URL
 
 
-def connect(url: str | None = None, *, check: bool = True) -> redis.Redis:
+def connect(url: str | None = None, *, check: bool = True, retry_attempts: int = RETRY_ATTEMPTS,
+            retry_cap_s: float = RETRY_BACKOFF_CAP_S) -> redis.Redis:
     """A Redis client for `url` (default `redis_url()`), returning bytes.
 
-    Connection errors and timeouts are retried `RETRY_ATTEMPTS` times with exponential backoff;
+    Connection errors and timeouts are retried `retry_attempts` times with exponential backoff
+    (redis-py's Retry + ExponentialBackoff, from `RETRY_BACKOFF_BASE_S` up to `retry_cap_s`);
     idle pooled connections are health-checked every `HEALTH_CHECK_INTERVAL_S` seconds.
 
     Args:
         url: ``redis://[[user]:password@]host[:port][/db]`` (or ``rediss://``, ``unix://``).
         check: PING once now so an unreachable server fails here, not at first use.
+        retry_attempts: the app keeps the default (fail fast, show a banner); workers use
+            `WORKER_RETRY_ATTEMPTS` to ride out a Redis restart.
 
     Raises:
         RedisUnavailable: the URL is malformed, the server refuses or does not answer, or
             authentication fails. The message names the URL without its password.
     """
     url = url or redis_url()
+    tls: dict[str, str] = {}
+    if url.startswith("rediss://") and "ssl_ca_certs=" not in url and os.environ.get(CA_CERTS_ENV_VAR):
+        tls["ssl_ca_certs"] = os.environ[CA_CERTS_ENV_VAR]
     try:
         client = redis.Redis.from_url(
             url,
+            **tls,
             decode_responses=False,
             socket_connect_timeout=SOCKET_CONNECT_TIMEOUT_S,
             socket_timeout=SOCKET_TIMEOUT_S,
             health_check_interval=HEALTH_CHECK_INTERVAL_S,
-            retry=Retry(ExponentialBackoff(cap=RETRY_BACKOFF_CAP_S, base=RETRY_BACKOFF_BASE_S),
-                        RETRY_ATTEMPTS),
+            retry=Retry(ExponentialBackoff(cap=retry_cap_s, base=RETRY_BACKOFF_BASE_S),
+                        retry_attempts),
             retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
         )
     except ValueError as exc:

@@ -1,9 +1,11 @@
 """Worker heartbeats: who is serving the queue, on what devices, doing which run.
 
 Each worker keeps a hash ``ddpviz:worker:{name}`` (fields: name, host, pid, devices (JSON),
-ts (unix seconds of the last beat), current_run, state) that expires `HEARTBEAT_TTL_S` seconds
+gpus (JSON: live NVML figures per GPU, see `workers.gpus.GpuMonitor.stats`), ts (unix seconds of
+the last beat), current_run, state) that expires `HEARTBEAT_TTL_S` seconds
 after its last refresh, and adds its name to the set ``ddpviz:workers``. Readers drop names whose
-hash has expired, so a worker killed with SIGKILL disappears within `HEARTBEAT_TTL_S`.
+hash has expired, so a worker killed with SIGKILL disappears within `HEARTBEAT_TTL_S`, and the
+run it was running is marked lost (`workers.liveness`, whose monitor runs in this thread).
 """
 
 from __future__ import annotations
@@ -69,8 +71,9 @@ def set_current_run(connection: redis.Redis, worker_name: str, run_id: str | Non
 
 
 def read_workers(connection: redis.Redis) -> list[dict[str, Any]]:
-    """Live workers, sorted by name: ``{name, host, pid, devices, ts, current_run, state}``.
-    Names whose heartbeat expired are removed from the set."""
+    """Live workers, sorted by name: ``{name, host, pid, devices, gpus, ts, current_run, state}``
+    (gpus: ``[{index, name, memory_used_bytes, memory_total_bytes, utilization_pct}]``, empty
+    without GPUs). Names whose heartbeat expired are removed from the set."""
     names = sorted(n.decode() for n in connection.smembers(keys.WORKERS))
     if not names:
         return []
@@ -84,7 +87,8 @@ def read_workers(connection: redis.Redis) -> list[dict[str, Any]]:
             continue
         text = {k.decode(): v.decode() for k, v in h.items()}
         out.append({"name": name, "host": text.get("host"), "pid": int(text.get("pid") or 0),
-                    "devices": json.loads(text.get("devices") or "[]"), "ts": float(text["ts"]),
+                    "devices": json.loads(text.get("devices") or "[]"),
+                    "gpus": json.loads(text.get("gpus") or "[]"), "ts": float(text["ts"]),
                     "current_run": text.get("current_run") or None, "state": text.get("state")})
     if dead:
         connection.srem(keys.WORKERS, *dead)
@@ -99,12 +103,16 @@ class Heartbeat:
         name: the worker's name.
         current: returns ``(current_run_id or None, state)`` at each beat.
         devices: from `detect_devices()`.
+        gpus: a `workers.gpus.GpuMonitor` whose live figures go into every beat (None: none).
+        monitor: called after each beat in this thread (`LostRunMonitor.maybe_sweep`).
     """
 
     def __init__(self, connection: redis.Redis, name: str,
                  current: Callable[[], tuple[str | None, str]], devices: list[dict[str, Any]],
-                 interval_s: float = HEARTBEAT_INTERVAL_S, ttl_s: int = HEARTBEAT_TTL_S):
+                 interval_s: float = HEARTBEAT_INTERVAL_S, ttl_s: int = HEARTBEAT_TTL_S,
+                 gpus: Any = None, monitor: Callable[[], Any] | None = None):
         self.connection, self.name, self.current = connection, name, current
+        self.gpus, self.monitor = gpus, monitor
         self.interval_s, self.ttl_s = interval_s, ttl_s
         self.static = {"name": name, "host": socket.gethostname(), "pid": str(os.getpid()),
                        "devices": json.dumps(devices)}
@@ -116,7 +124,8 @@ class Heartbeat:
         run_id, state = self.current()
         key = keys.worker(self.name)
         pipe = self.connection.pipeline(transaction=True)
-        pipe.hset(key, mapping={**self.static, "ts": repr(time.time()),
+        gpus = json.dumps(self.gpus.stats() if self.gpus is not None else [])
+        pipe.hset(key, mapping={**self.static, "ts": repr(time.time()), "gpus": gpus,
                                 "current_run": run_id or "", "state": state})
         pipe.expire(key, self.ttl_s)
         pipe.sadd(keys.WORKERS, self.name)
@@ -128,6 +137,12 @@ class Heartbeat:
                 self.beat()
             except Exception as exc:  # keep beating through Redis blips
                 log.warning("worker %s: heartbeat failed: %s", self.name, exc)
+                continue
+            if self.monitor is not None:
+                try:
+                    self.monitor()
+                except Exception as exc:
+                    log.warning("worker %s: lost-run check failed: %s", self.name, exc)
 
     def start(self) -> "Heartbeat":
         self.beat()
@@ -138,6 +153,8 @@ class Heartbeat:
         """Stop beating and remove this worker's heartbeat."""
         self._stop.set()
         self._thread.join(timeout=self.interval_s + 5)
+        if self.gpus is not None:
+            self.gpus.close()
         try:
             pipe = self.connection.pipeline(transaction=True)
             pipe.delete(keys.worker(self.name))

@@ -2,23 +2,30 @@
 
 `execute_run(run_id)` is what the client enqueues (JSON args, never pickle). It runs in the RQ
 work-horse, a process forked per job: torch and the engine are imported there, lazily, so the
-client and the worker's main process never load torch.
+client and the worker's main process never load torch. The worker runs no other function
+(`ALLOWED_JOB_FUNCS`, enforced by `workers.worker.DdpvizJob`), and `execute_run` takes exactly one
+argument, a run id of letters, digits, '-' and '_'; anything else is refused naming the field.
 
 Endings and who records them:
 
 | ending | recorded by | status |
 |---|---|---|
 | engine returns a RunResult | `run_job` | finished / failed / canceled |
-| the job raises (engine bug, job timeout) | `run_job`, else `on_job_exception` | failed |
+| the run's time limit passes (`timeout_s`) | `run_job` (every rank killed first) | failed |
+| the event stream cannot be kept (Redis gone too long) | `run_job` | failed |
+| the job raises (engine bug, RQ's job timeout) | `run_job`, else `on_job_exception` | failed |
 | work-horse killed (OOM killer, signal) | `on_horse_killed` (worker process) | failed |
 | stopped by `send_stop_job_command` | `on_job_stopped` (worker process) and the client | canceled |
-| worker died; RQ cleans the abandoned job | `on_job_exception` (another worker) | failed |
+| worker killed: heartbeat gone | `workers.liveness` (other workers, the client) | lost |
+| worker died; RQ cleans the abandoned job | `on_job_exception` (another worker) | lost |
 
-Each uses `RunStore.finish`, a compare-and-set, so the first terminal status wins.
+Each uses `RunStore.finish`, a compare-and-set, so the first terminal status wins (a job that
+outlived a wrong `lost` verdict still records how it really ended).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -31,43 +38,38 @@ from typing import Any
 import redis
 
 from engine.config import ConfigError, validate_config
+from engine.export import SAFE_ID
+from workers import keys
 from workers.reaper import RUN_ENV_VAR, kill_run_processes
+from workers.stop import CANCEL_POLL_INTERVAL_S, StopPoller, fast_fail
 from workers.store import ACTIVE, FROM_ENGINE, RunStatus, RunStore, make_error
 
 log = logging.getLogger("ddpviz.worker")
 
 JOB_FUNC = "workers.jobs.execute_run"  # enqueued by name
 STOPPED_CALLBACK = "workers.jobs.on_job_stopped"
-JOB_TIMEOUT_S = 6 * 3600  # RQ kills a job running longer than this (SIGALRM in the horse)
-CANCEL_POLL_INTERVAL_S = 0.2  # the engine may poll should_stop often; Redis is asked at ~5 Hz
+# The only functions a worker runs. A deployment adds its own through DDPVIZ_EXTRA_JOB_FUNCS
+# (comma-separated dotted names; the tests use it for stand-in jobs).
+ALLOWED_JOB_FUNCS = (JOB_FUNC, "workers.node_job.execute_node")  # + multi-host node jobs
+EXTRA_JOB_FUNCS_ENV = "DDPVIZ_EXTRA_JOB_FUNCS"
+JOB_TIMEOUT_S = 6 * 3600  # a run's time limit unless submitted with another (seconds)
+JOB_TIMEOUT_GRACE_S = 60  # RQ's job timeout (SIGALRM in the horse) = the limit + this, a backstop
+FINISH_RETRY_S = 60.0  # recording the end retries this long while Redis is away
+CancelPoller = StopPoller  # the old name, kept for callers
 
 
-class CancelPoller:
-    """``should_stop`` for the engine: True once the run's cancel flag is set.
+class JobRefused(ValueError):
+    """A job payload ddpviz does not run; the message names the field at fault."""
 
-    Asks Redis at most once per `interval_s` seconds; a Redis error counts as "not canceled"
-    (a telemetry hiccup must not kill a run). Once True, stays True.
-    """
 
-    def __init__(self, store: RunStore, run_id: str, interval_s: float = CANCEL_POLL_INTERVAL_S):
-        self.store = store
-        self.run_id = run_id
-        self.interval_s = interval_s
-        self.reason: str | None = None
-        self._next_check = 0.0
+def allowed_job_funcs() -> set[str]:
+    extra = os.environ.get(EXTRA_JOB_FUNCS_ENV, "")
+    return set(ALLOWED_JOB_FUNCS) | {f.strip() for f in extra.split(",") if f.strip()}
 
-    def __call__(self) -> bool:
-        if self.reason is not None:
-            return True
-        now = time.monotonic()
-        if now < self._next_check:
-            return False
-        self._next_check = now + self.interval_s
-        try:
-            self.reason = self.store.cancel_reason(self.run_id)
-        except redis.RedisError as exc:
-            log.warning("run %s: cannot read the cancel flag: %s", self.run_id, exc)
-        return self.reason is not None
+
+def rq_job_timeout(time_limit_s: float | None) -> int:
+    """RQ's job timeout for a run with this time limit (seconds)."""
+    return int(time_limit_s or JOB_TIMEOUT_S) + JOB_TIMEOUT_GRACE_S
 
 
 def default_worker_name() -> str:
@@ -75,17 +77,34 @@ def default_worker_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-def execute_run(run_id: str) -> str:
-    """RQ job: run the stored run `run_id` and record how it ended.
+def check_run_id(args: tuple, kwargs: dict) -> str:
+    """The run id of an `execute_run` call, or JobRefused naming what is wrong."""
+    if kwargs:
+        raise JobRefused(f"job payload: kwargs must be empty; execute_run takes only run_id "
+                         f"(got {sorted(map(str, kwargs))[:5]})")
+    if len(args) != 1:
+        raise JobRefused(f"job payload: args must be [run_id] (got {len(args)} arguments)")
+    run_id = args[0]
+    if not isinstance(run_id, str) or not SAFE_ID.match(run_id):
+        shown = repr(run_id)
+        raise JobRefused(f"job payload: run_id must be 1-64 letters, digits, '-' or '_' "
+                         f"(got {shown[:40] + '...' if len(shown) > 40 else shown})")
+    return run_id
+
+
+def execute_run(*args: Any, **kwargs: Any) -> str:
+    """RQ job: run the stored run `run_id` (the only argument) and record how it ended.
 
     Returns:
         the final status (``finished``, ``failed``, ``canceled``), stored by RQ as the result.
 
     Raises:
+        JobRefused: the arguments are not exactly one valid run id.
         LookupError: there is no run record `run_id`.
     """
     from rq import get_current_job
 
+    run_id = check_run_id(args, kwargs)
     job = get_current_job()
     if job is not None:
         connection, worker = job.connection, job.worker_name or os.environ.get("RQ_WORKER_ID")
@@ -96,22 +115,35 @@ def execute_run(run_id: str) -> str:
     return run_job(connection, run_id, worker_name=worker or default_worker_name())
 
 
+def _stored_config(store: RunStore, run_id: str) -> Any:
+    raw = store.redis.hget(keys.run(run_id), "config")
+    try:
+        return json.loads(raw or b"null")
+    except ValueError as exc:
+        raise ConfigError([("config", f"config is not valid JSON ({exc})")]) from None
+
+
 def run_job(connection: redis.Redis, run_id: str, *, worker_name: str,
             workdir: str | Path | None = None) -> str:
-    """Validate, mark started, train with events going to the run's stream, record the end.
+    """Validate, mark started, lease GPUs, train with events going to the run's stream, record
+    the end.
 
-    A config that no longer validates (e.g. a plugin model uninstalled since submit) fails the
-    run without starting it; a run canceled while queued is not started at all.
+    A config that no longer validates (e.g. a plugin model uninstalled since submit, or a record
+    written by something other than the client) fails the run without starting it; a run
+    canceled while queued is not started at all.
 
     Returns:
-        the final status value. Raises LookupError when the record is missing.
+        the final status value.
+
+    Raises:
+        LookupError: the record is missing.
     """
     store = RunStore(connection)
     record = store.get(run_id)
     if record is None:
-        raise LookupError(f"no run record {run_id!r}")
+        raise LookupError(f"run_id: no run record {run_id!r}")
     try:
-        cfg = validate_config(record["config"])
+        cfg = validate_config(_stored_config(store, run_id))
     except ConfigError as exc:
         store.finish(run_id, RunStatus.FAILED, error=make_error(f"ConfigError: {exc}"),
                      allowed_from=ACTIVE, append_event=True)
@@ -121,41 +153,113 @@ def run_job(connection: redis.Redis, run_id: str, *, worker_name: str,
     from workers.heartbeat import set_current_run
 
     set_current_run(connection, worker_name, run_id)
-    status, error, summary, reported = _train(store, cfg, run_id, workdir)
-    store.finish(run_id, status, error=error, summary=summary, append_event=not reported)
-    return store.status(run_id).value
+    status, error, summary, reported = _train(store, cfg, run_id, workdir,
+                                              record.get("timeout_s") or JOB_TIMEOUT_S)
+    return _record_end(store, run_id, status, error, summary, reported)
 
 
-def _train(store: RunStore, cfg: Any, run_id: str, workdir: str | Path | None):
+def _record_end(store: RunStore, run_id: str, status: RunStatus, error: dict | None,
+                summary: dict | None, reported: bool) -> str:
+    """Record the end, retrying for `FINISH_RETRY_S` while Redis is unreachable."""
+    deadline = time.monotonic() + FINISH_RETRY_S
+    while True:
+        try:
+            store.finish(run_id, status, error=error, summary=summary, append_event=not reported,
+                         allowed_from=(RunStatus.STARTED, RunStatus.LOST))
+            return store.status(run_id).value
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("run %s: cannot record its end yet (%s); retrying", run_id, exc)
+            time.sleep(1.0)
+
+
+def _lease_gpus(store: RunStore, cfg: Any, run_id: str, poller: StopPoller, sink: Any):
+    """Lease the GPUs the run needs on this host (`workers.leases`); sets CUDA_VISIBLE_DEVICES.
+
+    Returns:
+        the DeviceLease (None when the run uses no GPU), or False when stopped while waiting.
+    """
+    if cfg.device == "cpu":
+        return None
+    from engine.events import make_event
+    from workers.gpus import GpuMonitor
+    from workers.leases import DeviceLease, gpus_needed
+
+    monitor = GpuMonitor()
+    gpus = monitor.inventory()
+    monitor.close()
+    n = gpus_needed(cfg, len(gpus))
+    if n == 0 or len(gpus) < n:
+        return None  # CPU, or too few GPUs: the engine's pre-flight check says so
+    lease = DeviceLease(store.redis, socket.gethostname(), run_id)
+
+    def on_wait(holders: list[str]) -> None:
+        sink.emit(make_event("log", run_id, level="info", message=(
+            f"waiting for {n} free GPU(s) on {socket.gethostname()}; in use by run(s) {holders}")))
+
+    got = lease.acquire([g["uuid"] for g in gpus], n, should_stop=poller, on_wait=on_wait)
+    if got is None:
+        return False
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(got)
+    return lease
+
+
+def _train(store: RunStore, cfg: Any, run_id: str, workdir: str | Path | None,
+           time_limit_s: float):
     """Run the engine. Returns (status, error, summary, engine_reported_run_finished)."""
     from engine.events import BatchingSink
     from engine.run import run_training  # imports torch: only in the work-horse
     from workers.sink import RedisStreamWriter
 
-    poller = CancelPoller(store, run_id)
-    sink = BatchingSink(RedisStreamWriter(store.redis, run_id, store.stream_maxlen))
-    previous = os.environ.get(RUN_ENV_VAR)
+    writer = RedisStreamWriter(store.redis, run_id, store.stream_maxlen)
+    sink = BatchingSink(writer)
+    poll_client = fast_fail(store.redis)
+    poller = StopPoller(RunStore(poll_client), run_id, CANCEL_POLL_INTERVAL_S,
+                        time_limit_s=time_limit_s, writer=writer)
+    saved = {k: os.environ.get(k) for k in (RUN_ENV_VAR, "CUDA_VISIBLE_DEVICES")}
     os.environ[RUN_ENV_VAR] = run_id  # marks every process of this run (see workers.reaper)
+    lease = None
+    status, error, summary, reported = RunStatus.CANCELED, None, None, False
     try:
-        result = run_training(cfg, sink, run_id, should_stop=poller, workdir=workdir)
-        status, error, summary, reported = FROM_ENGINE[result.status], result.error, result.summary, True
+        lease = _lease_gpus(store, cfg, run_id, poller, sink)
+        if lease is not False:
+            result = run_training(cfg, sink, run_id, should_stop=poller, workdir=workdir)
+            status, error, summary, reported = FROM_ENGINE[result.status], result.error, result.summary, True
     except Exception as exc:  # an engine bug or RQ's job timeout: still settle the run
         status, summary, reported = RunStatus.FAILED, None, False
         error = make_error(f"{type(exc).__name__}: {exc}", traceback.format_exc())
     finally:
-        if previous is None:
-            os.environ.pop(RUN_ENV_VAR, None)
-        else:
-            os.environ[RUN_ENV_VAR] = previous
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         try:
             sink.close()
         except Exception as exc:  # the stream's tail is lost; the record still gets the end
             log.warning("run %s: event stream flush failed: %s", run_id, exc)
-    if status is RunStatus.CANCELED:  # say who asked, and keep what the engine said
-        said = (error or {}).get("exception")
-        error = make_error(f"Canceled: {poller.reason or 'canceled'}" + (f" ({said})" if said else ""),
-                           (error or {}).get("traceback"), (error or {}).get("rank"))
+            reported = False
+        if lease:
+            lease.release()
+        poll_client.close()
+        kill_run_processes(run_id)  # whatever the ending, no process of the run outlives it
+    if status is RunStatus.CANCELED:
+        status, error = _stop_outcome(poller, error)
     return status, error, summary, reported
+
+
+def _stop_outcome(poller: StopPoller, error: dict | None) -> tuple[RunStatus, dict]:
+    """The status and error of a run the engine reports canceled, by why it was stopped."""
+    said = (error or {}).get("exception")
+    tb, rank = (error or {}).get("traceback"), (error or {}).get("rank")
+    if poller.kind == "timeout":
+        return RunStatus.FAILED, make_error(f"JobTimeout: {poller.reason}; every process of the "
+                                            f"run was stopped", tb, rank)
+    if poller.kind == "stream":
+        return RunStatus.FAILED, make_error(f"{poller.reason}; the run was stopped", tb, rank)
+    return RunStatus.CANCELED, make_error(
+        f"Canceled: {poller.reason or 'canceled'}" + (f" ({said})" if said else ""), tb, rank)
 
 
 # -- hooks for endings RQ handles (registered by workers.worker and at enqueue) ---------------
@@ -168,9 +272,12 @@ def on_job_exception(job: Any, exc_type: type | None, exc_value: BaseException |
     """
     name = exc_type.__name__ if exc_type is not None else "Error"
     if name == "AbandonedJobError":
-        message = "AbandonedJobError: the worker running this job stopped sending heartbeats"
-    else:
-        message = f"{name}: {exc_value}"
+        from workers.liveness import lost_error
+
+        _settle(job.connection, job.id, RunStatus.LOST, lost_error(job.id, getattr(job, "worker_name", None) or "?"),
+                allowed_from=[RunStatus.STARTED])
+        return True
+    message = f"{name}: {exc_value}"
     text = "".join(traceback.format_exception(exc_type, exc_value, tb)) if tb is not None else None
     _settle(job.connection, job.id, RunStatus.FAILED, make_error(message, text))
     return True
@@ -200,13 +307,16 @@ def on_job_stopped(job: Any, connection: redis.Redis) -> None:
     kill_run_processes(job.id)
 
 
-def _settle(connection: redis.Redis, run_id: str, status: RunStatus, error: dict) -> None:
+def _settle(connection: redis.Redis, run_id: str, status: RunStatus, error: dict,
+            allowed_from: Any = ACTIVE) -> None:
+    if not isinstance(run_id, str) or not SAFE_ID.match(run_id):
+        return  # a refused payload with an id no run can have
     try:
         from workers.nodes import settle_node_job
 
         if settle_node_job(connection, run_id, status, error):  # a node job of a multi-host run
             return
-        if RunStore(connection).finish(run_id, status, error=error, allowed_from=ACTIVE,
+        if RunStore(connection).finish(run_id, status, error=error, allowed_from=allowed_from,
                                        append_event=True):
             log.warning("run %s: %s (%s)", run_id, status.value, error["exception"])
     except redis.RedisError as exc:

@@ -29,6 +29,7 @@ RQ_KEY_PREFIX = PREFIX + "rq"  # RQ's keys become ddpviz:rq:queue:ddpviz, ddpviz
 
 RUNS = PREFIX + "runs"
 WORKERS = PREFIX + "workers"
+STARTED = PREFIX + "started"
 
 EVENT_FIELD = b"e"  # the single stream field holding an event's JSON
 
@@ -61,3 +62,8 @@ def node_queue(worker_name: str) -> str:
 def nodes(run_id: str) -> str:
     """Hash of a multi-host run's per-node state: endpoint, plans, ranks, results."""
     return f"{PREFIX}nodes:{run_id}"
+
+
+def device_lease(host: str, device: str) -> str:
+    """Lease of one device of one host (`device` is a GPU UUID), held by the run using it."""
+    return f"{PREFIX}lease:{host}:{device}"

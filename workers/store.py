@@ -1,7 +1,9 @@
 """Run records in Redis: one hash per run plus an index sorted by created time.
 
 A record's lifecycle (`RunStatus`) is ``queued → started → finished | failed | canceled``, or
-``queued → canceled``. Every status change is a compare-and-set (WATCH/MULTI/EXEC) so the client
+``queued → canceled``, or ``started → lost`` when the worker running it stops sending heartbeats
+(`workers.liveness`); a lost run whose worker turns out alive goes back to started, and its job
+may still record how it really ended. Every status change is a compare-and-set (WATCH/MULTI/EXEC) so the client
 (cancel), the job (start, finish) and the worker's failure hooks can race without one overwriting
 another's terminal status. Changes that touch several keys (record + index, record + cancel flag
 + final event) go in one transaction.
@@ -9,8 +11,9 @@ another's terminal status. Changes that touch several keys (record + index, reco
 Hash fields (all bytes; empty string = none): ``run_id``, ``status``, ``config`` (RunConfig JSON),
 ``created_at`` / ``started_at`` / ``finished_at`` (unix seconds), ``error`` (JSON
 ``{rank, exception, traceback}``), ``summary`` (JSON, see docs/events.md), ``worker``, ``group``,
-``label``; multi-host runs also ``hosts`` (JSON list, one entry per node: worker, ranks, devices;
-`workers.nodes.host_plan`).
+``label``, ``timeout_s`` (the run's time limit), ``requeued_from`` / ``requeued_as`` (run ids
+linking a re-queued run and its copy); multi-host runs also ``hosts`` (JSON list, one entry per
+node: worker, ranks, devices; `workers.nodes.host_plan`).
 """
 
 from __future__ import annotations
@@ -38,17 +41,15 @@ class RunStatus(str, Enum):
     FINISHED = "finished"
     FAILED = "failed"
     CANCELED = "canceled"
+    LOST = "lost"  # its worker stopped sending heartbeats mid-run (killed, host down)
 
 
 ACTIVE = (RunStatus.QUEUED, RunStatus.STARTED)
-TERMINAL = (RunStatus.FINISHED, RunStatus.FAILED, RunStatus.CANCELED)
+TERMINAL = (RunStatus.FINISHED, RunStatus.FAILED, RunStatus.CANCELED, RunStatus.LOST)
 # engine.run.RunResult.status -> record status, and back for run_finished events
 FROM_ENGINE = {"succeeded": RunStatus.FINISHED, "failed": RunStatus.FAILED,
                "canceled": RunStatus.CANCELED}
-TO_ENGINE = {v: k for k, v in FROM_ENGINE.items()}
-
-_FIELDS = ("run_id", "status", "config", "created_at", "started_at", "finished_at", "error",
-           "summary", "worker", "group", "label")
+TO_ENGINE = {**{v: k for k, v in FROM_ENGINE.items()}, RunStatus.LOST: "lost"}
 
 
 def new_run_id() -> str:
@@ -66,11 +67,19 @@ def _dumps(obj: Any) -> str:
 
 
 def _loads(raw: bytes | None) -> Any:
-    return json.loads(raw) if raw else None
+    """JSON of a stored field; None when empty or corrupt (a record edited by hand or by a bad
+    client must not break the pages and commands that list runs)."""
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return None
 
 
 def _float(raw: bytes | None) -> float | None:
-    return float(raw) if raw else None
+    try:
+        return float(raw) if raw else None
+    except ValueError:
+        return None
 
 
 def decode_record(h: dict[bytes, bytes]) -> dict[str, Any] | None:
@@ -94,6 +103,9 @@ def decode_record(h: dict[bytes, bytes]) -> dict[str, Any] | None:
         "worker": text("worker"),
         "group": text("group"),
         "label": text("label"),
+        "timeout_s": _float(h.get(b"timeout_s")),
+        "requeued_from": text("requeued_from"),
+        "requeued_as": text("requeued_as"),
         "hosts": _loads(h.get(b"hosts")),  # multi-host runs: one entry per node (workers.nodes)
     }
 
@@ -113,17 +125,22 @@ class RunStore:
     # -- create and read ------------------------------------------------------------------
 
     def create(self, run_id: str, config: dict[str, Any], *, label: str | None = None,
-               group: str | None = None, pipeline: Any = None) -> None:
+               group: str | None = None, timeout_s: float | None = None,
+               requeued_from: str | None = None, pipeline: Any = None) -> None:
         """Store a new record with status queued and index it by created time.
 
         Args:
+            timeout_s: the run's time limit in seconds (see `workers.jobs`); None = the default.
+            requeued_from: the run this one re-queues.
             pipeline: a transaction to add the commands to (the caller executes it); when None
                 they run in a transaction of their own.
         """
         now = time.time()
         mapping = {"run_id": run_id, "status": RunStatus.QUEUED.value, "config": _dumps(config),
                    "created_at": repr(now), "started_at": "", "finished_at": "", "error": "",
-                   "summary": "", "worker": "", "group": group or "", "label": label or ""}
+                   "summary": "", "worker": "", "group": group or "", "label": label or "",
+                   "timeout_s": "" if timeout_s is None else repr(float(timeout_s)),
+                   "requeued_from": requeued_from or "", "requeued_as": ""}
         pipe = pipeline if pipeline is not None else self.redis.pipeline(transaction=True)
         pipe.hset(keys.run(run_id), mapping=mapping)
         pipe.zadd(keys.RUNS, {run_id: now})
@@ -187,7 +204,27 @@ class RunStore:
         """queued → started, recording the worker and started_at. False if no longer queued
         (e.g. canceled before the worker got to it)."""
         return self.transition(run_id, RunStatus.STARTED, allowed_from=[RunStatus.QUEUED],
-                               fields={"worker": worker, "started_at": repr(time.time())})
+                               fields={"worker": worker, "started_at": repr(time.time())},
+                               also=lambda pipe: pipe.sadd(keys.STARTED, run_id))
+
+    def started_runs(self) -> list[str]:
+        """Ids of the runs indexed as started (the lost-run monitor's worklist)."""
+        return sorted(r.decode() for r in self.redis.smembers(keys.STARTED))
+
+    def mark_lost(self, run_id: str, error: dict) -> bool:
+        """started → lost, with a ``run_finished`` event (status ``lost``). False if not started."""
+        return self.finish(run_id, RunStatus.LOST, error=error, append_event=True)
+
+    def revive(self, run_id: str, worker: str) -> bool:
+        """lost → started: the worker judged lost is alive and still running the run."""
+        def also(pipe: Any) -> None:
+            pipe.sadd(keys.STARTED, run_id)
+            add_event(pipe, run_id, make_event("log", run_id, level="warning", message=(
+                f"worker {worker} is alive after all: the run was not lost and goes on")),
+                self.stream_maxlen)
+
+        return self.transition(run_id, RunStatus.STARTED, allowed_from=[RunStatus.LOST],
+                               fields={"finished_at": "", "error": ""}, also=also)
 
     def finish(self, run_id: str, status: RunStatus, *, error: dict | None = None,
                summary: dict | None = None, allowed_from: Iterable[RunStatus] = (RunStatus.STARTED,),
@@ -213,6 +250,7 @@ class RunStore:
             fields["summary"] = _dumps(summary)
 
         def also(pipe: Any) -> None:
+            pipe.srem(keys.STARTED, run_id)
             if clear_cancel_flag:
                 pipe.delete(keys.cancel(run_id))
             if append_event:

@@ -5,33 +5,157 @@ processes are its children, so RQ's stop-job command (SIGKILL to that group) end
 The worker process itself never imports torch.
 
 Signals: the first SIGINT/SIGTERM asks the current run to cancel (through its cancel flag) and
-exits once it has ended; a second one kills the work-horse at once (RQ's cold shutdown).
+exits once it has ended; a second one kills the work-horse at once (RQ's cold shutdown). A worker
+killed outright (SIGKILL) takes its work-horse with it (a parent-death signal, set as the horse
+starts), and the horse takes the rank processes (theirs); the run is then marked lost
+(`workers.liveness`).
+
+Hardening over RQ's worker: only ddpviz's job functions run (`DdpvizJob`); a job hash RQ cannot
+even read is refused and removed instead of stopping the worker; Redis going away while a job runs
+(a restart) is logged and ridden out instead of ending the worker.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
+import os
+import signal
 from typing import Any
 
+import redis
 from rq import Worker
+from rq.exceptions import DeserializationError
+from rq.intermediate_queue import IntermediateQueue
+from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from workers import keys
-from workers.connection import connect
+from workers.connection import (WORKER_RETRY_ATTEMPTS, WORKER_RETRY_BACKOFF_CAP_S, connect,
+                                exposure_warning, redis_url)
+from workers.gpus import GpuMonitor
 from workers.heartbeat import Heartbeat, detect_devices
-from workers.jobs import default_worker_name, on_horse_killed, on_job_exception
-from workers.store import RunStore
+from workers.jobs import (JobRefused, allowed_job_funcs, default_worker_name, on_horse_killed,
+                          on_job_exception)
+from workers.liveness import LostRunMonitor
+from workers.store import ACTIVE, RunStatus, RunStore, make_error
 
 log = logging.getLogger("ddpviz.worker")
 
 SHUTDOWN_CANCEL_REASON = "the worker is shutting down"
+PR_SET_PDEATHSIG = 1  # prctl(2)
+_REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
+class DdpvizJob(Job):
+    """An RQ job that runs only ddpviz's job functions (`workers.jobs.ALLOWED_JOB_FUNCS`).
+
+    Checked in the work-horse before the function is imported or called, so a payload naming
+    any other function (``os.system``, ``builtins.eval``) is refused, never executed. Payloads
+    are JSON (`JSONSerializer`): one that is not JSON is refused, never unpickled.
+    """
+
+    def _execute(self) -> Any:
+        try:
+            name, instance = self.func_name, self._instance
+        except DeserializationError:
+            raise JobRefused("job payload: data is not the JSON [func, instance, args, kwargs] "
+                             "that ddpviz enqueues") from None
+        if not isinstance(name, str) or name not in allowed_job_funcs():
+            raise JobRefused(f"job payload: func {str(name)[:80]!r} is not a ddpviz job "
+                             f"(allowed: {sorted(allowed_job_funcs())})")
+        if instance is not None:
+            raise JobRefused("job payload: instance must be null")
+        if not isinstance(self.args, (list, tuple)) or not isinstance(self.kwargs, dict):
+            raise JobRefused("job payload: args must be a list and kwargs an object")
+        return super()._execute()
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (prctl PDEATHSIG); exit now if the
+    parent is already gone. Linux only; elsewhere a no-op."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:
+        os._exit(1)
 
 
 class DdpvizWorker(Worker):
     """RQ's forking worker, plus: a warm shutdown cancels the running run instead of waiting
-    for it to train to the end."""
+    for it to train to the end; the hardening listed in the module docstring."""
 
     cancel_store: RunStore | None = None  # its own connection: used from a signal handler
+    job_class = DdpvizJob
+
+    # -- the work-horse dies with the worker -------------------------------------------------
+
+    def main_work_horse(self, job: Any, queue: Any) -> None:
+        die_with_parent(self.pid)  # self.pid is the worker's: set before the fork
+        super().main_work_horse(job, queue)
+
+    # -- malformed jobs are refused, not fatal -----------------------------------------------
+
+    def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None):
+        while True:
+            try:
+                return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            except Exception as exc:
+                job_id = getattr(exc, "job_id", None)
+                if job_id is None:
+                    raise
+                self.refuse_unreadable_job(job_id, getattr(exc, "queue", None), exc)
+
+    def refuse_unreadable_job(self, job_id: str, queue: Any, exc: BaseException) -> None:
+        """Drop a job hash RQ cannot parse; fail its run, if it names one that is still active."""
+        message = (f"JobRefused: job payload: the job hash cannot be read "
+                   f"({type(exc).__name__}: {str(exc)[:200]})")
+        self.log.warning("Worker %s: refused job %r: %s", self.name, str(job_id)[:80], message)
+        with contextlib.suppress(Exception):
+            pipe = self.connection.pipeline(transaction=True)
+            if queue is not None:
+                pipe.lrem(IntermediateQueue.get_intermediate_queue_key(queue.key), 1, job_id)
+            pipe.delete(Job.key_for(job_id))
+            pipe.execute()
+        with contextlib.suppress(Exception):
+            RunStore(self.connection).finish(job_id, RunStatus.FAILED, error=make_error(message),
+                                             allowed_from=ACTIVE, append_event=True)
+
+    # -- Redis restarts are ridden out -------------------------------------------------------
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        try:
+            super().heartbeat(timeout, pipeline)
+        except _REDIS_DOWN as exc:
+            self.log.warning("Worker %s: heartbeat to Redis failed (%s); retrying later", self.name, exc)
+
+    def maintain_heartbeats(self, job: Any, execution: Any) -> None:
+        try:
+            super().maintain_heartbeats(job, execution)
+        except _REDIS_DOWN as exc:
+            self.log.warning("Worker %s: job heartbeat failed (%s); retrying later", self.name, exc)
+
+    def run_maintenance_tasks(self) -> None:
+        try:
+            super().run_maintenance_tasks()
+        except _REDIS_DOWN as exc:
+            self.log.warning("Worker %s: maintenance skipped (%s)", self.name, exc)
+
+    def check_for_suspension(self, burst: bool) -> None:
+        try:
+            super().check_for_suspension(burst)
+        except _REDIS_DOWN as exc:
+            self.log.warning("Worker %s: cannot check for suspension (%s)", self.name, exc)
+
+    def execute_job(self, job: Any, queue: Any) -> None:
+        try:
+            super().execute_job(job, queue)
+        except _REDIS_DOWN as exc:  # the horse records its run's end itself, with retries
+            self.log.error("Worker %s: lost Redis while running job %s (%s); going on",
+                           self.name, job.id, exc)
+            if self.horse_pid:
+                self.wait_for_horse()
+                self._horse_pid = 0
 
     def handle_warm_shutdown_request(self) -> None:
         super().handle_warm_shutdown_request()
@@ -64,7 +188,8 @@ def build_worker(url: str | None = None, name: str | None = None) -> DdpvizWorke
     name = name or default_worker_name()
     worker = DdpvizWorker(
         [keys.node_queue(name), keys.QUEUE_NAME],  # its own queue first: node jobs of multi-host runs
-        connection=connect(url),
+        connection=connect(url, retry_attempts=WORKER_RETRY_ATTEMPTS,
+                           retry_cap_s=WORKER_RETRY_BACKOFF_CAP_S),
         name=name,
         serializer=JSONSerializer,
         exception_handlers=[on_job_exception],
@@ -94,8 +219,14 @@ def run_worker(url: str | None = None, name: str | None = None, burst: bool = Fa
         RedisUnavailable: Redis cannot be reached.
         ValueError: another live worker already has this name (from RQ).
     """
+    warning = exposure_warning(url or redis_url())
+    if warning:
+        log.warning("ddpviz worker: %s", warning)
     worker = build_worker(url, name)
-    heartbeat = Heartbeat(connect(url), worker.name, lambda: _current(worker), detect_devices())
+    beat_client = connect(url)
+    monitor = LostRunMonitor(RunStore(beat_client), worker.name, lambda: _current(worker)[0])
+    heartbeat = Heartbeat(beat_client, worker.name, lambda: _current(worker), detect_devices(),
+                          gpus=GpuMonitor(), monitor=monitor.maybe_sweep)
     heartbeat.start()
     try:
         return worker.work(burst=burst, logging_level=logging_level, **work_kwargs)

@@ -15,7 +15,7 @@ from engine.config import ConfigError
 from workers import keys
 from workers.client import DdpvizClient
 from workers.heartbeat import Heartbeat
-from workers.jobs import JOB_FUNC, JOB_TIMEOUT_S
+from workers.jobs import JOB_FUNC, JOB_TIMEOUT_GRACE_S, JOB_TIMEOUT_S
 
 CFG = {"mode": "ddp", "world_size": 2, "steps": 10}
 
@@ -52,7 +52,8 @@ def test_submit_stores_a_queued_run_and_a_json_job(client, redis_client):
     assert rec["config"]["world_size"] == 2 and rec["config"]["bucket_cap_mb"] == 25.0  # normalised
     job = Job.fetch(run_id, connection=redis_client, serializer=JSONSerializer)
     assert job.id == run_id and job.func_name == JOB_FUNC and job.args == [run_id]
-    assert job.kwargs == {} and job.timeout == JOB_TIMEOUT_S and job.origin == keys.QUEUE_NAME
+    assert job.kwargs == {} and job.origin == keys.QUEUE_NAME
+    assert job.timeout == JOB_TIMEOUT_S + JOB_TIMEOUT_GRACE_S  # RQ's backstop past the run's own limit
     assert job.get_status() == JobStatus.QUEUED
     raw = redis_client.hget(f"ddpviz:rq:job:{run_id}", "data")
     payload = json.loads(zlib.decompress(raw))  # JSON, never pickle

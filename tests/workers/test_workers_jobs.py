@@ -151,7 +151,7 @@ def test_hooks_settle_runs_rq_ends_abnormally(client, redis_client):
         pass
 
     assert on_job_exception(_job(redis_client, abandoned), AbandonedJobError, AbandonedJobError(), None)
-    assert client.get_run(abandoned)["status"] == "failed"
+    assert client.get_run(abandoned)["status"] == "lost"  # its worker died: re-queue it
     assert "heartbeats" in client.get_run(abandoned)["error"]["exception"]
 
     on_horse_killed(_job(redis_client, done), 1, signal.SIGKILL, None)

@@ -20,8 +20,9 @@ def test_record_round_trip(redis_client):
     store = RunStore(redis_client)
     store.create("r1", CFG, label="DP", group="g1")
     rec = store.get("r1")
-    assert set(rec) == {"run_id", "status", "config", "created_at", "started_at", "finished_at",
-                        "error", "summary", "worker", "group", "label"}
+    assert {"run_id", "status", "config", "created_at", "started_at", "finished_at", "error",
+            "summary", "worker", "group", "label", "timeout_s", "requeued_from",
+            "requeued_as"} <= set(rec)
     assert rec["run_id"] == "r1" and rec["status"] == "queued" and rec["config"] == CFG
     assert rec["label"] == "DP" and rec["group"] == "g1"
     assert rec["started_at"] is None and rec["error"] is None and rec["summary"] is None

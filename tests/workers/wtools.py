@@ -20,6 +20,9 @@ TINY = {"model": "mlp", "dataset": "digits", "width": 16, "depth": 1, "global_ba
         "steps": 5, "eval_every": 0}
 
 
+TEST_JOB_FUNCS = "wjobs.ignore_cancel"  # the stand-in jobs of wjobs.py
+
+
 def ddpviz_argv() -> list[str]:
     """The installed console script when there is one, else ``python -m workers``."""
     script = Path(sys.executable).parent / "ddpviz"
@@ -37,6 +40,7 @@ def cli_env(redis_url: str | None = None, **extra: str) -> dict[str, str]:
     if redis_url:
         env["REDIS_URL"] = redis_url
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["DDPVIZ_EXTRA_JOB_FUNCS"] = TEST_JOB_FUNCS  # workers run only allowed functions
     env.update(extra)
     return env
 
