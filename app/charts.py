@@ -1,5 +1,8 @@
 """Pure chart builders: `DataFrame -> alt.Chart`, one per panel of the Live page.
 
+The analysis pages' builders live beside it by concept: `charts_compare`, `charts_buckets`,
+`charts_dp`, `charts_theory`, `charts_sweeps`, `charts_cluster`, `charts_topology`.
+
 Each takes the output of the matching `app.frames` function and returns a chart with a title,
 axis titles carrying units and a legend, so it can be checked through `chart.to_dict()` without
 a browser. Colours are fixed per category (phases, timeline kinds) so two runs read the same.
@@ -10,42 +13,20 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
+from app.chart_style import (CATEGORIES, HEIGHT, PHASE_COLOURS, STEP_X, WIDTH, legend,
+                             rows_height, title)
 from app.frames import DP_PHASES, SMOOTH_STEPS, SPLIT_PARTS
 
-# Streamlit draws Vega-Lite with autosize "fit": a chart's height is its whole box (title,
-# axes, legend), so each height below is the plot's rows plus room for those.
-WIDTH = "container"
-HEIGHT = 300
-_ROW_PX = 42  # one rank/device/run row in the timeline and bar charts
-_CHROME_PX = 120  # title, subtitle, x axis and its title
-_PHASE_COLOURS = ["#9467bd", "#8c564b", "#1f77b4", "#e377c2", "#7f7f7f", "#ff7f0e", "#d62728",
-                  "#2ca02c"]
 _SPLIT_COLOURS = ["#1f77b4", "#ff7f0e", "#d62728", "#2ca02c", "#c7c7c7"]
-_STEP_X = alt.X("step:Q", title="optimizer step", axis=alt.Axis(tickMinStep=1, format="d"))
-_CATEGORIES = alt.Scale(scheme="tableau10")  # distinct hues for runs and devices
 _TIMELINE_KINDS = ["backward (compute)", "all-reduce (one bucket)", "bucket ready"]
 _TIMELINE_COLOURS = ["#c6dbef", "#d62728", "#000000"]
-
-
-def _legend(title: str, orient: str = "right") -> alt.Legend:
-    return alt.Legend(title=title, orient=orient, symbolOpacity=1)
-
-
-def _title(text: str, subtitle: str | None = None) -> alt.TitleParams:
-    return alt.TitleParams(text=text, subtitle=subtitle or "", anchor="start")
-
-
-def _rows_height(df: pd.DataFrame, column: str, min_rows: int = 2) -> int:
-    """Box height (px) for a chart with one band per distinct `column` value."""
-    rows = df[column].nunique() if not df.empty else 1
-    return _CHROME_PX + _ROW_PX * max(min_rows, rows)
 
 
 def throughput_chart(steps: pd.DataFrame) -> alt.LayerChart:
     """Samples/s per optimizer step, per run (`frames.steps_frame` rows): a faint point per step
     and a line through the rolling median, so noise does not hide the difference."""
-    colour = alt.Color("run:N", legend=_legend("run"), scale=_CATEGORIES)
-    x = _STEP_X
+    colour = alt.Color("run:N", legend=legend("run"), scale=CATEGORIES)
+    x = STEP_X
     tip = [alt.Tooltip("run:N"), alt.Tooltip("step:Q"),
            alt.Tooltip("samples_per_s:Q", title="samples/s", format=",.0f"),
            alt.Tooltip("samples_per_s_smooth:Q", title="rolling median", format=",.0f"),
@@ -57,7 +38,7 @@ def throughput_chart(steps: pd.DataFrame) -> alt.LayerChart:
     line = base.mark_line(strokeWidth=2).encode(x=x, y="samples_per_s_smooth:Q", color=colour,
                                                 tooltip=tip)
     return alt.layer(points, line).properties(
-        title=_title("Throughput per step", f"dots: each step (slowest rank); line: rolling "
+        title=title("Throughput per step", f"dots: each step (slowest rank); line: rolling "
                      f"median of {SMOOTH_STEPS} steps"), width=WIDTH, height=HEIGHT)
 
 
@@ -66,14 +47,14 @@ def split_chart(split: pd.DataFrame) -> alt.Chart:
     return alt.Chart(split).mark_bar(height=alt.RelativeBandSize(0.6)).encode(
         x=alt.X("sum(ms):Q", title="median time per step (ms)", stack="zero"),
         y=alt.Y("run:N", title="run"),
-        color=alt.Color("part:N", legend=_legend("part of the step"),
+        color=alt.Color("part:N", legend=legend("part of the step"),
                         scale=alt.Scale(domain=SPLIT_PARTS, range=_SPLIT_COLOURS),
                         sort=SPLIT_PARTS),
         order=alt.Order("order:Q"),
         tooltip=[alt.Tooltip("run:N"), alt.Tooltip("part:N"),
                  alt.Tooltip("ms:Q", title="median (ms)", format=".2f")],
-    ).properties(title=_title("Step time split", "median ms per step"),
-                 width=WIDTH, height=_rows_height(split, "run"))
+    ).properties(title=title("Step time split", "median ms per step"),
+                 width=WIDTH, height=rows_height(split, "run"))
 
 
 def memory_chart(memory: pd.DataFrame, run: str, y_max_mib: float | None = None) -> alt.Chart:
@@ -83,15 +64,15 @@ def memory_chart(memory: pd.DataFrame, run: str, y_max_mib: float | None = None)
     """
     scale = alt.Scale(domain=[0, y_max_mib], nice=True) if y_max_mib else alt.Scale(zero=True)
     return alt.Chart(memory).mark_line(point=alt.OverlayMarkDef(size=14)).encode(
-        x=_STEP_X,
+        x=STEP_X,
         y=alt.Y("allocated_mib:Q", title="allocated (MiB)", scale=scale),
-        color=alt.Color("device:N", legend=_legend("device"), scale=_CATEGORIES),
+        color=alt.Color("device:N", legend=legend("device"), scale=CATEGORIES),
         tooltip=[alt.Tooltip("device:N"), alt.Tooltip("step:Q"),
                  alt.Tooltip("allocated_mib:Q", title="allocated (MiB)", format=".2f"),
                  alt.Tooltip("reserved_mib:Q", title="reserved (MiB)", format=".2f"),
                  alt.Tooltip("used_mib:Q", title="NVML used (MiB)", format=".0f"),
                  alt.Tooltip("source:N")],
-    ).properties(title=_title(f"Memory per device: {run}", "MiB of tensors each device holds"),
+    ).properties(title=title(f"Memory per device: {run}", "MiB of tensors each device holds"),
                  width=WIDTH, height=HEIGHT - 40)
 
 
@@ -102,7 +83,7 @@ def bucket_timeline_chart(buckets: pd.DataFrame, backward: pd.DataFrame) -> alt.
     step's backward start). With overlap, red bars start while the blue backward bar still runs.
     """
     step = int(buckets["step"].iloc[0]) if not buckets.empty else None
-    colour = alt.Color("kind:N", legend=_legend("what"),
+    colour = alt.Color("kind:N", legend=legend("what"),
                        scale=alt.Scale(domain=_TIMELINE_KINDS, range=_TIMELINE_COLOURS))
     y = alt.Y("rank:O", title="rank")
     bwd = alt.Chart(backward.assign(kind=_TIMELINE_KINDS[0])).mark_bar(
@@ -125,8 +106,8 @@ def bucket_timeline_chart(buckets: pd.DataFrame, backward: pd.DataFrame) -> alt.
         thickness=2, size=22).encode(x="ready_ms:Q", y=y, color=colour, tooltip=tip)
     label = f"Gradient buckets, step {step}" if step is not None else "Gradient buckets"
     return alt.layer(bwd, comm, ready).properties(
-        title=_title(label, "each bucket's all-reduce against the backward pass"),
-        width=WIDTH, height=_rows_height(buckets, "rank"))
+        title=title(label, "each bucket's all-reduce against the backward pass"),
+        width=WIDTH, height=rows_height(buckets, "rank"))
 
 
 def dp_phase_chart(phases: pd.DataFrame) -> alt.Chart:
@@ -139,12 +120,12 @@ def dp_phase_chart(phases: pd.DataFrame) -> alt.Chart:
         x=alt.X("start_ms:Q", title="ms from step start"), x2="end_ms:Q",
         y=alt.Y("device:N", title="device"),
         color=alt.Color("phase:N", legend=alt.Legend(title="phase", orient="right", columns=2),
-                        scale=alt.Scale(domain=DP_PHASES, range=_PHASE_COLOURS), sort=DP_PHASES),
+                        scale=alt.Scale(domain=DP_PHASES, range=PHASE_COLOURS), sort=DP_PHASES),
         tooltip=[alt.Tooltip("device:N"), alt.Tooltip("phase:N"),
                  alt.Tooltip("dur_ms:Q", title="duration (ms)", format=".2f"),
                  alt.Tooltip("nbytes:Q", title="bytes copied", format=",")],
-    ).properties(title=_title(label, "device 0 alone broadcasts, reduces and steps"),
-                 width=WIDTH, height=max(230, _rows_height(phases, "device")))  # 4 legend rows
+    ).properties(title=title(label, "device 0 alone broadcasts, reduces and steps"),
+                 width=WIDTH, height=max(230, rows_height(phases, "device")))  # 4 legend rows
 
 
 def comm_volume_chart(volume: pd.DataFrame) -> alt.Chart:
@@ -158,10 +139,10 @@ def comm_volume_chart(volume: pd.DataFrame) -> alt.Chart:
         x=alt.X("mib:Q", title="sent + received per step (MiB)"),
         y=alt.Y("device:N", title="device"),
         yOffset=alt.YOffset("which:N", sort=["measured", "theory"]),
-        color=alt.Color("which:N", legend=_legend("bytes"),
+        color=alt.Color("which:N", legend=legend("bytes"),
                         scale=alt.Scale(domain=["measured", "theory"],
                                         range=["#1f77b4", "#aec7e8"])),
         tooltip=[alt.Tooltip("device:N"), alt.Tooltip("which:N"),
                  alt.Tooltip("mib:Q", title="MiB", format=".3f")],
-    ).properties(title=_title("Bytes moved per device", "latest step, measured vs theory"),
-                 width=WIDTH, height=_rows_height(volume, "device") + 20)
+    ).properties(title=title("Bytes moved per device", "latest step, measured vs theory"),
+                 width=WIDTH, height=rows_height(volume, "device") + 20)

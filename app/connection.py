@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from app.outage import retry_until_reachable
 from workers.connection import redact, redis_url
 
 
@@ -49,6 +50,7 @@ def get_client():
     st.error(f"**Cannot reach Redis at `{redact_url(url)}`** ({reason}).  \n"
              "Start everything with `ddpviz up`, or point `REDIS_URL` at a running server "
              "and start a worker with `ddpviz worker`.", icon=":material/cloud_off:")
+    retry_until_reachable()
     return None
 
 

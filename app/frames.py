@@ -229,3 +229,21 @@ def runs_frame(runs: Iterable[dict[str, Any]]) -> pd.DataFrame:
             "created": pd.Timestamp.fromtimestamp(created) if created else pd.NaT})
     df = pd.DataFrame(rows, columns=RUN_COLUMNS)
     return df.sort_values("created", ascending=False, na_position="last").reset_index(drop=True)
+
+
+def filter_runs(df: pd.DataFrame, *, statuses: Iterable[str] = (), modes: Iterable[str] = (),
+                models: Iterable[str] = (), text: str = "") -> pd.DataFrame:
+    """Rows of a `runs_frame` that match every filter given (an empty filter matches all).
+
+    `text` is matched case-insensitively against the run id, label and model."""
+    keep = pd.Series(True, index=df.index)
+    for column, wanted in (("status", statuses), ("mode", modes), ("model", models)):
+        wanted = list(wanted)
+        if wanted:
+            keep &= df[column].isin(wanted)
+    needle = text.strip().lower()
+    if needle:
+        hay = (df["run_id"].astype(str) + " " + df["label"].astype(str) + " "
+               + df["model"].astype(str)).str.lower()
+        keep &= hay.str.contains(needle, regex=False)
+    return df[keep].reset_index(drop=True)

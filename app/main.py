@@ -8,9 +8,22 @@ then run that file directly, bypassing this router and its page config.
 import streamlit as st
 
 st.set_page_config(page_title="ddpviz", layout="wide")
-page = st.navigation([
-    st.Page("views/launch.py", title="Launch", icon=":material/rocket_launch:", default=True),
-    st.Page("views/live.py", title="Live", icon=":material/monitoring:"),
-    st.Page("views/runs.py", title="Runs", icon=":material/list:"),
-])
+page = st.navigation({
+    "Run": [
+        st.Page("views/launch.py", title="Launch", icon=":material/rocket_launch:", default=True),
+        st.Page("views/live.py", title="Live", icon=":material/monitoring:"),
+        st.Page("views/runs.py", title="Runs", icon=":material/list:"),
+    ],
+    "See the difference": [
+        st.Page("views/compare.py", title="Compare", icon=":material/compare_arrows:"),
+        st.Page("views/buckets.py", title="Bucket timeline", icon=":material/view_timeline:"),
+        st.Page("views/dp_timeline.py", title="DP timeline", icon=":material/hub:"),
+        st.Page("views/theory.py", title="Theory vs measurement", icon=":material/functions:"),
+        st.Page("views/learn.py", title="Learn: star and ring", icon=":material/school:"),
+    ],
+    "Scale": [
+        st.Page("views/sweeps.py", title="Sweeps", icon=":material/stacked_line_chart:"),
+        st.Page("views/cluster.py", title="Cluster", icon=":material/dns:"),
+    ],
+})
 page.run()

@@ -13,6 +13,7 @@ import pandas as pd
 import streamlit as st
 
 from app import charts, frames
+from app.outage import REDIS_DOWN, show_outage
 from app.window import TERMINAL, RunWindow
 
 POLL_INTERVAL_S = 0.5  # windows shared by several panels are read at most this often
@@ -27,7 +28,10 @@ def refresh(client, windows: dict[str, RunWindow]) -> None:
     for w in windows.values():
         try:
             w.poll(client, min_interval_s=POLL_INTERVAL_S)
-        except Exception as exc:  # Redis hiccup: say so, keep the last data on screen
+        except REDIS_DOWN:  # keep the last data on screen; the fragment's timer retries
+            show_outage()
+            return
+        except Exception as exc:  # anything else: say so, keep the last data on screen
             st.warning(f"Could not read run {w.run_id}: {type(exc).__name__}: {exc}")
 
 

@@ -1,7 +1,8 @@
 """Launch page: a form for one RunConfig, validated before anything is submitted.
 
 "Launch" submits one run; "Launch DP and DDP with this config" submits the same config twice
-(mode dp and mode ddp, one group) so the Live page can put them side by side.
+(mode dp and mode ddp, one group) so the Live page can put them side by side; "Launch single,
+DP and DDP" adds the one-device baseline (`workers.sweeps.submit_trio`) for the Compare page.
 """
 
 from __future__ import annotations
@@ -12,26 +13,12 @@ import streamlit as st
 
 from app import form
 from app.connection import get_client
+from app.widgets import field_widget, show_errors
 from engine.config import ConfigError
+from workers.sweeps import submit_trio
 
 LIVE_PAGE = "views/live.py"
-
-
-def field_widget(field: str, default: Any) -> Any:
-    """One input for `field`, keyed ``cfg_<field>``. Numbers have no bounds on purpose: the
-    form must be able to hold a bad value so validation can name the field and the rule."""
-    key, help_ = f"cfg_{field}", form.HELP.get(field)
-    kind = form.kind(field)
-    if kind == "choice":
-        opts = form.choices(field)
-        return st.selectbox(field, opts, index=opts.index(default) if default in opts else 0,
-                            key=key, help=help_)
-    if kind == "bool":
-        return st.checkbox(field, value=bool(default), key=key, help=help_)
-    if kind == "int":
-        return st.number_input(field, value=int(default), step=1, key=key, help=help_)
-    return st.number_input(field, value=float(default), step=None, format="%g", key=key,
-                           help=help_)
+COMPARE_PAGE = "views/compare.py"
 
 
 def config_form() -> tuple[dict[str, Any], str, str | None]:
@@ -51,25 +38,23 @@ def config_form() -> tuple[dict[str, Any], str, str | None]:
                         values[f] = field_widget(f, defaults[f])
         label = st.text_input("label (optional)", key="cfg_label",
                               help="name shown in legends; default '<mode> ×<world_size> · <id>'")
-        left, right = st.columns(2)
+        left, middle, right = st.columns(3)
         one = left.form_submit_button("Launch", type="primary", key="launch_one",
                                       width="stretch")
-        pair = right.form_submit_button("Launch DP and DDP with this config", key="launch_pair",
-                                        width="stretch")
-    return values, label.strip(), "one" if one else "pair" if pair else None
-
-
-def show_errors(errors: list[tuple[str, str]]) -> None:
-    """One line per broken rule, naming the field."""
-    lines = "\n".join(f"- **{field}**: {msg}" for field, msg in errors)
-    st.error(f"Not launched: fix {len(errors)} field(s).\n\n{lines}", icon=":material/warning:")
+        pair = middle.form_submit_button("Launch DP and DDP with this config", key="launch_pair",
+                                         width="stretch")
+        trio = right.form_submit_button("Launch single, DP and DDP (to compare)",
+                                        key="launch_trio", width="stretch")
+    action = "one" if one else "pair" if pair else "trio" if trio else None
+    return values, label.strip(), action
 
 
 def submit(client, values: dict[str, Any], label: str, action: str) -> list[str] | None:
-    """Validate, then submit one run or a DP/DDP pair; returns the run ids (None if refused).
+    """Validate, then submit one run, a DP/DDP pair or a single/DP/DDP trio; returns the run ids
+    (None if refused).
 
     Validation runs first, so a bad form never reaches Redis (nor needs it)."""
-    config = form.pair_values(values) if action == "pair" else values
+    config = form.pair_values(values) if action in ("pair", "trio") else values
     errors = form.validation_errors(config)
     if errors:
         show_errors(errors)
@@ -80,6 +65,10 @@ def submit(client, values: dict[str, Any], label: str, action: str) -> list[str]
     try:
         if action == "pair":
             return list(client.submit_pair(config))
+        if action == "trio":
+            group, ids = submit_trio(client, config)
+            st.session_state["focus_group"] = group
+            return list(ids.values())
         return [client.submit(config, label=label or None)]
     except ConfigError as exc:  # the worker side knows more (e.g. installed model plugins)
         show_errors(exc.errors)
@@ -95,8 +84,12 @@ def launched_panel() -> None:
         return
     st.success(f"Launched {len(ids)} run(s): " + ", ".join(f"`{i}`" for i in ids),
                icon=":material/rocket_launch:")
+    live = ids[-2:]  # Live shows two runs: of a trio, DP and DDP
     st.page_link(LIVE_PAGE, label="Watch them live", icon=":material/monitoring:",
-                 query_params={"runs": ",".join(ids)})
+                 query_params={"runs": ",".join(live)})
+    if len(ids) > 1:
+        st.page_link(COMPARE_PAGE, label="Compare them", icon=":material/compare_arrows:",
+                     query_params={"runs": ",".join(ids)})
 
 
 st.title("Launch a run")
@@ -109,5 +102,5 @@ if action:
     ids = submit(client, values, label, action)
     if ids:
         st.session_state["launched"] = ids
-        st.session_state["live_runs"] = ids
+        st.session_state["live_runs"] = ids[-2:]
 launched_panel()

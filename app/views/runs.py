@@ -1,4 +1,8 @@
-"""Runs page: every past run, newest first; open one or two in Live, cancel running ones."""
+"""Runs page: the history (kept in Redis, so it survives restarts), filtered; act on selected rows.
+
+Select rows to open them in Live or Compare, cancel, re-run with the same config, re-queue a run
+whose worker was lost, delete, or (one row) download its events as JSONL, CSV or a Chrome trace.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,30 @@ import streamlit as st
 
 from app import frames
 from app.connection import require_client
+from app.exports import export_files
+from workers.history import RunActive, delete_run, rerun
 
 LIVE_PAGE = "views/live.py"
+COMPARE_PAGE = "views/compare.py"
 ACTIVE = ("queued", "started")
+STATUSES = ["queued", "started", "finished", "failed", "canceled", "lost"]
 
 
-def runs_table(runs: list[dict]) -> list[str]:
+def filters(df):
+    """Status, mode, model and free-text filters; returns the matching rows."""
+    c1, c2, c3, c4, c5 = st.columns([1, 1.3, 1, 1, 1.6])
+    c1.selectbox("show the newest", [25, 50, 100, 250, 500], index=2, key="runs_limit")
+    statuses = c2.multiselect("status", sorted(set(STATUSES) | set(df["status"].dropna())),
+                              key="runs_status")
+    modes = c3.multiselect("mode", ["single", "dp", "ddp"], key="runs_mode")
+    models = c4.multiselect("model", sorted(df["model"].dropna().unique()), key="runs_model")
+    text = c5.text_input("search", key="runs_text", placeholder="id, label or model")
+    return frames.filter_runs(df, statuses=statuses, modes=modes, models=models, text=text)
+
+
+def runs_table(df) -> list[str]:
     """The table (with an 'open' link per row); returns the ids of the selected rows."""
-    df = frames.runs_frame(runs)
+    df = df.copy()
     df.insert(0, "open", [f"live?runs={rid}" for rid in df["run_id"]])
     event = st.dataframe(
         df, key="runs_table", hide_index=True, on_select="rerun", selection_mode="multi-row",
@@ -26,35 +46,73 @@ def runs_table(runs: list[dict]) -> list[str]:
             "created": st.column_config.DatetimeColumn("created", format="YYYY-MM-DD HH:mm:ss"),
         })
     rows = event.selection.rows if event is not None else []
-    return [df["run_id"].iloc[i] for i in rows]
+    return [df["run_id"].iloc[i] for i in rows if i < len(df)]
 
 
-def actions(client, runs: list[dict], selected: list[str]) -> None:
-    """'Open in Live' for one or two selected runs; 'Cancel' for selected runs still active."""
-    status = {r["run_id"]: r.get("status") for r in runs}
+def actions(client, status: dict[str, str], selected: list[str]) -> None:
+    """One row of buttons acting on the selected runs."""
     active = [rid for rid in selected if status.get(rid) in ACTIVE]
-    left, right, _ = st.columns([1, 1, 3])
-    if left.button("Open in Live", key="open_live", disabled=not 1 <= len(selected) <= 2,
-                   help="select one or two rows", width="stretch"):
+    ended = [rid for rid in selected if status.get(rid) not in ACTIVE]
+    lost = [rid for rid in selected if status.get(rid) == "lost"]
+    cols = st.columns(6)
+    if cols[0].button("Open in Live", key="open_live", disabled=not 1 <= len(selected) <= 2,
+                      help="select one or two rows", width="stretch"):
         st.session_state["live_runs"] = selected
         st.switch_page(LIVE_PAGE, query_params={"runs": ",".join(selected)})
-    if right.button(f"Cancel {len(active)} running", key="cancel_runs", disabled=not active,
-                    width="stretch"):
+    if cols[1].button("Compare", key="open_compare", disabled=not selected,
+                      help="open the selected runs side by side", width="stretch"):
+        st.switch_page(COMPARE_PAGE, query_params={"runs": ",".join(selected)})
+    if cols[2].button(f"Cancel {len(active)} running", key="cancel_runs", disabled=not active,
+                      width="stretch"):
         for rid in active:
             st.toast(f"{rid}: {client.cancel(rid)}")
         st.rerun()
+    if cols[3].button(f"Re-run {len(selected)}", key="rerun_runs", disabled=not selected,
+                      help="submit the same config again (new run ids)", width="stretch"):
+        for rid in selected:
+            st.toast(f"{rid} re-run as {rerun(client, rid)}")
+        st.rerun()
+    requeue = getattr(client, "requeue", None)
+    if requeue is not None and cols[4].button(f"Re-queue {len(lost)} lost", key="requeue_runs",
+                                              disabled=not lost, width="stretch",
+                                              help="runs whose worker died: queue them again"):
+        for rid in lost:
+            st.toast(f"{rid}: {requeue(rid)}")
+        st.rerun()
+    with cols[5].popover(f"Delete {len(ended)}", disabled=not ended, width="stretch"):
+        st.write(f"Delete {len(ended)} run(s) and their events for good?")
+        if st.button("Delete", key="delete_runs", type="primary"):
+            for rid in ended:
+                try:
+                    delete_run(client, rid)
+                except RunActive as exc:
+                    st.toast(str(exc))
+            st.rerun()
+
+
+def downloads(client, run_id: str) -> None:
+    """JSONL, CSV and Chrome-trace downloads of one run (files made on click)."""
+    st.markdown(f"**Export `{run_id}`**")
+    cols = st.columns(4)
+    for col, f in zip(cols, export_files(client, run_id)):
+        col.download_button(f.label, data=f.make, file_name=f.file_name, mime=f.mime,
+                            key=f"dl_{f.file_name}", icon=":material/download:",
+                            on_click="ignore", width="stretch")
+    cols[3].caption("The trace opens in ui.perfetto.dev or chrome://tracing: one track per "
+                    "rank/device.")
 
 
 st.title("Runs")
 client = require_client()
-limit = st.columns([1, 5])[0].selectbox("show the newest", [25, 50, 100, 250, 500], index=2,
-                                        key="runs_limit")
-runs = client.list_runs(limit=limit)
+runs = client.list_runs(limit=st.session_state.get("runs_limit", 100))  # its widget is below
 if not runs:
     st.info("No runs yet: launch one on the Launch page.")
     st.page_link("views/launch.py", label="Launch a run", icon=":material/rocket_launch:")
     st.stop()
-selected = runs_table(runs)
-actions(client, runs, selected)
-st.caption(f"{len(runs)} runs · select rows to open them in Live or cancel them · "
-           "workers: " + (", ".join(str(w.get("name", w)) for w in client.workers()) or "none"))
+shown = filters(frames.runs_frame(runs))
+selected = runs_table(shown)
+actions(client, {r["run_id"]: r.get("status") for r in runs}, selected)
+if len(selected) == 1:
+    downloads(client, selected[0])
+st.caption(f"{len(shown)} of {len(runs)} runs shown · select rows to act on them · workers: "
+           + (", ".join(str(w.get("name", w)) for w in client.workers()) or "none"))

@@ -1,0 +1,35 @@
+"""What every chart shares: sizes, category colours, the step axis, title and legend helpers.
+
+Streamlit draws Vega-Lite with autosize "fit": a chart's height is its whole box (title, axes,
+legend), so heights here are the plot's rows plus room for those.
+"""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+WIDTH = "container"
+HEIGHT = 300
+ROW_PX = 42  # one rank/device/run row in the timeline and bar charts
+CHROME_PX = 120  # title, subtitle, x axis and its title
+MAX_POINTS = 5000  # marks one chart may draw per refresh
+STEP_X = alt.X("step:Q", title="optimizer step", axis=alt.Axis(tickMinStep=1, format="d"))
+CATEGORIES = alt.Scale(scheme="tableau10")  # distinct hues for runs and devices
+PHASE_COLOURS = ["#9467bd", "#8c564b", "#1f77b4", "#e377c2", "#7f7f7f", "#ff7f0e", "#d62728",
+                 "#2ca02c"]  # in the order of frames.DP_PHASES
+MODE_COLOURS = alt.Scale(domain=["single", "dp", "ddp"], range=["#7f7f7f", "#ff7f0e", "#1f77b4"])
+
+
+def legend(title: str, orient: str = "right", **kw) -> alt.Legend:
+    return alt.Legend(title=title, orient=orient, symbolOpacity=1, **kw)
+
+
+def title(text: str, subtitle: str | None = None) -> alt.TitleParams:
+    return alt.TitleParams(text=text, subtitle=subtitle or "", anchor="start")
+
+
+def rows_height(df: pd.DataFrame, column: str, min_rows: int = 2, row_px: int = ROW_PX) -> int:
+    """Box height (px) for a chart with one band per distinct `column` value."""
+    rows = df[column].nunique() if not df.empty else 1
+    return CHROME_PX + row_px * max(min_rows, rows)

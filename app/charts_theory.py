@@ -1,0 +1,51 @@
+"""Chart builders of the Theory page (pure: `DataFrame -> alt.Chart`).
+
+Bytes through each device (DP's hub vs DDP's ring) reuse `charts_compare.bytes_chart`.
+"""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+from app.chart_style import HEIGHT, WIDTH, legend, title
+
+_BW = alt.Scale(domain=["algbw", "busbw"], range=["#1f77b4", "#9edae5"])
+_SERIES = ["measured (a bucket on a rank)", "fitted ring model"]
+
+
+def bandwidth_chart(per_bucket: pd.DataFrame, *, run: str) -> alt.Chart:
+    """Median algbw and busbw per bucket (`frames_theory.per_bucket`), GB/s."""
+    return alt.Chart(per_bucket).mark_bar().encode(
+        x=alt.X("bucket:O", title="bucket index (reduction order)", axis=alt.Axis(labelAngle=0)),
+        xOffset=alt.XOffset("which:N", sort=["algbw", "busbw"]),
+        y=alt.Y("gbps:Q", title="bandwidth (GB/s)"),
+        color=alt.Color("which:N", legend=legend("measure"), scale=_BW),
+        tooltip=[alt.Tooltip("bucket:O"), alt.Tooltip("kib:Q", title="size (KiB)", format=",.1f"),
+                 alt.Tooltip("which:N"), alt.Tooltip("gbps:Q", title="GB/s", format=".3f")],
+    ).properties(title=title(f"{run}: bandwidth per bucket",
+                             "algbw = bytes / all-reduce time; busbw = algbw · 2(n−1)/n"),
+                 width=WIDTH, height=HEIGHT)
+
+
+def ring_fit_chart(bw: pd.DataFrame, line: pd.DataFrame, *, run: str) -> alt.LayerChart:
+    """Each bucket's all-reduce time against its size (`frames_theory.bandwidth_frame`), with
+    the fitted line t = a + c·bytes (`frames_theory.ring_fit`)."""
+    colour = alt.Color("series:N", legend=legend("", orient="bottom"),
+                       scale=alt.Scale(domain=_SERIES, range=["#1f77b4", "#d62728"]))
+    x = alt.X("kib:Q", title="bucket size (KiB)")
+    points = alt.Chart(bw.assign(series=_SERIES[0])).mark_circle(size=28, opacity=0.5).encode(
+        x=x, y=alt.Y("comm_ms:Q", title="all-reduce time (ms)"), color=colour,
+        tooltip=[alt.Tooltip("step:Q"), alt.Tooltip("rank:Q"), alt.Tooltip("bucket_index:Q",
+                                                                            title="bucket"),
+                 alt.Tooltip("kib:Q", title="KiB", format=",.1f"),
+                 alt.Tooltip("comm_ms:Q", title="ms", format=".3f")])
+    fit = alt.Chart(line.assign(series=_SERIES[1])).mark_line(strokeWidth=2.5).encode(
+        x=x, y="predicted_ms:Q", color=colour,
+        tooltip=[alt.Tooltip("kib:Q", title="KiB", format=",.1f"),
+                 alt.Tooltip("predicted_ms:Q", title="model (ms)", format=".3f")])
+    return alt.layer(points, fit).properties(
+        title=title(f"{run}: all-reduce time vs bytes",
+                    "service time (after the previous bucket); ring model t = 2(n−1)·α + 2(n−1)/n · bytes/β"),
+        width=WIDTH, height=HEIGHT + 40)
+

@@ -1,0 +1,98 @@
+"""Pure transforms for the bucket timeline: steps kept, exposed communication, layouts.
+
+Times are ms from the step's backward start, as in `frames.bucket_frame`. Exposed communication
+of a rank is the part of its all-reduce work after its last bucket became ready: from that
+moment backward has nothing left to hide it behind (the engine's `comm_exposed_s`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import pandas as pd
+
+from app import frames
+
+Event = dict[str, Any]
+MAX_NAMES = 6  # parameter names listed per bucket row before "… +k more"
+
+
+def bucket_steps(events: Iterable[Event]) -> list[int]:
+    """Steps whose `bucket` events are complete for every rank that sent any (ascending)."""
+    by_step: dict[int, list[Event]] = {}
+    for e in frames.of_type(events, "bucket"):
+        by_step.setdefault(e["step"], []).append(e)
+    done = [s for s, evs in by_step.items()
+            if {e.get("rank", 0) for e in evs} == {e.get("rank", 0) for e in evs if e.get("is_last")}]
+    return sorted(done)
+
+
+def rank_names(events: Iterable[Event]) -> dict[int, str]:
+    """``{rank: "rank r"}``, or ``"rank r @ host"`` when the events carry a `host` (multi-host)."""
+    names: dict[int, str] = {}
+    for e in events:
+        if "rank" in e and e.get("type") in ("step", "bucket", "memory", "comm_volume"):
+            r = int(e["rank"])
+            if e.get("host"):
+                names[r] = f"rank {r} @ {e['host']}"
+            else:
+                names.setdefault(r, f"rank {r}")
+    return dict(sorted(names.items()))
+
+
+def with_rank_names(df: pd.DataFrame, names: dict[int, str]) -> pd.DataFrame:
+    """`df` (with a `rank` column) plus `lane`: the rank's display name."""
+    return df.assign(lane=[names.get(int(r), f"rank {int(r)}") for r in df["rank"]])
+
+
+def exposed_frame(buckets: pd.DataFrame, steps: Iterable[Event]) -> pd.DataFrame:
+    """Per rank: the exposed part of communication in this step.
+
+    Columns: rank, start_ms (last bucket ready), end_ms (last all-reduce end), exposed_ms, and
+    reported_ms (the engine's `comm_exposed_s` of that rank's step event, for the tooltip).
+    """
+    cols = ["rank", "start_ms", "end_ms", "exposed_ms", "reported_ms"]
+    if buckets.empty:
+        return pd.DataFrame(columns=cols)
+    step = int(buckets["step"].iloc[0])
+    reported = {int(e.get("rank", 0)): e.get("comm_exposed_s", 0.0) * 1000.0
+                for e in frames.of_type(steps, "step") if e["step"] == step}
+    g = buckets.groupby("rank").agg(start_ms=("ready_ms", "max"), end_ms=("comm_end_ms", "max"))
+    g = g.reset_index()
+    g["end_ms"] = g[["start_ms", "end_ms"]].max(axis=1)
+    g["exposed_ms"] = g["end_ms"] - g["start_ms"]
+    g["reported_ms"] = [reported.get(int(r), float("nan")) for r in g["rank"]]
+    return g[cols]
+
+
+def exposed_per_step(events: Iterable[Event], run: str) -> pd.DataFrame:
+    """Exposed comm (ms, the slowest rank's) per step, for the overlap on/off comparison."""
+    rows: dict[int, float] = {}
+    for e in frames.of_type(events, "step"):
+        ms = (e.get("comm_exposed_s") or 0.0) * 1000.0
+        rows[e["step"]] = max(rows.get(e["step"], 0.0), ms)
+    return pd.DataFrame({"run": run, "step": list(rows), "exposed_ms": list(rows.values())},
+                        columns=["run", "step", "exposed_ms"])
+
+
+def layout_frame(buckets: list[dict[str, Any]] | None) -> pd.DataFrame:
+    """A bucket layout (`bucket_preview` initial/rebuilt, or measured) as a table:
+    bucket, KiB, tensors, parameters (names, in the order DDP reduces them)."""
+    rows = []
+    for b in buckets or []:
+        names = list(b.get("param_names") or [])
+        shown = ", ".join(names[:MAX_NAMES]) + (f", … +{len(names) - MAX_NAMES} more"
+                                                if len(names) > MAX_NAMES else "")
+        rows.append({"bucket": int(b["bucket_index"]), "KiB": b.get("nbytes", 0) / 1024,
+                     "tensors": b.get("num_params", len(names)), "parameters": shown})
+    return pd.DataFrame(rows, columns=["bucket", "KiB", "tensors", "parameters"])
+
+
+def measured_layouts(events: Iterable[Event], rank: int = 0) -> dict[int, list[dict[str, Any]]]:
+    """``{step: buckets}`` for each step where rank `rank`'s bucket events name their
+    parameters (the layout appears or changes: step 0, and the rebuild after it)."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for e in frames.of_type(events, "bucket"):
+        if e.get("rank", 0) == rank and e.get("param_names"):
+            out.setdefault(e["step"], []).append(e)
+    return {s: sorted(bs, key=lambda b: b["bucket_index"]) for s, bs in sorted(out.items())}

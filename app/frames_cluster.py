@@ -1,0 +1,67 @@
+"""Pure transforms for the Cluster page: workers, their GPUs, and what each worker ran.
+
+Worker dicts are `DdpvizClient.workers()`'s: ``{name, host, pid, devices, ts, current_run,
+state}`` plus, where the worker sees NVIDIA GPUs, ``gpus: [{index, name, memory_used_bytes,
+memory_total_bytes, utilization_pct}]`` (from NVML, refreshed with each heartbeat).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Iterable
+
+import pandas as pd
+
+GIB = 1024 ** 3
+WORKER_COLUMNS = ["name", "host", "pid", "state", "current_run", "heartbeat_age_s", "devices",
+                  "gpus"]
+
+
+def workers_frame(workers: Iterable[dict[str, Any]], now: float) -> pd.DataFrame:
+    """One row per worker; `heartbeat_age_s` = now − last beat; `devices` a short description;
+    `gpus` "CPU only" when the worker reported none."""
+    rows = []
+    for w in workers:
+        devs = w.get("devices") or []
+        kinds = sorted({str(d.get("kind", "?")) for d in devs if isinstance(d, dict)})
+        gpus = w.get("gpus") or []
+        rows.append({
+            "name": w.get("name"), "host": w.get("host"), "pid": w.get("pid"),
+            "state": w.get("state") or "?", "current_run": w.get("current_run") or "",
+            "heartbeat_age_s": max(0.0, now - float(w["ts"])) if w.get("ts") else None,
+            "devices": f"{len(devs)} × {'/'.join(kinds) or '?'}" if devs else "none reported",
+            "gpus": ", ".join(f"{g.get('index')}: {g.get('name')}" for g in gpus) or "CPU only"})
+    return pd.DataFrame(rows, columns=WORKER_COLUMNS)
+
+
+def gpu_frame(workers: Iterable[dict[str, Any]]) -> pd.DataFrame:
+    """One row per GPU of every worker: worker, gpu (label), used_gib, total_gib, used_pct,
+    utilization_pct."""
+    cols = ["worker", "gpu", "used_gib", "total_gib", "used_pct", "utilization_pct"]
+    rows = []
+    for w in workers:
+        for g in w.get("gpus") or []:
+            used, total = g.get("memory_used_bytes") or 0, g.get("memory_total_bytes") or 0
+            rows.append({"worker": w.get("name"),
+                         "gpu": f"{w.get('name')} · GPU {g.get('index')} ({g.get('name')})",
+                         "used_gib": used / GIB, "total_gib": total / GIB,
+                         "used_pct": 100.0 * used / total if total else None,
+                         "utilization_pct": g.get("utilization_pct")})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def worker_runs_frame(runs: Iterable[dict[str, Any]], now: float) -> pd.DataFrame:
+    """Runs that a worker started: worker, run (label · id), mode, status, start, end (local
+    datetimes; a running run ends now)."""
+    cols = ["worker", "run", "mode", "status", "start", "end"]
+    rows = []
+    for r in runs:
+        if not r.get("worker") or not r.get("started_at"):
+            continue
+        label = r.get("label") or (r.get("config") or {}).get("mode", "?")
+        end = r.get("finished_at") or now
+        rows.append({"worker": r["worker"], "run": f"{label} · {r['run_id'][:6]}",
+                     "mode": (r.get("config") or {}).get("mode"), "status": r.get("status"),
+                     "start": dt.datetime.fromtimestamp(r["started_at"]),
+                     "end": dt.datetime.fromtimestamp(max(end, r["started_at"]))})
+    return pd.DataFrame(rows, columns=cols)

@@ -1,0 +1,172 @@
+"""Sets of runs the analysis pages look at, and the bounded windows that hold their events.
+
+A *set* is the runs that share a `group` in their records: a DP/DDP pair, a single/DP/DDP trio,
+an overlap on/off pair, or a sweep. Pages pick a set (or runs named in ``?runs=``) and read each
+run through an `AnalysisWindow`: a `RunWindow` that also keeps steps 0 and 1 of the per-step
+detail events (step 0's single bucket, the rebuild after it) and the latest `RECENT_STEPS`.
+
+Pure helpers (grouping, labels) come first; the Streamlit parts (pickers, polling) after.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Callable
+
+import streamlit as st
+
+from app import frames
+from app.outage import REDIS_DOWN, show_outage
+from app.window import RunWindow
+
+RECENT_STEPS = 8  # newest steps of bucket / dp_phase / comm_volume events kept per run
+FIRST_STEPS = 2  # steps 0 and 1 are kept as well: the initial bucket and the rebuilt layout
+MAX_STEPS = 2000  # step and memory events kept per run (charts thin them further)
+REFRESH_S = 1.0
+POLL_INTERVAL_S = 0.5
+MODE_ORDER = {"single": 0, "dp": 1, "ddp": 2}
+
+Run = dict[str, Any]
+
+
+# ---- pure ---------------------------------------------------------------------------------
+def mode(run: Run | None) -> str:
+    return ((run or {}).get("config") or {}).get("mode", "?")
+
+
+def groups(runs: list[Run]) -> dict[str, list[Run]]:
+    """Runs with a `group`, by group, newest group first; each group's runs single, dp, ddp."""
+    out: dict[str, list[Run]] = {}
+    for r in sorted(runs, key=lambda r: -(r.get("created_at") or 0)):
+        if r.get("group"):
+            out.setdefault(r["group"], []).append(r)
+    for members in out.values():
+        members.sort(key=sort_key)
+    return out
+
+
+def sort_key(run: Run) -> tuple:
+    cfg = run.get("config") or {}
+    return (MODE_ORDER.get(mode(run), 3), cfg.get("world_size") or 0, str(cfg.get("overlap")),
+            cfg.get("bucket_cap_mb") or 0, run.get("created_at") or 0)
+
+
+def set_label(members: list[Run]) -> str:
+    """``"DP · DDP — mlp ×2, 12 steps — 08:35:02 (1a2b3c)"``: what a picker shows for a set."""
+    names = " · ".join(dict.fromkeys(frames.run_label(r, r["run_id"]) for r in members))
+    cfg = (members[0].get("config") or {}) if members else {}
+    created = min((r.get("created_at") or 0) for r in members) if members else 0
+    when = dt.datetime.fromtimestamp(created).strftime("%m-%d %H:%M:%S") if created else "?"
+    group = members[0].get("group") or "" if members else ""
+    return (f"{names} — {cfg.get('model')} ×{cfg.get('world_size')}, {cfg.get('steps')} steps "
+            f"— {when} ({group[:12]})")
+
+
+def default_group(by_group: dict[str, list[Run]], want: Callable[[list[Run]], bool]) -> str | None:
+    """The newest group for which `want(members)` holds, else the newest group."""
+    for g, members in by_group.items():
+        if want(members):
+            return g
+    return next(iter(by_group), None)
+
+
+def has_modes(*modes: str) -> Callable[[list[Run]], bool]:
+    """A `want` for `default_group`: the set holds a run of every one of `modes`."""
+    return lambda members: set(modes) <= {mode(r) for r in members}
+
+
+def unique_labels(runs: list[Run]) -> dict[str, str]:
+    """Legend name per run id, made unique (id suffix) when two runs share a label."""
+    labels = {r["run_id"]: frames.run_label(r, r["run_id"]) for r in runs}
+    if len(set(labels.values())) < len(labels):
+        labels = {rid: f"{lab} · {rid[:6]}" for rid, lab in labels.items()}
+    return labels
+
+
+# ---- Streamlit ------------------------------------------------------------------------------
+def pick_set(client, key: str, want: Callable[[list[Run]], bool], *,
+             limit: int = 200) -> list[Run]:
+    """The set picker: ``?runs=a,b`` in the URL wins; else a selectbox of sets (default: the
+    newest one `want` accepts). Returns the chosen runs' records, ordered single, dp, ddp."""
+    from_url = [i for i in st.query_params.get("runs", "").split(",") if i]
+    if from_url:
+        runs = [client.get_run(i) for i in from_url]
+        missing = [i for i, r in zip(from_url, runs) if r is None]
+        if missing:
+            st.warning("No such run: " + ", ".join(f"`{i}`" for i in missing),
+                       icon=":material/search_off:")
+        chosen = sorted((r for r in runs if r is not None), key=sort_key)
+        st.caption("Runs from the link: " + ", ".join(frames.run_label(r, r["run_id"])
+                                                      for r in chosen))
+        return chosen
+    by_group = groups(client.list_runs(limit=limit))
+    if not by_group:
+        return []
+    options = list(by_group)
+    shared = st.session_state.get("focus_group")  # the set chosen on another page
+    default = shared if shared in by_group and want(by_group[shared]) else \
+        default_group(by_group, want)
+    if st.session_state.get(key) not in by_group:
+        st.session_state[key] = default
+    picked = st.selectbox("Run set (runs launched together share a group)", options, key=key,
+                          format_func=lambda g: set_label(by_group[g]))
+    st.session_state["focus_group"] = picked
+    return by_group[picked]
+
+
+def windows_for(ids: list[str]) -> dict[str, RunWindow]:
+    """An analysis `RunWindow` per id, kept across reruns in session state."""
+    store = st.session_state.setdefault("analysis_windows", {})
+    for rid in ids:
+        if rid not in store:
+            store[rid] = RunWindow(rid, max_steps=MAX_STEPS, recent_steps=RECENT_STEPS,
+                                   first_steps=FIRST_STEPS)
+    return {rid: store[rid] for rid in ids}
+
+
+def poll(client, windows: dict[str, RunWindow]) -> bool:
+    """Read new events of every window; False (after the outage banner) when Redis is down."""
+    try:
+        for w in windows.values():
+            w.poll(client, min_interval_s=POLL_INTERVAL_S)
+    except REDIS_DOWN:
+        show_outage()
+        return False
+    return True
+
+
+def all_done(windows: dict[str, RunWindow]) -> bool:
+    return all(w.done for w in windows.values())
+
+
+def live_body(client, windows: dict[str, RunWindow], body: Callable[[], None], key: str) -> None:
+    """Draw `body()` in a fragment that polls `windows` and redraws every `REFRESH_S` seconds
+    while any run is still going; when all are done it reruns the page once to stop polling.
+
+    Redis errors inside `body` become the outage banner; the next tick tries again.
+    """
+    poll(client, windows)
+    live = not all_done(windows)
+    flag = f"{key}_polling"
+    st.session_state[flag] = live
+
+    def tick() -> None:
+        if not poll(client, windows):
+            return
+        try:
+            body()
+        except REDIS_DOWN:
+            show_outage()
+            return
+        if st.session_state.get(flag) and all_done(windows):
+            st.session_state[flag] = False
+            st.rerun()
+
+    st.fragment(tick, run_every=REFRESH_S if live else None)()
+
+
+def no_runs(what: str = "runs") -> None:
+    """The empty state: say what is missing and link to where to make it."""
+    st.info(f"No {what} yet: launch some on the Launch, Compare or Sweeps page.",
+            icon=":material/info:")
+    st.page_link("views/launch.py", label="Launch a run", icon=":material/rocket_launch:")

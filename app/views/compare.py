@@ -1,0 +1,105 @@
+"""Compare page: a single/DP/DDP set (same config and seed) side by side.
+
+Pick a set of runs launched together (or launch a trio here), then read: samples/s and the
+speed-up over one device, the step-time split, peak memory per device and its imbalance, bytes
+per device per step against the formula, overlap, whether the replicas stayed in sync — and the
+throughput and loss curves on one step axis.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import charts, charts_compare, frames, runsets
+from app.connection import require_client
+from app.frames_compare import (bytes_frame, compare_frame, curves_frame, peak_memory_frame,
+                                side_by_side, view_of)
+from app.widgets import quick_fields, show_errors
+from engine.config import ConfigError
+from workers.sweeps import submit_trio
+
+
+def launch_trio(client) -> None:
+    """A compact form that submits single, DP and DDP of one config (one group)."""
+    with st.expander("Launch a single / DP / DDP trio", icon=":material/rocket_launch:"):
+        with st.form("compare_launch"):
+            values = quick_fields("cmp")
+            go = st.form_submit_button("Launch single, DP and DDP", type="primary",
+                                       key="compare_launch_trio")
+        if go:
+            try:
+                group, ids = submit_trio(client, values)
+            except ConfigError as exc:
+                show_errors(exc.errors)
+                return
+            st.session_state["focus_group"] = group
+            st.session_state.pop("compare_set", None)
+            st.query_params.clear()
+            st.toast(f"Launched {', '.join(ids.values())}")
+            st.rerun()
+
+
+def narrow_to_world_size(runs: list[dict]) -> list[dict]:
+    """A sweep holds several world sizes: pick one (single runs always stay)."""
+    sizes = sorted({(r.get("config") or {}).get("world_size") for r in runs
+                    if runsets.mode(r) != "single"})
+    if len(sizes) <= 1:
+        return runs
+    n = st.segmented_control("world size", sizes, default=sizes[-1], key="compare_ws")
+    return [r for r in runs if runsets.mode(r) == "single"
+            or (r.get("config") or {}).get("world_size") == n]
+
+
+def body(windows, labels) -> None:
+    """Everything below the picker; redrawn each tick while a run is going."""
+    views = [view_of(w, labels[rid]) for rid, w in windows.items()]
+    table = compare_frame(views)
+    cols = st.columns(len(views))
+    for col, (_, row) in zip(cols, table.iterrows()):
+        speed = row["speedup_vs_single"]
+        col.metric(f"{row['run']}: samples/s", "—" if row["samples_per_s"] != row["samples_per_s"]
+                   else f"{row['samples_per_s']:,.0f}",
+                   delta=None if speed != speed else f"{speed:.2f}× single", delta_color="off",
+                   delta_arrow="off")
+    rows = side_by_side(table)
+    st.dataframe(rows, hide_index=True, key="compare_table", height=36 * (len(rows) + 1) + 4)
+    curves = curves_frame(views)
+    left, right = st.columns(2)
+    with left:
+        st.altair_chart(charts.throughput_chart(curves), key="cmp_throughput")
+    with right:
+        st.altair_chart(charts_compare.loss_chart(curves), key="cmp_loss")
+    left, right = st.columns(2)
+    with left:
+        st.altair_chart(charts.split_chart(frames.split_frame(curves)), key="cmp_split")
+    with right:
+        if table["speedup_vs_single"].notna().any():
+            st.altair_chart(charts_compare.speedup_chart(table), key="cmp_speedup")
+        else:
+            st.info("Speed-up needs a finished `single` run in this set: launch a trio above.",
+                    icon=":material/info:")
+    left, right = st.columns(2)
+    with left:
+        peaks = peak_memory_frame(views)
+        if not peaks.empty:
+            st.altair_chart(charts_compare.peak_memory_chart(peaks), key="cmp_memory")
+    with right:
+        volume = bytes_frame(views)
+        if not volume.empty:
+            st.altair_chart(charts_compare.bytes_chart(volume), key="cmp_bytes")
+    st.caption("P = gradient bytes. Replicas in sync: every replica's parameter checksum equal "
+               "at the last check (DP: device copies; DDP: ranks).")
+
+
+st.title("Compare")
+st.caption("Same config, same seed: one device vs DataParallel vs DistributedDataParallel.")
+client = require_client()
+launch_trio(client)
+runs = runsets.pick_set(client, "compare_set", runsets.has_modes("dp", "ddp"))
+if not runs:
+    runsets.no_runs("run sets")
+    st.stop()
+runs = narrow_to_world_size(runs)
+labels = runsets.unique_labels(runs)
+windows = runsets.windows_for([r["run_id"] for r in runs])
+runsets.live_body(client, windows, lambda: body(windows, labels), key="compare")

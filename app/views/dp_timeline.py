@@ -1,0 +1,77 @@
+"""DP timeline: DataParallel's star, one lane per device.
+
+Every step device 0 broadcasts the weights, scatters the inputs, gathers the outputs, computes
+the loss, reduces the gradients and steps the optimizer; devices 1..N-1 only run forward and
+backward on their replica and wait the rest of the time. The idle gaps are drawn, and each
+device's idle share written beside its lane.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import frames, frames_dp as fd, runsets
+from app.charts_dp import dp_timeline, phase_totals_chart
+from app.connection import require_client
+from app.widgets import pick_step
+
+MAX_RUNS = 2
+
+
+def dp_runs(runs: list[dict]) -> list[dict]:
+    dp = [r for r in runs if runsets.mode(r) == "dp"]
+    if len(dp) > MAX_RUNS:
+        labels = runsets.unique_labels(dp)
+        keep = st.multiselect("DP runs (one or two)", [r["run_id"] for r in dp],
+                              default=[r["run_id"] for r in dp[-MAX_RUNS:]],
+                              max_selections=MAX_RUNS, format_func=labels.get, key="dp_pick")
+        dp = [r for r in dp if r["run_id"] in keep]
+    return dp
+
+
+def step_selector(windows) -> int | None:
+    steps = sorted(set().union(*(fd.dp_steps(w.of_type("dp_phase")) for w in windows.values())))
+    return pick_step(steps, "dp_step")
+
+
+def one_run(w, label: str, step: int) -> None:
+    phases = frames.dp_phase_frame(w.of_type("dp_phase"), step)
+    if phases.empty:
+        st.info(f"{label}: no phases recorded for step {step}.", icon=":material/info:")
+        return
+    summary = fd.idle_summary(phases)
+    st.altair_chart(dp_timeline(phases, fd.idle_frame(phases), summary, run=label),
+                    key=f"dp_tl_{w.run_id}")
+    workers = summary[summary["device"] != summary["device"].min()]
+    if not workers.empty:
+        st.caption(f"Devices other than device 0 are idle {workers['idle_pct'].mean():.0f}% of "
+                   f"step {step} on average; device 0 "
+                   f"{summary['idle_pct'].iloc[0]:.0f}%."
+                   + (" DP emulated on virtual CPU devices (real threads, real copies)."
+                      if (w.started or {}).get("emulated") else ""))
+    totals = fd.phase_totals(w.of_type("dp_phase"), fd.dp_steps(w.of_type("dp_phase")))
+    if not totals.empty:
+        st.altair_chart(phase_totals_chart(totals, run=label), key=f"dp_totals_{w.run_id}")
+
+
+def body(windows, labels) -> None:
+    step = step_selector(windows)
+    if step is None:
+        st.info("Waiting for the first complete DP step…", icon=":material/hourglass_empty:")
+        return
+    for col, (rid, w) in zip(st.columns(len(windows)), windows.items()):
+        with col:
+            one_run(w, labels[rid], step)
+
+
+st.title("DP timeline")
+st.caption("DataParallel is a star: device 0 is the hub that every byte goes through, and the "
+           "other devices wait while it works.")
+client = require_client()
+runs = dp_runs(runsets.pick_set(client, "dp_set", runsets.has_modes("dp")))
+if not runs:
+    runsets.no_runs("DP runs")
+    st.stop()
+labels = runsets.unique_labels(runs)
+windows = runsets.windows_for([r["run_id"] for r in runs])
+runsets.live_body(client, windows, lambda: body(windows, labels), key="dp")

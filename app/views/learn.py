@@ -1,0 +1,71 @@
+"""Learn: the two communication patterns, drawn from the selected runs' measured bytes per link.
+
+DataParallel is a star around device 0; DistributedDataParallel's all-reduce is a ring. Each
+drawing uses the `comm_volume` events of the run's latest step.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import frames_buckets, frames_topology as ftop, runsets
+from app.charts_topology import topology_chart
+from app.connection import require_client
+
+STAR_TEXT = """
+**DataParallel: a star.** One process drives every device from threads. Each step device 0
+*broadcasts* the weights to every replica and *scatters* the batch; each device runs forward;
+device 0 *gathers* the outputs, computes the loss, and after backward *reduces* every replica's
+gradients onto itself and runs the optimizer alone. Every byte passes through device 0, so its
+link carries (n−1) times what any other device's does, and the others wait while it works.
+"""
+RING_TEXT = """
+**DistributedDataParallel: a ring.** One process per rank, each with its own copy of the model
+and its own shard of the data. Gradients are grouped in buckets; when a bucket is ready its
+*all-reduce* starts while backward continues. A ring all-reduce passes chunks around the ring in
+2(n−1) hops, so every rank sends and receives 2(n−1)/n·P bytes — the same on every link, and
+below 2·P however many ranks join. Every rank then steps its own optimizer: no broadcast needed.
+"""
+
+
+def body(windows, labels) -> None:
+    dp = [(rid, w) for rid, w in windows.items() if w.mode == "dp"]
+    ddp = [(rid, w) for rid, w in windows.items() if w.mode == "ddp"]
+    drawn = []
+    for rid, w in dp[:1]:
+        nodes, edges = ftop.star(ftop.latest_volume(w.of_type("comm_volume")))
+        drawn.append(("star", rid, nodes, edges))
+    for rid, w in ddp[:1]:
+        names = frames_buckets.rank_names(w.of_type("step"))
+        nodes, edges = ftop.ring(ftop.latest_volume(w.of_type("comm_volume")), names)
+        drawn.append(("ring", rid, nodes, edges))
+    top = max((float(e["mib"].max()) for *_, e in drawn if not e.empty), default=None)
+    for col, (kind, rid, nodes, edges) in zip(st.columns(2), drawn):
+        with col:
+            st.markdown(STAR_TEXT if kind == "star" else RING_TEXT)
+            if nodes.empty:
+                st.info(f"{labels[rid]}: waiting for the first step's bytes…",
+                        icon=":material/hourglass_empty:")
+                continue
+            heading = (f"{labels[rid]}: the star" if kind == "star"
+                       else f"{labels[rid]}: the ring")
+            sub = ("link width: bytes per step between device 0 and each device" if kind == "star"
+                   else "arrows: the direction chunks travel; width: bytes per step")
+            st.altair_chart(topology_chart(nodes, edges, heading=heading, subtitle=sub,
+                                           max_mib=top, arrows=kind == "ring"),
+                            key=f"learn_{kind}")
+    if not drawn:
+        st.info("Pick a set with a DP or a DDP run.", icon=":material/info:")
+
+
+st.title("Learn: the star and the ring")
+st.caption("Where the bytes go in each strategy, drawn from your own runs.")
+client = require_client()
+runs = [r for r in runsets.pick_set(client, "learn_set", runsets.has_modes("dp", "ddp"))
+        if runsets.mode(r) in ("dp", "ddp")]
+if not runs:
+    runsets.no_runs("DP or DDP runs")
+    st.stop()
+labels = runsets.unique_labels(runs)
+windows = runsets.windows_for([r["run_id"] for r in runs])
+runsets.live_body(client, windows, lambda: body(windows, labels), key="learn")

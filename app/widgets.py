@@ -1,0 +1,61 @@
+"""Form inputs shared by the pages that launch runs (Launch, Compare, Buckets, Sweeps)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import streamlit as st
+
+from app import form
+
+# The few fields a quick launch asks for; the rest keep RunConfig's defaults.
+QUICK_FIELDS = ["world_size", "model", "dataset", "width", "depth", "global_batch_size", "steps",
+                "bucket_cap_mb", "step_delay_s"]
+
+
+def field_widget(field: str, default: Any, prefix: str = "cfg") -> Any:
+    """One input for `field`, keyed ``<prefix>_<field>``. Numbers have no bounds on purpose: the
+    form must be able to hold a bad value so validation can name the field and the rule."""
+    key, help_ = f"{prefix}_{field}", form.HELP.get(field)
+    kind = form.kind(field)
+    if kind == "choice":
+        opts = form.choices(field)
+        return st.selectbox(field, opts, index=opts.index(default) if default in opts else 0,
+                            key=key, help=help_)
+    if kind == "bool":
+        return st.checkbox(field, value=bool(default), key=key, help=help_)
+    if kind == "int":
+        return st.number_input(field, value=int(default), step=1, key=key, help=help_)
+    return st.number_input(field, value=float(default), step=None, format="%g", key=key,
+                           help=help_)
+
+
+def quick_fields(prefix: str, fields: list[str] | None = None, columns: int = 5,
+                 overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A compact grid of `fields` (default `QUICK_FIELDS`); returns the full config values
+    (RunConfig defaults for everything not shown). Call inside an `st.form`."""
+    values = {**form.defaults(), **(overrides or {})}
+    cols = st.columns(columns)
+    for i, f in enumerate(fields or QUICK_FIELDS):
+        with cols[i % columns]:
+            values[f] = field_widget(f, values[f], prefix)
+    return values
+
+
+def pick_step(steps: list[int], key: str) -> int | None:
+    """Buttons for `steps`; follows the newest until the reader picks an older one."""
+    if not steps:
+        return None
+    follow = f"{key}_follow"
+    if st.session_state.get(follow, True) or st.session_state.get(key) not in steps:
+        st.session_state[key] = steps[-1]
+    step = st.segmented_control("step (0 and 1 are kept, then the latest ones)", steps,
+                                key=key, format_func=lambda s: f"step {s}", required=True)
+    st.session_state[follow] = step == steps[-1]
+    return step
+
+
+def show_errors(errors: list[tuple[str, str]]) -> None:
+    """One line per broken rule, naming the field."""
+    lines = "\n".join(f"- **{field}**: {msg}" for field, msg in errors)
+    st.error(f"Not launched: fix {len(errors)} field(s).\n\n{lines}", icon=":material/warning:")

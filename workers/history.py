@@ -1,0 +1,78 @@
+"""Run history: delete a finished run, run a config again, read a whole event stream.
+
+Imports no torch. Records and streams live in Redis (persisted by the server: the embedded one
+`ddpviz up` starts writes an append-only file), so history survives a restart of the app and of
+Redis; these helpers are the only ways the app changes it besides submitting and cancelling.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rq.exceptions import NoSuchJobError
+from rq.job import Job
+from rq.serializers import JSONSerializer
+
+from workers import keys
+from workers.store import ACTIVE
+
+READ_BATCH = 5000  # events per XRANGE when reading a whole stream
+
+
+class RunActive(ValueError):
+    """The run is queued or started: cancel it before deleting it."""
+
+
+def delete_run(client, run_id: str) -> bool:
+    """Delete a run's record, its index entry, its event stream, its cancel flag and its RQ job.
+
+    Args:
+        client: a `workers.client.DdpvizClient`.
+
+    Returns:
+        True if there was such a run.
+
+    Raises:
+        RunActive: the run is queued or started (a worker may still write to it).
+    """
+    run = client.get_run(run_id)
+    if run is None:
+        return False
+    if run.get("status") in {s.value for s in ACTIVE}:
+        raise RunActive(f"run {run_id} is {run['status']}: cancel it before deleting it")
+    with client.redis.pipeline(transaction=True) as pipe:
+        pipe.delete(keys.run(run_id), keys.events(run_id), keys.cancel(run_id))
+        pipe.zrem(keys.RUNS, run_id)
+        pipe.execute()
+    try:
+        Job.fetch(run_id, connection=client.redis, serializer=JSONSerializer).delete()
+    except NoSuchJobError:
+        pass  # its result expired, or it never reached RQ
+    return True
+
+
+def rerun(client, run_id: str) -> str:
+    """Submit the run's config again (a new run id, same label, no group). Returns the new id.
+
+    Raises:
+        KeyError: no run `run_id`.
+        engine.config.ConfigError: the stored config no longer validates (e.g. a plugin model
+            was uninstalled).
+    """
+    run = client.get_run(run_id)
+    if run is None:
+        raise KeyError(f"no run {run_id!r}")
+    return client.submit(run["config"], label=run.get("label") or None)
+
+
+def read_all_events(client, run_id: str, max_events: int = 2_000_000) -> list[dict[str, Any]]:
+    """Every event of the run's stream, oldest first (at most `max_events`)."""
+    out: list[dict[str, Any]] = []
+    last = "0-0"
+    while len(out) < max_events:
+        batch, last = client.read_events(run_id, after_id=last,
+                                         count=min(READ_BATCH, max_events - len(out)))
+        out += batch
+        if not batch:
+            break
+    return out
