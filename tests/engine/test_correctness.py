@@ -66,3 +66,15 @@ def test_ddp_matches_single(fields):
     assert result.summary["replicas_in_sync"] is True
     ranks = {e["rank"] for e in sink.of_type("step")}
     assert ranks == {0, 1}
+
+
+@pytest.mark.slow
+def test_uneven_dataset_across_three_ranks_crosses_an_epoch_without_hanging():
+    # 1,528 training digits / 3 ranks = 509.33: DistributedSampler(drop_last=True) gives each rank
+    # 509, i.e. 50 batches of 10; 52 steps cross into epoch 1 (reshuffled) on every rank together.
+    fields = dict(model="mlp", world_size=3, width=16, depth=1, global_batch_size=30, steps=52, lr=0.1,
+                  eval_every=0, step_delay_s=0)
+    result, sink = train(mode="ddp", **fields)
+    assert sink.of_type("run_started")[0]["sampler"]["drop_last"] is True
+    assert {e["rank"] for e in sink.of_type("step")} == {0, 1, 2}
+    torch.testing.assert_close(result.final_params, baseline(**fields), **TOL)
