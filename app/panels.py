@@ -20,7 +20,8 @@ POLL_INTERVAL_S = 0.5  # windows shared by several panels are read at most this 
 # Material icons: Streamlit ships their font, so they render where no emoji font is installed.
 _BADGE = {"queued": ("gray", ":material/schedule:"), "started": ("blue", ":material/play_arrow:"),
           "finished": ("green", ":material/check_circle:"), "failed": ("red", ":material/error:"),
-          "canceled": ("orange", ":material/stop_circle:"), "unknown": ("gray", ":material/help:")}
+          "canceled": ("orange", ":material/stop_circle:"), "lost": ("violet", ":material/link_off:"),
+          "unknown": ("gray", ":material/help:")}
 
 
 def refresh(client, windows: dict[str, RunWindow]) -> None:

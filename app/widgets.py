@@ -43,16 +43,16 @@ def quick_fields(prefix: str, fields: list[str] | None = None, columns: int = 5,
 
 
 def pick_step(steps: list[int], key: str) -> int | None:
-    """Buttons for `steps`; follows the newest until the reader picks an older one."""
+    """Buttons for `steps`; follows the newest step until the reader picks an older one."""
     if not steps:
         return None
-    follow = f"{key}_follow"
-    if st.session_state.get(follow, True) or st.session_state.get(key) not in steps:
-        st.session_state[key] = steps[-1]
-    step = st.segmented_control("step (0 and 1 are kept, then the latest ones)", steps,
+    latest_key = f"{key}_latest"
+    current = st.session_state.get(key)
+    if current not in steps or current == st.session_state.get(latest_key):
+        st.session_state[key] = steps[-1]  # at the newest (or nothing picked): keep following
+    st.session_state[latest_key] = steps[-1]
+    return st.segmented_control("step (0 and 1 are kept, then the latest ones)", steps,
                                 key=key, format_func=lambda s: f"step {s}", required=True)
-    st.session_state[follow] = step == steps[-1]
-    return step
 
 
 def show_errors(errors: list[tuple[str, str]]) -> None:

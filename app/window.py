@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-TERMINAL = ("finished", "failed", "canceled")
+TERMINAL = ("finished", "failed", "canceled", "lost")  # lost: its worker stopped beating
 _RECENT_STEPS = {"bucket": 2, "dp_phase": 2, "comm_volume": 2}
 _MAX_LOGS = 50
 

@@ -77,7 +77,7 @@ def actions(client, status: dict[str, str], selected: list[str]) -> None:
                                               disabled=not lost, width="stretch",
                                               help="runs whose worker died: queue them again"):
         for rid in lost:
-            st.toast(f"{rid}: {requeue(rid)}")
+            st.toast(f"{rid} re-queued as {requeue(rid)}")
         st.rerun()
     with cols[5].popover(f"Delete {len(ended)}", disabled=not ended, width="stretch"):
         st.write(f"Delete {len(ended)} run(s) and their events for good?")

@@ -2,21 +2,8 @@
 unless a test plays a recorded run into the stream)."""
 
 import json
-from pathlib import Path
 
-from workers.sink import RedisStreamWriter
-from workers.store import RunStatus
-
-DATA = Path(__file__).parent / "data"
-
-
-def _play(client, run_id: str, name: str) -> None:
-    """Write a recorded event file into `run_id`'s stream and finish the run like a worker."""
-    with open(DATA / name, encoding="utf-8") as fh:
-        events = [{**json.loads(line), "run_id": run_id} for line in fh if line.strip()]
-    client.store.mark_started(run_id, "test-worker")
-    RedisStreamWriter(client.redis, run_id).write_batch(events)
-    client.store.finish(run_id, RunStatus.FINISHED, summary=events[-1].get("summary"))
+from recorded import play as _play
 
 
 def test_launch_pair_through_redis(real_client, app_test):

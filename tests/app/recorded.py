@@ -1,0 +1,45 @@
+"""Recorded real runs (tests/app/data) played into Redis as if a worker had run them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from workers.sink import RedisStreamWriter
+from workers.store import RunStatus
+from workers.sweeps import submit_sweep, submit_trio
+
+DATA = Path(__file__).parent / "data"
+CONFIG = {"world_size": 2, "steps": 12, "width": 256, "bucket_cap_mb": 0.1, "step_delay_s": 0.0,
+          "eval_every": 0}
+FILES = {"single": "real_single_mlp_ws2.jsonl", "dp": "real_dp_mlp_ws2.jsonl",
+         "ddp": "real_ddp_mlp_ws2.jsonl", "ddp-nooverlap": "real_ddp_nooverlap_mlp_ws2.jsonl"}
+
+
+def play(client, run_id: str, name: str, worker: str = "test-worker") -> None:
+    """Write a recorded event file into `run_id`'s stream and finish the run like a worker."""
+    with open(DATA / name, encoding="utf-8") as fh:
+        events = [{**json.loads(line), "run_id": run_id} for line in fh if line.strip()]
+    client.store.mark_started(run_id, worker)
+    RedisStreamWriter(client.redis, run_id).write_batch(events)
+    client.store.finish(run_id, RunStatus.FINISHED, summary=events[-1].get("summary"))
+
+
+def trio(client) -> tuple[str, dict[str, str]]:
+    """A single/DP/DDP trio, finished with the recorded runs. Returns (group, {mode: id})."""
+    group, ids = submit_trio(client, CONFIG)
+    for mode, rid in ids.items():
+        play(client, rid, FILES[mode])
+    return group, ids
+
+
+def overlap_pair(client) -> tuple[str, dict[bool, str]]:
+    """DDP with overlap on and off (one sweep), finished. Returns (sweep id, {overlap: id})."""
+    sweep = submit_sweep(client, CONFIG, "overlap", [True, False])
+    ids = {}
+    for r in client.list_runs():
+        if r["group"] == sweep:
+            on = r["config"]["overlap"]
+            play(client, r["run_id"], FILES["ddp" if on else "ddp-nooverlap"])
+            ids[on] = r["run_id"]
+    return sweep, ids

@@ -1,0 +1,200 @@
+"""The analysis pages in AppTest, on recorded real runs played into a real Redis (and, for the
+cases a recording cannot produce — GPUs, an outage — the in-memory client)."""
+
+import json
+
+import redis
+
+import eventgen as g
+from recorded import CONFIG, overlap_pair, play, trio
+from workers.heartbeat import Heartbeat
+from workers.sweeps import submit_sweep
+
+
+def _titles(at) -> list[str]:
+    return [json.loads(c.proto.spec)["title"]["text"] for c in at.get("vega_lite_chart")]
+
+
+def _ok(at) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def test_compare_page_side_by_side(real_client, app_test):
+    _, ids = trio(real_client)
+    at = app_test("views/compare.py")
+    _ok(at)
+    assert _titles(at) == ["Throughput per step", "Loss per step", "Step time split",
+                           "Speed-up over one device", "Peak memory per device",
+                           "Bytes moved per device per step"]
+    table = at.dataframe[0].value
+    assert list(table.columns) == ["measure", "single", "DP", "DDP"]
+    speed = table.set_index("measure").loc["speed-up vs single"]
+    assert speed["single"] == "1.00×" and speed["DP"].endswith("×")
+    assert [m.label for m in at.metric] == ["single: samples/s", "DP: samples/s", "DDP: samples/s"]
+    # the same set through a link (?runs=), e.g. from the Runs page
+    at = app_test("views/compare.py", runs=",".join(ids.values()))
+    _ok(at)
+    assert len(_titles(at)) == 6
+
+
+def test_compare_page_launches_a_trio(real_client, app_test):
+    at = app_test("views/compare.py")
+    assert "No run sets yet" in at.info[0].value
+    at.number_input(key="cmp_steps").set_value(3)
+    at.button(key="compare_launch_trio").click().run()
+    _ok(at)
+    runs = real_client.list_runs()
+    assert sorted(r["config"]["mode"] for r in runs) == ["ddp", "dp", "single"]
+    assert len({r["group"] for r in runs}) == 1 and {r["config"]["steps"] for r in runs} == {3}
+    assert at.session_state["focus_group"] == runs[0]["group"]
+
+
+def test_launch_page_trio_button(fake_client, app_test):
+    at = app_test()
+    at.button(key="launch_trio").click().run()
+    assert not at.exception
+    assert [c["mode"] for c in fake_client.submitted] == ["single", "dp", "ddp"]
+    assert len({r["group"] for r in fake_client.runs.values()}) == 1
+    links = [p.proto.page for p in at.get("page_link")]
+    assert "views/compare.py" in str(links) or len(at.get("page_link")) == 2
+
+
+def test_bucket_timeline_page_overlap_on_off(real_client, app_test):
+    _, ids = overlap_pair(real_client)
+    at = app_test("views/buckets.py")
+    _ok(at)
+    assert _titles(at) == ["DDP overlap off: step 11", "DDP overlap on: step 11",
+                           "Exposed communication per step"]
+    assert at.segmented_control(key="buckets_step").options == \
+        [f"step {s}" for s in [0, 1] + list(range(4, 12))]
+    initial, rebuilt = at.dataframe[0].value, at.dataframe[1].value  # one layout: same config
+    assert len(initial) == 1 and len(rebuilt) == 3
+    assert len(at.dataframe) == 2
+    at.segmented_control(key="buckets_step").set_value(0).run()
+    _ok(at)
+    assert _titles(at)[:2] == ["DDP overlap off: step 0", "DDP overlap on: step 0"]
+    spec = json.loads(at.get("vega_lite_chart")[0].proto.spec)
+    assert spec["title"]["subtitle"].startswith("1 bucket(s) per rank")  # before the rebuild
+
+
+def test_dp_timeline_page(real_client, app_test):
+    trio(real_client)
+    at = app_test("views/dp_timeline.py")
+    _ok(at)
+    assert _titles(at) == ["DP: step 11", "DP: busy time per device by phase"]
+    captions = " ".join(c.value for c in at.caption)
+    assert "idle" in captions and "emulated" in captions
+
+
+def test_theory_page(real_client, app_test):
+    trio(real_client)
+    at = app_test("views/theory.py")
+    _ok(at)
+    assert _titles(at) == ["DDP: bandwidth per bucket", "DDP: all-reduce time vs bytes",
+                           "Bytes moved per device per step"]
+    assert any(c.value.startswith("Fitted:") for c in at.caption)
+
+
+def test_learn_page(real_client, app_test):
+    trio(real_client)
+    at = app_test("views/learn.py")
+    _ok(at)
+    assert _titles(at) == ["DP: the star", "DDP: the ring"]
+    text = " ".join(m.value for m in at.markdown)
+    assert "a star" in text and "a ring" in text
+
+
+def test_sweeps_page_world_size(real_client, app_test):
+    sweep = submit_sweep(real_client, CONFIG, "world_size", [2])
+    for r in real_client.list_runs():
+        play(real_client, r["run_id"], f"real_{r['config']['mode']}_mlp_ws2.jsonl")
+    at = app_test("views/sweeps.py")
+    _ok(at)
+    assert at.selectbox(key="sweep_pick").value == sweep
+    assert _titles(at) == ["Scaling efficiency vs world size", "Throughput vs world size"]
+    table = at.dataframe[0].value
+    assert sorted(table["label"]) == ["DDP ×2", "DP ×2", "single"]
+
+
+def test_sweeps_page_launches_a_bucket_sweep(real_client, app_test):
+    at = app_test("views/sweeps.py")
+    at.radio(key="sweep_kind").set_value("bucket_cap_mb").run()
+    at.text_input(key="sweep_values_bucket_cap_mb").input("0.1, 1")
+    at.button(key="sweep_launch").click().run()
+    _ok(at)
+    runs = real_client.list_runs()
+    assert sorted(r["config"]["bucket_cap_mb"] for r in runs) == [0.1, 1.0]
+    assert {r["config"]["mode"] for r in runs} == {"ddp"}
+    play(real_client, runs[0]["run_id"], "real_ddp_mlp_ws2.jsonl")
+    at = app_test("views/sweeps.py")
+    _ok(at)
+    assert "Step time vs bucket size" in _titles(at)
+
+
+def test_sweeps_page_refuses_bad_values(real_client, app_test):
+    at = app_test("views/sweeps.py")
+    at.text_input(key="sweep_values_world_size").input("2, 3")  # 64 % 3 != 0
+    at.button(key="sweep_launch").click().run()
+    assert "global_batch_size" in at.error[0].value and "DP ×3" in at.error[0].value
+    assert real_client.list_runs() == []
+
+
+def test_runs_page_filters_and_exports(real_client, app_test):
+    _, ids = trio(real_client)
+    at = app_test("views/runs.py")
+    _ok(at)
+    assert len(at.dataframe[0].value) == 3
+    at.multiselect(key="runs_mode").select("dp").run()
+    assert at.dataframe[0].value["run_id"].tolist() == [ids["dp"]]
+    at.multiselect(key="runs_mode").unselect("dp").run()
+    at.text_input(key="runs_text").input("single").run()
+    assert at.dataframe[0].value["run_id"].tolist() == [ids["single"]]
+    assert at.button(key="delete_runs") is not None  # inside the (closed) popover
+    assert at.button(key="rerun_runs").disabled  # nothing selected
+
+
+def test_cluster_page_cpu_worker(real_client, app_test):
+    trio(real_client)
+    Heartbeat(real_client.redis, "test-worker", lambda: (None, "idle"),
+              devices=[{"name": "cpu", "kind": "cpu", "total_memory_bytes": 1}]).beat()
+    at = app_test("views/cluster.py")
+    _ok(at)
+    workers = at.dataframe[0].value
+    assert workers["name"].tolist() == ["test-worker"] and workers["gpus"].tolist() == ["CPU only"]
+    assert workers["heartbeat_age_s"].iloc[0] < 10
+    assert any("CPU only" in c.value for c in at.caption)
+    assert _titles(at) == ["Runs per worker over time"]
+
+
+def test_cluster_page_gpus(fake_client, app_test):
+    gpus = [{"index": i, "name": "NVIDIA H200", "memory_used_bytes": 2 ** 33,
+             "memory_total_bytes": 141 * 2 ** 30, "utilization_pct": 87} for i in range(2)]
+    fake_client.workers = lambda: [{"name": "gpu-1", "host": "h", "pid": 1, "ts": g.T0,
+                                    "state": "busy", "current_run": "r", "devices": [],
+                                    "gpus": gpus}]
+    at = app_test("views/cluster.py")
+    assert not at.exception
+    assert _titles(at) == ["GPU memory per device"]
+    assert "0: NVIDIA H200, 1: NVIDIA H200" in at.dataframe[0].value["gpus"].iloc[0]
+
+
+def test_outage_banner_instead_of_traceback(fake_client, app_test, monkeypatch):
+    """Redis answers the page's first calls, then goes away inside the live panels."""
+    monkeypatch.setenv("REDIS_URL", "redis://:s3cret@db.example:6390/0")
+    fake_client.add_run("r1", {"mode": "ddp", "steps": 50}, status="started", group="grp",
+                        events=[g.run_started("r1", "ddp", steps=50)])
+    fake_client.add_run("r0", {"mode": "dp", "steps": 50}, status="started", group="grp",
+                        events=[g.run_started("r0", "dp", steps=50)])
+
+    def down(*a, **k):
+        raise redis.exceptions.ConnectionError("Connection refused")
+
+    fake_client.read_events = down
+    fake_client.workers = down
+    for page in ("views/compare.py", "views/buckets.py", "views/live.py", "views/cluster.py"):
+        at = app_test(page)
+        assert not at.exception, page
+        warning = " ".join(w.value for w in at.warning)
+        assert "Redis at `redis://:***@db.example:6390/0` is unreachable — retrying" in warning
+        assert "s3cret" not in warning
