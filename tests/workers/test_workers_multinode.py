@@ -182,3 +182,44 @@ def test_cancel_stops_every_host(client, redis_url, tmp_path):
     rec = client.get_run(run_id)
     assert rec["status"] == "canceled" and "Canceled" in rec["error"]["exception"]
     assert [e["type"] for e in all_events(client, run_id)].count("run_finished") == 1
+
+
+def test_a_host_whose_worker_vanished_is_the_root_cause(client, redis_client):
+    """Settling without DDP: node 0 reported a peer-closed failure, node 1's worker stopped
+    beating. The run fails with HostLost on node 1, once, as soon as its heartbeat is gone."""
+    from workers.nodes import NodeState, settle_when_all_report
+
+    for name in HOSTS:
+        Heartbeat(redis_client, name, lambda: (None, "idle"), []).beat()
+    run_id = client.submit(MULTI)
+    redis_client.delete(f"ddpviz:worker:{HOSTS[1]}")  # hostB's heartbeat expired
+    echo = {"rank": 0, "exception": "RuntimeError: Connection reset by peer", "traceback": ""}
+    NodeState(redis_client, run_id).record_result(0, RunStatus.FAILED, echo, None, HOSTS[0])
+    settle_when_all_report(redis_client, run_id, wait_s=30)
+    rec = client.get_run(run_id)
+    assert rec["status"] == "failed" and rec["error"]["exception"].startswith("HostLost: worker hostB")
+    assert rec["error"]["host"] == "hostB" and rec["error"]["other_hosts"][0]["host"] == "hostA"
+    assert [e["type"] for e in all_events(client, run_id)] == ["run_finished"]
+
+
+@pytest.mark.slow
+def test_stopping_one_hosts_worker_cancels_the_run_on_every_host(client, redis_url, tmp_path):
+    import signal
+
+    fields = {**MULTI, "steps": 5000, "step_delay_s": 0.05}
+    with ExitStack() as stack:
+        procs = {name: stack.enter_context(worker_process(redis_url, burst=False, name=name,
+                                                          log_path=tmp_path / f"{name}.log"))
+                 for name in HOSTS}
+        wait_for(lambda: {w["name"] for w in client.workers() if w["state"] == "idle"} >= set(HOSTS),
+                 30, "two idle workers")
+        run_id = client.submit(fields)
+        wait_for(lambda: {e.get("host") for e in all_events(client, run_id) if e["type"] == "step"}
+                 == set(HOSTS), 60, "steps from both hosts")
+        procs["hostB"].send_signal(signal.SIGTERM)  # what `docker compose stop` does
+        rec = wait_ended(client, run_id, tmp_path, timeout_s=30)
+        assert procs["hostB"].wait(30) == 0
+        wait_for(lambda: no_run_processes(run_id), 20, "both hosts' rank processes to exit")
+    assert rec["status"] == "canceled", rec["error"]
+    assert "the worker is shutting down" in rec["error"]["exception"] and rec["error"]["host"] == "hostB"
+    assert [e["type"] for e in all_events(client, run_id)].count("run_finished") == 1
