@@ -243,7 +243,9 @@ def _train(store: RunStore, cfg: Any, run_id: str, workdir: str | Path | None,
         if lease:
             lease.release()
         poll_client.close()
-        kill_run_processes(run_id)  # whatever the ending, no process of the run outlives it
+        # Whatever the ending, no process of the run outlives it: what escaped is reaped now,
+        # this process's own children end with it.
+        kill_run_processes(run_id, spare_children_of=os.getpid())
     if status is RunStatus.CANCELED:
         status, error = _stop_outcome(poller, error)
     return status, error, summary, reported

@@ -61,6 +61,24 @@ def terminate(procs: Iterable, grace_s: float = REAP_GRACE_S) -> list[int]:
     return [p.pid for p in procs]
 
 
-def kill_run_processes(run_id: str, grace_s: float = REAP_GRACE_S) -> list[int]:
-    """Stop every process marked with `run_id` (see module docstring). Returns their pids."""
-    return terminate(processes_with_env(RUN_ENV_VAR, run_id), grace_s)
+def kill_run_processes(run_id: str, grace_s: float = REAP_GRACE_S,
+                       spare_children_of: int | None = None) -> list[int]:
+    """Stop every process marked with `run_id` (see module docstring). Returns their pids.
+
+    Args:
+        spare_children_of: leave this pid's direct children alone: the run's own work-horse
+            calls it at the end of a run, and its children end with it (rank processes carry a
+            parent-death signal; multiprocessing's resource tracker, which ignores SIGTERM, exits
+            when its parent does, after unlinking what dead ranks left behind).
+    """
+    procs = processes_with_env(RUN_ENV_VAR, run_id)
+    if spare_children_of is not None:
+        procs = [p for p in procs if _ppid(p) != spare_children_of]
+    return terminate(procs, grace_s)
+
+
+def _ppid(proc) -> int | None:
+    try:
+        return proc.ppid()
+    except Exception:
+        return None

@@ -99,7 +99,8 @@ class RedisStreamWriter:
         redis: client (``decode_responses=False``); not closed by `close()`.
         run_id: the run whose stream is written.
         maxlen: approximate cap on entries kept (``MAXLEN ~``).
-        max_pending: events kept while Redis is unreachable; beyond, the oldest are dropped.
+        max_pending: events kept while Redis is unreachable (default `MAX_PENDING_EVENTS`);
+            beyond, the oldest are dropped.
         close_timeout_s: how long `close()` retries what is still pending.
 
     Raises:
@@ -107,13 +108,14 @@ class RedisStreamWriter:
     """
 
     def __init__(self, redis: redis.Redis, run_id: str, maxlen: int = DEFAULT_STREAM_MAXLEN,
-                 max_pending: int = MAX_PENDING_EVENTS, close_timeout_s: float = CLOSE_TIMEOUT_S):
+                 max_pending: int | None = None, close_timeout_s: float = CLOSE_TIMEOUT_S):
         if maxlen < 1:
             raise ValueError(f"maxlen must be >= 1 (got {maxlen})")
         self.redis = redis
         self.run_id = run_id
         self.maxlen = maxlen
-        self.max_pending, self.close_timeout_s = max_pending, close_timeout_s
+        self.max_pending = MAX_PENDING_EVENTS if max_pending is None else max_pending
+        self.close_timeout_s = close_timeout_s
         self.written = 0  # events written so far
         self.dropped = 0  # events dropped because more than max_pending were waiting
         self.pending: deque[dict[str, Any]] = deque()

@@ -56,6 +56,7 @@ class StopPoller:
         self.kind: str | None = None
         self.reason: str | None = None
         self._next_check = 0.0
+        self._unreachable = False
 
     def __call__(self) -> bool:
         if self.kind is not None:
@@ -75,8 +76,11 @@ class StopPoller:
         try:
             reason = self.store.cancel_reason(self.run_id)
         except (redis.RedisError, OSError) as exc:
-            log.warning("run %s: cannot read the cancel flag: %s", self.run_id, exc)
+            if not self._unreachable:  # once per outage, not 5 times a second
+                log.warning("run %s: cannot read the cancel flag: %s", self.run_id, exc)
+            self._unreachable = True
             return False
+        self._unreachable = False
         if reason is not None:
             self.kind, self.reason = "cancel", reason
         return self.kind is not None

@@ -3,6 +3,9 @@ and no process outlives its run."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 from rq.serializers import JSONSerializer
 
@@ -11,6 +14,7 @@ from workers.jobs import JOB_TIMEOUT_S, STOPPED_CALLBACK
 from workers.reaper import RUN_ENV_VAR, processes_with_env
 from workers.store import new_run_id
 from wjobs import CHILD_PID_KEY
+from wmeasure import record
 from wtools import TINY, alive, descendants, wait_for, worker_process
 
 pytestmark = pytest.mark.slow
@@ -87,8 +91,19 @@ def test_cancel_of_a_running_ddp_run_leaves_no_rank_process(client, redis_url):
         assert len(procs) >= 3  # work-horse + 2 ranks
         wait_for(lambda: [(w["current_run"], w["state"]) for w in client.workers()]
                  == [(run_id, "busy")], 10, "the heartbeat to name the current run")
+        ranks = [p.pid for p in processes_with_env(RUN_ENV_VAR, run_id)]
+        assert len(ranks) >= 2
+        gone_at: list[float] = []
+        watch = threading.Thread(target=lambda: gone_at.append(
+            wait_for(lambda: not any(alive(p) for p in ranks) and time.monotonic(), 15,
+                     "every rank process to end", interval_s=0.01)))
+        t0 = time.monotonic()
+        watch.start()
         assert client.cancel(run_id) == "canceled"
-        wait_for(lambda: not any(alive(p) for p in procs), 15, "every rank process to end")
+        watch.join()
+        record("cancel_to_no_rank_process_s", gone_at[0] - t0, "s")
+        assert gone_at[0] - t0 < 2.0  # issue 5: every rank process gone within 2 s
+        wait_for(lambda: not any(alive(p) for p in procs), 15, "every process of the run to end")
         assert processes_with_env(RUN_ENV_VAR, run_id) == []
         assert proc.wait(30) == 0
     rec = client.get_run(run_id)
