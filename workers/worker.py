@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -48,28 +49,60 @@ PR_SET_PDEATHSIG = 1  # prctl(2)
 _REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
 
-class DdpvizJob(Job):
-    """An RQ job that runs only ddpviz's job functions (`workers.jobs.ALLOWED_JOB_FUNCS`).
+def vet_job(job: Job) -> None:
+    """Refuse a job ddpviz did not enqueue: its data must be the JSON ``[func, instance, args,
+    kwargs]`` of one of `workers.jobs.ALLOWED_JOB_FUNCS` (never unpickled, never imported
+    otherwise).
 
-    Checked in the work-horse before the function is imported or called, so a payload naming
-    any other function (``os.system``, ``builtins.eval``) is refused, never executed. Payloads
-    are JSON (`JSONSerializer`): one that is not JSON is refused, never unpickled.
+    Raises:
+        JobRefused: naming the field at fault (data, func, instance, args, kwargs).
     """
+    try:
+        shape = json.loads(job.data)
+        if not (isinstance(shape, list) and len(shape) == 4):
+            raise ValueError("not a list of 4")
+        name, instance = job.func_name, job._instance
+    except (ValueError, TypeError, DeserializationError):
+        raise JobRefused("job payload: data is not the JSON [func, instance, args, kwargs] "
+                         "that ddpviz enqueues") from None
+    if not isinstance(name, str) or name not in allowed_job_funcs():
+        raise JobRefused(f"job payload: func {str(name)[:80]!r} is not a ddpviz job "
+                         f"(allowed: {sorted(allowed_job_funcs())})")
+    if instance is not None:
+        raise JobRefused("job payload: instance must be null")
+    if not isinstance(job.args, (list, tuple)) or not isinstance(job.kwargs, dict):
+        raise JobRefused("job payload: args must be a list and kwargs an object")
+
+
+class DdpvizJob(Job):
+    """An RQ job that runs only ddpviz's job functions (`vet_job`), checked in the work-horse
+    before the function is imported or called: a payload naming any other function
+    (``os.system``, ``builtins.eval``) is refused, never executed."""
 
     def _execute(self) -> Any:
-        try:
-            name, instance = self.func_name, self._instance
-        except DeserializationError:
-            raise JobRefused("job payload: data is not the JSON [func, instance, args, kwargs] "
-                             "that ddpviz enqueues") from None
-        if not isinstance(name, str) or name not in allowed_job_funcs():
-            raise JobRefused(f"job payload: func {str(name)[:80]!r} is not a ddpviz job "
-                             f"(allowed: {sorted(allowed_job_funcs())})")
-        if instance is not None:
-            raise JobRefused("job payload: instance must be null")
-        if not isinstance(self.args, (list, tuple)) or not isinstance(self.kwargs, dict):
-            raise JobRefused("job payload: args must be a list and kwargs an object")
+        vet_job(self)
         return super()._execute()
+
+
+def unreadable_field(raw: dict[bytes, bytes]) -> str:
+    """The first field of a raw RQ job hash that RQ cannot parse (``data`` when missing)."""
+    from rq.job import JobStatus
+    from rq.utils import parse_timeout, str_to_date
+
+    if b"data" not in raw:
+        return "data"
+    checks = {"created_at": str_to_date, "enqueued_at": str_to_date, "started_at": str_to_date,
+              "ended_at": str_to_date, "last_heartbeat": str_to_date,
+              "timeout": lambda v: parse_timeout(v.decode()), "status": lambda v: JobStatus(v.decode()),
+              "dependency_ids": json.loads, "result_ttl": int, "failure_ttl": int}
+    for name, check in checks.items():
+        value = raw.get(name.encode())
+        if value:
+            try:
+                check(value)
+            except Exception:
+                return name
+    return "job hash"
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -96,6 +129,10 @@ class DdpvizWorker(Worker):
 
     # -- malformed jobs are refused, not fatal -----------------------------------------------
 
+    def prepare_job_execution(self, job: Any, remove_from_intermediate_queue: bool = False) -> None:
+        vet_job(job)  # in the horse, before RQ itself reads the payload (it names the function)
+        super().prepare_job_execution(job, remove_from_intermediate_queue)
+
     def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None):
         while True:
             try:
@@ -108,7 +145,11 @@ class DdpvizWorker(Worker):
 
     def refuse_unreadable_job(self, job_id: str, queue: Any, exc: BaseException) -> None:
         """Drop a job hash RQ cannot parse; fail its run, if it names one that is still active."""
-        message = (f"JobRefused: job payload: the job hash cannot be read "
+        try:
+            field = unreadable_field(self.connection.hgetall(Job.key_for(job_id)))
+        except Exception:
+            field = "?"
+        message = (f"JobRefused: job payload: field {field!r} of the job hash cannot be read "
                    f"({type(exc).__name__}: {str(exc)[:200]})")
         self.log.warning("Worker %s: refused job %r: %s", self.name, str(job_id)[:80], message)
         with contextlib.suppress(Exception):
