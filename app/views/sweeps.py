@@ -31,10 +31,11 @@ def launch_form(client) -> None:
         text = st.text_input("values (comma-separated)", value=DEFAULT_VALUES[kind],
                              key=f"sweep_values_{kind}",
                              help="world sizes: whole numbers; bucket caps: MiB")
+        swept = {"world_size": "world_size", "bucket_cap_mb": "bucket_cap_mb"}[kind]
         values = quick_fields("swp", [f for f in ("model", "dataset", "width", "depth",
                                                   "global_batch_size", "steps", "world_size",
-                                                  "step_delay_s")
-                                      if not (kind == "world_size" and f == "world_size")],
+                                                  "bucket_cap_mb", "step_delay_s")
+                                      if f != swept],
                               columns=4, overrides={"steps": 30, "step_delay_s": 0.0})
         go = st.form_submit_button("Launch sweep", type="primary", key="sweep_launch")
     if go:

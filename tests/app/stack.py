@@ -28,11 +28,14 @@ class AppStack:
     Args:
         workdir: folder for the embedded Redis data and the processes' logs.
         redis_url: an existing server; None starts an embedded one.
+        persist: the embedded server keeps an append-only file, so `stop_redis` then
+            `start_redis` (an outage) loses nothing.
     """
 
-    def __init__(self, workdir: Path, redis_url: str | None = None):
+    def __init__(self, workdir: Path, redis_url: str | None = None, persist: bool = False):
         self.workdir = Path(workdir)
         self.redis_url = redis_url
+        self.persist = persist
         self._redis = None
         self._procs: list[subprocess.Popen] = []
         self.url = ""
@@ -42,7 +45,7 @@ class AppStack:
 
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self.redis_url is None:
-            self._redis = EmbeddedRedis(self.workdir / "redis", persist=False).start()
+            self._redis = EmbeddedRedis(self.workdir / "redis", persist=self.persist).start()
             self.redis_url = self._redis.url
         env = {**os.environ, "REDIS_URL": self.redis_url, "PYTHONUNBUFFERED": "1"}
         bindir = Path(sys.executable).parent
@@ -75,6 +78,17 @@ class AppStack:
             except OSError:
                 time.sleep(0.3)
         raise RuntimeError(f"streamlit did not answer within {APP_START_TIMEOUT_S:g} s")
+
+    def stop_redis(self) -> None:
+        """Stop the embedded server (an outage, as the app sees it)."""
+        self._redis.stop()
+
+    def start_redis(self) -> None:
+        """Start the embedded server again on the same port and data folder."""
+        from workers.connection import EmbeddedRedis
+
+        self._redis = EmbeddedRedis(self.workdir / "redis", port=self._redis.port,
+                                    persist=self.persist).start()
 
     def log(self, name: str) -> str:
         path = self.workdir / f"{name}.log"
