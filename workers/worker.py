@@ -40,6 +40,7 @@ from workers.heartbeat import Heartbeat, detect_devices
 from workers.jobs import (JobRefused, allowed_job_funcs, default_worker_name, on_horse_killed,
                           on_job_exception)
 from workers.liveness import LostRunMonitor
+from workers.multinode import parse_node_job_id
 from workers.store import ACTIVE, RunStatus, RunStore, make_error
 
 log = logging.getLogger("ddpviz.worker")
@@ -214,7 +215,9 @@ def _current(worker: Worker) -> tuple[str | None, str]:
     try:
         execution = next(iter(list(worker.executions.values())), None)
         state = worker.get_state()
-        return (execution.job_id if execution else None), str(getattr(state, "value", state))
+        job_id = execution.job_id if execution else None
+        node = parse_node_job_id(job_id) if job_id else None  # a multi-host run's node job
+        return (node[0] if node else job_id), str(getattr(state, "value", state))
     except Exception:
         return None, "unknown"
 

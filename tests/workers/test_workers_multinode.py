@@ -85,6 +85,26 @@ def test_a_run_needing_more_hosts_than_live_workers_is_refused(client, redis_cli
     assert out.returncode == 2 and "nnodes=2 needs 2 idle workers" in out.stderr, out.stderr
 
 
+def test_a_queued_multi_host_run_is_split_per_worker_and_cancels_every_node_job(client, redis_client):
+    from rq.job import Job, JobStatus
+    from rq.serializers import JSONSerializer
+
+    for name in HOSTS:
+        Heartbeat(redis_client, name, lambda: (None, "idle"), []).beat()
+    run_id = client.submit({**MULTI, "world_size": 4})
+    rec = client.get_run(run_id)
+    assert rec["status"] == "queued" and rec["worker"] == "hostA"
+    assert [(h["node"], h["worker"], h["nproc"]) for h in rec["hosts"]] == [(0, "hostA", 2), (1, "hostB", 2)]
+    for i, name in enumerate(HOSTS):  # each node job waits on its own worker's queue
+        assert redis_client.lrange(f"ddpviz:rq:queue:ddpviz:node:{name}", 0, -1) == \
+            [node_job_id(run_id, i).encode()]
+    assert client.cancel(run_id) == "canceled"
+    for i in range(2):
+        job = Job.fetch(node_job_id(run_id, i), connection=redis_client, serializer=JSONSerializer)
+        assert job.get_status() == JobStatus.CANCELED
+    assert [e["type"] for e in all_events(client, run_id)] == ["run_finished"]
+
+
 def test_root_cause_is_the_failure_not_the_peer_closed_echo():
     echo = {"rank": 0, "exception": "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection "
                                     "closed by peer [127.0.0.1]:1234", "traceback": "", "host": "hostA"}
@@ -176,6 +196,8 @@ def test_cancel_stops_every_host(client, redis_url, tmp_path):
         run_id = client.submit(fields)
         wait_for(lambda: {e.get("host") for e in all_events(client, run_id) if e["type"] == "step"}
                  == set(HOSTS), 60, "steps from both hosts")
+        wait_for(lambda: {w["current_run"] for w in client.workers()} == {run_id}, 10,
+                 "both workers' heartbeats to name the run (not its node jobs)")
         assert client.cancel(run_id) == "canceled"
         wait_for(lambda: no_run_processes(run_id), 20, "both hosts' rank processes to exit")
         wait_for(lambda: all(not w["current_run"] for w in client.workers()), 30, "idle workers")
