@@ -245,3 +245,35 @@ def test_stopping_one_hosts_worker_cancels_the_run_on_every_host(client, redis_u
     assert rec["status"] == "canceled", rec["error"]
     assert "the worker is shutting down" in rec["error"]["exception"] and rec["error"]["host"] == "hostB"
     assert [e["type"] for e in all_events(client, run_id)].count("run_finished") == 1
+
+
+def test_node_0_merges_every_hosts_plan_and_refuses_mixed_backends(client, redis_client):
+    """Node 0's run_started carries every host's devices; hosts that resolved different
+    backends (one with GPUs, one without) are refused before any rank starts."""
+    from engine.devices import PreflightError
+    from engine.events import make_event
+    from workers.node_job import NodeSink
+    from workers.nodes import NodeState
+
+    for name in HOSTS:
+        Heartbeat(redis_client, name, lambda: (None, "idle"), []).beat()
+    run_id = client.submit(MULTI)
+    hosts = client.get_run(run_id)["hosts"]
+    cpu = {"name": "virtual CPU device 0", "kind": "cpu", "total_memory_bytes": 1}
+    started = make_event("run_started", run_id, rank=0, backend="gloo", devices=[cpu],
+                         device_names=["cpu:0"], host="machine-a")
+    state = NodeState(redis_client, run_id)
+    state.publish_plan(1, {"host": "machine-b", "backend": "gloo", "devices": [cpu], "device_names": ["cpu:0"]})
+    sink = NodeSink(redis_client, run_id, 0, hosts, "hostA", stop=lambda: False)
+    sink.emit(dict(started))
+    sink.close()
+    (merged,) = all_events(client, run_id)
+    assert merged["nnodes"] == 2 and [d["host"] for d in merged["devices"]] == list(HOSTS)
+    assert [h["hostname"] for h in merged["hosts"]] == ["machine-a", "machine-b"]
+    assert [h["devices"] for h in client.get_run(run_id)["hosts"]] == [[cpu], [cpu]]
+
+    state.publish_plan(1, {"host": "machine-b", "backend": "nccl", "devices": [], "device_names": ["cuda:0"]})
+    sink = NodeSink(redis_client, run_id, 0, hosts, "hostA", stop=lambda: False)
+    with pytest.raises(PreflightError, match="different backends.*hostA: gloo.*hostB: nccl"):
+        sink.emit(dict(started))
+    sink.close()
