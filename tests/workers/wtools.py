@@ -77,11 +77,12 @@ def stop_process(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
 
 @contextmanager
 def worker_process(redis_url: str, *, burst: bool = True, name: str | None = None,
-                   log_path: Path | None = None):
-    """A ``ddpviz worker`` subprocess on `redis_url`; stopped and reaped on exit."""
+                   log_path: Path | None = None, env: dict[str, str] | None = None):
+    """A ``ddpviz worker`` subprocess on `redis_url` (environment `env`, default `cli_env`);
+    stopped and reaped on exit."""
     args = ["worker"] + (["--burst"] if burst else []) + (["--name", name] if name else [])
     out = open(log_path, "w") if log_path else subprocess.DEVNULL
-    proc = subprocess.Popen([*ddpviz_argv(), *args], env=cli_env(redis_url),
+    proc = subprocess.Popen([*ddpviz_argv(), *args], env=env or cli_env(redis_url),
                             stdout=out, stderr=subprocess.STDOUT)
     try:
         yield proc
