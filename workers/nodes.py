@@ -183,7 +183,8 @@ def merge_endings(results: dict[int, dict[str, Any]]) -> tuple[RunStatus, dict |
 
 def stream_summary(connection: redis.Redis, run_id: str, node_summaries: list[dict | None]) -> dict:
     """The run's summary from every event in its stream (all hosts' ranks), as one host's engine
-    would build it; ``wall_time_s`` is the longest node's."""
+    would build it, with devices named ``{host}/{device}`` (every GPU host has a ``cuda:0``);
+    ``wall_time_s`` is the longest node's."""
     from engine.summary import SummaryBuilder  # no torch
 
     builder, after = SummaryBuilder(), "0-0"
@@ -192,6 +193,8 @@ def stream_summary(connection: redis.Redis, run_id: str, node_summaries: list[di
         if not entries:
             break
         for event in decode_entries(entries):
+            if event.get("host") and event.get("device"):
+                event["device"] = f"{event['host']}/{event['device']}"
             builder.observe(event)
         after = entries[-1][0].decode()
     summary = builder.summary()

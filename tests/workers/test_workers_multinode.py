@@ -160,6 +160,8 @@ def test_a_two_host_run_trains_as_one_ddp_run(client, redis_url, tmp_path):
     # replicas in sync, and equal to single-device training on the same global batch
     summary = rec["summary"]
     assert summary["steps_done"] == MULTI["steps"] and summary["replicas_in_sync"] is True
+    devices = {f"{e['host']}/{e['device']}" for e in steps}  # GPUs repeat across hosts: qualified
+    assert set(summary["peak_memory_bytes"]) == set(summary["bytes_per_device"]) == devices
     a, b = summary["param_checksums"]
     assert a == b
     single = ListSink()
