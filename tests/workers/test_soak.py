@@ -8,6 +8,7 @@ compressed soak (a few minutes, the default cap) runs with ``DDPVIZ_SOAK=1`` (``
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -80,6 +81,7 @@ def soak(tmp_path, seconds: float, rate: float, maxlen: int) -> dict[str, float]
         try:
             while producer.poll() is None:
                 window.poll(client)
+                gc.collect()  # what the reader keeps, not the garbage of its last read
                 samples.append((time.monotonic() - t0, client.redis.info("memory")["used_memory"],
                                 tracemalloc.get_traced_memory()[0], client.redis.xlen(keys.events("soak"))))
                 time.sleep(0.25)
