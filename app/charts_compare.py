@@ -24,7 +24,7 @@ def loss_chart(steps: pd.DataFrame) -> alt.LayerChart:
     tip = [alt.Tooltip("run:N"), alt.Tooltip("step:Q"), alt.Tooltip("loss:Q", format=".4f")]
     y = alt.Y("loss:Q", title="loss (cross-entropy)", scale=alt.Scale(zero=False))
     layers = [alt.Chart(steps[steps["run"] == run]).mark_line(
-        strokeWidth=max(1.5, 7.0 - 2.5 * i)).encode(
+        strokeWidth=max(1.5, 8.0 - 3.0 * i), opacity=min(1.0, 0.35 + 0.3 * i)).encode(
         x=STEP_X, y=y, color=colour, tooltip=tip) for i, run in enumerate(runs)]
     return alt.layer(*layers).properties(
         title=title("Loss per step", "same config and seed: the curves should coincide "

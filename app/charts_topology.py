@@ -32,13 +32,14 @@ def topology_chart(nodes: pd.DataFrame, edges: pd.DataFrame, *, heading: str,
     links = alt.Chart(edges).mark_rule(color="#7f7f7f", opacity=0.85).encode(
         x=alt.X("x:Q", **_AXIS), y=alt.Y("y:Q", **_AXIS), x2="x2:Q", y2="y2:Q",
         strokeWidth=width, tooltip=tip)
-    labels = alt.Chart(edges).mark_text(fontSize=12, align="left", dx=10, color="#333").encode(
-        x=alt.X("mx:Q", **_AXIS), y=alt.Y("my:Q", **_AXIS), text="label:N", tooltip=tip)
+    labels = alt.Chart(edges).mark_text(fontSize=12, color="#333").encode(
+        x=alt.X("lx:Q", **_AXIS), y=alt.Y("ly:Q", **_AXIS), text="label:N", tooltip=tip)
     layers = [links, labels]
     if arrows:
         layers.append(alt.Chart(edges).mark_point(shape="triangle-up", size=160, filled=True,
                                                   color="#555", opacity=1).encode(
-            x=alt.X("ax:Q", **_AXIS), y=alt.Y("ay:Q", **_AXIS), angle="angle:Q", tooltip=tip))
+            x=alt.X("ax:Q", **_AXIS), y=alt.Y("ay:Q", **_AXIS),
+            angle=alt.Angle("angle:Q", scale=None), tooltip=tip))  # degrees as they are
     dots = alt.Chart(nodes).mark_circle(size=900, opacity=1, stroke="white",
                                         strokeWidth=2).encode(
         x=alt.X("x:Q", **_AXIS), y=alt.Y("y:Q", **_AXIS), color=_ROLE,

@@ -21,7 +21,9 @@ import pandas as pd
 from app import frames
 
 NODE_COLUMNS = ["node", "label", "role", "x", "y"]
-EDGE_COLUMNS = ["link", "x", "y", "x2", "y2", "mx", "my", "ax", "ay", "mib", "label", "angle"]
+EDGE_COLUMNS = ["link", "x", "y", "x2", "y2", "mx", "my", "ax", "ay", "lx", "ly", "mib", "label",
+                "angle"]
+_LABEL_GAP = 0.2  # a link's label sits this far to the right of its middle (unit-circle units)
 ROLES = ["hub (device 0)", "replica (device 1..n−1)", "rank"]
 _PAIR_OFFSET = 0.07  # two ranks: draw 0→1 and 1→0 side by side, not on top of each other
 
@@ -81,13 +83,16 @@ def ring(volume: list[dict[str, Any]], names: dict[int, str] | None = None
 def _edge(link: str, a: tuple[float, float], b: tuple[float, float], mib: float,
           offset: float) -> dict[str, Any]:
     """An edge from a to b, shifted `offset` to its right (so a→b and b→a do not overlap), with
-    its midpoint (label), a point 70% along (arrow head) and the bearing (degrees clockwise from
-    up) of its direction."""
+    its midpoint, a point 70% along (arrow head), a label spot to its right and the bearing
+    (degrees clockwise from up) of its direction."""
     dx, dy = b[0] - a[0], b[1] - a[1]
     length = math.hypot(dx, dy) or 1.0
-    ox, oy = dy / length * offset, -dx / length * offset
+    rx, ry = dy / length, -dx / length  # unit vector to the right of a→b
+    ox, oy = rx * offset, ry * offset
     x, y, x2, y2 = a[0] + ox, a[1] + oy, b[0] + ox, b[1] + oy
     return {"link": link, "x": x, "y": y, "x2": x2, "y2": y2,
             "mx": x + 0.5 * (x2 - x), "my": y + 0.5 * (y2 - y),
-            "ax": x + 0.7 * (x2 - x), "ay": y + 0.7 * (y2 - y), "mib": mib,
+            "ax": x + 0.7 * (x2 - x), "ay": y + 0.7 * (y2 - y),
+            "lx": x + 0.5 * (x2 - x) + rx * _LABEL_GAP, "ly": y + 0.5 * (y2 - y) + ry * _LABEL_GAP,
+            "mib": mib,
             "label": f"{mib:.2f} MiB", "angle": math.degrees(math.atan2(dx, dy)) % 360}

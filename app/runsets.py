@@ -47,7 +47,7 @@ def groups(runs: list[Run]) -> dict[str, list[Run]]:
 
 def sort_key(run: Run) -> tuple:
     cfg = run.get("config") or {}
-    return (MODE_ORDER.get(mode(run), 3), cfg.get("world_size") or 0, str(cfg.get("overlap")),
+    return (MODE_ORDER.get(mode(run), 3), cfg.get("world_size") or 0, not cfg.get("overlap", True),
             cfg.get("bucket_cap_mb") or 0, run.get("created_at") or 0)
 
 
@@ -112,6 +112,15 @@ def pick_set(client, key: str, want: Callable[[list[Run]], bool], *,
                           format_func=lambda g: set_label(by_group[g]))
     st.session_state["focus_group"] = picked
     return by_group[picked]
+
+
+def narrow_to_world_size(runs: list[Run], key: str) -> list[Run]:
+    """A sweep holds several world sizes: pick one (the largest by default); single runs stay."""
+    sizes = sorted({(r.get("config") or {}).get("world_size") for r in runs if mode(r) != "single"})
+    if len(sizes) <= 1:
+        return runs
+    n = st.segmented_control("world size", sizes, default=sizes[-1], key=key, required=True)
+    return [r for r in runs if mode(r) == "single" or (r.get("config") or {}).get("world_size") == n]
 
 
 def windows_for(ids: list[str]) -> dict[str, RunWindow]:

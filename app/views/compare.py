@@ -39,17 +39,6 @@ def launch_trio(client) -> None:
             st.rerun()
 
 
-def narrow_to_world_size(runs: list[dict]) -> list[dict]:
-    """A sweep holds several world sizes: pick one (single runs always stay)."""
-    sizes = sorted({(r.get("config") or {}).get("world_size") for r in runs
-                    if runsets.mode(r) != "single"})
-    if len(sizes) <= 1:
-        return runs
-    n = st.segmented_control("world size", sizes, default=sizes[-1], key="compare_ws")
-    return [r for r in runs if runsets.mode(r) == "single"
-            or (r.get("config") or {}).get("world_size") == n]
-
-
 def body(windows, labels) -> None:
     """Everything below the picker; redrawn each tick while a run is going."""
     views = [view_of(w, labels[rid]) for rid, w in windows.items()]
@@ -99,7 +88,7 @@ runs = runsets.pick_set(client, "compare_set", runsets.has_modes("dp", "ddp"))
 if not runs:
     runsets.no_runs("run sets")
     st.stop()
-runs = narrow_to_world_size(runs)
+runs = runsets.narrow_to_world_size(runs, "compare_ws")
 labels = runsets.unique_labels(runs)
 windows = runsets.windows_for([r["run_id"] for r in runs])
 runsets.live_body(client, windows, lambda: body(windows, labels), key="compare")

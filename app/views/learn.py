@@ -63,6 +63,7 @@ st.caption("Where the bytes go in each strategy, drawn from your own runs.")
 client = require_client()
 runs = [r for r in runsets.pick_set(client, "learn_set", runsets.has_modes("dp", "ddp"))
         if runsets.mode(r) in ("dp", "ddp")]
+runs = runsets.narrow_to_world_size(runs, "learn_ws")
 if not runs:
     runsets.no_runs("DP or DDP runs")
     st.stop()

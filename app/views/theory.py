@@ -59,6 +59,7 @@ st.caption("The textbook numbers next to what this run measured.")
 client = require_client()
 runs = [r for r in runsets.pick_set(client, "theory_set", runsets.has_modes("dp", "ddp"))
         if runsets.mode(r) in ("dp", "ddp")]
+runs = runsets.narrow_to_world_size(runs, "theory_ws")
 if not runs:
     runsets.no_runs("DP or DDP runs")
     st.stop()

@@ -64,7 +64,7 @@ def test_bucket_timeline_page_overlap_on_off(real_client, app_test):
     _, ids = overlap_pair(real_client)
     at = app_test("views/buckets.py")
     _ok(at)
-    assert _titles(at) == ["DDP overlap off: step 11", "DDP overlap on: step 11",
+    assert _titles(at) == ["DDP overlap on: step 11", "DDP overlap off: step 11",
                            "Exposed communication per step"]
     assert at.segmented_control(key="buckets_step").options == \
         [f"step {s}" for s in [0, 1] + list(range(4, 12))]
@@ -73,7 +73,7 @@ def test_bucket_timeline_page_overlap_on_off(real_client, app_test):
     assert len(at.dataframe) == 2
     at.segmented_control(key="buckets_step").set_value(0).run()
     _ok(at)
-    assert _titles(at)[:2] == ["DDP overlap off: step 0", "DDP overlap on: step 0"]
+    assert _titles(at)[:2] == ["DDP overlap on: step 0", "DDP overlap off: step 0"]
     spec = json.loads(at.get("vega_lite_chart")[0].proto.spec)
     assert spec["title"]["subtitle"].startswith("1 bucket(s) per rank")  # before the rebuild
 
