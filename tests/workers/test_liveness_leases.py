@@ -22,6 +22,7 @@ from workers.heartbeat import Heartbeat, read_workers
 from workers.jobs import run_job
 from workers.leases import DeviceLease, gpus_needed
 from workers.liveness import LOST_GRACE_S, LostRunMonitor
+from workers.reaper import RUN_ENV_VAR
 from workers.sink import RedisStreamWriter
 from workers.stop import fast_fail
 from workers.store import RunStatus
@@ -135,6 +136,9 @@ def test_leases_never_share_a_gpu_and_expire_when_not_refreshed(redis_client):
 def test_two_runs_wanting_all_gpus_take_turns(client, monkeypatch):
     """Two jobs on one host with 2 GPUs, each wanting both: the second waits (and says so) until
     the first releases them, then runs with exactly those GPUs visible."""
+    for var in (RUN_ENV_VAR, "CUDA_VISIBLE_DEVICES"):  # two jobs in one process share os.environ
+        monkeypatch.setenv(var, "")  # (in a worker each has its own horse): restored at teardown
+        monkeypatch.delenv(var)
     monkeypatch.setattr(GpuMonitor, "inventory", lambda self: [
         {"index": 0, "uuid": "GPU-0000", "name": "fake"}, {"index": 1, "uuid": "GPU-1111", "name": "fake"}])
     release_a, seen = threading.Event(), {}
