@@ -247,7 +247,7 @@ def test_redact_hides_passwords_in_user_info_and_query():
     assert SECRET not in redact(f"rediss://u:{SECRET}@h:1/0?ssl_ca_certs=/x/ca.pem")
     assert "ssl_ca_certs=/x/ca.pem" in redact(f"rediss://u:{SECRET}@h:1/0?ssl_ca_certs=/x/ca.pem")
     assert SECRET not in redact(f"redis://h:1/0?password={SECRET}")
-    assert redact(f"redis://[::1]:6379/0") == "redis://[::1]:6379/0"
+    assert redact("redis://[::1]:6379/0") == "redis://[::1]:6379/0"
 
 
 @pytest.mark.parametrize("field,value", [("model", "builtins.eval"), ("model", "../../x"),
