@@ -35,11 +35,11 @@ def topology_chart(nodes: pd.DataFrame, edges: pd.DataFrame, *, heading: str,
     labels = alt.Chart(edges).mark_text(fontSize=12, color="#333").encode(
         x=alt.X("lx:Q", **_AXIS), y=alt.Y("ly:Q", **_AXIS), text="label:N", tooltip=tip)
     layers = [links, labels]
-    if arrows:
-        layers.append(alt.Chart(edges).mark_point(shape="triangle-up", size=160, filled=True,
-                                                  color="#555", opacity=1).encode(
+    if arrows:  # a ▶ glyph turned along the link (it points right, i.e. bearing 90°)
+        layers.append(alt.Chart(edges.assign(turn=(edges["angle"] - 90) % 360)).mark_text(
+            text="▶", fontSize=20, color="#333").encode(
             x=alt.X("ax:Q", **_AXIS), y=alt.Y("ay:Q", **_AXIS),
-            angle=alt.Angle("angle:Q", scale=None), tooltip=tip))  # degrees as they are
+            angle=alt.Angle("turn:Q", scale=None), tooltip=tip))
     dots = alt.Chart(nodes).mark_circle(size=900, opacity=1, stroke="white",
                                         strokeWidth=2).encode(
         x=alt.X("x:Q", **_AXIS), y=alt.Y("y:Q", **_AXIS), color=_ROLE,

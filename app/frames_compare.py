@@ -180,7 +180,7 @@ def _where_index(v: RunView, i: int) -> str:
     return names[i] if i < len(names) else f"device {i}"
 
 
-def curves_frame(views: list[RunView], max_points: int = 1000) -> pd.DataFrame:
+def curves_frame(views: list[RunView], max_points: int = 700) -> pd.DataFrame:
     """`frames.steps_frame` of every run on one step axis, each thinned to `max_points` rows."""
     parts = [thin(frames.steps_frame(v.of_type("step"), v.label), max_points) for v in views]
     parts = [p for p in parts if not p.empty]

@@ -15,6 +15,7 @@ import streamlit as st
 from app import frames, frames_buckets as fb, runsets
 from app.charts_buckets import bucket_timeline, exposed_chart
 from app.connection import require_client
+from app.frames_compare import thin
 from app.widgets import pick_step, quick_fields, show_errors
 from engine.config import ConfigError
 from workers.sweeps import submit_sweep
@@ -131,7 +132,7 @@ def body(windows, labels) -> None:
     for col, (rid, w) in zip(st.columns(len(windows)), windows.items()):
         with col:
             timeline(w, labels[rid], step, x_max)
-    per_step = pd.concat([fb.exposed_per_step(w.of_type("step"), labels[rid])
+    per_step = pd.concat([thin(fb.exposed_per_step(w.of_type("step"), labels[rid]), 1000)
                           for rid, w in windows.items()], ignore_index=True)
     if not per_step.empty:
         st.altair_chart(exposed_chart(per_step), key="bkt_exposed")
