@@ -29,7 +29,7 @@ from engine.memory import ActivationCounter, accounted_event, buffer_bytes, opti
     param_bytes, tensor_bytes
 from engine.telemetry import Telemetry, now, step_fields
 from engine.training import autocast, evaluate, loss_fn, make_optimizer, param_checksum, \
-    cpu_threads_per_rank
+    cpu_device_threads
 
 
 class PhaseLog:
@@ -176,8 +176,6 @@ def train_dp(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Module, te
         from engine.dp_cuda import train_dp_cuda
 
         return train_dp_cuda(cfg, plan, ds, model, tel, should_stop)
-    threads_before = torch.get_num_threads()
-    torch.set_num_threads(cpu_threads_per_rank(cfg.world_size))
     dp = EmulatedDP(cfg, model.train(), cfg.world_size)
     opt = make_optimizer(cfg, model.parameters())
     batches = BatchPlan(len(ds), cfg.world_size, cfg.micro_batch_per_device, cfg.seed)
@@ -225,9 +223,9 @@ def train_dp(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Module, te
         tel.emit("sync", step=step, checksums=sums, in_sync=all(s == sums[0] for s in sums))
 
     try:
-        drive(cfg, tel, train_step, should_stop=should_stop, memory=memory, check_sync=check_sync,
-              evaluate=lambda: evaluate(model, ds, torch.device("cpu")))
+        with cpu_device_threads(cfg.world_size):
+            drive(cfg, tel, train_step, should_stop=should_stop, memory=memory, check_sync=check_sync,
+                  evaluate=lambda: evaluate(model, ds, torch.device("cpu")))
     finally:
         dp.pool.shutdown(wait=True)
-        torch.set_num_threads(threads_before)
     return model

@@ -6,6 +6,7 @@ steps the parameters must equal DP's and DDP's (up to float summation order).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import torch
@@ -18,7 +19,7 @@ from engine.loop import drive
 from engine.memory import ActivationCounter, accounted_event, buffer_bytes, cuda_event, grads_bytes, \
     optimizer_state_bytes, param_bytes, tensor_bytes
 from engine.telemetry import Telemetry, now, step_fields
-from engine.training import autocast, evaluate, loss_fn, make_optimizer
+from engine.training import autocast, cpu_device_threads, evaluate, loss_fn, make_optimizer
 
 
 def train_single(cfg: RunConfig, ds: Dataset, model: nn.Module, device: torch.device, tel: Telemetry,
@@ -66,6 +67,8 @@ def train_single(cfg: RunConfig, ds: Dataset, model: nn.Module, device: torch.de
         fields = cuda_event(device, breakdown) if device.type == "cuda" else accounted_event(breakdown)
         tel.emit("memory", step=step, **fields)
 
-    drive(cfg, tel, train_step, should_stop=should_stop, memory=memory,
-          evaluate=lambda: evaluate(model, ds, device))
+    threads = cpu_device_threads(cfg.world_size) if device.type == "cpu" else contextlib.nullcontext()
+    with threads:  # on CPU the baseline is one virtual device of the run's size
+        drive(cfg, tel, train_step, should_stop=should_stop, memory=memory,
+              evaluate=lambda: evaluate(model, ds, device))
     return model

@@ -75,8 +75,25 @@ def flat_params(model: nn.Module) -> torch.Tensor:
 
 
 def cpu_threads_per_rank(world_size: int) -> int:
-    """Intra-op threads per rank so ranks do not oversubscribe the host's cores."""
+    """Intra-op threads of one virtual CPU device: the host's cores split evenly over world_size.
+
+    DDP ranks, DP device threads and the single-device baseline (one such device) all get this
+    budget, so "speed-up vs single" compares one device with N of the same size, and OpenMP is
+    never asked for more threads than there are cores (oversubscribed spinning threads can make a
+    step 100x slower).
+    """
     return max(1, (os.cpu_count() or 1) // world_size)
+
+
+@contextlib.contextmanager
+def cpu_device_threads(world_size: int):
+    """Run the block with `cpu_threads_per_rank(world_size)` intra-op threads, then restore."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(cpu_threads_per_rank(world_size))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def should_eval(cfg: RunConfig, step: int) -> bool:
