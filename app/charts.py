@@ -22,10 +22,14 @@ _TIMELINE_KINDS = ["backward (compute)", "all-reduce (one bucket)", "bucket read
 _TIMELINE_COLOURS = ["#c6dbef", "#d62728", "#000000"]
 
 
-def throughput_chart(steps: pd.DataFrame) -> alt.LayerChart:
+def throughput_chart(steps: pd.DataFrame, runs: list[str] | None = None) -> alt.LayerChart:
     """Samples/s per optimizer step, per run (`frames.steps_frame` rows): a faint point per step
-    and a line through the rolling median, so noise does not hide the difference."""
-    colour = alt.Color("run:N", legend=legend("run"), scale=CATEGORIES)
+    and a line through the rolling median, so noise does not hide the difference.
+
+    `runs` fixes the colour of each run (in this order) before all of them have data, so a
+    run keeps its colour when the other one starts reporting."""
+    scale = alt.Scale(domain=runs, scheme="tableau10") if runs else CATEGORIES
+    colour = alt.Color("run:N", legend=legend("run"), scale=scale)
     x = STEP_X
     tip = [alt.Tooltip("run:N"), alt.Tooltip("step:Q"),
            alt.Tooltip("samples_per_s:Q", title="samples/s", format=",.0f"),

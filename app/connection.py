@@ -18,8 +18,9 @@ def _client(url: str):
     """One `DdpvizClient` per URL for the whole server. A failed connect raises, and
     `st.cache_resource` does not keep exceptions, so the next rerun tries again."""
     from workers.client import DdpvizClient
+    from workers.connection import APP_SOCKET_TIMEOUT_S, connect
 
-    return DdpvizClient(url=url)
+    return DdpvizClient(redis=connect(url, retry_attempts=1, socket_timeout_s=APP_SOCKET_TIMEOUT_S))
 
 
 def _scrub(text: str, url: str) -> str:

@@ -66,15 +66,19 @@ def _run_status(client, w: RunWindow, label: str) -> None:
                f"global batch {cfg.get('global_batch_size')} · "
                f"bucket cap {cfg.get('bucket_cap_mb')} MiB · overlap {cfg.get('overlap')}")
     if w.error:
-        _show_error(w.error)
+        _show_error(w.error, w.status)
     if w.status in ("queued", "started") and st.button("Cancel", key=f"cancel_{w.run_id}"):
         st.toast(f"{w.run_id}: {client.cancel(w.run_id)}")
 
 
-def _show_error(error: dict[str, Any]) -> None:
+def _show_error(error: dict[str, Any], status: str = "failed") -> None:
     rank = error.get("rank")
     where = f" on rank {rank}" if rank is not None else ""
-    st.error(f"Run failed{where}: {error.get('exception', 'unknown error')}",
+    if status == "canceled":  # asked for, not a failure
+        st.info(f"Run canceled: {error.get('exception', '')}", icon=":material/stop_circle:")
+        return
+    verb = "lost" if status == "lost" else "failed"
+    st.error(f"Run {verb}{where}: {error.get('exception', 'unknown error')}",
              icon=":material/error:")
     if error.get("traceback"):
         st.code(error["traceback"], language="python")
@@ -101,7 +105,7 @@ def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, st
         delta = f"{v / others[0][1]:.2f}× {others[0][0]}" if others else None
         col.metric(f"{run}: median samples/s", f"{v:,.0f}", delta=delta, delta_color="off",
                    delta_arrow="off")
-    _chart(charts.throughput_chart(steps), "chart_throughput")
+    _chart(charts.throughput_chart(steps, [labels.get(r, r) for r in windows]), "chart_throughput")
 
 
 def split_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:

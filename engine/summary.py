@@ -80,7 +80,12 @@ class SummaryBuilder:
         for k in SPLIT_KEYS:
             out[k] = statistics.median(e[k] for e in steady) if steady else None
         rank0 = [self.steps[0][s] for s in sorted(self.steps.get(0, {}))]
-        out["final_loss"] = rank0[-1]["loss"] if rank0 else None
+        # DDP: each rank's loss is the mean over its own shard (equal sizes), so the global-batch
+        # loss is the mean over ranks of their last step's loss.
+        last = [self.steps[r][max(self.steps[r])] for r in self.steps if self.steps[r]]
+        final_step = max((e["step"] for e in last), default=None)
+        finals = [e["loss"] for e in last if e["step"] == final_step]
+        out["final_loss"] = sum(finals) / len(finals) if finals else None
         out["overlap"] = self.overlap()
         out["peak_memory_bytes"] = dict(sorted(self.peak.items()))
         if self.peak:

@@ -252,7 +252,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     try:
         return run_up(args.host, args.port, args.workers, args.data_dir, args.app)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, RuntimeError) as exc:  # e.g. another `up` uses this data folder
         _err(str(exc))
         return EXIT_REFUSED
 
@@ -360,4 +360,9 @@ def main(argv: list[str] | None = None) -> None:
         code = EXIT_REFUSED
     except KeyboardInterrupt:
         code = 130
+    except BrokenPipeError:  # `ddpviz runs | head`: the reader left; not an error
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = EXIT_OK
     sys.exit(code)

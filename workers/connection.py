@@ -32,6 +32,7 @@ URL_FILE = Path(".ddpviz") / "redis.url"
 
 SOCKET_CONNECT_TIMEOUT_S = 5.0  # giving up on a TCP connect
 SOCKET_TIMEOUT_S = 30.0  # one command's reply (RQ raises this for its blocking pops)
+APP_SOCKET_TIMEOUT_S = 3.0  # the app's reads: a hung server becomes a banner, not a frozen page
 HEALTH_CHECK_INTERVAL_S = 25  # PING an idle pooled connection before reuse after this long
 RETRY_ATTEMPTS = 3  # retries of a command after a connection error or timeout
 RETRY_BACKOFF_BASE_S = 0.05  # first backoff; doubles each retry
@@ -54,8 +55,12 @@ class RedisUnavailable(ConnectionError):
     def __init__(self, url: str, cause: BaseException | str):
         self.url = redact(url)
         self.cause = str(cause)
-        super().__init__(f"cannot reach Redis at {self.url}: {self.cause} "
-                         f"(set {ENV_VAR}, or run `ddpviz up` to start an embedded server)")
+        if isinstance(cause, redis.exceptions.AuthenticationError) or "password" in self.cause.lower():
+            super().__init__(f"Redis at {self.url} refused the credentials: {self.cause} "
+                             f"(check the user and password in {ENV_VAR})")
+        else:
+            super().__init__(f"cannot reach Redis at {self.url}: {self.cause} "
+                             f"(set {ENV_VAR}, or run `ddpviz up` to start an embedded server)")
 
 
 def redact(url: str) -> str:
@@ -113,7 +118,8 @@ def redis_url() -> str:
 
 
 def connect(url: str | None = None, *, check: bool = True, retry_attempts: int = RETRY_ATTEMPTS,
-            retry_cap_s: float = RETRY_BACKOFF_CAP_S) -> redis.Redis:
+            retry_cap_s: float = RETRY_BACKOFF_CAP_S,
+            socket_timeout_s: float = SOCKET_TIMEOUT_S) -> redis.Redis:
     """A Redis client for `url` (default `redis_url()`), returning bytes.
 
     Connection errors and timeouts are retried `retry_attempts` times with exponential backoff
@@ -125,6 +131,8 @@ def connect(url: str | None = None, *, check: bool = True, retry_attempts: int =
         check: PING once now so an unreachable server fails here, not at first use.
         retry_attempts: the app keeps the default (fail fast, show a banner); workers use
             `WORKER_RETRY_ATTEMPTS` to ride out a Redis restart.
+        socket_timeout_s: seconds to wait for one reply; the app uses `APP_SOCKET_TIMEOUT_S`
+            so a hung server shows a banner within seconds instead of freezing a page.
 
     Raises:
         RedisUnavailable: the URL is malformed, the server refuses or does not answer, or
@@ -140,7 +148,7 @@ def connect(url: str | None = None, *, check: bool = True, retry_attempts: int =
             **tls,
             decode_responses=False,
             socket_connect_timeout=SOCKET_CONNECT_TIMEOUT_S,
-            socket_timeout=SOCKET_TIMEOUT_S,
+            socket_timeout=socket_timeout_s,
             health_check_interval=HEALTH_CHECK_INTERVAL_S,
             retry=Retry(ExponentialBackoff(cap=retry_cap_s, base=RETRY_BACKOFF_BASE_S),
                         retry_attempts),

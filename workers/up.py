@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import signal
 import socket
 import sys
@@ -56,6 +57,9 @@ def _stop_on_signals(stop: threading.Event) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+WORKER_RESTARTS_MAX = 5  # restarts of dead workers per `ddpviz up`, in all
+
+
 def run_up(host: str = "127.0.0.1", port: int = 8501, n_workers: int = 1,
            data_dir: str | os.PathLike[str] = ".ddpviz", app: str | os.PathLike[str] | None = None) -> int:
     """Run the demo until Ctrl-C / SIGTERM (or until the app exits). Returns an exit code.
@@ -89,27 +93,52 @@ def run_up(host: str = "127.0.0.1", port: int = 8501, n_workers: int = 1,
         children += workers
         app_child = Child("app", app_command(app_path, host, port), env).start()
         children.append(app_child)
-        shown = "localhost" if host in ("127.0.0.1", "0.0.0.0") else host
+        shown = "127.0.0.1" if host == "0.0.0.0" else host
         print(f"ddpviz up: Redis {redact(url)}{' (embedded)' if server else ''}, "
               f"{n_workers} worker(s); app at http://{shown}:{port}  (Ctrl-C stops everything)",
               flush=True)
-        return _supervise(stop, app_child, workers)
+        return _supervise(stop, app_child, workers, server, port, children)
     finally:
         _shutdown(children, token, server, url_file)
 
 
-def _supervise(stop: threading.Event, app_child: Child, workers: list[Child]) -> int:
-    """Wait for a stop request; report children that die. Returns the exit code."""
-    reported: set[str] = set()
+def _supervise(stop: threading.Event, app_child: Child, workers: list[Child],
+               server: EmbeddedRedis | None = None, port: int = 8501,
+               children: list[Child] | None = None) -> int:
+    """Wait for a stop request; restart workers that die, stop if the app or Redis dies.
+
+    A dead worker is restarted (at most `WORKER_RESTARTS_MAX` times in all, so a worker that
+    crashes at start does not loop); a dead app or embedded Redis ends the demo with a message,
+    since nothing can work without them. Returns the exit code.
+    """
+    restarts = 0
     while not stop.wait(POLL_S):
         if not app_child.running():
-            print(f"ddpviz up: the app exited (code {app_child.proc.returncode}); stopping",
+            hint = f" (is port {port} taken? try `ddpviz up --port {port + 1}`)" \
+                if app_child.proc.returncode == 1 else ""
+            print(f"ddpviz up: the app exited (code {app_child.proc.returncode}){hint}; stopping",
                   file=sys.stderr)
             return 1
-        dead = wait_any_exit([w for w in workers if w.name not in reported], 0)
-        if dead is not None:
-            reported.add(dead.name)
-            print(f"ddpviz up: {dead.name} exited (code {dead.proc.returncode})", file=sys.stderr)
+        if server is not None and server.proc is not None and server.proc.poll() is not None:
+            print(f"ddpviz up: the embedded Redis exited (code {server.proc.returncode}); stopping "
+                  f"— run `ddpviz up` again: finished runs are kept in its data folder", file=sys.stderr)
+            return 1
+        for i, w in enumerate(workers):
+            if w.running():
+                continue
+            if restarts >= WORKER_RESTARTS_MAX:
+                print(f"ddpviz up: {w.name} exited (code {w.proc.returncode}); not restarting it "
+                      f"again after {restarts} restarts", file=sys.stderr)
+                return 1
+            restarts += 1
+            print(f"ddpviz up: {w.name} exited (code {w.proc.returncode}); restarting it",
+                  file=sys.stderr, flush=True)
+            argv = list(w.argv)  # a fresh worker name: RQ keeps the dead one's for a while
+            at = argv.index("--name") + 1
+            argv[at] = re.sub(r"-restart\d+$", "", argv[at]) + f"-restart{restarts}"
+            workers[i] = Child(w.name, argv, w.env).start()
+            if children is not None:
+                children[children.index(w)] = workers[i]
     return 0
 
 

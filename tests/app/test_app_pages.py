@@ -108,6 +108,16 @@ def test_live_page_shows_full_error(fake_client, app_test):
     assert at.code[0].value == err["traceback"]
 
 
+def test_live_page_shows_a_canceled_run_as_canceled_not_failed(fake_client, app_test):
+    err = {"rank": None, "exception": "Canceled: canceled by user", "traceback": ""}
+    fake_client.add_run("stopped", {"mode": "dp"}, status="canceled", error=err,
+                        events=[g.run_started("stopped", "dp"), g.run_finished("stopped", 0, "canceled", err)])
+    at = app_test("views/live.py", runs="stopped")
+    assert not at.exception
+    assert not at.error
+    assert "Run canceled: Canceled: canceled by user" in at.info[0].value
+
+
 def test_live_page_running_run_keeps_polling(fake_client, app_test):
     events = [g.run_started("run", "ddp", steps=50)] + g.ddp_step("run", 0)
     fake_client.add_run("run", {"mode": "ddp", "steps": 50}, status="started", events=events)

@@ -33,6 +33,9 @@ def test_compare_reports_every_mode_against_single():
         assert r["max_param_diff_vs_single"] < 1e-5
         assert set(r["step_time_split"]) == {"step_time_s", "forward_s", "backward_s", "comm_exposed_s", "optimizer_s"}
         assert set(r["bytes_per_device"]) == {"cpu:0", "cpu:1"}
+    # the global-batch loss: DDP averages its ranks' shard losses (not rank 0's alone)
+    for mode in ("dp", "ddp"):
+        assert report[mode]["final_loss"] == pytest.approx(report["single"]["final_loss"], rel=1e-5)
     # DP's device 0 holds the optimizer, gathered outputs and the reduce buffer: a hot spot
     assert report["dp"]["memory_imbalance"] > 1.0
     assert report["ddp"]["memory_imbalance"] == pytest.approx(1.0)

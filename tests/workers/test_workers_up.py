@@ -57,7 +57,7 @@ def test_up_serves_the_app_and_sigterm_leaves_nothing_behind(tmp_path):
         assert len(family) >= 3  # redis-server, worker, streamlit
     finally:
         out = _stop_and_check(up, family if "family" in locals() else set())
-    assert f"http://localhost:{port}" in out
+    assert f"http://127.0.0.1:{port}" in out
     assert not (tmp_path / ".ddpviz" / "redis.url").exists()
     assert (tmp_path / ".ddpviz" / "redis" / "appendonly.aof").exists()  # the demo's data persist
     assert not _healthy(port)
@@ -89,3 +89,26 @@ def test_up_stops_a_running_ddp_run_and_its_ranks(tmp_path):
     with EmbeddedRedis(tmp_path / ".ddpviz" / "redis") as server:
         rec = DdpvizClient(url=server.url).get_run(run_id)
     assert rec["status"] == "canceled" and "shutting down" in rec["error"]["exception"]
+
+
+def test_up_restarts_a_killed_worker(tmp_path):
+    app = tmp_path / "tiny_app.py"
+    app.write_text("import streamlit as st\nst.write('ddpviz test app')\n")
+    port = free_port()
+    up = _start_up(tmp_path, port, "--app", str(app))
+    family: set[int] = set()
+    try:
+        url = wait_for(lambda: (tmp_path / ".ddpviz" / "redis.url").is_file()
+                       and (tmp_path / ".ddpviz" / "redis.url").read_text().strip(), 30, "Redis")
+        client = DdpvizClient(url=url)
+        first = wait_for(client.workers, 30, "the worker's heartbeat")[0]
+        import os
+        os.kill(first["pid"], signal.SIGKILL)
+        wait_for(lambda: any(w["pid"] != first["pid"] and w["name"].endswith("-restart1")
+                             for w in client.workers()), 45, "the restarted worker's heartbeat")
+        run_id = client.submit({**TINY, "mode": "single", "world_size": 1, "steps": 2})
+        wait_for(lambda: client.get_run(run_id)["status"] == "finished", 60, "a run on the new worker")
+        family = set(descendants(up.pid))
+    finally:
+        out = _stop_and_check(up, family)
+    assert "worker-1 exited (code -9); restarting it" in out
