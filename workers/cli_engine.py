@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -76,7 +77,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                                          "backward_s", "comm_exposed_s", "optimizer_s",
                                                          "overlap", "peak_memory_bytes", "memory_imbalance")}))
     out = dict(host=platform.node(), python=platform.python_version(), torch=torch.__version__,
-               cpu_count=torch.get_num_threads(), cuda=torch.cuda.is_available(),
+               cpu_count=os.cpu_count(), cuda=torch.cuda.is_available(),
                telemetry=_telemetry_cost(), results=results)
     text = json.dumps(out, indent=2)
     if args.out:
