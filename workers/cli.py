@@ -184,13 +184,18 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
+    from workers.store import TERMINAL
+
     client = _client(args)
-    try:
-        status = client.cancel(args.run_id)
-    except KeyError:
+    before = client.get_run(args.run_id)
+    if before is None:
         _err(f"no run {args.run_id!r}")
         return EXIT_FAILED
-    print(status)
+    if before["status"] in {s.value for s in TERMINAL}:
+        _err(f"run {args.run_id} already ended ({before['status']}); nothing to cancel")
+        print(before["status"])
+        return EXIT_OK
+    print(client.cancel(args.run_id))
     return EXIT_OK
 
 

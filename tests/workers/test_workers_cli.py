@@ -93,6 +93,8 @@ def test_submit_runs_cancel_export_round_trip(redis_client, redis_url, tmp_path)
 
     res = ddpviz("cancel", run_id, env=env)
     assert res.returncode == 0 and res.stdout.strip() == "canceled"
+    again = ddpviz("cancel", run_id, env=env)  # already ended: said so, nothing changes
+    assert again.returncode == 0 and "already ended (canceled); nothing to cancel" in again.stderr
     assert ddpviz("cancel", "nope", env=env).returncode == 1
 
     out = tmp_path / "ev.jsonl"
