@@ -78,6 +78,25 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+INIT_STD = 0.02  # GPT-2 / nanoGPT init: N(0, 0.02) for Linear and Embedding weights
+
+
+def _init_gpt_weights(module: nn.Module) -> None:
+    """nanoGPT's `_init_weights`: Linear and Embedding weights ~ N(0, 0.02), biases 0.
+
+    With the embedding tied to the output head, `nn.Embedding`'s own N(0, 1) init would make the
+    first logits ~ N(0, width) and the first loss ~10x ln(vocab); at std 0.02 the logits start
+    near 0 and the loss near ln(vocab), as a language model's should (Radford et al. 2019).
+    LayerNorm keeps its (1, 0) init.
+    """
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
+
+
 class GPT(nn.Module):
     """Decoder-only transformer with tied input/output embedding (nanoGPT, Karpathy 2022).
 
@@ -93,9 +112,12 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(width)
         self.lm_head = nn.Linear(width, vocab_size, bias=False)
         self.lm_head.weight = self.tok_emb.weight  # weight tying (Press & Wolf 2017)
+        self.apply(_init_gpt_weights)
         for name, p in self.named_parameters():
+            # Each block adds two residual branches (attention and MLP outputs); scaling their
+            # projections by 1/sqrt(2·depth) keeps the residual stream's variance flat (GPT-2).
             if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
-                nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
+                nn.init.normal_(p, mean=0.0, std=INIT_STD / math.sqrt(2 * depth))
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         T = idx.size(1)
