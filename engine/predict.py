@@ -186,22 +186,40 @@ def _compute(r: RunInputs, n: int, sc: Scenario, fwd_m: float, bwd_m: float) -> 
     return fwd_m * s, bwd_m * s, r.optimizer_s * host_factor(r, n, sc)
 
 
+def in_run_factor(r: RunInputs, sc: Scenario) -> float:
+    """c: how much slower the run's all-reduces were than the fitted model says, so that the
+    simulated step at n_m shows the measured exposed comm (found by bisection; exposed grows
+    with c). With nothing exposed it cannot be read from exposed comm, so c = the link's
+    measured busy time per step / the model's time for the same buckets (1 without either)."""
+    alpha, beta = r.link_fit["alpha_s"], r.link_fit["beta_bytes_per_s"]
+    model = sum(ring_allreduce_s(b["nbytes"], r.world_size, alpha, beta) for b in r.buckets)
+    c = r.comm_busy_s / model if r.comm_busy_s and model > 0 else 1.0
+    if r.comm_exposed_s <= 0 or not r.buckets:
+        return c
+
+    def exposed(c_try: float) -> float:
+        fwd, bwd, opt = _compute(r, r.world_size, sc, r.forward_s, r.backward_s)
+        return ddp_step(forward_s=fwd, backward_s=bwd, optimizer_s=opt, other_s=0.0,
+                        buckets=[(b["bucket_index"], b["nbytes"]) for b in r.buckets],
+                        ready_frac=[b["ready_frac"] for b in r.buckets], n=r.world_size, overlap=r.overlap,
+                        comm=lambda nb: ring_allreduce_s(nb, r.world_size, alpha, beta) * c_try)["comm_exposed_s"]
+    lo, hi = 0.0, max(1.0, 2 * c)
+    while exposed(hi) < r.comm_exposed_s and hi < 1e6:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if exposed(mid) < r.comm_exposed_s else (lo, mid)
+    return (lo + hi) / 2
+
+
 def _bucket_comm(r: RunInputs, n: int, sc: Scenario, alpha: float, beta: float):
-    """A bucket's all-reduce time at n. On a preset: the ring model. On this machine: the
-    bucket's measured time at n_m × t(b, n) / t(b, n_m) (the fitted model carries the change
-    with n; the measurement keeps what the model misses at n_m) × the host factor (gloo's
-    all-reduce is CPU work)."""
+    """A bucket's all-reduce time at n. On a preset: the ring model. On this machine: the ring
+    model with the fitted α, β, × the in-run factor c (`in_run_factor`: the run's own exposed
+    comm is reproduced at n_m) × the host factor (gloo's all-reduce is CPU work)."""
     if sc.link is not None or n == 1:
         return lambda nb: ring_allreduce_s(nb, n, alpha, beta)
-    measured = {b["nbytes"]: b.get("comm_s") for b in r.buckets}
-    hf = host_factor(r, n, sc)
-
-    def comm(nb: float) -> float:
-        model_m = ring_allreduce_s(nb, r.world_size, alpha, beta)
-        model_n = ring_allreduce_s(nb, n, alpha, beta)
-        at_m = measured.get(nb) or model_m
-        return at_m * model_n / model_m * hf if model_m > 0 else model_n * hf
-    return comm
+    scale = in_run_factor(r, Scenario()) * host_factor(r, n, sc)
+    return lambda nb: ring_allreduce_s(nb, n, alpha, beta) * scale
 
 
 def predict_ddp(r: RunInputs, n: int, sc: Scenario) -> dict[str, Any]:

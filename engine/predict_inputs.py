@@ -11,6 +11,8 @@ Pure Python (no torch). Every number here is read from the run's events (docs/ev
   minus the phases' median wall times: the Python between phases.
 - DDP bucket ready fractions: a bucket's `ready_s` / the step's last `ready_s` (= the rank's
   backward compute, `backward_s`), so the pipeline can be rescaled to another backward time.
+- `comm_busy_s`: per step and rank, how long at least one all-reduce was in flight (the union
+  of the buckets' intervals), median: the link's measured work per step.
 - This machine's link for DDP (`link_fit`): the `allreduce_probe` event's fitted alpha/beta when
   the run has one, else the ring model fitted to the run's own buckets that ran alone
   (`engine.analysis.fit_ring_model`: t = 2(n−1)·α + 2(n−1)/n·b/β), else, with one bucket size,
@@ -29,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from engine.analysis import fit_ring_model, ring_factor
-from engine.summary import WARMUP_STEPS
+from engine.summary import WARMUP_STEPS, interval_union_s
 
 Event = dict[str, Any]
 DP_COPY_PHASES = ("broadcast", "scatter", "gather", "reduce")
@@ -57,6 +59,7 @@ class RunInputs:
     grad_bytes: int
     param_count: int
     device_kind: str
+    backend: str | None
     emulated: bool
     host_cpu_count: int | None
     cpu_threads_per_device: int | None
@@ -73,6 +76,7 @@ class RunInputs:
     optimizer_s: float
     other_s: float
     buckets: list[dict[str, Any]] = field(default_factory=list)
+    comm_busy_s: float = 0.0
     link_fit: dict[str, Any] | None = None
     dp_phases: dict[str, dict[str, float]] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
@@ -134,6 +138,16 @@ def bucket_layout(buckets: list[Event]) -> list[dict[str, Any]]:
                  comm_s=_median(durs[i])) for i in sorted(fracs)]
 
 
+def comm_busy_s(buckets: list[Event]) -> float:
+    """Median over (rank, step) of the time at least one all-reduce was in flight: the union of
+    the buckets' [comm_start, comm_end] (`engine.summary.interval_union_s`)."""
+    by: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
+    for b in buckets:
+        if b.get("comm_start_s") is not None and b.get("comm_end_s") is not None:
+            by[(b.get("rank", 0), b["step"])].append((b["comm_start_s"], b["comm_end_s"]))
+    return _median(interval_union_s(v) for v in by.values())
+
+
 def alone(buckets: list[Event]) -> list[Event]:
     """Buckets whose all-reduce overlapped no other all-reduce of the same rank and step (gloo
     runs two at a time, which would stretch their times; see docs/events.md)."""
@@ -161,19 +175,23 @@ def fit_link(probe: Event | None, buckets: list[Event], world_size: int) -> dict
     if world_size < 2:
         return None
     solo = alone(buckets)
-    fit = fit_ring_model(solo, world_size)
-    if fit and fit["s_per_byte"] > 0 and fit["latency_s"] >= 0:
-        return dict(alpha_s=fit["alpha_s"], beta_bytes_per_s=fit["beta_bytes_per_s"],
-                    source=f"ring model fitted to {len(solo)} in-run bucket all-reduces that ran "
-                           "alone (no probe event in this run)")
+    timed = [b for b in buckets if b.get("comm_start_s") is not None and b.get("comm_end_s") is not None]
+    for chosen, which in ((solo, "that ran alone"), (timed, "(none ran alone: all of them, so each "
+                                                             "time includes sharing the link)")):
+        fit = fit_ring_model(chosen, world_size)
+        if fit and fit["s_per_byte"] > 0 and fit["latency_s"] >= 0:
+            return dict(alpha_s=fit["alpha_s"], beta_bytes_per_s=fit["beta_bytes_per_s"],
+                        source=f"ring model fitted to {len(chosen)} in-run bucket all-reduces {which}; "
+                               "no probe event in this run")
+    chosen = solo or timed
     rates = [ring_factor(world_size) * b["nbytes"] / (b["comm_end_s"] - b["comm_start_s"])
-             for b in solo if b["comm_end_s"] > b["comm_start_s"]]
+             for b in chosen if b["comm_end_s"] > b["comm_start_s"]]
     if not rates:
         return None
     return dict(alpha_s=0.0, beta_bytes_per_s=_median(rates),
-                source=f"median busbw of {len(rates)} in-run bucket all-reduces (no probe, and no "
-                       "line through their times: fewer than two sizes ran alone, or the fit had a "
-                       "negative latency or slope; alpha taken as 0)")
+                source=f"median busbw of {len(rates)} in-run bucket all-reduces "
+                       f"{'that ran alone' if solo else '(none ran alone)'}; no probe, and no line "
+                       "through their times (one size, or a negative latency or slope): alpha taken as 0")
 
 
 def dp_phase_costs(phases: list[Event], steps: dict[int, Event], device0: str) -> dict[str, dict[str, float]]:
@@ -229,7 +247,7 @@ def measure_run(events: list[Event]) -> RunInputs:
         run_id=started.get("run_id", ""), mode=started["mode"], world_size=n,
         global_batch_size=int(cfg.get("global_batch_size") or steps[0]["samples"]),
         grad_bytes=int(started.get("grad_bytes") or 0), param_count=int(started.get("param_count") or 0),
-        device_kind=devices[0].get("kind", "cpu"), emulated=bool(started.get("emulated")),
+        device_kind=devices[0].get("kind", "cpu"), backend=started.get("backend"), emulated=bool(started.get("emulated")),
         host_cpu_count=started.get("host_cpu_count"), cpu_threads_per_device=started.get("cpu_threads_per_device"),
         amp=bool(cfg.get("amp")), overlap=bool(cfg.get("overlap", True)), optimizer=cfg.get("optimizer", "sgd"),
         tokens_per_sample=int(cfg.get("block_size") or 1) if cfg.get("model") == "gpt" else 1,
@@ -239,6 +257,7 @@ def measure_run(events: list[Event]) -> RunInputs:
     if started["mode"] == "ddp":
         buckets = [e for e in events if e.get("type") == "bucket" and e["step"] in keep]
         inputs.buckets = bucket_layout(buckets)
+        inputs.comm_busy_s = comm_busy_s(buckets)
         probe = next((e for e in events if e.get("type") == "allreduce_probe"), None)
         inputs.link_fit = fit_link(probe, buckets, n)
         inputs.sources["buckets"] = f"bucket events of {inputs.steps_used} steady steps"

@@ -8,6 +8,10 @@ starting at max(its ready time, the previous one's end) and lasting the ring all
 t(b) = 2(n−1)·α + 2(n−1)/n · b/β (Thakur et al. 2005, "Optimization of collective communication
 operations in MPICH", §4; Patarasuk & Yuan 2009). PyTorch's reducer launches buckets in index
 order as they become ready (`Reducer::mark_bucket_ready`) and NCCL runs them on one stream.
+gloo runs two at a time (its process group's two worker threads), sharing the link; the link's
+work is the same either way, and the last all-reduce of a busy period ends when the work is
+done whatever the order it is served in (a work-conserving server), so the exposed time is the
+one-stream model's.
 Exposed communication is what ends after backward's compute: last end − backward (the engine's
 `comm_exposed_s`).
 
