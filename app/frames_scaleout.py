@@ -15,7 +15,7 @@ from app import frames, frames_buckets as fb
 Report = dict[str, Any]
 PRED_COLUMNS = ["mode", "series", "kind", "world_size", "nnodes", "samples_per_s", "efficiency",
                 "step_time_ms", "comm_ms", "busiest_bytes"]
-LANE = "every rank (predicted)"  # the model's ranks are identical: one lane stands for all
+LANE = "predicted"  # the model's ranks are identical: one lane stands for every rank
 
 
 def series(mode: str, kind: str) -> str:

@@ -79,7 +79,7 @@ class RunInputs:
     comm_busy_s: float = 0.0
     link_fit: dict[str, Any] | None = None
     dp_phases: dict[str, dict[str, float]] = field(default_factory=dict)
-    sources: dict[str, str] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)  # what -> the event type it came from
 
     @property
     def per_device_batch(self) -> float:
@@ -252,19 +252,20 @@ def measure_run(events: list[Event]) -> RunInputs:
         amp=bool(cfg.get("amp")), overlap=bool(cfg.get("overlap", True)), optimizer=cfg.get("optimizer", "sgd"),
         tokens_per_sample=int(cfg.get("block_size") or 1) if cfg.get("model") == "gpt" else 1,
         steps_used=len({e["step"] for e in steps}), **med)
-    inputs.sources = {"step split": f"medians of {inputs.steps_used} steady step events"
-                                    f"{' over every rank' if n > 1 and started['mode'] == 'ddp' else ''}"}
+    inputs.sources = {"step split": "step"}
     if started["mode"] == "ddp":
         buckets = [e for e in events if e.get("type") == "bucket" and e["step"] in keep]
         inputs.buckets = bucket_layout(buckets)
         inputs.comm_busy_s = comm_busy_s(buckets)
         probe = next((e for e in events if e.get("type") == "allreduce_probe"), None)
         inputs.link_fit = fit_link(probe, buckets, n)
-        inputs.sources["buckets"] = f"bucket events of {inputs.steps_used} steady steps"
+        inputs.sources["buckets"] = "bucket"
+        if probe:
+            inputs.sources["link"] = "allreduce_probe"
     elif started["mode"] == "dp":
         by_step = {e["step"]: e for e in steps}
         phases = [e for e in events if e.get("type") == "dp_phase"]
         names = started.get("device_names") or ["cpu:0"]
         inputs.dp_phases = dp_phase_costs(phases, by_step, names[0])
-        inputs.sources["dp phases"] = f"dp_phase events of {inputs.steps_used} steady steps"
+        inputs.sources["dp phases"] = "dp_phase"
     return inputs

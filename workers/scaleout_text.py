@@ -4,7 +4,7 @@ assumption said as one."""
 
 from __future__ import annotations
 
-from engine.predict import Scenario
+from engine.predict import Scenario, in_run_factor
 from engine.predict_inputs import RunInputs
 
 
@@ -25,13 +25,15 @@ def measured_lines(modes: dict[str, RunInputs]) -> list[str]:
         out.append(f"Measured ({mode.upper()} {r.run_id}, world size {r.world_size}, {where}): "
                    f"forward {_ms(r.forward_s)}, backward {_ms(r.backward_s)}, optimizer "
                    f"{_ms(r.optimizer_s)}, other {_ms(r.other_s)}, step {_ms(r.step_time_s)} "
-                   f"per step (medians of {r.steps_used} steady steps; {', '.join(r.sources.values())}).")
+                   f"(medians of {r.steps_used} steady steps{' and every rank' if mode == 'ddp' else ''}; "
+                   f"from its {', '.join(dict.fromkeys(r.sources.values()))} events).")
         if mode == "ddp" and r.link_fit:
             f = r.link_fit
             out.append(f"This machine's DDP link: α = {f['alpha_s'] * 1e6:.3g} µs, β = "
-                       f"{_gbps(f['beta_bytes_per_s'])} ({f['source']}). Each bucket's measured "
-                       "all-reduce time is carried to other world sizes by the ratio of the ring "
-                       "model's times.")
+                       f"{_gbps(f['beta_bytes_per_s'])} ({f['source']}); in the run the all-reduces "
+                       f"took c = {in_run_factor(r, Scenario()):.3g}× the fitted model's time (c makes the "
+                       "simulated exposed comm at the run's world size equal the measured one; it "
+                       "carries to other world sizes).")
     return out
 
 

@@ -41,13 +41,21 @@ def pick_run(client) -> str | None:
                         ids, key="so_run", format_func=labels.get)
 
 
+def seed_from_url(key: str, param: str, allowed: list) -> None:
+    """Start widget `key` at ``?param=value`` (e.g. ``?link=nvlink-h100&compute=h100``) once."""
+    value = st.query_params.get(param)
+    if value in allowed and key not in st.session_state:
+        st.session_state[key] = value
+
+
 def link_controls() -> dict:
-    """Link, network between hosts and compute widgets -> `scenario_from` keyword arguments."""
+    """Link and network-between-hosts widgets -> `scenario_from` keyword arguments."""
     keys = [THIS_MACHINE, *[k for k, v in LINKS.items() if not v.between_hosts], CUSTOM]
     names = {THIS_MACHINE: "this machine (fitted to the run)", CUSTOM: "type your own α / β",
              **{k: v.label for k, v in LINKS.items()}}
     c1, c2, c3, c4 = st.columns([3, 2, 2, 2])
     out: dict = {}
+    seed_from_url("so_link", "link", keys)
     with c1:
         choice = st.selectbox("Link between devices", keys, key="so_link", format_func=names.get)
     if choice == CUSTOM:
@@ -72,6 +80,7 @@ def link_controls() -> dict:
 
 def compute_controls() -> dict:
     c1, c2, c3 = st.columns([3, 2, 4])
+    seed_from_url("so_compute", "compute", [AS_MEASURED, *COMPUTES])
     with c1:
         key = st.selectbox("Compute", [AS_MEASURED, *COMPUTES], key="so_compute",
                            format_func=lambda k: "as measured" if k == AS_MEASURED
@@ -93,7 +102,7 @@ def compute_controls() -> dict:
 def scenario_label(rep: dict) -> str:
     sc = rep["scenario"]
     link = "this machine's link" if sc["link"] == THIS_MACHINE else \
-        LINKS[sc["link"]].label if sc["link"] in LINKS else "your α/β"
+        LINKS[sc["link"]].label.split(" (")[0] if sc["link"] in LINKS else "your α/β"
     comp = "measured compute" if sc["compute"] == AS_MEASURED else \
         f"ASSUMED {COMPUTES[sc['compute']].label} at {sc['utilisation']:.0%} of peak"
     return f"{link}, {comp}"
@@ -112,22 +121,31 @@ def body(client, run_id: str, kwargs: dict, world_sizes: list[int]) -> None:
     left, right = st.columns(2)
     with left:
         st.altair_chart(cs.throughput_chart(pred, measured, scenario=what), key="so_tput")
+    same_here = rep["scenario"]["link"] == THIS_MACHINE and rep["scenario"]["compute"] == AS_MEASURED
     with right:
-        st.altair_chart(cs.efficiency_chart(pred, measured, scenario=what), key="so_eff")
+        st.altair_chart(cs.efficiency_chart(pred, measured if same_here else measured.iloc[0:0],
+                                            scenario=what), key="so_eff")
+    if not same_here:
+        st.caption("Measured runs ran on this machine, not on the chosen link or compute: they are "
+                   "drawn on the throughput chart for scale only; the table compares them with this "
+                   "machine's prediction.")
     validation_table(rep)
     ddp_sizes = sorted({p["world_size"] for p in rep["predictions"] if p["mode"] == "ddp"})
+    n = st.select_slider("world size of the predicted bucket timeline", ddp_sizes,
+                         value=8 if 8 in ddp_sizes else ddp_sizes[-1], key="so_tl_n") if ddp_sizes else None
     left, right = st.columns(2)
     with left:
-        if ddp_sizes:
-            n = st.select_slider("world size of the predicted bucket timeline", ddp_sizes,
-                                 value=8 if 8 in ddp_sizes else ddp_sizes[-1], key="so_tl_n")
+        if n is not None:
             row = fso.ddp_row(rep, n)
             st.altair_chart(cs.predicted_timeline(*fso.timeline_frames(row), world_size=n,
                                                   link=f"{row['link']['what']}"), key="so_tl")
         else:
             st.info("No DDP run in this set: the bucket timeline needs one.", icon=":material/info:")
     with right:
-        st.altair_chart(cs.bytes_chart(fso.bytes_frame(rep), crossover=fso.crossover(rep)), key="so_bytes")
+        st.altair_chart(cs.bytes_chart(fso.bytes_frame(rep)), key="so_bytes")
+        cross = fso.crossover(rep)
+        st.caption(f"Predicted: DDP's samples/s pulls ahead of DP's from n = {cross} on." if cross else
+                   "Predicted: DDP does not pull ahead of DP at these world sizes.")
     st.markdown("**Inputs and assumptions of this prediction**")
     st.markdown("\n".join(f"- {line}" for line in rep["assumptions"]))
 
