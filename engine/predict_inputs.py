@@ -99,11 +99,16 @@ def _median(values: Iterable[float]) -> float:
     return statistics.median(vals) if vals else 0.0
 
 
-def steady_steps(events: list[Event]) -> set[int]:
-    """Step numbers after warm-up (as `engine.summary` skips them)."""
-    steps = sorted({e["step"] for e in events if e.get("type") == "step" and e.get("rank", 0) == 0})
+def steady_steps(events: list[Event], fastest_share: float = 1.0) -> set[int]:
+    """Step numbers after warm-up (as `engine.summary` skips them); with `fastest_share` < 1,
+    only that share of them with the shortest rank-0 step time (at least one)."""
+    rank0 = {e["step"]: e for e in events if e.get("type") == "step" and e.get("rank", 0) == 0}
+    steps = sorted(rank0)
     skip = min(WARMUP_STEPS, len(steps) // 4)
-    return set(steps[skip:] or steps)
+    kept = steps[skip:] or steps
+    if fastest_share < 1.0:
+        kept = sorted(kept, key=lambda s: rank0[s]["step_time_s"])[:max(1, round(len(kept) * fastest_share))]
+    return set(kept)
 
 
 def _step_medians(steps: list[Event]) -> dict[str, float]:
@@ -228,15 +233,22 @@ def _started(events: list[Event]) -> Event:
     return started
 
 
-def measure_run(events: list[Event]) -> RunInputs:
+def measure_run(events: list[Event], fastest_share: float = 1.0) -> RunInputs:
     """Calibration inputs from one run's events (any order).
 
+    Args:
+        fastest_share: keep only this share of the steady steps, the fastest (1.0: all, the
+            run's own summary's choice). On a machine shared with other work, load only ever
+            adds time, so the faster steps are the closer look at the machine itself.
+
     Raises:
-        PredictInputError: no run_started, or no step events.
+        PredictInputError: no run_started, or no step events; fastest_share not in (0, 1].
     """
+    if not 0 < fastest_share <= 1:
+        raise PredictInputError(f"fastest_share must be in (0, 1] (got {fastest_share})")
     started = _started(events)
     cfg = started.get("config") or {}
-    keep = steady_steps(events)
+    keep = steady_steps(events, fastest_share)
     steps = [e for e in events if e.get("type") == "step" and e["step"] in keep]
     if not steps:
         raise PredictInputError("the run has no step events yet: nothing to calibrate on")
