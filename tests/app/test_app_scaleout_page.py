@@ -89,9 +89,9 @@ def test_chart_builders_on_a_report(real_client):
 def test_crossover_by_hand():
     rep = {"predictions": [dict(mode=m, world_size=n, samples_per_s=s, efficiency=1, step_time_s=1,
                                 comm_exposed_s=0, comm_s=0) for m, n, s in (
-        ("dp", 1, 10), ("ddp", 1, 10), ("dp", 2, 18), ("ddp", 2, 17), ("dp", 4, 20), ("ddp", 4, 30),
+        ("dp", 1, 10), ("ddp", 1, 10), ("dp", 2, 17), ("ddp", 2, 18), ("dp", 4, 30), ("ddp", 4, 20),
         ("dp", 8, 15), ("ddp", 8, 50))]}
-    assert fso.crossover(rep) == 4
+    assert fso.crossover(rep) == 8  # ahead at 2, behind at 4: "for good" only from 8
     rep["predictions"] = [p for p in rep["predictions"] if p["mode"] == "ddp"]
     assert fso.crossover(rep) is None
     assert isinstance(fso.validation_frame({"validation": []}), pd.DataFrame)
