@@ -7,20 +7,25 @@ explains every formula with its source and lists the presets; this docstring is 
 Compute (one device, batch b = B/n of the global batch B):
   as measured, c(b) = c_m · (f + (1 − f) · b/b_m) · k(n)/k(n_m), where c_m is the measured
   forward (and backward) of the run's per-device batch b_m and f the share of it that does not
-  grow with the batch (kernel launches, Python per layer). f comes from the single-device baseline
-  of the same set (batch B on a device of the same size: two batch sizes, one line); without one
-  f = 0 (all compute proportional to the batch, which overstates the gain of a smaller batch).
+  grow with the batch (kernel launches, Python per layer). f comes from the forward of the
+  single-device baseline of the same set (batch B on a device of the same size) and of the run
+  (b_m): two batch sizes, one line; without a baseline f = 0 (all compute proportional to the
+  batch, which overstates the gain of a smaller batch).
   On CPU a device is `t(n) = max(1, cores // n)` intra-op threads (engine.training
   .cpu_threads_per_rank); intra-op threads are assumed not to speed these small ops up, and when
-  the n devices hold more threads than the host has cores, everything on the host time-shares:
-  k(n) = max(1, n·t(n)/cores). k also scales the optimizer, the host's Python (`other`) and, on
-  CPU, gloo's all-reduce and DP's copies, which are CPU work too. On GPUs k = 1.
+  the n devices hold more threads than the host has cores they time-share:
+  k(n) = max(1, n·t(n)/cores). DDP's ranks all do the same thing at once, so k scales the whole
+  step (optimizer, the host's Python, and gloo's all-reduce, CPU work too); in DP only forward
+  and backward run on every device thread at once (loss, optimizer and copies run on device 0's
+  thread while the others wait). On GPUs k = 1.
   With a GPU preset, forward + backward = 6·N·tokens·b / (peak · utilisation) (Kaplan et al. 2020,
   "Scaling laws", §2.1: 2N forward, 4N backward FLOPs per token), split 1:2; the optimizer
   streams (3 for SGD, 7 for AdamW)·P bytes at HBM bandwidth · utilisation; the host's Python stays
   as measured. This is an assumption, and every chart that uses it says so.
 Optimizer time is per parameter: it does not change with n.
-DDP and DP: `engine.predict_models`. DDP across hosts (n > devices_per_host): one flat ring over
+DDP and DP: `engine.predict_models`. On this machine's link, DDP's all-reduces take the fitted
+ring model's time × c, the one factor that makes the simulated exposed comm at the run's own
+world size equal the measured one (`in_run_factor`). DDP across hosts (n > devices_per_host): one flat ring over
 every rank whose slowest link governs, α = max(α_host, α_net), β = min(β_host, β_net) (each ring
 crosses every host boundary once per direction; NCCL's hierarchical and tree algorithms do
 better on many hosts, so this errs slow). DP runs in one process: it has no prediction beyond
