@@ -6,6 +6,7 @@ Order of events: `run_started` (after pre-flight checks), the run's own events, 
 
 from __future__ import annotations
 
+import os
 import socket
 import tempfile
 import time
@@ -25,7 +26,7 @@ from engine.preflight import check_model
 from engine.run import RunResult
 from engine.summary import SummaryBuilder
 from engine.telemetry import Telemetry
-from engine.training import flat_params, param_checksum
+from engine.training import cpu_threads_per_rank, flat_params, param_checksum
 
 
 class _Observed:
@@ -48,6 +49,16 @@ def error_dict(exc: BaseException, rank: int | None = 0) -> dict[str, Any]:
                 traceback="".join(traceback.format_exception(exc)))
 
 
+def _cpu_fields(cfg: RunConfig, plan: DevicePlan) -> dict[str, Any]:
+    """The host's cores and each virtual CPU device's intra-op threads (None on CUDA; the single
+    baseline is one device of the same size): what the scale-out predictor needs to rescale CPU
+    compute to another world size (engine/predict.py)."""
+    if plan.kind != "cpu":
+        return dict(host_cpu_count=os.cpu_count(), cpu_threads_per_device=None)
+    return dict(host_cpu_count=os.cpu_count(),
+                cpu_threads_per_device=cpu_threads_per_rank(cfg.world_size))
+
+
 def _started_fields(cfg: RunConfig, plan: DevicePlan, model: torch.nn.Module, ds) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     if cfg.mode == "ddp":
@@ -58,7 +69,7 @@ def _started_fields(cfg: RunConfig, plan: DevicePlan, model: torch.nn.Module, ds
                 world_size=cfg.world_size, backend=plan.backend, devices=plan.infos,
                 device_names=plan.names, emulated=plan.emulated, torch_version=torch.__version__,
                 host=socket.gethostname(), param_count=param_count(model), grad_bytes=grad_bytes(model),
-                micro_batch_per_device=cfg.micro_batch_per_device,
+                micro_batch_per_device=cfg.micro_batch_per_device, **_cpu_fields(cfg, plan),
                 sampler=dict(kind="DistributedSampler", shuffle=True, drop_last=True,
                              policy="drop_last: every rank gets len(dataset) // world_size samples and "
                                     "the same number of full batches, so no collective waits for a rank"),

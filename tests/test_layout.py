@@ -32,7 +32,8 @@ def test_imports_point_one_way(package):
     assert {k: v for k, v in bad.items() if v} == {}
 
 
-@pytest.mark.parametrize("module", ["engine.config", "engine.analysis", "engine.export", "workers.client"])
+@pytest.mark.parametrize("module", ["engine.config", "engine.analysis", "engine.export", "workers.client",
+                                    "engine.predict", "workers.scaleout"])
 def test_modules_the_app_loads_do_not_import_torch(module):
     code = f"import sys, {module}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)

@@ -333,6 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
     from workers.cli_engine import register
 
     register(command, add_run_flags)
+    from workers.cli_predict import register as register_predict
+
+    register_predict(command)
     return parser
 
 

@@ -1,0 +1,97 @@
+"""The Scale-out page in AppTest on recorded real runs played into a real Redis, and its chart
+builders on frames made from a report (no browser)."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from app import charts_scaleout as cs, frames_scaleout as fso
+from recorded import trio
+from workers.scaleout import report, scenario_from
+
+
+def _specs(at) -> list[dict]:
+    return [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
+
+
+def _texts(spec) -> str:
+    t = spec.get("title") or {}
+    sub = t.get("subtitle") or ""
+    return " ".join([t.get("text", ""), *(sub if isinstance(sub, list) else [sub])])
+
+
+def test_scaleout_page_draws_predictions_on_recorded_runs(real_client, app_test):
+    _, ids = trio(real_client)
+    at = app_test("views/scaleout.py")
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    specs = _specs(at)
+    assert [s["title"]["text"] for s in specs] == [
+        "Throughput vs world size (predicted)", "Scaling efficiency (predicted)",
+        "Predicted bucket timeline: DDP at world size 8",
+        "Where the star breaks: bytes on the busiest device (predicted)"]
+    assert all("predicted" in _texts(s).lower() for s in specs)
+    # the validation table: both recorded runs, measured = their summaries, error in %
+    table = at.dataframe[0].value
+    assert sorted(table["mode"]) == ["ddp", "dp"]
+    for _, row in table.iterrows():
+        summary = real_client.get_run(row["run"])["summary"]
+        assert row["measured samples/s"] == summary["samples_per_s"]
+        expected = 100 * (row["predicted samples/s"] - row["measured samples/s"]) / row["measured samples/s"]
+        assert abs(row["samples/s error %"] - expected) < 1e-9
+    notes = " ".join(m.value for m in at.markdown)
+    assert "Inputs and assumptions" in notes and "step, bucket events" in notes
+
+
+def test_scaleout_page_on_a_gpu_preset_says_it_assumes(real_client, app_test):
+    _, ids = trio(real_client)
+    at = app_test("views/scaleout.py", run=ids["dp"], link="nvlink-h100", compute="h100")
+    assert not at.exception and not at.error
+    tput = _specs(at)[0]
+    assert "ASSUMED H100 SXM at 40% of peak" in _texts(tput) and "NVLink 4" in _texts(tput)
+    assert any("ASSUMPTION" in m.value for m in at.markdown)
+
+
+def test_scaleout_page_without_runs_says_what_to_do(real_client, app_test):
+    at = app_test("views/scaleout.py")
+    assert not at.exception
+    assert "No finished DP or DDP run" in at.info[0].value
+
+
+def test_chart_builders_on_a_report(real_client):
+    _, ids = trio(real_client)
+    rep = report(real_client, ids["ddp"], [1, 2, 4, 8], scenario_from("pcie4"))
+    pred = fso.prediction_frame(rep)
+    assert set(pred["kind"]) == {"predicted"} and set(pred["series"]) == {"DP (predicted)", "DDP (predicted)"}
+    measured = fso.measured_frame(rep, rep["single_samples_per_s"])
+    assert set(measured["series"]) == {"DP (measured)", "DDP (measured)"}
+    spec = cs.throughput_chart(pred, measured, scenario="PCIe 4.0 x16").to_dict()
+    assert spec["layer"][0]["mark"]["strokeDash"] and spec["layer"][1]["mark"]["type"] == "point"
+    # the bucket timeline of n = 4 draws the report's own predicted buckets
+    row = fso.ddp_row(rep, 4)
+    buckets, backward, exposed = fso.timeline_frames(row)
+    assert list(buckets["comm_end_ms"]) == [b["comm_end_s"] * 1e3 for b in row["buckets"]]
+    assert set(buckets["lane"]) == {fso.LANE} and "predicted" in fso.LANE
+    assert exposed["exposed_ms"].iloc[0] == pytest.approx(row["comm_exposed_s"] * 1e3)
+    tl = cs.predicted_timeline(buckets, backward, exposed, world_size=4, link="PCIe").to_dict()
+    assert tl["title"]["text"].startswith("Predicted")
+    # bytes: DP's device 0 against a DDP rank, n = 1 left out of the log axis
+    by = fso.bytes_frame(rep)
+    dp4 = by[(by["mode"] == "dp") & (by["world_size"] == 4)]["busiest_bytes"].iloc[0]
+    ddp4 = by[(by["mode"] == "ddp") & (by["world_size"] == 4)]["busiest_bytes"].iloc[0]
+    assert ddp4 == 1.5 * sum(b["nbytes"] for b in row["buckets"])  # 2(n-1)/n of the buckets
+    assert dp4 > 2 * 3 * 600_000  # (n-1) x P each way, P = 603,176 gradient bytes
+    chart = cs.bytes_chart(by).to_dict()
+    assert all(v["busiest_bytes"] > 0 for v in chart["datasets"][chart["data"]["name"]])
+
+
+def test_crossover_by_hand():
+    rep = {"predictions": [dict(mode=m, world_size=n, samples_per_s=s, efficiency=1, step_time_s=1,
+                                comm_exposed_s=0, comm_s=0) for m, n, s in (
+        ("dp", 1, 10), ("ddp", 1, 10), ("dp", 2, 17), ("ddp", 2, 18), ("dp", 4, 30), ("ddp", 4, 20),
+        ("dp", 8, 15), ("ddp", 8, 50))]}
+    assert fso.crossover(rep) == 8  # ahead at 2, behind at 4: "for good" only from 8
+    rep["predictions"] = [p for p in rep["predictions"] if p["mode"] == "ddp"]
+    assert fso.crossover(rep) is None
+    assert isinstance(fso.validation_frame({"validation": []}), pd.DataFrame)

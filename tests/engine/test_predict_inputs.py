@@ -1,0 +1,119 @@
+"""What the predictor reads from a run's events, on hand-built events with known answers."""
+
+import pytest
+
+from engine.predict import Scenario, fixed_fraction, predict, predict_ddp, validate
+from engine.predict_inputs import PredictInputError, measure_run
+
+MS = 1e-3
+
+
+def _started(mode="ddp", n=2, **kw):
+    return dict(type="run_started", run_id="r1", mode=mode, world_size=n, backend="gloo" if mode == "ddp" else None,
+                config=dict(mode=mode, world_size=n, global_batch_size=64, model="mlp", optimizer="sgd",
+                            overlap=True), devices=[dict(kind="cpu")] * n, emulated=mode == "dp",
+                param_count=250_000, grad_bytes=1_000_000, host_cpu_count=2, cpu_threads_per_device=1,
+                device_names=[f"cpu:{i}" for i in range(n)], **kw)
+
+
+def _ddp_events(steps=8, exposed=1 * MS, probe=None):
+    """Two ranks; each step: forward 1 ms, backward 4 ms, optimizer 0.5 ms, other 0.5 ms;
+    buckets of 0.3 MB ready at 1 ms and 0.7 MB at 4 ms, all-reduces 1->2 ms and 4->5 ms."""
+    ev = [_started()] + ([probe] if probe else [])
+    for s in range(steps):
+        for rank in (0, 1):
+            ev.append(dict(type="bucket", step=s, rank=rank, bucket_index=0, nbytes=300_000, ready_s=1 * MS,
+                           comm_start_s=1 * MS, comm_end_s=2 * MS))
+            ev.append(dict(type="bucket", step=s, rank=rank, bucket_index=1, nbytes=700_000, ready_s=4 * MS,
+                           comm_start_s=4 * MS, comm_end_s=4 * MS + exposed))
+            ev.append(dict(type="step", step=s, rank=rank, samples=64, forward_s=1 * MS, backward_s=4 * MS,
+                           comm_exposed_s=exposed, optimizer_s=0.5 * MS,
+                           step_time_s=(6 * MS + exposed), samples_per_s=64 / (6 * MS + exposed)))
+    return ev
+
+
+def test_ddp_inputs_recover_the_step_split_buckets_and_link():
+    r = measure_run(_ddp_events())
+    assert (r.forward_s, r.backward_s, r.optimizer_s) == pytest.approx((1 * MS, 4 * MS, 0.5 * MS))
+    assert r.other_s == pytest.approx(0.5 * MS) and r.comm_exposed_s == pytest.approx(1 * MS)
+    assert [(b["nbytes"], b["ready_frac"]) for b in r.buckets] == [(300_000, 0.25), (700_000, 1.0)]
+    assert r.comm_busy_s == pytest.approx(2 * MS)
+    assert r.steps_used == 6  # 8 steps, the first 2 (a quarter) skipped as warm-up
+    # buckets of two sizes that ran alone, both 1 ms: slope 0 -> no line; median busbw, alpha 0
+    assert r.link_fit["alpha_s"] == 0.0 and "no line" in r.link_fit["source"]
+    assert r.link_fit["beta_bytes_per_s"] == pytest.approx(500_000 / 1e-3)  # median of 0.3 and 0.7 MB/ms
+
+
+def test_the_probe_wins_over_the_buckets():
+    probe = dict(type="allreduce_probe", rank=0, backend="gloo", world_size=2, dtype="float32", iters=5,
+                 warmup_iters=1, points=[], source="measured: probe",
+                 fit=dict(alpha_s=20e-6, beta_bytes_per_s=2e9, latency_s=40e-6, s_per_byte=5e-10,
+                          points_used=[4096, 65536]))
+    r = measure_run(_ddp_events(probe=probe))
+    assert r.link_fit["alpha_s"] == 20e-6 and r.link_fit["beta_bytes_per_s"] == 2e9
+    assert "probe" in r.link_fit["source"]
+
+
+def test_this_machine_reproduces_the_calibration_run_and_scales_with_the_ring():
+    r = measure_run(_ddp_events())
+    at_m = predict_ddp(r, 2, Scenario(fixed_fraction=1.0))
+    assert at_m["comm_exposed_s"] == pytest.approx(1 * MS, rel=1e-6)
+    assert at_m["step_time_s"] == pytest.approx(7 * MS, rel=1e-6)
+    # with alpha = 0 each all-reduce grows by 2(n-1)/n: x4/3 at n=3 (and x1.5 time-share on
+    # 2 cores); b1: 4*1.5 = 6 ms -> 6 + 1.333*1.5 ms; exposed = 2 ms
+    at_3 = predict_ddp(r, 3, Scenario(fixed_fraction=1.0))
+    assert at_3["comm_exposed_s"] == pytest.approx(4 / 3 * 1.5 * MS, rel=1e-6)
+
+
+def test_dp_inputs_recover_hub_spans_and_dispatch():
+    ev = [_started("dp")]
+    spans = [("broadcast", 0, 0.0, 0.3), ("broadcast", 1, 0.0, 0.25), ("forward", 0, 0.3, 1.3),
+             ("forward", 1, 0.4, 1.5), ("loss", 0, 1.4, 1.6), ("reduce", 0, 1.6, 2.1), ("reduce", 1, 1.6, 1.85),
+             ("optimizer", 0, 2.1, 2.5)]
+    for s in range(4):
+        ev.append(dict(type="step", step=s, rank=0, samples=64, forward_s=1 * MS, backward_s=0.2 * MS,
+                       comm_exposed_s=0.8 * MS, optimizer_s=0.4 * MS, step_time_s=2.8 * MS,
+                       samples_per_s=64 / 2.8e-3))
+        for phase, dev, a, b in spans:
+            ev.append(dict(type="dp_phase", step=s, phase=phase, device=f"cpu:{dev}", start_s=a * MS,
+                           end_s=b * MS, nbytes=1_000_000 if phase in ("broadcast", "reduce") else 0))
+    r = measure_run(ev)
+    ph = r.dp_phases
+    assert ph["broadcast"]["hub_s"] == pytest.approx(0.3 * MS)
+    assert ph["broadcast"]["copy_s"] == pytest.approx(0.25 * MS)
+    assert ph["reduce"]["bytes_per_copy"] == 1_000_000
+    # the slowest replica: device 1's 1.1 ms; wall: first start 0.3 to last end 1.5
+    assert ph["forward"]["wall_s"] == pytest.approx(1.2 * MS) and ph["forward"]["device_s"] == pytest.approx(1.1 * MS)
+    # other = step 2.8 - walls (0.3 + 1.2 + 0.2 + 0.5 + 0.4 = 2.6)
+    assert ph["other"]["wall_s"] == pytest.approx(0.2 * MS)
+
+
+def test_fixed_fraction_from_two_forward_passes_by_hand():
+    """Single: forward 3 ms over 64 samples; a DDP rank: 2 ms over 32. c(b) = 1 ms + b/32 ms,
+    so at 32 samples half of the forward is fixed."""
+    run = measure_run(_ddp_events())
+    run.forward_s = 2 * MS
+    single = measure_run(_ddp_events())
+    single.mode, single.world_size, single.forward_s = "single", 1, 3 * MS
+    f, source = fixed_fraction(single, run)
+    assert f == pytest.approx(0.5) and "50%" in source
+    assert fixed_fraction(None, run)[0] == 0.0
+
+
+def test_validate_reports_the_error_in_percent():
+    r = measure_run(_ddp_events())
+    rows = predict({"ddp": r}, [2], Scenario(fixed_fraction=1.0))
+    out = validate(rows, [dict(run_id="m", mode="ddp", world_size=2, step_time_s=8 * MS, samples_per_s=8000.0)])
+    assert out[0]["step_time_error_pct"] == pytest.approx(100 * (7 - 8) / 8, rel=1e-6)
+    assert out[0]["samples_per_s_error_pct"] == pytest.approx(100 * (64 / 7e-3 - 8000) / 8000, rel=1e-6)
+
+
+def test_bad_input_is_named():
+    with pytest.raises(PredictInputError, match="run_started"):
+        measure_run([dict(type="step", step=0)])
+    with pytest.raises(PredictInputError, match="step events"):
+        measure_run([_started()])
+    with pytest.raises(ValueError, match="world_sizes"):
+        predict({"ddp": measure_run(_ddp_events())}, [0], Scenario())
+    with pytest.raises(ValueError, match="utilisation"):
+        predict({"ddp": measure_run(_ddp_events())}, [2], Scenario(utilisation=0))

@@ -1,0 +1,71 @@
+"""`ddpviz predict` on recorded real runs in a real Redis: the page's numbers, refusals named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from engine.predict_presets import LINKS
+from workers.scaleout import report, scenario_from
+from workers.sink import RedisStreamWriter
+from workers.store import RunStatus
+from workers.sweeps import submit_trio
+from wtools import cli_env, ddpviz
+
+DATA = Path(__file__).resolve().parents[1] / "app" / "data"
+CONFIG = {"world_size": 2, "steps": 12, "width": 256, "bucket_cap_mb": 0.1, "step_delay_s": 0.0,
+          "eval_every": 0}
+FILES = {"single": "real_single_mlp_ws2.jsonl", "dp": "real_dp_mlp_ws2.jsonl", "ddp": "real_ddp_mlp_ws2.jsonl"}
+
+
+@pytest.fixture
+def recorded_trio(redis_client):
+    """A single/DP/DDP trio finished with the recorded runs (as tests/app/recorded.py plays them)."""
+    from workers.client import DdpvizClient
+
+    client = DdpvizClient(redis=redis_client)
+    _, ids = submit_trio(client, CONFIG)
+    for mode, rid in ids.items():
+        events = [{**json.loads(line), "run_id": rid} for line in (DATA / FILES[mode]).open() if line.strip()]
+        client.store.mark_started(rid, "test-worker")
+        RedisStreamWriter(client.redis, rid).write_batch(events)
+        client.store.finish(rid, RunStatus.FINISHED, summary=events[-1].get("summary"))
+    return client, ids
+
+
+def test_predict_json_gives_the_reports_numbers(recorded_trio, redis_url):
+    client, ids = recorded_trio
+    res = ddpviz("predict", ids["ddp"], "--world-sizes", "1,2,4,8", "--link", "nvlink-h100", "--json",
+                 env=cli_env(redis_url))
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    page = report(client, ids["ddp"], [1, 2, 4, 8], scenario_from("nvlink-h100"))
+    assert out["predictions"] == json.loads(json.dumps(page["predictions"]))
+    assert {(p["mode"], p["world_size"]) for p in out["predictions"]} == \
+        {(m, n) for m in ("dp", "ddp") for n in (1, 2, 4, 8)}
+    ddp8 = next(p for p in out["predictions"] if p["mode"] == "ddp" and p["world_size"] == 8)
+    assert ddp8["link"]["beta_bytes_per_s"] == LINKS["nvlink-h100"].beta_bytes_per_s
+    # validation: the measured side is each run's own summary (medians of its steady steps)
+    measured = {v["mode"]: v["measured_samples_per_s"] for v in out["validation"]}
+    assert measured == {m: client.get_run(ids[m])["summary"]["samples_per_s"] for m in ("dp", "ddp")}
+    assert set(out["calibration"]) == {"single", "dp", "ddp"}
+    assert any("NVLink 4" in line and "nccl-tests" in line for line in out["assumptions"])
+
+
+def test_predict_table_and_refusals(recorded_trio, redis_url):
+    client, ids = recorded_trio
+    env = cli_env(redis_url)
+    res = ddpviz("predict", ids["dp"], "--world-sizes", "2,4", env=env)
+    assert res.returncode == 0, res.stderr
+    assert "predicted vs measured on this machine" in res.stdout and "ddp      4" in res.stdout
+    res = ddpviz("predict", "nosuchrun", env=env)
+    assert res.returncode == 1 and "nosuchrun" in res.stderr
+    res = ddpviz("predict", ids["ddp"], "--world-sizes", "0,2", env=env)
+    assert res.returncode == 2 and "world sizes" in res.stderr
+    res = ddpviz("predict", ids["ddp"], "--world-sizes", "16", "--link", "pcie4", "--devices-per-host", "8",
+                 env=env)
+    assert res.returncode == 2 and "inter_link" in res.stderr and "Traceback" not in res.stderr
+    res = ddpviz("predict", ids["ddp"], "--alpha-s", "1e-6", env=env)
+    assert res.returncode == 2 and "beta_bytes_per_s" in res.stderr

@@ -1,0 +1,154 @@
+"""The scale-out report the Scale-out page and `ddpviz predict` share (same numbers in both).
+
+From a run id: its calibration set (the run and the runs of its group at the same world size:
+DP, DDP and the single-device baseline), the predictions for the asked world sizes, and the
+validation (predicted vs measured for every finished run of the same config at another or the
+same world size), always on this machine's link and measured compute. Imports no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.predict import Scenario, fixed_fraction, predict, validate, with_fixed_fraction
+from engine.predict_inputs import PredictInputError, RunInputs, measure_run
+from engine.predict_presets import AS_MEASURED, THIS_MACHINE, compute, custom_link, link
+from workers.scaleout_text import assumptions
+
+# Config fields that do not change what one step costs; runs differing only in these (and in
+# world_size and mode) are the same experiment at another scale.
+IGNORED_FIELDS = {"world_size", "mode", "steps", "seed", "step_delay_s", "eval_every",
+                  "collective_timeout_s", "nnodes", "fault", "fault_rank", "fault_step", "device",
+                  "backend"}
+READ_BATCH = 2000
+MAX_RUNS_SCANNED = 500
+
+
+def signature(config: dict[str, Any]) -> tuple:
+    """What makes two runs the same experiment at another world size."""
+    return tuple(sorted((k, repr(v)) for k, v in (config or {}).items() if k not in IGNORED_FIELDS))
+
+
+def read_all_events(client, run_id: str) -> list[dict[str, Any]]:
+    """Every stored event of the run, oldest first."""
+    events, after = [], "0-0"
+    while True:
+        batch, after = client.read_events(run_id, after, count=READ_BATCH)
+        if not batch:
+            return events
+        events += batch
+
+
+def calibration_set(client, run_id: str) -> dict[str, dict[str, Any]]:
+    """``{mode: record}`` of the run and its group's runs at the same world size (finished).
+
+    Raises:
+        KeyError: no run `run_id`.
+    """
+    rec = client.get_run(run_id)
+    if rec is None:
+        raise KeyError(f"no run {run_id!r}")
+    ws = (rec.get("config") or {}).get("world_size")
+    members = {(rec.get("config") or {}).get("mode"): rec}
+    if rec.get("group"):
+        for r in client.list_runs(limit=MAX_RUNS_SCANNED):
+            cfg = r.get("config") or {}
+            if r.get("group") == rec["group"] and r["status"] == "finished" \
+                    and (cfg.get("world_size") == ws or cfg.get("mode") == "single") \
+                    and signature(cfg) == signature(rec.get("config")):
+                members.setdefault(cfg.get("mode"), r)
+    return members
+
+
+def measured_points(client, config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Finished DP/DDP runs of the same experiment: ``{run_id, mode, world_size, step_time_s,
+    samples_per_s}`` from their summaries (medians of steady steps)."""
+    sig, out = signature(config), []
+    for r in client.list_runs(limit=MAX_RUNS_SCANNED):
+        cfg, summary = r.get("config") or {}, r.get("summary") or {}
+        if r["status"] == "finished" and cfg.get("mode") in ("dp", "ddp") and signature(cfg) == sig \
+                and summary.get("samples_per_s") and (cfg.get("nnodes") or 1) == 1:
+            out.append(dict(run_id=r["run_id"], mode=cfg["mode"], world_size=cfg["world_size"],
+                            step_time_s=summary.get("step_time_s"), samples_per_s=summary["samples_per_s"]))
+    return sorted(out, key=lambda m: (m["mode"], m["world_size"]))
+
+
+def scenario_from(link_key: str = THIS_MACHINE, *, inter_link_key: str | None = None,
+                  devices_per_host: int | None = None, compute_key: str = AS_MEASURED,
+                  utilisation: float = 0.4, alpha_s: float | None = None,
+                  beta_bytes_per_s: float | None = None, dp_collectives: str = "hub") -> Scenario:
+    """A `Scenario` from preset names (and a typed-in alpha/beta, which wins over `link_key`).
+
+    Raises:
+        ValueError: an unknown preset or a bad number, naming the field.
+    """
+    if alpha_s is not None or beta_bytes_per_s is not None:
+        if alpha_s is None or beta_bytes_per_s is None:
+            raise ValueError("alpha_s and beta_bytes_per_s go together: give both")
+        intra = custom_link(alpha_s, beta_bytes_per_s)
+    else:
+        intra = None if link_key == THIS_MACHINE else link(link_key)
+    net = link(inter_link_key) if inter_link_key else None
+    return Scenario(link=intra, inter_link=net, devices_per_host=devices_per_host,
+                    compute=None if compute_key == AS_MEASURED else compute(compute_key),
+                    utilisation=utilisation, dp_collectives=dp_collectives)
+
+
+def inputs_of(client, members: dict[str, dict[str, Any]],
+              cache: dict[str, RunInputs | None] | None = None) -> dict[str, RunInputs]:
+    """Measured inputs per mode (dp, ddp, single) of a calibration set. `cache` (run id ->
+    inputs) spares re-reading a finished run's events; runs that cannot calibrate are skipped."""
+    cache = {} if cache is None else cache
+    out = {}
+    for mode, rec in members.items():
+        if mode not in ("dp", "ddp", "single"):
+            continue
+        if rec["run_id"] not in cache:
+            try:
+                cache[rec["run_id"]] = measure_run(read_all_events(client, rec["run_id"]))
+            except PredictInputError:
+                cache[rec["run_id"]] = None
+        if cache[rec["run_id"]] is not None:
+            out[mode] = cache[rec["run_id"]]
+    return out
+
+
+def report(client, run_id: str, world_sizes: list[int], scenario: Scenario, *,
+           cache: dict[str, RunInputs | None] | None = None) -> dict[str, Any]:
+    """Everything the page draws and `ddpviz predict --json` prints.
+
+    Returns:
+        ``{run_id, single_samples_per_s, calibration, scenario, fixed_fraction, predictions,
+        validation, measured, assumptions}``: predictions for `scenario`; validation always for this machine's link
+        and measured compute (the only prediction real runs here can check).
+
+    Raises:
+        KeyError: no run `run_id`.
+        ValueError: the set has no DP or DDP run to calibrate on, or a scenario setting cannot
+            be used (the message names it).
+    """
+    members = calibration_set(client, run_id)
+    measured_inputs = inputs_of(client, members, cache)
+    modes = {m: i for m, i in measured_inputs.items() if m in ("dp", "ddp")}
+    if not modes:
+        raise ValueError(f"run_id: {run_id}'s set has no DP or DDP run with steps to calibrate on")
+    f, f_source = fixed_fraction(measured_inputs.get("single"), modes.get("ddp") or modes["dp"])
+    sc = with_fixed_fraction(scenario, f)
+    rows = predict(modes, world_sizes, sc)
+    record = next(iter(members.values()))
+    points = measured_points(client, record.get("config") or {})
+    here = Scenario(fixed_fraction=f, dp_collectives="hub")
+    checked = validate(predict(modes, sorted({p["world_size"] for p in points} | {1}), here), points)
+    single = members.get("single")
+    return dict(run_id=run_id, single_samples_per_s=((single or {}).get("summary") or {}).get("samples_per_s"),
+                calibration={m: _describe(i) for m, i in measured_inputs.items()},
+                scenario=sc.describe(), fixed_fraction=dict(value=f, source=f_source),
+                predictions=rows, validation=checked, measured=points,
+                assumptions=assumptions(modes, sc, f_source))
+
+
+def _describe(i: RunInputs) -> dict[str, Any]:
+    d = i.as_dict()
+    d.pop("buckets", None)
+    d["buckets"] = len(i.buckets)
+    return d
