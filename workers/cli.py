@@ -331,8 +331,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--app", help=argparse.SUPPRESS)  # another Streamlit script (tests)
 
     from workers.cli_engine import register
+    from workers.doctor import register as register_doctor
 
     register(command, add_run_flags)
+    register_doctor(command)
     return parser
 
 
