@@ -166,52 +166,65 @@ def amp_in_replicas() -> dict[str, Any]:
     return out
 
 
-def _shared_rank(rank: int, world: int, init_file: str, out_dir: str, steps: int, device_kind: str) -> None:
-    """One rank of `shared_gpu_ddp` (spawn target): DDP over gloo with ddpviz's recording hook."""
+def _shared_setup(rank: int, world: int, init_file: str, cuda: bool) -> dict[str, Any]:
+    """Process group, GPT, DDP with ddpviz's recording hook, optimizer and data plan of one rank."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from engine.comm_hook import BucketRecorder, CudaClock, HostClock, recording_hook
     from engine.config import RunConfig
     from engine.data import BatchPlan, load_dataset
-    from engine.memory import cuda_event, tensor_bytes
     from engine.models import build_model
-    from engine.training import loss_fn, make_optimizer, param_checksum
+    from engine.training import make_optimizer
 
-    cuda = device_kind == "cuda"
-    stage = "init"
+    if cuda:
+        torch.cuda.set_device(0)
+    dev = torch.device("cuda:0" if cuda else "cpu")
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=120))
+    cfg = RunConfig(mode="ddp", model="gpt", dataset="text", width=128, depth=4, n_head=4, block_size=64,
+                    world_size=world, global_batch_size=8 * world, bucket_cap_mb=0.25)
+    ds = load_dataset(cfg)
+    model = build_model(cfg, ds).to(dev)
+    ddp = DDP(model, device_ids=[0] if cuda else None, bucket_cap_mb=cfg.bucket_cap_mb)
+    rec = BucketRecorder(world, True, {p.data_ptr(): n for n, p in model.named_parameters()},
+                         CudaClock() if cuda else HostClock())
+    ddp.register_comm_hook(rec, recording_hook)
+    return dict(dev=dev, ds=ds, model=model, ddp=ddp, rec=rec, opt=make_optimizer(cfg, ddp.parameters()),
+                plan=BatchPlan(len(ds), world, cfg.micro_batch_per_device, cfg.seed))
+
+
+def _shared_step(r: dict[str, Any], rank: int, step: int, cuda: bool) -> dict[str, Any]:
+    """One step; its buckets (seconds from backward start) and this rank's memory."""
+    from engine.memory import cuda_event, tensor_bytes
+    from engine.training import loss_fn
+
+    idx = r["plan"].rank_indices(step, rank)
+    loss = loss_fn(r["ddp"](r["ds"].x_train[idx].to(r["dev"])), r["ds"].y_train[idx].to(r["dev"]))
+    r["rec"].begin_backward()
+    loss.backward()
+    held = tensor_bytes([*r["model"].parameters(), *(p.grad for p in r["model"].parameters())])
+    r["opt"].step()
+    r["opt"].zero_grad(set_to_none=True)
+    if cuda:
+        torch.cuda.synchronize(0)
+    memory = cuda_event(r["dev"]) if cuda else dict(allocated_bytes=held, reserved_bytes=held, source="tensors")
+    return dict(buckets=r["rec"].resolved(), memory=memory)
+
+
+def _shared_rank(rank: int, world: int, init_file: str, out_dir: str, steps: int, device_kind: str) -> None:
+    """One rank of `shared_gpu_ddp` (spawn target); writes `out_dir/rank<r>.json`."""
+    import torch.distributed as dist
+
+    from engine.training import param_checksum
+
+    cuda, stage = device_kind == "cuda", "init"
     result: dict[str, Any] = dict(rank=rank)
     try:
-        if cuda:
-            torch.cuda.set_device(0)
-        dev = torch.device("cuda:0" if cuda else "cpu")
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=120))
-        cfg = RunConfig(mode="ddp", model="gpt", dataset="text", width=128, depth=4, n_head=4, block_size=64,
-                        world_size=world, global_batch_size=8 * world, bucket_cap_mb=0.25, steps=steps)
-        ds = load_dataset(cfg)
-        model = build_model(cfg, ds).to(dev)
-        ddp = DDP(model, device_ids=[0] if cuda else None, bucket_cap_mb=cfg.bucket_cap_mb)
-        rec = BucketRecorder(world, True, {p.data_ptr(): n for n, p in model.named_parameters()},
-                             CudaClock() if cuda else HostClock())
-        ddp.register_comm_hook(rec, recording_hook)
-        opt = make_optimizer(cfg, ddp.parameters())
-        plan = BatchPlan(len(ds), world, cfg.micro_batch_per_device, cfg.seed)
+        r = _shared_setup(rank, world, init_file, cuda)
         stage = "steps"
-        result["steps"] = []
-        for step in range(steps):
-            idx = plan.rank_indices(step, rank)
-            loss = loss_fn(ddp(ds.x_train[idx].to(dev)), ds.y_train[idx].to(dev))
-            rec.begin_backward()
-            loss.backward()
-            held = tensor_bytes([*model.parameters(), *(p.grad for p in model.parameters())])
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            if cuda:
-                torch.cuda.synchronize(0)
-            memory = cuda_event(dev) if cuda else dict(allocated_bytes=held, reserved_bytes=held, source="tensors")
-            result["steps"].append(dict(buckets=rec.resolved(), memory=memory))
-        mine = torch.tensor(param_checksum(model), dtype=torch.float64)
+        result["steps"] = [_shared_step(r, rank, step, cuda) for step in range(steps)]
+        mine = torch.tensor(param_checksum(r["model"]), dtype=torch.float64)
         every = [torch.zeros_like(mine) for _ in range(world)]
         dist.all_gather(every, mine)
         result["checksums"] = [t.tolist() for t in every]

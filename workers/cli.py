@@ -3,6 +3,7 @@
     ddpviz train --mode ddp --world-size 2 --steps 50 --events run.jsonl   # here, no Redis
     ddpviz submit --pair --world-size 2 --wait                             # through Redis
     ddpviz worker | runs | cancel RUN_ID | requeue RUN_ID | export RUN_ID --out run.jsonl | up
+    ddpviz doctor [--gpu] [--out DIR]                                     # check the installation
 
 Exit codes: 0 success; 1 the run failed or was canceled (or a run id is unknown); 2 a refused
 setting (the message names the field) or unreachable Redis (the message names the URL).
