@@ -35,7 +35,7 @@ if [ -n "$missing" ]; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 "$PY" -c "import torch; print('gpu_check: torch', torch.__version__, 'CUDA', torch.version.cuda, 'GPUs', torch.cuda.device_count())"
-timeout 480 "$PY" -m workers doctor --gpu --out "$OUT_DIR"
+timeout -k 30 480 "$PY" -m workers doctor --gpu --out "$OUT_DIR"
 code=$?
 if [ -n "${OUT:-}" ] && [ -d "$OUT_DIR/exports" ]; then  # the device machine returns at most 8 files
   tar czf "$OUT_DIR/exports.tar.gz" -C "$OUT_DIR" exports && rm -rf "$OUT_DIR/exports"

@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -107,8 +108,6 @@ class DoctorStack:
 
     def stop(self) -> None:
         """Stop the worker (warm, then cold), sweep any process carrying the token, stop Redis."""
-        import signal
-
         from workers.procs import sweep
 
         if self.worker is not None:
@@ -269,7 +268,7 @@ def run_doctor(out_dir: str | Path, *, gpu: bool = False, url: str | None = None
                log: Callable[[str], None] = print) -> Report:
     """Run every check (CPU; with `gpu`, the CUDA ones too), write the report; returns it."""
     out = Path(out_dir)
-    report = Report(gpu=gpu)
+    report = Report(gpu=gpu, autosave_dir=out)
     stack = DoctorStack(Path(tempfile.mkdtemp(prefix="ddpviz-doctor-")))
     try:
         redis_ok = report.add(run_check("redis", lambda: check_redis(stack, url), log)).verdict == "pass"
@@ -299,6 +298,10 @@ def gpu_refusal() -> str | None:
     return None
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds through run_doctor's cleanup
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     """The `ddpviz doctor` command: 0 when every check passed (or was skipped), else 1."""
     from workers.connection import ENV_VAR
@@ -309,6 +312,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             print(f"ddpviz doctor: {why}", file=sys.stderr, flush=True)
             return 1
     url = args.url or os.environ.get(ENV_VAR, "").strip() or None
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # e.g. `timeout`: stop what was started, then exit
     report = run_doctor(args.out, gpu=args.gpu, url=url, log=lambda m: print(m, file=sys.stderr, flush=True))
     failed = [c.name for c in report.checks if c.verdict == "fail"]
     print(f"ddpviz doctor: {'FAILED: ' + ', '.join(failed) if failed else 'all passed'} "

@@ -87,8 +87,12 @@ class Report:
     def ok(self) -> bool:
         return all(c.verdict != "fail" for c in self.checks)
 
+    autosave_dir: Path | None = None  # when set, the report is rewritten after every check
+
     def add(self, check: Check) -> Check:
         self.checks.append(check)
+        if self.autosave_dir is not None:  # a doctor stopped half-way still leaves what it found
+            self.write(self.autosave_dir)
         return check
 
     def as_dict(self) -> dict[str, Any]:

@@ -120,3 +120,29 @@ def test_cleanup_check_finds_a_process_left_behind(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
                           cwd=Path(__file__).resolve().parents[2])
     assert proc.stdout.split() == ["FAILED", "True", "True"], proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_a_doctor_stopped_half_way_stops_what_it_started_and_keeps_its_findings(tmp_path):
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    out = tmp_path / "r"
+    proc = subprocess.Popen([*DDPVIZ, "doctor", "--out", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # the worker is up once its check is in the report
+        if (out / "report.json").exists() and "worker" in (out / "report.json").read_text():
+            break
+        time.sleep(0.2)
+    kids = psutil.Process(proc.pid).children(recursive=True)
+    assert kids, "the doctor should have a worker and a Redis running now"
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    gone, alive = psutil.wait_procs(kids, timeout=10)
+    assert alive == []
+    checks = {c["name"]: c["verdict"] for c in json.loads((out / "report.json").read_text())["checks"]}
+    assert checks["worker"] == "pass" and checks["cleanup"] == "pass"
