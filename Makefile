@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # CPU build of torch; a GPU host sets TORCH_PIN (e.g. to a CUDA build of the same version).
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: demo test install dev clean
+.PHONY: demo test install dev clean gpu-check
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -28,6 +28,10 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q
+
+# On a CUDA host (.venv built with TORCH_PIN set to a CUDA build): `ddpviz doctor --gpu`, <= 8 minutes.
+gpu-check: $(VENV)/.installed-dev
+	bash scripts/gpu_check.sh $(GPU_OUT)
 
 clean:
 	rm -rf $(VENV) .ddpviz

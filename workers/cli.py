@@ -3,6 +3,7 @@
     ddpviz train --mode ddp --world-size 2 --steps 50 --events run.jsonl   # here, no Redis
     ddpviz submit --pair --world-size 2 --wait                             # through Redis
     ddpviz worker | runs | cancel RUN_ID | requeue RUN_ID | export RUN_ID --out run.jsonl | up
+    ddpviz doctor [--gpu] [--out DIR]                                     # check the installation
 
 Exit codes: 0 success; 1 the run failed or was canceled (or a run id is unknown); 2 a refused
 setting (the message names the field) or unreachable Redis (the message names the URL).
@@ -331,11 +332,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--app", help=argparse.SUPPRESS)  # another Streamlit script (tests)
 
     from workers.cli_engine import register
+    from workers.cli_predict import register as register_predict
+    from workers.doctor import register as register_doctor
 
     register(command, add_run_flags)
-    from workers.cli_predict import register as register_predict
-
     register_predict(command)
+    register_doctor(command)
     return parser
 
 

@@ -29,13 +29,19 @@ class Child:
         env: its full environment.
     """
 
-    def __init__(self, name: str, argv: Sequence[str], env: dict[str, str]):
+    def __init__(self, name: str, argv: Sequence[str], env: dict[str, str], log_path: str | None = None):
         self.name, self.argv, self.env = name, list(argv), env
+        self.log_path = log_path  # stdout and stderr go here when given (else inherited)
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "Child":
-        self.proc = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
+        out = open(self.log_path, "ab") if self.log_path else None
+        try:
+            self.proc = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=subprocess.STDOUT if out else None, start_new_session=True)
+        finally:
+            if out is not None:
+                out.close()  # the child holds its own descriptor
         return self
 
     @property

@@ -53,3 +53,63 @@ def test_memory_comes_from_the_allocator_and_nvml():
     assert all(e["allocated_bytes"] > 0 and e["reserved_bytes"] >= e["allocated_bytes"] for e in mem)
     if mem[0]["source"] == "nvml":
         assert mem[0]["used_bytes"] >= mem[0]["reserved_bytes"]
+
+
+def test_dp_on_cuda_times_every_device_and_micro_step_and_counts_the_reduce():
+    _, sink = run(mode="dp", grad_accum_steps=2, **SMALL)
+    phases = sink.of_type("dp_phase")
+    assert all(e["source"].startswith("cuda events") for e in phases)
+    for step in range(SMALL["steps"]):
+        for dev in [f"cuda:{i}" for i in range(N)]:
+            got = [e["phase"] for e in phases if e["step"] == step and e["device"] == dev]
+            for phase in ("broadcast", "scatter", "forward", "gather", "backward", "reduce"):
+                assert got.count(phase) == 2, (step, dev, got)  # one span per micro-step
+    steps = sink.of_type("step")
+    reduce0 = sum(e["end_s"] - e["start_s"] for e in phases if e["phase"] == "reduce" and e["device"] == "cuda:0"
+                  and e["step"] == 0)
+    assert steps[0]["comm_exposed_s"] >= reduce0 > 0
+
+
+def test_dp_on_cuda_bytes_are_the_tensors_copied():
+    dp, sink = run(mode="dp", **SMALL)
+    started = sink.of_type("run_started")[0]
+    P = started["grad_bytes"]  # float32 parameters, no buffers in the mlp
+    vol = [e for e in sink.of_type("comm_volume") if e["step"] == 0]
+    assert all(e["source"].startswith("counted") for e in vol)
+    by_dev = {e["device"]: e for e in vol}
+    if N == 1:  # one device: nothing is copied
+        assert by_dev["cuda:0"]["sent_bytes"] == by_dev["cuda:0"]["recv_bytes"] == 0
+    else:  # device 1 receives the broadcast (P) and its input chunk, sends its gradients (P) and outputs
+        assert by_dev["cuda:1"]["recv_bytes"] > P and by_dev["cuda:1"]["sent_bytes"] > P
+        assert by_dev["cuda:0"]["sent_bytes"] > (N - 1) * P
+
+
+def test_amp_is_bf16_inside_every_cuda_replica_thread():
+    """Two replicas on the same GPU still run in two threads, where autocast's thread-local dtype
+    is CUDA's default fp16 unless the thread enters it with a dtype (ddpviz's runner does)."""
+    import threading
+
+    import torch.nn as nn
+
+    from engine.dp_hooks import CudaStreamClock, apply_in_threads
+    from engine.dp_measure import SpanBook
+
+    seen = []
+
+    class Probe(nn.Linear):
+        def forward(self, x):
+            out = super().forward(x)
+            seen.append((threading.current_thread().name, out.dtype))
+            return out
+
+    m = Probe(64, 10).cuda()
+    x = torch.randn(8, 64, device="cuda")
+    clock = CudaStreamClock(cuda_index=[0, 0])
+    clock.begin([0, 1])
+    cfg = RunConfig(amp=True)
+    from engine.training import autocast
+
+    with autocast(cfg, "cuda"):
+        apply_in_threads([m, m], [x[:4], x[4:]], device_type="cuda", devices=[0, 0], micro=0,
+                         book=SpanBook(), clock=clock, amp=lambda: autocast(cfg, "cuda"))
+    assert sorted(seen) == [("dp-device-0", torch.bfloat16), ("dp-device-1", torch.bfloat16)]

@@ -1,0 +1,224 @@
+"""engine/dp_cuda.py's step, hooks and thread runner, run on CPU with torch.nn.parallel's copies
+faked (tests/engine/dp_cpu_fakes.py) and host-clock marks instead of CUDA events.
+
+References: plain single-device training on the same micro-batches (numerics), bytes worked out
+by hand from the model's shapes, and torch.autocast's documented dtype (amp).
+"""
+
+import threading
+
+import pytest
+import torch
+import torch.nn as nn
+
+from dp_cpu_fakes import cpu_parallel, broadcast_coalesced
+from engine.config import RunConfig
+from engine.dp_cuda import CudaDP
+from engine.dp_hooks import HostClock, apply_in_threads
+from engine.dp_measure import SpanBook
+from engine.events import ListSink
+from engine.telemetry import Telemetry
+from engine.training import loss_fn, make_optimizer
+
+CFG = RunConfig(mode="dp", world_size=2, global_batch_size=16, grad_accum_steps=2, lr=0.1, step_delay_s=0)
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+
+
+def batches(steps: int):
+    g = torch.Generator().manual_seed(1)
+    return [[(torch.randn(8, 64, generator=g), torch.randint(0, 10, (8,), generator=g)) for _ in range(2)]
+            for _ in range(steps)]
+
+
+def run_dp(monkeypatch, model, data, cfg=CFG):
+    with cpu_parallel(monkeypatch):
+        dp = CudaDP(cfg, model, cfg.world_size, device_type="cpu", clock=HostClock())
+        opt = make_optimizer(cfg, model.parameters())
+        return dp, [dp.step(iter(micro), opt) for micro in data]
+
+
+def test_dp_step_matches_single_device_training_with_grad_accumulation(monkeypatch):
+    data = batches(3)
+    dp_model, single = mlp(), mlp()
+    run_dp(monkeypatch, dp_model, data)
+    opt = make_optimizer(CFG, single.parameters())
+    for micro in data:
+        for x, y in micro:
+            (loss_fn(single(x), y) / 2).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    for a, b in zip(dp_model.parameters(), single.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_every_device_and_micro_step_gets_its_own_spans_in_dp_order(monkeypatch):
+    _, (rec,) = run_dp(monkeypatch, mlp(), batches(1))
+    keys = [(s.phase, s.device, s.micro) for s in rec.spans]
+    per_device = ("broadcast", "scatter", "forward", "gather", "backward", "reduce")
+    expected = {(p, d, m) for p in per_device for d in (0, 1) for m in (0, 1)}
+    expected |= {("loss", 0, 0), ("loss", 0, 1), ("optimizer", 0, 0)}
+    assert sorted(keys) == sorted(expected)  # 2 micro-steps x (6 phases x 2 devices + loss) + optimizer
+    span = {k: s for k, s in zip(keys, rec.spans)}
+    assert all(s.start_s <= s.end_s for s in rec.spans)
+    for m in (0, 1):
+        for d in (0, 1):  # each device: copies in, forward, then its backward after the loss
+            assert span[("broadcast", d, m)].end_s <= span[("scatter", d, m)].start_s
+            assert span[("scatter", d, m)].end_s <= span[("forward", d, m)].start_s
+            assert span[("loss", 0, m)].end_s <= span[("backward", d, m)].start_s
+            assert span[("backward", d, m)].end_s <= span[("reduce", d, m)].start_s
+    assert span[("reduce", 0, 0)].end_s <= span[("broadcast", 0, 1)].start_s  # micro 1 follows micro 0
+    assert span[("reduce", 0, 1)].end_s <= span[("optimizer", 0, 0)].start_s
+
+
+def test_step_figures_sum_both_micro_steps(monkeypatch):
+    _, (rec,) = run_dp(monkeypatch, mlp(), batches(1))
+    m = rec.measures(16)
+    fwd = [s.end_s - s.start_s for s in rec.spans if s.phase == "forward" and s.device == 0]
+    red = [s.end_s - s.start_s for s in rec.spans if s.phase == "reduce" and s.device == 0]
+    assert len(fwd) == 2 and m["forward_s"] == pytest.approx(sum(fwd))
+    assert m["comm_exposed_s"] >= sum(red) > 0  # the reduce counts as communication
+
+
+def test_bytes_moved_by_hand(monkeypatch):
+    # P = (64*32 + 32 + 32*10 + 10) * 4 B = 9640 B; per device and micro-step 4 samples:
+    # input chunk 4*64*4 = 1024 B, output 4*10*4 = 160 B, d loss/d output 160 B.
+    # Per micro-step device 0 sends 9640 (broadcast) + 1024 (scatter) + 160 (output grads) = 10824
+    # and receives 160 (gather) + 9640 (reduce) = 9800; device 1 the mirror image. Two micro-steps.
+    _, (rec,) = run_dp(monkeypatch, mlp(), batches(1))
+    assert rec.traffic.sent == [2 * 10824, 2 * 9800]
+    assert rec.traffic.recv == [2 * 9800, 2 * 10824]
+    nb = rec.traffic.span_nbytes
+    assert nb[("broadcast", 1, 1)] == 9640 and nb[("scatter", 1, 0)] == 1024
+    assert nb[("gather", 0, 0)] == 160 and nb[("reduce", 0, 1)] == 9640
+    sink = ListSink()
+    rec.emit(Telemetry(sink, "t"), 0, ["cuda:0", "cuda:1"], theory=[19280, 19280])
+    vol = {e["device"]: e for e in sink.of_type("comm_volume")}
+    assert vol["cuda:1"]["recv_bytes"] == 21648 and vol["cuda:1"]["theory_recv_bytes"] == 19280
+    assert vol["cuda:0"]["source"].startswith("counted")
+
+
+def test_tied_gpt_broadcasts_each_tensor_once_and_matches_single(monkeypatch):
+    from engine.data import load_dataset
+    from engine.models import build_model
+
+    cfg = RunConfig(mode="dp", model="gpt", dataset="text", width=32, depth=2, n_head=2, block_size=16,
+                    world_size=2, global_batch_size=4, lr=0.01, step_delay_s=0)
+    ds = load_dataset(cfg)
+    torch.manual_seed(0)
+    model = build_model(cfg, ds)
+    torch.manual_seed(0)
+    single = build_model(cfg, ds)
+    data = [[(ds.x_train[:4], ds.y_train[:4])]]
+    dp, (rec,) = run_dp(monkeypatch, model, data, cfg)
+    master = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    master_bytes = sum(t.numel() * t.element_size() for t in master.values())  # parameters() counts tied once
+    assert rec.traffic.recv[1] >= master_bytes and rec.traffic.span_nbytes[("broadcast", 1, 0)] == master_bytes
+    opt = make_optimizer(cfg, single.parameters())
+    loss_fn(single(ds.x_train[:4]), ds.y_train[:4]).backward()
+    opt.step()
+    for a, b in zip(model.parameters(), single.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_replica_checksums_can_disagree(monkeypatch):
+    model = mlp()
+    with cpu_parallel(monkeypatch):
+        dp = CudaDP(CFG, model, 2, device_type="cpu", clock=HostClock())
+        good = dp.checksums()
+        monkeypatch.setattr(torch.nn.parallel.comm, "broadcast_coalesced",
+                            lambda ts, devs, buffer_size=None: [out if j == 0 else [t + 1e-3 for t in out]
+                                                               for j, out in enumerate(broadcast_coalesced(ts, devs))])
+        bad = dp.checksums()
+    assert good[0] == good[1]
+    assert bad[0] != bad[1]
+
+
+class Probe(nn.Linear):
+    """A Linear that records (thread name, output dtype) of every call."""
+
+    seen: list = []
+
+    def forward(self, x):
+        out = super().forward(x)
+        Probe.seen.append((threading.current_thread().name, out.dtype))
+        return out
+
+
+def probe_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(Probe(64, 10))
+
+
+def test_thread_runner_enters_the_callers_autocast_dtype_in_each_thread():
+    # fp16 is not the CPU threads' default autocast dtype (bf16), so only an explicit dtype gives it
+    Probe.seen = []
+    model = probe_model()
+    x = torch.randn(8, 64)
+    apply_in_threads([model, model], [x[:4], x[4:]], device_type="cpu", micro=0, book=SpanBook(),
+                     clock=HostClock(), amp=lambda: torch.autocast("cpu", dtype=torch.float16))
+    assert sorted(Probe.seen) == [("dp-device-0", torch.float16), ("dp-device-1", torch.float16)]
+
+
+def test_amp_runs_bf16_inside_every_replica_of_the_cuda_dp_step(monkeypatch):
+    Probe.seen = []
+    cfg = CFG.model_copy(update={"amp": True, "grad_accum_steps": 1})
+    run_dp(monkeypatch, probe_model(), [[(torch.randn(8, 64), torch.randint(0, 10, (8,)))]], cfg)
+    assert sorted(Probe.seen) == [("dp-device-0", torch.bfloat16), ("dp-device-1", torch.bfloat16)]
+
+
+def test_amp_runs_bf16_inside_every_replica_of_the_emulated_dp():
+    from engine.data import load_dataset
+    from engine.devices import resolve_plan
+    from engine.dp import train_dp
+
+    Probe.seen = []
+    cfg = RunConfig(mode="dp", world_size=2, amp=True, steps=1, eval_every=0, step_delay_s=0,
+                    global_batch_size=16, device="cpu")
+    train_dp(cfg, resolve_plan(cfg), load_dataset(cfg), probe_model(), Telemetry(ListSink(), "t"))
+    in_devices = [(name, dtype) for name, dtype in Probe.seen if name.startswith("dp-device")]
+    assert len(in_devices) == 2, Probe.seen  # one forward per device, in the device threads (a pool)
+    assert {dtype for _, dtype in in_devices} == {torch.bfloat16}
+
+
+def two_replica_graph():
+    """w (4 floats) and v (8 floats) broadcast to devices 0 and 1; device 1 never uses v.
+    Device 1's ops are created after device 0's, so CPU autograd (highest sequence number first)
+    runs device 1's backward completely before device 0's."""
+    from dp_cpu_fakes import CpuBroadcast
+
+    w, v = torch.ones(4, requires_grad=True), torch.ones(8, requires_grad=True)
+    w0, v0, w1, v1 = CpuBroadcast.apply([0, 1], w, v)
+    out0 = (w0 * 2).sum() + (v0 * 3).sum()
+    out1 = (w1 * 5).exp().sum()
+    return (w, v), (out0, out1), w0.grad_fn
+
+
+def test_backward_ends_when_that_devices_last_gradient_is_handed_over():
+    from engine.dp_hooks import mark_backward
+
+    (w, v), outs, node = two_replica_graph()
+    book, clock = SpanBook(), HostClock()
+    clock.begin([0, 1])
+    mark_backward(outs, node, book, clock, 0)
+    (outs[0] + outs[1]).backward()
+    span = {s.device: s for s in book.resolve(clock.seconds)}
+    assert span[1].end_s <= span[0].start_s  # device 1 was done before device 0 began
+    torch.testing.assert_close(w.grad, torch.full((4,), 2.0) + 5 * torch.exp(torch.tensor(5.0)))
+
+
+def test_reduce_is_marked_on_every_device_and_counts_what_device_1_sends():
+    from engine.dp_hooks import mark_reduce
+    from engine.dp_measure import StarTraffic
+
+    _, outs, node = two_replica_graph()
+    book, clock, traffic = SpanBook(), HostClock(), StarTraffic(2)
+    clock.begin([0, 1])
+    mark_reduce(node, 2, book, clock, 0, traffic, nbytes_if_none=[16, 32])
+    (outs[0] + outs[1]).backward()
+    assert {(s.phase, s.device) for s in book.resolve(clock.seconds)} == {("reduce", 0), ("reduce", 1)}
+    # device 1 sends w's gradient (16 B) and v's, which autograd reduces as zeros (32 B)
+    assert traffic.sent == [0, 48] and traffic.recv == [48, 0]
