@@ -249,6 +249,12 @@ def test_probe_frame_and_notes_on_the_recorded_probe():
     summary = ft.ratio_summary(events, probe, 2)
     assert summary["median_alone"] is not None and summary["n_alone"] > 0
     assert ft.probe_frame(None).empty and ft.latest_probe(_load("real_ddp_mlp_ws2.jsonl")) is None
+    made = {"type": "allreduce_probe", "fit": {"points_used": [8192]},
+            "points": [{"nbytes": b, "time_s": 1e-3, "algbw_bytes_per_s": b / 1e-3,
+                        "busbw_bytes_per_s": b / 1e-3} for b in (4096, 8192, 16384)]}
+    pf = ft.probe_frame(made)
+    assert pf["fitted"].tolist() == [False, True, False]
+    assert pf["busbw_gbps"].tolist() == pytest.approx([4.096e-3, 8.192e-3, 16.384e-3])
 
 
 def test_theory_charts_label_measured_and_fitted(ddp_events):

@@ -75,3 +75,19 @@ def test_probe_refusals_name_the_argument(capsys):
             main(["probe", *argv])
         assert done.value.code == 2
         assert field in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_probe_on_nccl_times_with_cuda_events():
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA devices (NCCL refuses two ranks on one GPU)")
+    sink = ListSink()
+    cfg = RunConfig(**{**DDP, "device": "cuda"})
+    assert run_training(cfg, sink, "g").status == "succeeded"
+    (probe,) = sink.of_type("allreduce_probe")
+    assert probe["backend"] == "nccl" and probe["device"] == "cuda:0"
+    for p in probe["points"]:
+        assert p["time_s"] > 0
+        assert p["busbw_bytes_per_s"] == pytest.approx(p["nbytes"] / p["time_s"])  # n = 2
