@@ -7,6 +7,8 @@ Pure Python (no torch), so the app and the CLI can use it. Formulas:
 - ring all-reduce time (Patarasuk & Yuan 2009; Thakur et al. 2005): t(b) = 2(n-1)·α + 2(n-1)/n · b/β,
   i.e. t = a + c·b; `fit_ring_times` fits (a, c) by least squares on *relative* error and
   reports α = a / 2(n-1) (per-hop latency, s) and β = 2(n-1)/n / c (link bandwidth, bytes/s).
+- the all-reduce probe (engine/probe.py) gives one (bytes, time) point per message size
+  (`probe_point`); `probe_fit` fits the ring model to the widest range of sizes one line holds.
 - bytes per step (DESIGN.md): DP device 0 sends and receives (n-1)·P, every other device P;
   ring all-reduce sends and receives 2(n-1)/n · P per rank.
 
@@ -168,6 +170,32 @@ def fit_ring_model(buckets: Iterable[Event], world_size: int) -> Event | None:
 def predict_ring_s(model: Event, nbytes: float) -> float:
     """All-reduce time the fitted model predicts for `nbytes`."""
     return model["latency_s"] + model["s_per_byte"] * nbytes
+
+
+def probe_point(nbytes: int, time_s: float, world_size: int) -> dict[str, float]:
+    """One probe point: algbw = nbytes / time_s, busbw = algbw · 2(n−1)/n (bytes/s; nccl-tests
+    doc/PERFORMANCE.md, AllReduce)."""
+    alg = nbytes / time_s if time_s > 0 else 0.0
+    return {"nbytes": int(nbytes), "time_s": time_s, "algbw_bytes_per_s": alg,
+            "busbw_bytes_per_s": alg * ring_factor(world_size)}
+
+
+def probe_fit(points: list[dict[str, Any]], world_size: int) -> dict[str, Any] | None:
+    """The ring model t = 2(n−1)·α + 2(n−1)/n · bytes/β fitted to the probe points
+    (`fit_ring_range`: the widest contiguous range of sizes that one line
+    predicts within FIT_TOLERANCE, by relative-error least squares with α, β ≥ 0).
+
+    Returns ``{alpha_s, beta_bytes_per_s, latency_s, s_per_byte, points_used, max_rel_residual,
+    tolerance, within_tolerance}`` (points_used: the sizes fitted, bytes; within_tolerance False
+    when no range of FIT_MIN_SIZES sizes fits and every point was used), or None when
+    undetermined (fewer than two sizes) or when time does not grow with size (β infinite).
+    """
+    fit = fit_ring_range(((p["nbytes"], p["time_s"]) for p in points), world_size)
+    if fit is None or not math.isfinite(fit["beta_bytes_per_s"]):
+        return None
+    keep = ("alpha_s", "beta_bytes_per_s", "latency_s", "s_per_byte", "points_used",
+            "max_rel_residual", "within_tolerance")
+    return {**{k: fit[k] for k in keep}, "tolerance": FIT_TOLERANCE}
 
 
 def probe_busbw_at(points: list[Event], nbytes: float) -> float | None:

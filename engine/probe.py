@@ -33,7 +33,6 @@ collective in flight, apart from training:
 from __future__ import annotations
 
 import json
-import math
 import os
 import socket
 import statistics
@@ -44,14 +43,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from engine.analysis import FIT_TOLERANCE, fit_ring_range, ring_factor
+from engine.analysis import probe_fit, probe_point  # noqa: F401  (pure: re-exported here)
 from engine.telemetry import now
 
 PROBE_MIN_BYTES = 4 * 1024  # smallest message, bytes (nccl-tests' -b)
 PROBE_MAX_BYTES = 64 * 1024 * 1024  # largest message, bytes (-e), if the budget allows
 PROBE_SIZE_FACTOR = 2  # each size is the previous × this (-f)
 PROBE_ITERS = 10  # timed all-reduces per size (k; nccl-tests' -n)
-PROBE_WARMUP_ITERS = 3  # untimed all-reduces per size before the timed ones (w; -w)
+PROBE_WARMUP_ITERS = 3  # untimed rounds (each size once) before the timed ones (w; -w)
 PROBE_BUDGET_S = 2.0  # seconds the probe may take; larger sizes are skipped past it
 PROBE_SOURCE = ("measured: standalone all-reduce on the run's process group after training, "
                 "one collective in flight, median of k (max over ranks)")
@@ -94,32 +93,6 @@ def check_probe_args(min_bytes: int = PROBE_MIN_BYTES, max_bytes: int = PROBE_MA
     if not budget_s > 0:
         raise ValueError(f"budget_s must be > 0 (got {budget_s})")
     return probe_sizes(min_bytes, max_bytes, factor)
-
-
-def probe_point(nbytes: int, time_s: float, world_size: int) -> dict[str, float]:
-    """One probe point: algbw = nbytes / time_s, busbw = algbw · 2(n−1)/n (bytes/s; nccl-tests
-    doc/PERFORMANCE.md, AllReduce)."""
-    alg = nbytes / time_s if time_s > 0 else 0.0
-    return {"nbytes": int(nbytes), "time_s": time_s, "algbw_bytes_per_s": alg,
-            "busbw_bytes_per_s": alg * ring_factor(world_size)}
-
-
-def probe_fit(points: list[dict[str, Any]], world_size: int) -> dict[str, Any] | None:
-    """The ring model t = 2(n−1)·α + 2(n−1)/n · bytes/β fitted to the probe points
-    (`engine.analysis.fit_ring_range`: the widest contiguous range of sizes that one line
-    predicts within FIT_TOLERANCE, by relative-error least squares with α, β ≥ 0).
-
-    Returns ``{alpha_s, beta_bytes_per_s, latency_s, s_per_byte, points_used, max_rel_residual,
-    tolerance, within_tolerance}`` (points_used: the sizes fitted, bytes; within_tolerance False
-    when no range of FIT_MIN_SIZES sizes fits and every point was used), or None when
-    undetermined (fewer than two sizes) or when time does not grow with size (β infinite).
-    """
-    fit = fit_ring_range(((p["nbytes"], p["time_s"]) for p in points), world_size)
-    if fit is None or not math.isfinite(fit["beta_bytes_per_s"]):
-        return None
-    keep = ("alpha_s", "beta_bytes_per_s", "latency_s", "s_per_byte", "points_used",
-            "max_rel_residual", "within_tolerance")
-    return {**{k: fit[k] for k in keep}, "tolerance": FIT_TOLERANCE}
 
 
 def _is_nccl(group) -> bool:

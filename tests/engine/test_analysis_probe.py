@@ -10,8 +10,9 @@ import random
 import pytest
 
 from engine.analysis import (busbw_vs_probe, fit_ring_range, fit_ring_times, mark_alone,
-                             median_busbw_ratio, probe_busbw_at, ring_factor)
-from engine.probe import probe_fit, probe_point, probe_sizes
+                             median_busbw_ratio, probe_busbw_at, probe_fit, probe_point,
+                             ring_factor)
+from engine.probe import probe_sizes
 
 
 def _b(step, rank, idx, start, end, nbytes=1000):
