@@ -150,15 +150,17 @@ def probe_note(probe: Event, world_size: int) -> str:
     """Which probe sizes were measured, which were fitted, and why the others were not."""
     pts = probe.get("points") or []
     fit = probe.get("fit")
-    text = (f"**Probe** (measured after training, {probe.get('backend')}, float32): "
-            f"{len(pts)} sizes from {_size(pts[0]['nbytes'])} to {_size(pts[-1]['nbytes'])}, each "
+    sizes = (f"{len(pts)} sizes from {_size(pts[0]['nbytes'])} to {_size(pts[-1]['nbytes'])}, each"
+             if len(pts) > 1 else f"one size, {_size(pts[0]['nbytes'])},")
+    text = (f"**Probe** (measured after training, {probe.get('backend')}, float32): {sizes} "
             f"the median of {probe.get('iters')} all-reduces timed one at a time (a barrier before "
             f"each, after {probe.get('warmup_iters')} warm-up rounds), the slowest rank's.")
     if probe.get("skipped_nbytes"):
         text += (f" Skipped by the {probe.get('budget_s', 0):g} s time budget: "
                  f"{', '.join(_size(b) for b in probe['skipped_nbytes'])}.")
     if not fit:
-        return text + " No ring model: its time did not grow with size."
+        return text + (" No ring model: its time did not grow with size." if len(pts) > 1 else
+                       " No ring model: a line needs at least two sizes.")
     used = fit["points_used"]
     left = [p["nbytes"] for p in pts if p["nbytes"] not in set(used)]
     text += (f" Ring model fitted to the {len(used)} sizes {_size(used[0])}–{_size(used[-1])}: "

@@ -7,13 +7,14 @@ group after the last training step, so the link's latency and bandwidth are meas
 collective in flight, apart from training:
 
 - sizes: float32 tensors of `min_bytes` × factor^i up to `max_bytes` (default 4 KiB .. 64 MiB, ×2);
-- pilot and budget: one all-reduce per size, small to large, decides which sizes fit in
-  `budget_s`. After each pilot the ranks agree (an all-reduce with MAX) on the time spent and on
-  that call's time; size s is kept while spent + (w + k) · Σ(pilot calls of the kept sizes and s)
-  ≤ `budget_s`. Before piloting s the previous call scaled by s/s_prev is checked the same way
-  (time grows at most in proportion to bytes in the ring model t = a + c·bytes, so that bounds
-  it from above) and s is not even piloted when it would not fit. The first size is always kept;
-  the sizes trimmed (always the largest) are listed in `skipped_nbytes`.
+- pilot and budget: each size, small to large, is piloted with PILOT_CALLS barrier + all-reduce
+  calls whose median P estimates a call's cost (one scheduling hiccup on a busy host does not
+  move a median). The ranks agree (an all-reduce with MAX) on P and on the time spent so far;
+  size s is kept while spent + (w + k) · Σ(P of the kept sizes and s) ≤ `budget_s`. Before
+  piloting s, the previous P scaled by s/s_prev is checked the same way (time grows at most in
+  proportion to bytes in the ring model t = a + c·bytes, so that bounds it from above), and s is
+  not even piloted when it would not fit. The smallest MIN_SIZES sizes always run (enough for a
+  fit); the sizes trimmed (always the largest) are listed in `skipped_nbytes`.
 - rounds: `warmup_iters` untimed rounds, then `iters` timed rounds; each round all-reduces every
   kept size once, in size order. Before each all-reduce every rank passes a barrier, so ranks
   start together and only that all-reduce is in flight (gloo would otherwise run up to two at
@@ -52,6 +53,8 @@ PROBE_SIZE_FACTOR = 2  # each size is the previous × this (-f)
 PROBE_ITERS = 10  # timed all-reduces per size (k; nccl-tests' -n)
 PROBE_WARMUP_ITERS = 3  # untimed rounds (each size once) before the timed ones (w; -w)
 PROBE_BUDGET_S = 2.0  # seconds the probe may take; larger sizes are skipped past it
+PILOT_CALLS = 3  # calls per size in the pilot that sizes the budget (their median)
+MIN_SIZES = 3  # the smallest sizes always run, whatever the budget: enough for a fit
 PROBE_SOURCE = ("measured: standalone all-reduce on the run's process group after training, "
                 "one collective in flight, median of k (max over ranks)")
 _ELEMENT_BYTES = 4  # float32
@@ -129,25 +132,35 @@ def _agree_max(values: list[float], group, device: torch.device) -> list[float]:
     return t.tolist()
 
 
-def _choose_sizes(sizes: list[int], group, device: torch.device, calls: int, budget_s: float
-                  ) -> tuple[list[torch.Tensor], list[int]]:
-    """Pilot one all-reduce per size (ascending) and keep those that fit the budget (see the
-    module docstring). Returns (a buffer per kept size, the skipped sizes)."""
-    bufs: list[torch.Tensor] = []
-    pilots: list[float] = []
-    t0 = now()
-    spent = 0.0
-    for i, nbytes in enumerate(sizes):
-        if pilots:
-            guess = pilots[-1] * nbytes / sizes[i - 1]
-            if spent + guess + calls * (sum(pilots) + guess) > budget_s:
-                return bufs, sizes[i:]
-        buf = torch.zeros(nbytes // _ELEMENT_BYTES, dtype=torch.float32, device=device)  # 0+0 stays finite
-        t1 = now()
+def _pilot_s(buf: torch.Tensor, group, device: torch.device) -> float:
+    """Median seconds of PILOT_CALLS barrier + all-reduce calls on this rank: a loop's cost per
+    call, robust to one scheduling hiccup."""
+    times = []
+    for _ in range(PILOT_CALLS):
+        t0 = now()
         _barrier(group, device)
         _time_one(buf, group, device)
-        pilot, spent = _agree_max([now() - t1, now() - t0], group, device)
-        if pilots and spent + calls * (sum(pilots) + pilot) > budget_s:
+        times.append(now() - t0)
+    return statistics.median(times)
+
+
+def _choose_sizes(sizes: list[int], group, device: torch.device, calls: int, budget_s: float
+                  ) -> tuple[list[torch.Tensor], list[int]]:
+    """Pilot each size (ascending) and keep those that fit the budget (see the module
+    docstring); the first `MIN_SIZES` always run. Returns (a buffer per kept size, the skipped
+    sizes)."""
+    bufs: list[torch.Tensor] = []
+    pilots: list[float] = []
+    t0, spent = now(), 0.0
+    for i, nbytes in enumerate(sizes):
+        must = i < MIN_SIZES
+        if pilots and not must:
+            guess = pilots[-1] * nbytes / sizes[i - 1]  # ≥ the pilot to come (time ∝ bytes at most)
+            if spent + PILOT_CALLS * guess + calls * (sum(pilots) + guess) > budget_s:
+                return bufs, sizes[i:]
+        buf = torch.zeros(nbytes // _ELEMENT_BYTES, dtype=torch.float32, device=device)  # 0+0 stays finite
+        pilot, spent = _agree_max([_pilot_s(buf, group, device), now() - t0], group, device)
+        if not must and spent + calls * (sum(pilots) + pilot) > budget_s:
             return bufs, sizes[i:]
         bufs.append(buf)
         pilots.append(pilot)
