@@ -64,8 +64,8 @@ def _layers(probe: pd.DataFrame, buckets: pd.DataFrame, lines: pd.DataFrame, y: 
             _marks(dots, "line", enc, strokeWidth=1.5),
             _marks(dots[fitted], "point", enc, filled=True, size=50),
             _marks(dots[~fitted], "point", enc, filled=False, size=50),
-            _marks(bk[alone], "point", btip, filled=True, size=30, opacity=0.6),
             _marks(bk[~alone], "point", btip, filled=False, size=30, opacity=0.6),
+            _marks(bk[alone], "point", btip, filled=True, size=45, opacity=0.8),  # on top
             _marks(ln, "line", dict(enc, detail="series:N"), strokeWidth=2.5, strokeDash=[6, 3])]
 
 

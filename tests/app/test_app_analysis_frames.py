@@ -236,6 +236,8 @@ def test_model_lines_follow_the_ring_formula():
     assert last["nbytes"] == pytest.approx(2**20)
     assert last["time_ms"] == pytest.approx((1e-3 + 1e-9 * 2**20) * 1e3)
     assert last["busbw_gbps"] == pytest.approx(1.5 * 2**20 / (1e-3 + 1e-9 * 2**20) / 1e9)
+    flat = {"latency_s": 1e-3, "s_per_byte": 0.0}  # no β: not drawn (busbw would grow unbounded)
+    assert ft.model_lines({ft.FIT_BUCKETS: flat}, 1024, 2**20, 4).empty
 
 
 def test_probe_frame_and_notes_on_the_recorded_probe():
