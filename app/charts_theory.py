@@ -1,5 +1,7 @@
 """Chart builders of the Theory page (pure: `DataFrame -> alt.Chart`).
 
+Both charts put the all-reduce probe, the in-run buckets and the fitted ring models on the same
+log-size axis; every series says in the legend whether it is measured or a fitted model.
 Bytes through each device (DP's hub vs DDP's ring) reuse `charts_compare.bytes_chart`.
 """
 
@@ -9,59 +11,81 @@ import altair as alt
 import pandas as pd
 
 from app.chart_style import HEIGHT, WIDTH, legend, title
+from app.frames_theory import (ALONE, FIT_BUCKETS, FIT_PROBE, OVERLAPPED, PROBE_ALG, PROBE_BUS,
+                               PROBE_TIME, SERIES)
 
-_BW = alt.Scale(domain=["algbw", "busbw"], range=["#1f77b4", "#9edae5"])
-_SERIES = ["measured (a bucket on a rank)", "fitted ring model"]
-
-
-def bandwidth_chart(per_bucket: pd.DataFrame, *, run: str) -> alt.Chart:
-    """Median algbw and busbw per bucket (`frames_theory.per_bucket`), GB/s."""
-    return alt.Chart(per_bucket).mark_bar().encode(
-        x=alt.X("bucket:O", title="bucket index (reduction order)", axis=alt.Axis(labelAngle=0)),
-        xOffset=alt.XOffset("which:N", sort=["algbw", "busbw"]),
-        y=alt.Y("gbps:Q", title="bandwidth (GB/s)"),
-        color=alt.Color("which:N", legend=legend("measure"), scale=_BW),
-        tooltip=[alt.Tooltip("bucket:O"), alt.Tooltip("kib:Q", title="size (KiB)", format=",.1f"),
-                 alt.Tooltip("which:N"), alt.Tooltip("gbps:Q", title="GB/s", format=".3f")],
-    ).properties(title=title(f"{run}: bandwidth per bucket",
-                             "algbw = bytes / all-reduce time; busbw = algbw · 2(n−1)/n"),
-                 width=WIDTH, height=HEIGHT)
+_COLOURS = {PROBE_BUS: "#1f77b4", PROBE_TIME: "#1f77b4", PROBE_ALG: "#9edae5", ALONE: "#2ca02c",
+            OVERLAPPED: "#ff7f0e", FIT_PROBE: "#d62728", FIT_BUCKETS: "#9467bd"}
+_X = alt.X("kib:Q", title="message size (KiB, log scale)", scale=alt.Scale(type="log"))
+_SUB_MARKS = ("Dashed: fitted models, drawn over every size; filled probe points were fitted, "
+              "hollow not; hollow orange: overlapped buckets.")
 
 
-def _y_top(measured: pd.Series, model: pd.Series) -> float:
-    """Top of the time axis: room for most points and the whole fitted line, not for the
-    rare straggler (a rank that arrived late) that would flatten everything else."""
-    if measured.empty:
-        return float(model.max()) if not model.empty else 1.0
-    typical = float(measured.quantile(0.95)) * 1.5
-    return max(typical, float(model.max()) if not model.empty else 0.0, 1e-3)
+def _colour(present: list[str]) -> alt.Color:
+    domain = [s for s in SERIES if s in present]
+    return alt.Color("series:N", legend=legend("series", orient="right", labelLimit=360),
+                     scale=alt.Scale(domain=domain, range=[_COLOURS[s] for s in domain]))
 
 
-def ring_fit_chart(bw: pd.DataFrame, line: pd.DataFrame, *, run: str) -> alt.LayerChart:
-    """Each bucket's all-reduce time against its size (`frames_theory.bandwidth_frame`), with
-    the fitted line t = a + c·bytes (`frames_theory.ring_fit`)."""
-    colour = alt.Color("series:N", legend=legend("", orient="bottom", labelLimit=320),
-                       scale=alt.Scale(domain=_SERIES, range=["#1f77b4", "#d62728"]))
-    x = alt.X("kib:Q", title="bucket size (KiB)")
-    top = _y_top(bw["comm_ms"], line["predicted_ms"])
-    clipped = int((bw["comm_ms"] > top).sum())
-    y = alt.Y("comm_ms:Q", title="all-reduce time (ms)",
-              scale=alt.Scale(domain=[0, top], clamp=True, nice=False))
-    points = alt.Chart(bw.assign(series=_SERIES[0])).mark_circle(size=28, opacity=0.5).encode(
-        x=x, y=y, color=colour,
-        tooltip=[alt.Tooltip("step:Q"), alt.Tooltip("rank:Q"), alt.Tooltip("bucket_index:Q",
-                                                                            title="bucket"),
-                 alt.Tooltip("kib:Q", title="KiB", format=",.1f"),
-                 alt.Tooltip("comm_ms:Q", title="ms", format=".3f")])
-    fit = alt.Chart(line.assign(series=_SERIES[1])).mark_line(strokeWidth=2.5, clip=True).encode(
-        x=x, y=alt.Y("predicted_ms:Q", scale=alt.Scale(domain=[0, top], clamp=True, nice=False)),
-        color=colour,
-        tooltip=[alt.Tooltip("kib:Q", title="KiB", format=",.1f"),
-                 alt.Tooltip("predicted_ms:Q", title="model (ms)", format=".3f")])
-    note = f"; {clipped} slow outlier(s) drawn at the top" if clipped else ""
-    return alt.layer(points, fit).properties(
-        title=title(f"{run}: all-reduce time vs bytes",
-                    "service time (after the previous bucket); ring model t = 2(n−1)·α + "
-                    f"2(n−1)/n · bytes/β{note}"),
-        width=WIDTH, height=HEIGHT + 40)
+def _probe_long(probe: pd.DataFrame, y: str) -> pd.DataFrame:
+    """Probe rows with a `series` column: busbw (and algbw on the bandwidth chart)."""
+    if probe.empty:
+        return probe.assign(series=pd.Series(dtype=str), value=pd.Series(dtype=float))
+    if y == "time_ms":
+        return probe.assign(series=PROBE_TIME, value=probe["time_ms"])
+    bus = probe.assign(series=PROBE_BUS, value=probe["busbw_gbps"])
+    alg = probe.assign(series=PROBE_ALG, value=probe["algbw_gbps"])
+    return pd.concat([bus, alg], ignore_index=True)
 
+
+def _marks(df: pd.DataFrame, mark: str, enc: dict, **props) -> alt.Chart:
+    return getattr(alt.Chart(df), f"mark_{mark}")(**props).encode(**enc)
+
+
+def _layers(probe: pd.DataFrame, buckets: pd.DataFrame, lines: pd.DataFrame, y: str,
+            y_title: str) -> list[alt.Chart]:
+    """The marks of either chart: `y` is "busbw_gbps" or "time_ms"."""
+    pl = _probe_long(probe, y)
+    pl = pl[pl["value"] > 0]
+    bk = buckets.assign(value=buckets[y])
+    bk = bk[bk["value"] > 0]
+    ln = lines.assign(value=lines[y])
+    ln = ln[ln["value"] > 0]
+    colour = _colour(sorted(set(pl["series"]) | set(bk["series"]) | set(ln["series"])))
+    tip = [alt.Tooltip("series:N"), alt.Tooltip("kib:Q", title="KiB", format=",.1f"),
+           alt.Tooltip("value:Q", title=y_title, format=".4g")]
+    enc = dict(x=_X, y=alt.Y("value:Q", title=y_title, scale=alt.Scale(type="log")), color=colour,
+               tooltip=tip)
+    btip = dict(enc, tooltip=tip + [alt.Tooltip("step:Q"), alt.Tooltip("rank:Q"),
+                                    alt.Tooltip("bucket_index:Q", title="bucket")])
+    alg, dots = pl[pl["series"] == PROBE_ALG], pl[pl["series"] != PROBE_ALG]
+    fitted, alone = dots["fitted"].astype(bool), bk["alone"].astype(bool)
+    return [_marks(alg, "line", enc, strokeWidth=3, opacity=0.7),  # under busbw (same for n = 2)
+            _marks(dots, "line", enc, strokeWidth=1.5),
+            _marks(dots[fitted], "point", enc, filled=True, size=50),
+            _marks(dots[~fitted], "point", enc, filled=False, size=50),
+            _marks(bk[~alone], "point", btip, filled=False, size=30, opacity=0.6),
+            _marks(bk[alone], "point", btip, filled=True, size=45, opacity=0.8),  # on top
+            _marks(ln, "line", dict(enc, detail="series:N"), strokeWidth=2.5, strokeDash=[6, 3])]
+
+
+def bandwidth_chart(probe: pd.DataFrame, buckets: pd.DataFrame, lines: pd.DataFrame, *,
+                    run: str) -> alt.LayerChart:
+    """busbw (and the probe's algbw) against message size: `frames_theory.probe_frame`,
+    `bucket_frame` and `model_lines` (GB/s, log-log)."""
+    layers = _layers(probe, buckets, lines, "busbw_gbps", "bandwidth (GB/s, log scale)")
+    return alt.layer(*layers).properties(
+        title=title(f"{run}: all-reduce bandwidth vs message size",
+                    "busbw = algbw · 2(n−1)/n (nccl-tests), algbw = bytes / time. " + _SUB_MARKS),
+        width=WIDTH, height=HEIGHT + 60)
+
+
+def time_chart(probe: pd.DataFrame, buckets: pd.DataFrame, lines: pd.DataFrame, *,
+               run: str) -> alt.LayerChart:
+    """All-reduce time against message size, the same series as `bandwidth_chart` (ms, log-log);
+    the fitted lines are t = 2(n−1)·α + 2(n−1)/n · bytes/β."""
+    layers = _layers(probe, buckets, lines, "time_ms", "all-reduce time (ms, log scale)")
+    return alt.layer(*layers).properties(
+        title=title(f"{run}: all-reduce time vs message size",
+                    "ring model t = 2(n−1)·α + 2(n−1)/n · bytes/β. " + _SUB_MARKS),
+        width=WIDTH, height=HEIGHT + 60)

@@ -20,7 +20,7 @@ COLUMNS: list[tuple[str, list[str]]] = [
 ]
 ADVANCED = ["gradient_as_bucket_view", "static_graph", "find_unused_parameters",
             "grad_accum_steps", "amp", "device", "backend", "nnodes", "n_head", "block_size",
-            "eval_every"]
+            "eval_every", "probe"]
 FAULTS = ["fault", "fault_rank", "fault_step", "collective_timeout_s"]
 
 HELP = {
@@ -48,6 +48,8 @@ HELP = {
     "n_head": "gpt attention heads (width % n_head == 0)",
     "block_size": "gpt context length, tokens",
     "eval_every": "validation every N steps; 0 = at the end only",
+    "probe": "DDP: after the last step, time all-reduces of 4 KiB..64 MiB one at a time on the "
+             "run's process group (nccl-tests style, ~2 s at most) for the Theory page",
     "fault": "inject a failure to see what each strategy does: raise an exception, kill the "
              "process, hang in a collective (DDP), or let one replica diverge",
     "fault_rank": "the rank (DDP) or device (DP) that fails, < world_size",

@@ -65,6 +65,7 @@ class RunConfig(BaseModel):
     amp: bool = False  # bf16 autocast
     eval_every: int = Field(25, ge=0, le=1_000_000)  # validation every N steps; 0 = at end only
     step_delay_s: float = Field(0.05, ge=0.0, le=5.0)  # pause after each step so a demo can be watched; not in step times
+    probe: bool = True  # DDP, world_size >= 2: after training, time all-reduces of 4 KiB..64 MiB alone (engine/probe.py)
     collective_timeout_s: float = Field(60.0, ge=1.0, le=3600.0)  # a collective waiting longer fails the run
     fault: Literal["none", "raise", "kill", "hang", "diverge"] = "none"  # inject a failure, to see what it does
     fault_rank: int = Field(0, ge=0, le=63)  # the rank (DDP) or device (DP) that fails

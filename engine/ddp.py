@@ -180,5 +180,9 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
 
     evaluate_fn = (lambda: evaluate(model, ds, device)) if rank == 0 else None
     drive(cfg, tel, train_step, memory=memory, check_sync=check_sync, evaluate=evaluate_fn)
+    if cfg.probe and world > 1:  # after the last step: in no step time, nothing else in flight
+        from engine.probe import emit_probe  # imported here: this hook stays one block
+
+        emit_probe(tel, device)
     if rank == 0:
         torch.save(flat_params(model), wd / "final_params.pt")

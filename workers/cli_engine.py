@@ -1,9 +1,10 @@
-"""`ddpviz compare`, `ddpviz bench` and `ddpviz preview`: engine runs here, no Redis.
+"""`ddpviz compare`, `bench`, `preview` and `probe`: engine runs here, no Redis.
 
 compare: single, DP and DDP on one config; `--json` prints an object keyed by mode (DESIGN.md).
 bench: a fixed set of configs in every mode plus the telemetry overhead, as JSON — the place
 where speed and memory targets are checked (not timed tests).
 preview: the DDP bucket layout PyTorch will use for a config, before anything launches.
+probe: the all-reduce probe (engine/probe.py) alone, on local gloo ranks.
 """
 
 from __future__ import annotations
@@ -114,8 +115,38 @@ def cmd_preview(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_probe(args: argparse.Namespace) -> int:
+    from engine.probe import probe_local
+
+    kwargs = {k: v for k, v in dict(min_bytes=args.min_bytes, max_bytes=args.max_bytes, iters=args.iters,
+                                     warmup_iters=args.warmup_iters, budget_s=args.budget_s).items()
+              if v is not None}
+    try:
+        event = probe_local(args.world_size, **kwargs)
+    except ValueError as exc:  # a bad argument, refused before any process starts
+        print(f"ddpviz: refused: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(event, indent=2))
+        return 0
+    print(f"all-reduce probe, gloo, world_size {event['world_size']}, float32, median of "
+          f"{event['iters']} after {event['warmup_iters']} warm-up (max over ranks)")
+    print(f"{'bytes':>12} {'time (us)':>11} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}")
+    for p in event["points"]:
+        print(f"{p['nbytes']:>12,} {p['time_s'] * 1e6:>11.1f} {p['algbw_bytes_per_s'] / 1e9:>13.3f} "
+              f"{p['busbw_bytes_per_s'] / 1e9:>13.3f}")
+    if event["skipped_nbytes"]:
+        print(f"skipped by the {event['budget_s']:g} s budget: {event['skipped_nbytes']}")
+    fit = event["fit"]
+    if fit:
+        print(f"ring model fitted to {fit['points_used'][0]:,}..{fit['points_used'][-1]:,} B "
+              f"({len(fit['points_used'])} sizes, worst miss {fit['max_rel_residual']:.0%}): "
+              f"alpha {fit['alpha_s'] * 1e6:.1f} us, beta {fit['beta_bytes_per_s'] / 1e9:.3f} GB/s")
+    return 0
+
+
 def register(command, add_run_flags) -> None:
-    """Add the three commands to the `ddpviz` parser (`command` as in workers.cli.build_parser)."""
+    """Add the engine commands to the `ddpviz` parser (`command` as in workers.cli.build_parser)."""
     p = command("compare", cmd_compare, "run single, DP and DDP on one config here and compare", redis=False)
     add_run_flags(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON, keyed by mode")
@@ -125,3 +156,12 @@ def register(command, add_run_flags) -> None:
     p = command("preview", cmd_preview, "show the DDP bucket layout for a config", redis=False)
     add_run_flags(p)
     p.add_argument("--json", action="store_true", help="print the layout as JSON")
+    p = command("probe", cmd_probe, "time all-reduces of 4 KiB..64 MiB on local gloo ranks "
+                "(nccl-tests style; the probe a DDP run does after training)", redis=False)
+    p.add_argument("--world-size", type=int, default=2, help="rank processes (>= 2)")
+    p.add_argument("--min-bytes", type=int, help="smallest message, bytes (default 4096)")
+    p.add_argument("--max-bytes", type=int, help="largest message, bytes (default 67108864)")
+    p.add_argument("--iters", type=int, help="timed all-reduces per size (default 10)")
+    p.add_argument("--warmup-iters", type=int, help="untimed rounds first (default 3)")
+    p.add_argument("--budget-s", type=float, help="seconds the probe may take (default 2)")
+    p.add_argument("--json", action="store_true", help="print the allreduce_probe event as JSON")

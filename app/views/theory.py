@@ -1,9 +1,12 @@
-"""Theory beside measurement: bandwidth per bucket, the ring cost model, bytes per device.
+"""Theory beside measurement: all-reduce bandwidth by message size, the ring cost model, bytes.
 
-- Per bucket: algbw (bytes / all-reduce time) and busbw (algbw · 2(n−1)/n, nccl-tests' bus
-  bandwidth, comparable to a link's peak).
-- The ring all-reduce cost model t = 2(n−1)·α + 2(n−1)/n · bytes/β, fitted by least squares to
-  this run's own buckets, drawn through the measured points.
+- The all-reduce probe (engine/probe.py, run after training): time, algbw and busbw per message
+  size with one collective in flight — the link as nccl-tests would measure it.
+- The run's own buckets on the same axes: those that ran alone (measured bandwidths) apart from
+  those that overlapped another bucket's all-reduce (gloo runs two at once; not bandwidths).
+- The ring all-reduce cost model t = 2(n−1)·α + 2(n−1)/n · bytes/β fitted to the probe and to the
+  buckets that ran alone, with α and β, and which points each fit used and why.
+- In-run busbw ÷ probe busbw at the same size.
 - Bytes per device per step: DP's hub (device 0) against DDP's ranks, measured and by formula.
 """
 
@@ -13,29 +16,39 @@ import streamlit as st
 
 from app import frames_theory as ft, runsets
 from app.charts_compare import bytes_chart
-from app.charts_theory import bandwidth_chart, ring_fit_chart
+from app.charts_theory import bandwidth_chart, time_chart
 from app.connection import require_client
 from app.frames_compare import bytes_frame, view_of
+from app.window import TERMINAL
 
 
 def ddp_section(w, label: str) -> None:
     n = int(w.config.get("world_size") or 1)
-    bw = ft.bandwidth_frame(w.of_type("bucket"), n)
-    if bw.empty:
+    buckets = w.of_type("bucket")
+    bk = ft.bucket_frame(buckets, n, min_step=1)  # step 0: one big bucket, first-call set-up
+    probe = ft.latest_probe(w.of_type("allreduce_probe"))
+    pf = ft.probe_frame(probe)
+    if bk.empty and pf.empty:
         st.info(f"{label}: waiting for bucket events…", icon=":material/hourglass_empty:")
         return
-    left, right = st.columns(2)
-    with left:
-        st.altair_chart(bandwidth_chart(ft.per_bucket(bw), run=label), key=f"th_bw_{w.run_id}")
-    model, line = ft.ring_fit(w.of_type("bucket"), n)
-    with right:
-        st.altair_chart(ring_fit_chart(bw, line, run=label), key=f"th_fit_{w.run_id}")
-    if model is None:
-        st.caption("The ring model needs buckets of at least two sizes: lower bucket_cap_mb "
-                   "so the model's gradients span several buckets.")
+    model, counts = ft.bucket_fit(buckets, n)
+    lines = ft.model_lines({ft.FIT_PROBE: (probe or {}).get("fit"), ft.FIT_BUCKETS: model},
+                           *ft.size_range(pf, bk), n)
+    # full width, one above the other: six series and their legend need the room
+    st.altair_chart(bandwidth_chart(pf, bk, lines, run=label), key=f"th_bw_{w.run_id}")
+    st.altair_chart(time_chart(pf, bk, lines, run=label), key=f"th_fit_{w.run_id}")
+    if probe:
+        st.markdown(ft.probe_note(probe, n))
+    elif w.status in TERMINAL:
+        st.caption("No all-reduce probe in this run (probe off, world_size 1, or recorded before "
+                   "the probe existed): launch it with probe on to see the link measured alone.")
     else:
-        st.caption(f"Fitted: {ft.describe_fit(model, n)}. On one CPU host the \"link\" is "
-                   "loopback through gloo, so α and β describe that, not a network.")
+        st.caption("The all-reduce probe runs after the last training step.")
+    st.markdown(ft.bucket_note(model, counts, n))
+    if probe:
+        st.markdown(ft.ratio_note(ft.ratio_summary(buckets, probe, n)))
+    st.caption("On one CPU host the \"link\" is loopback through gloo, so α and β describe that "
+               "(and CPU caches and load), not a network.")
 
 
 def body(windows, labels) -> None:

@@ -13,7 +13,8 @@ DATA = Path(__file__).parent / "data"
 CONFIG = {"world_size": 2, "steps": 12, "width": 256, "bucket_cap_mb": 0.1, "step_delay_s": 0.0,
           "eval_every": 0}
 FILES = {"single": "real_single_mlp_ws2.jsonl", "dp": "real_dp_mlp_ws2.jsonl",
-         "ddp": "real_ddp_mlp_ws2.jsonl", "ddp-nooverlap": "real_ddp_nooverlap_mlp_ws2.jsonl"}
+         "ddp": "real_ddp_mlp_ws2.jsonl", "ddp-nooverlap": "real_ddp_nooverlap_mlp_ws2.jsonl",
+         "ddp-probe": "real_ddp_probe_mlp_ws2.jsonl"}  # the same DDP config, with its all-reduce probe
 
 
 def play(client, run_id: str, name: str, worker: str = "test-worker") -> None:
@@ -25,11 +26,12 @@ def play(client, run_id: str, name: str, worker: str = "test-worker") -> None:
     client.store.finish(run_id, RunStatus.FINISHED, summary=events[-1].get("summary"))
 
 
-def trio(client) -> tuple[str, dict[str, str]]:
-    """A single/DP/DDP trio, finished with the recorded runs. Returns (group, {mode: id})."""
+def trio(client, ddp: str = "ddp") -> tuple[str, dict[str, str]]:
+    """A single/DP/DDP trio, finished with the recorded runs (`ddp`: which recorded DDP run,
+    a key of FILES). Returns (group, {mode: id})."""
     group, ids = submit_trio(client, CONFIG)
     for mode, rid in ids.items():
-        play(client, rid, FILES[mode])
+        play(client, rid, FILES[ddp if mode == "ddp" else mode])
     return group, ids
 
 

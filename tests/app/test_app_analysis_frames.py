@@ -195,45 +195,84 @@ def test_dp_real_run_timeline():
 
 
 # ---- theory ----------------------------------------------------------------------------------
-def test_busbw_is_algbw_times_ring_factor(ddp_events):
-    bw = ft.bandwidth_frame(ddp_events, 2).dropna()
-    assert len(bw) > 0
-    assert (bw["busbw_gbps"] / bw["algbw_gbps"]).round(9).unique().tolist() == [1.0]  # n = 2
-    long = ft.per_bucket(bw)
-    assert sorted(long["bucket"].unique()) == [0, 1, 2]
+def _bucket(step, idx, nbytes, start, end, rank=0):
+    return {"type": "bucket", "step": step, "rank": rank, "bucket_index": idx, "nbytes": nbytes,
+            "comm_start_s": start, "comm_end_s": end}
 
 
-def test_serialised_counts_from_previous_end():
-    evs = [{"type": "bucket", "step": 1, "rank": 0, "bucket_index": i, "nbytes": 100,
-            "comm_start_s": 0.0, "comm_end_s": end} for i, end in enumerate((1.0, 3.0))]
-    out = ft.serialised(evs)
-    assert [(e["comm_start_s"], e["comm_end_s"]) for e in out] == [(0.0, 1.0), (1.0, 3.0)]
+def test_bucket_frame_busbw_and_alone_on_the_recorded_run(ddp_events):
+    bw = ft.bucket_frame(ddp_events, 2)
+    assert len(bw) == sum(1 for e in ddp_events if e["type"] == "bucket")
+    ok = bw.dropna()
+    assert (ok["busbw_gbps"] / ok["algbw_gbps"]).round(9).unique().tolist() == [1.0]  # n = 2
+    assert ok["algbw_gbps"].tolist() == pytest.approx(
+        (ok["nbytes"] / (ok["time_ms"] / 1e3) / 1e9).tolist())
+    assert set(bw["series"]) <= {ft.ALONE, ft.OVERLAPPED}
+    assert (bw["series"] == ft.ALONE).tolist() == bw["alone"].tolist()
 
 
-def test_ring_fit_recovers_a_known_line():
+def test_bucket_fit_uses_only_buckets_that_ran_alone():
     a, c = 0.002, 1e-9  # 2 ms latency, 1 ns/byte
     evs, t = [], 0.0
-    for step in (1, 2):
+    for step in (0, 1, 2):
         for i, n in enumerate((1_000_000, 3_000_000, 5_000_000)):
-            start = t
-            t = start + a + c * n
-            evs.append({"type": "bucket", "step": step, "rank": 0, "bucket_index": i,
-                        "nbytes": n, "comm_start_s": start, "comm_end_s": t})
-    model, line = ft.ring_fit(evs, 4)
+            start, t = t, t + a + c * n  # one after another: each ran alone
+            evs.append(_bucket(step, i, n, start, t))
+    evs.append(_bucket(2, 3, 5_000_000, t - 0.001, t + 1.0))  # overlaps the last: would spoil it
+    model, counts = ft.bucket_fit(evs, 4)
+    assert counts == dict(timed=10, warmup=3, overlapped=2, used=5)
     assert model["latency_s"] == pytest.approx(a) and model["s_per_byte"] == pytest.approx(c)
     assert model["beta_bytes_per_s"] == pytest.approx((2 * 3 / 4) / c)
-    assert line["predicted_ms"].iloc[-1] == pytest.approx((a + c * 5_000_000) * 1000)
     assert "GB/s" in ft.describe_fit(model, 4)
-    bw = ft.bandwidth_frame(evs, 4)
-    _check_chart(charts_theory.ring_fit_chart(bw, line, run="DDP"))
-    _check_chart(charts_theory.bandwidth_chart(ft.per_bucket(bw), run="DDP"))
+    assert "5 ran alone. Ring model fitted to those 5" in ft.bucket_note(model, counts, 4)
+    assert "2 overlapped another bucket" in ft.bucket_note(model, counts, 4)
 
 
-def test_ring_fit_undetermined_with_one_size():
-    evs = [{"type": "bucket", "step": 1, "rank": 0, "bucket_index": 0, "nbytes": 10,
-            "comm_start_s": 0.0, "comm_end_s": 1.0}]
-    model, line = ft.ring_fit(evs, 2)
-    assert model is None and line.empty
+def test_model_lines_follow_the_ring_formula():
+    model = {"latency_s": 1e-3, "s_per_byte": 1e-9}
+    lines = ft.model_lines({ft.FIT_PROBE: model, ft.FIT_BUCKETS: None}, 1024, 2**20, 4)
+    assert set(lines["series"]) == {ft.FIT_PROBE} and len(lines) == ft.LINE_POINTS
+    last = lines.iloc[-1]
+    assert last["nbytes"] == pytest.approx(2**20)
+    assert last["time_ms"] == pytest.approx((1e-3 + 1e-9 * 2**20) * 1e3)
+    assert last["busbw_gbps"] == pytest.approx(1.5 * 2**20 / (1e-3 + 1e-9 * 2**20) / 1e9)
+    flat = {"latency_s": 1e-3, "s_per_byte": 0.0}  # no β: not drawn (busbw would grow unbounded)
+    assert ft.model_lines({ft.FIT_BUCKETS: flat}, 1024, 2**20, 4).empty
+
+
+def test_probe_frame_and_notes_on_the_recorded_probe():
+    events = _load("real_ddp_probe_mlp_ws2.jsonl")
+    probe = ft.latest_probe(events)
+    pf = ft.probe_frame(probe)
+    assert pf["nbytes"].tolist() == [p["nbytes"] for p in probe["points"]]
+    assert pf.loc[pf["fitted"], "nbytes"].tolist() == probe["fit"]["points_used"]
+    note = ft.probe_note(probe, 2)
+    assert f"median of {probe['iters']}" in note and "Skipped by the" in note
+    summary = ft.ratio_summary(events, probe, 2)
+    assert summary["median_alone"] is not None and summary["n_alone"] > 0
+    assert ft.probe_frame(None).empty and ft.latest_probe(_load("real_ddp_mlp_ws2.jsonl")) is None
+    made = {"type": "allreduce_probe", "fit": {"points_used": [8192]},
+            "points": [{"nbytes": b, "time_s": 1e-3, "algbw_bytes_per_s": b / 1e-3,
+                        "busbw_bytes_per_s": b / 1e-3} for b in (4096, 8192, 16384)]}
+    pf = ft.probe_frame(made)
+    assert pf["fitted"].tolist() == [False, True, False]
+    assert pf["busbw_gbps"].tolist() == pytest.approx([4.096e-3, 8.192e-3, 16.384e-3])
+
+
+def test_theory_charts_label_measured_and_fitted(ddp_events):
+    events = _load("real_ddp_probe_mlp_ws2.jsonl")
+    probe = ft.latest_probe(events)
+    pf, bk = ft.probe_frame(probe), ft.bucket_frame(events, 2)
+    model, _ = ft.bucket_fit(events, 2)
+    lines = ft.model_lines({ft.FIT_PROBE: probe["fit"], ft.FIT_BUCKETS: model},
+                           *ft.size_range(pf, bk), 2)
+    for chart in (charts_theory.bandwidth_chart(pf, bk, lines, run="DDP"),
+                  charts_theory.time_chart(pf, bk, lines, run="DDP"),
+                  charts_theory.time_chart(ft.probe_frame(None), ft.bucket_frame(ddp_events, 2),
+                                           lines.iloc[0:0], run="DDP")):
+        spec = _check_chart(chart)
+        domain = {s for layer in spec["layer"] for s in layer["encoding"]["color"]["scale"]["domain"]}
+        assert all("(measured" in s or "(fitted model)" in s for s in domain), domain
 
 
 # ---- sweeps ----------------------------------------------------------------------------------

@@ -87,13 +87,30 @@ def test_dp_timeline_page(real_client, app_test):
     assert "idle" in captions and "emulated" in captions
 
 
-def test_theory_page(real_client, app_test):
-    trio(real_client)
+def test_theory_page_without_a_probe(real_client, app_test):
+    trio(real_client)  # recorded before the probe existed
     at = app_test("views/theory.py")
     _ok(at)
-    assert _titles(at) == ["DDP: bandwidth per bucket", "DDP: all-reduce time vs bytes",
-                           "Bytes moved per device per step"]
-    assert any(c.value.startswith("Fitted:") for c in at.caption)
+    assert _titles(at) == ["DDP: all-reduce bandwidth vs message size",
+                           "DDP: all-reduce time vs message size", "Bytes moved per device per step"]
+    assert any(c.value.startswith("No all-reduce probe in this run") for c in at.caption)
+    text = " ".join(m.value for m in at.markdown)
+    assert "**In-run buckets**" in text and "ran alone" in text and "**Probe**" not in text
+
+
+def test_theory_page_with_the_probe(real_client, app_test):
+    trio(real_client, ddp="ddp-probe")
+    at = app_test("views/theory.py")
+    _ok(at)
+    assert _titles(at)[:2] == ["DDP: all-reduce bandwidth vs message size",
+                               "DDP: all-reduce time vs message size"]
+    text = " ".join(m.value for m in at.markdown)
+    assert "**Probe** (measured after training, gloo, float32)" in text
+    assert "Ring model fitted to the" in text and "In-run bucket busbw ÷ probe busbw" in text
+    spec = json.loads(at.get("vega_lite_chart")[0].proto.spec)
+    legend = {s for layer in spec["layer"] for s in layer["encoding"]["color"]["scale"]["domain"]}
+    assert {"probe busbw (measured)", "ring model fitted to the probe (fitted model)",
+            "in-run bucket, ran alone (measured)"} <= legend
 
 
 def test_learn_page(real_client, app_test):

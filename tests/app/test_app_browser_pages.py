@@ -122,7 +122,8 @@ def test_dp_timeline_page(session):
 
 def test_theory_page(session):
     page = _visit(session, "theory", "Theory vs measurement", charts=3)
-    assert page.get_by_text("Fitted:").count() == 1
+    assert page.get_by_text("measured after training").count() == 1  # the all-reduce probe
+    assert page.get_by_text("overlapped another bucket").count() == 1
 
 
 def test_learn_page(session):

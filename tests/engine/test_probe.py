@@ -1,0 +1,93 @@
+"""The all-reduce probe for real: 2 gloo ranks through `ddpviz probe`, and inside a DDP run.
+
+References: the event contract (docs/events.md), the nccl-tests busbw formula written out here
+(algbw = bytes / time, busbw = algbw · 2(n−1)/n), the ring model written from α and β
+(t = 2(n−1)·α + 2(n−1)/n · bytes/β), and the run's own step events (the probe starts after the
+last step ends).
+"""
+
+import json
+
+import pytest
+
+from engine.config import RunConfig
+from engine.events import ListSink
+from engine.run import run_training
+from workers.cli import main
+
+pytestmark = pytest.mark.slow
+PROBE_KEYS = {"type", "run_id", "ts", "rank", "device", "backend", "world_size", "dtype", "iters",
+              "warmup_iters", "points", "fit", "source"}
+FIT_KEYS = {"alpha_s", "beta_bytes_per_s", "latency_s", "s_per_byte", "points_used"}
+DDP = dict(mode="ddp", world_size=2, model="mlp", width=32, depth=2, global_batch_size=16, steps=3,
+           eval_every=0, step_delay_s=0.0)
+
+
+def _model_s(fit, nbytes, n):
+    return 2 * (n - 1) * fit["alpha_s"] + 2 * (n - 1) / n * nbytes / fit["beta_bytes_per_s"]
+
+
+def test_real_two_rank_gloo_probe_fits_its_own_points(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["probe", "--world-size", "2", "--json"])  # the defaults a DDP run uses
+    assert done.value.code == 0
+    ev = json.loads(capsys.readouterr().out)
+    assert PROBE_KEYS <= set(ev) and FIT_KEYS <= set(ev["fit"])
+    assert (ev["type"], ev["rank"], ev["backend"], ev["world_size"], ev["dtype"]) == \
+        ("allreduce_probe", 0, "gloo", 2, "float32")
+    sizes = [p["nbytes"] for p in ev["points"]]
+    assert sizes == [4096 * 2 ** i for i in range(len(sizes))] and len(sizes) >= 6
+    assert sizes + ev["skipped_nbytes"] == [4096 * 2 ** i for i in range(15)]
+    for p in ev["points"]:
+        assert p["algbw_bytes_per_s"] == pytest.approx(p["nbytes"] / p["time_s"])
+        assert p["busbw_bytes_per_s"] == pytest.approx(p["algbw_bytes_per_s"] * 2 * (2 - 1) / 2)
+    fit = ev["fit"]
+    used = fit["points_used"]
+    assert fit["within_tolerance"] and len(used) >= 3  # a range, not a line through two points
+    measured = {p["nbytes"]: p["time_s"] for p in ev["points"]}
+    for nbytes in used:  # the ring model from α and β predicts the probe's own times
+        assert _model_s(fit, nbytes, 2) == pytest.approx(measured[nbytes], rel=0.2), nbytes
+
+
+def test_probe_event_once_after_training_and_absent_when_off_or_dp():
+    sink = ListSink()
+    assert run_training(RunConfig(**DDP), sink, "p").status == "succeeded"
+    (probe,) = sink.of_type("allreduce_probe")
+    assert probe["rank"] == 0 and probe["world_size"] == 2 and probe["backend"] == "gloo"
+    assert probe["source"].startswith("measured: standalone all-reduce")
+    last_end = max(s["start_ts"] + s["step_time_s"] for s in sink.of_type("step"))
+    assert probe["ts"] - probe["wall_s"] >= last_end - 0.01  # began after every rank's last step
+    assert [e["type"] for e in sink.events][-1] == "run_finished"
+
+    off = ListSink()
+    assert run_training(RunConfig(**DDP, probe=False), off, "q").status == "succeeded"
+    assert off.of_type("allreduce_probe") == []
+    assert len(off.of_type("step")) == len(sink.of_type("step"))
+    dp = ListSink()  # DP has no process group: no probe, whatever the flag says
+    assert run_training(RunConfig(**{**DDP, "mode": "dp"}), dp, "r").status == "succeeded"
+    assert dp.of_type("allreduce_probe") == []
+
+
+def test_probe_refusals_name_the_argument(capsys):
+    for argv, field in ((["--world-size", "1"], "world_size"), (["--iters", "0"], "iters"),
+                        (["--min-bytes", "6"], "min_bytes"), (["--budget-s", "0"], "budget_s")):
+        with pytest.raises(SystemExit) as done:
+            main(["probe", *argv])
+        assert done.value.code == 2
+        assert field in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_probe_on_nccl_times_with_cuda_events():
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA devices (NCCL refuses two ranks on one GPU)")
+    sink = ListSink()
+    cfg = RunConfig(**{**DDP, "device": "cuda"})
+    assert run_training(cfg, sink, "g").status == "succeeded"
+    (probe,) = sink.of_type("allreduce_probe")
+    assert probe["backend"] == "nccl" and probe["device"] == "cuda:0"
+    for p in probe["points"]:
+        assert p["time_s"] > 0
+        assert p["busbw_bytes_per_s"] == pytest.approx(p["nbytes"] / p["time_s"])  # n = 2
