@@ -17,6 +17,13 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Protocol
 
+# How long an event may wait in a rank's BatchingSink before it is written to the rank's file. The
+# launcher's follower reads those files every `engine.launcher.FOLLOW_INTERVAL_S` and the worker's
+# sink writes to Redis every `workers.sink.RUN_FLUSH_INTERVAL_S`: each hop adds at most its interval
+# to an event's latency (figure 1 of `ddpviz bench`), and each wake-up costs a few microseconds
+# of a background thread, never the training loop's.
+RANK_FLUSH_INTERVAL_S = 0.02
+
 EVENT_TYPES = ("run_started", "step", "bucket", "dp_phase", "memory", "comm_volume", "eval", "sync",
                "log", "run_finished")
 
@@ -26,6 +33,38 @@ def make_event(type_: str, run_id: str, **fields: Any) -> dict[str, Any]:
     if type_ not in EVENT_TYPES:
         raise ValueError(f"event type must be one of {EVENT_TYPES} (got {type_!r})")
     return {"type": type_, "run_id": run_id, "ts": time.time(), **fields}
+
+
+class RawEvent(dict):
+    """An event read back from JSON that remembers the compact JSON it came from (`raw`).
+
+    Forwarding an event from a rank's file to Redis then costs one parse (the summary builder
+    needs the dict) and no second encoding (`workers.sink.encode_event` reuses `raw`). Any change
+    to the dict forgets `raw`, so what is stored is always the dict as it is now.
+    """
+
+    __slots__ = ("raw",)
+
+    def __init__(self, fields: dict[str, Any], raw: bytes | None = None):
+        super().__init__(fields)
+        self.raw = raw
+
+    def _changed(name):  # noqa: N805  (a decorator factory used in the class body only)
+        def method(self, *args, **kwargs):
+            self.raw = None
+            return getattr(dict, name)(self, *args, **kwargs)
+        method.__name__ = name
+        return method
+
+    __setitem__ = _changed("__setitem__")
+    __delitem__ = _changed("__delitem__")
+    update = _changed("update")
+    setdefault = _changed("setdefault")
+    pop = _changed("pop")
+    popitem = _changed("popitem")
+    clear = _changed("clear")
+    __ior__ = _changed("__ior__")
+    del _changed
 
 
 class EventSink(Protocol):
@@ -184,6 +223,12 @@ class BatchingSink:
         self.writer.close()
 
 
+def rank_sink(path: str | os.PathLike[str]) -> BatchingSink:
+    """The sink a DDP rank process writes its events through: its own JSONL file, flushed by a
+    background thread every `RANK_FLUSH_INTERVAL_S` (the launcher's follower forwards the file)."""
+    return BatchingSink(JsonlWriter(path), flush_interval_s=RANK_FLUSH_INTERVAL_S)
+
+
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """All events of a JSONL file (one object per line)."""
     with open(path, encoding="utf-8") as fh:
@@ -193,21 +238,30 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 class JsonlTail:
     """Reads the complete lines appended to a JSONL file since the last call.
 
-    Used by the DDP launcher to forward the events each rank process writes to its own file.
+    Used by the DDP launcher to forward the events each rank process writes to its own file. The
+    file stays open between calls (a read is then one `read()`); each event comes back as a
+    `RawEvent` holding its line.
     """
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
-        self._pos = 0
+        self._fh = None
         self._partial = b""
 
-    def read_new(self) -> Iterable[dict[str, Any]]:
-        if not self.path.exists():
+    def read_new(self) -> list[dict[str, Any]]:
+        if self._fh is None:
+            try:
+                self._fh = open(self.path, "rb")
+            except FileNotFoundError:
+                return []
+        data = self._fh.read()
+        if not data:
             return []
-        with open(self.path, "rb") as fh:
-            fh.seek(self._pos)
-            data = fh.read()
-        self._pos += len(data)
         data = self._partial + data
         *lines, self._partial = data.split(b"\n")
-        return [json.loads(line) for line in lines if line.strip()]
+        return [RawEvent(json.loads(line), line) for line in lines if line.strip()]
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None

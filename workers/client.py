@@ -170,6 +170,21 @@ class DdpvizClient:
         entries = self.redis.xrevrange(keys.events(run_id), max="+", min="-", count=count)
         return decode_entries(entries[::-1])
 
+    # -- retention --------------------------------------------------------------------------
+
+    def pin(self, run_id: str, pinned: bool = True) -> bool:
+        """Pin a run (retention never deletes it) or unpin it. False if there is no such run."""
+        from workers.retention import set_pinned
+
+        return set_pinned(self.redis, run_id, pinned)
+
+    def retention_policy(self) -> dict[str, Any] | None:
+        """The policy workers last published: {keep_runs, keep_days, worker, ts, text}, or None
+        when no worker has (see `workers.retention`)."""
+        from workers.retention import read_policy
+
+        return read_policy(self.redis)
+
     # -- cancelling -------------------------------------------------------------------------
 
     def cancel(self, run_id: str, reason: str = "canceled by user") -> str:
