@@ -11,11 +11,14 @@ writes them in batches (at most `max_batch` events or every `flush_interval_s`).
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
 from pathlib import Path
 from typing import Any, Iterable, Protocol
+
+import orjson
 
 # How long an event may wait in a rank's BatchingSink before it is written to the rank's file. The
 # launcher's follower reads those files every `engine.launcher.FOLLOW_INTERVAL_S` and the worker's
@@ -26,6 +29,43 @@ RANK_FLUSH_INTERVAL_S = 0.02
 
 EVENT_TYPES = ("run_started", "step", "bucket", "dp_phase", "memory", "comm_volume", "eval", "sync",
                "log", "run_finished")
+
+
+def _jsonable(obj: Any) -> Any:
+    """Fallback for the encoder: numpy/torch scalars via .item(), sets as lists, else str."""
+    if hasattr(obj, "item"):
+        try:
+            return obj.item()
+        except (TypeError, ValueError):
+            pass
+    if isinstance(obj, (set, frozenset)):
+        return list(obj)
+    return str(obj)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def encode_json(obj: Any) -> bytes:
+    """Compact strict JSON in UTF-8 (orjson): NaN and ±inf become null (browsers reject NaN),
+    dict keys become strings, numpy/torch scalars their `.item()`."""
+    try:
+        return orjson.dumps(obj, default=_jsonable, option=orjson.OPT_NON_STR_KEYS)
+    except orjson.JSONEncodeError:  # e.g. an int beyond 64 bits: the standard library's way
+        return json.dumps(_finite(json.loads(json.dumps(obj, default=_jsonable))),
+                          separators=(",", ":"), allow_nan=False).encode()
+
+
+def decode_json(raw: bytes | str) -> Any:
+    """The object a JSON document holds (orjson; `encode_json`'s inverse)."""
+    return orjson.loads(raw)
 
 
 def make_event(type_: str, run_id: str, **fields: Any) -> dict[str, Any]:
@@ -106,15 +146,16 @@ class ListSink:
 
 
 class JsonlWriter:
-    """Appends events as JSON lines to `path` (one object per line, flushed per batch)."""
+    """Appends events as JSON lines to `path` (one `encode_json` object per line, flushed per
+    batch)."""
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.path, "a", encoding="utf-8")
+        self._fh = open(self.path, "ab")
 
     def write_batch(self, events: list[dict[str, Any]]) -> None:
-        self._fh.write("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in events))
+        self._fh.write(b"".join(encode_json(e) + b"\n" for e in events))
         self._fh.flush()
 
     def emit(self, event: dict[str, Any]) -> None:
@@ -259,7 +300,7 @@ class JsonlTail:
             return []
         data = self._partial + data
         *lines, self._partial = data.split(b"\n")
-        return [RawEvent(json.loads(line), line) for line in lines if line.strip()]
+        return [RawEvent(decode_json(line), line) for line in lines if line.strip()]
 
     def close(self) -> None:
         if self._fh is not None:

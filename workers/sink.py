@@ -18,15 +18,14 @@ it could not write, in order, and writes it first once Redis answers again. Past
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import time
 from collections import deque
 from typing import Any
 
 import redis
 
+from engine.events import decode_json, encode_json
 from workers import keys
 
 # Events kept per run. A 150-step DDP run on 2 ranks emits ~2 K events; 100 K keeps every event
@@ -54,45 +53,17 @@ return #ARGV - 1
 log = logging.getLogger("ddpviz.worker")
 
 
-def _jsonable(obj: Any) -> Any:
-    """Fallback for json.dumps: numpy/torch scalars via .item(), sets as lists, else str."""
-    if hasattr(obj, "item"):
-        try:
-            return obj.item()
-        except (TypeError, ValueError):
-            pass
-    if isinstance(obj, (set, frozenset, tuple)):
-        return list(obj)
-    return str(obj)
-
-
-def _finite(obj: Any) -> Any:
-    """NaN and ±inf become None, so the stored JSON is strict (browsers reject NaN)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_finite(v) for v in obj]
-    return obj
-
-
 def encode_event(event: dict[str, Any]) -> bytes:
-    """The stored form of one event: compact strict JSON, UTF-8.
+    """The stored form of one event: compact strict JSON, UTF-8 (`engine.events.encode_json`).
 
     An `engine.events.RawEvent` read from a rank's file is stored as the line it was read from
-    (the same compact JSON this function writes) unless that line holds a NaN or an infinity,
-    which strict JSON has no word for.
+    (written by the same encoder) unless that line holds a NaN or an infinity, which strict JSON
+    has no word for.
     """
     raw = getattr(event, "raw", None)
     if raw is not None and b"NaN" not in raw and b"Infinity" not in raw:
         return raw
-    try:
-        text = json.dumps(event, separators=(",", ":"), default=_jsonable, allow_nan=False)
-    except ValueError:  # a NaN/inf somewhere (a diverged loss): store it as null
-        text = json.dumps(_finite(json.loads(json.dumps(event, default=_jsonable))),
-                          separators=(",", ":"), allow_nan=False)
-    return text.encode()
+    return encode_json(event)
 
 
 def decode_entries(entries: list[tuple[bytes, dict[bytes, bytes]]]) -> list[dict[str, Any]]:
@@ -101,7 +72,7 @@ def decode_entries(entries: list[tuple[bytes, dict[bytes, bytes]]]) -> list[dict
     for _, fields in entries:
         raw = fields.get(keys.EVENT_FIELD)
         if raw is not None:
-            out.append(json.loads(raw))
+            out.append(decode_json(raw))
     return out
 
 

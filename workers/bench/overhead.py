@@ -114,3 +114,19 @@ def measure_overhead(config: dict[str, Any], rounds: int) -> dict[str, Any]:
             "ddpviz_step_ms": [round(i * 1e3, 3) for i in inst],
             "config": {k: cfg[k] for k in ("model", "width", "depth", "global_batch_size", "steps",
                                            "bucket_cap_mb", "world_size")}}
+
+
+EMIT_EVENTS = 20_000
+
+
+def emit_cost_us() -> float:
+    """Microseconds the training loop spends per emitted event (`BatchingSink.emit` + make_event)."""
+    from engine.events import BatchingSink, ListSink, make_event
+
+    sink = BatchingSink(ListSink())
+    t0 = time.perf_counter()
+    for i in range(EMIT_EVENTS):
+        sink.emit(make_event("step", "bench", step=i, loss=0.0))
+    emit_s = time.perf_counter() - t0
+    sink.close()
+    return round(emit_s / EMIT_EVENTS * 1e6, 3)

@@ -14,6 +14,7 @@ from typing import Any
 from workers import keys
 
 READ_CHUNK = 10_000
+BENCH_WORKER = "ddpviz-bench"  # the worker name the bench's runs carry
 
 # The Launch page's defaults (engine.config.RunConfig), shortened: what a person first watches.
 DEMO_CONFIG: dict[str, Any] = dict(model="mlp", dataset="digits", width=128, depth=3,
@@ -33,7 +34,7 @@ def run_here(redis, config: dict[str, Any], label: str, group: str | None = None
     cfg = validate_config(config)
     run_id = new_run_id()
     RunStore(redis).create(run_id, cfg.to_json_dict(), label=label, group=group)
-    return run_id, run_job(redis, run_id, worker_name="ddpviz-bench")
+    return run_id, run_job(redis, run_id, worker_name=BENCH_WORKER)
 
 
 def stream_entries(redis, run_id: str) -> list[tuple[str, dict[str, Any]]]:
@@ -50,3 +51,15 @@ def stream_entries(redis, run_id: str) -> list[tuple[str, dict[str, Any]]]:
 def stream_bytes(redis, run_id: str) -> int:
     """Bytes Redis uses for the run's stream (MEMORY USAGE ... SAMPLES 0: every node counted)."""
     return int(redis.memory_usage(keys.events(run_id), samples=0) or 0)
+
+
+def bench_heartbeat(redis, ttl_s: int = 3600) -> None:
+    """A heartbeat hash for `BENCH_WORKER`, so readers (`workers.liveness`) do not mark the
+    bench's started runs lost while it measures them."""
+    import os
+    import socket
+    import time
+
+    redis.hset(keys.worker(BENCH_WORKER), mapping={"name": BENCH_WORKER, "host": socket.gethostname(),
+                                                   "pid": os.getpid(), "ts": repr(time.time())})
+    redis.expire(keys.worker(BENCH_WORKER), ttl_s)
