@@ -78,8 +78,14 @@ class RunWindow:
         self.polled_at = time.monotonic()
         self.run = client.get_run(self.run_id) or self.run
         terminal = self.status in TERMINAL
-        got = self._open(client) if self.last_id == "0-0" else 0
-        for _ in range(self.max_batches):
+        got, batches = 0, self.max_batches
+        if self.last_id == "0-0":
+            got, caught_up = self._open(client)
+            batches -= 1
+            if caught_up:  # the head held the whole stream
+                self.done = terminal
+                return got
+        for _ in range(batches):
             events, last_id = client.read_events(self.run_id, after_id=self.last_id,
                                                  count=self.batch)
             self.ingest(events)
@@ -91,20 +97,24 @@ class RunWindow:
                 break
         return got
 
-    def _open(self, client: EventReader) -> int:
-        """First read: the stream's head, then (if there is more) only its tail; returns events read."""
+    def _open(self, client: EventReader) -> tuple[int, bool]:
+        """First read: the stream's head, then (if there is more) only its tail.
+
+        Returns:
+            (events read, whether the head held the whole stream).
+        """
         head, last_id = client.read_events(self.run_id, after_id="0-0", count=self.batch)
         self.ingest(head)
         self.last_id = last_id or self.last_id
         read_tail = getattr(client, "read_tail", None)
         if len(head) < self.batch or read_tail is None:
-            return len(head)
+            return len(head), len(head) < self.batch
         steps_seen = len({e["step"] for e in head if isinstance(e.get("step"), int)}) or 1
         want = min(TAIL_MAX_EVENTS, self.batch + len(head) * (self.max_steps + 1) // steps_seen)
         tail, tail_id = read_tail(self.run_id, after_id=self.last_id, count=want)
         self.ingest(tail)
         self.last_id = tail_id or self.last_id
-        return len(head) + len(tail)
+        return len(head) + len(tail), False
 
     def ingest(self, events: list[dict[str, Any]]) -> None:
         """Add events (in stream order) and trim the windows."""
