@@ -33,7 +33,7 @@ DEFAULT_KEEP_RUNS = 500  # ~1 MiB each for a typical demo run: Redis stays well 
 DEFAULT_KEEP_DAYS = 0.0  # off: age alone deletes nothing unless asked
 DAY_S = 86_400.0
 ACTIVE_STATUSES = (b"queued", b"started")
-RETENTION_KEY = keys.PREFIX + "retention"  # hash: keep_runs, keep_days, worker, ts
+RETENTION_KEY = keys.RETENTION  # hash: keep_runs, keep_days, worker, ts
 
 
 class RetentionError(ValueError):
