@@ -80,7 +80,7 @@ def actions(client, status: dict[str, str], selected: list[str],
     active = [rid for rid in selected if status.get(rid) in ACTIVE]
     ended = [rid for rid in selected if status.get(rid) not in ACTIVE]
     lost = [rid for rid in selected if status.get(rid) == "lost"]
-    cols = st.columns(7)
+    cols = st.columns([1, 1, 1.3, 1, 1.2, 0.8, 1])  # the longer labels get the room
     if cols[0].button("Open in Live", key="open_live", disabled=not 1 <= len(selected) <= 2,
                       help="select one or two rows", width="stretch"):
         st.session_state["live_runs"] = selected
