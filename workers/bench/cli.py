@@ -28,7 +28,6 @@ def _say(message: str) -> None:
 
 def run_bench(plan: F.Plan, only: tuple[str, ...] = ALL) -> dict[str, Any]:
     """Measure the figures in `only`; returns the record (see `workers.bench.report`)."""
-    from workers.bench import browser
     from workers.bench.runs import bench_heartbeat
     from workers.connection import EmbeddedRedis, connect
 
@@ -91,7 +90,8 @@ def _app_figures(redis, url: str, plan: F.Plan, only, figs: dict, work: Path) ->
                     redis, app_url, pid, plan.feed_steps, plan.feed_interval_s), _say)
             if "4" in only:
                 try:
-                    first_chart = browser.measure_first_chart(app_url, sets)
+                    first_chart = browser.measure_first_chart(
+                        app_url, [s for s in sets if s["events"] in plan.first_chart_sizes])
                 except Exception as exc:
                     why_not = f"{type(exc).__name__}: {exc}"
     elif "2" in only:

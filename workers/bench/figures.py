@@ -30,6 +30,7 @@ class Plan:
     flood_rate_per_s: float = 60_000.0  # figure 3: offered events/s, both ranks together
     flood_s: float = 30.0
     app_sizes: tuple[int, ...] = (1_000, 10_000, 100_000)  # figure 4: events per run
+    first_chart_sizes: tuple[int, ...] = (1_000, 10_000, 100_000)  # figure 4: opened in Chromium
     feed_steps: int = 80  # figure 2: steps fed to the Live page
     feed_interval_s: float = 0.25
     overhead_configs: list[dict[str, Any]] = field(default_factory=lambda: [
@@ -44,10 +45,11 @@ class Plan:
 
     @classmethod
     def quick_plan(cls) -> "Plan":
-        return cls(quick=True, latency_steps=60, flood_s=5.0, feed_steps=20, feed_interval_s=0.3,
+        return cls(quick=True, latency_steps=60, flood_s=5.0, first_chart_sizes=(1_000, 100_000),
+                   feed_steps=20, feed_interval_s=0.25,
                    overhead_configs=[dict(model="mlp", width=128, depth=3, global_batch_size=64, steps=60)],
                    overhead_rounds=1, throughput_names=("mlp-digits",), throughput_steps=30,
-                   world_sizes=(1, 2), growth_runs=12, keep_runs=4)
+                   world_sizes=(2,), growth_runs=12, keep_runs=4)
 
 
 def run_figure(key: str, fn: Callable[[], dict[str, Any]], say: Callable[[str], None]) -> dict[str, Any]:
