@@ -79,6 +79,7 @@ class _Follower(threading.Thread):
         self.workdir, self.nproc, self.out, self.should_stop = workdir, nproc, out, should_stop
         self.done = threading.Event()
         self.canceled = False
+        self.killed: set[int] = set()
 
     def pump(self) -> None:
         for t in self.tails:
@@ -86,15 +87,21 @@ class _Follower(threading.Thread):
                 self.out.emit(e)
 
     def kill_ranks(self) -> None:
+        """SIGKILL every rank that has started and was not killed yet (each pid once, so a
+        pid the OS hands out again later is never hit)."""
         for info in _local_infos(self.workdir, self.nproc).values():
-            with contextlib.suppress(Exception):
-                os.kill(int(info["pid"]), signal.SIGKILL)
+            pid = int(info["pid"])
+            if pid not in self.killed:
+                self.killed.add(pid)
+                with contextlib.suppress(Exception):
+                    os.kill(pid, signal.SIGKILL)
 
     def run(self) -> None:
         while not self.done.wait(FOLLOW_INTERVAL_S):
             self.pump()
             if not self.canceled and self.should_stop is not None and self.should_stop():
                 self.canceled = True
+            if self.canceled:  # every pass: a rank that starts after the cancel is stopped too
                 self.kill_ranks()
 
     def finish(self) -> None:
