@@ -118,6 +118,7 @@ class RunWindow:
 
     def ingest(self, events: list[dict[str, Any]]) -> None:
         """Add events (in stream order) and trim the windows."""
+        by_type, latest = self.events, self.latest_step  # locals: this loop sees every event read
         for e in events:
             t = e.get("type")
             if t == "run_started":
@@ -125,9 +126,14 @@ class RunWindow:
             elif t == "run_finished":
                 self.finished = e
             else:
-                self.events.setdefault(t, []).append(e)
-                if isinstance(e.get("step"), int) and t != "eval":
-                    self.latest_step = max(self.latest_step, e["step"])
+                kept = by_type.get(t)
+                if kept is None:
+                    kept = by_type[t] = []
+                kept.append(e)
+                step = e.get("step")
+                if type(step) is int and step > latest and t != "eval":
+                    latest = step
+        self.latest_step = latest
         self._trim()
 
     def _trim(self) -> None:

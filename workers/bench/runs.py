@@ -34,7 +34,9 @@ def run_here(redis, config: dict[str, Any], label: str, group: str | None = None
     cfg = validate_config(config)
     run_id = new_run_id()
     RunStore(redis).create(run_id, cfg.to_json_dict(), label=label, group=group)
-    return run_id, run_job(redis, run_id, worker_name=BENCH_WORKER)
+    status = run_job(redis, run_id, worker_name=BENCH_WORKER)
+    bench_heartbeat(redis)  # run_job left the worker's hash on the heartbeat's short TTL
+    return run_id, status
 
 
 def stream_entries(redis, run_id: str) -> list[tuple[str, dict[str, Any]]]:
