@@ -131,3 +131,17 @@ def test_markdown_has_a_row_per_figure_with_its_target_and_verdict():
     assert "| p95 <= 150 ms, DDP and DP | **not met** |" in md
     assert "| 6 | Bucket busbw / probe busbw | not measured: no probe |" in md
     assert "busy machine" not in md
+
+
+def test_figure_4_judges_growth_past_the_window_size():
+    from workers.bench.figures import figure_4
+
+    def at(ms):
+        return {"open": {"read_ms": ms, "frames_ms": 0.0, "charts_ms": 0.0},
+                "refresh": {"read_ms": 1.0, "frames_ms": 0.0, "charts_ms": 0.0}}
+
+    # 1 K -> 10 K grows 10x (the window fills), 10 K -> 100 K only 1.1x: log(1.1)/log(10) = 0.041
+    fig = figure_4({"pages": {"live": {"1000": at(10), "10000": at(100), "100000": at(110)}}}, None, None)
+    assert fig["growth_span"] == [10_000, 100_000]
+    assert fig["growth_exponent"] == pytest.approx(0.041, abs=1e-3) and fig["met"] is True
+    assert fig["growth_from_smallest_by_page"]["live"] == pytest.approx(0.521, abs=1e-3)
