@@ -210,7 +210,7 @@ def comm_volume_frame(events: Iterable[Event]) -> pd.DataFrame:
 
 
 RUN_COLUMNS = ["run_id", "label", "mode", "model", "world_size", "status", "samples_per_s",
-               "created"]
+               "created", "pinned"]
 
 
 def runs_frame(runs: Iterable[dict[str, Any]]) -> pd.DataFrame:
@@ -226,7 +226,8 @@ def runs_frame(runs: Iterable[dict[str, Any]]) -> pd.DataFrame:
             "run_id": r["run_id"], "label": r.get("label") or "", "mode": cfg.get("mode"),
             "model": cfg.get("model"), "world_size": cfg.get("world_size"),
             "status": r.get("status"), "samples_per_s": summary.get("samples_per_s"),
-            "created": pd.Timestamp.fromtimestamp(created) if created else pd.NaT})
+            "created": pd.Timestamp.fromtimestamp(created) if created else pd.NaT,
+            "pinned": bool(r.get("pinned"))})
     df = pd.DataFrame(rows, columns=RUN_COLUMNS)
     return df.sort_values("created", ascending=False, na_position="last").reset_index(drop=True)
 

@@ -1,7 +1,7 @@
 """The Live page's panels. Each draws from `RunWindow`s (bounded, already read) and never blocks.
 
 `app/views/live.py` wraps each in its own `st.fragment(run_every=...)`; every panel first calls
-`refresh`, which reads new events at most twice a second whichever panel asks first.
+`refresh`, which reads new events at most every `POLL_INTERVAL_S` whichever panel asks first.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from app import charts, frames
 from app.outage import REDIS_DOWN, show_outage
 from app.window import TERMINAL, RunWindow
 
-POLL_INTERVAL_S = 0.5  # windows shared by several panels are read at most this often
+# Windows shared by several panels are read at most this often: below the status panel's
+# period (app/views/live.STATUS_REFRESH_S), so each of its runs reads what arrived since.
+POLL_INTERVAL_S = 0.25
 # Material icons: Streamlit ships their font, so they render where no emoji font is installed.
 _BADGE = {"queued": ("gray", ":material/schedule:"), "started": ("blue", ":material/play_arrow:"),
           "finished": ("green", ":material/check_circle:"), "failed": ("red", ":material/error:"),

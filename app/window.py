@@ -7,6 +7,12 @@ the last `max_steps` steps of `step`/`memory` events, the last two steps of `buc
 Analysis pages keep more: `recent_steps` widens those per-step windows and `first_steps` also
 keeps the first steps (step 0's single DDP bucket, the rebuild after it) for good.
 Once the run is terminal and its stream is drained, `done` is True and polling stops.
+
+Opening a long run reads windows, not the whole stream: the first poll reads the stream's head
+(`run_started`, the first steps) and then only its tail, about as many events as the window keeps
+(`max_steps` steps, at the event density the head showed), with the client's `read_tail`; the
+events in between are never read. So opening a run of 100 K events costs about what opening one
+of 10 K does (`ddpviz bench`, figure 4).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import Any, Protocol
 TERMINAL = ("finished", "failed", "canceled", "lost")  # lost: its worker stopped beating
 _RECENT_STEPS = {"bucket": 2, "dp_phase": 2, "comm_volume": 2}
 _MAX_LOGS = 50
+TAIL_MAX_EVENTS = 10_000  # events a first poll reads from a stream's tail, at most
 
 
 class EventReader(Protocol):
@@ -26,6 +33,9 @@ class EventReader(Protocol):
                     ) -> tuple[list[dict[str, Any]], str]: ...
 
     def get_run(self, run_id: str) -> dict[str, Any] | None: ...
+
+    # optional: `read_tail(run_id, after_id, count) -> (events, last_id)`, the newest `count`
+    # events after `after_id`, oldest first (DdpvizClient has it; without it a window reads all)
 
 
 class RunWindow:
@@ -68,8 +78,14 @@ class RunWindow:
         self.polled_at = time.monotonic()
         self.run = client.get_run(self.run_id) or self.run
         terminal = self.status in TERMINAL
-        got = 0
-        for _ in range(self.max_batches):
+        got, batches = 0, self.max_batches
+        if self.last_id == "0-0":
+            got, caught_up = self._open(client)
+            batches -= 1
+            if caught_up:  # the head held the whole stream
+                self.done = terminal
+                return got
+        for _ in range(batches):
             events, last_id = client.read_events(self.run_id, after_id=self.last_id,
                                                  count=self.batch)
             self.ingest(events)
@@ -81,8 +97,28 @@ class RunWindow:
                 break
         return got
 
+    def _open(self, client: EventReader) -> tuple[int, bool]:
+        """First read: the stream's head, then (if there is more) only its tail.
+
+        Returns:
+            (events read, whether the head held the whole stream).
+        """
+        head, last_id = client.read_events(self.run_id, after_id="0-0", count=self.batch)
+        self.ingest(head)
+        self.last_id = last_id or self.last_id
+        read_tail = getattr(client, "read_tail", None)
+        if len(head) < self.batch or read_tail is None:
+            return len(head), len(head) < self.batch
+        steps_seen = len({e["step"] for e in head if isinstance(e.get("step"), int)}) or 1
+        want = min(TAIL_MAX_EVENTS, self.batch + len(head) * (self.max_steps + 1) // steps_seen)
+        tail, tail_id = read_tail(self.run_id, after_id=self.last_id, count=want)
+        self.ingest(tail)
+        self.last_id = tail_id or self.last_id
+        return len(head) + len(tail), False
+
     def ingest(self, events: list[dict[str, Any]]) -> None:
         """Add events (in stream order) and trim the windows."""
+        by_type, latest = self.events, self.latest_step  # locals: this loop sees every event read
         for e in events:
             t = e.get("type")
             if t == "run_started":
@@ -90,9 +126,14 @@ class RunWindow:
             elif t == "run_finished":
                 self.finished = e
             else:
-                self.events.setdefault(t, []).append(e)
-                if isinstance(e.get("step"), int) and t != "eval":
-                    self.latest_step = max(self.latest_step, e["step"])
+                kept = by_type.get(t)
+                if kept is None:
+                    kept = by_type[t] = []
+                kept.append(e)
+                step = e.get("step")
+                if type(step) is int and step > latest and t != "eval":
+                    latest = step
+        self.latest_step = latest
         self._trim()
 
     def _trim(self) -> None:

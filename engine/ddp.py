@@ -29,7 +29,7 @@ from engine.buckets import ddp_bucket_cap_arg
 from engine.comm_hook import BucketRecorder, CudaClock, HostClock, recording_hook
 from engine.config import RunConfig
 from engine.data import BatchPlan, load_dataset
-from engine.events import BatchingSink, JsonlWriter
+from engine.events import rank_sink
 from engine.faults import maybe_diverge, maybe_fail
 from engine.loop import drive
 from engine.memory import ActivationCounter, accounted_event, buffer_bytes, cuda_event, grads_bytes, \
@@ -63,7 +63,7 @@ def rank_main(cfg_dict: dict, run_id: str, workdir: str, backend: str, device_ki
     rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     wd = Path(workdir)
     (wd / f"local{local}.json").write_text(json.dumps(dict(rank=rank, pid=os.getpid(), host=host)))
-    sink = BatchingSink(JsonlWriter(wd / f"local{local}.jsonl"), flush_interval_s=0.1)
+    sink = rank_sink(wd / f"local{local}.jsonl")
     try:
         _train_rank(RunConfig(**cfg_dict), run_id, rank, wd, backend, device_kind, sink, host)
     except BaseException as exc:

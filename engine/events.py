@@ -11,14 +11,61 @@ writes them in batches (at most `max_batch` events or every `flush_interval_s`).
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
 from pathlib import Path
 from typing import Any, Iterable, Protocol
 
+import orjson
+
+# How long an event may wait in a rank's BatchingSink before it is written to the rank's file. The
+# launcher's follower reads those files every `engine.launcher.FOLLOW_INTERVAL_S` and the worker's
+# sink writes to Redis every `workers.sink.RUN_FLUSH_INTERVAL_S`: each hop adds at most its interval
+# to an event's latency (figure 1 of `ddpviz bench`), and each wake-up costs a few microseconds
+# of a background thread, never the training loop's.
+RANK_FLUSH_INTERVAL_S = 0.02
+
 EVENT_TYPES = ("run_started", "step", "bucket", "dp_phase", "memory", "comm_volume", "eval", "sync",
                "log", "allreduce_probe", "run_finished")
+
+
+def _jsonable(obj: Any) -> Any:
+    """Fallback for the encoder: numpy/torch scalars via .item(), sets as lists, else str."""
+    if hasattr(obj, "item"):
+        try:
+            return obj.item()
+        except (TypeError, ValueError):
+            pass
+    if isinstance(obj, (set, frozenset)):
+        return list(obj)
+    return str(obj)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def encode_json(obj: Any) -> bytes:
+    """Compact strict JSON in UTF-8 (orjson): NaN and ±inf become null (browsers reject NaN),
+    dict keys become strings, numpy/torch scalars their `.item()`."""
+    try:
+        return orjson.dumps(obj, default=_jsonable, option=orjson.OPT_NON_STR_KEYS)
+    except orjson.JSONEncodeError:  # e.g. an int beyond 64 bits: the standard library's way
+        return json.dumps(_finite(json.loads(json.dumps(obj, default=_jsonable))),
+                          separators=(",", ":"), allow_nan=False).encode()
+
+
+def decode_json(raw: bytes | str) -> Any:
+    """The object a JSON document holds (orjson; `encode_json`'s inverse)."""
+    return orjson.loads(raw)
 
 
 def make_event(type_: str, run_id: str, **fields: Any) -> dict[str, Any]:
@@ -26,6 +73,38 @@ def make_event(type_: str, run_id: str, **fields: Any) -> dict[str, Any]:
     if type_ not in EVENT_TYPES:
         raise ValueError(f"event type must be one of {EVENT_TYPES} (got {type_!r})")
     return {"type": type_, "run_id": run_id, "ts": time.time(), **fields}
+
+
+class RawEvent(dict):
+    """An event read back from JSON that remembers the compact JSON it came from (`raw`).
+
+    Forwarding an event from a rank's file to Redis then costs one parse (the summary builder
+    needs the dict) and no second encoding (`workers.sink.encode_event` reuses `raw`). Any change
+    to the dict forgets `raw`, so what is stored is always the dict as it is now.
+    """
+
+    __slots__ = ("raw",)
+
+    def __init__(self, fields: dict[str, Any], raw: bytes | None = None):
+        super().__init__(fields)
+        self.raw = raw
+
+    def _changed(name):  # noqa: N805  (a decorator factory used in the class body only)
+        def method(self, *args, **kwargs):
+            self.raw = None
+            return getattr(dict, name)(self, *args, **kwargs)
+        method.__name__ = name
+        return method
+
+    __setitem__ = _changed("__setitem__")
+    __delitem__ = _changed("__delitem__")
+    update = _changed("update")
+    setdefault = _changed("setdefault")
+    pop = _changed("pop")
+    popitem = _changed("popitem")
+    clear = _changed("clear")
+    __ior__ = _changed("__ior__")
+    del _changed
 
 
 class EventSink(Protocol):
@@ -67,15 +146,16 @@ class ListSink:
 
 
 class JsonlWriter:
-    """Appends events as JSON lines to `path` (one object per line, flushed per batch)."""
+    """Appends events as JSON lines to `path` (one `encode_json` object per line, flushed per
+    batch)."""
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.path, "a", encoding="utf-8")
+        self._fh = open(self.path, "ab")
 
     def write_batch(self, events: list[dict[str, Any]]) -> None:
-        self._fh.write("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in events))
+        self._fh.write(b"".join(encode_json(e) + b"\n" for e in events))
         self._fh.flush()
 
     def emit(self, event: dict[str, Any]) -> None:
@@ -184,6 +264,12 @@ class BatchingSink:
         self.writer.close()
 
 
+def rank_sink(path: str | os.PathLike[str]) -> BatchingSink:
+    """The sink a DDP rank process writes its events through: its own JSONL file, flushed by a
+    background thread every `RANK_FLUSH_INTERVAL_S` (the launcher's follower forwards the file)."""
+    return BatchingSink(JsonlWriter(path), flush_interval_s=RANK_FLUSH_INTERVAL_S)
+
+
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """All events of a JSONL file (one object per line)."""
     with open(path, encoding="utf-8") as fh:
@@ -193,21 +279,30 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 class JsonlTail:
     """Reads the complete lines appended to a JSONL file since the last call.
 
-    Used by the DDP launcher to forward the events each rank process writes to its own file.
+    Used by the DDP launcher to forward the events each rank process writes to its own file. The
+    file stays open between calls (a read is then one `read()`); each event comes back as a
+    `RawEvent` holding its line.
     """
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
-        self._pos = 0
+        self._fh = None
         self._partial = b""
 
-    def read_new(self) -> Iterable[dict[str, Any]]:
-        if not self.path.exists():
+    def read_new(self) -> list[dict[str, Any]]:
+        if self._fh is None:
+            try:
+                self._fh = open(self.path, "rb")
+            except FileNotFoundError:
+                return []
+        data = self._fh.read()
+        if not data:
             return []
-        with open(self.path, "rb") as fh:
-            fh.seek(self._pos)
-            data = fh.read()
-        self._pos += len(data)
         data = self._partial + data
         *lines, self._partial = data.split(b"\n")
-        return [json.loads(line) for line in lines if line.strip()]
+        return [RawEvent(decode_json(line), line) for line in lines if line.strip()]
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None

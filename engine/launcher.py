@@ -28,7 +28,10 @@ from engine.devices import DevicePlan
 from engine.events import JsonlTail
 from engine.loop import Canceled
 
-FOLLOW_INTERVAL_S = 0.1  # how often rank event files are read and should_stop is polled
+# How often rank event files are read and should_stop is polled: one hop of an event's way to
+# Redis (see engine.events.RANK_FLUSH_INTERVAL_S). A read of an open file that has not grown is
+# one read() syscall, so a short interval costs nothing measurable.
+FOLLOW_INTERVAL_S = 0.02
 RDZV_TIMEOUT_S = 60  # rendezvous must complete within this many seconds
 
 
@@ -76,6 +79,7 @@ class _Follower(threading.Thread):
         self.workdir, self.nproc, self.out, self.should_stop = workdir, nproc, out, should_stop
         self.done = threading.Event()
         self.canceled = False
+        self.killed: set[int] = set()
 
     def pump(self) -> None:
         for t in self.tails:
@@ -83,16 +87,33 @@ class _Follower(threading.Thread):
                 self.out.emit(e)
 
     def kill_ranks(self) -> None:
+        """SIGKILL every rank that has started and was not killed yet (each pid once, so a
+        pid the OS hands out again later is never hit)."""
         for info in _local_infos(self.workdir, self.nproc).values():
-            with contextlib.suppress(Exception):
-                os.kill(int(info["pid"]), signal.SIGKILL)
+            pid = int(info["pid"])
+            if pid not in self.killed:
+                self.killed.add(pid)
+                with contextlib.suppress(Exception):
+                    os.kill(pid, signal.SIGKILL)
 
     def run(self) -> None:
         while not self.done.wait(FOLLOW_INTERVAL_S):
             self.pump()
             if not self.canceled and self.should_stop is not None and self.should_stop():
                 self.canceled = True
+            if self.canceled:  # every pass: a rank that starts after the cancel is stopped too
                 self.kill_ranks()
+
+    def finish(self) -> None:
+        """Stop the thread, forward what the ranks wrote last, close the files."""
+        self.done.set()
+        self.join()
+        self.pump()
+        for t in self.tails:
+            t.close()
+
+
+RankFollower = _Follower  # the bench drives the real forwarding path with stand-in ranks
 
 
 def _local_infos(workdir: Path, nproc: int) -> dict[int, dict]:
@@ -184,9 +205,7 @@ def launch_ddp(cfg: RunConfig, plan: DevicePlan, out, run_id: str,
         failure = None
     except Exception as exc:  # ChildFailedError, or the agent's own (rendezvous) errors
         failure = exc
-    follower.done.set()
-    follower.join()
-    follower.pump()
+    follower.finish()
     if follower.canceled:
         raise Canceled("canceled: every rank process was stopped")
     if failure is not None:

@@ -147,6 +147,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
     for var, value in ((ADVERTISE_ENV, args.advertise_addr), (RDZV_PORTS_ENV, args.rdzv_ports)):
         if value:  # read by this worker's multi-host node jobs (workers.node_job)
             os.environ[var] = value
+    from workers.retention import KEEP_DAYS_ENV, KEEP_RUNS_ENV, RetentionError, RetentionPolicy
+
+    for var, value in ((KEEP_RUNS_ENV, args.keep_runs), (KEEP_DAYS_ENV, args.keep_days)):
+        if value is not None:  # read by the worker and its work-horses (workers.retention)
+            os.environ[var] = str(value)
+    try:
+        RetentionPolicy.from_env()
+    except RetentionError as exc:
+        _err(str(exc))
+        return EXIT_REFUSED
 
     try:
         run_worker(args.url, name=args.name, burst=args.burst)
@@ -305,6 +315,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rdzv-ports", default=None, metavar="LOW-HIGH",
                    help="ports this host may serve a multi-host run's rendezvous on "
                         "(default: $DDPVIZ_RDZV_PORTS, else any free port)")
+    p.add_argument("--keep-runs", type=int, default=None, metavar="N",
+                   help="retention: keep the newest N runs, delete older ones after each run "
+                        "(default $DDPVIZ_KEEP_RUNS or 500; 0 = no limit; pinned runs are kept)")
+    p.add_argument("--keep-days", type=float, default=None, metavar="D",
+                   help="retention: delete runs created more than D days ago (default "
+                        "$DDPVIZ_KEEP_DAYS or 0 = no limit; pinned runs are kept)")
 
     p = command("runs", cmd_runs, "list recent runs")
     p.add_argument("--limit", type=int, default=20)

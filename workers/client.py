@@ -163,12 +163,41 @@ class DdpvizClient:
             return [], after_id
         return decode_entries(entries), entries[-1][0].decode()
 
+    def read_tail(self, run_id: str, after_id: str = "0-0",
+                  count: int = 2000) -> tuple[list[dict[str, Any]], str]:
+        """The newest `count` events stored after stream id `after_id` (exclusive), oldest first:
+        one XREVRANGE, however long the stream (the app opens long runs with it).
+
+        Returns:
+            (events, last_id): last_id is the id of the newest event, or `after_id` when there
+            is nothing after it.
+        """
+        entries = self.redis.xrevrange(keys.events(run_id), max="+", min=f"({after_id}", count=count)
+        if not entries:
+            return [], after_id
+        return decode_entries(entries[::-1]), entries[0][0].decode()
+
     def tail_events(self, run_id: str, count: int) -> list[dict[str, Any]]:
         """The last `count` events of the run, oldest first."""
         if count <= 0:
             return []
         entries = self.redis.xrevrange(keys.events(run_id), max="+", min="-", count=count)
         return decode_entries(entries[::-1])
+
+    # -- retention --------------------------------------------------------------------------
+
+    def pin(self, run_id: str, pinned: bool = True) -> bool:
+        """Pin a run (retention never deletes it) or unpin it. False if there is no such run."""
+        from workers.retention import set_pinned
+
+        return set_pinned(self.redis, run_id, pinned)
+
+    def retention_policy(self) -> dict[str, Any] | None:
+        """The policy workers last published: {keep_runs, keep_days, worker, ts, text}, or None
+        when no worker has (see `workers.retention`)."""
+        from workers.retention import read_policy
+
+        return read_policy(self.redis)
 
     # -- cancelling -------------------------------------------------------------------------
 

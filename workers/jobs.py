@@ -155,7 +155,11 @@ def run_job(connection: redis.Redis, run_id: str, *, worker_name: str,
     set_current_run(connection, worker_name, run_id)
     status, error, summary, reported = _train(store, cfg, run_id, workdir,
                                               record.get("timeout_s") or JOB_TIMEOUT_S)
-    return _record_end(store, run_id, status, error, summary, reported)
+    final = _record_end(store, run_id, status, error, summary, reported)
+    from workers.retention import retain_quietly
+
+    retain_quietly(connection, worker_name)  # old runs go once this one has ended
+    return final
 
 
 def _record_end(store: RunStore, run_id: str, status: RunStatus, error: dict | None,
@@ -208,12 +212,10 @@ def _lease_gpus(store: RunStore, cfg: Any, run_id: str, poller: StopPoller, sink
 def _train(store: RunStore, cfg: Any, run_id: str, workdir: str | Path | None,
            time_limit_s: float):
     """Run the engine. Returns (status, error, summary, engine_reported_run_finished)."""
-    from engine.events import BatchingSink
     from engine.run import run_training  # imports torch: only in the work-horse
-    from workers.sink import RedisStreamWriter
+    from workers.sink import run_sink
 
-    writer = RedisStreamWriter(store.redis, run_id, store.stream_maxlen)
-    sink = BatchingSink(writer)
+    sink, writer = run_sink(store.redis, run_id, store.stream_maxlen)
     poll_client = fast_fail(store.redis)
     poller = StopPoller(RunStore(poll_client), run_id, CANCEL_POLL_INTERVAL_S,
                         time_limit_s=time_limit_s, writer=writer)

@@ -16,6 +16,7 @@ Layout:
 | ``ddpviz:worker:{name}`` | hash | a worker's heartbeat (expires unless refreshed) |
 | ``ddpviz:workers`` | set | names of workers that have sent a heartbeat |
 | ``ddpviz:nodes:{run_id}`` | hash | per-node state of a multi-host run (see `workers.nodes`) |
+| ``ddpviz:retention`` | hash | the retention policy workers apply (see `workers.retention`) |
 
 Each worker also serves its own RQ queue ``ddpviz:node:{name}``, where `workers.multinode` puts
 the node jobs of multi-host runs.
@@ -30,6 +31,7 @@ RQ_KEY_PREFIX = PREFIX + "rq"  # RQ's keys become ddpviz:rq:queue:ddpviz, ddpviz
 RUNS = PREFIX + "runs"
 WORKERS = PREFIX + "workers"
 STARTED = PREFIX + "started"
+RETENTION = PREFIX + "retention"
 
 EVENT_FIELD = b"e"  # the single stream field holding an event's JSON
 

@@ -33,7 +33,7 @@ from workers.jobs import CancelPoller, default_worker_name
 from workers.multinode import node_job_id
 from workers.nodes import POLL_S, NodeState, settle_when_all_report, update_record_hosts
 from workers.reaper import RUN_ENV_VAR
-from workers.sink import DEFAULT_STREAM_MAXLEN, RedisStreamWriter
+from workers.sink import DEFAULT_STREAM_MAXLEN, run_sink
 from workers.store import FROM_ENGINE, TERMINAL, RunStatus, RunStore, make_error
 
 ADVERTISE_ENV = "DDPVIZ_ADVERTISE_ADDR"  # set by `ddpviz worker --advertise-addr`
@@ -113,12 +113,9 @@ class NodeSink:
 
     def __init__(self, connection: redis.Redis, run_id: str, index: int, hosts: list[dict],
                  worker: str, stop: PeerAbort, maxlen: int = DEFAULT_STREAM_MAXLEN):
-        from engine.events import BatchingSink
-
         self.redis, self.run_id, self.index, self.hosts, self.worker = connection, run_id, index, hosts, worker
         self.state, self.stop = NodeState(connection, run_id), stop
-        self.writer = RedisStreamWriter(connection, run_id, maxlen)
-        self.batched = BatchingSink(self.writer)
+        self.batched, self.writer = run_sink(connection, run_id, maxlen)
         self.ranks: set[int] = set()
 
     def emit(self, event: dict[str, Any]) -> None:

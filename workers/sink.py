@@ -5,9 +5,10 @@ capped with ``XADD ... MAXLEN ~ n``: Redis trims whole macro-nodes, so a stream 
 somewhat more than `maxlen` entries, and trimming costs O(1) amortised (see the XADD docs,
 https://redis.io/docs/latest/commands/xadd/).
 
-Use with `engine.events.BatchingSink`, which calls `write_batch` from a background thread:
+Use with `engine.events.BatchingSink`, which calls `write_batch` from a background thread
+(`run_sink` builds the pair the worker uses):
 
-    sink = BatchingSink(RedisStreamWriter(redis, run_id))
+    sink, writer = run_sink(redis, run_id)
 
 Redis going away (a restart, a network cut) loses no event within a bound: the writer keeps what
 it could not write, in order, and writes it first once Redis answers again. Past
@@ -17,15 +18,14 @@ it could not write, in order, and writes it first once Redis answers again. Past
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import time
 from collections import deque
 from typing import Any
 
 import redis
 
+from engine.events import decode_json, encode_json
 from workers import keys
 
 # Events kept per run. A 150-step DDP run on 2 ranks emits ~2 K events; 100 K keeps every event
@@ -34,42 +34,36 @@ DEFAULT_STREAM_MAXLEN = 100_000
 MAX_PENDING_EVENTS = 20_000  # kept while Redis is unreachable (~10 MB; minutes of a 2-rank run)
 OUTAGE_LIMIT_S = 300.0  # Redis unreachable longer than this fails the run
 CLOSE_TIMEOUT_S = 30.0  # close() keeps retrying what is pending this long
-WRITE_CHUNK = 512  # events per MULTI/EXEC
+WRITE_CHUNK = 512  # events per script call (or MULTI/EXEC)
+# The worker's BatchingSink writes to Redis this often (seconds): the last hop of an event's way
+# from a rank to the app (see engine.events.RANK_FLUSH_INTERVAL_S); one write per interval.
+RUN_FLUSH_INTERVAL_S = 0.02
+
+# Appends every ARGV[2..] as one entry (field `e`) of stream KEYS[1], trimmed to ~ARGV[1] entries.
+# One command carries a whole chunk: redis-py packs it once instead of once per XADD, and Redis
+# runs the script atomically, so a chunk is stored whole or not at all, as with MULTI/EXEC.
+XADD_MANY_LUA = """
+local key, maxlen = KEYS[1], ARGV[1]
+for i = 2, #ARGV do
+  redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*', 'e', ARGV[i])
+end
+return #ARGV - 1
+"""
 
 log = logging.getLogger("ddpviz.worker")
 
 
-def _jsonable(obj: Any) -> Any:
-    """Fallback for json.dumps: numpy/torch scalars via .item(), sets as lists, else str."""
-    if hasattr(obj, "item"):
-        try:
-            return obj.item()
-        except (TypeError, ValueError):
-            pass
-    if isinstance(obj, (set, frozenset, tuple)):
-        return list(obj)
-    return str(obj)
-
-
-def _finite(obj: Any) -> Any:
-    """NaN and ±inf become None, so the stored JSON is strict (browsers reject NaN)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_finite(v) for v in obj]
-    return obj
-
-
 def encode_event(event: dict[str, Any]) -> bytes:
-    """The stored form of one event: compact strict JSON, UTF-8."""
-    try:
-        text = json.dumps(event, separators=(",", ":"), default=_jsonable, allow_nan=False)
-    except ValueError:  # a NaN/inf somewhere (a diverged loss): store it as null
-        text = json.dumps(_finite(json.loads(json.dumps(event, default=_jsonable))),
-                          separators=(",", ":"), allow_nan=False)
-    return text.encode()
+    """The stored form of one event: compact strict JSON, UTF-8 (`engine.events.encode_json`).
+
+    An `engine.events.RawEvent` read from a rank's file is stored as the line it was read from
+    (written by the same encoder) unless that line holds a NaN or an infinity, which strict JSON
+    has no word for.
+    """
+    raw = getattr(event, "raw", None)
+    if raw is not None and b"NaN" not in raw and b"Infinity" not in raw:
+        return raw
+    return encode_json(event)
 
 
 def decode_entries(entries: list[tuple[bytes, dict[bytes, bytes]]]) -> list[dict[str, Any]]:
@@ -78,7 +72,7 @@ def decode_entries(entries: list[tuple[bytes, dict[bytes, bytes]]]) -> list[dict
     for _, fields in entries:
         raw = fields.get(keys.EVENT_FIELD)
         if raw is not None:
-            out.append(json.loads(raw))
+            out.append(decode_json(raw))
     return out
 
 
@@ -122,6 +116,8 @@ class RedisStreamWriter:
         self.failing_since: float | None = None  # time.monotonic() of the first failed write
         self.outages_s: list[float] = []  # length of each outage ridden out
         self.last_error: BaseException | None = None
+        self._script = redis.register_script(XADD_MANY_LUA)
+        self._use_script = True  # False once the server refuses scripts (an ACL, a renamed EVAL)
 
     def write_batch(self, events: list[dict[str, Any]]) -> None:
         """Append `events` after whatever is pending, in order; never raises for Redis errors."""
@@ -143,10 +139,7 @@ class RedisStreamWriter:
         while self.pending:
             chunk = [self.pending[i] for i in range(min(WRITE_CHUNK, len(self.pending)))]
             try:
-                pipe = self.redis.pipeline(transaction=True)
-                for event in chunk:
-                    add_event(pipe, self.run_id, event, self.maxlen)
-                pipe.execute()
+                self._write_chunk(chunk)
             except (redis.RedisError, OSError) as exc:
                 if self.failing_since is None:
                     self.failing_since = time.monotonic()
@@ -163,6 +156,22 @@ class RedisStreamWriter:
                         self.run_id, self.outages_s[-1], self.written, self.dropped)
             self.failing_since = None
         return True
+
+    def _write_chunk(self, chunk: list[dict[str, Any]]) -> None:
+        """Store `chunk` in order, whole or not at all (one script call, else one MULTI/EXEC)."""
+        if self._use_script:
+            try:
+                self._script(keys=[keys.events(self.run_id)],
+                             args=[self.maxlen, *map(encode_event, chunk)])
+                return
+            except redis.ResponseError as exc:  # NOPERM, unknown command: not an outage
+                log.info("run %s: Redis refuses scripts (%s); writing events with MULTI/EXEC",
+                         self.run_id, exc)
+                self._use_script = False
+        pipe = self.redis.pipeline(transaction=True)
+        for event in chunk:
+            add_event(pipe, self.run_id, event, self.maxlen)
+        pipe.execute()
 
     @property
     def problem(self) -> str | None:
@@ -190,3 +199,15 @@ class RedisStreamWriter:
                                    f"stored: {self.last_error}")
             time.sleep(delay_s)
             delay_s = min(delay_s * 2, 2.0)
+
+
+def run_sink(redis: redis.Redis, run_id: str, maxlen: int = DEFAULT_STREAM_MAXLEN):
+    """The sink a worker gives the engine for one run, and its writer.
+
+    Returns:
+        (`engine.events.BatchingSink` writing every `RUN_FLUSH_INTERVAL_S`, `RedisStreamWriter`).
+    """
+    from engine.events import BatchingSink
+
+    writer = RedisStreamWriter(redis, run_id, maxlen)
+    return BatchingSink(writer, flush_interval_s=RUN_FLUSH_INTERVAL_S), writer

@@ -12,7 +12,8 @@ Hash fields (all bytes; empty string = none): ``run_id``, ``status``, ``config``
 ``created_at`` / ``started_at`` / ``finished_at`` (unix seconds), ``error`` (JSON
 ``{rank, exception, traceback}``), ``summary`` (JSON, see docs/events.md), ``worker``, ``group``,
 ``label``, ``timeout_s`` (the run's time limit), ``requeued_from`` / ``requeued_as`` (run ids
-linking a re-queued run and its copy); multi-host runs also ``hosts`` (JSON list, one entry per
+linking a re-queued run and its copy), ``pinned`` ("1": kept by retention, `workers.retention`);
+multi-host runs also ``hosts`` (JSON list, one entry per
 node: worker, ranks, devices; `workers.nodes.host_plan`).
 """
 
@@ -107,6 +108,7 @@ def decode_record(h: dict[bytes, bytes]) -> dict[str, Any] | None:
         "requeued_from": text("requeued_from"),
         "requeued_as": text("requeued_as"),
         "hosts": _loads(h.get(b"hosts")),  # multi-host runs: one entry per node (workers.nodes)
+        "pinned": h.get(b"pinned") == b"1",  # kept whatever the retention policy (workers.retention)
     }
 
 

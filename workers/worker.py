@@ -272,6 +272,9 @@ def run_worker(url: str | None = None, name: str | None = None, burst: bool = Fa
     heartbeat = Heartbeat(beat_client, worker.name, lambda: _current(worker), detect_devices(),
                           gpus=GpuMonitor(), monitor=monitor.maybe_sweep)
     heartbeat.start()
+    from workers.retention import retain_quietly
+
+    retain_quietly(beat_client, worker.name)
     try:
         return worker.work(burst=burst, logging_level=logging_level, **work_kwargs)
     finally:

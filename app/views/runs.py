@@ -1,7 +1,9 @@
 """Runs page: the history (kept in Redis, so it survives restarts), filtered; act on selected rows.
 
 Select rows to open them in Live or Compare, cancel, re-run with the same config, re-queue a run
-whose worker was lost, delete, or (one row) download its events as JSONL, CSV or a Chrome trace.
+whose worker was lost, pin or unpin (retention keeps pinned runs), delete, or (one row) download
+its events as JSONL, CSV or a Chrome trace. The retention policy the workers apply is stated
+above the table.
 """
 
 from __future__ import annotations
@@ -44,17 +46,41 @@ def runs_table(df) -> list[str]:
             "samples_per_s": st.column_config.NumberColumn("samples/s", format="%.0f",
                                                            help="median over steps after warm-up"),
             "created": st.column_config.DatetimeColumn("created", format="YYYY-MM-DD HH:mm:ss"),
+            "pinned": st.column_config.CheckboxColumn("pinned", width="small",
+                                                      help="kept whatever the retention policy"),
         })
     rows = event.selection.rows if event is not None else []
     return [df["run_id"].iloc[i] for i in rows if i < len(df)]
 
 
-def actions(client, status: dict[str, str], selected: list[str]) -> None:
+def retention_note(client) -> None:
+    """What the workers' retention policy keeps (workers.retention), as the workers published it."""
+    policy = getattr(client, "retention_policy", lambda: None)()
+    if policy is None:
+        st.caption("Retention: no worker has published a policy yet, so nothing is deleted.")
+    else:
+        st.caption(f"Retention: {policy['text']} (set by worker {policy['worker']}; "
+                   f"`ddpviz worker --keep-runs N --keep-days D`).")
+
+
+def pin_button(client, col, pinned: dict[str, bool], selected: list[str]) -> None:
+    """Pin the selected runs, or unpin them when every one of them is pinned already."""
+    unpin = bool(selected) and all(pinned.get(rid) for rid in selected)
+    verb = "Unpin" if unpin else "Pin"
+    if col.button(f"{verb} {len(selected)}", key="pin_runs", disabled=not selected, width="stretch",
+                  help="pinned runs are never deleted by retention"):
+        for rid in selected:
+            client.pin(rid, not unpin)
+        st.rerun()
+
+
+def actions(client, status: dict[str, str], selected: list[str],
+            pinned: dict[str, bool] | None = None) -> None:
     """One row of buttons acting on the selected runs."""
     active = [rid for rid in selected if status.get(rid) in ACTIVE]
     ended = [rid for rid in selected if status.get(rid) not in ACTIVE]
     lost = [rid for rid in selected if status.get(rid) == "lost"]
-    cols = st.columns(6)
+    cols = st.columns([1, 1, 1.3, 1, 1.2, 0.8, 1])  # the longer labels get the room
     if cols[0].button("Open in Live", key="open_live", disabled=not 1 <= len(selected) <= 2,
                       help="select one or two rows", width="stretch"):
         st.session_state["live_runs"] = selected
@@ -79,7 +105,9 @@ def actions(client, status: dict[str, str], selected: list[str]) -> None:
         for rid in lost:
             st.toast(f"{rid} re-queued as {requeue(rid)}")
         st.rerun()
-    with cols[5].popover(f"Delete {len(ended)}", disabled=not ended, width="stretch"):
+    if hasattr(client, "pin"):
+        pin_button(client, cols[5], pinned or {}, selected)
+    with cols[6].popover(f"Delete {len(ended)}", disabled=not ended, width="stretch"):
         st.write(f"Delete {len(ended)} run(s) and their events for good?")
         if st.button("Delete", key="delete_runs", type="primary"):
             for rid in ended:
@@ -109,9 +137,11 @@ if not runs:
     st.info("No runs yet: launch one on the Launch page.")
     st.page_link("views/launch.py", label="Launch a run", icon=":material/rocket_launch:")
     st.stop()
+retention_note(client)
 shown = filters(frames.runs_frame(runs))
 selected = runs_table(shown)
-actions(client, {r["run_id"]: r.get("status") for r in runs}, selected)
+actions(client, {r["run_id"]: r.get("status") for r in runs}, selected,
+        {r["run_id"]: bool(r.get("pinned")) for r in runs})
 if len(selected) == 1:
     downloads(client, selected[0])
 st.caption(f"{len(shown)} of {len(runs)} runs shown · select rows to act on them · workers: "

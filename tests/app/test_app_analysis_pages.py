@@ -215,3 +215,22 @@ def test_outage_banner_instead_of_traceback(fake_client, app_test, monkeypatch):
         warning = " ".join(w.value for w in at.warning)
         assert "Redis at `redis://:***@db.example:6390/0` is unreachable — retrying" in warning
         assert "s3cret" not in warning
+
+
+def test_runs_page_states_the_retention_policy_and_shows_pins(real_client, app_test):
+    from workers.retention import RetentionPolicy, publish_policy
+
+    _, ids = trio(real_client)
+    at = app_test("views/runs.py")
+    _ok(at)
+    assert any("no worker has published a policy" in c.value for c in at.caption)
+    publish_policy(real_client.redis, RetentionPolicy(25, 3), "w-test")
+    assert real_client.pin(ids["dp"]) and not real_client.pin("no-such-run")
+    at = app_test("views/runs.py")
+    _ok(at)
+    note = next(c.value for c in at.caption if c.value.startswith("Retention:"))
+    assert "newest 25 runs" in note and "last 3 days" in note and "w-test" in note
+    df = at.dataframe[0].value
+    assert df.set_index("run_id")["pinned"].to_dict() == {ids["single"]: False, ids["dp"]: True,
+                                                          ids["ddp"]: False}
+    assert at.button(key="pin_runs").disabled  # nothing selected

@@ -64,3 +64,89 @@ def test_min_interval_skips_reads():
     c.streams["r"] += g.ddp_step("r", 0)
     assert w.poll(c, min_interval_s=60) == 0
     assert w.poll(c) > 0
+
+
+def _long_run(client, run_id: str, steps: int) -> list[dict]:
+    from workers.sink import RedisStreamWriter
+    from workers.store import RunStore
+
+    events = g.full_run(run_id, "ddp", steps=steps)
+    RunStore(client.redis).create(run_id, {**CFG, "steps": steps})
+    RedisStreamWriter(client.redis, run_id).write_batch(events)
+    return events
+
+
+class CountingClient:
+    """Counts the events a window reads through a real client."""
+
+    def __init__(self, client):
+        self.client, self.read = client, 0
+
+    def get_run(self, run_id):
+        return self.client.get_run(run_id)
+
+    def read_events(self, *a, **kw):
+        events, last = self.client.read_events(*a, **kw)
+        self.read += len(events)
+        return events, last
+
+    def read_tail(self, *a, **kw):
+        events, last = self.client.read_tail(*a, **kw)
+        self.read += len(events)
+        return events, last
+
+
+def test_opening_a_long_run_reads_head_and_tail_and_keeps_what_a_full_read_keeps(real_client):
+    # 400 steps x 12 events: a full read goes through all ~4,800; the window keeps the first
+    # 2 steps and the newest 20 steps (bucket details: newest 8), so head + tail suffice.
+    _long_run(real_client, "long", 400)
+    counting = CountingClient(real_client)
+    opened = RunWindow("long", max_steps=20, batch=100, recent_steps=8, first_steps=2)
+    opened.poll(counting)
+    full = RunWindow("long", max_steps=20, batch=100, recent_steps=8, first_steps=2)
+    while full.poll(FullReader(real_client)):
+        pass
+    assert opened.finished is not None and opened.latest_step == full.latest_step == 399
+    assert opened.steps_done == full.steps_done == 400
+    for t in ("step", "bucket", "memory", "comm_volume"):
+        assert opened.of_type(t) == full.of_type(t), t
+    assert {e["step"] for e in opened.of_type("bucket")} == {0, 1, *range(392, 400)}
+    # head (100) + the tail for ~21 steps at the head's density (100 events over 9 steps)
+    assert counting.read <= 100 + 100 + 100 * 21 // 9 + 1 < 4800 // 5
+
+
+class FullReader:
+    """A client without `read_tail`: the window reads the stream from the start."""
+
+    def __init__(self, client):
+        self.client = client
+
+    def get_run(self, run_id):
+        return self.client.get_run(run_id)
+
+    def read_events(self, *a, **kw):
+        return self.client.read_events(*a, **kw)
+
+
+def test_a_window_opened_on_a_short_or_running_stream_reads_on_from_the_tail(real_client):
+    from workers.sink import RedisStreamWriter
+
+    events = _long_run(real_client, "r", 3)
+    w = RunWindow("r", batch=1000)
+    w.poll(real_client)
+    assert w.latest_step == 2 and len(w.of_type("step")) == 6  # short: the head was all of it
+    more = g.ddp_step("r", 3)
+    RedisStreamWriter(real_client.redis, "r").write_batch(more)
+    assert w.poll(real_client) == len(more) and w.latest_step == 3
+    assert len(events) > 0
+
+
+def test_read_tail_returns_the_newest_events_after_an_id_oldest_first(real_client):
+    _long_run(real_client, "t", 5)
+    everything, last = real_client.read_events("t", count=10_000)
+    first_ten, after = real_client.read_events("t", count=10)
+    tail, tail_last = real_client.read_tail("t", after_id=after, count=7)
+    assert tail == everything[-7:] and tail_last == last
+    short, short_last = real_client.read_tail("t", after_id=after, count=10_000)
+    assert short == everything[10:] and short_last == last
+    assert real_client.read_tail("t", after_id=last) == ([], last)

@@ -52,3 +52,48 @@ def test_jsonl_writer_round_trip(tmp_path):
     w.close()
     (e,) = read_jsonl(tmp_path / "x.jsonl")
     assert e["type"] == "step" and e["loss"] == 1.5 and isinstance(e["ts"], float)
+
+
+def test_jsonl_tail_returns_each_event_with_the_line_it_was_read_from(tmp_path):
+    from engine.events import RawEvent
+
+    path = tmp_path / "rank0.jsonl"
+    w = JsonlWriter(path)
+    w.write_batch([make_event("step", "r", step=0, loss=0.5)])
+    tail = JsonlTail(path)
+    (e,) = tail.read_new()
+    assert isinstance(e, RawEvent) and e.raw == path.read_bytes().rstrip(b"\n")
+    assert json.loads(e.raw) == dict(e)
+    w.write_batch([make_event("step", "r", step=1)])  # the open handle sees what comes later
+    assert [x["step"] for x in tail.read_new()] == [1]
+    tail.close()
+    w.close()
+
+
+def test_a_raw_event_forgets_its_line_on_any_change():
+    from engine.events import RawEvent
+
+    changes = [lambda e: e.__setitem__("host", "h"), lambda e: e.update(host="h"),
+               lambda e: e.setdefault("host", "h"), lambda e: e.pop("step"),
+               lambda e: e.__delitem__("step"), lambda e: e.clear(), lambda e: e.popitem()]
+    for change in changes:
+        e = RawEvent({"type": "step", "step": 1}, b'{"type":"step","step":1}')
+        e.setdefault("type", "kept")  # a setdefault that changes nothing still forgets: safe side
+        e.raw = b'{"type":"step","step":1}'
+        change(e)
+        assert e.raw is None
+    e = RawEvent({"step": 1}, b'{"step":1}')
+    assert e["step"] == 1 and e.get("x") is None and e.raw == b'{"step":1}'  # reads keep it
+
+
+def test_encode_json_is_strict_json_with_string_keys():
+    import numpy as np
+
+    from engine.events import encode_json
+
+    obj = {"loss": float("nan"), "peak": float("inf"), "n": np.int64(3), "x": np.float32(0.5),
+           "by_rank": {0: 1, 1: 2}, "s": {1}, "t": (1, 2), "big": 2 ** 70}
+    got = json.loads(encode_json(obj))
+    assert got == {"loss": None, "peak": None, "n": 3, "x": 0.5, "by_rank": {"0": 1, "1": 2},
+                   "s": [1], "t": [1, 2], "big": 2 ** 70}
+    assert b"NaN" not in encode_json(obj) and b" " not in encode_json({"a": [1, 2]})

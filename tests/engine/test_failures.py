@@ -84,6 +84,17 @@ def test_cancel_stops_every_rank_process():
     assert sink.events[-1]["status"] == "canceled"
 
 
+def test_a_cancel_before_the_ranks_have_started_still_stops_them():
+    # should_stop is True from the first look, before any rank has said its pid: the ranks that
+    # start afterwards are stopped too, long before their 3,000 steps (~30 s) would end.
+    sink = ListSink()
+    result = run_training(RunConfig(**{**BASE, "steps": 3000, "step_delay_s": 0.01}), sink, "c0",
+                          should_stop=lambda: True)
+    assert result.status == "canceled"
+    assert len(sink.of_type("step")) < 2 * 3000 // 10
+    assert not children_alive()
+
+
 def test_dp_device_thread_failure_fails_the_whole_process_run():
     result, _, _ = run(mode="dp", fault="raise", fault_rank=1, fault_step=1)
     assert result.status == "failed" and result.error["rank"] == 1

@@ -115,3 +115,47 @@ def test_read_events_pages_after_the_last_id(redis_client):
     assert client.read_events("r1", last2) == ([], last2)  # unchanged when nothing new
     assert [e["step"] for e in client.tail_events("r1", 3)] == [7, 8, 9]
     assert client.tail_events("r1", 0) == []
+
+
+def test_a_forwarded_rank_line_is_stored_as_is_unless_it_holds_a_nan(tmp_path):
+    from engine.events import JsonlTail, JsonlWriter, RawEvent, encode_json
+    from workers.sink import encode_event
+
+    w = JsonlWriter(tmp_path / "r.jsonl")
+    w.write_batch([make_event("step", "r1", step=3, loss=0.25, start_ts=1.5)])
+    w.close()
+    (e,) = JsonlTail(tmp_path / "r.jsonl").read_new()
+    assert encode_event(e) is e.raw and e.raw == encode_json(dict(e))
+    nan_line = RawEvent({"type": "step", "loss": None}, b'{"type":"step","loss":NaN}')
+    assert encode_event(nan_line) == b'{"type":"step","loss":null}'
+
+
+def test_script_and_multi_exec_store_the_same_entries(redis_client):
+    sent = [make_event("bucket", "r1", step=i // 3, bucket_index=i % 3) for i in range(1200)]
+    scripted = RedisStreamWriter(redis_client, "a")
+    scripted.write_batch(sent)
+    plain = RedisStreamWriter(redis_client, "b")
+    plain._use_script = False
+    plain.write_batch(sent)
+    a = [f[b"e"] for _, f in redis_client.xrange(keys.events("a"))]
+    b = [f[b"e"] for _, f in redis_client.xrange(keys.events("b"))]
+    assert a == b and [json.loads(x) for x in a] == sent and scripted.written == 1200
+
+
+def test_a_server_that_refuses_scripts_gets_multi_exec(redis_client, redis_url):
+    from workers.connection import connect
+
+    user, password = "noscript", "pw-for-test"
+    redis_client.acl_setuser(user, enabled=True, passwords=[f"+{password}"], keys=["*"],
+                             commands=["+@all", "-@scripting"])
+    try:
+        host = redis_url.split("//", 1)[1]
+        limited = connect(f"redis://{user}:{password}@{host}")
+        writer = RedisStreamWriter(limited, "r1")
+        writer.write_batch([make_event("step", "r1", step=i) for i in range(10)])
+        assert not writer._use_script and writer.written == 10 and writer.problem is None
+        assert [json.loads(f[b"e"])["step"] for _, f in redis_client.xrange(keys.events("r1"))] == \
+            list(range(10))
+        limited.close()
+    finally:
+        redis_client.acl_deluser(user)

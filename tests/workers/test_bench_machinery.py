@@ -1,0 +1,147 @@
+"""The bench's machinery on tiny hand-made inputs (no timings asserted: speed is `ddpviz bench`'s
+job). Each expected value is worked out by hand in the test."""
+
+from __future__ import annotations
+
+import pytest
+
+from workers.bench import measured, report
+from workers.bench.browser import page_latencies_ms
+from workers.bench.flood import account, per_second_rates
+from workers.bench.latency import arrival_ms, distribution, step_latencies_ms
+
+T = 1_700_000_000.0  # a step ends at T + k (unix s)
+
+
+def _step(k: int, **extra) -> dict:
+    return {"type": "step", "step": k, "start_ts": T + k - 0.5, "step_time_s": 0.5, **extra}
+
+
+def test_latency_is_arrival_minus_step_end_for_step_events_only():
+    # step k ends at T + k s; its entry arrives 10, 20, 30 ... ms later; one bucket and one step
+    # without timing fields are skipped.
+    entries = [(f"{int((T + k) * 1000) + 10 * (k + 1)}-0", _step(k)) for k in range(5)]
+    entries += [(f"{int(T * 1000) + 999}-3", {"type": "bucket", "step": 0}),
+                (f"{int(T * 1000)}-4", {"type": "step", "step": 9})]
+    got = step_latencies_ms(entries)
+    assert got == pytest.approx([10, 20, 30, 40, 50])
+    d = distribution(got)
+    # numpy's linear interpolation: p50 = 30; p95 = 40 + 0.8 * 10 = 48
+    assert (d["n"], d["p50_ms"], d["p95_ms"], d["max_ms"]) == (5, 30.0, pytest.approx(48.0), 50.0)
+    assert distribution([])["p95_ms"] is None
+
+
+def test_arrival_is_the_ms_part_of_the_entry_id_and_bad_ids_are_refused():
+    assert arrival_ms(b"1700000000123-7") == 1700000000123
+    with pytest.raises(ValueError, match="<ms>-<seq>"):
+        arrival_ms("1700000000123")
+
+
+def test_throughput_accounting_finds_a_lost_a_duplicated_and_a_foreign_event():
+    emitted = {0: 4, 1: 3}
+    perfect = [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2), (0, 3)]
+    assert account(perfect, emitted) == {"emitted": 7, "stored": 7, "lost": 0, "duplicated": 0,
+                                         "foreign": 0}
+    broken = [p for p in perfect if p != (1, 1)] + [(0, 2), (2, 0), (0, 9)]
+    assert account(broken, emitted) == {"emitted": 7, "stored": 9, "lost": 1, "duplicated": 1,
+                                        "foreign": 2}
+
+
+def test_per_second_rates_bin_whole_seconds_from_the_start():
+    arrivals = [1000, 1500, 1999, 2000, 2999, 3500, 4000]
+    assert per_second_rates(arrivals, 1000, 4000) == [3, 2, 1]  # 4000 is past the last whole second
+
+
+def test_page_latency_takes_the_first_counter_value_that_covers_the_step():
+    # steps 0, 1, 2 arrive at 100, 200, 300 ms; the counter shows 1 at 150, skips 2, shows 3 at 700
+    seen = {0: 0, 1: 150, 3: 700}
+    assert page_latencies_ms(seen, {0: 100, 1: 200, 2: 300, 3: 900}) == [50.0, 500.0, 400.0]
+
+
+def test_memory_samples_per_second_per_device():
+    # training span: first start T-0.5 to last end T+3 = 3.5 s; cpu:0 has 7 plain samples,
+    # cpu:1 two events carrying 5 and 2 samples each (a within-step curve) = 7 as well
+    events = [_step(k) for k in range(4)]
+    events += [{"type": "memory", "device": "cpu:0"}] * 7
+    events += [{"type": "memory", "device": "cpu:1", "samples": [1] * 5},
+               {"type": "memory", "device": "cpu:1", "samples": [1, 2]}]
+    got = measured.memory_samples_per_s(events)
+    assert got["span_s"] == 3.5
+    assert got["per_device"] == {"cpu:0": 2.0, "cpu:1": 2.0} and got["min_per_s"] == 2.0
+    assert measured.memory_samples_per_s([{"type": "memory", "device": "cpu:0"}])["min_per_s"] is None
+
+
+def test_busbw_ratio_says_why_it_is_missing_and_uses_the_engine_function(monkeypatch):
+    from engine import analysis
+
+    monkeypatch.delattr(analysis, measured.BUSBW_RATIO_FUNC, raising=False)
+    assert "has no" in measured.busbw_ratio([], 2)["reason"]
+    monkeypatch.setattr(analysis, measured.BUSBW_RATIO_FUNC,
+                        lambda buckets, probes, n: {"ratio": len(buckets) / len(probes) / n}, raising=False)
+    assert "no allreduce_probe" in measured.busbw_ratio([{"type": "bucket"}], 2)["reason"]
+    events = [{"type": "bucket"}] * 3 + [{"type": "allreduce_probe"}]
+    assert measured.busbw_ratio(events, 2) == {"reason": None, "ratio": 1.5}
+
+
+def test_verdicts_against_the_targets():
+    assert report.verdict("1", {"ddp": {"p95_ms": 149}, "dp": {"p95_ms": 20}}) is True
+    assert report.verdict("1", {"ddp": {"p95_ms": 151}, "dp": {"p95_ms": 20}}) is False
+    ok = {"lost": 0, "duplicated": 0, "foreign": 0, "sustained_min_per_s": 50_000, "duration_s": 30}
+    assert report.verdict("3", ok) is True
+    assert report.verdict("3", {**ok, "lost": 1}) is False
+    assert report.verdict("3", {**ok, "duration_s": 5}) is False  # --quick: not 30 s
+    assert report.verdict("6", {"ratio": 0.95, "backend": "gloo"}) is None
+    assert report.verdict("6", {"ratio": 0.85, "backend": "nccl"}) is False
+    assert report.verdict("2", {"reason": "no chromium"}) is None
+
+
+def test_growth_exponent():
+    assert report.growth_exponent(10.0, 1000.0, 1_000, 100_000) == 1.0  # linear
+    assert report.growth_exponent(10.0, 100.0, 1_000, 100_000) == 0.5
+    assert report.growth_exponent(10.0, 10.0, 1_000, 100_000) == 0.0
+    assert report.growth_exponent(None, 10.0, 1_000, 100_000) is None
+
+
+def test_figure_4_verdict_from_the_app_path():
+    from workers.bench.figures import figure_4
+
+    def stage(read, frames):
+        return {"read_ms": read, "frames_ms": frames, "charts_ms": 50.0}
+
+    pages = {"live": {"1000": {"open": stage(10, 10), "refresh": stage(1, 10)},
+                      "100000": {"open": stage(100, 60), "refresh": stage(2, 30)}}}
+    fig = figure_4({"pages": pages}, None, "no chromium")
+    # open data time 20 -> 160 ms over 100x the events: exponent log(8)/log(100) = 0.452
+    assert fig["growth_exponent"] == pytest.approx(0.452, abs=1e-3) and fig["met"] is True
+    pages["live"]["1000"]["open"] = stage(100, 10)  # growth 110 -> 210 ms: exponent 0.14
+    pages["live"]["100000"]["open"] = stage(150, 60)  # but 210 ms at 100 K: over the target
+    fig = figure_4({"pages": pages}, None, None)
+    assert fig["growth_exponent"] == pytest.approx(0.140, abs=1e-3) and fig["met"] is False
+
+
+def test_markdown_has_a_row_per_figure_with_its_target_and_verdict():
+    record = {"machine": {"host": "h", "date": "d", "cpu_count": 2, "cpu_model": "x", "memory_gib": 1,
+                          "python": "3", "torch": "t", "cuda": False},
+              "load_avg_1m": {"start": 0.5, "end": 0.7}, "duration_s": 9, "quick": True,
+              "figures": {"1": {"ddp": {"n": 3, "p50_ms": 20.0, "p95_ms": 160.0, "max_ms": 170.0},
+                                "met": False},
+                          "6": {"reason": "no probe", "met": None}}}
+    md = report.markdown(record)
+    assert "| 1 | Event latency, rank to Redis | DDP p50 20 ms, p95 160 ms" in md
+    assert "| p95 <= 150 ms, DDP and DP | **not met** |" in md
+    assert "| 6 | Bucket busbw / probe busbw | not measured: no probe |" in md
+    assert "busy machine" not in md
+
+
+def test_figure_4_judges_growth_past_the_window_size():
+    from workers.bench.figures import figure_4
+
+    def at(ms):
+        return {"open": {"read_ms": ms, "frames_ms": 0.0, "charts_ms": 0.0},
+                "refresh": {"read_ms": 1.0, "frames_ms": 0.0, "charts_ms": 0.0}}
+
+    # 1 K -> 10 K grows 10x (the window fills), 10 K -> 100 K only 1.1x: log(1.1)/log(10) = 0.041
+    fig = figure_4({"pages": {"live": {"1000": at(10), "10000": at(100), "100000": at(110)}}}, None, None)
+    assert fig["growth_span"] == [10_000, 100_000]
+    assert fig["growth_exponent"] == pytest.approx(0.041, abs=1e-3) and fig["met"] is True
+    assert fig["growth_from_smallest_by_page"]["live"] == pytest.approx(0.521, abs=1e-3)

@@ -1,0 +1,21 @@
+"""`ddpviz bench`: the one record of ddpviz's own performance (issue 10), as JSON and Markdown.
+
+Figures, each measured in one run of the bench, never in a timed test:
+
+1. event latency, rank -> Redis (`latency`, on real demo runs from `runs`)
+2. event latency, Redis -> the Live page, in Chromium (`browser`)
+3. publish throughput through the real forwarding path, every event accounted for (`flood`)
+4. the app's data path on runs of 1 K, 10 K, 100 K events (`app.bench_app`, in its own process)
+   and time to first chart in Chromium (`browser`), on runs from `synthetic`
+5. memory samples per second per device (`measured`) and instrumented / plain DDP step time
+   (`overhead`)
+6. in-run bucket busbw / probe busbw (`measured`, through `engine.analysis`)
+7. samples/s of single, DP and DDP and scaling efficiency (`throughput`)
+8. footprint: Redis per 1,000 steps, the app's memory, Redis growth with and without retention
+
+Layout: the bench is split by concept under `workers/bench/`; `figures` runs each figure and
+`cli` orders them and writes the record (`report`). Imports keep pointing app -> workers ->
+engine: the app-side figures need app code, which workers may not import, so they run as
+``python -m app.bench_app`` (a subprocess fed the run ids, printing JSON) and as the real app
+server driven by a browser. A process of its own is also what the app-memory figure needs.
+"""

@@ -1,0 +1,68 @@
+"""Figures 5 (memory samples per second per device) and 6 (bucket busbw / probe busbw), computed
+from a run's events.
+
+Memory: every `memory` event is one sample of one device, unless it carries a list of samples in
+one of `SAMPLE_LIST_FIELDS` (a within-step curve), which then counts as that many. The rate is
+samples over the training span: the first step's start (`start_ts`) to the last step's end
+(`start_ts + step_time_s`), per (host, device).
+
+Busbw: the ratio is computed by `engine.analysis.BUSBW_RATIO_FUNC` from the run's `allreduce_probe`
+and `bucket` events, when the engine has that function; otherwise the figure is null and says why.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+SAMPLE_LIST_FIELDS = ("samples", "curve")
+BUSBW_RATIO_FUNC = "bucket_probe_busbw_ratio"  # engine.analysis: (bucket events, probe events, world_size)
+
+
+def training_span_s(events: list[dict[str, Any]]) -> float | None:
+    """Seconds from the first step's start to the last step's end, or None without step events."""
+    starts, ends = [], []
+    for e in events:
+        if e.get("type") == "step" and isinstance(e.get("start_ts"), (int, float)):
+            starts.append(e["start_ts"])
+            ends.append(e["start_ts"] + (e.get("step_time_s") or 0.0))
+    return (max(ends) - min(starts)) if starts else None
+
+
+def memory_samples_per_s(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """{per_device: {"host/device": samples per s}, min_per_s, span_s, samples}; rates None
+    when the run has no steps."""
+    counts: dict[str, int] = defaultdict(int)
+    for e in events:
+        if e.get("type") != "memory":
+            continue
+        name = f"{e['host']}/{e.get('device')}" if e.get("host") else str(e.get("device"))
+        listed = [e[f] for f in SAMPLE_LIST_FIELDS if isinstance(e.get(f), list)]
+        counts[name] += len(listed[0]) if listed else 1
+    span = training_span_s(events)
+    if not span or span <= 0:
+        return {"per_device": {}, "min_per_s": None, "span_s": span, "samples": dict(counts)}
+    rates = {d: round(n / span, 2) for d, n in sorted(counts.items())}
+    return {"per_device": rates, "min_per_s": min(rates.values(), default=None),
+            "span_s": round(span, 3), "samples": dict(counts)}
+
+
+def busbw_ratio(events: list[dict[str, Any]], world_size: int) -> dict[str, Any]:
+    """{ratio, reason, ...}: in-run bucket busbw over the probe's busbw at the same size, from
+    `engine.analysis` (the function named `BUSBW_RATIO_FUNC`); ratio None with the reason when
+    the function or the probe events are missing."""
+    from engine import analysis
+
+    probes = [e for e in events if e.get("type") == "allreduce_probe"]
+    buckets = [e for e in events if e.get("type") == "bucket"]
+    fn = getattr(analysis, BUSBW_RATIO_FUNC, None)
+    if fn is None:
+        return {"ratio": None, "reason": f"engine.analysis has no {BUSBW_RATIO_FUNC} yet"}
+    if not probes:
+        return {"ratio": None, "reason": "the run recorded no allreduce_probe events"}
+    if not buckets:
+        return {"ratio": None, "reason": "the run recorded no bucket events"}
+    got = fn(buckets, probes, world_size)
+    if isinstance(got, dict):
+        return {"reason": None, **got}
+    return {"ratio": got, "reason": None if got is not None else "no bucket matched a probe size"}
