@@ -71,16 +71,25 @@ def test_memory_samples_per_second_per_device():
     assert measured.memory_samples_per_s([{"type": "memory", "device": "cpu:0"}])["min_per_s"] is None
 
 
-def test_busbw_ratio_says_why_it_is_missing_and_uses_the_engine_function(monkeypatch):
-    from engine import analysis
+def test_busbw_ratio_by_hand_and_says_why_it_is_missing():
+    # probe: 1 MB in 1 ms and 4 MB in 4 ms on 2 ranks -> busbw 1 GB/s * 2(n-1)/n = 1e9 at both sizes
+    probe = {"type": "allreduce_probe", "points": [
+        {"nbytes": 1_000_000, "time_s": 1e-3, "busbw_bytes_per_s": 1e9},
+        {"nbytes": 4_000_000, "time_s": 4e-3, "busbw_bytes_per_s": 1e9}]}
 
-    monkeypatch.delattr(analysis, measured.BUSBW_RATIO_FUNC, raising=False)
-    assert "has no" in measured.busbw_ratio([], 2)["reason"]
-    monkeypatch.setattr(analysis, measured.BUSBW_RATIO_FUNC,
-                        lambda buckets, probes, n: {"ratio": len(buckets) / len(probes) / n}, raising=False)
-    assert "no allreduce_probe" in measured.busbw_ratio([{"type": "bucket"}], 2)["reason"]
-    events = [{"type": "bucket"}] * 3 + [{"type": "allreduce_probe"}]
-    assert measured.busbw_ratio(events, 2) == {"reason": None, "ratio": 1.5}
+    def bucket(i, start, end, nbytes=2_000_000):
+        return {"type": "bucket", "step": 1, "rank": 0, "bucket_index": i, "nbytes": nbytes,
+                "ready_s": start, "comm_start_s": start, "comm_end_s": end}
+
+    # alone: 2 MB in 8 ms -> busbw 0.25e9 (ratio 0.25); 2 MB in 4 ms -> 0.5 (ratio 0.5);
+    # the overlapping pair (ratios 0.1 each, 20 ms) is left out of `ratio`, kept in `ratio_all`
+    events = [probe, bucket(0, 0.0, 0.008), bucket(1, 0.010, 0.014),
+              bucket(2, 0.020, 0.040), bucket(3, 0.030, 0.050)]
+    got = measured.busbw_ratio(events, 2)
+    assert got["ratio"] == pytest.approx(0.375) and got["buckets_alone"] == 2 and got["buckets"] == 4
+    assert got["ratio_all"] == pytest.approx(0.175)  # median of 0.25, 0.5, 0.1, 0.1
+    assert "no allreduce_probe" in measured.busbw_ratio(events[1:], 2)["reason"]
+    assert "no bucket" in measured.busbw_ratio([probe], 2)["reason"]
 
 
 def test_verdicts_against_the_targets():

@@ -6,8 +6,9 @@ one of `SAMPLE_LIST_FIELDS` (a within-step curve), which then counts as that man
 samples over the training span: the first step's start (`start_ts`) to the last step's end
 (`start_ts + step_time_s`), per (host, device).
 
-Busbw: the ratio is computed by `engine.analysis.BUSBW_RATIO_FUNC` from the run's `allreduce_probe`
-and `bucket` events, when the engine has that function; otherwise the figure is null and says why.
+Busbw: in-run bucket busbw over the probe's busbw at the same size (`engine.analysis.busbw_vs_probe`,
+the probe interpolated in log size), median over the buckets that ran alone
+(`engine.analysis.median_busbw_ratio`); null, saying why, without a probe or buckets.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from collections import defaultdict
 from typing import Any
 
 SAMPLE_LIST_FIELDS = ("samples", "curve")
-BUSBW_RATIO_FUNC = "bucket_probe_busbw_ratio"  # engine.analysis: (bucket events, probe events, world_size)
 
 
 def training_span_s(events: list[dict[str, Any]]) -> float | None:
@@ -48,21 +48,19 @@ def memory_samples_per_s(events: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def busbw_ratio(events: list[dict[str, Any]], world_size: int) -> dict[str, Any]:
-    """{ratio, reason, ...}: in-run bucket busbw over the probe's busbw at the same size, from
-    `engine.analysis` (the function named `BUSBW_RATIO_FUNC`); ratio None with the reason when
-    the function or the probe events are missing."""
-    from engine import analysis
+    """{ratio, ratio_all, buckets_alone, buckets, reason}: median in-run bucket busbw over the
+    probe's busbw at the same size, over buckets that ran alone (`ratio`) and over every bucket
+    (`ratio_all`); ratio None with the reason when the probe or the buckets are missing."""
+    from engine.analysis import busbw_vs_probe, median_busbw_ratio
 
     probes = [e for e in events if e.get("type") == "allreduce_probe"]
     buckets = [e for e in events if e.get("type") == "bucket"]
-    fn = getattr(analysis, BUSBW_RATIO_FUNC, None)
-    if fn is None:
-        return {"ratio": None, "reason": f"engine.analysis has no {BUSBW_RATIO_FUNC} yet"}
     if not probes:
-        return {"ratio": None, "reason": "the run recorded no allreduce_probe events"}
+        return {"ratio": None, "reason": "the run recorded no allreduce_probe event"}
     if not buckets:
         return {"ratio": None, "reason": "the run recorded no bucket events"}
-    got = fn(buckets, probes, world_size)
-    if isinstance(got, dict):
-        return {"reason": None, **got}
-    return {"ratio": got, "reason": None if got is not None else "no bucket matched a probe size"}
+    rows = busbw_vs_probe(buckets, probes[0]["points"], world_size)
+    ratio = median_busbw_ratio(rows)
+    return {"ratio": ratio, "ratio_all": median_busbw_ratio(rows, alone_only=False),
+            "buckets_alone": sum(1 for r in rows if r["alone"]), "buckets": len(rows),
+            "reason": None if ratio is not None else "no bucket that ran alone matched a probed size"}
