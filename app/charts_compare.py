@@ -64,7 +64,8 @@ def peak_memory_chart(peaks: pd.DataFrame) -> alt.Chart:
         tooltip=[alt.Tooltip("run:N"), alt.Tooltip("device:N"),
                  alt.Tooltip("peak_mib:Q", title="peak (MiB)", format=".2f")],
     ).properties(title=title("Peak memory per device",
-                             "DP keeps the reduced gradients and gathered outputs on device 0"),
+                             "DP keeps the reduced gradients and gathered outputs on device 0; "
+                             "an FSDP rank holds 1/n of the model plus the unit it has gathered"),
                  width=WIDTH, height=rows_height(df, "where", row_px=30))
 
 

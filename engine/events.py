@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable, Protocol
 
 EVENT_TYPES = ("run_started", "step", "bucket", "dp_phase", "memory", "comm_volume", "eval", "sync",
-               "log", "run_finished")
+               "log", "run_finished", "fsdp_collective", "fsdp_memory_curve")
 
 
 def make_event(type_: str, run_id: str, **fields: Any) -> dict[str, Any]:

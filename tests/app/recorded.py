@@ -13,7 +13,8 @@ DATA = Path(__file__).parent / "data"
 CONFIG = {"world_size": 2, "steps": 12, "width": 256, "bucket_cap_mb": 0.1, "step_delay_s": 0.0,
           "eval_every": 0}
 FILES = {"single": "real_single_mlp_ws2.jsonl", "dp": "real_dp_mlp_ws2.jsonl",
-         "ddp": "real_ddp_mlp_ws2.jsonl", "ddp-nooverlap": "real_ddp_nooverlap_mlp_ws2.jsonl"}
+         "ddp": "real_ddp_mlp_ws2.jsonl", "ddp-nooverlap": "real_ddp_nooverlap_mlp_ws2.jsonl",
+         "fsdp": "real_fsdp_mlp_ws2.jsonl"}
 
 
 def play(client, run_id: str, name: str, worker: str = "test-worker") -> None:
@@ -26,7 +27,7 @@ def play(client, run_id: str, name: str, worker: str = "test-worker") -> None:
 
 
 def trio(client) -> tuple[str, dict[str, str]]:
-    """A single/DP/DDP trio, finished with the recorded runs. Returns (group, {mode: id})."""
+    """A single/DP/DDP/FSDP set, finished with the recorded runs. Returns (group, {mode: id})."""
     group, ids = submit_trio(client, CONFIG)
     for mode, rid in ids.items():
         play(client, rid, FILES[mode])

@@ -127,7 +127,7 @@ def main() -> None:
         wait(client, [r["run_id"] for r in swept], timeout_s=600)
         four = ",".join(r["run_id"] for r in swept if r["config"]["world_size"] == 4
                         and r["config"]["mode"] != "single")
-        visit(page, f"{url}/learn?runs={four}", "Learn: the star and the ring", 2, "learn")
+        visit(page, f"{url}/learn?runs={four}", "Learn: the star, the ring and the shards", 2, "learn")
         visit(page, f"{url}/sweeps", "Sweeps", 2, "sweeps")
         visit(page, f"{url}/runs", "Runs", 0, "runs")
         grid = page.locator('[data-testid="stDataFrame"]').bounding_box()
