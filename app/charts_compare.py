@@ -81,6 +81,6 @@ def bytes_chart(volume: pd.DataFrame) -> alt.Chart:
         tooltip=[alt.Tooltip("run:N"), alt.Tooltip("device:N"), alt.Tooltip("which:N"),
                  alt.Tooltip("mib:Q", title="MiB", format=".3f")],
     ).properties(title=title("Bytes moved per device per step",
-                             "theory: DP device 0 (n−1)·P each way, others P; "
-                             "ring all-reduce 2(n−1)/n·P each way per rank"),
+                             "theory: DP device 0 (n−1)·P each way, others P; ring all-reduce "
+                             "2(n−1)/n·P each way per rank; FSDP 3(n−1)/n·P (2(n−1)/n·P without reshard)"),
                  width=WIDTH, height=rows_height(df, "where", row_px=34))

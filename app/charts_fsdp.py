@@ -47,8 +47,8 @@ def unit_timeline_chart(collectives: pd.DataFrame, passes: pd.DataFrame, run: st
     head = f"FSDP unit timeline, step {step}" + (f": {run}" if run else "") if step is not None \
         else "FSDP unit timeline"
     return alt.layer(bands, comm).properties(
-        title=title(head, "per rank: every unit's all-gather and reduce-scatter against forward and "
-                          "backward (measured via FSDP2's custom-comm hooks)"),
+        title=title(head, "each unit's all-gathers and reduce-scatter per rank, against forward and "
+                          "backward (measured: FSDP2 custom-comm hooks)"),
         width=WIDTH, height=CHROME_PX + 60 + ranks * len(LANES) * LANE_PX)
 
 
@@ -81,14 +81,16 @@ def shard_chart(shards: pd.DataFrame) -> alt.HConcatChart:
              "reduce-scatter": "reduce-scatter: each keeps its averaged shard"}
     for picture, sub in heads.items():
         df = shards[shards["picture"] == picture]
-        x = alt.X("slice:N", title="slice of the unit", axis=alt.Axis(labelAngle=0))
+        x = alt.X("slice:N", title="shard of the unit", axis=alt.Axis(labelAngle=0, labelOverlap=False))
         y = alt.Y("holder:N", title="held by")
         cells = alt.Chart(df).mark_rect(stroke="white", strokeWidth=2).encode(
             x=x, y=y, color=alt.Color("role:N", legend=legend("", orient="bottom", columns=3), scale=_ROLES),
             tooltip=[alt.Tooltip("holder:N"), alt.Tooltip("slice:N"), alt.Tooltip("role:N"),
                      alt.Tooltip("mib:Q", title="MiB (measured)", format=".3f")])
-        text = alt.Chart(df[df["role"] != SHARD_ROLES[4]]).mark_text(fontSize=11, color="white").encode(
-            x=x, y=y, text=alt.Text("mib:Q", format=".2f"))
+        dark = alt.condition(alt.FieldOneOfPredicate(field="role", oneOf=[SHARD_ROLES[2]]),
+                             alt.value("#333333"), alt.value("white"))  # dark text on the pale cells
+        text = alt.Chart(df[df["role"] != SHARD_ROLES[4]]).mark_text(fontSize=11).encode(
+            x=x, y=y, text=alt.Text("mib:Q", format=".2f"), color=dark)
         panels.append(alt.layer(cells, text).properties(title=title(picture, sub), width=200, height=200))
     return alt.hconcat(*panels).properties(
         title=title(f"Shards, gather, scatter: unit '{unit}'",

@@ -94,7 +94,7 @@ def memory_curve_frame(events: Iterable[Event], rank: int = 0, step: int | None 
 def shard_frame(events: Iterable[Event], unit: str | None = None) -> pd.DataFrame:
     """Who holds which slice of one unit, in three pictures (the Learn page).
 
-    Columns: picture (sharded | all-gather | reduce-scatter), holder (rank r), slice (shard i),
+    Columns: picture (sharded | all-gather | reduce-scatter), holder ("rank r"), slice ("i"),
     role (`SHARD_ROLES`), mib (the measured shard bytes of that unit's collective). Default
     unit: the one with the largest all-gather. Rank r's own slice is slice r (Shard(0)).
     """
@@ -117,7 +117,7 @@ def shard_frame(events: Iterable[Event], unit: str | None = None) -> pd.DataFram
                 ("reduce-scatter", r, i, SHARD_ROLES[3] if own else SHARD_ROLES[2], rs["shard_nbytes"])]
     df = pd.DataFrame(rows, columns=["picture", "holder", "slice", "role", "nbytes"])
     df["holder"] = "rank " + df["holder"].astype(str)
-    df["slice"] = "shard " + df["slice"].astype(str)
+    df["slice"] = df["slice"].astype(str)
     df["mib"] = df["nbytes"] / MIB
     df["unit"] = unit
     return df[cols]

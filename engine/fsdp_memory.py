@@ -116,8 +116,10 @@ class FsdpMemoryProbe:
                                     **fsdp_memory_sample(self)))
 
     def end(self) -> list[dict[str, Any]]:
-        self.active = False
-        return self.points
+        """The curve of the step that `begin` started (empty when none was started)."""
+        points = self.points if self.active else []
+        self.active, self.points = False, []
+        return points
 
 
 def _unsharded(probe: FsdpMemoryProbe) -> list[torch.Tensor]:
@@ -155,17 +157,21 @@ def fsdp_memory_sample(probe: FsdpMemoryProbe) -> dict[str, Any]:
 
 
 def memory_fields(points: list[dict[str, Any]], device: torch.device) -> dict[str, Any]:
-    """The `memory` event of a sampled step from its curve: the peak point's breakdown.
+    """The `memory` event of a sampled step from its curve: the peak point.
 
-    `peak_allocated_bytes` is the largest tensor total among the curve's points (CUDA: the
-    allocator's `max_memory_allocated` since the step began), `allocated_bytes` the last point's.
+    `breakdown` is the peak point's bytes by kind and `allocated_bytes` their sum (as for
+    `engine.memory.accounted_event`, allocated = the breakdown's total), which is also
+    `peak_allocated_bytes`, the largest tensor total among the points (CUDA: the allocator's
+    figures, `max_memory_allocated` since the step began). `end_of_step_bytes`: the last point's
+    total, what the rank keeps between steps (its shards and optimizer state).
     """
     peak = max(points, key=lambda p: p["tensor_bytes"])
     last = points[-1]
-    fields = dict(allocated_bytes=last["tensor_bytes"], reserved_bytes=None, used_bytes=None,
+    fields = dict(allocated_bytes=peak["tensor_bytes"], reserved_bytes=None, used_bytes=None,
                   source=SOURCE, breakdown={k: int(peak[k]) for k in KINDS},
                   peak_allocated_bytes=peak["tensor_bytes"], peak_label=peak["label"],
-                  rss_bytes=last["rss_bytes"], peak_rss_bytes=max(p["rss_bytes"] for p in points))
+                  end_of_step_bytes=last["tensor_bytes"], rss_bytes=last["rss_bytes"],
+                  peak_rss_bytes=max(p["rss_bytes"] for p in points))
     if device.type == "cuda":
         fields.update(allocated_bytes=int(torch.cuda.memory_allocated(device)),
                       reserved_bytes=int(torch.cuda.memory_reserved(device)),

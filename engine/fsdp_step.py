@@ -2,9 +2,10 @@
 
 Every step: forward and backward through the FSDP2 model, optimizer step on the local shards,
 the collectives' spans kept by `CollectiveLog` (a few clock marks per collective), and the
-`step` event. Sampled steps (`engine.telemetry.should_sample_memory`: every step for the first
-5, then about 100 per run, and the last) also emit every `fsdp_collective`, the `comm_volume`,
-the within-step memory curve and the `memory` event; only they pay for memory reads.
+`step` event. Sampled steps (`sample_step`: steps 0-2, every max(10, steps // 20)-th and the
+last, so about 20 per run) also emit every `fsdp_collective`, the `comm_volume`, the within-step
+memory curve and the `memory` event; only they pay for the memory reads, which sit inside the
+step (the step event says `memory_curve: true`).
 
 Step split (CPU): FSDP2 issues gloo collectives with ``async_op=False`` on the training thread,
 so time inside them is not compute: `forward_s` and `backward_s` are the wall time of each pass
@@ -26,10 +27,15 @@ from engine.data import BatchPlan, Dataset
 from engine.faults import maybe_diverge, maybe_fail
 from engine.fsdp_events import CollectiveLog, exposed_comm_s, theory_bytes, volume_fields
 from engine.fsdp_memory import FsdpMemoryProbe, memory_fields
-from engine.telemetry import Telemetry, now, should_sample_memory, step_fields, wall_ts
+from engine.telemetry import Telemetry, now, step_fields, wall_ts
 from engine.training import autocast, loss_fn
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+
+
+def sample_step(step: int, steps: int) -> bool:
+    """Steps that carry the memory curve and the collective events (about 20 per run)."""
+    return step < 3 or step == steps - 1 or step % max(10, steps // 20) == 0
 
 
 class StepRunner:
@@ -90,7 +96,7 @@ class StepRunner:
 
     def train_step(self, step: int) -> dict[str, Any]:
         self.progress["step"] = step
-        sampled = should_sample_memory(step, self.cfg.steps)
+        sampled = sample_step(step, self.cfg.steps)
         if sampled:
             self.probe.begin()
             self.probe.point("step start", "forward")
@@ -128,7 +134,7 @@ class StepRunner:
                       **volume_fields(records, self.backend, self.world, self.theory, self.formula))
 
     def memory(self, step: int) -> None:
-        """`drive`'s memory callback (sampled steps): the curve and the peak breakdown."""
+        """`drive`'s memory callback: the curve and the peak breakdown, if `step` was sampled."""
         points = self.probe.end()
         if not points:
             return
