@@ -94,7 +94,10 @@ def test_gpt_width_256_peak_per_rank_is_below_what_any_ddp_rank_must_hold():
     peaks = result.summary["peak_memory_bytes"]
     assert set(peaks) == {"cpu:0", "cpu:1"}
     for device, peak in peaks.items():
-        assert P < peak < 4 * P, (device, peak, P)  # above its shards alone (P/2), below DDP's floor
+        # Below DDP's floor; and above what FSDP itself must hold at step 1's end of backward on
+        # 2 ranks: shards of parameters and gradients (P/2 each) and of both moments (P), 2 P
+        # less a few rows the last rank's uneven shards lack.
+        assert 1.9 * P < peak < 4 * P, (device, peak, P)
 
 
 def test_compare_cli_runs_the_modes_asked_for(capsys):
