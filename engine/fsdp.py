@@ -85,8 +85,9 @@ def shard_model(model: nn.Module, cfg: RunConfig, device: torch.device) -> list[
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    mp = MixedPrecisionPolicy(param_dtype=_DTYPES[cfg.fsdp_param_dtype], reduce_dtype=_DTYPES[cfg.fsdp_reduce_dtype]
-                              or (torch.float32 if cfg.fsdp_param_dtype != "float32" else None))
+    # reduce_dtype None means "the compute dtype": with bf16 parameters, ask for fp32 explicitly.
+    reduce_dtype = _DTYPES[cfg.fsdp_reduce_dtype] or (torch.float32 if cfg.fsdp_param_dtype != "float32" else None)
+    mp = MixedPrecisionPolicy(param_dtype=_DTYPES[cfg.fsdp_param_dtype], reduce_dtype=reduce_dtype)
     units = []
     for name, mod in shard_order(unit_modules(model)):
         fully_shard(mod, mesh=mesh, reshard_after_forward=cfg.reshard_after_forward, mp_policy=mp)
@@ -134,7 +135,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         if rank == 0:
             tel.emit("eval", step=step, val_loss=val_loss, val_accuracy=val_acc)
 
-    drive(cfg, tel, runner.train_step, memory=runner.memory, check_sync=evaluate_all_ranks)
+    drive(cfg, tel, runner.train_step, check_sync=evaluate_all_ranks)
     final = full_params(model)
     if rank == 0:
         torch.save(final, wd / "final_params.pt")

@@ -95,12 +95,14 @@ class CollectiveLog:
     def close(self, rec: dict | None, work) -> None:
         if rec is None:
             return
-        if work is None:
+        if work is None or not isinstance(self.clock, HostClock):
+            # Blocking on CPU: it has ended. On CUDA the event lands on the comm stream after the
+            # collective's kernel, whether or not the call was async.
             rec["end"] = self.clock.mark()
             if self.on_close is not None:
                 self.on_close(rec)
             return
-        # An async collective (explicit prefetch): its end is when its future completes.
+        # An async gloo collective (explicit prefetch): its end is when its future completes.
         work.get_future().then(lambda _f: rec.__setitem__("end", self.clock.mark()))
 
     def resolved(self) -> list[dict[str, Any]]:

@@ -39,8 +39,9 @@ def sample_step(step: int, steps: int) -> bool:
 
 
 class StepRunner:
-    """Holds one rank's FSDP training state; `train_step` and `memory` are `engine.loop.drive`'s
-    callbacks. `progress["step"]` is kept current for the rank's error report."""
+    """Holds one rank's FSDP training state; `train_step` is `engine.loop.drive`'s step function
+    (it emits the sampled steps' memory itself, since its schedule is its own).
+    `progress["step"]` is kept current for the rank's error report."""
 
     def __init__(self, cfg: RunConfig, rank: int, world: int, backend: str, device: torch.device,
                  ds: Dataset, model: nn.Module, units: list[tuple[str, nn.Module]], opt, log: CollectiveLog,
@@ -122,6 +123,7 @@ class StepRunner:
             extra.update(memory_curve=True,
                          phase_spans=[dict(phase=p, start_s=a - t0, end_s=b - t0) for p, a, b in spans])
             self._emit_comm(step, records)
+            self._emit_memory(step)
         return step_fields(start=t0, loss=loss, samples=self.cfg.global_batch_size, step_time_s=t5 - t0,
                            forward_s=fwd - exp_f, backward_s=bwd - exp_b, comm_exposed_s=exp_f + exp_b,
                            optimizer_s=t5 - t4, **extra)
@@ -133,8 +135,8 @@ class StepRunner:
         self.tel.emit("comm_volume", step=step,
                       **volume_fields(records, self.backend, self.world, self.theory, self.formula))
 
-    def memory(self, step: int) -> None:
-        """`drive`'s memory callback: the curve and the peak breakdown, if `step` was sampled."""
+    def _emit_memory(self, step: int) -> None:
+        """The sampled step's curve and its peak as a `memory` event."""
         points = self.probe.end()
         if not points:
             return

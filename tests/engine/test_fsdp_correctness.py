@@ -49,6 +49,8 @@ def test_fsdp_matches_single(fields):
     result, sink = train(mode="fsdp", **fields)
     torch.testing.assert_close(result.final_params, baseline(**fields), **TOL)
     assert {e["rank"] for e in sink.of_type("step")} == {0, 1}
+    curves = {(e["rank"], e["step"]) for e in sink.of_type("fsdp_memory_curve")}
+    assert curves == {(e["rank"], e["step"]) for e in sink.of_type("step") if e.get("memory_curve")}
     seen = collectives(sink)
     backward_gathers = {u for u, k, p in seen if k == "all_gather" and p == "backward"}
     if fields.get("reshard_after_forward", True):
@@ -66,3 +68,11 @@ def test_fsdp_uneven_dataset_across_three_ranks_crosses_an_epoch():
     result, sink = train(mode="fsdp", **fields)
     assert {e["rank"] for e in sink.of_type("step")} == {0, 1, 2}
     torch.testing.assert_close(result.final_params, baseline(**fields), **TOL)
+
+
+def test_fsdp_on_one_rank_trains_like_single_and_moves_nothing():
+    fields = dict(model="mlp", world_size=1, **SMALL)
+    result, sink = train(mode="fsdp", **fields)
+    torch.testing.assert_close(result.final_params, baseline(**fields), **TOL)
+    assert sink.of_type("fsdp_collective") == []
+    assert {e["sent_bytes"] for e in sink.of_type("comm_volume")} == {0}

@@ -119,3 +119,10 @@ def test_compare_cli_refuses_an_unknown_mode(capsys):
     with pytest.raises(SystemExit) as info:
         main(["compare", "--modes", "single,zero3"])
     assert info.value.code == 2 and "--modes" in capsys.readouterr().err
+
+
+def test_a_failing_fsdp_rank_fails_the_run_naming_it():
+    sink = ListSink()
+    result = run_training(RunConfig(mode="fsdp", fault="raise", fault_rank=1, fault_step=2, **SMALL), sink, "fault")
+    assert result.status == "failed"
+    assert result.error["rank"] == 1 and "injected fault: rank 1 raised at step 2" in result.error["exception"]
