@@ -35,9 +35,10 @@ but no rank holds the whole model: each keeps 1/n of every parameter, of its gra
 optimizer state. The model is cut into units (here one per block, plus the root). Before a unit's
 forward every rank *all-gathers* the unit: it receives the n−1 shards it lacks, computes, and frees
 them again; backward gathers the unit once more, and afterwards a *reduce-scatter* sums every rank's
-gradient of the unit and hands each rank the average of its own shard only. Each rank moves
-3(n−1)/n·P per step (DDP: 2(n−1)/n·P), and holds about 1/n of what a DDP rank holds, plus one
-gathered unit at a time.
+gradient of the unit and hands each rank the average of its own shard only. With ring
+collectives each rank moves 3(n−1)/n·P per step (DDP: 2(n−1)/n·P; gloo's reduce-scatter is an
+all-reduce, so more on CPU), and holds about 1/n of what a DDP rank holds, plus one gathered unit
+at a time.
 """
 
 
