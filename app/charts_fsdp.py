@@ -47,8 +47,8 @@ def unit_timeline_chart(collectives: pd.DataFrame, passes: pd.DataFrame, run: st
     head = f"FSDP unit timeline, step {step}" + (f": {run}" if run else "") if step is not None \
         else "FSDP unit timeline"
     return alt.layer(bands, comm).properties(
-        title=title(head, "each unit's all-gathers and reduce-scatter per rank, against forward and "
-                          "backward (measured: FSDP2 custom-comm hooks)"),
+        title=title(head, "per rank: each unit's collectives vs forward and backward; measured "
+                          "(FSDP2 comm hooks)"),
         width=WIDTH, height=CHROME_PX + 60 + ranks * len(LANES) * LANE_PX)
 
 

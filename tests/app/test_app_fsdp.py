@@ -1,8 +1,8 @@
 """FSDP's frames and charts on a recorded real run, against references outside the code under test.
 
 Recorded (tests/app/data/real_fsdp_mlp_ws2.jsonl): mlp 64 -> 256 x3 -> 10 on digits, mode fsdp,
-world_size 2 on gloo, 12 steps, global batch 64 — the recorded DP/DDP runs' config. The memory
-curves of steps 2-9 were dropped from the file to keep it small (the pages draw the newest).
+world_size 2 on gloo, 12 steps, global batch 64 — the recorded DP/DDP runs' config (its sampled
+steps, with collectives and memory curves: 0, 1, 2, 10 and 11).
 References: the run's `grad_bytes` (`engine.models.grad_bytes`, the model's parameter bytes; no
 dim-0 padding at n = 2 since every row count is even), FSDP2's documented collectives, the
 curve's own per-point totals.
