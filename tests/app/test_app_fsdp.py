@@ -111,3 +111,12 @@ def test_a_compare_set_gives_fsdp_fields_to_the_fsdp_run_only():
     assert [label for _, label in items] == ["single", "DP", "DDP", "FSDP"]
     assert all("reshard_after_forward" not in c for c, _ in items[:3])
     assert items[3][0]["reshard_after_forward"] is False and items[3][0]["fsdp_param_dtype"] == "bfloat16"
+
+
+def test_chrome_trace_carries_every_fsdp_collective(fsdp):
+    from engine.export import chrome_trace
+
+    spans = [e for e in chrome_trace(fsdp)["traceEvents"] if e.get("cat") == "fsdp"]
+    assert len(spans) == len(frames.of_type(fsdp, "fsdp_collective"))
+    assert {s["name"] for s in spans} >= {"all-gather root (forward)", "reduce-scatter hidden.0 (backward)"}
+    assert all(s["dur"] >= 0 for s in spans)
