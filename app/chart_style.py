@@ -18,7 +18,8 @@ STEP_X = alt.X("step:Q", title="optimizer step", axis=alt.Axis(tickMinStep=1, fo
 CATEGORIES = alt.Scale(scheme="tableau10")  # distinct hues for runs and devices
 PHASE_COLOURS = ["#9467bd", "#8c564b", "#1f77b4", "#e377c2", "#7f7f7f", "#ff7f0e", "#d62728",
                  "#2ca02c"]  # in the order of frames.DP_PHASES
-MODE_COLOURS = alt.Scale(domain=["single", "dp", "ddp"], range=["#7f7f7f", "#ff7f0e", "#1f77b4"])
+MODE_COLOURS = alt.Scale(domain=["single", "dp", "ddp", "fsdp"],
+                         range=["#7f7f7f", "#ff7f0e", "#1f77b4", "#2ca02c"])
 
 
 def legend(title: str, orient: str = "right", **kw) -> alt.Legend:

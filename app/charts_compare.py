@@ -64,7 +64,8 @@ def peak_memory_chart(peaks: pd.DataFrame) -> alt.Chart:
         tooltip=[alt.Tooltip("run:N"), alt.Tooltip("device:N"),
                  alt.Tooltip("peak_mib:Q", title="peak (MiB)", format=".2f")],
     ).properties(title=title("Peak memory per device",
-                             "DP keeps the reduced gradients and gathered outputs on device 0"),
+                             "DP keeps the reduced gradients and gathered outputs on device 0; "
+                             "an FSDP rank holds 1/n of the model plus the unit it has gathered"),
                  width=WIDTH, height=rows_height(df, "where", row_px=30))
 
 
@@ -80,6 +81,6 @@ def bytes_chart(volume: pd.DataFrame) -> alt.Chart:
         tooltip=[alt.Tooltip("run:N"), alt.Tooltip("device:N"), alt.Tooltip("which:N"),
                  alt.Tooltip("mib:Q", title="MiB", format=".3f")],
     ).properties(title=title("Bytes moved per device per step",
-                             "theory: DP device 0 (n−1)·P each way, others P; "
-                             "ring all-reduce 2(n−1)/n·P each way per rank"),
+                             "theory: DP device 0 (n−1)·P each way, others P; ring all-reduce "
+                             "2(n−1)/n·P each way per rank; FSDP 3(n−1)/n·P (2(n−1)/n·P without reshard)"),
                  width=WIDTH, height=rows_height(df, "where", row_px=34))

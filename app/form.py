@@ -9,24 +9,31 @@ from __future__ import annotations
 import typing
 from typing import Any
 
-from engine.config import (BUILTIN_MODELS, RunConfig, ConfigError, plugin_model_names,
+from engine.config import (BUILTIN_MODELS, FSDP_FIELDS, RunConfig, ConfigError, plugin_model_names,
                            validate_config)
 
 # (title, fields) of the form's three columns, then the "advanced" expander.
 COLUMNS: list[tuple[str, list[str]]] = [
-    ("Strategy", ["mode", "world_size", "bucket_cap_mb", "overlap"]),
+    ("Strategy", ["mode", "world_size", "bucket_cap_mb", "overlap", "reshard_after_forward"]),
     ("Model and data", ["model", "dataset", "width", "depth"]),
     ("Training", ["global_batch_size", "steps", "lr", "optimizer", "seed", "step_delay_s"]),
 ]
 ADVANCED = ["gradient_as_bucket_view", "static_graph", "find_unused_parameters",
-            "grad_accum_steps", "amp", "device", "backend", "nnodes", "n_head", "block_size",
-            "eval_every", "probe"]
+            "grad_accum_steps", "amp", "fsdp_param_dtype", "fsdp_reduce_dtype", "device", "backend",
+            "nnodes", "n_head", "block_size", "eval_every", "probe"]
 FAULTS = ["fault", "fault_rank", "fault_step", "collective_timeout_s"]
 
 HELP = {
-    "mode": "dp: one process, a thread per device; ddp: a process per rank; single: one device "
-            "(the baseline). Ignored by 'Launch DP and DDP'.",
-    "world_size": "devices (DP) or rank processes (DDP), >= 1",
+    "mode": "dp: one process, a thread per device; ddp: a process per rank, each with a whole "
+            "replica; fsdp: a process per rank, each holding 1/world_size of every parameter "
+            "(FSDP2 fully_shard); single: one device (the baseline). Ignored by 'Launch DP and DDP'.",
+    "world_size": "devices (DP) or rank processes (DDP, FSDP), >= 1",
+    "reshard_after_forward": "FSDP: free each unit's gathered parameters after its forward and "
+                             "all-gather them again for backward (less memory, 3(n−1)/n·P bytes "
+                             "instead of 2(n−1)/n·P)",
+    "fsdp_param_dtype": "FSDP: dtype of the all-gathered parameters and the compute (bfloat16 "
+                        "halves the all-gather bytes; the shards and the optimizer stay float32)",
+    "fsdp_reduce_dtype": "FSDP: dtype of the gradient reduce-scatter",
     "bucket_cap_mb": "DDP gradient bucket size cap, MiB (PyTorch default 25)",
     "overlap": "DDP: all-reduce each bucket as soon as it is ready; off defers every "
                "all-reduce until the last bucket is ready",
@@ -97,5 +104,12 @@ def validation_errors(values: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def pair_values(values: dict[str, Any]) -> dict[str, Any]:
-    """The config `submit_pair` receives: `values` with mode ddp (it makes the dp copy itself)."""
-    return {**values, "mode": "ddp"}
+    """The config `submit_pair` receives: `values` with mode ddp (it makes the dp copy itself)
+    and without the FSDP-only fields, which neither DP nor DDP takes."""
+    return {**{k: v for k, v in values.items() if k not in FSDP_FIELDS}, "mode": "ddp"}
+
+
+def set_values(values: dict[str, Any]) -> dict[str, Any]:
+    """The config `submit_trio` receives (single, DP, DDP and FSDP): `values` as FSDP, whose
+    fields are the others' plus the FSDP-only ones (`trio_configs` drops those for the others)."""
+    return {**values, "mode": "fsdp"}

@@ -99,7 +99,7 @@ def _row(v: RunView) -> dict[str, Any]:
         "backward_ms": pick("backward_s", "backward_ms"),
         "comm_exposed_ms": pick("comm_exposed_s", "comm_exposed_ms"),
         "optimizer_ms": pick("optimizer_s", "optimizer_ms"),
-        "overlap": s.get("overlap") if v.mode == "ddp" else None,
+        "overlap": s.get("overlap") if v.mode in ("ddp", "fsdp") else None,
         "peak_mib_max": peaks["peak_mib"].max() if not peaks.empty else float("nan"),
         "peak_mib_min": peaks["peak_mib"].min() if not peaks.empty else float("nan"),
         "memory_imbalance": (peaks["peak_mib"].max() / peaks["peak_mib"].min()
@@ -145,7 +145,8 @@ def bytes_frame(views: list[RunView]) -> pd.DataFrame:
 
     Columns: run, device, which (measured|theory), mib. Measured: the latest `comm_volume`
     events (or the summary's `bytes_per_device`). Theory: `engine.analysis.theory_bytes` with
-    P = the run's gradient bytes (`run_started.grad_bytes`), sent and received each.
+    P = the run's gradient bytes (`run_started.grad_bytes`), sent and received each; FSDP: the
+    `theory_sent_bytes` its events carry (3(n−1)/n·P with reshard, 2(n−1)/n·P without).
     """
     rows = []
     for v in views:
@@ -159,6 +160,11 @@ def bytes_frame(views: list[RunView]) -> pd.DataFrame:
                         for d, b in (v.summary.get("bytes_per_device") or {}).items()}
         rows += [{"run": v.label, "device": d, "which": "measured", "mib": b / MIB}
                  for d, b in sorted(measured.items())]
+        if v.mode == "fsdp":  # its own formula, carried by its comm_volume events
+            theory = {_where(v, e): 2 * (e.get("theory_sent_bytes") or 0) for e in vols
+                      if e["step"] == max(x["step"] for x in vols)}
+            rows += [{"run": v.label, "device": d, "which": "theory", "mib": b / MIB}
+                     for d, b in sorted(theory.items())]
         grad = (v.started or {}).get("grad_bytes")
         if grad and v.mode in ("dp", "ddp"):
             theory = theory_bytes(v.mode, v.world_size, int(grad))
@@ -170,11 +176,11 @@ def bytes_frame(views: list[RunView]) -> pd.DataFrame:
 def _where(v: RunView, e: dict[str, Any]) -> str:
     """Where an event happened: the device for DP and single, ``rank r`` for DDP (device names
     repeat across hosts)."""
-    return f"rank {e.get('rank', 0)}" if v.mode == "ddp" else str(e.get("device", "?"))
+    return f"rank {e.get('rank', 0)}" if v.mode in ("ddp", "fsdp") else str(e.get("device", "?"))
 
 
 def _where_index(v: RunView, i: int) -> str:
-    if v.mode == "ddp":
+    if v.mode in ("ddp", "fsdp"):
         return f"rank {i}"
     names = (v.started or {}).get("device_names") or []
     return names[i] if i < len(names) else f"device {i}"
@@ -207,7 +213,7 @@ TABLE_ROWS = [  # (row title, column, format)
     ("  exposed comm (ms)", "comm_exposed_ms", "{:.2f}"),
     ("  optimizer (ms)", "optimizer_ms", "{:.2f}"),
     ("overlap (1 − exposed / total comm)", "overlap", "{:.0%}"),
-    ("peak memory, busiest device (MiB)", "peak_mib_max", "{:.2f}"),
+    ("peak memory, busiest device (MiB)", "peak_mib_max", "{:.3f}"),
     ("memory imbalance (max / min)", "memory_imbalance", "{:.2f}×"),
     ("bytes/step, busiest device (MiB)", "bytes_mib_max", "{:.3f}"),
     ("  formula (MiB)", "theory_mib_max", "{:.3f}"),

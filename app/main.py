@@ -19,7 +19,7 @@ page = st.navigation({
         st.Page("views/buckets.py", title="Bucket timeline", icon=":material/view_timeline:"),
         st.Page("views/dp_timeline.py", title="DP timeline", icon=":material/hub:"),
         st.Page("views/theory.py", title="Theory vs measurement", icon=":material/functions:"),
-        st.Page("views/learn.py", title="Learn: star and ring", icon=":material/school:"),
+        st.Page("views/learn.py", title="Learn: star, ring, shards", icon=":material/school:"),
     ],
     "Scale": [
         st.Page("views/sweeps.py", title="Sweeps", icon=":material/stacked_line_chart:"),

@@ -64,9 +64,12 @@ def _run_status(client, w: RunWindow, label: str) -> None:
     if w.started and w.started.get("emulated"):
         st.caption("DP emulated on virtual CPU devices (real threads and copies)")
     cfg = w.config
+    knobs = (f"reshard_after_forward {cfg.get('reshard_after_forward')} · params "
+             f"{cfg.get('fsdp_param_dtype')}, reduce {cfg.get('fsdp_reduce_dtype')}"
+             if cfg.get("mode") == "fsdp" else
+             f"bucket cap {cfg.get('bucket_cap_mb')} MiB · overlap {cfg.get('overlap')}")
     st.caption(f"`{w.run_id}` · {cfg.get('model')} on {cfg.get('dataset')} · "
-               f"global batch {cfg.get('global_batch_size')} · "
-               f"bucket cap {cfg.get('bucket_cap_mb')} MiB · overlap {cfg.get('overlap')}")
+               f"global batch {cfg.get('global_batch_size')} · {knobs}")
     if w.error:
         _show_error(w.error, w.status)
     if w.status in ("queued", "started") and st.button("Cancel", key=f"cancel_{w.run_id}"):
@@ -145,7 +148,8 @@ def memory_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) 
 
 # ---- per-run detail ---------------------------------------------------------------------------
 def detail_panel(client, windows: dict[str, RunWindow], labels: dict[str, str], rid: str) -> None:
-    """The latest step of one run: DDP bucket timeline or DP phase timeline, and bytes moved."""
+    """The latest step of one run: DDP bucket timeline, FSDP unit timeline or DP phase timeline,
+    and bytes moved."""
     refresh(client, windows)
     w = windows[rid]
     st.markdown(f"##### {labels[rid]}")
@@ -158,6 +162,10 @@ def detail_panel(client, windows: dict[str, RunWindow], labels: dict[str, str], 
             _chart(charts.bucket_timeline_chart(
                 buckets, frames.backward_frame(w.of_type("step"), step)), f"chart_buckets_{rid}")
             _bucket_caption(buckets)
+    elif w.mode == "fsdp":
+        from app.panels_fsdp import fsdp_detail
+
+        fsdp_detail(w, labels[rid], rid)
     elif w.mode == "dp":
         phases = frames.dp_phase_frame(w.of_type("dp_phase"))
         if phases.empty:
@@ -170,8 +178,13 @@ def detail_panel(client, windows: dict[str, RunWindow], labels: dict[str, str], 
     volume = frames.comm_volume_frame(w.of_type("comm_volume"))
     if not volume.empty:
         _chart(charts.comm_volume_chart(volume), f"chart_volume_{rid}")
-        st.caption("theory (P = gradient bytes, n = devices): DP device 0 sends and receives "
-                   "(n−1)·P, the others P; ring all-reduce 2(n−1)/n·P per rank")
+        if w.mode == "fsdp":
+            from app.panels_fsdp import VOLUME_CAPTION
+
+            st.caption(VOLUME_CAPTION)
+        else:
+            st.caption("theory (P = gradient bytes, n = devices): DP device 0 sends and receives "
+                       "(n−1)·P, the others P; ring all-reduce 2(n−1)/n·P per rank")
 
 
 def _bucket_caption(buckets: pd.DataFrame) -> None:

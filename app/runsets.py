@@ -24,7 +24,7 @@ FIRST_STEPS = 2  # steps 0 and 1 are kept as well: the initial bucket and the re
 MAX_STEPS = 2000  # step and memory events kept per run (charts thin them further)
 REFRESH_S = 1.0
 POLL_INTERVAL_S = 0.5
-MODE_ORDER = {"single": 0, "dp": 1, "ddp": 2}
+MODE_ORDER = {"single": 0, "dp": 1, "ddp": 2, "fsdp": 3}
 
 Run = dict[str, Any]
 

@@ -21,7 +21,7 @@ import time
 from typing import Any, Protocol
 
 TERMINAL = ("finished", "failed", "canceled", "lost")  # lost: its worker stopped beating
-_RECENT_STEPS = {"bucket": 2, "dp_phase": 2, "comm_volume": 2}
+_RECENT_STEPS = {"bucket": 2, "dp_phase": 2, "comm_volume": 2, "fsdp_collective": 2, "fsdp_memory_curve": 2}
 _MAX_LOGS = 50
 TAIL_MAX_EVENTS = 10_000  # events a first poll reads from a stream's tail, at most
 

@@ -1,4 +1,4 @@
-"""`compare`: single, DP and DDP on one config, side by side, with the numbers that explain them.
+"""`compare`: single, DP, DDP (and FSDP) on one config, side by side, with the numbers that explain them.
 
 Speed-up is `samples_per_s(mode) / samples_per_s(single)` (median steady-state steps).
 `max_param_diff_vs_single` is the largest absolute difference of any parameter after the run,
@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from engine.config import RunConfig
+from engine.config import FSDP_FIELDS, RunConfig
 from engine.events import EventSink, ListSink
 from engine.run import RunResult, run_training
 
-MODES = ("single", "dp", "ddp")
+MODES = ("single", "dp", "ddp")  # the default set
+ALL_MODES = ("single", "dp", "ddp", "fsdp")
 SPLIT = ("step_time_s", "forward_s", "backward_s", "comm_exposed_s", "optimizer_s")
 
 
@@ -34,20 +35,37 @@ def mode_report(result: RunResult, single: RunResult | None) -> dict[str, Any]:
                 val_accuracy=s.get("val_accuracy"), final_loss=s.get("final_loss"))
 
 
-def compare(cfg: RunConfig, *, sink_for: Callable[[str], EventSink] | None = None,
+def mode_config(cfg: RunConfig, mode: str) -> RunConfig:
+    """`cfg` as `mode`; the FSDP-only knobs go back to their defaults for the other modes."""
+    update: dict[str, Any] = {"mode": mode}
+    if mode != "fsdp":
+        update.update({k: RunConfig.model_fields[k].default for k in FSDP_FIELDS})
+    return RunConfig(**{**cfg.model_dump(), **update})
+
+
+def compare(cfg: RunConfig, *, modes: tuple[str, ...] = MODES,
+            sink_for: Callable[[str], EventSink] | None = None,
             on_mode: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
-    """Run `cfg` as single, dp and ddp (in that order); returns a report keyed by mode.
+    """Run `cfg` in each of `modes` (in that order); returns a report keyed by mode.
 
     Args:
         cfg: the shared config; its `mode` is ignored.
+        modes: a subset of `ALL_MODES`; `max_param_diff_vs_single` needs "single" among them.
         sink_for: sink for a mode's events (default: kept in memory and dropped).
         on_mode: called with each mode's name before it starts (progress display).
+
+    Raises:
+        ValueError: a mode not in `ALL_MODES`.
     """
+    bad = [m for m in modes if m not in ALL_MODES]
+    if bad:
+        raise ValueError(f"modes must be among {list(ALL_MODES)} (got {bad})")
     results: dict[str, RunResult] = {}
-    for mode in MODES:
+    for mode in modes:
         if on_mode is not None:
             on_mode(mode)
         sink = sink_for(mode) if sink_for else ListSink()
-        results[mode] = run_training(cfg.model_copy(update={"mode": mode}), sink, f"compare-{mode}")
-    single = results["single"] if results["single"].status == "succeeded" else None
-    return {m: mode_report(results[m], single) for m in MODES}
+        results[mode] = run_training(mode_config(cfg, mode), sink, f"compare-{mode}")
+    single = results.get("single")
+    single = single if single is not None and single.status == "succeeded" else None
+    return {m: mode_report(results[m], single) for m in modes}

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 SCHEMA_VERSION = 1  # version of the event schema, carried in `run_started`
 
 BUILTIN_MODELS = ("mlp", "cnn", "gpt")
+FSDP_FIELDS = ("reshard_after_forward", "fsdp_param_dtype", "fsdp_reduce_dtype")  # mode fsdp only
 DATASETS = ("digits", "text", "synthetic")
 # Which datasets each built-in model trains on (the first is the default).
 MODEL_DATASETS: dict[str, tuple[str, ...]] = {
@@ -40,8 +41,8 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    mode: Literal["dp", "ddp", "single"] = "ddp"  # single = one device, same global batch
-    world_size: int = Field(2, ge=1, le=64)  # devices (DP) or rank processes (DDP)
+    mode: Literal["dp", "ddp", "fsdp", "single"] = "ddp"  # single = one device, same global batch
+    world_size: int = Field(2, ge=1, le=64)  # devices (DP) or rank processes (DDP, FSDP)
     nnodes: int = Field(1, ge=1, le=64)  # hosts a DDP run spans (world_size // nnodes ranks each)
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: CUDA if world_size GPUs, else CPU
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # DDP process-group backend
@@ -63,6 +64,12 @@ class RunConfig(BaseModel):
     find_unused_parameters: bool = False
     grad_accum_steps: int = Field(1, ge=1, le=1024)  # micro-batches per optimizer step
     amp: bool = False  # bf16 autocast
+    # FSDP (mode fsdp) knobs, named as in torch.distributed.fsdp.fully_shard / MixedPrecisionPolicy.
+    # Separate from `amp` (op-level autocast, fp32 parameters): these set the dtype FSDP all-gathers
+    # parameters in and reduce-scatters gradients in, so they change the bytes moved.
+    reshard_after_forward: bool = True  # free each unit's gathered parameters after its forward
+    fsdp_param_dtype: Literal["float32", "bfloat16"] = "float32"  # all-gather and compute dtype
+    fsdp_reduce_dtype: Literal["float32", "bfloat16"] = "float32"  # reduce-scatter dtype
     eval_every: int = Field(25, ge=0, le=1_000_000)  # validation every N steps; 0 = at end only
     step_delay_s: float = Field(0.05, ge=0.0, le=5.0)  # pause after each step so a demo can be watched; not in step times
     probe: bool = True  # DDP, world_size >= 2: after training, time all-reduces of 4 KiB..64 MiB alone (engine/probe.py)
@@ -116,11 +123,28 @@ def cross_field_errors(cfg: RunConfig) -> list[tuple[str, str]]:
             errs.append(("fault_rank", f"fault_rank must be < world_size ({cfg.world_size}) (got {cfg.fault_rank})"))
         if cfg.fault_step >= cfg.steps:
             errs.append(("fault_step", f"fault_step must be < steps ({cfg.steps}) (got {cfg.fault_step})"))
-        if cfg.fault == "hang" and cfg.mode != "ddp":
-            errs.append(("fault", "fault 'hang' needs mode 'ddp': DP and single have no collective "
-                                  "timeout, so the run would hang for good"))
+        if cfg.fault == "hang" and cfg.mode not in ("ddp", "fsdp"):
+            errs.append(("fault", "fault 'hang' needs mode 'ddp' or 'fsdp': DP and single have no "
+                                  "collective timeout, so the run would hang for good"))
+    errs += _fsdp_errors(cfg)
     if cfg.backend == "nccl" and cfg.device == "cpu":
         errs.append(("backend", "backend 'nccl' needs device 'cuda' (use 'gloo' on CPU)"))
+    return errs
+
+
+def _fsdp_errors(cfg: RunConfig) -> list[tuple[str, str]]:
+    """FSDP knobs apply to mode 'fsdp' only; bf16 parameters and bf16 autocast do not mix."""
+    errs: list[tuple[str, str]] = []
+    if cfg.mode != "fsdp":
+        if not cfg.reshard_after_forward:
+            errs.append(("reshard_after_forward", f"reshard_after_forward=false needs mode 'fsdp' "
+                                                  f"(got mode '{cfg.mode}')"))
+        for name in ("fsdp_param_dtype", "fsdp_reduce_dtype"):
+            if getattr(cfg, name) != "float32":
+                errs.append((name, f"{name} '{getattr(cfg, name)}' needs mode 'fsdp' (got mode '{cfg.mode}')"))
+    elif cfg.amp and cfg.fsdp_param_dtype == "bfloat16":
+        errs.append(("amp", "amp (bf16 autocast) and fsdp_param_dtype 'bfloat16' both cast the compute "
+                            "to bf16; use one (fsdp_param_dtype also halves the all-gather bytes)"))
     return errs
 
 

@@ -31,7 +31,7 @@ class DevicePlan:
 
     kind: str  # "cpu" or "cuda"
     names: list[str]
-    backend: str | None  # process-group backend for DDP, None otherwise
+    backend: str | None  # process-group backend for DDP and FSDP, None otherwise
     emulated: bool  # DP on virtual CPU devices
     infos: list[dict[str, Any]] = field(default_factory=list)
 
@@ -56,7 +56,7 @@ def resolve_plan(cfg: RunConfig) -> DevicePlan:
                              f"device 'cuda' with world_size {n} needs {n} CUDA devices; {gpus} visible")
     kind = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and gpus >= n) else "cpu"
     backend = None
-    if cfg.mode == "ddp":
+    if cfg.mode in ("ddp", "fsdp"):  # a process group per run: one rank process per device
         backend = cfg.backend if cfg.backend != "auto" else ("nccl" if kind == "cuda" else "gloo")
         if backend == "nccl" and kind != "cuda":
             raise PreflightError("backend", "backend 'nccl' needs CUDA devices; use 'gloo' on CPU")

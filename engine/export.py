@@ -2,7 +2,8 @@
 
 Pure Python (no torch). The Chrome trace uses the Trace Event Format's complete events
 (`"ph": "X"`, microseconds; https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU):
-one track per rank (DDP) or device (DP): step spans, DP phases, bucket all-reduces.
+one track per rank (DDP, FSDP) or device (DP): step spans, DP phases, bucket all-reduces, FSDP's
+all-gathers and reduce-scatters.
 """
 
 from __future__ import annotations
@@ -67,6 +68,10 @@ def chrome_trace(events: list[dict[str, Any]]) -> dict[str, Any]:
             span(f"all-reduce bucket {e['bucket_index']}", "bucket", _track(e, mode),
                  base["backward_start_ts"] + e["comm_start_s"], e["comm_end_s"] - e["comm_start_s"],
                  {"nbytes": e["nbytes"], "ready_s": e["ready_s"], "step": e["step"]})
+        elif t == "fsdp_collective" and e.get("end_s") is not None:
+            span(f"{e['kind'].replace('_', '-')} {e['unit']} ({e['phase']})", "fsdp", _track(e, mode),
+                 base["start_ts"] + e["start_s"], e["end_s"] - e["start_s"],
+                 {"nbytes": e["nbytes"], "dtype": e.get("dtype"), "step": e["step"]})
     meta = [dict(name="thread_name", ph="M", pid=1, tid=tid, args={"name": name}) for name, tid in tids.items()]
     meta.append(dict(name="process_name", ph="M", pid=1, args={"name": f"ddpviz {mode} run"}))
     return {"traceEvents": meta + out, "displayTimeUnit": "ms"}

@@ -170,8 +170,11 @@ def _exit_error(exc: Exception) -> dict:
 
 def launch_ddp(cfg: RunConfig, plan: DevicePlan, out, run_id: str,
                should_stop: Callable[[], bool] | None, workdir: Path,
-               node: NodeSpec | None = None) -> torch.Tensor | None:
+               node: NodeSpec | None = None, rank_fn: Callable | None = None) -> torch.Tensor | None:
     """Run this host's DDP ranks; returns global rank 0's final parameters (P,) if it ran here.
+
+    `rank_fn` is what each rank process runs (default `engine.ddp.rank_main`; FSDP passes
+    `engine.fsdp.rank_main`); it takes the same arguments and writes the same files.
 
     One host: `cfg.world_size` ranks, rendezvous on a free loopback port. Several hosts (`node`):
     `world_size // nnodes` ranks here, c10d rendezvous at `node.rdzv_endpoint`; a rank failing on
@@ -186,6 +189,7 @@ def launch_ddp(cfg: RunConfig, plan: DevicePlan, out, run_id: str,
 
     from engine.ddp import rank_main
 
+    rank_fn = rank_fn or rank_main
     node = node or NodeSpec()
     for name in ("torch.distributed.elastic", "torch.multiprocessing"):  # errors reach the run's event
         logging.getLogger(name).setLevel(logging.CRITICAL)
@@ -200,7 +204,7 @@ def launch_ddp(cfg: RunConfig, plan: DevicePlan, out, run_id: str,
     follower = _Follower(workdir, nproc, out, should_stop)
     follower.start()
     try:
-        elastic_launch(lc, rank_main)(cfg.to_json_dict(), run_id, str(workdir), plan.backend, plan.kind,
+        elastic_launch(lc, rank_fn)(cfg.to_json_dict(), run_id, str(workdir), plan.backend, plan.kind,
                                       node.host_label)
         failure = None
     except Exception as exc:  # ChildFailedError, or the agent's own (rendezvous) errors

@@ -1,4 +1,4 @@
-"""Runs one job in this process (single, DP) or in rank processes (DDP) and reports it.
+"""Runs one job in this process (single, DP) or in rank processes (DDP, FSDP) and reports it.
 
 Order of events: `run_started` (after pre-flight checks), the run's own events, `run_finished`
 (always, with status succeeded|failed|canceled and a summary built from the events).
@@ -65,6 +65,10 @@ def _started_fields(cfg: RunConfig, plan: DevicePlan, model: torch.nn.Module, ds
         from engine.buckets import preview_buckets
 
         extra["bucket_preview"] = preview_buckets(cfg, model, ds.x_train[:2], ds.y_train[:2])
+    if cfg.mode == "fsdp":
+        from engine.fsdp_units import fsdp_preview
+
+        extra["fsdp_units"] = fsdp_preview(cfg, model)
     return dict(extra, schema_version=SCHEMA_VERSION, config=cfg.to_json_dict(), mode=cfg.mode,
                 world_size=cfg.world_size, backend=plan.backend, devices=plan.infos,
                 device_names=plan.names, emulated=plan.emulated, torch_version=torch.__version__,
@@ -90,6 +94,10 @@ def execute(cfg: RunConfig, sink: EventSink, run_id: str, *,
         ds = load_dataset(cfg)
         model = build_model(cfg, ds)
         check_model(cfg, model, ds)
+        if cfg.mode == "fsdp":
+            from engine.fsdp_units import check_fsdp
+
+            check_fsdp(cfg, plan, model)
         out.emit(make_event("run_started", run_id, rank=0, device=plan.names[0],
                             **_started_fields(cfg, plan, model, ds)))
         if workdir is None:
@@ -119,6 +127,11 @@ def _dispatch(cfg, plan: DevicePlan, ds, model, out, run_id, should_stop, workdi
         from engine.launcher import launch_ddp
 
         return launch_ddp(cfg, plan, out, run_id, should_stop, workdir, node)
+    if cfg.mode == "fsdp":  # the same launcher, another rank function
+        from engine.fsdp import rank_main as fsdp_rank_main
+        from engine.launcher import launch_ddp
+
+        return launch_ddp(cfg, plan, out, run_id, should_stop, workdir, node, rank_fn=fsdp_rank_main)
     tel = Telemetry(out, run_id, rank=0, device=plan.names[0])
     if cfg.mode == "single":
         from engine.single import train_single

@@ -1,6 +1,6 @@
 """`ddpviz compare`, `bench`, `preview` and `probe`: engine runs here.
 
-compare: single, DP and DDP on one config; `--json` prints an object keyed by mode (DESIGN.md).
+compare: single, DP and DDP (`--modes` adds fsdp) on one config; `--json` prints an object keyed by mode.
 bench: the eight performance figures as JSON and Markdown (`workers.bench`) — the place where
 speed and memory targets are checked (not timed tests).
 preview: the DDP bucket layout PyTorch will use for a config, before anything launches.
@@ -15,12 +15,20 @@ import sys
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from engine.compare import compare
+    from engine.compare import ALL_MODES, compare
     from engine.config import validate_config
     from workers.flags import run_fields
 
-    cfg = validate_config({**run_fields(args), "mode": "ddp"})
-    report = compare(cfg, on_mode=lambda m: print(f"running {m} ...", file=sys.stderr, flush=True))
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    bad = [m for m in modes if m not in ALL_MODES]
+    if bad or not modes:
+        print(f"ddpviz: error: --modes must be a comma-separated subset of {','.join(ALL_MODES)} "
+              f"(got {args.modes!r})", file=sys.stderr)
+        return 2
+    # Validated as the mode that accepts every flag given (FSDP knobs need mode fsdp).
+    cfg = validate_config({**run_fields(args), "mode": "fsdp" if "fsdp" in modes else "ddp"})
+    report = compare(cfg, modes=modes,
+                     on_mode=lambda m: print(f"running {m} ...", file=sys.stderr, flush=True))
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -89,9 +97,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 def register(command, add_run_flags) -> None:
     """Add the engine commands to the `ddpviz` parser (`command` as in workers.cli.build_parser)."""
-    p = command("compare", cmd_compare, "run single, DP and DDP on one config here and compare", redis=False)
+    p = command("compare", cmd_compare, "run single, DP, DDP (and FSDP) on one config here and compare",
+                redis=False)
     add_run_flags(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON, keyed by mode")
+    p.add_argument("--modes", default="single,dp,ddp", metavar="M1,M2,...",
+                   help="modes to run, comma-separated, from single,dp,ddp,fsdp (default: single,dp,ddp)")
     from workers.bench.cli import register as register_bench
 
     register_bench(command)

@@ -1,4 +1,4 @@
-"""Sets of runs launched together: a single/DP/DDP trio and parameter sweeps. Imports no torch.
+"""Sets of runs launched together: a single/DP/DDP/FSDP set and parameter sweeps. Imports no torch.
 
 Every run of a set shares one `group` in its record (the set's id) and gets a label naming what
 differs, so the app can find a set by its group and draw it without extra Redis keys.
@@ -21,7 +21,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Iterable
 
-from engine.config import ConfigError, validate_config
+from engine.config import FSDP_FIELDS, ConfigError, validate_config
 
 SWEEP_KINDS = ("world_size", "bucket_cap_mb", "overlap")
 SWEEP_PREFIX = "sweep-"
@@ -42,10 +42,15 @@ def sweep_kind(group: str | None) -> str | None:
     return {"ws": "world_size", "bucket": "bucket_cap_mb", "overlap": "overlap"}.get(short)
 
 
+TRIO_MODES = ("single", "dp", "ddp", "fsdp")  # the Compare set: one device and the three strategies
+
+
 def trio_configs(config: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
-    """(config, label) of the single, DP and DDP runs of `config` (its `mode` is ignored)."""
-    return [({**config, "mode": m}, label) for m, label in
-            (("single", "single"), ("dp", "DP"), ("ddp", "DDP"))]
+    """(config, label) of the single, DP, DDP and FSDP runs of `config` (its `mode` is ignored;
+    the FSDP-only fields reach the FSDP run only)."""
+    base = {k: v for k, v in config.items() if k not in FSDP_FIELDS}
+    return [({**(config if m == "fsdp" else base), "mode": m}, label) for m, label in
+            (("single", "single"), ("dp", "DP"), ("ddp", "DDP"), ("fsdp", "FSDP"))]
 
 
 def sweep_configs(base: dict[str, Any], kind: str,
@@ -96,14 +101,14 @@ def _submit_set(client, items: list[tuple[dict[str, Any], str]], group: str) -> 
 
 
 def submit_trio(client, config: dict[str, Any]) -> tuple[str, dict[str, str]]:
-    """Submit `config` as single, DP and DDP (one group). Returns (group, {mode: run_id}).
+    """Submit `config` as single, DP, DDP and FSDP (one group). Returns (group, {mode: run_id}).
 
     Raises:
         engine.config.ConfigError: a variant breaks a rule (nothing is submitted then).
     """
     group = _new_id(TRIO_PREFIX)
     ids = _submit_set(client, trio_configs(config), group)
-    return group, dict(zip(("single", "dp", "ddp"), ids))
+    return group, dict(zip(TRIO_MODES, ids))
 
 
 def submit_sweep(client, base_config: dict[str, Any], kind: str, values: Iterable[Any]) -> str:

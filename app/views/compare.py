@@ -1,7 +1,7 @@
-"""Compare page: a single/DP/DDP set (same config and seed) side by side.
+"""Compare page: a single/DP/DDP/FSDP set (same config and seed) side by side.
 
-Pick a set of runs launched together (or launch a trio here), then read: samples/s and the
-speed-up over one device, the step-time split, peak memory per device and its imbalance, bytes
+Pick a set of runs launched together (or launch one here), then read: peak memory per device
+(the headline), samples/s and the speed-up over one device, the step-time split, peak memory per device and its imbalance, bytes
 per device per step against the formula, overlap, whether the replicas stayed in sync — and the
 throughput and loss curves on one step axis.
 """
@@ -20,11 +20,11 @@ from workers.sweeps import submit_trio
 
 
 def launch_trio(client) -> None:
-    """A compact form that submits single, DP and DDP of one config (one group)."""
-    with st.expander("Launch a single / DP / DDP trio", icon=":material/rocket_launch:"):
+    """A compact form that submits single, DP, DDP and FSDP of one config (one group)."""
+    with st.expander("Launch a single / DP / DDP / FSDP set", icon=":material/rocket_launch:"):
         with st.form("compare_launch"):
             values = quick_fields("cmp")
-            go = st.form_submit_button("Launch single, DP and DDP", type="primary",
+            go = st.form_submit_button("Launch single, DP, DDP and FSDP", type="primary",
                                        key="compare_launch_trio")
         if go:
             try:
@@ -43,13 +43,10 @@ def body(windows, labels) -> None:
     """Everything below the picker; redrawn each tick while a run is going."""
     views = [view_of(w, labels[rid]) for rid, w in windows.items()]
     table = compare_frame(views)
-    cols = st.columns(len(views))
-    for col, (_, row) in zip(cols, table.iterrows()):
-        speed = row["speedup_vs_single"]
-        col.metric(f"{row['run']}: samples/s", "—" if row["samples_per_s"] != row["samples_per_s"]
-                   else f"{row['samples_per_s']:,.0f}",
-                   delta=None if speed != speed else f"{speed:.2f}× single", delta_color="off",
-                   delta_arrow="off")
+    headline(table)
+    peaks = peak_memory_frame(views)
+    if not peaks.empty:
+        st.altair_chart(charts_compare.peak_memory_chart(peaks), key="cmp_memory")
     rows = side_by_side(table)
     st.dataframe(rows, hide_index=True, key="compare_table", height=36 * (len(rows) + 1) + 4)
     curves = curves_frame(views)
@@ -67,21 +64,27 @@ def body(windows, labels) -> None:
         else:
             st.info("Speed-up needs a finished `single` run in this set: launch a trio above.",
                     icon=":material/info:")
-    left, right = st.columns(2)
-    with left:
-        peaks = peak_memory_frame(views)
-        if not peaks.empty:
-            st.altair_chart(charts_compare.peak_memory_chart(peaks), key="cmp_memory")
-    with right:
-        volume = bytes_frame(views)
-        if not volume.empty:
-            st.altair_chart(charts_compare.bytes_chart(volume), key="cmp_bytes")
+    volume = bytes_frame(views)
+    if not volume.empty:
+        st.altair_chart(charts_compare.bytes_chart(volume), key="cmp_bytes")
     st.caption("P = gradient bytes. Replicas in sync: every replica's parameter checksum equal "
-               "at the last check (DP: device copies; DDP: ranks).")
+               "at the last check (DP: device copies; DDP: ranks; FSDP has no replicas: each rank "
+               "holds its own shard, so there is nothing to compare).")
+
+
+def headline(table) -> None:
+    """Per run: peak memory of its busiest device (the headline) and samples/s beside it."""
+    for col, (_, row) in zip(st.columns(len(table)), table.iterrows()):
+        peak, sps, speed = row["peak_mib_max"], row["samples_per_s"], row["speedup_vs_single"]
+        rate = "—" if sps != sps else f"{sps:,.0f} samples/s" + ("" if speed != speed else f", {speed:.2f}× single")
+        col.metric(f"{row['run']}: peak memory per device", "—" if peak != peak else f"{peak:.2f} MiB",
+                   delta=rate, delta_color="off", delta_arrow="off",
+                   help="the busiest device's peak, measured (see the chart's legend for how)")
 
 
 st.title("Compare")
-st.caption("Same config, same seed: one device vs DataParallel vs DistributedDataParallel.")
+st.caption("Same config, same seed: one device vs DataParallel vs DistributedDataParallel vs fully "
+           "sharded data parallel (FSDP2). Headline: the peak memory of each run's busiest device.")
 client = require_client()
 launch_trio(client)
 runs = runsets.pick_set(client, "compare_set", runsets.has_modes("dp", "ddp"))

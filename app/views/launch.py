@@ -2,7 +2,8 @@
 
 "Launch" submits one run; "Launch DP and DDP with this config" submits the same config twice
 (mode dp and mode ddp, one group) so the Live page can put them side by side; "Launch single,
-DP and DDP" adds the one-device baseline (`workers.sweeps.submit_trio`) for the Compare page.
+DP, DDP and FSDP" adds the one-device baseline and the sharded run (`workers.sweeps.submit_trio`)
+for the Compare page.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def config_form() -> tuple[dict[str, Any], str, str | None]:
                                       width="stretch")
         pair = middle.form_submit_button("Launch DP and DDP with this config", key="launch_pair",
                                          width="stretch")
-        trio = right.form_submit_button("Launch single, DP and DDP (to compare)",
+        trio = right.form_submit_button("Launch single, DP, DDP and FSDP (to compare)",
                                         key="launch_trio", width="stretch")
     action = "one" if one else "pair" if pair else "trio" if trio else None
     return values, label.strip(), action
@@ -54,7 +55,8 @@ def submit(client, values: dict[str, Any], label: str, action: str) -> list[str]
     (None if refused).
 
     Validation runs first, so a bad form never reaches Redis (nor needs it)."""
-    config = form.pair_values(values) if action in ("pair", "trio") else values
+    config = form.pair_values(values) if action == "pair" else form.set_values(values) \
+        if action == "trio" else values
     errors = form.validation_errors(config)
     if errors:
         show_errors(errors)
@@ -84,7 +86,7 @@ def launched_panel() -> None:
         return
     st.success(f"Launched {len(ids)} run(s): " + ", ".join(f"`{i}`" for i in ids),
                icon=":material/rocket_launch:")
-    live = ids[-2:]  # Live shows two runs: of a trio, DP and DDP
+    live = ids[-2:]  # Live shows two runs: of a compare set, DDP and FSDP
     st.page_link(LIVE_PAGE, label="Watch them live", icon=":material/monitoring:",
                  query_params={"runs": ",".join(live)})
     if len(ids) > 1:
@@ -95,7 +97,8 @@ def launched_panel() -> None:
 st.title("Launch a run")
 st.caption("Same model, same global batch: DataParallel (one process, threads, device 0 does the "
            "bookkeeping) vs DistributedDataParallel (one process per rank, bucketed all-reduce "
-           "overlapping backward).")
+           "overlapping backward) vs fully sharded data parallel (FSDP2: each rank holds 1/n of the "
+           "model and gathers each block when it needs it).")
 client = get_client()  # None after a banner when Redis is down; the form still validates
 values, label, action = config_form()
 if action:

@@ -1,7 +1,8 @@
-"""Learn: the two communication patterns, drawn from the selected runs' measured bytes per link.
+"""Learn: the communication patterns, drawn from the selected runs' measured bytes.
 
-DataParallel is a star around device 0; DistributedDataParallel's all-reduce is a ring. Each
-drawing uses the `comm_volume` events of the run's latest step.
+DataParallel is a star around device 0; DistributedDataParallel's all-reduce is a ring (each
+drawing uses the `comm_volume` events of the run's latest step); FSDP shards every unit, gathers
+it and scatters its gradients (drawn from the run's `fsdp_collective` events).
 """
 
 from __future__ import annotations
@@ -26,6 +27,35 @@ and its own shard of the data. Gradients are grouped in buckets; when a bucket i
 2(n−1) hops, so every rank sends and receives 2(n−1)/n·P bytes — the same on every link, and
 below 2·P however many ranks join. Every rank then steps its own optimizer: no broadcast needed.
 """
+
+
+SHARD_TEXT = """
+**Fully sharded data parallel (FSDP2): shards, gather, scatter.** One process per rank, as in DDP,
+but no rank holds the whole model: each keeps 1/n of every parameter, of its gradient and of its
+optimizer state. The model is cut into units (here one per block, plus the root). Before a unit's
+forward every rank *all-gathers* the unit: it receives the n−1 shards it lacks, computes, and frees
+them again; backward gathers the unit once more, and afterwards a *reduce-scatter* sums every rank's
+gradient of the unit and hands each rank the average of its own shard only. With ring
+collectives each rank moves 3(n−1)/n·P per step (DDP: 2(n−1)/n·P; gloo's reduce-scatter is an
+all-reduce, so more on CPU), and holds about 1/n of what a DDP rank holds, plus one gathered unit
+at a time.
+"""
+
+
+def shards_section(fsdp, labels) -> None:
+    """The third picture: one FSDP run's unit, sharded, gathered and scattered."""
+    from app import charts_fsdp, frames_fsdp
+
+    st.markdown(SHARD_TEXT)
+    for rid, w in fsdp[:1]:
+        shards = frames_fsdp.shard_frame(w.of_type("fsdp_collective"))
+        if shards.empty:
+            st.info(f"{labels[rid]}: waiting for the first step's collectives…",
+                    icon=":material/hourglass_empty:")
+            continue
+        st.altair_chart(charts_fsdp.shard_chart(shards), key="learn_shards")
+        st.caption(f"{labels[rid]}: the unit with the largest all-gather; sizes are the shard bytes "
+                   "its all-gather and reduce-scatter carried (measured).")
 
 
 def body(windows, labels) -> None:
@@ -54,18 +84,21 @@ def body(windows, labels) -> None:
             st.altair_chart(topology_chart(nodes, edges, heading=heading, subtitle=sub,
                                            max_mib=top, arrows=kind == "ring"),
                             key=f"learn_{kind}")
-    if not drawn:
-        st.info("Pick a set with a DP or a DDP run.", icon=":material/info:")
+    fsdp = [(rid, w) for rid, w in windows.items() if w.mode == "fsdp"]
+    if fsdp:
+        shards_section(fsdp, labels)
+    if not drawn and not fsdp:
+        st.info("Pick a set with a DP, a DDP or an FSDP run.", icon=":material/info:")
 
 
-st.title("Learn: the star and the ring")
+st.title("Learn: the star, the ring and the shards")
 st.caption("Where the bytes go in each strategy, drawn from your own runs.")
 client = require_client()
 runs = [r for r in runsets.pick_set(client, "learn_set", runsets.has_modes("dp", "ddp"))
-        if runsets.mode(r) in ("dp", "ddp")]
+        if runsets.mode(r) in ("dp", "ddp", "fsdp")]
 runs = runsets.narrow_to_world_size(runs, "learn_ws")
 if not runs:
-    runsets.no_runs("DP or DDP runs")
+    runsets.no_runs("DP, DDP or FSDP runs")
     st.stop()
 labels = runsets.unique_labels(runs)
 windows = runsets.windows_for([r["run_id"] for r in runs])

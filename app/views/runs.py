@@ -27,7 +27,7 @@ def filters(df):
     c1.selectbox("show the newest", [25, 50, 100, 250, 500], index=2, key="runs_limit")
     statuses = c2.multiselect("status", sorted(set(STATUSES) | set(df["status"].dropna())),
                               key="runs_status")
-    modes = c3.multiselect("mode", ["single", "dp", "ddp"], key="runs_mode")
+    modes = c3.multiselect("mode", ["single", "dp", "ddp", "fsdp"], key="runs_mode")
     models = c4.multiselect("model", sorted(df["model"].dropna().unique()), key="runs_model")
     text = c5.text_input("search", key="runs_text", placeholder="id, label or model")
     return frames.filter_runs(df, statuses=statuses, modes=modes, models=models, text=text)

@@ -14,7 +14,8 @@ CONFIG = {"world_size": 2, "steps": 12, "width": 256, "bucket_cap_mb": 0.1, "ste
           "eval_every": 0}
 FILES = {"single": "real_single_mlp_ws2.jsonl", "dp": "real_dp_mlp_ws2.jsonl",
          "ddp": "real_ddp_mlp_ws2.jsonl", "ddp-nooverlap": "real_ddp_nooverlap_mlp_ws2.jsonl",
-         "ddp-probe": "real_ddp_probe_mlp_ws2.jsonl"}  # the same DDP config, with its all-reduce probe
+         "ddp-probe": "real_ddp_probe_mlp_ws2.jsonl",  # the same DDP config, with its all-reduce probe
+         "fsdp": "real_fsdp_mlp_ws2.jsonl"}
 
 
 def play(client, run_id: str, name: str, worker: str = "test-worker") -> None:
@@ -27,7 +28,7 @@ def play(client, run_id: str, name: str, worker: str = "test-worker") -> None:
 
 
 def trio(client, ddp: str = "ddp") -> tuple[str, dict[str, str]]:
-    """A single/DP/DDP trio, finished with the recorded runs (`ddp`: which recorded DDP run,
+    """A single/DP/DDP/FSDP set, finished with the recorded runs (`ddp`: which recorded DDP run,
     a key of FILES). Returns (group, {mode: id})."""
     group, ids = submit_trio(client, CONFIG)
     for mode, rid in ids.items():

@@ -1,11 +1,11 @@
 """Screenshots of every page with real runs: ``.venv/bin/python tests/app/screenshots.py``.
 
-Starts the stack (embedded Redis, one worker, Streamlit), submits a single/DP/DDP trio of one
+Starts the stack (embedded Redis, one worker, Streamlit), submits a single/DP/DDP/FSDP set of one
 config (a small CNN on the digits, whose backward is long enough on CPU for bucket overlap to
 show), DDP with overlap on and off, a DDP run that fails on purpose (fault=raise on rank 1) and
-a world-size sweep (2 and 4 devices), and writes docs/screenshots/<page>.png: launch,
-launch-error, live-running, live, live-failed, runs, compare, buckets, dp-timeline, theory,
-learn, sweeps, cluster. The browser shows a blank page while the later runs train, so it does
+a world-size sweep (2 and 4 devices, plus FSDP on 4), and writes docs/screenshots/<page>.png:
+launch, launch-error, live-running, live, live-fsdp, live-failed, runs, compare, buckets,
+dp-timeline, theory, learn, sweeps, cluster. The browser shows a blank page while the later runs train, so it does
 not compete with them for the CPU.
 
 On a small CPU box run it as ``OMP_NUM_THREADS=1 .venv/bin/python tests/app/screenshots.py``:
@@ -104,12 +104,19 @@ def main() -> None:
         time.sleep(3)
         _settle(page, charts=6)
         shoot(page, "live")
+        page.goto(f"{url}/live?runs={ids['ddp']},{ids['fsdp']}")
+        page.get_by_role("heading", name="Live").wait_for()
+        wait(client, [ids["fsdp"]])
+        time.sleep(3)
+        _settle(page, charts=8)
+        shoot(page, "live-fsdp")
         page.goto("about:blank")  # nothing polls while the next runs train
         overlap = submit_sweep(client, CONFIG, "overlap", [True, False])
         pair = [r["run_id"] for r in sweep_runs(client, overlap)]
         bad = client.submit({**CONFIG, "mode": "ddp", "steps": 20, "fault": "raise",
                              "fault_rank": 1, "fault_step": 5}, label="DDP, rank 1 raises")
         sweep = submit_sweep(client, SWEEP, "world_size", [2, 4])
+        fsdp4 = client.submit({**SWEEP, "mode": "fsdp", "world_size": 4}, label="FSDP ×4", group=sweep)
         wait(client, pair + [bad], timeout_s=600)
         page.goto(f"{url}/live?runs={bad}")
         page.get_by_text("Run failed").wait_for()
@@ -125,9 +132,11 @@ def main() -> None:
         page.goto("about:blank")
         swept = sweep_runs(client, sweep)
         wait(client, [r["run_id"] for r in swept], timeout_s=600)
+        wait(client, [fsdp4], timeout_s=600)
         four = ",".join(r["run_id"] for r in swept if r["config"]["world_size"] == 4
                         and r["config"]["mode"] != "single")
-        visit(page, f"{url}/learn?runs={four}", "Learn: the star and the ring", 2, "learn")
+        visit(page, f"{url}/learn?runs={four},{fsdp4}", "Learn: the star, the ring and the shards", 3,
+              "learn")
         visit(page, f"{url}/sweeps", "Sweeps", 2, "sweeps")
         visit(page, f"{url}/runs", "Runs", 0, "runs")
         grid = page.locator('[data-testid="stDataFrame"]').bounding_box()

@@ -24,14 +24,16 @@ def test_compare_page_side_by_side(real_client, app_test):
     _, ids = trio(real_client)
     at = app_test("views/compare.py")
     _ok(at)
-    assert _titles(at) == ["Throughput per step", "Loss per step", "Step time split",
-                           "Speed-up over one device", "Peak memory per device",
+    assert _titles(at) == ["Peak memory per device", "Throughput per step", "Loss per step",
+                           "Step time split", "Speed-up over one device",
                            "Bytes moved per device per step"]
     table = at.dataframe[0].value
-    assert list(table.columns) == ["measure", "single", "DP", "DDP"]
+    assert list(table.columns) == ["measure", "single", "DP", "DDP", "FSDP"]
     speed = table.set_index("measure").loc["speed-up vs single"]
-    assert speed["single"] == "1.00×" and speed["DP"].endswith("×")
-    assert [m.label for m in at.metric] == ["single: samples/s", "DP: samples/s", "DDP: samples/s"]
+    assert speed["single"] == "1.00×" and speed["DP"].endswith("×") and speed["FSDP"].endswith("×")
+    assert [m.label for m in at.metric] == [f"{r}: peak memory per device" for r in ("single", "DP", "DDP", "FSDP")]
+    peak = table.set_index("measure").loc["peak memory, busiest device (MiB)"]
+    assert float(peak["FSDP"]) < float(peak["DDP"])  # the headline: sharding holds less per rank
     # the same set through a link (?runs=), e.g. from the Runs page
     at = app_test("views/compare.py", runs=",".join(ids.values()))
     _ok(at)
@@ -45,7 +47,7 @@ def test_compare_page_launches_a_trio(real_client, app_test):
     at.button(key="compare_launch_trio").click().run()
     _ok(at)
     runs = real_client.list_runs()
-    assert sorted(r["config"]["mode"] for r in runs) == ["ddp", "dp", "single"]
+    assert sorted(r["config"]["mode"] for r in runs) == ["ddp", "dp", "fsdp", "single"]
     assert len({r["group"] for r in runs}) == 1 and {r["config"]["steps"] for r in runs} == {3}
     assert at.session_state["focus_group"] == runs[0]["group"]
 
@@ -54,7 +56,7 @@ def test_launch_page_trio_button(fake_client, app_test):
     at = app_test()
     at.button(key="launch_trio").click().run()
     assert not at.exception
-    assert [c["mode"] for c in fake_client.submitted] == ["single", "dp", "ddp"]
+    assert [c["mode"] for c in fake_client.submitted] == ["single", "dp", "ddp", "fsdp"]
     assert len({r["group"] for r in fake_client.runs.values()}) == 1
     links = [p.proto.page for p in at.get("page_link")]
     assert "views/compare.py" in str(links) or len(at.get("page_link")) == 2
@@ -117,9 +119,9 @@ def test_learn_page(real_client, app_test):
     trio(real_client)
     at = app_test("views/learn.py")
     _ok(at)
-    assert _titles(at) == ["DP: the star", "DDP: the ring"]
+    assert _titles(at) == ["DP: the star", "DDP: the ring", "Shards, gather, scatter: unit 'hidden.1'"]
     text = " ".join(m.value for m in at.markdown)
-    assert "a star" in text and "a ring" in text
+    assert "a star" in text and "a ring" in text and "shards, gather, scatter" in text
 
 
 def test_sweeps_page_world_size(real_client, app_test):
@@ -161,7 +163,7 @@ def test_runs_page_filters_and_exports(real_client, app_test):
     _, ids = trio(real_client)
     at = app_test("views/runs.py")
     _ok(at)
-    assert len(at.dataframe[0].value) == 3
+    assert len(at.dataframe[0].value) == 4  # single, DP, DDP, FSDP
     at.multiselect(key="runs_mode").select("dp").run()
     assert at.dataframe[0].value["run_id"].tolist() == [ids["dp"]]
     at.multiselect(key="runs_mode").unselect("dp").run()
@@ -232,5 +234,16 @@ def test_runs_page_states_the_retention_policy_and_shows_pins(real_client, app_t
     assert "newest 25 runs" in note and "last 3 days" in note and "w-test" in note
     df = at.dataframe[0].value
     assert df.set_index("run_id")["pinned"].to_dict() == {ids["single"]: False, ids["dp"]: True,
-                                                          ids["ddp"]: False}
+                                                          ids["ddp"]: False, ids["fsdp"]: False}
     assert at.button(key="pin_runs").disabled  # nothing selected
+
+
+def test_live_page_draws_the_fsdp_unit_timeline_where_ddp_draws_buckets(real_client, app_test):
+    _, ids = trio(real_client)
+    at = app_test("views/live.py", runs=f"{ids['ddp']},{ids['fsdp']}")
+    _ok(at)
+    titles = _titles(at)
+    assert "Gradient buckets, step 11" in titles
+    assert "FSDP unit timeline, step 11" in titles and "Memory within step 11, rank 0" in titles
+    captions = " ".join(c.value for c in at.caption)
+    assert "4 units" in captions and "reshard_after_forward True" in captions

@@ -101,7 +101,7 @@ def _visit(session, path: str, heading: str, charts: int) -> object:
 
 def test_compare_page(session):
     page = _visit(session, "compare", "Compare", charts=6)
-    assert page.get_by_text("single: samples/s").count() == 1
+    assert page.get_by_text("single: peak memory per device").count() == 1
     assert page.locator('[data-testid="stDataFrame"]').count() == 1
 
 
@@ -127,7 +127,7 @@ def test_theory_page(session):
 
 
 def test_learn_page(session):
-    _visit(session, "learn", "Learn: the star and the ring", charts=2)
+    _visit(session, "learn", "Learn: the star, the ring and the shards", charts=2)
 
 
 def test_sweeps_page(session):

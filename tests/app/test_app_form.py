@@ -13,7 +13,7 @@ def test_form_shows_every_runconfig_field_once():
 def test_defaults_and_kinds_follow_runconfig():
     d = form.defaults()
     assert (d["world_size"], d["bucket_cap_mb"], d["mode"]) == (2, 25.0, "ddp")
-    assert form.kind("mode") == "choice" and form.choices("mode") == ["dp", "ddp", "single"]
+    assert form.kind("mode") == "choice" and form.choices("mode") == ["dp", "ddp", "fsdp", "single"]
     assert form.kind("overlap") == "bool" and form.kind("steps") == "int"
     assert form.kind("lr") == "float" and "mlp" in form.choices("model")
 
@@ -27,6 +27,9 @@ def test_validation_errors_name_fields():
     assert errs[0][0] == "fault_rank" and "< world_size" in errs[0][1]
 
 
-def test_pair_values_keep_config_but_mode():
-    v = {**form.defaults(), "mode": "single", "steps": 7}
-    assert form.pair_values(v) == {**v, "mode": "ddp"}
+def test_pair_values_keep_config_but_mode_and_the_fsdp_fields():
+    v = {**form.defaults(), "mode": "single", "steps": 7, "reshard_after_forward": False}
+    kept = {k: x for k, x in v.items() if k not in ("reshard_after_forward", "fsdp_param_dtype",
+                                                    "fsdp_reduce_dtype")}
+    assert form.pair_values(v) == {**kept, "mode": "ddp"}
+    assert form.validation_errors(form.pair_values(v)) == []

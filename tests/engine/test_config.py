@@ -21,7 +21,7 @@ def test_defaults_are_valid_and_describe_a_ddp_pair_run():
     ({"world_size": 0}, "world_size", "must be >= 1"),
     ({"bucket_cap_mb": 0}, "bucket_cap_mb", "must be > 0"),
     ({"bucket_cap_mb": -5}, "bucket_cap_mb", "must be > 0"),
-    ({"mode": "fsdp"}, "mode", "must be one of"),
+    ({"mode": "zero3"}, "mode", "must be one of"),
     ({"global_batch_size": 3, "world_size": 4}, "global_batch_size", "must be >= world_size (4)"),
     ({"global_batch_size": 10, "world_size": 3}, "global_batch_size", "[4, 4, 2]"),
     ({"model": "gpt", "dataset": "digits"}, "dataset", "does not fit model 'gpt'"),

@@ -1,0 +1,122 @@
+"""FSDP's frames and charts on a recorded real run, against references outside the code under test.
+
+Recorded (tests/app/data/real_fsdp_mlp_ws2.jsonl): mlp 64 -> 256 x3 -> 10 on digits, mode fsdp,
+world_size 2 on gloo, 12 steps, global batch 64 — the recorded DP/DDP runs' config (its sampled
+steps, with collectives and memory curves: 0, 1, 2, 10 and 11).
+References: the run's `grad_bytes` (`engine.models.grad_bytes`, the model's parameter bytes; no
+dim-0 padding at n = 2 since every row count is even), FSDP2's documented collectives, the
+curve's own per-point totals.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from app import charts_fsdp, frames, frames_compare as fc, frames_fsdp as ff
+from app.chart_style import MAX_POINTS
+from app.window import RunWindow
+from workers.sweeps import trio_configs
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture(scope="module")
+def fsdp():
+    with open(DATA / "real_fsdp_mlp_ws2.jsonl", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def test_collective_frame_covers_every_parameter_byte_each_way(fsdp):
+    grad_bytes = frames.of_type(fsdp, "run_started")[0]["grad_bytes"]
+    coll = ff.collective_frame(fsdp)
+    assert int(coll["step"].iloc[0]) == 11 and set(coll["rank"]) == {0, 1}
+    for _, r in coll.groupby("rank"):
+        fwd = r[r["kind"] == "all-gather (forward)"]
+        assert fwd["nbytes"].sum() == grad_bytes  # every unit gathered once before its forward
+        assert r.loc[r["kind"] == "reduce-scatter", "nbytes"].sum() == grad_bytes
+        assert set(r.loc[r["kind"] == "all-gather (backward)", "unit"]) == {"hidden.0", "hidden.1", "hidden.2"}
+    assert (coll["end_ms"] >= coll["start_ms"]).all() and (coll["shard_nbytes"] * 2 == coll["nbytes"]).all()
+
+
+def test_passes_hold_their_collectives(fsdp):
+    coll = ff.collective_frame(fsdp)
+    passes = ff.pass_frame(fsdp, 11)
+    assert sorted(passes["phase"]) == ["backward", "backward", "forward", "forward"]
+    for _, c in coll.iterrows():
+        p = passes[(passes["rank"] == c["rank"]) & (passes["phase"] == c["phase"])].iloc[0]
+        assert p["start_ms"] - 2 <= c["start_ms"] and c["end_ms"] <= p["end_ms"] + 2
+
+
+def test_memory_curve_frame_sums_back_to_each_points_total(fsdp):
+    curve = ff.memory_curve_frame(fsdp, rank=1)
+    raw = [e for e in frames.of_type(fsdp, "fsdp_memory_curve") if e["rank"] == 1 and e["step"] == 11][0]
+    assert int(curve["step"].iloc[0]) == 11 and set(curve["kind"]) == set(ff.MEMORY_KINDS)
+    totals = curve.groupby("t_ms")["mib"].sum().round(9).tolist()
+    assert totals == [round(p["tensor_bytes"] / frames.MIB, 9) for p in raw["points"]]
+
+
+def test_shard_frame_draws_one_unit_three_ways(fsdp):
+    shards = ff.shard_frame(fsdp)
+    assert shards["unit"].iloc[0] in ("hidden.1", "hidden.2")  # the 256 x 256 layers are the largest
+    assert len(shards) == 3 * 2 * 2
+    own = shards[shards["holder"].str[-1] == shards["slice"].str[-1]]
+    assert set(own.loc[own["picture"] != "reduce-scatter", "role"]) == {"own shard"}
+    assert set(shards.loc[(shards["picture"] == "sharded") & ~shards.index.isin(own.index), "role"]) == {"not held"}
+    gathered = ff.collective_frame(fsdp)
+    shard_mib = gathered.loc[gathered["unit"] == shards["unit"].iloc[0], "shard_nbytes"].iloc[0] / frames.MIB
+    assert shards["mib"].max() == pytest.approx(shard_mib)
+
+
+def _check(spec: dict) -> None:
+    assert spec["title"]["text"]
+    rows = sum(len(v) for v in spec.get("datasets", {}).values())
+    assert rows <= MAX_POINTS
+
+
+def test_fsdp_charts_have_titles_axes_and_legends(fsdp):
+    coll = ff.collective_frame(fsdp)
+    timeline = charts_fsdp.unit_timeline_chart(coll, ff.pass_frame(fsdp, 11), "FSDP").to_dict()
+    _check(timeline)
+    assert timeline["title"]["text"] == "FSDP unit timeline, step 11: FSDP"
+    assert timeline["layer"][0]["encoding"]["x"]["title"] == "ms from the step's forward start"
+    assert "measured" in timeline["title"]["subtitle"]
+    curve = charts_fsdp.memory_curve_chart(ff.memory_curve_frame(fsdp)).to_dict()
+    _check(curve)
+    assert curve["encoding"]["y"]["title"] == "MiB held (tensors alive)"
+    assert curve["encoding"]["color"]["legend"]["title"].startswith("measured")
+    grid = charts_fsdp.shard_chart(ff.shard_frame(fsdp)).to_dict()
+    _check(grid)
+    assert [p["title"]["text"] for p in grid["hconcat"]] == ["sharded", "all-gather", "reduce-scatter"]
+
+
+def test_compare_names_fsdp_ranks_and_uses_its_own_formula(fsdp):
+    w = RunWindow("f", recent_steps=8, first_steps=2)
+    w.ingest(fsdp)
+    w.run = {"config": fsdp[0]["config"], "status": "finished", "summary": fsdp[-1]["summary"]}
+    view = fc.view_of(w, "FSDP")
+    vol = fc.bytes_frame([view])
+    grad = fsdp[0]["grad_bytes"]
+    theory = vol[vol["which"] == "theory"]
+    assert set(theory["device"]) == {"rank 0", "rank 1"}
+    # 3(n-1)/n * P each way, n = 2: 1.5 P sent + 1.5 P received
+    assert theory["mib"].tolist() == pytest.approx([3 * grad / frames.MIB] * 2, rel=1e-6)
+    row = fc.compare_frame([view]).iloc[0]
+    assert row["mode"] == "fsdp" and row["peak_mib_max"] > 0
+
+
+def test_a_compare_set_gives_fsdp_fields_to_the_fsdp_run_only():
+    items = trio_configs({"steps": 3, "reshard_after_forward": False, "fsdp_param_dtype": "bfloat16"})
+    assert [c["mode"] for c, _ in items] == ["single", "dp", "ddp", "fsdp"]
+    assert [label for _, label in items] == ["single", "DP", "DDP", "FSDP"]
+    assert all("reshard_after_forward" not in c for c, _ in items[:3])
+    assert items[3][0]["reshard_after_forward"] is False and items[3][0]["fsdp_param_dtype"] == "bfloat16"
+
+
+def test_chrome_trace_carries_every_fsdp_collective(fsdp):
+    from engine.export import chrome_trace
+
+    spans = [e for e in chrome_trace(fsdp)["traceEvents"] if e.get("cat") == "fsdp"]
+    assert len(spans) == len(frames.of_type(fsdp, "fsdp_collective"))
+    assert {s["name"] for s in spans} >= {"all-gather root (forward)", "reduce-scatter hidden.0 (backward)"}
+    assert all(s["dur"] >= 0 for s in spans)
