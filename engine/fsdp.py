@@ -35,7 +35,7 @@ from engine.comm_hook import CudaClock, HostClock
 from engine.config import RunConfig
 from engine.data import load_dataset
 from engine.ddp import _device, die_with_parent
-from engine.events import BatchingSink, JsonlWriter
+from engine.events import rank_sink
 from engine.fsdp_events import CollectiveLog, install_recorders
 from engine.fsdp_memory import FsdpMemoryProbe
 from engine.fsdp_step import StepRunner
@@ -59,7 +59,7 @@ def rank_main(cfg_dict: dict, run_id: str, workdir: str, backend: str, device_ki
     rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     wd = Path(workdir)
     (wd / f"local{local}.json").write_text(json.dumps(dict(rank=rank, pid=os.getpid(), host=host)))
-    sink = BatchingSink(JsonlWriter(wd / f"local{local}.jsonl"), flush_interval_s=0.1)
+    sink = rank_sink(wd / f"local{local}.jsonl")
     try:
         _train_rank(RunConfig(**cfg_dict), run_id, rank, wd, backend, device_kind, sink, host)
     except BaseException as exc:
