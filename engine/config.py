@@ -61,6 +61,7 @@ class RunConfig(BaseModel):
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
     find_unused_parameters: bool = False
+    broadcast_buffers: bool = True  # DDP: rank 0's buffers (e.g. BatchNorm statistics) sent to all before each forward
     grad_accum_steps: int = Field(1, ge=1, le=1024)  # micro-batches per optimizer step
     amp: bool = False  # bf16 autocast
     eval_every: int = Field(25, ge=0, le=1_000_000)  # validation every N steps; 0 = at end only
