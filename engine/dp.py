@@ -66,6 +66,7 @@ class EmulatedDP:
         self.sent = [0] * n
         self.recv = [0] * n
         self.checksums: list[list[float]] | None = None  # replicas as built, on check steps
+        self.last_log: PhaseLog | None = None
 
     def _on(self, device: int, kind: str):
         """Attribute what this thread creates to `device` as `kind`, while memory is traced."""
@@ -195,7 +196,8 @@ class EmulatedDP:
         reps = self._broadcast(log)
         self._diverge(reps, step, micro)
         if micro == 0 and should_eval(self.cfg, step):  # what each replica computes with
-            self.checksums = [tensors_checksum(ps) for ps in reps.params]
+            with self.ledger.paused() if self.ledger is not None else nullcontext():
+                self.checksums = [tensors_checksum(ps) for ps in reps.params]
         chunks = self._scatter(x, log)
         outs = self._forward(reps, chunks, log, step)
         gathered = self._gather(outs, log)
@@ -239,6 +241,7 @@ def train_dp(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Module, te
             opt.zero_grad(set_to_none=True)
         log.add("optimizer", 0, t, now())
         t_end = now()
+        dp.last_log = log
         for phase, dev, s, e, nb in log.spans:
             tel.emit("dp_phase", step=step, phase=phase, device=plan.names[dev], start_s=s, end_s=e, nbytes=nb)
         for i in range(n):
@@ -246,10 +249,11 @@ def train_dp(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Module, te
             tel.emit("comm_volume", step=step, device=plan.names[i], sent_bytes=dp.sent[i],
                      recv_bytes=dp.recv[i], volume_source="measured", theory_sent_bytes=theory,
                      theory_recv_bytes=theory)
+        extra = {"replica_check": True} if should_eval(cfg, step) else {}  # its time includes the checksums
         return step_fields(start=t0, loss=loss, samples=cfg.global_batch_size, step_time_s=t_end - t0,
                            forward_s=log.total(("forward",)), backward_s=log.total(("loss", "backward")),
                            comm_exposed_s=log.total(EmulatedDP.COMM_PHASES),
-                           optimizer_s=log.total(("optimizer",)))
+                           optimizer_s=log.total(("optimizer",)), **extra)
 
     def existing():  # between steps only device 0 holds anything: the master copy
         return [(0, "params", model.parameters()), (0, "buffers", model.buffers()),
@@ -264,7 +268,11 @@ def train_dp(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Module, te
                      replicas_rebuilt_each_step=True)
 
     probes = [DeviceProbe(name, ledger_index=i, process_shared=True) for i, name in enumerate(plan.names)]
-    sampler = MemorySampler(tel, probes, cfg.steps, ledger=ledger, existing=existing)
+    def phases_of(i: int):  # the step's own spans on device i, in perf_counter seconds
+        log = dp.last_log
+        return [(p, log.t0 + s, log.t0 + e) for p, d, s, e, _ in log.spans if d == i]
+
+    sampler = MemorySampler(tel, probes, cfg.steps, ledger=ledger, existing=existing, phases_of=phases_of)
     try:
         with cpu_device_threads(cfg.world_size):
             drive(cfg, tel, sampler.wrap(train_step), should_stop=should_stop, check_sync=check_sync,

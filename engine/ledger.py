@@ -81,6 +81,15 @@ class TensorLedger:
             self.active = False
             self._entries = {}  # drops the weakrefs, so later frees call nothing
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Count nothing in the block (the instrument's own tensors, e.g. checksums)."""
+        was, self.active = self.active, False
+        try:
+            yield
+        finally:
+            self.active = was
+
     # ---- which device and kind this thread works for ---------------------------------------------
     @property
     def device(self) -> int:

@@ -29,7 +29,7 @@ import torch
 
 from engine.ledger import LedgerMode, TensorLedger
 from engine.memory import NvmlReader, cuda_allocator, process_rss_bytes
-from engine.telemetry import Telemetry, now
+from engine.telemetry import Telemetry, now, wall_ts
 
 SAMPLE_INTERVAL_S = 0.05  # timer period: 20 readings per second per device
 TRACE_STEPS_PER_RUN = 20  # traced steps spread over a run, besides steps 0-2 and the last
@@ -76,6 +76,9 @@ class MemorySampler:
         existing: returns ``(ledger device, kind, tensors)`` triples of the tensors alive at a
             traced step's start (parameters, gradients, optimizer state, buffers...).
         hooks: a context manager factory entered around a traced step (e.g. `phase_hooks`).
+        phases_of: device index -> that device's ``[phase, start s, end s]`` spans of the step
+            just run (perf_counter seconds); default: forward, backward and optimizer placed
+            from the step's own measured durations (`step_phases`).
         nvml: NVML reader (CUDA only).
         interval_s: timer period, seconds.
 
@@ -85,9 +88,11 @@ class MemorySampler:
     def __init__(self, tel: Telemetry, devices: list[DeviceProbe], steps: int,
                  ledger: TensorLedger | None = None, existing: Existing | None = None,
                  hooks: Callable[[], Any] | None = None, nvml: NvmlReader | None = None,
-                 interval_s: float = SAMPLE_INTERVAL_S):
+                 interval_s: float = SAMPLE_INTERVAL_S,
+                 phases_of: Callable[[int], list[tuple[str, float, float]]] | None = None):
         self.tel, self.devices, self.steps, self.ledger = tel, devices, steps, ledger
-        self.existing, self.hooks, self.interval_s = existing, hooks, interval_s
+        self.existing, self.hooks, self.interval_s, self.phases_of = existing, hooks, interval_s, phases_of
+        self._last_fields: dict[str, Any] = {}
         self.nvml = nvml if nvml is not None else (NvmlReader() if _uses_cuda(devices) else None)
         self._lock = threading.Lock()
         self._window_start = now()
@@ -141,7 +146,7 @@ class MemorySampler:
             if not should_trace_memory(step, self.steps):
                 return train_step(step)
             with self.traced(step):
-                fields = train_step(step)
+                fields = self._last_fields = train_step(step)
             fields["memory_traced"] = True
             return fields
         return step_fn
@@ -217,10 +222,28 @@ class MemorySampler:
             f.update(source="process", allocated_bytes=last.get("process"),
                      peak_allocated_bytes=max((b for _, b in curve.get("process", [])), default=None))
         f["curve"] = {src: downsample(pts, CURVE_POINTS) for src, pts in curve.items()}
+        spans = (self.phases_of(self.devices.index(p)) if self.phases_of
+                 else step_phases(self._last_fields, wall_ts(t0)))
+        f["phases"] = [[name, round(a - (t0 if self.phases_of else 0.0), 6),
+                        round(b - (t0 if self.phases_of else 0.0), 6)] for name, a, b in spans]
         f["sampler"] = dict(interval_s=self.interval_s, readings=p.window_count,
                             window_s=window_s,
                             window_peak_bytes=dict(p.window_peak))
         return f
+
+
+def step_phases(fields: dict[str, Any], origin_ts: float) -> list[tuple[str, float, float]]:
+    """Forward, backward and optimizer of one step, in seconds from `origin_ts` (unix s), placed
+    from the `step` event's measured durations: forward ends where backward starts
+    (`backward_start_ts`), backward lasts `backward_s + comm_exposed_s`, the optimizer ends the step."""
+    if not fields.get("start_ts"):
+        return []
+    at = fields["start_ts"] - origin_ts
+    bwd = fields.get("backward_start_ts", fields["start_ts"] + fields.get("forward_s", 0.0)) - origin_ts
+    end = at + fields.get("step_time_s", 0.0)
+    return [("forward", bwd - fields.get("forward_s", 0.0), bwd),
+            ("backward", bwd, bwd + fields.get("backward_s", 0.0) + fields.get("comm_exposed_s", 0.0)),
+            ("optimizer", end - fields.get("optimizer_s", 0.0), end)]
 
 
 def downsample(points: list, max_points: int) -> list[list[float]]:

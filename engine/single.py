@@ -19,7 +19,7 @@ from engine.loop import drive
 from engine.ledger import TensorLedger
 from engine.memory import optimizer_state_tensors
 from engine.memsampler import DeviceProbe, MemorySampler, phase_hooks
-from engine.telemetry import Telemetry, now, step_fields
+from engine.telemetry import Telemetry, now, step_fields, wall_ts
 from engine.training import autocast, cpu_device_threads, evaluate, loss_fn, make_optimizer
 
 
@@ -47,6 +47,7 @@ def train_single(cfg: RunConfig, ds: Dataset, model: nn.Module, device: torch.de
                 loss = loss_fn(model(x), y) / cfg.grad_accum_steps
             sync()
             t2 = now()
+            backward_start = t2
             loss.backward()
             sync()
             t3 = now()
@@ -56,7 +57,7 @@ def train_single(cfg: RunConfig, ds: Dataset, model: nn.Module, device: torch.de
         opt.zero_grad(set_to_none=False)
         sync()
         t5 = now()
-        return step_fields(start=t0, loss=loss_sum, samples=cfg.global_batch_size, step_time_s=t5 - t0,
+        return step_fields(start=t0, backward_start_ts=wall_ts(backward_start), loss=loss_sum, samples=cfg.global_batch_size, step_time_s=t5 - t0,
                            forward_s=fwd, backward_s=bwd, comm_exposed_s=0.0, optimizer_s=t5 - t4)
 
     sampler = single_sampler(cfg, tel, model, opt, device)

@@ -3,8 +3,8 @@
 overlap = 1 − exposed comm / total comm (DESIGN.md), where total comm per step is the length of the
 union of the bucket all-reduce intervals on rank 0, and exposed comm is the step's `comm_exposed_s`.
 Medians skip warm-up steps (the first `WARMUP_STEPS`, fewer for short runs) and the steps whose
-memory was traced (`memory_traced`: their time includes the tracing), while at least half the steps
-remain. Peak memory per device is the largest measured `peak_allocated_bytes` of its `memory`
+time includes the instrument's own work — memory tracing (`memory_traced`) or DP's replica
+checksums (`replica_check`) — while at least half the steps remain. Peak memory per device is the largest measured `peak_allocated_bytes` of its `memory`
 events (the live-tensor ledger's maximum on CPU, the CUDA allocator's on GPU), never an estimate.
 """
 
@@ -67,7 +67,7 @@ class SummaryBuilder:
         rank0 = [self.steps[0][s] for s in sorted(self.steps.get(0, {}))]
         skip = min(WARMUP_STEPS, len(rank0) // 4)
         late = rank0[skip:] or rank0
-        plain = [e for e in late if not e.get("memory_traced")]
+        plain = [e for e in late if not (e.get("memory_traced") or e.get("replica_check"))]
         return plain if len(plain) * 2 >= len(late) else late
 
     def overlap(self) -> float | None:

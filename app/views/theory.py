@@ -4,7 +4,8 @@
   bandwidth, comparable to a link's peak).
 - The ring all-reduce cost model t = 2(n−1)·α + 2(n−1)/n · bytes/β, fitted by least squares to
   this run's own buckets, drawn through the measured points.
-- Bytes per device per step: DP's hub (device 0) against DDP's ranks, measured and by formula.
+- Bytes per device per step: DP's hub (device 0, measured copies) against DDP's ranks (derived
+  from the bytes all-reduced), and by formula.
 """
 
 from __future__ import annotations

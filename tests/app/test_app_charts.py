@@ -3,7 +3,8 @@
 import pandas as pd
 import pytest
 
-from app import charts, frames
+from app import charts, charts_memory, frames
+from app import frames_memory as fm
 
 import eventgen as g
 
@@ -61,12 +62,21 @@ def test_split_chart_stacks_parts_in_order(two_runs):
     assert spec["encoding"]["x"]["stack"] == "zero"
 
 
-def test_memory_chart_shared_scale(two_runs):
+def test_memory_curve_chart_names_every_source_and_shares_the_scale(two_runs):
     dp, _ = two_runs
-    spec = _check(charts.memory_chart(frames.memory_frame(dp, "dp"), "dp", y_max_mib=10.0),
-                  "optimizer step", "allocated (MiB)", "device")
-    assert spec["encoding"]["y"]["scale"]["domain"] == [0, 10.0]
-    assert spec["title"]["text"] == "Memory per device: dp"
+    curve = fm.memory_curve_frame(dp, "dp")
+    spec = charts_memory.memory_curve_chart(curve, fm.memory_phase_frame(dp, 3), "dp",
+                                            y_max_mib=10.0).to_dict()
+    strip, held, host = spec["vconcat"]
+    assert "step 3" in spec["title"]["text"] and "phases" in strip["title"]["text"]
+    assert held["encoding"]["x"]["title"] == "ms from the step's start"
+    assert held["encoding"]["y"]["title"] == "bytes held (MiB)"
+    assert held["encoding"]["y"]["scale"]["domain"] == [0, 10.0]
+    assert held["encoding"]["strokeDash"]["legend"]["title"] == "source"
+    assert held["encoding"]["color"]["legend"]["title"] == "device"
+    assert strip["encoding"]["color"]["legend"]["title"] == "phase"
+    shown = {r["source_label"] for rows in _data(spec) for r in rows if "source_label" in r}
+    assert shown == {"tensors (live-tensor ledger)", "process RSS (psutil)"}
 
 
 def test_bucket_timeline_layers(two_runs):
@@ -91,13 +101,15 @@ def test_dp_phase_chart(two_runs):
     assert "step 3" in spec["title"]["text"]
 
 
-def test_comm_volume_chart_measured_beside_theory(two_runs):
-    dp, _ = two_runs
+def test_comm_volume_chart_says_measured_or_derived(two_runs):
+    dp, ddp = two_runs
     spec = _check(charts.comm_volume_chart(frames.comm_volume_frame(dp)),
                   "sent + received per step (MiB)", "device", "bytes")
     rows = _data(spec)[0]
     d0 = {r["which"]: r["mib"] for r in rows if r["device"] == "cpu:0"}
     assert d0 == pytest.approx({"measured": 240000 / 2**20, "theory": 240000 / 2**20})
+    rows = _data(charts.comm_volume_chart(frames.comm_volume_frame(ddp)).to_dict())[0]
+    assert {r["which"] for r in rows} == {"derived (ring all-reduce)", "theory"}
 
 
 def test_charts_accept_empty_frames():
