@@ -123,14 +123,15 @@ def comm_volume_chart(volume: pd.DataFrame) -> alt.Chart:
         "which": which + ["theory"] * len(volume),
         "mib": list(volume["sent_mib"] + volume["recv_mib"])
         + list(volume["theory_sent_mib"] + volume["theory_recv_mib"])})
-    kinds = ["measured", "derived (ring all-reduce)", "theory", frames.UNLABELLED]
+    colours = {"measured": "#1f77b4", "derived (ring all-reduce)": "#9467bd", "theory": "#c7c7c7",
+               frames.UNLABELLED: "#ff9896"}
+    kinds = [k for k in colours if k in set(long["which"])]
     return alt.Chart(long).mark_bar().encode(
         x=alt.X("mib:Q", title="sent + received per step (MiB)"),
         y=alt.Y("device:N", title="device"),
         yOffset=alt.YOffset("which:N", sort=kinds),
         color=alt.Color("which:N", legend=legend("bytes"),
-                        scale=alt.Scale(domain=kinds,
-                                        range=["#1f77b4", "#9467bd", "#c7c7c7", "#ff9896"])),
+                        scale=alt.Scale(domain=kinds, range=[colours[k] for k in kinds])),
         tooltip=[alt.Tooltip("device:N"), alt.Tooltip("which:N"),
                  alt.Tooltip("mib:Q", title="MiB", format=".3f")],
     ).properties(title=title("Bytes moved per device", "latest step, beside the theory"),

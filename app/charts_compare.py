@@ -14,7 +14,13 @@ from app.chart_style import CATEGORIES, HEIGHT, STEP_X, WIDTH, legend, rows_heig
 from app.frames_compare import DERIVED, MEASURED, THEORY
 
 WHICH = [MEASURED, DERIVED, THEORY]
-_WHICH = alt.Scale(domain=WHICH, range=["#1f77b4", "#9467bd", "#c7c7c7"])
+_WHICH_COLOURS = dict(zip(WHICH, ["#1f77b4", "#9467bd", "#c7c7c7"]))
+
+
+def _which(df: pd.DataFrame) -> alt.Scale:
+    """The bytes colours of the kinds present (measured, derived, theory), fixed per kind."""
+    shown = [w for w in WHICH if w in set(df["which"])] or WHICH
+    return alt.Scale(domain=shown, range=[_WHICH_COLOURS[w] for w in shown])
 
 
 def loss_chart(steps: pd.DataFrame) -> alt.LayerChart:
@@ -81,7 +87,7 @@ def bytes_chart(volume: pd.DataFrame) -> alt.Chart:
         x=alt.X("mib:Q", title="sent + received per step (MiB)"),
         y=alt.Y("where:N", title="run · device", sort=list(dict.fromkeys(df["where"]))),
         yOffset=alt.YOffset("which:N", sort=WHICH),
-        color=alt.Color("which:N", legend=legend("bytes"), scale=_WHICH),
+        color=alt.Color("which:N", legend=legend("bytes"), scale=_which(df)),
         tooltip=[alt.Tooltip("run:N"), alt.Tooltip("device:N"), alt.Tooltip("which:N"),
                  alt.Tooltip("mib:Q", title="MiB", format=".3f")],
     ).properties(title=title("Bytes moved per device per step",

@@ -16,59 +16,67 @@ from app.chart_style import CATEGORIES, PHASE_COLOURS, WIDTH, legend, title
 from app.frames import DP_PHASES
 from app.frames_memory import DEVICE_SOURCES, HOST_SOURCES, SOURCE_LABELS
 
-_DASHES = alt.Scale(domain=[SOURCE_LABELS[s] for s in (*DEVICE_SOURCES, *HOST_SOURCES)],
-                    range=[[1, 0], [6, 3], [2, 2], [1, 0]])
-_X = alt.X("t_ms:Q", title="ms from the step's start")
+_DASH = {SOURCE_LABELS["tensors"]: [1, 0], SOURCE_LABELS["cuda"]: [6, 3],
+         SOURCE_LABELS["process"]: [2, 2], SOURCE_LABELS["nvml"]: [8, 2, 2, 2]}
+CHECK = "replica check (instrument)"  # DP's checksums on check steps: the instrument's own time
+_PHASE_COLOUR = dict(zip(DP_PHASES, PHASE_COLOURS)) | {CHECK: "#d9d9d9"}
 
 
-def memory_curve_chart(curve: pd.DataFrame, phases: pd.DataFrame, run: str,
-                       y_max_mib: float | None = None) -> alt.VConcatChart:
-    """One run's traced step: phases, device curves, process/GPU curves (those present).
+def memory_curve_charts(curve: pd.DataFrame, phases: pd.DataFrame, run: str,
+                        y_max_mib: float | None = None) -> list[alt.Chart]:
+    """One run's traced step as stacked charts on one time axis: the phases, the bytes each
+    device holds, and the process / GPU (those present). Legends sit on top, so the plots share
+    their width and line up.
 
     Pass the same `y_max_mib` to runs shown side by side so their device curves compare."""
     step = int(curve["step"].iloc[0]) if not curve.empty else None
     where = curve[curve["source"].isin(DEVICE_SOURCES)]
     host = curve[curve["source"].isin(HOST_SOURCES)]
+    span = max([0.0, *curve["t_ms"], *phases.get("end_ms", [])]) or 1.0
+    x = alt.X("t_ms:Q", title="ms from the step's start", scale=alt.Scale(domain=[0, span]))
     head = f"Memory within step {step}: {run}" if step is not None else f"Memory within a step: {run}"
-    parts = []
+    sub = "measured in the run; line style = source"
+    charts = []
     if not phases.empty:
-        parts.append(_phase_strip(phases).properties(
-            title=_small("phases of device 0 / rank 0 (DP: measured spans; DDP, single: placed "
-                         "from the step's measured durations)"), width=WIDTH, height=34))
-    parts.append(_lines(where, "bytes held (MiB)", y_max_mib).properties(
-        title=_small("what each device holds (line style = source)"), width=WIDTH, height=200))
+        charts.append(_phase_strip(phases, span).properties(
+            title=title(head, "phases on device 0 / rank 0"), width=WIDTH, height=30))
+        head, sub = "What each device holds", sub
+    charts.append(_lines(where, x, "bytes held (MiB)", y_max_mib).properties(
+        title=title(head, sub), width=WIDTH, height=190))
     if not host.empty:
-        parts.append(_lines(host, "MiB", None, zero=False).properties(
-            title=_small("the whole process (RSS) or the whole GPU (NVML): includes what is not "
-                         "a tensor"), width=WIDTH, height=110))
-    return alt.vconcat(*parts).properties(
-        title=title(head, "measured in the run; one traced step, ms from its start")
-    ).resolve_scale(x="shared", color="independent", strokeDash="independent")
+        charts.append(_lines(host, x, "MiB", None, zero=False).properties(
+            title=title("The whole process (RSS) or the whole GPU (NVML)",
+                        "includes what is not a tensor: the interpreter, libraries, a CUDA context"),
+            width=WIDTH, height=100))
+    return charts
 
 
-def _small(text: str) -> alt.TitleParams:
-    return alt.TitleParams(text=text, fontSize=11, fontWeight="normal", anchor="start")
-
-
-def _lines(df: pd.DataFrame, y_title: str, y_max: float | None, zero: bool = True) -> alt.Chart:
+def _lines(df: pd.DataFrame, x: alt.X, y_title: str, y_max: float | None, zero: bool = True
+           ) -> alt.Chart:
     scale = alt.Scale(domain=[0, y_max], nice=True) if y_max else alt.Scale(zero=zero)
+    shown = [s for s in _DASH if s in set(df["source_label"])] or list(_DASH)
+    dashes = alt.Scale(domain=shown, range=[_DASH[s] for s in shown])
     return alt.Chart(df).mark_line(interpolate="step-after", strokeWidth=2,
                                    point=alt.OverlayMarkDef(size=6, opacity=0.5)).encode(
-        x=_X, y=alt.Y("mib:Q", title=y_title, scale=scale),
-        color=alt.Color("device:N", legend=legend("device"), scale=CATEGORIES),
-        strokeDash=alt.StrokeDash("source_label:N", legend=legend("source", symbolType="stroke"),
-                                  scale=_DASHES),
+        x=x, y=alt.Y("mib:Q", title=y_title, scale=scale),
+        color=alt.Color("device:N", legend=legend("device", orient="top"), scale=CATEGORIES),
+        strokeDash=alt.StrokeDash("source_label:N", scale=dashes,
+                                  legend=legend("source", orient="top", symbolType="stroke",
+                                                symbolStrokeColor="#444", symbolStrokeWidth=2,
+                                                labelLimit=220)),
         detail="source:N",
         tooltip=[alt.Tooltip("device:N"), alt.Tooltip("source_label:N", title="source"),
                  alt.Tooltip("t_ms:Q", title="ms from step start", format=".2f"),
                  alt.Tooltip("mib:Q", title="MiB", format=".2f")])
 
 
-def _phase_strip(phases: pd.DataFrame) -> alt.Chart:
+def _phase_strip(phases: pd.DataFrame, span: float) -> alt.Chart:
+    shown = [p for p in _PHASE_COLOUR if p in set(phases["phase"])]
     return alt.Chart(phases).mark_bar(height=alt.RelativeBandSize(0.9), stroke="white",
                                       strokeWidth=0.5).encode(
-        x=alt.X("start_ms:Q", title=None), x2="end_ms:Q",
-        color=alt.Color("phase:N", legend=alt.Legend(title="phase", orient="right", columns=2),
-                        scale=alt.Scale(domain=DP_PHASES, range=PHASE_COLOURS), sort=DP_PHASES),
+        x=alt.X("start_ms:Q", title=None, scale=alt.Scale(domain=[0, span])), x2="end_ms:Q",
+        color=alt.Color("phase:N", legend=legend("phase", orient="top", columns=5),
+                        scale=alt.Scale(domain=shown, range=[_PHASE_COLOUR[p] for p in shown]),
+                        sort=shown),
         tooltip=[alt.Tooltip("phase:N"), alt.Tooltip("start_ms:Q", title="start (ms)", format=".2f"),
                  alt.Tooltip("end_ms:Q", title="end (ms)", format=".2f")])

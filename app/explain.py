@@ -47,3 +47,15 @@ def why_dp_ahead(table: pd.DataFrame) -> str | None:
     return (lead + f"DP's copies cost it {pa['comm_exposed_ms']:.2f} ms per step, made at RAM "
             "speed between threads of one process; on GPUs the same copies cross PCIe or NVLink "
             "through device 0, which DDP's ring all-reduce avoids.")
+
+
+def table_from_steps(steps: pd.DataFrame, modes: dict[str, str]) -> pd.DataFrame:
+    """The columns `why_dp_ahead` reads, as medians of `frames.steps_frame` rows per run (steps
+    after the first), for a page whose own figures are those medians (Live). `modes`: run -> mode."""
+    cols = ["samples_per_s", "step_time_ms", "forward_ms", "backward_ms", "comm_exposed_ms",
+            "optimizer_ms"]
+    rows = []
+    for run, df in steps.groupby("run", sort=False):
+        late = df[df["step"] >= 1] if len(df) > 1 else df
+        rows.append({"run": run, "mode": modes.get(run, "?"), **late[cols].median().to_dict()})
+    return pd.DataFrame(rows, columns=["run", "mode", *cols])

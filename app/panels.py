@@ -13,7 +13,6 @@ import pandas as pd
 import streamlit as st
 
 from app import charts, charts_memory, explain, frames
-from app import frames_compare as fc
 from app import frames_memory as fm
 from app.outage import REDIS_DOWN, show_outage
 from app.window import TERMINAL, RunWindow
@@ -108,7 +107,8 @@ def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, st
         col.metric(f"{run}: median samples/s", f"{v:,.0f}", delta=delta, delta_color="off",
                    delta_arrow="off")
     _chart(charts.throughput_chart(steps, [labels.get(r, r) for r in windows]), "chart_throughput")
-    why = explain.why_dp_ahead(fc.compare_frame([fc.view_of(w, labels[rid]) for rid, w in windows.items()]))
+    modes = {labels[rid]: w.mode for rid, w in windows.items()}
+    why = explain.why_dp_ahead(explain.table_from_steps(steps, modes))
     if why:
         st.info(why, icon=":material/help:")
 
@@ -142,8 +142,8 @@ def memory_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) 
             w = windows[rid]
             events = w.of_type("memory") + w.of_type("dp_phase") + w.of_type("step")
             phases = fm.memory_phase_frame(events, int(curve["step"].iloc[0]))
-            _chart(charts_memory.memory_curve_chart(curve, phases, labels[rid], y_max),
-                   f"chart_memory_{rid}")
+            for i, chart in enumerate(charts_memory.memory_curve_charts(curve, phases, labels[rid], y_max)):
+                _chart(chart, f"chart_memory_{rid}_{i}")
             caption = fm.peak_caption(fm.memory_peak_frame(w.of_type("memory"), labels[rid]))
             if caption:
                 st.caption(caption)

@@ -67,6 +67,7 @@ class EmulatedDP:
         self.recv = [0] * n
         self.checksums: list[list[float]] | None = None  # replicas as built, on check steps
         self.last_log: PhaseLog | None = None
+        self.check_span: tuple[float, float] | None = None  # the checksums' own time, this step
 
     def _on(self, device: int, kind: str):
         """Attribute what this thread creates to `device` as `kind`, while memory is traced."""
@@ -196,8 +197,10 @@ class EmulatedDP:
         reps = self._broadcast(log)
         self._diverge(reps, step, micro)
         if micro == 0 and should_eval(self.cfg, step):  # what each replica computes with
+            t = now()
             with self.ledger.paused() if self.ledger is not None else nullcontext():
                 self.checksums = [tensors_checksum(ps) for ps in reps.params]
+            self.check_span = (t, now())
         chunks = self._scatter(x, log)
         outs = self._forward(reps, chunks, log, step)
         gathered = self._gather(outs, log)
@@ -228,7 +231,7 @@ def train_dp(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Module, te
     def train_step(step: int) -> dict:
         t0 = now()
         log = PhaseLog(t0)
-        dp.sent, dp.recv = [0] * n, [0] * n
+        dp.sent, dp.recv, dp.check_span = [0] * n, [0] * n, None
         loss = 0.0
         for micro in range(cfg.grad_accum_steps):
             idx = batches.global_indices(step * cfg.grad_accum_steps + micro)
@@ -270,7 +273,8 @@ def train_dp(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Module, te
     probes = [DeviceProbe(name, ledger_index=i, process_shared=True) for i, name in enumerate(plan.names)]
     def phases_of(i: int):  # the step's own spans on device i, in perf_counter seconds
         log = dp.last_log
-        return [(p, log.t0 + s, log.t0 + e) for p, d, s, e, _ in log.spans if d == i]
+        spans = [(p, log.t0 + s, log.t0 + e) for p, d, s, e, _ in log.spans if d == i]
+        return spans + ([("replica check (instrument)", *dp.check_span)] if dp.check_span else [])
 
     sampler = MemorySampler(tel, probes, cfg.steps, ledger=ledger, existing=existing, phases_of=phases_of)
     try:

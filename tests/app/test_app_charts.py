@@ -62,21 +62,23 @@ def test_split_chart_stacks_parts_in_order(two_runs):
     assert spec["encoding"]["x"]["stack"] == "zero"
 
 
-def test_memory_curve_chart_names_every_source_and_shares_the_scale(two_runs):
+def test_memory_curve_charts_name_every_source_and_share_the_axes(two_runs):
     dp, _ = two_runs
     curve = fm.memory_curve_frame(dp, "dp")
-    spec = charts_memory.memory_curve_chart(curve, fm.memory_phase_frame(dp, 3), "dp",
-                                            y_max_mib=10.0).to_dict()
-    strip, held, host = spec["vconcat"]
-    assert "step 3" in spec["title"]["text"] and "phases" in strip["title"]["text"]
+    strip, held, host = (c.to_dict() for c in charts_memory.memory_curve_charts(
+        curve, fm.memory_phase_frame(dp, 3), "dp", y_max_mib=10.0))
+    assert strip["title"]["text"] == "Memory within step 3: dp"
+    assert strip["encoding"]["color"]["legend"]["title"] == "phase"
     assert held["encoding"]["x"]["title"] == "ms from the step's start"
     assert held["encoding"]["y"]["title"] == "bytes held (MiB)"
     assert held["encoding"]["y"]["scale"]["domain"] == [0, 10.0]
     assert held["encoding"]["strokeDash"]["legend"]["title"] == "source"
     assert held["encoding"]["color"]["legend"]["title"] == "device"
-    assert strip["encoding"]["color"]["legend"]["title"] == "phase"
-    shown = {r["source_label"] for rows in _data(spec) for r in rows if "source_label" in r}
-    assert shown == {"tensors (live-tensor ledger)", "process RSS (psutil)"}
+    # the three share one time axis: the step's 32 ms of phases
+    assert {c["encoding"]["x"]["scale"]["domain"][1] for c in (strip, held, host)} == {32.0}
+    labels = {r["source_label"] for c in (held, host) for rows in _data(c) for r in rows}
+    assert labels == {"tensors (live-tensor ledger)", "process RSS (psutil)"}
+    assert held["encoding"]["strokeDash"]["scale"]["domain"] == ["tensors (live-tensor ledger)"]
 
 
 def test_bucket_timeline_layers(two_runs):

@@ -53,3 +53,12 @@ def test_replica_verdicts_say_what_each_mode_checks():
     assert fc.replica_verdict(view("ddp", False)) == "NO"
     assert fc.replica_verdict(view("dp", True)).startswith("one copy on device 0, replicas rebuilt every step")
     assert fc.replicas_in_sync(view("single", None)) is None
+
+
+def test_live_table_uses_the_same_medians_the_page_shows():
+    steps = pd.DataFrame({"run": ["a"] * 3, "step": [0, 1, 2], "samples_per_s": [1.0, 10.0, 30.0],
+                          "step_time_ms": [9.0, 4.0, 2.0], "forward_ms": [1.0, 1.0, 3.0],
+                          "backward_ms": [0.0] * 3, "comm_exposed_ms": [0.0] * 3,
+                          "optimizer_ms": [0.0] * 3})
+    row = explain.table_from_steps(steps, {"a": "dp"}).iloc[0]
+    assert (row["mode"], row["samples_per_s"], row["step_time_ms"], row["forward_ms"]) == ("dp", 20.0, 3.0, 2.0)
