@@ -50,12 +50,14 @@ def why_dp_ahead(table: pd.DataFrame) -> str | None:
 
 
 def table_from_steps(steps: pd.DataFrame, modes: dict[str, str]) -> pd.DataFrame:
-    """The columns `why_dp_ahead` reads, as medians of `frames.steps_frame` rows per run (steps
-    after the first), for a page whose own figures are those medians (Live). `modes`: run -> mode."""
-    cols = ["samples_per_s", "step_time_ms", "forward_ms", "backward_ms", "comm_exposed_ms",
-            "optimizer_ms"]
+    """The columns `why_dp_ahead` reads, computed as the Live page computes its own figures:
+    samples/s the median over every step (its metric), the split the median over the steps after
+    the first (its split chart). `modes`: run -> mode."""
+    cols = ["step_time_ms", "forward_ms", "backward_ms", "comm_exposed_ms", "optimizer_ms"]
     rows = []
     for run, df in steps.groupby("run", sort=False):
         late = df[df["step"] >= 1] if len(df) > 1 else df
-        rows.append({"run": run, "mode": modes.get(run, "?"), **late[cols].median().to_dict()})
-    return pd.DataFrame(rows, columns=["run", "mode", *cols])
+        rows.append({"run": run, "mode": modes.get(run, "?"),
+                     "samples_per_s": float(df["samples_per_s"].median()),
+                     **late[cols].median().to_dict()})
+    return pd.DataFrame(rows, columns=["run", "mode", "samples_per_s", *cols])

@@ -139,7 +139,7 @@ def replica_verdict(v: RunView) -> str:
     ok = replicas_in_sync(v)
     said = "—" if ok is None else ("yes" if ok else "NO")
     if v.mode == "dp":
-        return f"one copy on device 0, replicas rebuilt every step; equal at forward: {said}"
+        return f"rebuilt each step; at forward: {said}"
     return said
 
 

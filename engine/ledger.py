@@ -14,7 +14,8 @@ Tensors that exist before tracing starts (parameters, gradients, optimizer state
 bucket buffers) are added with `add_existing`. Totals are exact at every change, so
 `peaks` is the measured maximum, not a sample of it. Only storages are counted: a view adds
 nothing, a storage shared by two tensors counts once. CPU tensors are attributed to the thread's
-virtual device; on a CUDA ledger (`device_type="cuda"`) only CUDA tensors count.
+virtual device; on a CUDA ledger (`device_type="cuda"`) only CUDA tensors count, each on its own
+GPU's index when the ledger keeps several (DP on GPUs; not run on a GPU yet).
 """
 
 from __future__ import annotations
@@ -138,7 +139,12 @@ class TensorLedger:
         nbytes = st.nbytes()
         if nbytes == 0:
             return
-        dev = self.device if device is None else device
+        if device is not None:
+            dev = device
+        elif self.device_type == "cuda" and self.n > 1:  # DP on GPUs: the tensor's own device
+            dev = t.device.index or 0
+        else:
+            dev = self.device
         kind = kind or self.kind_for_new()
         with self._lock:
             if not self.active or key in self._entries:

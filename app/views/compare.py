@@ -90,8 +90,9 @@ def body(windows, labels) -> None:
     st.caption("P = gradient bytes. Bytes: DP's are measured (the tensors device 0 copied); DDP's "
                "are the bucket bytes it handed to all-reduce (measured) times the ring factor "
                "2(n−1)/n (derived). Replicas in sync: DDP compares every rank's parameter "
-               "checksum after the step; DP keeps one copy on device 0 and checks the replicas "
-               "it rebuilds as they start the forward.")
+               "checksum after the step; DP keeps one copy on device 0, rebuilds its replicas "
+               "from it every step and checks them as they start the forward; a single device "
+               "has nothing to compare.")
     buffers = buffers_frame(views)
     if not buffers.empty:
         st.markdown("**Module buffers per rank (DDP), at the last check**")

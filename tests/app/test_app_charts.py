@@ -65,20 +65,22 @@ def test_split_chart_stacks_parts_in_order(two_runs):
 def test_memory_curve_charts_name_every_source_and_share_the_axes(two_runs):
     dp, _ = two_runs
     curve = fm.memory_curve_frame(dp, "dp")
-    strip, held, host = (c.to_dict() for c in charts_memory.memory_curve_charts(
+    held, host = (c.to_dict() for c in charts_memory.memory_curve_charts(
         curve, fm.memory_phase_frame(dp, 3), "dp", y_max_mib=10.0))
-    assert strip["title"]["text"] == "Memory within step 3: dp"
-    assert strip["encoding"]["color"]["legend"]["title"] == "phase"
-    assert held["encoding"]["x"]["title"] == "ms from the step's start"
-    assert held["encoding"]["y"]["title"] == "bytes held (MiB)"
-    assert held["encoding"]["y"]["scale"]["domain"] == [0, 10.0]
-    assert held["encoding"]["strokeDash"]["legend"]["title"] == "source"
-    assert held["encoding"]["color"]["legend"]["title"] == "device"
-    # the three share one time axis: the step's 32 ms of phases
-    assert {c["encoding"]["x"]["scale"]["domain"][1] for c in (strip, held, host)} == {32.0}
-    labels = {r["source_label"] for c in (held, host) for rows in _data(c) for r in rows}
+    assert held["title"]["text"] == "Memory within step 3: dp"
+    bands, lines = held["layer"]
+    assert bands["encoding"]["color"]["legend"]["title"] == "phase (background)"
+    assert lines["encoding"]["x"]["title"] == "ms from the step's start"
+    assert lines["encoding"]["y"]["title"] == "bytes held (MiB)"
+    assert lines["encoding"]["y"]["scale"]["domain"] == [0, 10.0]
+    assert lines["encoding"]["strokeDash"]["legend"]["title"] == "source"
+    assert lines["encoding"]["color"]["legend"]["title"] == "device"
+    # one time axis: the step's 32 ms of phases
+    assert {c["encoding"]["x"]["scale"]["domain"][1] for c in (bands, lines, host)} == {32.0}
+    labels = {r["source_label"] for c in (held, host) for rows in _data(c) for r in rows
+              if "source_label" in r}
     assert labels == {"tensors (live-tensor ledger)", "process RSS (psutil)"}
-    assert held["encoding"]["strokeDash"]["scale"]["domain"] == ["tensors (live-tensor ledger)"]
+    assert lines["encoding"]["strokeDash"]["scale"]["domain"] == ["tensors (live-tensor ledger)"]
 
 
 def test_bucket_timeline_layers(two_runs):

@@ -51,7 +51,7 @@ def test_replica_verdicts_say_what_each_mode_checks():
                           events={"sync": [{"type": "sync", "step": 1, "in_sync": in_sync}]})
     assert fc.replica_verdict(view("single", None)) == "n/a (one device)"
     assert fc.replica_verdict(view("ddp", False)) == "NO"
-    assert fc.replica_verdict(view("dp", True)).startswith("one copy on device 0, replicas rebuilt every step")
+    assert fc.replica_verdict(view("dp", True)) == "rebuilt each step; at forward: yes"
     assert fc.replicas_in_sync(view("single", None)) is None
 
 
@@ -61,4 +61,5 @@ def test_live_table_uses_the_same_medians_the_page_shows():
                           "backward_ms": [0.0] * 3, "comm_exposed_ms": [0.0] * 3,
                           "optimizer_ms": [0.0] * 3})
     row = explain.table_from_steps(steps, {"a": "dp"}).iloc[0]
-    assert (row["mode"], row["samples_per_s"], row["step_time_ms"], row["forward_ms"]) == ("dp", 20.0, 3.0, 2.0)
+    # samples/s: over every step (the page's metric); the split: after the first (its chart)
+    assert (row["mode"], row["samples_per_s"], row["step_time_ms"], row["forward_ms"]) == ("dp", 10.0, 3.0, 2.0)
