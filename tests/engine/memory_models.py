@@ -7,6 +7,8 @@ writes), so DDP's rank processes, which build the model by name, find them too.
   parameters of the body, so the gathered outputs and their gradient on DP's device 0 weigh.
 - `bnmlp`: Linear(64, 32) -> BatchNorm1d(32) -> ReLU -> Linear(32, 10): running statistics
   are buffers DDP broadcasts from rank 0 before each forward (`broadcast_buffers=True`).
+- `frozen`: Linear(64, 32) frozen (requires_grad False) -> Linear(32, 10): DDP all-reduces only
+  the trainable gradients, while "P = parameter bytes" counts the frozen layer too.
 - `counting`: Linear(64, 10) with a buffer `calls` that its training forward rebinds
   (`self.calls = self.calls + 1`), as in a field report against DataParallel; `Counting(True)`
   adds in place instead (`self.calls.add_(1)`).
@@ -71,12 +73,23 @@ class Counting(nn.Module):
         return self.lin(x)
 
 
+class Frozen(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(64, 32).requires_grad_(False)
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.body(x)))
+
+
 def _digits(cfg):
     return load_dataset(cfg.model_copy(update={"model": "mlp", "dataset": "digits"}))
 
 
 widelogits = ModelPlugin(build=lambda cfg: WideLogits(), dataset=wide_dataset, description="64 -> 20,000 logits")
 bnmlp = ModelPlugin(build=lambda cfg: BNMLP(), dataset=_digits, description="MLP with BatchNorm")
+frozen = ModelPlugin(build=lambda cfg: Frozen(), dataset=_digits, description="a frozen body")
 counting = ModelPlugin(build=lambda cfg: Counting(), dataset=_digits, description="rebinds a buffer")
 
 
@@ -87,5 +100,5 @@ def installed(root: Path) -> Path:
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ddpviz-memory-models\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text(
         "[ddpviz.models]\nwidelogits = memory_models:widelogits\nbnmlp = memory_models:bnmlp\n"
-        "counting = memory_models:counting\n")
+        "counting = memory_models:counting\nfrozen = memory_models:frozen\n")
     return root

@@ -66,6 +66,21 @@ def test_ddp_reports_the_bucket_bytes_it_all_reduced_and_derives_the_wire_bytes(
     assert len({e["bucket_index"] for e in sink.of_type("bucket")}) > 1
 
 
+@pytest.mark.slow
+def test_bytes_are_what_was_moved_not_the_parameter_formula(models):
+    # a frozen body: DDP all-reduces the head's gradients only (DDP buckets trainable parameters);
+    # DP still broadcasts every parameter but reduces only the gradients that exist
+    body, head = (64 * 32 + 32) * 4, (32 * 10 + 10) * 4
+    _, ddp = run(model="frozen", mode="ddp", global_batch_size=32, steps=2, eval_every=0, step_delay_s=0)
+    for e in ddp.of_type("comm_volume"):
+        assert e["allreduce_bytes"] == head and e["sent_bytes"] == head  # n = 2: 2(n-1)/n = 1
+        assert e["theory_sent_bytes"] == body + head  # the formula's P counts the frozen body
+    _, dp = run(model="frozen", mode="dp", global_batch_size=32, steps=2, eval_every=0, step_delay_s=0)
+    phases = {(e["phase"], e["device"]): e["nbytes"] for e in dp.of_type("dp_phase") if e["step"] == 1}
+    assert phases[("broadcast", "cpu:1")] == body + head
+    assert phases[("reduce", "cpu:1")] == head
+
+
 def test_single_reports_no_replica_verdict():
     result, sink = run(mode="single", **SMALL)
     (sync,) = sink.of_type("sync")

@@ -62,6 +62,8 @@ def test_wide_logits_dp_device0_is_the_hot_spot_and_ddp_ranks_are_equal(models):
     assert d0 >= 2 * P_WIDE + LOGITS_BYTES
     # DDP (gradient_as_bucket_view=False): parameters, gradients and the bucket copy of them
     assert min(ddp_peak.values()) >= 3 * P_WIDE
+    for e in ddp.of_type("memory"):
+        assert e["breakdown"]["bucket_buffers"] >= P_WIDE and e["breakdown"]["params"] == P_WIDE
     for e in dp.of_type("memory") + ddp.of_type("memory"):
         assert e["source"] == "tensors" and e["sampler"]["readings"] >= 2  # the step's start and end
         assert e["curve"]["tensors"] and e["process_rss_bytes"] > 0
