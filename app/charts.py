@@ -15,6 +15,7 @@ import pandas as pd
 
 from app.chart_style import (CATEGORIES, HEIGHT, PHASE_COLOURS, STEP_X, WIDTH, legend,
                              rows_height, title)
+from app import frames
 from app.frames import DP_PHASES, SMOOTH_STEPS, SPLIT_PARTS
 
 _SPLIT_COLOURS = ["#1f77b4", "#ff7f0e", "#d62728", "#2ca02c", "#c7c7c7"]
@@ -59,25 +60,6 @@ def split_chart(split: pd.DataFrame) -> alt.Chart:
                  alt.Tooltip("ms:Q", title="median (ms)", format=".2f")],
     ).properties(title=title("Step time split", "median ms per step"),
                  width=WIDTH, height=rows_height(split, "run"))
-
-
-def memory_chart(memory: pd.DataFrame, run: str, y_max_mib: float | None = None) -> alt.Chart:
-    """Allocated MiB per device over optimizer steps for one run (`frames.memory_frame` rows).
-
-    Pass the same `y_max_mib` to the charts of runs shown side by side so their heights compare.
-    """
-    scale = alt.Scale(domain=[0, y_max_mib], nice=True) if y_max_mib else alt.Scale(zero=True)
-    return alt.Chart(memory).mark_line(point=alt.OverlayMarkDef(size=14)).encode(
-        x=STEP_X,
-        y=alt.Y("allocated_mib:Q", title="allocated (MiB)", scale=scale),
-        color=alt.Color("device:N", legend=legend("device"), scale=CATEGORIES),
-        tooltip=[alt.Tooltip("device:N"), alt.Tooltip("step:Q"),
-                 alt.Tooltip("allocated_mib:Q", title="allocated (MiB)", format=".2f"),
-                 alt.Tooltip("reserved_mib:Q", title="reserved (MiB)", format=".2f"),
-                 alt.Tooltip("used_mib:Q", title="NVML used (MiB)", format=".0f"),
-                 alt.Tooltip("source:N")],
-    ).properties(title=title(f"Memory per device: {run}", "MiB of tensors each device holds"),
-                 width=WIDTH, height=HEIGHT - 40)
 
 
 def bucket_timeline_chart(buckets: pd.DataFrame, backward: pd.DataFrame) -> alt.LayerChart:
@@ -133,20 +115,24 @@ def dp_phase_chart(phases: pd.DataFrame) -> alt.Chart:
 
 
 def comm_volume_chart(volume: pd.DataFrame) -> alt.Chart:
-    """MiB each device sent + received in the latest step, measured beside the theory."""
+    """MiB each device sent + received in the latest step (measured or derived, as its events
+    say: `frames.comm_volume_frame`'s `source`) beside the theory."""
+    which = list(volume["source"]) if "source" in volume else ["measured"] * len(volume)
     long = pd.DataFrame({
         "device": list(volume["device"]) * 2,
-        "which": ["measured"] * len(volume) + ["theory"] * len(volume),
+        "which": which + ["theory"] * len(volume),
         "mib": list(volume["sent_mib"] + volume["recv_mib"])
         + list(volume["theory_sent_mib"] + volume["theory_recv_mib"])})
+    colours = {"measured": "#1f77b4", "derived (ring all-reduce)": "#9467bd", "theory": "#c7c7c7",
+               frames.UNLABELLED: "#ff9896"}
+    kinds = [k for k in colours if k in set(long["which"])]
     return alt.Chart(long).mark_bar().encode(
         x=alt.X("mib:Q", title="sent + received per step (MiB)"),
         y=alt.Y("device:N", title="device"),
-        yOffset=alt.YOffset("which:N", sort=["measured", "theory"]),
+        yOffset=alt.YOffset("which:N", sort=kinds),
         color=alt.Color("which:N", legend=legend("bytes"),
-                        scale=alt.Scale(domain=["measured", "theory"],
-                                        range=["#1f77b4", "#aec7e8"])),
+                        scale=alt.Scale(domain=kinds, range=[colours[k] for k in kinds])),
         tooltip=[alt.Tooltip("device:N"), alt.Tooltip("which:N"),
                  alt.Tooltip("mib:Q", title="MiB", format=".3f")],
-    ).properties(title=title("Bytes moved per device", "latest step, measured vs theory"),
+    ).properties(title=title("Bytes moved per device", "latest step, beside the theory"),
                  width=WIDTH, height=rows_height(volume, "device") + 20)

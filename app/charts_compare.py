@@ -1,7 +1,8 @@
 """Chart builders of the Compare page (pure: `DataFrame -> alt.Chart`).
 
 Inputs are `app.frames_compare` outputs. Runs are coloured by run label (`CATEGORIES`), bars of
-measured vs formula by a fixed two-colour scale, so the same run reads the same on every chart.
+measured, derived and formula by a fixed colour scale, so the same run reads the same on every
+chart.
 """
 
 from __future__ import annotations
@@ -10,8 +11,16 @@ import altair as alt
 import pandas as pd
 
 from app.chart_style import CATEGORIES, HEIGHT, STEP_X, WIDTH, legend, rows_height, title
+from app.frames_compare import DERIVED, MEASURED, THEORY
 
-_WHICH = alt.Scale(domain=["measured", "theory"], range=["#1f77b4", "#aec7e8"])
+WHICH = [MEASURED, DERIVED, THEORY]
+_WHICH_COLOURS = dict(zip(WHICH, ["#1f77b4", "#9467bd", "#c7c7c7"]))
+
+
+def _which(df: pd.DataFrame) -> alt.Scale:
+    """The bytes colours of the kinds present (measured, derived, theory), fixed per kind."""
+    shown = [w for w in WHICH if w in set(df["which"])] or WHICH
+    return alt.Scale(domain=shown, range=[_WHICH_COLOURS[w] for w in shown])
 
 
 def loss_chart(steps: pd.DataFrame) -> alt.LayerChart:
@@ -58,26 +67,28 @@ def peak_memory_chart(peaks: pd.DataFrame) -> alt.Chart:
     """Peak memory per device, runs one under the other (`frames_compare.peak_memory_frame`)."""
     df = peaks.assign(where=peaks["run"] + " · " + peaks["device"])
     return alt.Chart(df).mark_bar(height=alt.RelativeBandSize(0.7)).encode(
-        x=alt.X("peak_mib:Q", title="peak allocated (MiB)"),
+        x=alt.X("peak_mib:Q", title="measured peak (MiB)"),
         y=alt.Y("where:N", title="run · device", sort=list(dict.fromkeys(df["where"]))),
         color=alt.Color("run:N", legend=legend("run"), scale=CATEGORIES),
         tooltip=[alt.Tooltip("run:N"), alt.Tooltip("device:N"),
                  alt.Tooltip("peak_mib:Q", title="peak (MiB)", format=".2f")],
     ).properties(title=title("Peak memory per device",
-                             "DP keeps the reduced gradients and gathered outputs on device 0; "
-                             "an FSDP rank holds 1/n of the model plus the unit it has gathered"),
+                             "largest bytes each device held in a traced step (live tensors on "
+                             "CPU, the CUDA allocator on GPU); an FSDP rank holds 1/n of the model "
+                             "plus the unit it has gathered"),
                  width=WIDTH, height=rows_height(df, "where", row_px=30))
 
 
 def bytes_chart(volume: pd.DataFrame) -> alt.Chart:
-    """Sent + received MiB per device per step, measured beside the formula, for each run
-    (`frames_compare.bytes_frame`)."""
+    """Sent + received MiB per device per step, for each run (`frames_compare.bytes_frame`):
+    measured (DP: the tensors copied) or derived (DDP: bytes handed to all-reduce × the ring
+    factor), beside the formula."""
     df = volume.assign(where=volume["run"] + " · " + volume["device"])
     return alt.Chart(df).mark_bar().encode(
         x=alt.X("mib:Q", title="sent + received per step (MiB)"),
         y=alt.Y("where:N", title="run · device", sort=list(dict.fromkeys(df["where"]))),
-        yOffset=alt.YOffset("which:N", sort=["measured", "theory"]),
-        color=alt.Color("which:N", legend=legend("bytes"), scale=_WHICH),
+        yOffset=alt.YOffset("which:N", sort=WHICH),
+        color=alt.Color("which:N", legend=legend("bytes"), scale=_which(df)),
         tooltip=[alt.Tooltip("run:N"), alt.Tooltip("device:N"), alt.Tooltip("which:N"),
                  alt.Tooltip("mib:Q", title="MiB", format=".3f")],
     ).properties(title=title("Bytes moved per device per step",

@@ -18,7 +18,7 @@ COLUMNS: list[tuple[str, list[str]]] = [
     ("Model and data", ["model", "dataset", "width", "depth"]),
     ("Training", ["global_batch_size", "steps", "lr", "optimizer", "seed", "step_delay_s"]),
 ]
-ADVANCED = ["gradient_as_bucket_view", "static_graph", "find_unused_parameters",
+ADVANCED = ["gradient_as_bucket_view", "static_graph", "find_unused_parameters", "broadcast_buffers",
             "grad_accum_steps", "amp", "fsdp_param_dtype", "fsdp_reduce_dtype", "device", "backend",
             "nnodes", "n_head", "block_size", "eval_every", "probe"]
 FAULTS = ["fault", "fault_rank", "fault_step", "collective_timeout_s"]
@@ -47,6 +47,8 @@ HELP = {
     "lr": "learning rate",
     "seed": "model init and data order",
     "step_delay_s": "seconds to sleep per step, to slow a demo down",
+    "broadcast_buffers": "DDP: send rank 0's module buffers (BatchNorm running statistics) to every "
+                         "rank before each forward (PyTorch's default); off lets them drift apart",
     "grad_accum_steps": "micro-batches per optimizer step",
     "amp": "bf16 autocast",
     "device": "auto: CUDA when world_size GPUs are visible, else virtual CPU devices",

@@ -87,28 +87,6 @@ def split_frame(steps: pd.DataFrame, warmup_steps: int = 1) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
-def memory_frame(events: Iterable[Event], run: str, start_ts: float | None = None) -> pd.DataFrame:
-    """One row per `memory` event: run, step, device, elapsed_s, allocated/reserved/used/peak MiB.
-
-    `used_mib` is NVML device-wide memory (NaN on CPU); `elapsed_s` counts from `start_ts`
-    (default: the first memory event).
-    """
-    cols = ["run", "step", "device", "elapsed_s", "allocated_mib", "reserved_mib", "used_mib",
-            "peak_allocated_mib", "source"]
-    evs = of_type(events, "memory")
-    if not evs:
-        return pd.DataFrame(columns=cols)
-    t0 = start_ts if start_ts is not None else min(e["ts"] for e in evs)
-    rows = [{"run": run, "step": e.get("step"), "device": e.get("device", "?"),
-             "elapsed_s": e["ts"] - t0,
-             "allocated_mib": _mib(e.get("allocated_bytes")),
-             "reserved_mib": _mib(e.get("reserved_bytes")),
-             "used_mib": _mib(e.get("used_bytes")),
-             "peak_allocated_mib": _mib(e.get("peak_allocated_bytes")),
-             "source": e.get("source", "?")} for e in evs]
-    return pd.DataFrame(rows, columns=cols)
-
-
 def _mib(nbytes: float | None) -> float:
     return float("nan") if nbytes is None else nbytes / MIB
 
@@ -196,15 +174,23 @@ def dp_phase_frame(events: Iterable[Event], step: int | None = None) -> pd.DataF
     return df.sort_values(["device", "start_ms"]).reset_index(drop=True)[cols]
 
 
+UNLABELLED = "unlabelled (older run)"  # comm_volume events written before `volume_source`
+
+
 def comm_volume_frame(events: Iterable[Event]) -> pd.DataFrame:
-    """Bytes each device sent/received in the latest step, beside the theory, in MiB."""
-    cols = ["device", "sent_mib", "recv_mib", "theory_sent_mib", "theory_recv_mib"]
+    """Bytes each device sent/received in the latest step, beside the theory, in MiB.
+
+    `source` is the event's `volume_source` up to its first colon: "measured" (DP: the bytes of
+    the tensors copied), "derived (ring all-reduce)" (DDP: bytes handed to all-reduce × 2(n−1)/n)
+    or "derived (collective bytes x wire factor)" (FSDP)."""
+    cols = ["device", "sent_mib", "recv_mib", "theory_sent_mib", "theory_recv_mib", "source"]
     evs = of_type(events, "comm_volume")
     if not evs:
         return pd.DataFrame(columns=cols)
     last = max(e["step"] for e in evs)
     rows = [{"device": e.get("device", "?"),
-             **{c: _mib(e.get(c.replace("_mib", "_bytes"))) for c in cols[1:]}}
+             **{c: _mib(e.get(c.replace("_mib", "_bytes"))) for c in cols[1:-1]},
+             "source": (e.get("volume_source") or UNLABELLED).split(":")[0]}
             for e in evs if e["step"] == last]
     return pd.DataFrame(rows, columns=cols).sort_values("device").reset_index(drop=True)
 

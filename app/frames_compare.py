@@ -57,15 +57,19 @@ def view_of(window, label: str) -> RunView:
 COMPARE_COLUMNS = ["run", "mode", "world_size", "status", "samples_per_s", "speedup_vs_single",
                    "step_time_ms", "forward_ms", "backward_ms", "comm_exposed_ms", "optimizer_ms",
                    "overlap", "peak_mib_max", "peak_mib_min", "memory_imbalance",
-                   "bytes_mib_max", "theory_mib_max", "replicas_in_sync", "final_loss"]
+                   "bytes_mib_max", "bytes_source", "theory_mib_max", "replicas_in_sync", "replicas",
+                   "final_loss"]
+MEASURED, DERIVED, THEORY = "measured", "derived (ring all-reduce)", "theory"
 
 
 def compare_frame(views: list[RunView]) -> pd.DataFrame:
     """One row per run with the measures of `COMPARE_COLUMNS` (ms, MiB, samples/s).
 
     `speedup_vs_single` = samples_per_s / samples_per_s of the set's single run (NaN without one);
-    `memory_imbalance` = max / min peak memory over the run's devices; `bytes_mib_max` is the
-    busiest device's sent + received MiB per step, `theory_mib_max` the formula's.
+    `memory_imbalance` = max / min measured peak memory over the run's devices; `bytes_mib_max`
+    is the busiest device's sent + received MiB per step (`bytes_source`: measured for DP's
+    copies, derived for DDP's ring), `theory_mib_max` the formula's; `replicas` says in words
+    what the replica check shows (`replica_verdict`).
     """
     rows = [_row(v) for v in views]
     df = pd.DataFrame(rows, columns=COMPARE_COLUMNS)
@@ -104,22 +108,59 @@ def _row(v: RunView) -> dict[str, Any]:
         "peak_mib_min": peaks["peak_mib"].min() if not peaks.empty else float("nan"),
         "memory_imbalance": (peaks["peak_mib"].max() / peaks["peak_mib"].min()
                              if not peaks.empty and peaks["peak_mib"].min() > 0 else float("nan")),
-        "bytes_mib_max": vol.loc[vol["which"] == "measured", "mib"].max() if not vol.empty
+        "bytes_mib_max": vol.loc[vol["which"] != THEORY, "mib"].max() if not vol.empty
         else float("nan"),
-        "theory_mib_max": vol.loc[vol["which"] == "theory", "mib"].max() if not vol.empty
+        "bytes_source": next(iter(vol.loc[vol["which"] != THEORY, "which"]), None),
+        "theory_mib_max": vol.loc[vol["which"] == THEORY, "mib"].max() if not vol.empty
         else float("nan"),
         "replicas_in_sync": replicas_in_sync(v),
+        "replicas": replica_verdict(v),
         "final_loss": s.get("final_loss") if s.get("final_loss") is not None else
         (float(steps["loss"].iloc[-1]) if not steps.empty else None),
     }
 
 
 def replicas_in_sync(v: RunView) -> bool | None:
-    """The summary's verdict, else the latest `sync` event's (None before any check)."""
+    """The summary's verdict, else the latest `sync` event's (None before any check, and for a
+    single device, which has nothing to compare)."""
     if v.summary.get("replicas_in_sync") is not None:
         return bool(v.summary["replicas_in_sync"])
     syncs = v.of_type("sync")
-    return bool(syncs[-1].get("in_sync")) if syncs else None
+    got = syncs[-1].get("in_sync") if syncs else None
+    return None if got is None else bool(got)
+
+
+def replica_verdict(v: RunView) -> str:
+    """What the replica check shows, in words: DDP compares every rank's parameters after the
+    step; DP keeps one master copy on device 0 and rebuilds its replicas every step, checked as
+    built (before forward); a single device has nothing to compare."""
+    if v.mode == "single":
+        return "n/a (one device)"
+    ok = replicas_in_sync(v)
+    said = "—" if ok is None else ("yes" if ok else "NO")
+    if v.mode == "dp":
+        return f"rebuilt each step; at forward: {said}"
+    return said
+
+
+def buffers_frame(views: list[RunView]) -> pd.DataFrame:
+    """Module buffers per rank at the last check of each DDP run (its `sync` event's `buffers`):
+    columns run, step, buffer, rank, at_forward_start, after_step (Σ of the buffer's values), and
+    `as_rank0_at_forward` (the rank's buffer equals rank 0's as the forward started, i.e. DDP
+    broadcast it). Empty when no DDP run has buffers."""
+    cols = ["run", "step", "buffer", "rank", "at_forward_start", "after_step", "as_rank0_at_forward"]
+    rows = []
+    for v in views:
+        syncs = [e for e in v.of_type("sync") if e.get("buffers")]
+        if v.mode != "ddp" or not syncs:
+            continue
+        last = syncs[-1]
+        r0 = {b["name"]: b["at_forward_start"] for b in last["buffers"] if b["rank"] == 0}
+        rows += [{"run": v.label, "step": last["step"], "buffer": b["name"], "rank": b["rank"],
+                  "at_forward_start": b["at_forward_start"][0], "after_step": b["after_step"][0],
+                  "as_rank0_at_forward": b["at_forward_start"] == r0.get(b["name"])}
+                 for b in last["buffers"]]
+    return pd.DataFrame(rows, columns=cols)
 
 
 def peak_memory_frame(views: list[RunView]) -> pd.DataFrame:
@@ -141,36 +182,42 @@ def peak_memory_frame(views: list[RunView]) -> pd.DataFrame:
 
 
 def bytes_frame(views: list[RunView]) -> pd.DataFrame:
-    """Sent + received MiB per device per step, measured and by formula.
+    """Sent + received MiB per device per step, measured or derived, and by formula.
 
-    Columns: run, device, which (measured|theory), mib. Measured: the latest `comm_volume`
-    events (or the summary's `bytes_per_device`). Theory: `engine.analysis.theory_bytes` with
-    P = the run's gradient bytes (`run_started.grad_bytes`), sent and received each; FSDP: the
-    `theory_sent_bytes` its events carry (3(n−1)/n·P with reshard, 2(n−1)/n·P without).
+    Columns: run, device, which (`MEASURED`, `DERIVED` or `THEORY`), mib. From the latest
+    `comm_volume` events (or the summary's `bytes_per_device`), labelled by their
+    `volume_source`: DP's are the bytes of the tensors it copied (measured); DDP's are the bytes
+    it handed to all-reduce times the ring factor (derived); FSDP's are the bytes of its
+    all-gathers and reduce-scatters times the backend's wire factor (derived). Theory:
+    `engine.analysis.theory_bytes` with P = the run's gradient bytes (`run_started.grad_bytes`),
+    sent and received each; FSDP: the `theory_sent_bytes` its events carry (3(n−1)/n·P with
+    reshard, 2(n−1)/n·P without).
     """
     rows = []
     for v in views:
         vols = v.of_type("comm_volume")
         if vols:
             last = max(e["step"] for e in vols)
-            measured = {_where(v, e): (e.get("sent_bytes") or 0) + (e.get("recv_bytes") or 0)
-                        for e in vols if e["step"] == last}
+            got = {_where(v, e): e for e in vols if e["step"] == last}
         else:  # summary keys are device names
-            measured = {d: (b.get("sent_bytes") or 0) + (b.get("recv_bytes") or 0)
-                        for d, b in (v.summary.get("bytes_per_device") or {}).items()}
-        rows += [{"run": v.label, "device": d, "which": "measured", "mib": b / MIB}
-                 for d, b in sorted(measured.items())]
-        if v.mode == "fsdp":  # its own formula, carried by its comm_volume events
-            theory = {_where(v, e): 2 * (e.get("theory_sent_bytes") or 0) for e in vols
-                      if e["step"] == max(x["step"] for x in vols)}
-            rows += [{"run": v.label, "device": d, "which": "theory", "mib": b / MIB}
-                     for d, b in sorted(theory.items())]
+            got = dict(v.summary.get("bytes_per_device") or {})
+        rows += [{"run": v.label, "device": d, "which": _volume_label(v, e),
+                  "mib": ((e.get("sent_bytes") or 0) + (e.get("recv_bytes") or 0)) / MIB}
+                 for d, e in sorted(got.items())]
+        if v.mode == "fsdp" and vols:  # its own formula, carried by its comm_volume events
+            rows += [{"run": v.label, "device": d, "which": THEORY,
+                      "mib": 2 * (e.get("theory_sent_bytes") or 0) / MIB} for d, e in sorted(got.items())]
         grad = (v.started or {}).get("grad_bytes")
         if grad and v.mode in ("dp", "ddp"):
             theory = theory_bytes(v.mode, v.world_size, int(grad))
-            rows += [{"run": v.label, "device": _where_index(v, i), "which": "theory",
+            rows += [{"run": v.label, "device": _where_index(v, i), "which": THEORY,
                       "mib": 2 * b / MIB} for i, b in sorted(theory.items())]
     return pd.DataFrame(rows, columns=["run", "device", "which", "mib"])
+
+
+def _volume_label(v: RunView, e: dict[str, Any]) -> str:
+    src = e.get("volume_source") or (DERIVED if v.mode == "ddp" else MEASURED)
+    return DERIVED if src.startswith("derived") else MEASURED
 
 
 def _where(v: RunView, e: dict[str, Any]) -> str:
@@ -216,8 +263,9 @@ TABLE_ROWS = [  # (row title, column, format)
     ("peak memory, busiest device (MiB)", "peak_mib_max", "{:.3f}"),
     ("memory imbalance (max / min)", "memory_imbalance", "{:.2f}×"),
     ("bytes/step, busiest device (MiB)", "bytes_mib_max", "{:.3f}"),
+    ("  how it is known", "bytes_source", "{}"),
     ("  formula (MiB)", "theory_mib_max", "{:.3f}"),
-    ("replicas in sync", "replicas_in_sync", "{}"),
+    ("replicas in sync", "replicas", "{}"),
     ("final loss", "final_loss", "{:.4f}"),
 ]
 

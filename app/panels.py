@@ -12,7 +12,8 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from app import charts, frames
+from app import charts, charts_memory, explain, frames
+from app import frames_memory as fm
 from app.outage import REDIS_DOWN, show_outage
 from app.window import TERMINAL, RunWindow
 
@@ -62,7 +63,7 @@ def _run_status(client, w: RunWindow, label: str) -> None:
     total = max(1, w.steps_total)
     st.progress(min(1.0, w.steps_done / total), text=f"step {w.steps_done} / {w.steps_total}")
     if w.started and w.started.get("emulated"):
-        st.caption("DP emulated on virtual CPU devices (real threads and copies)")
+        st.caption(explain.EMULATION_NOTE)
     cfg = w.config
     knobs = (f"reshard_after_forward {cfg.get('reshard_after_forward')} · params "
              f"{cfg.get('fsdp_param_dtype')}, reduce {cfg.get('fsdp_reduce_dtype')}"
@@ -111,6 +112,10 @@ def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, st
         col.metric(f"{run}: median samples/s", f"{v:,.0f}", delta=delta, delta_color="off",
                    delta_arrow="off")
     _chart(charts.throughput_chart(steps, [labels.get(r, r) for r in windows]), "chart_throughput")
+    modes = {labels[rid]: w.mode for rid, w in windows.items()}
+    why = explain.why_dp_ahead(explain.table_from_steps(steps, modes))
+    if why:
+        st.info(why, icon=":material/help:")
 
 
 def split_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
@@ -126,24 +131,27 @@ def split_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -
 
 # ---- memory ---------------------------------------------------------------------------------
 def memory_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
-    """Allocated MiB per device over steps, one chart per run on a shared y scale, and the
-    peak imbalance (max/min over devices) of each run."""
+    """The latest traced step of each run as it happened (phases, bytes per device, process or
+    GPU), one chart per run on a shared y scale, and the measured peak imbalance of each run."""
     refresh(client, windows)
-    mems = {rid: frames.memory_frame(w.of_type("memory"), labels[rid], w.start_ts)
-            for rid, w in windows.items()}
-    if all(m.empty for m in mems.values()):
-        return _waiting("memory samples")
-    y_max = max(float(m["allocated_mib"].max()) for m in mems.values() if not m.empty)
-    for col, (rid, mem) in zip(st.columns(len(mems)), mems.items()):
+    curves = {rid: fm.memory_curve_frame(w.of_type("memory"), labels[rid]) for rid, w in windows.items()}
+    if all(c.empty for c in curves.values()):
+        return _waiting("the first traced step's memory")
+    held = [c.loc[c["source"].isin(fm.DEVICE_SOURCES), "mib"] for c in curves.values()]
+    y_max = max((float(h.max()) for h in held if not h.empty), default=None)
+    for col, (rid, curve) in zip(st.columns(len(curves)), curves.items()):
         with col:
-            if mem.empty:
-                _waiting("memory samples")
+            if curve.empty:
+                _waiting("the first traced step's memory")
                 continue
-            _chart(charts.memory_chart(mem, labels[rid], y_max), f"chart_memory_{rid}")
-            peak = mem.groupby("device")["allocated_mib"].max()
-            if len(peak) > 1 and peak.min() > 0:
-                st.caption(f"peak {peak.max():.2f} MiB on {peak.idxmax()}; imbalance max/min "
-                           f"{peak.max() / peak.min():.2f}×")
+            w = windows[rid]
+            events = w.of_type("memory") + w.of_type("dp_phase") + w.of_type("step")
+            phases = fm.memory_phase_frame(events, int(curve["step"].iloc[0]))
+            for i, chart in enumerate(charts_memory.memory_curve_charts(curve, phases, labels[rid], y_max)):
+                _chart(chart, f"chart_memory_{rid}_{i}")
+            caption = fm.peak_caption(fm.memory_peak_frame(w.of_type("memory"), labels[rid]))
+            if caption:
+                st.caption(caption)
 
 
 # ---- per-run detail ---------------------------------------------------------------------------
@@ -183,8 +191,10 @@ def detail_panel(client, windows: dict[str, RunWindow], labels: dict[str, str], 
 
             st.caption(VOLUME_CAPTION)
         else:
-            st.caption("theory (P = gradient bytes, n = devices): DP device 0 sends and receives "
-                       "(n−1)·P, the others P; ring all-reduce 2(n−1)/n·P per rank")
+            st.caption("DP: the bytes of every tensor copied (measured); DDP: the bucket bytes handed "
+                       "to all-reduce (measured) × 2(n−1)/n (derived, ring all-reduce). Theory (P = "
+                       "gradient bytes, n = devices): DP device 0 sends and receives (n−1)·P, the "
+                       "others P; ring all-reduce 2(n−1)/n·P per rank")
 
 
 def _bucket_caption(buckets: pd.DataFrame) -> None:

@@ -62,6 +62,7 @@ class RunConfig(BaseModel):
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
     find_unused_parameters: bool = False
+    broadcast_buffers: bool = True  # DDP: rank 0's buffers (e.g. BatchNorm statistics) sent to all before each forward
     grad_accum_steps: int = Field(1, ge=1, le=1024)  # micro-batches per optimizer step
     amp: bool = False  # bf16 autocast
     # FSDP (mode fsdp) knobs, named as in torch.distributed.fsdp.fully_shard / MixedPrecisionPolicy.

@@ -26,18 +26,19 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from engine.buckets import ddp_bucket_cap_arg
-from engine.comm_hook import BucketRecorder, CudaClock, HostClock, recording_hook
+from engine.comm_hook import CudaClock, HostClock, recording_hook
 from engine.config import RunConfig
 from engine.data import BatchPlan, load_dataset
 from engine.events import rank_sink
 from engine.faults import maybe_diverge, maybe_fail
 from engine.loop import drive
-from engine.memory import ActivationCounter, accounted_event, buffer_bytes, cuda_event, grads_bytes, \
-    optimizer_state_bytes, param_bytes, tensor_bytes
+from engine.ddp_memory import BufferProbe, MemoryBucketRecorder, keep_before_traced
+from engine.memory import param_bytes
 from engine.models import build_model
 from engine.telemetry import Telemetry, now, step_fields, wall_ts
+from engine.single import single_sampler
 from engine.training import autocast, cpu_threads_per_rank, evaluate, flat_params, loss_fn, \
-    make_optimizer, param_checksum
+    make_optimizer, param_checksum, should_eval
 
 PR_SET_PDEATHSIG = 1
 _progress: dict[str, int | None] = {"step": None}  # the step this rank is in, for its error report
@@ -98,14 +99,13 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
     model = build_model(cfg, ds).to(device).train()
     ddp = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,
               bucket_cap_mb=ddp_bucket_cap_arg(cfg), gradient_as_bucket_view=cfg.gradient_as_bucket_view,
-              static_graph=cfg.static_graph, find_unused_parameters=cfg.find_unused_parameters)
+              static_graph=cfg.static_graph, find_unused_parameters=cfg.find_unused_parameters,
+              broadcast_buffers=cfg.broadcast_buffers)
     names = {p.data_ptr(): n for n, p in model.named_parameters()}
-    rec = BucketRecorder(world, cfg.overlap, names, CudaClock() if device.type == "cuda" else HostClock())
+    rec = MemoryBucketRecorder(world, cfg.overlap, names, CudaClock() if device.type == "cuda" else HostClock())
     ddp.register_comm_hook(rec, recording_hook)
     opt = make_optimizer(cfg, ddp.parameters())
     plan = BatchPlan(len(ds), world, cfg.micro_batch_per_device, cfg.seed)
-    acts = ActivationCounter()
-    held: dict[str, int] = {}
     P = param_bytes(model)
     ring = 2 * (world - 1) / world  # ring all-reduce: bytes each rank sends (and receives) per byte
 
@@ -126,7 +126,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
             ctx = contextlib.nullcontext() if last_micro else ddp.no_sync()  # all-reduce once per step
             with ctx:
                 t1 = now()
-                with acts, autocast(cfg, device.type):
+                with autocast(cfg, device.type):
                     loss = loss_fn(ddp(x), y) / cfg.grad_accum_steps
                 sync()
                 t2 = now()
@@ -144,7 +144,6 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
                 bwd += (t3 - t2) - exposed
             else:
                 bwd += t3 - t2
-            held.update(activations=acts.nbytes, inputs=tensor_bytes([x, y]))
         t4 = now()
         opt.step()
         opt.zero_grad(set_to_none=not cfg.gradient_as_bucket_view)
@@ -153,33 +152,40 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         t5 = now()
         for b in buckets:
             tel.emit("bucket", step=step, **b)
-        nbytes = sum(b["nbytes"] for b in buckets)
-        tel.emit("comm_volume", step=step, sent_bytes=int(ring * nbytes), recv_bytes=int(ring * nbytes),
+        nbytes = sum(b["nbytes"] for b in buckets)  # of the bucket tensors handed to all-reduce
+        tel.emit("comm_volume", step=step, allreduce_bytes=nbytes, sent_bytes=int(ring * nbytes),
+                 recv_bytes=int(ring * nbytes), volume_source="derived (ring all-reduce)",
                  theory_sent_bytes=int(ring * P), theory_recv_bytes=int(ring * P))
         return step_fields(start=t0, backward_start_ts=wall_ts(backward_start), loss=loss_sum,
                            samples=cfg.global_batch_size, step_time_s=t5 - t0,
                            forward_s=fwd, backward_s=bwd, comm_exposed_s=exposed, optimizer_s=t5 - t4)
 
-    def memory(step: int) -> None:
-        bd = dict(params=param_bytes(model), grads=grads_bytes(model), buffers=buffer_bytes(model),
-                  optimizer_state=optimizer_state_bytes(opt), **held)
-        if not cfg.gradient_as_bucket_view:
-            bd["bucket_buffers"] = P  # the reducer's flat buckets hold a second copy of the grads
-        tel.emit("memory", step=step, **(cuda_event(device, bd) if device.type == "cuda" else accounted_event(bd)))
+    sampler = single_sampler(cfg, tel, model, opt, device, extra_existing=lambda: [
+        (0, "bucket_buffers", rec.take_kept())])
+    rec.ledger = sampler.ledger
+    buffer_probe = BufferProbe(model)
 
     def check_sync(step: int) -> None:
-        mine = torch.tensor(param_checksum(model), dtype=torch.float64, device=device)
+        # one all_gather: [parameter checksum, buffers at forward start, buffers after the step]
+        mine = torch.cat([torch.tensor(param_checksum(model), dtype=torch.float64),
+                          buffer_probe.local().reshape(-1)]).to(device)
         every = [torch.zeros_like(mine) for _ in range(world)]
         dist.all_gather(every, mine)
-        sums = [t.tolist() for t in every]
+        sums = [t[:2].tolist() for t in every]
         in_sync = all(s == sums[0] for s in sums)
         if rank == 0:
-            tel.emit("sync", step=step, checksums=sums, in_sync=in_sync)
+            bufs = buffer_probe.rows([t[2:].cpu().reshape(2, -1, 2) for t in every])
+            tel.emit("sync", step=step, checksums=sums, in_sync=in_sync, buffers=bufs,
+                     checked="parameters after the optimizer step, all-gathered from every rank")
         if not in_sync:
             raise ReplicasDiverged(f"replicas diverged at step {step}: parameter checksums {sums}")
 
     evaluate_fn = (lambda: evaluate(model, ds, device)) if rank == 0 else None
-    drive(cfg, tel, train_step, memory=memory, check_sync=check_sync, evaluate=evaluate_fn)
+    step_fn = keep_before_traced(buffer_probe.wrap(train_step, lambda s: should_eval(cfg, s)), rec, cfg.steps)
+    try:
+        drive(cfg, tel, sampler.wrap(step_fn), check_sync=check_sync, evaluate=evaluate_fn)
+    finally:
+        sampler.close()
     if cfg.probe and world > 1:  # after the last step: in no step time, nothing else in flight
         from engine.probe import emit_probe  # imported here: this hook stays one block
 

@@ -37,7 +37,7 @@ from engine.memory import cuda_event, optimizer_state_bytes, param_bytes
 from engine.telemetry import Telemetry, now, step_fields
 from engine.training import autocast, evaluate, loss_fn, make_optimizer
 
-COMM_SOURCE = "counted: bytes of the tensors torch.nn.parallel copied"
+COMM_SOURCE = "measured: bytes of the tensors torch.nn.parallel copied"
 PHASE_SOURCE = "cuda events on each device's stream"
 
 
@@ -168,7 +168,7 @@ class StepRecord(NamedTuple):
         for i, name in enumerate(names):
             tel.emit("comm_volume", step=step, device=name, sent_bytes=self.traffic.sent[i],
                      recv_bytes=self.traffic.recv[i], theory_sent_bytes=theory[i],
-                     theory_recv_bytes=theory[i], source=COMM_SOURCE)
+                     theory_recv_bytes=theory[i], volume_source=COMM_SOURCE)
 
 
 def train_dp_cuda(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Module, tel: Telemetry,

@@ -2,8 +2,10 @@
 
 A teaching feature and the driver of the reliability tests: `raise` throws, `kill` SIGKILLs the
 process (in DP that is the whole run: one process), `hang` sleeps until the collective timeout of
-the other ranks ends the run (DDP only), `diverge` nudges one replica's weights after its optimizer
-step — DDP's replica check then fails the run; DP heals it with the next broadcast.
+the other ranks ends the run (DDP only), `diverge` nudges one replica's weights: in DDP after its
+optimizer step, and DDP's replica check then fails the run; in DP right after the step's broadcast,
+so that replica computes the step's gradient with drifted weights and is thrown away with the
+step's replicas (DP rebuilds them from device 0 every step; engine/dp.py).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from engine.summary import interval_union_s
 
 SOURCE_HOST = "fsdp2 set_custom_all_gather/set_custom_reduce_scatter; host clock around the blocking call"
 SOURCE_CUDA = "fsdp2 set_custom_all_gather/set_custom_reduce_scatter; CUDA events on FSDP's comm stream"
-VOLUME_SOURCE = ("derived: measured tensor bytes of every all-gather and reduce-scatter x the "
+VOLUME_SOURCE = ("derived (collective bytes x wire factor): measured tensor bytes of every all-gather and reduce-scatter x the "
                  "backend's wire factor per rank (ring all-gather (n-1)/n; reduce-scatter (n-1)/n "
                  "on NCCL, 2(n-1)/n on gloo, which runs it as an all-reduce)")
 
@@ -176,7 +176,7 @@ def volume_fields(records: list[dict[str, Any]], backend: str | None, world_size
     """The `comm_volume` event of one FSDP rank and step (see docs/events.md)."""
     wire = sum(r["nbytes"] * wire_factor(r["kind"], backend, world_size) for r in records)
     by_kind = {k: sum(r["nbytes"] for r in records if r["kind"] == k) for k in ("all_gather", "reduce_scatter")}
-    return dict(sent_bytes=int(wire), recv_bytes=int(wire), source=VOLUME_SOURCE,
+    return dict(sent_bytes=int(wire), recv_bytes=int(wire), volume_source=VOLUME_SOURCE,
                 all_gather_nbytes=by_kind["all_gather"], reduce_scatter_nbytes=by_kind["reduce_scatter"],
                 collectives=len(records), theory_sent_bytes=theory["fsdp"], theory_recv_bytes=theory["fsdp"],
                 theory_formula=formula, theory_ddp_sent_bytes=theory["ddp"])

@@ -1,16 +1,23 @@
-"""Memory per device: accounted tensor bytes on CPU, torch.cuda and NVML on GPU.
+"""Memory readings that are cheap enough for a timer: process RSS, the CUDA allocator, NVML.
 
-On CPU there is no per-device allocator, so ddpviz counts the bytes of the tensors each (virtual)
-device holds — parameters, gradients, optimizer state, activations saved for backward, inputs,
-gathered outputs — and reports them with ``source="accounted"``. On GPU it reports
-``torch.cuda.memory_allocated/reserved`` (PyTorch caching allocator) and NVML's device-wide used
-memory (``nvidia-ml-py``, imported as ``pynvml``).
+- `process_rss_bytes`: resident set size of this process (psutil), the memory a CPU rank holds.
+- `cuda_allocator`: `torch.cuda.memory_allocated/reserved/max_memory_allocated` of one device
+  (PyTorch's caching allocator, torch/cuda/memory.py).
+- `NvmlReader`: NVML's used memory of the *same physical GPU* as a CUDA ordinal. Under a lease
+  `CUDA_VISIBLE_DEVICES` holds GPU UUIDs, and CUDA's ordinals (fastest first by default, or the
+  order of that list) are not NVML's indices (PCI bus order), so the GPU is found by UUID:
+  `torch.cuda.get_device_properties(i).uuid` (printed as 8-4-4-4-12 hex, torch/csrc/cuda/Module.cpp)
+  is NVML's ``GPU-<uuid>`` (``MIG-<uuid>`` for a MIG instance), given to
+  `pynvml.nvmlDeviceGetHandleByUUID`.
+
+The bytes of tensors each device holds come from `engine.ledger`; the timer and the memory events
+from `engine.memsampler`.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.nn as nn
@@ -25,84 +32,112 @@ def param_bytes(model: nn.Module) -> int:
     return tensor_bytes(model.parameters())
 
 
-def grads_bytes(model: nn.Module) -> int:
-    return tensor_bytes(p.grad for p in model.parameters())
-
-
-def buffer_bytes(model: nn.Module) -> int:
-    return tensor_bytes(model.buffers())
+def optimizer_state_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The tensors in the optimizer's state (AdamW: exp_avg, exp_avg_sq, step; SGD: none)."""
+    return [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)]
 
 
 def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
-    """Bytes of tensors in the optimizer state (AdamW: exp_avg + exp_avg_sq = 2 P; SGD: 0)."""
-    return sum(tensor_bytes(v for v in st.values() if torch.is_tensor(v)) for st in opt.state.values())
+    return tensor_bytes(optimizer_state_tensors(opt))
 
 
-class ActivationCounter:
-    """Counts bytes autograd saves for backward while active (`torch.autograd.graph.saved_tensors_hooks`).
+_process = None
 
-    Parameters (leaf tensors requiring grad) are not activations and are skipped; a storage saved
-    twice counts once. The hooks are thread-local, so each DP device thread counts its own.
+
+def process_rss_bytes() -> int | None:
+    """Resident set size of this process in bytes (psutil), None if psutil cannot read it."""
+    global _process
+    try:
+        import psutil
+
+        if _process is None:
+            _process = psutil.Process()
+        return int(_process.memory_info().rss)
+    except Exception:
+        return None
+
+
+def cuda_allocator(index: int) -> dict[str, int]:
+    """{allocated, reserved, peak} bytes of CUDA device `index` from PyTorch's caching allocator."""
+    return dict(allocated=int(torch.cuda.memory_allocated(index)),
+                reserved=int(torch.cuda.memory_reserved(index)),
+                peak=int(torch.cuda.max_memory_allocated(index)))
+
+
+def cuda_uuid(index: int) -> str:
+    """The UUID CUDA reports for ordinal `index` (8-4-4-4-12 hex, no prefix)."""
+    return str(torch.cuda.get_device_properties(index).uuid)
+
+
+class NvmlReader:
+    """NVML figures of the physical GPU behind each CUDA ordinal, matched by UUID.
+
+    Args:
+        nvml: the `pynvml` module (nvidia-ml-py), or a stand-in with `nvmlInit`,
+            `nvmlDeviceGetHandleByUUID`, `nvmlDeviceGetMemoryInfo` (tests pass a fake).
+        uuid_of: CUDA ordinal -> CUDA's UUID string (default `cuda_uuid`).
+
+    Every failure (no NVML, no such UUID) gives None, never an exception: NVML is an extra figure.
     """
 
-    def __init__(self) -> None:
-        self.nbytes = 0
-        self._seen: set[tuple[int, int]] = set()
+    def __init__(self, nvml: Any = None, uuid_of: Callable[[int], str] = cuda_uuid):
+        self._nvml, self._uuid_of = nvml, uuid_of
+        self._handles: dict[int, Any] = {}
+        self._ready: bool | None = None
+        self._lock = threading.Lock()
 
-    def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        if not (t.is_leaf and t.requires_grad):
-            key = (t.untyped_storage().data_ptr(), t.numel())
-            if key not in self._seen:
-                self._seen.add(key)
-                self.nbytes += t.numel() * t.element_size()
-        return t
+    def _init(self) -> bool:
+        with self._lock:
+            if self._ready is None:
+                try:
+                    if self._nvml is None:
+                        import pynvml  # provided by the nvidia-ml-py distribution
 
-    def __enter__(self) -> "ActivationCounter":
-        self.nbytes, self._seen = 0, set()
-        self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-        self._ctx.__enter__()
-        return self
+                        self._nvml = pynvml
+                    self._nvml.nvmlInit()
+                    self._ready = True
+                except Exception:
+                    self._ready = False
+            return self._ready
 
-    def __exit__(self, *exc) -> None:
-        self._ctx.__exit__(*exc)
+    def handle(self, index: int) -> Any:
+        """NVML handle of CUDA ordinal `index`'s GPU, or None."""
+        if index in self._handles:
+            return self._handles[index]
+        found = None
+        if self._init():
+            uuid = self._uuid_of(index)
+            names = [uuid] if uuid.startswith(("GPU-", "MIG-")) else [f"GPU-{uuid}", f"MIG-{uuid}"]
+            for name in names:
+                try:
+                    found = self._nvml.nvmlDeviceGetHandleByUUID(name)
+                    break
+                except Exception:
+                    continue
+        self._handles[index] = found
+        return found
+
+    def used_bytes(self, index: int) -> int | None:
+        """Device-wide used memory (bytes) of CUDA ordinal `index`'s GPU: every process on it."""
+        h = self.handle(index)
+        if h is None:
+            return None
+        try:
+            return int(self._nvml.nvmlDeviceGetMemoryInfo(h).used)
+        except Exception:
+            return None
 
 
-def accounted_event(breakdown: dict[str, int]) -> dict[str, Any]:
-    """Fields of a `memory` event for a CPU (virtual) device from its byte breakdown."""
-    total = int(sum(breakdown.values()))
-    return dict(allocated_bytes=total, reserved_bytes=total, used_bytes=None, source="accounted",
-                breakdown={k: int(v) for k, v in breakdown.items()}, peak_allocated_bytes=total)
-
-
-_nvml_lock = threading.Lock()
-_nvml_ready: bool | None = None
-
-
-def nvml_used_bytes(index: int) -> tuple[int | None, int | None]:
-    """(device-wide used memory bytes, GPU utilisation %) from NVML, or (None, None) without it."""
-    global _nvml_ready
-    try:
-        import pynvml  # provided by the nvidia-ml-py distribution
-
-        with _nvml_lock:
-            if _nvml_ready is None:
-                pynvml.nvmlInit()
-                _nvml_ready = True
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-        util = pynvml.nvmlDeviceGetUtilizationRates(handle)
-        return int(mem.used), int(util.gpu)
-    except Exception:
-        _nvml_ready = False if _nvml_ready is None else _nvml_ready
-        return None, None
+_default_nvml = NvmlReader()
 
 
 def cuda_event(device: torch.device, breakdown: dict[str, int] | None = None) -> dict[str, Any]:
-    """Fields of a `memory` event for a CUDA device (allocator + NVML)."""
+    """Fields of a one-off `memory` event for a CUDA device (allocator + NVML by UUID).
+
+    Kept for `engine.dp_cuda`, which has no `MemorySampler` yet; `source` names where
+    `allocated_bytes` comes from (the CUDA caching allocator)."""
     idx = device.index or 0
-    used, util = nvml_used_bytes(idx)
-    return dict(allocated_bytes=int(torch.cuda.memory_allocated(idx)),
-                reserved_bytes=int(torch.cuda.memory_reserved(idx)),
-                peak_allocated_bytes=int(torch.cuda.max_memory_allocated(idx)),
-                used_bytes=used, utilization_pct=util, source="nvml" if used is not None else "torch",
-                breakdown={k: int(v) for k, v in (breakdown or {}).items()})
+    alloc = cuda_allocator(idx)
+    return dict(allocated_bytes=alloc["allocated"], reserved_bytes=alloc["reserved"],
+                peak_allocated_bytes=alloc["peak"], used_bytes=_default_nvml.used_bytes(idx),
+                source="cuda", breakdown={k: int(v) for k, v in (breakdown or {}).items()})

@@ -138,7 +138,9 @@ def _dispatch(cfg, plan: DevicePlan, ds, model, out, run_id, should_stop, workdi
 
         trained = train_single(cfg, ds, model, torch.device(plan.names[0] if plan.kind == "cuda" else "cpu"),
                                tel, should_stop)
-        tel.emit("sync", step=cfg.steps - 1, checksums=[param_checksum(trained)], in_sync=True)
+        # one device: no replica to compare with, so no verdict (null), only its checksum
+        tel.emit("sync", step=cfg.steps - 1, checksums=[param_checksum(trained)], in_sync=None,
+                 checked="single device: nothing to compare")
     else:
         from engine.dp import train_dp
 

@@ -16,9 +16,10 @@ from engine.config import RunConfig
 from engine.data import BatchPlan, Dataset
 from engine.faults import maybe_fail
 from engine.loop import drive
-from engine.memory import ActivationCounter, accounted_event, buffer_bytes, cuda_event, grads_bytes, \
-    optimizer_state_bytes, param_bytes, tensor_bytes
-from engine.telemetry import Telemetry, now, step_fields
+from engine.ledger import TensorLedger
+from engine.memory import optimizer_state_tensors
+from engine.memsampler import DeviceProbe, MemorySampler, phase_hooks
+from engine.telemetry import Telemetry, now, step_fields, wall_ts
 from engine.training import autocast, cpu_device_threads, evaluate, loss_fn, make_optimizer
 
 
@@ -28,8 +29,6 @@ def train_single(cfg: RunConfig, ds: Dataset, model: nn.Module, device: torch.de
     model.to(device).train()
     opt = make_optimizer(cfg, model.parameters())
     plan = BatchPlan(len(ds), cfg.world_size, cfg.micro_batch_per_device, cfg.seed)
-    acts = ActivationCounter()
-    last: dict[str, int] = {}
 
     def sync():
         if device.type == "cuda":
@@ -44,31 +43,48 @@ def train_single(cfg: RunConfig, ds: Dataset, model: nn.Module, device: torch.de
             x, y = ds.x_train[idx].to(device), ds.y_train[idx].to(device)
             maybe_fail(cfg, 0, step)
             t1 = now()
-            with acts, autocast(cfg, device.type):
+            with autocast(cfg, device.type):
                 loss = loss_fn(model(x), y) / cfg.grad_accum_steps
             sync()
             t2 = now()
+            backward_start = t2
             loss.backward()
             sync()
             t3 = now()
             fwd, bwd, loss_sum = fwd + t2 - t1, bwd + t3 - t2, loss_sum + loss.item()
-            last.update(activations=acts.nbytes, inputs=tensor_bytes([x, y]))
         t4 = now()
         opt.step()
         opt.zero_grad(set_to_none=False)
         sync()
         t5 = now()
-        return step_fields(start=t0, loss=loss_sum, samples=cfg.global_batch_size, step_time_s=t5 - t0,
+        return step_fields(start=t0, backward_start_ts=wall_ts(backward_start), loss=loss_sum, samples=cfg.global_batch_size, step_time_s=t5 - t0,
                            forward_s=fwd, backward_s=bwd, comm_exposed_s=0.0, optimizer_s=t5 - t4)
 
-    def memory(step: int) -> None:
-        breakdown = dict(params=param_bytes(model), grads=grads_bytes(model),
-                         optimizer_state=optimizer_state_bytes(opt), buffers=buffer_bytes(model), **last)
-        fields = cuda_event(device, breakdown) if device.type == "cuda" else accounted_event(breakdown)
-        tel.emit("memory", step=step, **fields)
-
+    sampler = single_sampler(cfg, tel, model, opt, device)
     threads = cpu_device_threads(cfg.world_size) if device.type == "cpu" else contextlib.nullcontext()
-    with threads:  # on CPU the baseline is one virtual device of the run's size
-        drive(cfg, tel, train_step, should_stop=should_stop, memory=memory,
-              evaluate=lambda: evaluate(model, ds, device))
+    try:
+        with threads:  # on CPU the baseline is one virtual device of the run's size
+            drive(cfg, tel, sampler.wrap(train_step), should_stop=should_stop,
+                  evaluate=lambda: evaluate(model, ds, device))
+    finally:
+        sampler.close()
     return model
+
+
+def single_sampler(cfg: RunConfig, tel: Telemetry, model: nn.Module, opt: torch.optim.Optimizer,
+                   device: torch.device, extra_existing=None) -> MemorySampler:
+    """The memory sampler of one model on one device (single, and each DDP rank): the ledger
+    counts this process's tensors on `device`; the timer adds process RSS (and, on CUDA, the
+    allocator and NVML). `extra_existing()` adds more ``(0, kind, tensors)`` alive at a step's start."""
+    ledger = TensorLedger(1, device_type=device.type)
+
+    def existing():
+        out = [(0, "params", model.parameters()), (0, "buffers", model.buffers()),
+               (0, "grads", [p.grad for p in model.parameters()]),
+               (0, "optimizer_state", optimizer_state_tensors(opt))]
+        return out + list(extra_existing() if extra_existing else [])
+
+    probe = DeviceProbe(tel.device, ledger_index=0,
+                        cuda_index=(device.index or 0) if device.type == "cuda" else None)
+    return MemorySampler(tel, [probe], cfg.steps, ledger=ledger, existing=existing,
+                         hooks=lambda: phase_hooks(ledger, model, opt))

@@ -2,7 +2,10 @@
 
 overlap = 1 − exposed comm / total comm (DESIGN.md), where total comm per step is the length of the
 union of the bucket all-reduce intervals on rank 0, and exposed comm is the step's `comm_exposed_s`.
-Medians skip warm-up steps (the first `WARMUP_STEPS`, fewer for short runs).
+Medians skip warm-up steps (the first `WARMUP_STEPS`, fewer for short runs) and the steps whose
+time includes the instrument's own work — memory tracing (`memory_traced`) or DP's replica
+checksums (`replica_check`) — while at least half the steps remain. Peak memory per device is the largest measured `peak_allocated_bytes` of its `memory`
+events (the live-tensor ledger's maximum on CPU, the CUDA allocator's on GPU), never an estimate.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from collections import defaultdict
 from typing import Any
 
 WARMUP_STEPS = 3
+VOLUME_KEYS = ("sent_bytes", "recv_bytes", "volume_source", "allreduce_bytes", "theory_sent_bytes",
+               "theory_recv_bytes")
 SPLIT_KEYS = ("step_time_s", "forward_s", "backward_s", "comm_exposed_s", "optimizer_s", "samples_per_s")
 
 
@@ -34,6 +39,7 @@ class SummaryBuilder:
         self.bucket_spans: dict[int, list[tuple[float, float]]] = defaultdict(list)  # rank-0 step -> spans
         self.dp_comm: dict[int, float] = defaultdict(float)
         self.peak: dict[str, int] = {}
+        self.memory_sources: set[str] = set()
         self.volume: dict[str, dict[str, int]] = {}
         self.last_eval: dict | None = None
         self.sync: dict | None = None
@@ -45,12 +51,13 @@ class SummaryBuilder:
         elif t == "bucket" and e.get("rank", 0) == 0:
             self.bucket_spans[e["step"]].append((e["comm_start_s"], e["comm_end_s"]))
         elif t == "memory":
-            dev = e["device"]
-            self.peak[dev] = max(self.peak.get(dev, 0), int(e.get("peak_allocated_bytes") or e["allocated_bytes"]))
+            dev, peak = e["device"], e.get("peak_allocated_bytes")
+            peak = peak if peak is not None else e.get("allocated_bytes")
+            if peak is not None:
+                self.peak[dev] = max(self.peak.get(dev, 0), int(peak))
+                self.memory_sources.add(str(e.get("source")))
         elif t == "comm_volume":
-            self.volume[e["device"]] = dict(sent_bytes=e["sent_bytes"], recv_bytes=e["recv_bytes"],
-                                            theory_sent_bytes=e.get("theory_sent_bytes"),
-                                            theory_recv_bytes=e.get("theory_recv_bytes"))
+            self.volume[e["device"]] = {k: e.get(k) for k in VOLUME_KEYS if k in e}
         elif t == "eval":
             self.last_eval = e
         elif t == "sync":
@@ -59,7 +66,9 @@ class SummaryBuilder:
     def _steady(self) -> list[dict]:
         rank0 = [self.steps[0][s] for s in sorted(self.steps.get(0, {}))]
         skip = min(WARMUP_STEPS, len(rank0) // 4)
-        return rank0[skip:] or rank0
+        late = rank0[skip:] or rank0
+        plain = [e for e in late if not (e.get("memory_traced") or e.get("replica_check"))]
+        return plain if len(plain) * 2 >= len(late) else late
 
     def overlap(self) -> float | None:
         """1 − Σ exposed / Σ total comm over steady steps with buckets (None without comm)."""
@@ -91,6 +100,7 @@ class SummaryBuilder:
         if self.peak:
             lo = min(self.peak.values())
             out["memory_imbalance"] = max(self.peak.values()) / lo if lo else None
+            out["memory_source"] = ", ".join(sorted(self.memory_sources))
         out["bytes_per_device"] = dict(sorted(self.volume.items()))
         out["val_loss"] = self.last_eval["val_loss"] if self.last_eval else None
         out["val_accuracy"] = self.last_eval["val_accuracy"] if self.last_eval else None

@@ -1,22 +1,28 @@
 """Compare page: a single/DP/DDP/FSDP set (same config and seed) side by side.
 
-Pick a set of runs launched together (or launch one here), then read: peak memory per device
-(the headline), samples/s and the speed-up over one device, the step-time split, peak memory per device and its imbalance, bytes
-per device per step against the formula, overlap, whether the replicas stayed in sync — and the
-throughput and loss curves on one step axis.
+Pick a set of runs launched together (or launch one here), then read: peak memory per device and
+its imbalance (the headline), samples/s and the speed-up over one device, the step-time split,
+bytes per device per step against the formula, overlap, whether the replicas stayed in sync — and
+the throughput and loss curves on one step axis.
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, charts_compare, frames, runsets
+from app import charts, charts_compare, explain, frames, runsets
 from app.connection import require_client
-from app.frames_compare import (bytes_frame, compare_frame, curves_frame, peak_memory_frame,
-                                side_by_side, view_of)
+from app.frames_compare import (buffers_frame, bytes_frame, compare_frame, curves_frame,
+                                peak_memory_frame, side_by_side, view_of)
 from app.widgets import quick_fields, show_errors
 from engine.config import ConfigError
 from workers.sweeps import submit_trio
+
+
+_BUFFER_COLUMNS = {
+    "at_forward_start": st.column_config.NumberColumn("Σ at forward start", format="%.6g"),
+    "after_step": st.column_config.NumberColumn("Σ after the step", format="%.6g"),
+    "as_rank0_at_forward": st.column_config.CheckboxColumn("= rank 0 at forward start")}
 
 
 def launch_trio(client) -> None:
@@ -49,6 +55,11 @@ def body(windows, labels) -> None:
         st.altair_chart(charts_compare.peak_memory_chart(peaks), key="cmp_memory")
     rows = side_by_side(table)
     st.dataframe(rows, hide_index=True, key="compare_table", height=36 * (len(rows) + 1) + 4)
+    why = explain.why_dp_ahead(table)
+    if why:
+        st.info(why, icon=":material/help:")
+    if any((w.started or {}).get("emulated") for w in windows.values()):
+        st.caption(explain.EMULATION_NOTE)
     curves = curves_frame(views)
     left, right = st.columns(2)
     with left:
@@ -67,9 +78,21 @@ def body(windows, labels) -> None:
     volume = bytes_frame(views)
     if not volume.empty:
         st.altair_chart(charts_compare.bytes_chart(volume), key="cmp_bytes")
-    st.caption("P = gradient bytes. Replicas in sync: every replica's parameter checksum equal "
-               "at the last check (DP: device copies; DDP: ranks; FSDP has no replicas: each rank "
-               "holds its own shard, so there is nothing to compare).")
+    st.caption("P = gradient bytes. Bytes: DP's are measured (the tensors device 0 copied); DDP's "
+               "are the bucket bytes it handed to all-reduce (measured) times the ring factor "
+               "2(n−1)/n (derived); FSDP's are its all-gather and reduce-scatter bytes (measured) "
+               "times the backend's wire factor (derived). Replicas in sync: DDP compares every "
+               "rank's parameter checksum after the step; DP keeps one copy on device 0, rebuilds "
+               "its replicas from it every step and checks them as they start the forward; a single "
+               "device has nothing to compare, nor has FSDP (each rank holds its own shard).")
+    buffers = buffers_frame(views)
+    if not buffers.empty:
+        st.markdown("**Module buffers per rank (DDP), at the last check**")
+        st.dataframe(buffers.drop(columns=["step"]), hide_index=True, key="compare_buffers",
+                     column_config=_BUFFER_COLUMNS)
+        st.caption("Σ of each buffer's values. With broadcast_buffers on (PyTorch's default) every "
+                   "rank starts the forward with rank 0's buffers; each rank's own batch then "
+                   "moves its BatchNorm statistics, so after the step they differ.")
 
 
 def headline(table) -> None:

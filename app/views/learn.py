@@ -1,4 +1,5 @@
-"""Learn: the communication patterns, drawn from the selected runs' measured bytes.
+"""Learn: the communication patterns, drawn from the selected runs' bytes per link (DP's
+measured on its copies, DDP's derived from the bytes it all-reduced, FSDP's from its collectives).
 
 DataParallel is a star around device 0; DistributedDataParallel's all-reduce is a ring (each
 drawing uses the `comm_volume` events of the run's latest step); FSDP shards every unit, gathers
@@ -9,7 +10,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import frames_buckets, frames_topology as ftop, runsets
+from app import explain, frames_buckets, frames_topology as ftop, runsets
+from app.frames_compare import compare_frame, view_of
 from app.charts_topology import topology_chart
 from app.connection import require_client
 
@@ -19,13 +21,15 @@ STAR_TEXT = """
 device 0 *gathers* the outputs, computes the loss, and after backward *reduces* every replica's
 gradients onto itself and runs the optimizer alone. Every byte passes through device 0, so its
 link carries (n−1) times what any other device's does, and the others wait while it works.
+Link widths: the bytes of the tensors this run really copied (measured).
 """
 RING_TEXT = """
 **DistributedDataParallel: a ring.** One process per rank, each with its own copy of the model
 and its own shard of the data. Gradients are grouped in buckets; when a bucket is ready its
 *all-reduce* starts while backward continues. A ring all-reduce passes chunks around the ring in
 2(n−1) hops, so every rank sends and receives 2(n−1)/n·P bytes — the same on every link, and
-below 2·P however many ranks join. Every rank then steps its own optimizer: no broadcast needed.
+below 2·P however many ranks join. Every rank then steps its own optimizer: no broadcast needed. Link widths: the bucket bytes
+this run handed to all-reduce (measured) times the ring factor 2(n−1)/n (derived).
 """
 
 
@@ -89,6 +93,11 @@ def body(windows, labels) -> None:
         shards_section(fsdp, labels)
     if not drawn and not fsdp:
         st.info("Pick a set with a DP, a DDP or an FSDP run.", icon=":material/info:")
+    why = explain.why_dp_ahead(compare_frame([view_of(w, labels[rid]) for rid, w in windows.items()]))
+    if why:
+        st.info(why, icon=":material/help:")
+    if any((w.started or {}).get("emulated") for w in windows.values()):
+        st.caption(explain.EMULATION_NOTE)
 
 
 st.title("Learn: the star, the ring and the shards")

@@ -7,7 +7,8 @@
 - The ring all-reduce cost model t = 2(n−1)·α + 2(n−1)/n · bytes/β fitted to the probe and to the
   buckets that ran alone, with α and β, and which points each fit used and why.
 - In-run busbw ÷ probe busbw at the same size.
-- Bytes per device per step: DP's hub (device 0) against DDP's ranks, measured and by formula.
+- Bytes per device per step: DP's hub (device 0, measured copies) against DDP's ranks (derived
+  from the bytes all-reduced), and by formula.
 """
 
 from __future__ import annotations

@@ -45,14 +45,30 @@ def ddp_step(run_id: str, step: int, world_size: int = 2, *, buckets: int = 3,
                            nbytes=40000 * (b + 1), num_params=2, ready_s=ready,
                            comm_start_s=ready + 0.001, comm_end_s=ready + 0.0025,
                            is_last=b == buckets - 1))
-        out.append(_ev("memory", run_id, ts, rank=rank, device=f"cpu:{rank}", step=step,
-                       allocated_bytes=(2 + 0.1 * step) * MIB, reserved_bytes=3 * MIB,
-                       used_bytes=None, source="accounted", breakdown={"params": MIB},
-                       peak_allocated_bytes=3 * MIB))
+        out.append(memory(run_id, ts, step, rank, f"cpu:{rank}", 3 * MIB, shared=False,
+                          phases=[["forward", 0.001, 0.005], ["backward", 0.005, 0.015],
+                                  ["optimizer", 0.017, 0.020]]))
         out.append(_ev("comm_volume", run_id, ts, rank=rank, device=f"cpu:{rank}", step=step,
-                       sent_bytes=120000, recv_bytes=120000, theory_sent_bytes=120000,
+                       allreduce_bytes=120000, sent_bytes=120000, recv_bytes=120000,
+                       volume_source="derived (ring all-reduce)", theory_sent_bytes=120000,
                        theory_recv_bytes=120000))
     return out
+
+
+def memory(run_id: str, ts: float, step: int, rank: int, device: str, peak: int, *,
+           shared: bool, phases: list) -> dict[str, Any]:
+    """A traced step's `memory` event: live tensors rise from peak/2 to `peak` and fall back to
+    peak/2 over 20 ms; the process holds 500 MiB throughout."""
+    half = peak // 2
+    return _ev("memory", run_id, ts, rank=rank, device=device, step=step, source="tensors",
+               allocated_bytes=half, peak_allocated_bytes=peak, tensors_peak_bytes=peak,
+               reserved_bytes=None, used_bytes=None, process_rss_bytes=500 * MIB,
+               process_shared=shared, breakdown={"params": half, "activations": peak - half},
+               step_span_s=0.02, phases=phases,
+               curve={"tensors": [[0.0, half], [0.006, peak], [0.02, half]],
+                      "process": [[0.0, 500 * MIB], [0.02, 500 * MIB]]},
+               sampler={"interval_s": 0.05, "readings": 2, "window_s": 0.05,
+                        "window_peak_bytes": {"process": 500 * MIB, "tensors": peak}})
 
 
 def dp_step(run_id: str, step: int, world_size: int = 2) -> list[dict[str, Any]]:
@@ -70,14 +86,13 @@ def dp_step(run_id: str, step: int, world_size: int = 2) -> list[dict[str, Any]]
             nbytes = 120000 if phase in ("broadcast", "reduce", "scatter", "gather") else 0
             out.append(_ev("dp_phase", run_id, ts, rank=0, device=f"cpu:{d}", step=step,
                            phase=phase, start_s=a / 1000, end_s=b / 1000, nbytes=nbytes))
-        alloc = (4 if d == 0 else 2) * MIB
-        out.append(_ev("memory", run_id, ts, rank=0, device=f"cpu:{d}", step=step,
-                       allocated_bytes=alloc, reserved_bytes=alloc, used_bytes=None,
-                       source="accounted", breakdown={}, peak_allocated_bytes=alloc))
+        out.append(memory(run_id, ts, step, 0, f"cpu:{d}", (4 if d == 0 else 2) * MIB, shared=True,
+                          phases=[[p, a / 1000, b / 1000] for p, a, b in spans
+                                  if d == 0 or p != "optimizer"]))
         sent = 120000 * (world_size - 1) if d == 0 else 120000
         out.append(_ev("comm_volume", run_id, ts, rank=0, device=f"cpu:{d}", step=step,
-                       sent_bytes=sent, recv_bytes=sent, theory_sent_bytes=sent,
-                       theory_recv_bytes=sent))
+                       sent_bytes=sent, recv_bytes=sent, volume_source="measured",
+                       theory_sent_bytes=sent, theory_recv_bytes=sent))
     return out
 
 

@@ -3,7 +3,8 @@
 import pandas as pd
 import pytest
 
-from app import charts, frames
+from app import charts, charts_memory, frames
+from app import frames_memory as fm
 
 import eventgen as g
 
@@ -61,12 +62,25 @@ def test_split_chart_stacks_parts_in_order(two_runs):
     assert spec["encoding"]["x"]["stack"] == "zero"
 
 
-def test_memory_chart_shared_scale(two_runs):
+def test_memory_curve_charts_name_every_source_and_share_the_axes(two_runs):
     dp, _ = two_runs
-    spec = _check(charts.memory_chart(frames.memory_frame(dp, "dp"), "dp", y_max_mib=10.0),
-                  "optimizer step", "allocated (MiB)", "device")
-    assert spec["encoding"]["y"]["scale"]["domain"] == [0, 10.0]
-    assert spec["title"]["text"] == "Memory per device: dp"
+    curve = fm.memory_curve_frame(dp, "dp")
+    held, host = (c.to_dict() for c in charts_memory.memory_curve_charts(
+        curve, fm.memory_phase_frame(dp, 3), "dp", y_max_mib=10.0))
+    assert held["title"]["text"] == "Memory within step 3: dp"
+    bands, lines = held["layer"]
+    assert bands["encoding"]["color"]["legend"]["title"] == "phase (background)"
+    assert lines["encoding"]["x"]["title"] == "ms from the step's start"
+    assert lines["encoding"]["y"]["title"] == "bytes held (MiB)"
+    assert lines["encoding"]["y"]["scale"]["domain"] == [0, 10.0]
+    assert lines["encoding"]["strokeDash"]["legend"]["title"] == "source"
+    assert lines["encoding"]["color"]["legend"]["title"] == "device"
+    # one time axis: the step's 32 ms of phases
+    assert {c["encoding"]["x"]["scale"]["domain"][1] for c in (bands, lines, host)} == {32.0}
+    labels = {r["source_label"] for c in (held, host) for rows in _data(c) for r in rows
+              if "source_label" in r}
+    assert labels == {"tensors (live-tensor ledger)", "process RSS (psutil)"}
+    assert lines["encoding"]["strokeDash"]["scale"]["domain"] == ["tensors (live-tensor ledger)"]
 
 
 def test_bucket_timeline_layers(two_runs):
@@ -91,13 +105,15 @@ def test_dp_phase_chart(two_runs):
     assert "step 3" in spec["title"]["text"]
 
 
-def test_comm_volume_chart_measured_beside_theory(two_runs):
-    dp, _ = two_runs
+def test_comm_volume_chart_says_measured_or_derived(two_runs):
+    dp, ddp = two_runs
     spec = _check(charts.comm_volume_chart(frames.comm_volume_frame(dp)),
                   "sent + received per step (MiB)", "device", "bytes")
     rows = _data(spec)[0]
     d0 = {r["which"]: r["mib"] for r in rows if r["device"] == "cpu:0"}
     assert d0 == pytest.approx({"measured": 240000 / 2**20, "theory": 240000 / 2**20})
+    rows = _data(charts.comm_volume_chart(frames.comm_volume_frame(ddp)).to_dict())[0]
+    assert {r["which"] for r in rows} == {"derived (ring all-reduce)", "theory"}
 
 
 def test_charts_accept_empty_frames():

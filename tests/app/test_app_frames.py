@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from app import frames
+from app import frames_memory as fm
 
 import eventgen as g
 
@@ -57,14 +58,33 @@ def test_split_frame_two_runs():
         {"dp": 32.0, "ddp": 21.0})
 
 
-def test_memory_frame_mib_and_elapsed():
+def test_memory_curve_frame_latest_traced_step_in_mib_and_ms():
     events = [e for s in range(2) for e in g.dp_step("r", s)]
-    df = frames.memory_frame(events, "dp", start_ts=g.T0)
-    assert len(df) == 4
-    d0 = df[df["device"] == "cpu:0"]
-    assert d0["allocated_mib"].tolist() == pytest.approx([4.0, 4.0])
-    assert df["elapsed_s"].min() == pytest.approx(1.0)
-    assert df["used_mib"].isna().all()  # no NVML on CPU
+    df = fm.memory_curve_frame(events, "dp")
+    assert set(df["step"]) == {1}
+    d0 = df[(df["device"] == "cpu:0") & (df["source"] == "tensors")]
+    assert d0["t_ms"].tolist() == pytest.approx([0.0, 6.0, 20.0])
+    assert d0["mib"].tolist() == pytest.approx([2.0, 4.0, 2.0])
+    # one process holds both virtual devices: its RSS appears once, not per device
+    proc = df[df["source"] == "process"]
+    assert set(proc["device"]) == {fm.SHARED_PROCESS} and len(proc) == 2
+    assert set(df["source_label"]) == {fm.SOURCE_LABELS["tensors"], fm.SOURCE_LABELS["process"]}
+
+
+def test_latest_traced_step_waits_for_every_rank():
+    events = g.ddp_step("r", 0) + [e for e in g.ddp_step("r", 1) if e.get("rank") == 0]
+    assert fm.latest_traced_step(events) == 0
+    assert fm.latest_traced_step([]) is None
+
+
+def test_memory_phases_and_peaks():
+    events = g.dp_step("r", 0)
+    phases = fm.memory_phase_frame(events, 0)
+    assert phases["phase"].tolist()[:2] == ["broadcast", "scatter"]
+    assert phases["end_ms"].max() == pytest.approx(32.0)
+    peaks = fm.memory_peak_frame(events, "dp")
+    assert peaks.set_index("device")["peak_mib"].to_dict() == {"cpu:0": 4.0, "cpu:1": 2.0}
+    assert "imbalance max/min 2.00×" in fm.peak_caption(peaks)
 
 
 def test_latest_complete_step_skips_half_delivered_step():

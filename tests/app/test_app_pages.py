@@ -88,9 +88,10 @@ def test_live_page_defaults_to_latest_pair_and_draws_charts(fake_client, app_tes
     assert at.multiselect(key="live_pick").value == ["dp1", "ddp1"]
     specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
     titles = sorted(s["title"]["text"] for s in specs)
-    # throughput, split, memory x2, DP phases + volume, DDP buckets + volume
+    # throughput, split, memory (tensors over phases, process) x2, DP phases + volume, DDP buckets + volume
     assert titles == sorted(["Throughput per step", "Step time split",
-                             "Memory per device: DP", "Memory per device: DDP",
+                             "Memory within step 3: DP", "Memory within step 3: DDP",
+                             *["The whole process (RSS) or the whole GPU (NVML)"] * 2,
                              "DP phases, step 3", "Bytes moved per device",
                              "Gradient buckets, step 3", "Bytes moved per device"])
     assert "step 4 / 4" in str([p.proto.text for p in at.get("progress")])

@@ -10,7 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from app import charts, frames
+from app import charts, charts_memory, frames
+from app import frames_memory as fm
 
 DATA = Path(__file__).parent / "data"
 
@@ -55,17 +56,16 @@ def test_dp_phases_and_device0_hot_spot(dp):
     assert set(phases["device"]) == {"cpu:0", "cpu:1"}
     assert "optimizer" in set(phases[phases["device"] == "cpu:0"]["phase"])
     assert "optimizer" not in set(phases[phases["device"] == "cpu:1"]["phase"])
-    mem = frames.memory_frame(dp, "dp")
-    peak = mem.groupby("device")["allocated_mib"].max()
-    assert peak["cpu:0"] > peak["cpu:1"]  # DP keeps the reduce buffer and outputs on device 0
+    peak = fm.memory_peak_frame(dp, "dp").groupby("device")["peak_mib"].max()
+    assert peak["cpu:0"] > peak["cpu:1"]  # measured: device 0 keeps the master copy and gathers
 
 
 def test_all_charts_build_from_real_runs(dp, ddp):
     steps = pd.concat([frames.steps_frame(dp, "dp"), frames.steps_frame(ddp, "ddp")])
-    mem = pd.concat([frames.memory_frame(dp, "dp"), frames.memory_frame(ddp, "ddp")])
     buckets = frames.bucket_frame(ddp)
     built = [charts.throughput_chart(steps), charts.split_chart(frames.split_frame(steps)),
-             charts.memory_chart(mem, "dp"),
+             *charts_memory.memory_curve_charts(fm.memory_curve_frame(dp, "dp"),
+                                                fm.memory_phase_frame(dp, fm.latest_traced_step(dp)), "dp"),
              charts.bucket_timeline_chart(buckets, frames.backward_frame(ddp, 11)),
              charts.dp_phase_chart(frames.dp_phase_frame(dp)),
              charts.comm_volume_chart(frames.comm_volume_frame(dp))]

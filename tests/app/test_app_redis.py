@@ -36,7 +36,7 @@ def test_live_and_runs_pages_on_recorded_runs(real_client, app_test):
     assert at.multiselect(key="live_pick").value == [dp_id, ddp_id]
     specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
     titles = {s["title"]["text"] for s in specs}
-    assert {"Throughput per step", "Step time split", "Memory per device: DP",
+    assert {"Throughput per step", "Step time split", "Memory within step 11: DP",
             "Gradient buckets, step 11", "DP phases, step 11"} <= titles
     assert not at.session_state["live_polling"]
 

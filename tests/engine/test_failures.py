@@ -108,6 +108,14 @@ def test_diverged_replicas_fail_the_ddp_run_at_the_check():
     assert sync["in_sync"] is False and sync["checksums"][0] != sync["checksums"][1]
 
 
-def test_dp_replicas_cannot_diverge_because_weights_are_broadcast_every_step():
-    result, _, _ = run(mode="dp", fault="diverge", fault_rank=1, fault_step=1, eval_every=2, steps=4)
-    assert result.status == "succeeded" and result.summary["replicas_in_sync"] is True
+def test_a_diverged_dp_replica_is_seen_at_its_step_and_gone_at_the_next():
+    # DP rebuilds its replicas from device 0 every step: the nudged replica computes step 1's
+    # gradient with drifted weights (so training differs) and is thrown away with the step.
+    result, sink, _ = run(mode="dp", fault="diverge", fault_rank=1, fault_step=1, eval_every=1, steps=4)
+    clean, _, _ = run(mode="dp", eval_every=1, steps=4)
+    assert result.status == "succeeded"
+    verdicts = {e["step"]: e["in_sync"] for e in sink.of_type("sync")}
+    assert verdicts == {0: True, 1: False, 2: True, 3: True}
+    (bad,) = [e for e in sink.of_type("sync") if e["step"] == 1]
+    assert bad["checksums"][1] != bad["checksums"][0]
+    assert (result.final_params - clean.final_params).abs().max() > 1e-6

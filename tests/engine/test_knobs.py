@@ -36,9 +36,7 @@ def test_compare_reports_every_mode_against_single():
     # the global-batch loss: DDP averages its ranks' shard losses (not rank 0's alone)
     for mode in ("dp", "ddp"):
         assert report[mode]["final_loss"] == pytest.approx(report["single"]["final_loss"], rel=1e-5)
-    # DP's device 0 holds the optimizer, gathered outputs and the reduce buffer: a hot spot
+    # measured peaks: DP's device 0 holds the master copy, gathered outputs and reduced gradients
     assert report["dp"]["memory_imbalance"] > 1.0
-    assert report["ddp"]["memory_imbalance"] == pytest.approx(1.0)
-    # measured bytes beside the ring formula 2(n-1)/n * P (n = 2: P per rank)
-    v = report["ddp"]["bytes_per_device"]["cpu:0"]
-    assert v["sent_bytes"] == v["theory_sent_bytes"]
+    assert report["ddp"]["memory_imbalance"] < 1.05
+    assert report["single"]["replicas_in_sync"] is None  # one device: nothing to compare

@@ -1,0 +1,131 @@
+"""Bytes moved and replica checks, measured on the run's tensors and able to fail.
+
+References: parameter and activation bytes worked out by hand from the model's shapes; DDP's
+documented buffer broadcast (`broadcast_buffers=True`: rank 0's buffers before every forward);
+DataParallel's documented replica semantics (torch/nn/parallel/data_parallel.py: a counter
+incremented in forward "will always stay at the initial value because the update is done on the
+replicas which are destroyed after forward", while "in-place updates to the parameters or
+buffers on device[0] will be recorded").
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.config import RunConfig, validate_config
+from engine.data import load_dataset
+from engine.devices import resolve_plan
+from engine.events import ListSink
+from engine.run import run_training
+from engine.telemetry import Telemetry
+
+HERE = Path(__file__).parent
+SMALL = dict(model="mlp", width=32, depth=2, global_batch_size=32, steps=3, eval_every=0, step_delay_s=0)
+P_SMALL = (64 * 32 + 32 + 32 * 32 + 32 + 32 * 10 + 10) * 4  # 13,864 B of parameters (= gradients)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("site")
+    sys.path[:0] = [str(root), str(HERE)]
+    import memory_models as mm
+    mm.installed(root)
+    yield mm
+    sys.path.remove(str(root))
+    sys.path.remove(str(HERE))
+
+
+def run(**fields):
+    sink = ListSink()
+    result = run_training(validate_config(fields), sink, "b")
+    assert result.status == "succeeded", result.error
+    return result, sink
+
+
+def test_dp_counts_every_copy_device_0_makes_by_its_tensors():
+    _, sink = run(mode="dp", **SMALL)
+    x_chunk, out_chunk = 16 * 64 * 4, 16 * 10 * 4  # half the batch of digits in, its logits out
+    vol = {e["device"]: e for e in sink.of_type("comm_volume") if e["step"] == 2}
+    assert vol["cpu:1"]["recv_bytes"] == P_SMALL + x_chunk + out_chunk  # weights, inputs, d(out)
+    assert vol["cpu:1"]["sent_bytes"] == out_chunk + P_SMALL  # outputs, gradients
+    assert vol["cpu:0"]["sent_bytes"] == vol["cpu:1"]["recv_bytes"]
+    assert {e["volume_source"] for e in vol.values()} == {"measured"}
+    phases = {(e["phase"], e["device"]): e["nbytes"] for e in sink.of_type("dp_phase") if e["step"] == 2}
+    assert phases[("broadcast", "cpu:1")] == phases[("reduce", "cpu:1")] == P_SMALL
+
+
+@pytest.mark.slow
+def test_ddp_reports_the_bucket_bytes_it_all_reduced_and_derives_the_wire_bytes():
+    _, sink = run(mode="ddp", bucket_cap_mb=0.005, **SMALL)
+    for e in sink.of_type("comm_volume"):
+        assert e["allreduce_bytes"] == P_SMALL  # every gradient, in however many buckets
+        assert e["volume_source"] == "derived (ring all-reduce)"
+        assert e["sent_bytes"] == int(2 * (2 - 1) / 2 * e["allreduce_bytes"])
+    assert len({e["bucket_index"] for e in sink.of_type("bucket")}) > 1
+
+
+@pytest.mark.slow
+def test_bytes_are_what_was_moved_not_the_parameter_formula(models):
+    # a frozen body: DDP all-reduces the head's gradients only (DDP buckets trainable parameters);
+    # DP still broadcasts every parameter but reduces only the gradients that exist
+    body, head = (64 * 32 + 32) * 4, (32 * 10 + 10) * 4
+    _, ddp = run(model="frozen", mode="ddp", global_batch_size=32, steps=2, eval_every=0, step_delay_s=0)
+    for e in ddp.of_type("comm_volume"):
+        assert e["allreduce_bytes"] == head and e["sent_bytes"] == head  # n = 2: 2(n-1)/n = 1
+        assert e["theory_sent_bytes"] == body + head  # the formula's P counts the frozen body
+    _, dp = run(model="frozen", mode="dp", global_batch_size=32, steps=2, eval_every=0, step_delay_s=0)
+    phases = {(e["phase"], e["device"]): e["nbytes"] for e in dp.of_type("dp_phase") if e["step"] == 1}
+    assert phases[("broadcast", "cpu:1")] == body + head
+    assert phases[("reduce", "cpu:1")] == head
+
+
+def test_single_reports_no_replica_verdict():
+    result, sink = run(mode="single", **SMALL)
+    (sync,) = sink.of_type("sync")
+    assert sync["in_sync"] is None and len(sync["checksums"]) == 1
+    assert result.summary["replicas_in_sync"] is None
+
+
+def _train_counting(mode: str, in_place: bool, steps: int = 3, accum: int = 1):
+    from engine.dp import train_dp
+    from engine.single import train_single
+    from memory_models import Counting
+
+    cfg = RunConfig(mode=mode, steps=steps, global_batch_size=16, grad_accum_steps=accum,
+                    eval_every=0, step_delay_s=0)
+    ds, model = load_dataset(cfg), Counting(in_place)
+    tel = Telemetry(ListSink(), "c")
+    if mode == "dp":
+        return train_dp(cfg, resolve_plan(cfg), ds, model, tel).calls.item()
+    return train_single(cfg, ds, model, torch.device("cpu"), tel).calls.item()
+
+
+def test_a_buffer_rebound_in_forward_is_lost_with_dps_replicas(models):
+    assert _train_counting("single", in_place=False, accum=2) == 3 * 2  # every forward counted
+    assert _train_counting("dp", in_place=False, accum=2) == 0  # rebound on replicas, thrown away
+    assert _train_counting("dp", in_place=True) == 3  # device 0's replica writes the module's tensor
+
+
+def _rows(sync):
+    return {(b["name"], b["rank"]): b for b in sync["buffers"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("broadcast", [True, False])
+def test_ddp_shows_batchnorm_buffers_per_rank_broadcast_from_rank_0(models, broadcast):
+    _, sink = run(model="bnmlp", mode="ddp", global_batch_size=32, steps=3, eval_every=1,
+                  step_delay_s=0, broadcast_buffers=broadcast)
+    syncs = sorted(sink.of_type("sync"), key=lambda e: e["step"])
+    assert [s["step"] for s in syncs] == [0, 1, 2]
+    for prev, now in zip(syncs, syncs[1:]):
+        p, n = _rows(prev), _rows(now)
+        for name in ("bn.running_mean", "bn.running_var"):
+            for r in (0, 1):
+                src = 0 if broadcast else r  # whose last step the forward starts from
+                assert n[(name, r)]["at_forward_start"] == p[(name, src)]["after_step"]
+            # each rank's own shard moves its statistics: after the step they differ
+            assert n[(name, 0)]["after_step"] != n[(name, 1)]["after_step"]
+            same_start = n[(name, 0)]["at_forward_start"] == n[(name, 1)]["at_forward_start"]
+            assert same_start is broadcast

@@ -1,0 +1,140 @@
+"""The measuring parts on their own: the live-tensor ledger, NVML by UUID, the sampler's pieces.
+
+References are hand-worked: bytes = numel x element size of tensors made here; NVML figures are
+a fake NVML's own table (no GPU here), ordered the way a lease orders them.
+"""
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn as nn
+
+from engine.ledger import LedgerMode, TensorLedger
+from engine.memory import NvmlReader
+from engine.memsampler import downsample, should_trace_memory
+
+
+def test_ledger_counts_each_threads_storages_on_its_device_and_drops_them_when_freed():
+    led = TensorLedger(2)
+    led.begin()
+    kept = {}
+
+    def device(i, make):
+        with LedgerMode(led, device=i):
+            kept[i] = make()
+
+    t = threading.Thread(target=device, args=(1, lambda: [torch.empty(500)]))  # 2,000 B
+    with LedgerMode(led, device=0):
+        a = torch.empty(1000)  # 4,000 B
+        v = a.view(10, 100)  # a view: no new storage
+        c = torch.empty(250, dtype=torch.float64)  # 2,000 B
+        t.start()
+        t.join()
+    assert led.totals == [6000, 2000]
+    del c
+    assert led.totals == [4000, 2000]
+    assert led.peaks == [6000, 2000]
+    del kept[1]
+    assert led.totals == [4000, 0]
+    led.end()
+    del a, v
+
+
+def test_the_peak_is_the_maximum_even_when_it_lasts_between_two_readings():
+    led = TensorLedger(1)
+    led.begin()
+    with LedgerMode(led):
+        big = torch.ones(250_000)  # 1,000,000 B, freed before anyone could read it
+        del big
+        small = torch.ones(1000)
+    assert led.totals == [4000] and led.peaks == [1_000_000]
+    assert max(b for _, b in led.points[0]) == 1_000_000
+    del small
+
+
+def test_existing_tensors_count_once_and_backward_is_seen_and_filed():
+    lin = nn.Linear(100, 50)  # weight 20,000 B + bias 200 B
+    led = TensorLedger(1)
+    led.begin()
+    led.add_existing(lin.parameters(), "params")
+    led.add_existing(lin.parameters(), "params")  # again: still once
+    assert led.breakdown(0) == {"params": 20_200}
+    x = torch.randn(8, 100)
+    with LedgerMode(led):
+        lin(x).sum().backward()  # the backward runs in this thread: the mode sees it
+    led.retag([lin.weight.grad, lin.bias.grad], "grads")
+    bd = led.breakdown(0)
+    assert bd["params"] == 20_200 and bd["grads"] == 20_200
+    assert led.peak_kinds[0].get("grads") == 20_200  # alive at the peak: the peak's breakdown too
+
+
+def test_a_cuda_ledger_ignores_cpu_tensors():
+    led = TensorLedger(1, device_type="cuda")
+    led.begin()
+    with LedgerMode(led):
+        x = torch.empty(1000)
+    assert led.totals == [0]
+    del x
+
+
+class FakeNvml:
+    """NVML as the driver numbers GPUs (PCI order): index 0 is GPU-aaa, index 1 GPU-bbb."""
+
+    def __init__(self):
+        self.used = {"GPU-aaaaaaaa-0000-0000-0000-000000000000": 1 << 30,
+                     "GPU-bbbbbbbb-0000-0000-0000-000000000000": 5 << 30,
+                     "MIG-cccccccc-0000-0000-0000-000000000000": 7 << 30}
+        self.by_index = list(self.used)
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        if uuid not in self.used:
+            raise RuntimeError("NVML_ERROR_NOT_FOUND")
+        return uuid
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return self.by_index[index]
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return SimpleNamespace(used=self.used[handle], total=80 << 30)
+
+
+def test_nvml_figures_come_from_the_same_physical_gpu_under_a_lease():
+    # CUDA_VISIBLE_DEVICES=GPU-bbb...,GPU-aaa...: CUDA's ordinal 0 is NVML's index 1
+    cuda_uuids = {0: "bbbbbbbb-0000-0000-0000-000000000000", 1: "aaaaaaaa-0000-0000-0000-000000000000",
+                  2: "cccccccc-0000-0000-0000-000000000000"}
+    reader = NvmlReader(nvml=FakeNvml(), uuid_of=cuda_uuids.__getitem__)
+    assert reader.used_bytes(0) == 5 << 30
+    assert reader.used_bytes(1) == 1 << 30
+    assert reader.used_bytes(2) == 7 << 30  # a MIG instance: NVML names it MIG-<uuid>
+
+
+def test_nvml_without_a_match_or_without_nvml_gives_none():
+    assert NvmlReader(nvml=FakeNvml(), uuid_of=lambda i: "dddddddd-0000").used_bytes(0) is None
+
+    class Broken(FakeNvml):
+        def nvmlInit(self):
+            raise OSError("libnvidia-ml.so.1: cannot open shared object file")
+    assert NvmlReader(nvml=Broken(), uuid_of=lambda i: "x").used_bytes(0) is None
+
+
+def test_downsample_keeps_the_peak_the_ends_and_the_order():
+    pts = [(i * 1e-4, (i * 37) % 1000) for i in range(5000)] + [(0.5, 123)]
+    pts[2345] = (pts[2345][0], 99_999)
+    out = downsample(pts, 240)
+    assert len(out) <= 240
+    assert out[0] == [0.0, 0] and out[-1] == [0.5, 123]
+    assert max(b for _, b in out) == 99_999
+    assert [t for t, _ in out] == sorted(t for t, _ in out)
+
+
+@pytest.mark.parametrize("steps,traced", [
+    (5, [0, 1, 2, 3, 4]),
+    (300, [0, 1, 2] + list(range(15, 300, 15)) + [299]),
+])
+def test_which_steps_are_traced(steps, traced):
+    assert [s for s in range(steps) if should_trace_memory(s, steps)] == traced
