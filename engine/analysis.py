@@ -7,7 +7,7 @@ Pure Python (no torch), so the app and the CLI can use it. Formulas:
 - ring all-reduce time (Patarasuk & Yuan 2009; Thakur et al. 2005): t(b) = 2(n-1)·α + 2(n-1)/n · b/β,
   i.e. t = a + b·c; `fit_ring_model` fits (a, c) by least squares to the run's own buckets and
   reports α = a / 2(n-1) (per-hop latency, s) and β = 2(n-1)/n / c (link bandwidth, bytes/s).
-- bytes per step (DESIGN.md): DP device 0 sends and receives (n-1)·P, every other device P;
+- bytes per step (README, "How the numbers are made"): DP device 0 sends and receives (n-1)·P, every other device P;
   ring all-reduce sends and receives 2(n-1)/n · P per rank.
 """
 

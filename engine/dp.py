@@ -28,7 +28,7 @@ from engine.loop import drive
 from engine.memory import ActivationCounter, accounted_event, buffer_bytes, optimizer_state_bytes, \
     param_bytes, tensor_bytes
 from engine.telemetry import Telemetry, now, step_fields
-from engine.training import autocast, evaluate, loss_fn, make_optimizer, param_checksum, \
+from engine.training import autocast, evaluate, logits_of, loss_fn, make_optimizer, param_checksum, \
     cpu_device_threads
 
 
@@ -104,7 +104,7 @@ class EmulatedDP:
         def fwd(i):
             maybe_fail(self.cfg, i, step)  # a failing device thread fails the whole DP process
             with self.counters[i], autocast(self.cfg, "cpu"):
-                return self.replicas[i](chunks[i])
+                return logits_of(self.replicas[i](chunks[i]))  # gather moves the logits only
         return self._in_threads("forward", fwd, log)
 
     def _gather(self, outs, log) -> torch.Tensor:

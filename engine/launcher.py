@@ -104,12 +104,20 @@ def _local_infos(workdir: Path, nproc: int) -> dict[int, dict]:
     return out
 
 
+def _own_error(workdir: Path, local_rank: int) -> dict | None:
+    """The error rank `local_rank` wrote about itself (`local<L>.error.json`), or None."""
+    with contextlib.suppress(OSError, ValueError):
+        return json.loads((workdir / f"local{local_rank}.error.json").read_text())
+    return None
+
+
 def _first_error(workdir: Path, nproc: int) -> dict | None:
     errors = []
     for r in range(nproc):
         p = workdir / f"local{r}.error.json"
-        if p.exists():
-            errors.append((p.stat().st_mtime, json.loads(p.read_text())))
+        err = _own_error(workdir, r)
+        if err is not None:
+            errors.append((p.stat().st_mtime, err))
     return min(errors, key=lambda e: e[0])[1] if errors else None
 
 
@@ -125,14 +133,23 @@ def _stalled_note(err: dict, workdir: Path, nproc: int) -> str:
             f"and never joined it: they stalled.") if quiet else ""
 
 
-def _signal_death(exc: Exception) -> dict | None:
-    """A rank killed by a signal is the root cause; the others' errors (peer gone) follow from it."""
+def _signal_death(exc: Exception, workdir: Path) -> dict | None:
+    """A rank killed by a signal is the root cause; the others' errors (peer gone) follow from it.
+
+    Unless that rank raised first: a rank writes its exception (`local<L>.error.json`) before it
+    tears its process group down, and that teardown can end in SIGABRT (gloo aborting on a peer
+    that is gone, the store's host having exited). Then its own exception is the cause, not the
+    signal it died of afterwards.
+    """
     failures = getattr(exc, "failures", {}) or {}
     dead = [f for f in failures.values() if f.exitcode is not None and f.exitcode < 0]
     if not dead:
         return None
     f = min(dead, key=lambda f: f.timestamp)
     rank = f.local_rank + getattr(exc, "_rank_offset", 0)
+    own = _own_error(workdir, f.local_rank)
+    if own is not None:
+        return own
     return dict(rank=rank, traceback="",
                 exception=f"rank {rank} (pid {f.pid}) was killed by signal {f.signal_name()}")
 
@@ -192,7 +209,7 @@ def launch_ddp(cfg: RunConfig, plan: DevicePlan, out, run_id: str,
     if failure is not None:
         infos = _local_infos(workdir, nproc)
         failure._rank_offset = min((i["rank"] for i in infos.values()), default=0)
-        err = _signal_death(failure) or _first_error(workdir, nproc) or _exit_error(failure)
+        err = _signal_death(failure, workdir) or _first_error(workdir, nproc) or _exit_error(failure)
         err["exception"] += _stalled_note(err, workdir, nproc)
         raise RankFailed(err) from None
     params = workdir / "final_params.pt"

@@ -42,9 +42,17 @@ def sweep_kind(group: str | None) -> str | None:
     return {"ws": "world_size", "bucket": "bucket_cap_mb", "overlap": "overlap"}.get(short)
 
 
-def trio_configs(config: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
-    """(config, label) of the single, DP and DDP runs of `config` (its `mode` is ignored)."""
-    return [({**config, "mode": m}, label) for m, label in
+def member_label(label: str | None, member: str) -> str:
+    """Label of one run of a pair or trio: ``"X · DP"`` for a set labelled X, else the member's
+    own name ("DP", "DDP", "single")."""
+    label = (label or "").strip()
+    return f"{label} · {member}" if label else member
+
+
+def trio_configs(config: dict[str, Any], label: str | None = None) -> list[tuple[dict[str, Any], str]]:
+    """(config, label) of the single, DP and DDP runs of `config` (its `mode` is ignored);
+    with a `label` X the runs are "X · single", "X · DP", "X · DDP"."""
+    return [({**config, "mode": m}, member_label(label, name)) for m, name in
             (("single", "single"), ("dp", "DP"), ("ddp", "DDP"))]
 
 
@@ -95,14 +103,15 @@ def _submit_set(client, items: list[tuple[dict[str, Any], str]], group: str) -> 
     return [client.submit(cfg, label=label, group=group) for cfg, label in items]
 
 
-def submit_trio(client, config: dict[str, Any]) -> tuple[str, dict[str, str]]:
-    """Submit `config` as single, DP and DDP (one group). Returns (group, {mode: run_id}).
+def submit_trio(client, config: dict[str, Any], label: str | None = None) -> tuple[str, dict[str, str]]:
+    """Submit `config` as single, DP and DDP (one group), labelled as `trio_configs` says.
+    Returns (group, {mode: run_id}).
 
     Raises:
         engine.config.ConfigError: a variant breaks a rule (nothing is submitted then).
     """
     group = _new_id(TRIO_PREFIX)
-    ids = _submit_set(client, trio_configs(config), group)
+    ids = _submit_set(client, trio_configs(config, label), group)
     return group, dict(zip(("single", "dp", "ddp"), ids))
 
 

@@ -3,7 +3,7 @@
 Recorded runs (tests/app/data, see test_app_real_run.py): mlp on digits, world_size 2, width 256,
 12 steps, bucket_cap_mb 0.1 (3 buckets after the rebuild), as single, DP, DDP and DDP with
 overlap off. References are independent of the code under test: the run's own `grad_bytes`,
-PyTorch's bucket assignment (`bucket_preview`), the DESIGN.md formulas written out here.
+PyTorch's bucket assignment (`bucket_preview`), the README's formulas written out here.
 """
 
 import json
