@@ -6,13 +6,16 @@ the last `max_steps` steps of `step`/`memory` events, the last two steps of `buc
 `comm_volume` events (the charts draw the latest complete one), every `eval`, the last 50 `log`.
 Analysis pages keep more: `recent_steps` widens those per-step windows and `first_steps` also
 keeps the first steps (step 0's single DDP bucket, the rebuild after it) for good.
-Once the run is terminal and its stream is drained, `done` is True and polling stops.
+Once the run is terminal and its stream is drained, `done` is True and polling stops. Steps that
+leave the window are folded into `history` (`app.step_history`), so Live still draws the whole run.
 """
 
 from __future__ import annotations
 
 import time
 from typing import Any, Protocol
+
+from app.step_history import StepHistory
 
 TERMINAL = ("finished", "failed", "canceled", "lost")  # lost: its worker stopped beating
 _RECENT_STEPS = {"bucket": 2, "dp_phase": 2, "comm_volume": 2}
@@ -56,6 +59,7 @@ class RunWindow:
         self.latest_step = -1
         self.done = False
         self.polled_at = 0.0  # time.monotonic() of the last poll
+        self.history = StepHistory()  # throughput of the steps dropped from the window, binned
 
     # ---- reading ---------------------------------------------------------------------------
     def poll(self, client: EventReader, min_interval_s: float = 0.0) -> int:
@@ -67,6 +71,8 @@ class RunWindow:
             return 0
         self.polled_at = time.monotonic()
         self.run = client.get_run(self.run_id) or self.run
+        if self.started is None:  # the record keeps run_started; a long run's stream trims it
+            self.started = (self.run or {}).get("started")
         terminal = self.status in TERMINAL
         got = 0
         for _ in range(self.max_batches):
@@ -107,6 +113,8 @@ class RunWindow:
             first = self.first_steps if t in self.recent else 0
             stale = [e.get("step", 0) for e in evs]
             if any(first <= st <= newest - keep for st in stale):
+                if t == "step":  # the whole run stays on the Live chart, in bins
+                    self.history.add(e for e, st in zip(evs, stale) if first <= st <= newest - keep)
                 evs[:] = [e for e, st in zip(evs, stale) if st > newest - keep or st < first]
 
     # ---- views -----------------------------------------------------------------------------

@@ -346,7 +346,7 @@ def test_exports_render(ddp_events):
     csv_rows = render(ddp_events, "csv").decode().splitlines()
     assert len(csv_rows) == 1 + len(frames.of_type(ddp_events, "step"))
     trace = json.loads(render(ddp_events, "trace"))
-    tracks = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+    tracks = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
     assert tracks == {"rank 0 (cpu:0)", "rank 1 (cpu:1)"}
     with pytest.raises(ValueError):
         render(ddp_events, "xml")
