@@ -92,6 +92,10 @@ def _boom(cfg):
     raise RuntimeError("plugin build exploded on purpose")
 
 
+def _no_data(cfg):
+    raise FileNotFoundError("letters.npz: the plugin's data is missing")
+
+
 twoheads = ModelPlugin(build=lambda cfg: TwoHeads(), dataset=digits, description="two heads, one returned")
 bnhalves = ModelPlugin(build=lambda cfg: BatchNormHalves(),
                        dataset=lambda cfg: random_data("halves16", 16, 10), description="BatchNorm per half")
@@ -103,8 +107,10 @@ letters27 = ModelPlugin(build=lambda cfg: nn.Sequential(nn.Linear(16, 32), nn.Re
 sparseemb = ModelPlugin(build=lambda cfg: SparseEmbedding(),
                         dataset=lambda cfg: random_data("ids10", 1, 4, long_x=10), description="sparse embedding")
 boom = ModelPlugin(build=_boom, dataset=digits)
+nodata = ModelPlugin(build=lambda cfg: TwoHeads(), dataset=_no_data)
 
-NAMES = ("twoheads", "bnhalves", "dictout", "tupleout", "scoresout", "letters27", "sparseemb", "boom")
+NAMES = ("twoheads", "bnhalves", "dictout", "tupleout", "scoresout", "letters27", "sparseemb", "boom",
+         "nodata")
 
 
 def install(root: Path) -> None:

@@ -110,6 +110,12 @@ def test_a_plugin_whose_build_raises_fails_at_plugin_build_with_its_traceback():
     assert "error (plugin build): RuntimeError" in summary_line("r", "failed", result.summary, err)
 
 
+def test_a_plugin_whose_data_is_missing_fails_at_dataset():
+    result, _ = run(cfg_of("nodata", mode="single"))
+    assert (result.error["stage"], result.error["rank"]) == ("dataset", None)
+    assert "letters.npz" in result.error["exception"] and "_no_data" in result.error["traceback"]
+
+
 @pytest.mark.slow
 def test_a_rank_failure_names_the_rank_and_the_step():
     from workers.progress import summary_line
