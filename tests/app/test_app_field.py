@@ -215,9 +215,8 @@ def test_live_draws_a_row_per_bucket_like_the_bucket_page(fake_client, app_test)
     spec = titled(at, "Gradient buckets")
     comm = next(layer for layer in spec["layer"] if layer["encoding"].get("x", {}).get("field") == "comm_start_ms")
     assert (comm["encoding"]["y"]["field"], comm["encoding"]["y2"]["field"]) == ("y0", "y1")
-    rows = spec["datasets"][comm["data"]["name"]] if "datasets" in spec else None
-    if rows is not None:  # 3 buckets on each of 2 ranks: 6 rows, none shared
-        assert len({r["y0"] for r in rows}) == 6
+    drawn = rows(at, "Gradient buckets", comm)  # 3 buckets on each of 2 ranks: 6 rows, none shared
+    assert len(drawn) == 6 and len({r["y0"] for r in drawn}) == 6
 
 
 # -- 11: the bucket layout captions say what the tables show -----------------------------------------

@@ -100,3 +100,27 @@ def test_diverged_replicas_fail_the_ddp_run_at_the_check():
 def test_dp_replicas_cannot_diverge_because_weights_are_broadcast_every_step():
     result, _, _ = run(mode="dp", fault="diverge", fault_rank=1, fault_step=1, eval_every=2, steps=4)
     assert result.status == "succeeded" and result.summary["replicas_in_sync"] is True
+
+
+def test_a_rank_that_raised_and_then_died_of_a_signal_is_reported_by_its_exception(tmp_path):
+    """The race behind the flaky multi-host root-cause test: rank 1 raises, writes its exception,
+    and its teardown then ends in SIGABRT (gloo aborting on a peer that is gone). The exception it
+    wrote is the root cause, not the signal; a rank killed without writing one is named by its
+    signal (issue 12, case 13)."""
+    import json
+    import signal as signals
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from engine.launcher import _signal_death
+
+    own = {"rank": 1, "step": 2, "host": "hostB", "exception": "InjectedFault: injected fault: rank 1 "
+           "raised at step 2", "traceback": "Traceback ... maybe_fail"}
+    (tmp_path / "local0.error.json").write_text(json.dumps(own))
+    abort = ProcessFailure(local_rank=0, pid=4321, exitcode=-signals.SIGABRT, error_file=str(tmp_path / "none"))
+    failure = ChildFailedError("rank_main", {1: abort})
+    failure._rank_offset = 1  # this host runs global rank 1 as its local rank 0
+    assert _signal_death(failure, tmp_path) == own
+    (tmp_path / "local0.error.json").unlink()  # killed before it could write anything
+    err = _signal_death(failure, tmp_path)
+    assert err["rank"] == 1 and err["exception"] == "rank 1 (pid 4321) was killed by signal SIGABRT"

@@ -229,6 +229,10 @@ def test_the_sparse_layout_is_the_one_plain_ddp_builds_and_the_run_reports():
         [s for s, b in zip(ref_sizes, p["rebuilt"]) if not b["sparse"]]
     result, sink = run(cfg)
     assert result.status == "succeeded", result.error
+    micro = cfg.micro_batch_per_device  # each rank's sparse gradient: micro rows of 4 floats + micro int64 ids
+    sparse_sent = {e["nbytes"] for e in sink.of_type("bucket") if e["num_params"] == 1 and
+                   e.get("param_names", ["emb.weight"]) == ["emb.weight"] and e["step"] >= 1}
+    assert sparse_sent == {micro * 4 * 4 + micro * 8}, sparse_sent
     for step, layout in ((0, p["initial"]), (2, p["rebuilt"])):
         got = sorted((e for e in sink.of_type("bucket") if e["rank"] == 0 and e["step"] == step),
                      key=lambda e: e["bucket_index"])
