@@ -134,24 +134,30 @@ def _stalled_note(err: dict, workdir: Path, nproc: int) -> str:
 
 
 def _signal_death(exc: Exception, workdir: Path) -> dict | None:
-    """A rank killed by a signal is the root cause; the others' errors (peer gone) follow from it.
+    """A rank killed by a signal before it could say anything is the root cause; the others'
+    errors (peer gone) follow from it.
 
-    Unless that rank raised first: a rank writes its exception (`local<L>.error.json`) before it
-    tears its process group down, and that teardown can end in SIGABRT (gloo aborting on a peer
-    that is gone, the store's host having exited). Then its own exception is the cause, not the
-    signal it died of afterwards.
+    A rank that wrote its own exception (`local<L>.error.json`, written before it tears its
+    process group down) does not count, even if it then died of a signal: that teardown can end
+    in SIGABRT (gloo aborting on a peer that is gone, the store's host having exited), and its
+    exception, not the signal, is what happened (`root_cause`).
     """
     failures = getattr(exc, "failures", {}) or {}
-    dead = [f for f in failures.values() if f.exitcode is not None and f.exitcode < 0]
+    dead = [f for f in failures.values() if f.exitcode is not None and f.exitcode < 0
+            and _own_error(workdir, f.local_rank) is None]
     if not dead:
         return None
     f = min(dead, key=lambda f: f.timestamp)
     rank = f.local_rank + getattr(exc, "_rank_offset", 0)
-    own = _own_error(workdir, f.local_rank)
-    if own is not None:
-        return own
     return dict(rank=rank, traceback="",
                 exception=f"rank {rank} (pid {f.pid}) was killed by signal {f.signal_name()}")
+
+
+def root_cause(exc: Exception, workdir: Path, nproc: int) -> dict:
+    """The run's error from elastic's failure report and the ranks' own error files, in order:
+    a rank killed without a word, else the earliest exception a rank wrote, else elastic's
+    account of the exits."""
+    return _signal_death(exc, workdir) or _first_error(workdir, nproc) or _exit_error(exc)
 
 
 def _exit_error(exc: Exception) -> dict:
@@ -209,7 +215,7 @@ def launch_ddp(cfg: RunConfig, plan: DevicePlan, out, run_id: str,
     if failure is not None:
         infos = _local_infos(workdir, nproc)
         failure._rank_offset = min((i["rank"] for i in infos.values()), default=0)
-        err = _signal_death(failure, workdir) or _first_error(workdir, nproc) or _exit_error(failure)
+        err = root_cause(failure, workdir, nproc)
         err["exception"] += _stalled_note(err, workdir, nproc)
         raise RankFailed(err) from None
     params = workdir / "final_params.pt"

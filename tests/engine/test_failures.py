@@ -112,7 +112,7 @@ def test_a_rank_that_raised_and_then_died_of_a_signal_is_reported_by_its_excepti
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-    from engine.launcher import _signal_death
+    from engine.launcher import root_cause
 
     own = {"rank": 1, "step": 2, "host": "hostB", "exception": "InjectedFault: injected fault: rank 1 "
            "raised at step 2", "traceback": "Traceback ... maybe_fail"}
@@ -120,7 +120,7 @@ def test_a_rank_that_raised_and_then_died_of_a_signal_is_reported_by_its_excepti
     abort = ProcessFailure(local_rank=0, pid=4321, exitcode=-signals.SIGABRT, error_file=str(tmp_path / "none"))
     failure = ChildFailedError("rank_main", {1: abort})
     failure._rank_offset = 1  # this host runs global rank 1 as its local rank 0
-    assert _signal_death(failure, tmp_path) == own
+    assert root_cause(failure, tmp_path, 1) == own
     (tmp_path / "local0.error.json").unlink()  # killed before it could write anything
-    err = _signal_death(failure, tmp_path)
+    err = root_cause(failure, tmp_path, 1)
     assert err["rank"] == 1 and err["exception"] == "rank 1 (pid 4321) was killed by signal SIGABRT"
