@@ -24,9 +24,11 @@ import altair as alt
 import pandas as pd
 import psutil
 
-from app import charts, charts_compare, frames, frames_buckets as fb, frames_theory as ft, runsets
+from app import charts, charts_compare, charts_live, charts_memory, frames, frames_buckets as fb, \
+    frames_memory as fm, frames_theory as ft, runsets
 from app.charts_buckets import bucket_timeline, exposed_chart
-from app.charts_theory import bandwidth_chart, ring_fit_chart
+from app.charts_theory import bandwidth_chart, time_chart
+from app.panels import live_bucket_timeline
 from app.frames_compare import (bytes_frame, compare_frame, curves_frame, peak_memory_frame,
                                 side_by_side, thin, view_of)
 from app.window import RunWindow
@@ -47,32 +49,42 @@ def _spec(chart: Any) -> dict:
 # Each page is two stages, timed apart: frames (events -> DataFrames, as app/views and
 # app/panels compute them) and charts (DataFrames -> Altair -> the spec Streamlit ships).
 def live_frames(ws: Windows, labels: dict[str, str]) -> dict[str, Any]:
-    """app/views/live.py + app/panels.py: throughput, split, memory, per-run detail."""
+    """app/views/live.py + app/panels.py: throughput (window + binned history), split, memory
+    (the latest traced step), per-run detail."""
     parts = [frames.steps_frame(w.of_type("step"), labels[r]) for r, w in ws.items()]
     steps = pd.concat(parts, ignore_index=True) if parts else frames.steps_frame([], "")
-    mems = {labels[r]: frames.memory_frame(w.of_type("memory"), labels[r], w.start_ts) for r, w in ws.items()}
+    earlier = pd.concat([w.history.frame(labels[r]) for r, w in ws.items()], ignore_index=True)
+    mems = {}
+    for r, w in ws.items():
+        curve = fm.memory_curve_frame(w.of_type("memory"), labels[r])
+        if not curve.empty:
+            events = w.of_type("memory") + w.of_type("dp_phase") + w.of_type("step")
+            mems[labels[r]] = (curve, fm.memory_phase_frame(events, int(curve["step"].iloc[0])))
     detail = []
     for w in ws.values():
         if w.mode == "ddp":
             b = frames.bucket_frame(w.of_type("bucket"))
             if not b.empty:
-                detail.append(("ddp", b, frames.backward_frame(w.of_type("step"), int(b["step"].iloc[0]))))
+                detail.append(("ddp", b, w))
         elif w.mode == "dp":
             detail.append(("dp", frames.dp_phase_frame(w.of_type("dp_phase")), None))
         detail.append(("volume", frames.comm_volume_frame(w.of_type("comm_volume")), None))
-    return {"steps": steps, "split": frames.split_frame(steps), "memory": mems, "detail": detail,
-            "runs": list(labels.values())}
+    return {"steps": steps, "earlier": earlier, "split": frames.split_frame(steps), "memory": mems,
+            "detail": detail, "runs": list(labels.values()),
+            "window": max((w.max_steps for w in ws.values()), default=0)}
 
 
 def live_charts(f: dict[str, Any]) -> list[Any]:
-    out = [charts.throughput_chart(f["steps"], f["runs"]), charts.split_chart(f["split"])]
-    mems = {k: m for k, m in f["memory"].items() if not m.empty}
-    y_max = max((float(m["allocated_mib"].max()) for m in mems.values()), default=None)
-    out += [charts.memory_chart(m, label, y_max) for label, m in mems.items()]
-    for kind, df, back in f["detail"]:
+    out = [charts_live.throughput_chart(f["steps"], f["earlier"], f["runs"], f["window"]),
+           charts.split_chart(f["split"])]
+    held = [c.loc[c["source"].isin(fm.DEVICE_SOURCES), "mib"] for c, _ in f["memory"].values()]
+    y_max = max((float(h.max()) for h in held if not h.empty), default=None)
+    for label, (curve, phases) in f["memory"].items():
+        out += charts_memory.memory_curve_charts(curve, phases, label, y_max)
+    for kind, df, w in f["detail"]:
         if df.empty:
             continue
-        out.append(charts.bucket_timeline_chart(df, back) if kind == "ddp" else
+        out.append(live_bucket_timeline(w, df) if kind == "ddp" else
                    charts.dp_phase_chart(df) if kind == "dp" else charts.comm_volume_chart(df))
     return out
 
@@ -122,22 +134,30 @@ def buckets_charts(f: dict[str, Any]) -> list[Any]:
 
 
 def theory_frames(ws: Windows, labels: dict[str, str]) -> dict[str, Any]:
-    """app/views/theory.py's body."""
+    """app/views/theory.py's body: per DDP run, the probe and the buckets on one size axis with
+    both fitted ring models; the bytes chart."""
     fits = []
     for r, w in ws.items():
         if w.mode == "ddp":
             n = int(w.config.get("world_size") or 1)
-            bw = ft.bandwidth_frame(w.of_type("bucket"), n)
-            if not bw.empty:
-                fits.append((labels[r], bw, ft.per_bucket(bw), ft.ring_fit(w.of_type("bucket"), n)[1]))
+            buckets = w.of_type("bucket")
+            bk = ft.bucket_frame(buckets, n, min_step=1)
+            probe = ft.latest_probe(w.of_type("allreduce_probe"))
+            pf = ft.probe_frame(probe)
+            if bk.empty and pf.empty:
+                continue
+            model, _ = ft.bucket_fit(buckets, n)
+            lines = ft.model_lines({ft.FIT_PROBE: (probe or {}).get("fit"), ft.FIT_BUCKETS: model},
+                                   *ft.size_range(pf, bk), n)
+            fits.append((labels[r], pf, bk, lines))
     volume = bytes_frame([view_of(w, labels[r]) for r, w in ws.items() if w.mode in ("dp", "ddp")])
     return {"fits": fits, "volume": volume}
 
 
 def theory_charts(f: dict[str, Any]) -> list[Any]:
     out = []
-    for label, bw, per_bucket, line in f["fits"]:
-        out += [bandwidth_chart(per_bucket, run=label), ring_fit_chart(bw, line, run=label)]
+    for label, pf, bk, lines in f["fits"]:
+        out += [bandwidth_chart(pf, bk, lines, run=label), time_chart(pf, bk, lines, run=label)]
     return out + ([charts_compare.bytes_chart(f["volume"])] if not f["volume"].empty else [])
 
 

@@ -23,7 +23,8 @@ MODE_COLOURS = alt.Scale(domain=["single", "dp", "ddp", "fsdp"],
 
 
 def legend(title: str, orient: str = "right", **kw) -> alt.Legend:
-    return alt.Legend(title=title, orient=orient, symbolOpacity=1, **kw)
+    """A legend whose labels are never cut (`labelLimit` 0), however narrow the chart."""
+    return alt.Legend(title=title, orient=orient, symbolOpacity=1, **{"labelLimit": 0, **kw})
 
 
 def title(text: str, subtitle: str | None = None) -> alt.TitleParams:

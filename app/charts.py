@@ -1,7 +1,8 @@
 """Pure chart builders: `DataFrame -> alt.Chart`, one per panel of the Live page.
 
-The analysis pages' builders live beside it by concept: `charts_compare`, `charts_buckets`,
-`charts_dp`, `charts_theory`, `charts_sweeps`, `charts_cluster`, `charts_topology`.
+The analysis pages' builders live beside it by concept: `charts_compare`, `charts_buckets`
+(the bucket timeline, Live's too), `charts_dp`, `charts_theory`, `charts_sweeps`,
+`charts_cluster`, `charts_topology`; Live's step-axis chart is `charts_live`.
 
 Each takes the output of the matching `app.frames` function and returns a chart with a title,
 axis titles carrying units and a legend, so it can be checked through `chart.to_dict()` without
@@ -19,8 +20,6 @@ from app import frames
 from app.frames import DP_PHASES, SMOOTH_STEPS, SPLIT_PARTS
 
 _SPLIT_COLOURS = ["#1f77b4", "#ff7f0e", "#d62728", "#2ca02c", "#c7c7c7"]
-_TIMELINE_KINDS = ["backward (compute)", "all-reduce (one bucket)", "bucket ready"]
-_TIMELINE_COLOURS = ["#c6dbef", "#d62728", "#000000"]
 
 
 def throughput_chart(steps: pd.DataFrame, runs: list[str] | None = None) -> alt.LayerChart:
@@ -51,7 +50,7 @@ def split_chart(split: pd.DataFrame) -> alt.Chart:
     """Median step time per run, stacked by part (`frames.split_frame` rows), in ms."""
     return alt.Chart(split).mark_bar(height=alt.RelativeBandSize(0.6)).encode(
         x=alt.X("sum(ms):Q", title="median time per step (ms)", stack="zero"),
-        y=alt.Y("run:N", title="run"),
+        y=alt.Y("run:N", title="run", axis=alt.Axis(labelLimit=0)),  # run names never cut
         color=alt.Color("part:N", legend=legend("part of the step"),
                         scale=alt.Scale(domain=SPLIT_PARTS, range=_SPLIT_COLOURS),
                         sort=SPLIT_PARTS),
@@ -62,45 +61,13 @@ def split_chart(split: pd.DataFrame) -> alt.Chart:
                  width=WIDTH, height=rows_height(split, "run"))
 
 
-def bucket_timeline_chart(buckets: pd.DataFrame, backward: pd.DataFrame) -> alt.LayerChart:
-    """One DDP step per rank: the backward span, each bucket's all-reduce bar, a tick when ready.
-
-    `buckets` is `frames.bucket_frame`, `backward` is `frames.backward_frame` (ms from the
-    step's backward start). With overlap, red bars start while the blue backward bar still runs.
-    """
-    step = int(buckets["step"].iloc[0]) if not buckets.empty else None
-    colour = alt.Color("kind:N", legend=legend("what"),
-                       scale=alt.Scale(domain=_TIMELINE_KINDS, range=_TIMELINE_COLOURS))
-    y = alt.Y("rank:O", title="rank")
-    bwd = alt.Chart(backward.assign(kind=_TIMELINE_KINDS[0])).mark_bar(
-        height=alt.RelativeBandSize(0.8)).encode(
-        x=alt.X("start_ms:Q", title="ms from backward start"), x2="end_ms:Q", y=y, color=colour,
-        tooltip=[alt.Tooltip("rank:O"), alt.Tooltip("end_ms:Q", title="backward (ms)",
-                                                    format=".2f")])
-    tip = [alt.Tooltip("rank:O"), alt.Tooltip("bucket_index:Q", title="bucket"),
-           alt.Tooltip("nbytes:Q", title="bytes", format=","),
-           alt.Tooltip("num_params:Q", title="params (tensors)"),
-           alt.Tooltip("ready_ms:Q", title="ready (ms)", format=".2f"),
-           alt.Tooltip("comm_start_ms:Q", title="all-reduce start (ms)", format=".2f"),
-           alt.Tooltip("comm_end_ms:Q", title="all-reduce end (ms)", format=".2f"),
-           alt.Tooltip("algbw_gbps:Q", title="algbw (GB/s)", format=".3f")]
-    data = buckets.assign(kind=_TIMELINE_KINDS[1])
-    comm = alt.Chart(data).mark_bar(height=alt.RelativeBandSize(0.4), stroke="white",
-                                    strokeWidth=0.5).encode(
-        x="comm_start_ms:Q", x2="comm_end_ms:Q", y=y, color=colour, tooltip=tip)
-    ready = alt.Chart(buckets.assign(kind=_TIMELINE_KINDS[2])).mark_tick(
-        thickness=2, size=22).encode(x="ready_ms:Q", y=y, color=colour, tooltip=tip)
-    label = f"Gradient buckets, step {step}" if step is not None else "Gradient buckets"
-    return alt.layer(bwd, comm, ready).properties(
-        title=title(label, "each bucket's all-reduce against the backward pass"),
-        width=WIDTH, height=rows_height(buckets, "rank"))
 
 
 def dp_phase_chart(phases: pd.DataFrame) -> alt.Chart:
     """One DP step per device, bars coloured by phase (`frames.dp_phase_frame`, ms from the
     step start)."""
-    step = int(phases["step"].iloc[0]) if not phases.empty else None
-    label = f"DP phases, step {step}" if step is not None else "DP phases"
+    # no step number in the title: the spec stays the same from one Live refresh to the next,
+    # so Streamlit keeps the view (and a tooltip on screen); the panel's caption names the step
     return alt.Chart(phases).mark_bar(height=alt.RelativeBandSize(0.7), stroke="white",
                                       strokeWidth=0.5).encode(
         x=alt.X("start_ms:Q", title="ms from step start"), x2="end_ms:Q",
@@ -110,7 +77,7 @@ def dp_phase_chart(phases: pd.DataFrame) -> alt.Chart:
         tooltip=[alt.Tooltip("device:N"), alt.Tooltip("phase:N"),
                  alt.Tooltip("dur_ms:Q", title="duration (ms)", format=".2f"),
                  alt.Tooltip("nbytes:Q", title="bytes copied", format=",")],
-    ).properties(title=title(label, "device 0 alone broadcasts, reduces and steps"),
+    ).properties(title=title("DP phases", "latest step: device 0 alone broadcasts, reduces and steps"),
                  width=WIDTH, height=max(230, rows_height(phases, "device")))  # 4 legend rows
 
 

@@ -38,7 +38,8 @@ def _rows(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: pd.DataFrame, 
 
 
 def bucket_timeline(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: pd.DataFrame, *,
-                    run: str, x_max_ms: float | None = None) -> alt.LayerChart:
+                    run: str, x_max_ms: float | None = None, latest: bool = False,
+                    lanes: list[str] | None = None) -> alt.LayerChart:
     """One DDP step of one run: a lane per rank, a row per bucket inside it.
 
     Args:
@@ -47,9 +48,14 @@ def bucket_timeline(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: pd.D
         exposed: `frames_buckets.exposed_frame` + `lane`.
         run: the run's label, for the title.
         x_max_ms: shared x extent when two runs are drawn side by side.
+        latest: the Live page's view of the latest step: the title names neither the step nor
+            the bucket count, so the spec stays the same while the run trains.
+        lanes: every rank's lane, in order (default: the ranks in these frames). Live passes all
+            the run's ranks, so a step whose events are still arriving draws the same lanes.
     """
     step = int(buckets["step"].iloc[0]) if not buckets.empty else None
-    lanes = list(dict.fromkeys(list(backward.get("lane", [])) + list(buckets.get("lane", []))))
+    if lanes is None:
+        lanes = list(dict.fromkeys(list(backward.get("lane", [])) + list(buckets.get("lane", []))))
     bwd, exp, rows, n = _rows(buckets, backward, exposed, lanes)
     centers = [i * (n + 1) + n / 2 for i in range(len(lanes))]
     names = " : ".join(f"datum.value == {c} ? '{lane}'" for c, lane in zip(centers, lanes))
@@ -83,9 +89,11 @@ def bucket_timeline(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: pd.D
     layers.append(alt.Chart(rows.assign(kind=KINDS[2])).mark_rule(strokeWidth=2.5).encode(
         x=alt.X("ready_ms:Q", scale=scale), y=y, y2="y1:Q", color=_KIND, tooltip=tip))
     lane_px = min(MAX_LANE_PX, max(ROW_PX, SUB_ROW_PX * (n + 1)))
-    label = f"{run}: step {step}" if step is not None else run
+    label = f"{run}: step {step}" if step is not None and not latest else run
+    sub = (f"{n} bucket(s) per rank, a row each; orange: exposed comm" if not latest else
+           "latest complete step: a lane per rank, a row per bucket; orange: exposed comm")
     return alt.layer(*layers).properties(
-        title=title(label, f"{n} bucket(s) per rank, a row each; orange: exposed comm"),
+        title=title(label, sub),
         width=WIDTH, height=CHROME_PX + LEGEND_PX + lane_px * max(2, len(lanes)))
 
 

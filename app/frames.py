@@ -11,6 +11,8 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from engine.stages import where_failed
+
 MIB = 1024 * 1024
 Event = dict[str, Any]
 
@@ -196,11 +198,33 @@ def comm_volume_frame(events: Iterable[Event]) -> pd.DataFrame:
 
 
 RUN_COLUMNS = ["run_id", "label", "mode", "model", "world_size", "status", "samples_per_s",
-               "created", "pinned"]
+               "note", "created", "pinned"]
+
+
+def no_throughput_reason(run: dict[str, Any]) -> str:
+    """Why a run has no samples/s in its summary (empty when it has one)."""
+    summary = run.get("summary") or {}
+    if summary.get("samples_per_s") is not None:
+        return ""
+    status, done = run.get("status"), int(summary.get("steps_done") or 0)
+    steps = "no step" if done == 0 else f"{done} step(s)"
+    if status == "queued":
+        return "queued: not started yet"
+    if status == "started":
+        return "running: measured when it ends"
+    if status == "canceled":
+        return f"canceled after {steps}"
+    if status == "lost":
+        return "lost: its worker stopped sending heartbeats"
+    if status == "failed":
+        where = where_failed(run.get("error"))
+        return f"failed{f' ({where})' if where else ''} after {steps}"
+    return f"{status or 'unknown'}: no steps measured"
 
 
 def runs_frame(runs: Iterable[dict[str, Any]]) -> pd.DataFrame:
-    """The Runs table: one row per run (newest first), `samples_per_s` from its summary.
+    """The Runs table: one row per run (newest first), `samples_per_s` from its summary (NaN
+    without one, and `note` says why: `no_throughput_reason`).
 
     `created` is a timezone-naive local datetime built from `created_at` (unix seconds).
     """
@@ -212,6 +236,7 @@ def runs_frame(runs: Iterable[dict[str, Any]]) -> pd.DataFrame:
             "run_id": r["run_id"], "label": r.get("label") or "", "mode": cfg.get("mode"),
             "model": cfg.get("model"), "world_size": cfg.get("world_size"),
             "status": r.get("status"), "samples_per_s": summary.get("samples_per_s"),
+            "note": no_throughput_reason(r),
             "created": pd.Timestamp.fromtimestamp(created) if created else pd.NaT,
             "pinned": bool(r.get("pinned"))})
     df = pd.DataFrame(rows, columns=RUN_COLUMNS)
@@ -234,3 +259,11 @@ def filter_runs(df: pd.DataFrame, *, statuses: Iterable[str] = (), modes: Iterab
                + df["model"].astype(str)).str.lower()
         keep &= hay.str.contains(needle, regex=False)
     return df[keep].reset_index(drop=True)
+
+
+def eval_frame(events: Iterable[Event], run: str) -> pd.DataFrame:
+    """One row per `eval` event of one run: run, step, val_accuracy (0-1), val_loss."""
+    cols = ["run", "step", "val_accuracy", "val_loss"]
+    rows = [{"run": run, "step": e.get("step"), "val_accuracy": e.get("val_accuracy"),
+             "val_loss": e.get("val_loss")} for e in of_type(events, "eval")]
+    return pd.DataFrame(rows, columns=cols)

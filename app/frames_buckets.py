@@ -83,6 +83,8 @@ def layout_frame(buckets: list[dict[str, Any]] | None) -> pd.DataFrame:
         names = list(b.get("param_names") or [])
         shown = ", ".join(names[:MAX_NAMES]) + (f", … +{len(names) - MAX_NAMES} more"
                                                 if len(names) > MAX_NAMES else "")
+        if b.get("sparse"):
+            shown += " (sparse gradient: KiB of its values and indices)"
         rows.append({"bucket": int(b["bucket_index"]), "KiB": b.get("nbytes", 0) / 1024,
                      "tensors": b.get("num_params", len(names)), "parameters": shown})
     return pd.DataFrame(rows, columns=["bucket", "KiB", "tensors", "parameters"])
@@ -96,3 +98,29 @@ def measured_layouts(events: Iterable[Event], rank: int = 0) -> dict[int, list[d
         if e.get("rank", 0) == rank and e.get("param_names"):
             out.setdefault(e["step"], []).append(e)
     return {s: sorted(bs, key=lambda b: b["bucket_index"]) for s, bs in sorted(out.items())}
+
+
+def buckets_text(n: int) -> str:
+    """'1 bucket', '2 buckets'."""
+    return f"{n} bucket" + ("" if n == 1 else "s")
+
+
+def layout_captions(preview: dict, capped_from_start: bool = False) -> tuple[str, str]:
+    """What each layout table shows, with its real bucket count: step 0's layout (DDP's
+    constructor: registration order, bucket list reversed) and the rebuilt one (gradient-ready
+    order). Step 0 has several buckets when dtypes, devices or sparse gradients differ, or when
+    the caps apply from the start (`capped_from_start`: find_unused_parameters without
+    static_graph; engine.buckets)."""
+    initial, rebuilt = preview.get("initial") or [], preview.get("rebuilt") or []
+    why = ""
+    if len(initial) > 1:
+        why = (" (find_unused_parameters: the caps apply from the start)" if capped_from_start else
+               " (gradients of different dtypes, devices or a sparse gradient never share a bucket)")
+    first = (f"Step 0, before the rebuild: {buckets_text(len(initial))}{why}. DDP fills them in "
+             "registration order and reduces the last-registered first (bucket 0 below); each row "
+             "lists its parameters in registration order.")
+    cap, first_cap = preview.get("bucket_cap_bytes") or 0, preview.get("first_bucket_cap_bytes") or 0
+    second = (f"After the rebuild: {buckets_text(len(rebuilt))} in the order gradients became ready, "
+              f"cap {cap / 1024:,.0f} KiB (first bucket {first_cap / 1024:,.0f} KiB); each row "
+              "lists its parameters in that order, the order DDP reduces them.")
+    return first, second

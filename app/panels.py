@@ -12,10 +12,12 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from app import charts, charts_memory, explain, frames
+from app import charts, charts_live, charts_memory, explain, frames, frames_buckets
 from app import frames_memory as fm
+from app.charts_buckets import bucket_timeline
 from app.outage import REDIS_DOWN, show_outage
 from app.window import TERMINAL, RunWindow
+from engine.stages import where_failed
 
 # Windows shared by several panels are read at most this often: below the status panel's
 # period (app/views/live.STATUS_REFRESH_S), so each of its runs reads what arrived since.
@@ -69,17 +71,28 @@ def _run_status(client, w: RunWindow, label: str) -> None:
              f"{cfg.get('fsdp_param_dtype')}, reduce {cfg.get('fsdp_reduce_dtype')}"
              if cfg.get("mode") == "fsdp" else
              f"bucket cap {cfg.get('bucket_cap_mb')} MiB · overlap {cfg.get('overlap')}")
-    st.caption(f"`{w.run_id}` · {cfg.get('model')} on {cfg.get('dataset')} · "
+    st.caption(f"`{w.run_id}` · {cfg.get('model')} on {dataset_name(w)} · "
                f"global batch {cfg.get('global_batch_size')} · {knobs}")
+    evals = w.of_type("eval")
+    if evals:
+        last = evals[-1]
+        st.caption(f"validation accuracy **{last['val_accuracy']:.3f}** (loss {last['val_loss']:.4f}) "
+                   f"at step {last['step']}, on the held-out split")
     if w.error:
         _show_error(w.error, w.status)
     if w.status in ("queued", "started") and st.button("Cancel", key=f"cancel_{w.run_id}"):
         st.toast(f"{w.run_id}: {client.cancel(w.run_id)}")
 
 
+def dataset_name(w: RunWindow) -> str:
+    """The data the run trained on: the name the dataset gave itself (a plugin brings its own,
+    whatever `config.dataset` says), from `run_started`; the config's before that arrives."""
+    return str((w.started or {}).get("dataset_name") or w.config.get("dataset"))
+
+
 def _show_error(error: dict[str, Any], status: str = "failed") -> None:
-    rank = error.get("rank")
-    where = f" on rank {rank}" if rank is not None else ""
+    where = where_failed(error)  # "pre-flight", "plugin build", "rank 1 at step 2" (engine.stages)
+    where = f" ({where})" if where else ""
     if status == "canceled":  # asked for, not a failure
         st.info(f"Run canceled: {error.get('exception', '')}", icon=":material/stop_circle:")
         return
@@ -99,7 +112,8 @@ def steps_of(windows: dict[str, RunWindow], labels: dict[str, str]) -> pd.DataFr
 
 
 def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
-    """Samples/s per step, both runs overlaid, with the median of each above the chart."""
+    """The median samples/s of each run above its throughput over the whole run: the window's
+    steps one by one, earlier ones in bins (`charts_live.throughput_chart`, zoomable)."""
     refresh(client, windows)
     steps = steps_of(windows, labels)
     if steps.empty:
@@ -111,11 +125,39 @@ def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, st
         delta = f"{v / others[0][1]:.2f}× {others[0][0]}" if others else None
         col.metric(f"{run}: median samples/s", f"{v:,.0f}", delta=delta, delta_color="off",
                    delta_arrow="off")
-    _chart(charts.throughput_chart(steps, [labels.get(r, r) for r in windows]), "chart_throughput")
+    earlier = pd.concat([w.history.frame(labels[rid]) for rid, w in windows.items()], ignore_index=True)
+    window = max(w.max_steps for w in windows.values())
+    _zoomable(charts_live.throughput_chart(steps, earlier, [labels.get(r, r) for r in windows], window),
+              "chart_throughput")
+    if not earlier.empty:
+        st.caption(f"Steps before the newest {window} are drawn in bins of "
+                   f"{int(earlier['bin_steps'].max())} steps: each bin's mean samples/s and its "
+                   "min–max.")
     modes = {labels[rid]: w.mode for rid, w in windows.items()}
     why = explain.why_dp_ahead(explain.table_from_steps(steps, modes))
     if why:
         st.info(why, icon=":material/help:")
+
+
+def accuracy_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
+    """Validation accuracy of each run at each evaluation (`eval` events, rank 0)."""
+    refresh(client, windows)
+    evals = pd.concat([frames.eval_frame(w.of_type("eval"), labels[rid]) for rid, w in windows.items()],
+                      ignore_index=True)
+    if evals.empty:
+        return _waiting("the first evaluation")
+    _zoomable(charts_live.accuracy_chart(evals, [labels.get(r, r) for r in windows]), "chart_accuracy",
+              [charts_live.ZOOM])
+
+
+def _zoomable(chart, key: str, selections: list[str] = charts_live.SELECTIONS) -> None:
+    """A chart whose zoom (and legend pick) are widget state, so Streamlit keeps them when the
+    data changes at the next refresh instead of resetting the view (`app.charts_live`)."""
+    st.altair_chart(chart, key=key, on_select=_keep_view, selection_mode=selections)
+
+
+def _keep_view() -> None:
+    """on_select callback: nothing to do; listening is what makes Streamlit keep the selection."""
 
 
 def split_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
@@ -166,9 +208,7 @@ def detail_panel(client, windows: dict[str, RunWindow], labels: dict[str, str], 
         if buckets.empty:
             _waiting("bucket events")
         else:
-            step = int(buckets["step"].iloc[0])
-            _chart(charts.bucket_timeline_chart(
-                buckets, frames.backward_frame(w.of_type("step"), step)), f"chart_buckets_{rid}")
+            _chart(live_bucket_timeline(w, buckets), f"chart_buckets_{rid}")
             _bucket_caption(buckets)
     elif w.mode == "fsdp":
         from app.panels_fsdp import fsdp_detail
@@ -180,6 +220,7 @@ def detail_panel(client, windows: dict[str, RunWindow], labels: dict[str, str], 
             _waiting("DP phase events")
         else:
             _chart(charts.dp_phase_chart(phases), f"chart_phases_{rid}")
+            st.caption(f"Step {int(phases['step'].iloc[0])}; every step on the DP timeline page.")
     else:
         st.caption("single device: no communication to show")
         return
@@ -197,12 +238,28 @@ def detail_panel(client, windows: dict[str, RunWindow], labels: dict[str, str], 
                        "others P; ring all-reduce 2(n−1)/n·P per rank")
 
 
+def live_bucket_timeline(w: RunWindow, buckets: pd.DataFrame):
+    """The Bucket timeline page's chart (a lane per rank, a row per bucket) of the latest
+    complete step; its title names no step, so the chart's spec — and the view, with a tooltip
+    on screen — stays the same from one refresh to the next."""
+    step = int(buckets["step"].iloc[0])
+    names = frames_buckets.rank_names(w.of_type("step") + w.of_type("bucket"))
+    backward = frames.backward_frame(w.of_type("step"), step)
+    exposed = frames_buckets.exposed_frame(buckets, w.of_type("step"))
+    return bucket_timeline(frames_buckets.with_rank_names(buckets, names),
+                           frames_buckets.with_rank_names(backward, names),
+                           frames_buckets.with_rank_names(exposed, names), run="Gradient buckets",
+                           latest=True, lanes=list(names.values()))
+
+
 def _bucket_caption(buckets: pd.DataFrame) -> None:
     r0 = buckets[buckets["rank"] == buckets["rank"].min()]
     bw = r0["algbw_gbps"].dropna()
     med = statistics.median(bw) if len(bw) else float("nan")
-    st.caption(f"{len(r0)} buckets, {r0['nbytes'].sum() / frames.MIB:.2f} MiB of gradients per "
-               f"rank; median all-reduce algbw {med:.3f} GB/s (rank {int(r0['rank'].iloc[0])})")
+    st.caption(f"Step {int(buckets['step'].iloc[0])}: {len(r0)} bucket(s), "
+               f"{r0['nbytes'].sum() / frames.MIB:.2f} MiB of gradients per rank; median all-reduce "
+               f"algbw {med:.3f} GB/s (rank {int(r0['rank'].iloc[0])}). Every step, on the Bucket "
+               f"timeline page.")
 
 
 def all_done(windows: dict[str, RunWindow]) -> bool:

@@ -6,7 +6,8 @@ the last `max_steps` steps of `step`/`memory` events, the last two steps of `buc
 `comm_volume` events (the charts draw the latest complete one), every `eval`, the last 50 `log`.
 Analysis pages keep more: `recent_steps` widens those per-step windows and `first_steps` also
 keeps the first steps (step 0's single DDP bucket, the rebuild after it) for good.
-Once the run is terminal and its stream is drained, `done` is True and polling stops.
+Once the run is terminal and its stream is drained, `done` is True and polling stops. Steps that
+leave the window are folded into `history` (`app.step_history`), so Live still draws the whole run.
 
 Opening a long run reads windows, not the whole stream: the first poll reads the stream's head
 (`run_started`, the first steps) and then only its tail, about as many events as the window keeps
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import time
 from typing import Any, Protocol
+
+from app.step_history import StepHistory
 
 TERMINAL = ("finished", "failed", "canceled", "lost")  # lost: its worker stopped beating
 _RECENT_STEPS = {"bucket": 2, "dp_phase": 2, "comm_volume": 2, "fsdp_collective": 2, "fsdp_memory_curve": 2}
@@ -66,6 +69,7 @@ class RunWindow:
         self.latest_step = -1
         self.done = False
         self.polled_at = 0.0  # time.monotonic() of the last poll
+        self.history = StepHistory()  # throughput of the steps dropped from the window, binned
 
     # ---- reading ---------------------------------------------------------------------------
     def poll(self, client: EventReader, min_interval_s: float = 0.0) -> int:
@@ -77,6 +81,8 @@ class RunWindow:
             return 0
         self.polled_at = time.monotonic()
         self.run = client.get_run(self.run_id) or self.run
+        if self.started is None:  # the record keeps run_started; a long run's stream trims it
+            self.started = (self.run or {}).get("started")
         terminal = self.status in TERMINAL
         got, batches = 0, self.max_batches
         if self.last_id == "0-0":
@@ -148,6 +154,8 @@ class RunWindow:
             first = self.first_steps if t in self.recent else 0
             stale = [e.get("step", 0) for e in evs]
             if any(first <= st <= newest - keep for st in stale):
+                if t == "step":  # the whole run stays on the Live chart, in bins
+                    self.history.add(e for e, st in zip(evs, stale) if first <= st <= newest - keep)
                 evs[:] = [e for e, st in zip(evs, stale) if st > newest - keep or st < first]
 
     # ---- views -----------------------------------------------------------------------------

@@ -9,7 +9,7 @@ Pure Python (no torch), so the app and the CLI can use it. Formulas:
   reports α = a / 2(n-1) (per-hop latency, s) and β = 2(n-1)/n / c (link bandwidth, bytes/s).
 - the all-reduce probe (engine/probe.py) gives one (bytes, time) point per message size
   (`probe_point`); `probe_fit` fits the ring model to the widest range of sizes one line holds.
-- bytes per step (DESIGN.md): DP device 0 sends and receives (n-1)·P, every other device P;
+- bytes per step (README, "How the numbers are made"): DP device 0 sends and receives (n-1)·P, every other device P;
   ring all-reduce sends and receives 2(n-1)/n · P per rank.
 
 A bucket all-reduce "ran alone" when no other bucket's all-reduce on the same rank and step was

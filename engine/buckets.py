@@ -10,7 +10,15 @@ torch/nn/parallel/distributed.py):
   [first_bucket_bytes_cap, bucket_bytes_cap]; the first cap is 1 MiB
   (`dist._DEFAULT_FIRST_BUCKET_BYTES`) only when `bucket_cap_mb` is left at DDP's default.
 
-The gradient-ready order is measured with one probe backward (post-accumulate-grad hooks).
+The gradient-ready order is measured with one probe backward (post-accumulate-grad hooks) on a
+real micro-batch (`engine.preflight.probe_batch`); parameters that get no gradient come last, in
+registration order, as the Reducer appends them (static_graph or find_unused_parameters).
+
+Sparse gradients (`nn.Embedding`/`nn.EmbeddingBag` with `sparse=True`) never share a bucket: DDP
+passes `expect_sparse_gradient` to the assignment rule, which gives each its own
+(`compute_bucket_assignment_by_size`, torch/csrc/distributed/c10d/reducer.cpp). Such a bucket
+sends the sparse gradient itself, values and indices (`Reducer::mark_variable_ready_sparse`), so
+its `nbytes` here is those bytes on the probe batch, not the parameter's dense size.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from engine.comm_hook import wire_nbytes
 from engine.config import RunConfig
 from engine.training import loss_fn
 
@@ -41,28 +50,54 @@ def caps_bytes(cfg: RunConfig) -> tuple[int, int]:
     return first, cap
 
 
-def grad_ready_order(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[int]:
-    """Indices (into the trainable parameters) in the order their gradients are accumulated."""
+def expect_sparse_gradient(model: nn.Module) -> list[bool]:
+    """Per trainable parameter (registration order, shared ones once): whether DDP expects a
+    sparse gradient for it — its first owning module is an Embedding/EmbeddingBag with
+    `sparse=True` (`DistributedDataParallel._build_params_for_reducer`)."""
+    seen: set[int] = set()
+    out = []
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                out.append(isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and bool(module.sparse))
+    return out
+
+
+def probe_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[list[int], dict[int, int]]:
+    """One probe backward on (x, y): trainable-parameter indices in the order their gradients
+    were accumulated (unused ones last, in registration order), and `wire_nbytes` of each
+    sparse gradient by index. The model is left as found (`engine.preflight.probing`)."""
+    from engine.preflight import probing
+
     params = [p for p in model.parameters() if p.requires_grad]
     order: list[int] = []
     handles = [p.register_post_accumulate_grad_hook(lambda _p, i=i: order.append(i)) for i, p in enumerate(params)]
     try:
-        model.zero_grad(set_to_none=True)
-        loss_fn(model(x), y).backward()
+        with probing(model):
+            loss_fn(model(x), y).backward()
+            sparse = {i: wire_nbytes(p.grad) for i, p in enumerate(params)
+                      if p.grad is not None and p.grad.is_sparse}
     finally:
         for h in handles:
             h.remove()
-        model.zero_grad(set_to_none=True)
     seen = list(dict.fromkeys(order))
-    return seen + [i for i in range(len(params)) if i not in seen]  # unused last
+    return seen + [i for i in range(len(params)) if i not in seen], sparse
 
 
-def _describe(buckets: list[list[int]], named: list[tuple[str, torch.Tensor]]) -> list[dict[str, Any]]:
+def grad_ready_order(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[int]:
+    """Indices (into the trainable parameters) in the order their gradients are accumulated."""
+    return probe_gradients(model, x, y)[0]
+
+
+def _describe(buckets: list[list[int]], named: list[tuple[str, torch.Tensor]],
+              sparse: dict[int, int]) -> list[dict[str, Any]]:
     out = []
     for b, idx in enumerate(buckets):
         ps = [named[i] for i in idx]
-        out.append(dict(bucket_index=b, nbytes=sum(p.numel() * p.element_size() for _, p in ps),
-                        num_params=len(ps), param_names=[n for n, _ in ps]))
+        nbytes = sum(sparse[i] if i in sparse else p.numel() * p.element_size() for i, (_, p) in zip(idx, ps))
+        out.append(dict(bucket_index=b, nbytes=nbytes, num_params=len(ps), param_names=[n for n, _ in ps],
+                        sparse=any(i in sparse for i in idx)))
     return out
 
 
@@ -72,22 +107,26 @@ def preview_buckets(cfg: RunConfig, model: nn.Module, x: torch.Tensor, y: torch.
     Args:
         cfg: the run config (bucket_cap_mb, static_graph, find_unused_parameters matter).
         model: the model, as built for the run (not wrapped).
-        x, y: a probe micro-batch, to measure the gradient-ready order.
+        x, y: a probe micro-batch (`engine.preflight.probe_batch`), to measure the
+            gradient-ready order and the bytes of sparse gradients.
 
     Returns:
         ``{"initial": [...], "rebuilt": [...], "first_bucket_cap_bytes", "bucket_cap_bytes"}``,
-        each bucket ``{bucket_index, nbytes, num_params, param_names}``.
+        each bucket ``{bucket_index, nbytes, num_params, param_names, sparse}`` (`sparse`: the
+        bucket holds one sparse gradient; `nbytes` is then its values and indices).
     """
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     tensors = [p for _, p in named]
+    is_sparse = expect_sparse_gradient(model)
     first, cap = caps_bytes(cfg)
     if cfg.static_graph or not cfg.find_unused_parameters:
         limits = [sys.maxsize]
     else:
         limits = [first, cap] if first < cap else [cap]
-    initial, _ = dist._compute_bucket_assignment_by_size(tensors, limits, [False] * len(tensors))
-    order = grad_ready_order(model, x, y)
+    initial, _ = dist._compute_bucket_assignment_by_size(tensors, limits, is_sparse)
+    order, sparse = probe_gradients(model, x, y)
+    # the flags stay in registration order: the rule reads them by original index (tensor_indices)
     rebuilt, _ = dist._compute_bucket_assignment_by_size([tensors[i] for i in order], [first, cap],
-                                                         [False] * len(tensors), order)
-    return dict(initial=_describe(list(reversed(initial)), named), rebuilt=_describe(rebuilt, named),
-                first_bucket_cap_bytes=first, bucket_cap_bytes=cap)
+                                                         is_sparse, order)
+    return dict(initial=_describe(list(reversed(initial)), named, sparse),
+                rebuilt=_describe(rebuilt, named, sparse), first_bucket_cap_bytes=first, bucket_cap_bytes=cap)

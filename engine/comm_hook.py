@@ -20,6 +20,16 @@ import torch.distributed as dist
 from engine.telemetry import now
 
 
+def wire_nbytes(buf: torch.Tensor) -> int:
+    """Bytes an all-reduce of `buf` carries per rank: a dense bucket's flat buffer, or a sparse
+    gradient's values and indices (DDP hands a sparse bucket over as the COO gradient itself,
+    `Reducer::mark_variable_ready_sparse`; `numel()` would count its dense shape)."""
+    if buf.is_sparse:
+        values, indices = buf._values(), buf._indices()
+        return values.numel() * values.element_size() + indices.numel() * indices.element_size()
+    return buf.numel() * buf.element_size()
+
+
 class HostClock:
     """Wall-clock marks (perf_counter seconds)."""
 
@@ -70,7 +80,7 @@ class BucketRecorder:
     def _record(self, bucket: dist.GradBucket) -> dict[str, Any]:
         buf = bucket.buffer()
         names = tuple(self.names.get(p.data_ptr(), "?") for p in bucket.parameters())
-        rec: dict[str, Any] = dict(bucket_index=bucket.index(), nbytes=buf.numel() * buf.element_size(),
+        rec: dict[str, Any] = dict(bucket_index=bucket.index(), nbytes=wire_nbytes(buf),
                                    num_params=len(names), is_last=bucket.is_last(), ready=self.clock.mark())
         if self.layout.get(bucket.index()) != names:
             self.layout[bucket.index()] = names

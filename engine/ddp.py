@@ -70,7 +70,9 @@ def rank_main(cfg_dict: dict, run_id: str, workdir: str, backend: str, device_ki
     except BaseException as exc:
         err = dict(rank=rank, step=_progress["step"], host=host, exception=f"{type(exc).__name__}: {exc}",
                    traceback="".join(traceback.format_exception(exc)))
-        (wd / f"local{local}.error.json").write_text(json.dumps(err))
+        tmp = wd / f"local{local}.error.json.tmp"  # renamed into place: never read half-written
+        tmp.write_text(json.dumps(err))
+        os.replace(tmp, wd / f"local{local}.error.json")
         raise
     finally:
         sink.close()

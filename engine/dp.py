@@ -31,7 +31,7 @@ from engine.loop import drive
 from engine.memory import optimizer_state_tensors, param_bytes, tensor_bytes
 from engine.memsampler import DeviceProbe, MemorySampler
 from engine.telemetry import Telemetry, now, step_fields
-from engine.training import autocast, cpu_device_threads, evaluate, loss_fn, make_optimizer, \
+from engine.training import autocast, cpu_device_threads, evaluate, logits_of, loss_fn, make_optimizer, \
     should_eval
 from engine.sync import tensors_checksum
 
@@ -122,7 +122,7 @@ class EmulatedDP:
         def fwd(i):
             maybe_fail(self.cfg, i, step)  # a failing device thread fails the whole DP process
             with autocast(self.cfg, "cpu"):
-                return reps.modules[i](chunks[i])
+                return logits_of(reps.modules[i](chunks[i]))  # gather moves the logits only
         return self._in_threads("forward", fwd, log)
 
     def _gather(self, outs, log) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Events and the sinks that carry them out of a run.
 
 An event is one JSON-able dict with `type`, `run_id`, `ts` (unix seconds, float) and, where it
-applies, `rank`/`device` and `step` (see DESIGN.md "Events"). The engine only knows the `EventSink`
+applies, `rank`/`device` and `step` (docs/events.md). The engine only knows the `EventSink`
 protocol; the Redis stream sink lives in `workers/`, so the engine never imports redis.
 
 Observability never blocks training: `BatchingSink` hands events to a background thread that

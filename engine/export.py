@@ -1,9 +1,14 @@
 """Exports of a run's events: JSONL, CSV (step events), and a Chrome trace for Perfetto.
 
 Pure Python (no torch). The Chrome trace uses the Trace Event Format's complete events
-(`"ph": "X"`, microseconds; https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU):
-one track per rank (DDP, FSDP) or device (DP): step spans, DP phases, bucket all-reduces, FSDP's
-all-gathers and reduce-scatters.
+(`"ph": "X"`, microseconds; https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU).
+Complete events on one thread must nest or be disjoint (Perfetto drops the ones that partly
+overlap), and a rank's bucket all-reduces do overlap each other (bucket i+1 starts while bucket i
+is still in flight). So each rank (DDP, FSDP) or device (DP) is a process in the trace, with a thread
+for its steps or DP phases, one thread per gradient bucket (a bucket's all-reduce of step s
+ends before its all-reduce of step s+1 starts) and, for FSDP, one thread per collective kind
+(FSDP2 issues its all-gathers on one stream and its reduce-scatters on another, so each kind
+runs one at a time).
 """
 
 from __future__ import annotations
@@ -35,26 +40,51 @@ def steps_csv(events: Iterable[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def _track(e: dict[str, Any], mode: str) -> str:
+def _process(e: dict[str, Any], mode: str) -> str:
     return f"device {e.get('device')}" if mode == "dp" else f"rank {e.get('rank', 0)} ({e.get('device')})"
 
 
+class _Tracks:
+    """pids per process name (a rank or device) and tids per (process, thread name), in order."""
+
+    def __init__(self) -> None:
+        self.pids: dict[str, int] = {}
+        self.tids: dict[tuple[str, str], int] = {}
+
+    def ids(self, process: str, thread: str) -> tuple[int, int]:
+        pid = self.pids.setdefault(process, len(self.pids) + 1)
+        return pid, self.tids.setdefault((process, thread), len(self.tids) + 1)
+
+    def metadata(self) -> list[dict[str, Any]]:
+        meta: list[dict[str, Any]] = []
+        for name, pid in self.pids.items():
+            meta += [dict(name="process_name", ph="M", pid=pid, args={"name": name}),
+                     dict(name="process_sort_index", ph="M", pid=pid, args={"sort_index": pid})]
+        for (process, name), tid in self.tids.items():
+            pid = self.pids[process]
+            meta += [dict(name="thread_name", ph="M", pid=pid, tid=tid, args={"name": name}),
+                     dict(name="thread_sort_index", ph="M", pid=pid, tid=tid, args={"sort_index": tid})]
+        return meta
+
+
 def chrome_trace(events: list[dict[str, Any]]) -> dict[str, Any]:
-    """A Trace Event Format object: pid 1, one tid per rank/device, spans in microseconds."""
+    """A Trace Event Format object: a process per rank (DDP) or device (DP); in it a thread
+    ``steps`` (DDP step spans) or ``phases`` (DP), and a thread ``all-reduce, bucket b`` per
+    bucket. Times in microseconds since the epoch."""
     started = next((e for e in events if e.get("type") == "run_started"), {})
     mode = started.get("mode", "ddp")
     steps = {(e.get("rank", 0), e["step"]): e for e in events if e.get("type") == "step"}
-    tids: dict[str, int] = {}
+    tracks = _Tracks()
     out: list[dict[str, Any]] = []
 
-    def span(name: str, cat: str, track: str, start_s: float, dur_s: float, args: dict) -> None:
-        tid = tids.setdefault(track, len(tids) + 1)
-        out.append(dict(name=name, cat=cat, ph="X", pid=1, tid=tid, ts=start_s * 1e6,
+    def span(name: str, cat: str, track: tuple[str, str], start_s: float, dur_s: float, args: dict) -> None:
+        pid, tid = tracks.ids(*track)
+        out.append(dict(name=name, cat=cat, ph="X", pid=pid, tid=tid, ts=start_s * 1e6,
                         dur=max(dur_s, 0.0) * 1e6, args=args))
 
     for (rank, step), e in sorted(steps.items(), key=lambda kv: kv[0][::-1]):
         if "start_ts" in e and mode != "dp":
-            span(f"step {step}", "step", _track(e, mode), e["start_ts"], e["step_time_s"],
+            span(f"step {step}", "step", (_process(e, mode), "steps"), e["start_ts"], e["step_time_s"],
                  {k: e[k] for k in ("loss", "forward_s", "backward_s", "comm_exposed_s") if k in e})
     for e in events:
         t = e.get("type")
@@ -62,19 +92,19 @@ def chrome_trace(events: list[dict[str, Any]]) -> dict[str, Any]:
         if base is None or "start_ts" not in base:
             continue
         if t == "dp_phase":
-            span(e["phase"], "dp_phase", _track(e, "dp"), base["start_ts"] + e["start_s"],
+            span(e["phase"], "dp_phase", (_process(e, "dp"), "phases"), base["start_ts"] + e["start_s"],
                  e["end_s"] - e["start_s"], {"nbytes": e.get("nbytes", 0), "step": e["step"]})
         elif t == "bucket" and base.get("backward_start_ts") is not None and e.get("comm_start_s") is not None:
-            span(f"all-reduce bucket {e['bucket_index']}", "bucket", _track(e, mode),
+            span(f"all-reduce bucket {e['bucket_index']}", "bucket",
+                 (_process(e, mode), f"all-reduce, bucket {e['bucket_index']}"),
                  base["backward_start_ts"] + e["comm_start_s"], e["comm_end_s"] - e["comm_start_s"],
                  {"nbytes": e["nbytes"], "ready_s": e["ready_s"], "step": e["step"]})
         elif t == "fsdp_collective" and e.get("end_s") is not None:
-            span(f"{e['kind'].replace('_', '-')} {e['unit']} ({e['phase']})", "fsdp", _track(e, mode),
+            kind = e["kind"].replace("_", "-")
+            span(f"{kind} {e['unit']} ({e['phase']})", "fsdp", (_process(e, mode), kind),
                  base["start_ts"] + e["start_s"], e["end_s"] - e["start_s"],
                  {"nbytes": e["nbytes"], "dtype": e.get("dtype"), "step": e["step"]})
-    meta = [dict(name="thread_name", ph="M", pid=1, tid=tid, args={"name": name}) for name, tid in tids.items()]
-    meta.append(dict(name="process_name", ph="M", pid=1, args={"name": f"ddpviz {mode} run"}))
-    return {"traceEvents": meta + out, "displayTimeUnit": "ms"}
+    return {"traceEvents": tracks.metadata() + out, "displayTimeUnit": "ms"}
 
 
 def export_path(folder: str | Path, run_id: str, suffix: str) -> Path:

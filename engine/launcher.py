@@ -125,12 +125,20 @@ def _local_infos(workdir: Path, nproc: int) -> dict[int, dict]:
     return out
 
 
+def _own_error(workdir: Path, local_rank: int) -> dict | None:
+    """The error rank `local_rank` wrote about itself (`local<L>.error.json`), or None."""
+    with contextlib.suppress(OSError, ValueError):
+        return json.loads((workdir / f"local{local_rank}.error.json").read_text())
+    return None
+
+
 def _first_error(workdir: Path, nproc: int) -> dict | None:
     errors = []
     for r in range(nproc):
         p = workdir / f"local{r}.error.json"
-        if p.exists():
-            errors.append((p.stat().st_mtime, json.loads(p.read_text())))
+        err = _own_error(workdir, r)
+        if err is not None:
+            errors.append((p.stat().st_mtime, err))
     return min(errors, key=lambda e: e[0])[1] if errors else None
 
 
@@ -146,16 +154,31 @@ def _stalled_note(err: dict, workdir: Path, nproc: int) -> str:
             f"and never joined it: they stalled.") if quiet else ""
 
 
-def _signal_death(exc: Exception) -> dict | None:
-    """A rank killed by a signal is the root cause; the others' errors (peer gone) follow from it."""
+def _signal_death(exc: Exception, workdir: Path) -> dict | None:
+    """A rank killed by a signal before it could say anything is the root cause; the others'
+    errors (peer gone) follow from it.
+
+    A rank that wrote its own exception (`local<L>.error.json`, written before it tears its
+    process group down) does not count, even if it then died of a signal: that teardown can end
+    in SIGABRT (gloo aborting on a peer that is gone, the store's host having exited), and its
+    exception, not the signal, is what happened (`root_cause`).
+    """
     failures = getattr(exc, "failures", {}) or {}
-    dead = [f for f in failures.values() if f.exitcode is not None and f.exitcode < 0]
+    dead = [f for f in failures.values() if f.exitcode is not None and f.exitcode < 0
+            and _own_error(workdir, f.local_rank) is None]
     if not dead:
         return None
     f = min(dead, key=lambda f: f.timestamp)
     rank = f.local_rank + getattr(exc, "_rank_offset", 0)
     return dict(rank=rank, traceback="",
                 exception=f"rank {rank} (pid {f.pid}) was killed by signal {f.signal_name()}")
+
+
+def root_cause(exc: Exception, workdir: Path, nproc: int) -> dict:
+    """The run's error from elastic's failure report and the ranks' own error files, in order:
+    a rank killed without a word, else the earliest exception a rank wrote, else elastic's
+    account of the exits."""
+    return _signal_death(exc, workdir) or _first_error(workdir, nproc) or _exit_error(exc)
 
 
 def _exit_error(exc: Exception) -> dict:
@@ -215,7 +238,7 @@ def launch_ddp(cfg: RunConfig, plan: DevicePlan, out, run_id: str,
     if failure is not None:
         infos = _local_infos(workdir, nproc)
         failure._rank_offset = min((i["rank"] for i in infos.values()), default=0)
-        err = _signal_death(failure) or _first_error(workdir, nproc) or _exit_error(failure)
+        err = root_cause(failure, workdir, nproc)
         err["exception"] += _stalled_note(err, workdir, nproc)
         raise RankFailed(err) from None
     params = workdir / "final_params.pt"

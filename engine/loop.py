@@ -28,12 +28,18 @@ def drive(cfg: RunConfig, tel: Telemetry, train_step: Callable[[int], dict[str, 
 
     Raises:
         Canceled: when `should_stop()` turns True between steps.
+        Exception: whatever a step raised, with `.step` set to that step (for the run's error).
     """
     step = first_step
     for step in range(first_step, cfg.steps):
         if should_stop is not None and should_stop():
             raise Canceled(f"canceled before step {step}")
-        fields = train_step(step)
+        try:
+            fields = train_step(step)
+        except Exception as exc:
+            if getattr(exc, "step", None) is None:
+                exc.step = step
+            raise
         tel.emit("step", step=step, **fields)
         if memory is not None and should_sample_memory(step, cfg.steps):
             memory(step)

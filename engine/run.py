@@ -2,29 +2,20 @@
 
 `run_training` emits `run_started` first and `run_finished` last, whatever happens, and returns a
 `RunResult`. It never raises for a training failure: a crash becomes status `failed` with the
-failing rank, the exception and its traceback.
+stage that failed (`engine.stages`), the failing rank and step, the exception and its traceback.
+Importing this module loads no torch; `run_training` does.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 from engine.config import RunConfig
 from engine.events import EventSink
+from engine.result import RunResult, Status
 
-Status = Literal["succeeded", "failed", "canceled"]
-
-
-@dataclass
-class RunResult:
-    """Outcome of one run. `error` is ``{rank, exception, traceback}`` when status is failed."""
-
-    status: Status
-    error: dict[str, Any] | None = None
-    summary: dict[str, Any] = field(default_factory=dict)
-    final_params: Any = None  # torch.Tensor (P,) on CPU: the trained parameters, for comparisons
+__all__ = ["RunResult", "Status", "run_training"]
 
 
 def run_training(cfg: RunConfig, sink: EventSink, run_id: str, *,

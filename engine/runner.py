@@ -1,7 +1,8 @@
 """Runs one job in this process (single, DP) or in rank processes (DDP, FSDP) and reports it.
 
 Order of events: `run_started` (after pre-flight checks), the run's own events, `run_finished`
-(always, with status succeeded|failed|canceled and a summary built from the events).
+(always, with status succeeded|failed|canceled and a summary built from the events). A failure
+says where it happened (`stage`, see `engine.stages`) and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ from typing import Any, Callable
 
 import torch
 
-from engine.config import SCHEMA_VERSION, RunConfig
+from engine.config import BUILTIN_MODELS, SCHEMA_VERSION, RunConfig
 from engine.data import load_dataset
 from engine.devices import DevicePlan, PreflightError, resolve_plan
 from engine.events import EventSink, make_event
 from engine.loop import Canceled
 from engine.models import build_model, grad_bytes, param_count
-from engine.preflight import check_model
-from engine.run import RunResult
+from engine.preflight import check_model, probe_batch
+from engine.result import RunResult
 from engine.summary import SummaryBuilder
 from engine.telemetry import Telemetry
 from engine.training import cpu_threads_per_rank, flat_params, param_checksum
@@ -43,9 +44,11 @@ class _Observed:
         pass
 
 
-def error_dict(exc: BaseException, rank: int | None = 0) -> dict[str, Any]:
-    """`{rank, exception, traceback}` for a `run_finished` event."""
-    return dict(rank=rank, exception=f"{type(exc).__name__}: {exc}",
+def error_dict(exc: BaseException, rank: int | None = 0, stage: str | None = None,
+               step: int | None = None) -> dict[str, Any]:
+    """`{stage, rank, step, exception, traceback}` for a `run_finished` event."""
+    text = f"{exc.field}: {exc}" if isinstance(exc, PreflightError) else f"{type(exc).__name__}: {exc}"
+    return dict(stage=stage, rank=rank, step=step, exception=text,
                 traceback="".join(traceback.format_exception(exc)))
 
 
@@ -59,12 +62,27 @@ def _cpu_fields(cfg: RunConfig, plan: DevicePlan) -> dict[str, Any]:
                 cpu_threads_per_device=cpu_threads_per_rank(cfg.world_size))
 
 
-def _started_fields(cfg: RunConfig, plan: DevicePlan, model: torch.nn.Module, ds) -> dict[str, Any]:
+def _failure(exc: BaseException, stage: str) -> dict[str, Any]:
+    """The error of a run that raised `exc` while in `stage` (training errors name rank and step:
+    a rank's own report from `engine.launcher`, else the step `engine.loop.drive` was in)."""
+    if stage != "training":
+        return error_dict(exc, rank=None, stage=stage)
+    reported = getattr(exc, "error", None)
+    if reported:
+        return {"stage": stage, "step": None, **reported}
+    return error_dict(exc, rank=getattr(exc, "rank", 0), stage=stage, step=getattr(exc, "step", None))
+
+
+def _started_fields(cfg: RunConfig, plan: DevicePlan, model: torch.nn.Module, ds,
+                    host: str | None) -> dict[str, Any]:
+    """`run_started`'s fields. `host` is the worker's name where the engine knows it (a node of a
+    multi-host run; a single-host job's worker fills it in, `workers.jobs`), the machine's name
+    is `hostname`."""
     extra: dict[str, Any] = {}
     if cfg.mode == "ddp":
         from engine.buckets import preview_buckets
 
-        extra["bucket_preview"] = preview_buckets(cfg, model, ds.x_train[:2], ds.y_train[:2])
+        extra["bucket_preview"] = preview_buckets(cfg, model, *probe_batch(cfg, ds))
     if cfg.mode == "fsdp":
         from engine.fsdp_units import fsdp_preview
 
@@ -72,7 +90,8 @@ def _started_fields(cfg: RunConfig, plan: DevicePlan, model: torch.nn.Module, ds
     return dict(extra, schema_version=SCHEMA_VERSION, config=cfg.to_json_dict(), mode=cfg.mode,
                 world_size=cfg.world_size, backend=plan.backend, devices=plan.infos,
                 device_names=plan.names, emulated=plan.emulated, torch_version=torch.__version__,
-                host=socket.gethostname(), param_count=param_count(model), grad_bytes=grad_bytes(model),
+                host=host or None, hostname=socket.gethostname(), dataset_name=ds.name,
+                param_count=param_count(model), grad_bytes=grad_bytes(model),
                 micro_batch_per_device=cfg.micro_batch_per_device, **_cpu_fields(cfg, plan),
                 sampler=dict(kind="DistributedSampler", shuffle=True, drop_last=True,
                              policy="drop_last: every rank gets len(dataset) // world_size samples and "
@@ -89,28 +108,30 @@ def execute(cfg: RunConfig, sink: EventSink, run_id: str, *,
     t0 = time.time()
     result = RunResult(status="succeeded")
     tmp = None
+    stage = "pre-flight"
     try:
         plan = resolve_plan(cfg)
+        stage = "dataset"
         ds = load_dataset(cfg)
+        stage = "model build" if cfg.model in BUILTIN_MODELS else "plugin build"
         model = build_model(cfg, ds)
+        stage = "pre-flight"
         check_model(cfg, model, ds)
         if cfg.mode == "fsdp":
             from engine.fsdp_units import check_fsdp
 
             check_fsdp(cfg, plan, model)
-        out.emit(make_event("run_started", run_id, rank=0, device=plan.names[0],
-                            **_started_fields(cfg, plan, model, ds)))
+        started = _started_fields(cfg, plan, model, ds, node.host_label if node else None)
+        out.emit(make_event("run_started", run_id, rank=0, device=plan.names[0], **started))
         if workdir is None:
             tmp = tempfile.TemporaryDirectory(prefix=f"ddpviz-{run_id}-")
             workdir = tmp.name
+        stage = "training"
         result.final_params = _dispatch(cfg, plan, ds, model, out, run_id, should_stop, Path(workdir), node)
     except Canceled as exc:
         result.status, result.error = "canceled", dict(rank=None, exception=str(exc), traceback="")
-    except PreflightError as exc:
-        result.status, result.error = "failed", dict(rank=None, exception=f"{exc.field}: {exc}", traceback="")
     except Exception as exc:
-        result.status = "failed"
-        result.error = getattr(exc, "error", None) or error_dict(exc, rank=getattr(exc, "rank", 0))
+        result.status, result.error = "failed", _failure(exc, stage)
     finally:
         result.summary = builder.summary()
         result.summary["wall_time_s"] = time.time() - t0

@@ -1,6 +1,6 @@
 """A run's summary, built from the events it emitted (the same numbers the UI shows).
 
-overlap = 1 − exposed comm / total comm (DESIGN.md), where total comm per step is the length of the
+overlap = 1 − exposed comm / total comm (README, "How the numbers are made"), where total comm per step is the length of the
 union of the bucket all-reduce intervals on rank 0, and exposed comm is the step's `comm_exposed_s`.
 Medians skip warm-up steps (the first `WARMUP_STEPS`, fewer for short runs) and the steps whose
 time includes the instrument's own work — memory tracing (`memory_traced`) or DP's replica

@@ -3,12 +3,17 @@
 The loss is cross-entropy over the last dimension, averaged over every sample (and token), so a
 mean over the global batch equals the average of equal-sized per-rank means — the identity DDP's
 gradient averaging relies on (PyTorch DDP docs, "gradients are averaged across ranks").
+
+A model's forward may return its logits as a tensor, as the first element of a tuple (or list),
+or under the key ``"logits"`` of a dict (Hugging Face's `ModelOutput` is one); `logits_of` picks
+them out, in every mode (README, "Your own model").
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Mapping
 
 import torch
 import torch.nn as nn
@@ -20,8 +25,35 @@ from engine.data import Dataset
 EVAL_BATCH = 512  # samples per validation forward
 
 
-def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy. logits: (B, C) or (B, T, C); y: (B,) or (B, T) class ids."""
+OUTPUT_RULE = ("a model's forward must return its logits as a tensor, as the first element of a "
+               "tuple or list, or under the key 'logits' of a dict")
+
+
+def logits_of(output) -> torch.Tensor:
+    """The logits in a model's output: the tensor itself, `output[0]` of a tuple or list, or
+    `output["logits"]` of a dict (any `Mapping`, e.g. Hugging Face's `ModelOutput`).
+
+    Raises:
+        TypeError: any other output, naming the rule (`OUTPUT_RULE`) and what came instead.
+    """
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    if isinstance(output, Mapping) and isinstance(output.get("logits"), torch.Tensor):
+        return output["logits"]
+    got = type(output).__name__
+    if isinstance(output, Mapping):
+        got += f" with keys {sorted(map(str, output))[:6]}"
+    elif isinstance(output, (tuple, list)):
+        got += f" whose first element is {type(output[0]).__name__ if output else 'missing'}"
+    raise TypeError(f"{OUTPUT_RULE} (got {got})")
+
+
+def loss_fn(output, y: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of a model's output (`logits_of`). logits: (B, C) or (B, T, C);
+    y: (B,) or (B, T) class ids."""
+    logits = logits_of(output)
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
 
 
@@ -48,7 +80,7 @@ def evaluate(model: nn.Module, ds: Dataset, device: torch.device) -> tuple[float
     total_loss, correct, count = 0.0, 0, 0
     for i in range(0, len(ds.x_val), EVAL_BATCH):
         x, y = ds.x_val[i:i + EVAL_BATCH].to(device), ds.y_val[i:i + EVAL_BATCH].to(device)
-        logits = model(x)
+        logits = logits_of(model(x))
         n = y.numel()
         total_loss += loss_fn(logits, y).item() * n
         correct += (logits.argmax(-1) == y).sum().item()

@@ -87,7 +87,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         validate_config({**fields, "mode": mode} if mode else fields)
     client = _client(args)
     if args.pair:
-        run_ids = list(client.submit_pair(fields, timeout_s=args.timeout_s))
+        run_ids = list(client.submit_pair(fields, label=args.label, timeout_s=args.timeout_s))
     else:
         run_ids = [client.submit(fields, label=args.label, timeout_s=args.timeout_s)]
     for run_id in run_ids:
@@ -177,20 +177,34 @@ def _duration(rec: dict[str, Any]) -> str:
     return f"{end - rec['started_at']:.1f}s"
 
 
+RUNS_COLUMNS = ("RUN_ID", "STATUS", "LABEL", "MODE", "WS", "STEPS", "CREATED", "TIME", "WORKER")
+RIGHT_ALIGNED = {"WS", "STEPS", "TIME"}
+
+
+def runs_table(runs: list[dict[str, Any]]) -> list[str]:
+    """`ddpviz runs` lines: a header and a row per run, each column as wide as its widest cell
+    (labels are shown whole, so long ones never push the other columns out of line)."""
+    rows = []
+    for r in runs:
+        cfg = r["config"] or {}
+        rows.append((r["run_id"], r["status"] or "-", r["label"] or "-", str(cfg.get("mode", "-")),
+                     str(cfg.get("world_size", "-")), str(cfg.get("steps", "-")), _when(r["created_at"]),
+                     _duration(r), r["worker"] or "-"))
+    widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(RUNS_COLUMNS)]
+
+    def line(cells) -> str:
+        return "  ".join(c.rjust(w) if h in RIGHT_ALIGNED else c.ljust(w)
+                         for h, c, w in zip(RUNS_COLUMNS, cells, widths)).rstrip()
+
+    return [line(RUNS_COLUMNS)] + [line(row) for row in rows]
+
+
 def cmd_runs(args: argparse.Namespace) -> int:
     runs = _client(args).list_runs(args.limit)
     if args.json:
         print(json.dumps(runs, indent=2))
         return EXIT_OK
-    header = f"{'RUN_ID':<16}  {'STATUS':<9}  {'LABEL':<8}  {'MODE':<6}  {'WS':>3}  {'STEPS':>6}  " \
-             f"{'CREATED':<19}  {'TIME':>8}  WORKER"
-    print(header)
-    for r in runs:
-        cfg = r["config"]
-        print(f"{r['run_id']:<16}  {r['status']:<9}  {(r['label'] or '-'):<8}  "
-              f"{cfg.get('mode', '-'):<6}  {cfg.get('world_size', '-'):>3}  "
-              f"{cfg.get('steps', '-'):>6}  {_when(r['created_at']):<19}  {_duration(r):>8}  "
-              f"{r['worker'] or '-'}")
+    print("\n".join(runs_table(runs)))
     return EXIT_OK
 
 
@@ -298,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("submit", cmd_submit, "queue a run through Redis for a worker")
     add_run_flags(p)
-    p.add_argument("--label", help="a name shown in the app")
+    p.add_argument("--label", help="a name shown in the app (with --pair: 'LABEL · DP', 'LABEL · DDP')")
     p.add_argument("--pair", action="store_true", help="submit the same config as DP and as DDP")
     p.add_argument("--wait", action="store_true",
                    help="follow the run(s) with a progress bar; exit non-zero unless finished")

@@ -1,6 +1,7 @@
 """`ddpviz compare`, `bench`, `preview` and `probe`: engine runs here.
 
-compare: single, DP and DDP (`--modes` adds fsdp) on one config; `--json` prints an object keyed by mode.
+compare: single, DP and DDP (`--modes` adds fsdp) on one config; `--json` prints an object keyed by
+mode (README, "Command line").
 bench: the eight performance figures as JSON and Markdown (`workers.bench`) — the place where
 speed and memory targets are checked (not timed tests).
 preview: the DDP bucket layout PyTorch will use for a config, before anything launches.
@@ -45,12 +46,13 @@ def cmd_preview(args: argparse.Namespace) -> int:
     from engine.config import validate_config
     from engine.data import load_dataset
     from engine.models import build_model, grad_bytes, param_count
+    from engine.preflight import probe_batch
     from workers.flags import run_fields
 
     cfg = validate_config({**run_fields(args), "mode": "ddp"})
     ds = load_dataset(cfg)
     model = build_model(cfg, ds)
-    p = preview_buckets(cfg, model, ds.x_train[:2], ds.y_train[:2])
+    p = preview_buckets(cfg, model, *probe_batch(cfg, ds))  # rank 0's first micro-batch
     if args.json:
         print(json.dumps(p, indent=2))
         return 0
@@ -61,7 +63,8 @@ def cmd_preview(args: argparse.Namespace) -> int:
         print(title)
         for b in layout:
             names = ", ".join(b["param_names"][:4]) + (" ..." if len(b["param_names"]) > 4 else "")
-            print(f"  bucket {b['bucket_index']}: {b['nbytes']:>12,} B  {b['num_params']:>3} params  {names}")
+            kind = "  sparse (values + indices)" if b.get("sparse") else ""
+            print(f"  bucket {b['bucket_index']}: {b['nbytes']:>12,} B  {b['num_params']:>3} params  {names}{kind}")
     return 0
 
 

@@ -28,6 +28,7 @@ from workers.jobs import JOB_FUNC, STOPPED_CALLBACK, rq_job_timeout
 from workers.liveness import check_records
 from workers.sink import decode_entries
 from workers.store import ACTIVE, TERMINAL, RunStatus, RunStore, make_error, new_run_id
+from workers.sweeps import member_label
 
 CANCEL_WAIT_S = 3.0  # how long a started run gets to stop by itself before its horse is killed
 CANCEL_POLL_S = 0.1
@@ -73,11 +74,14 @@ class DdpvizClient:
             return submit_multinode(self.redis, cfg.to_json_dict(), label=label, group=group)
         return self._submit_many([(config, label)], group, timeout_s=timeout_s)[0]
 
-    def submit_pair(self, config: dict[str, Any], *,
+    def submit_pair(self, config: dict[str, Any], *, label: str | None = None,
                     timeout_s: float | None = None) -> tuple[str, str]:
-        """Submit `config` twice, as mode=dp (label "DP") and mode=ddp (label "DDP"), sharing a
-        group id (and the time limit `timeout_s`, see `submit`). Both are validated before
-        either is stored.
+        """Submit `config` twice, as mode=dp and mode=ddp, sharing a group id (and the time limit
+        `timeout_s`, see `submit`). Both are validated before either is stored.
+
+        Args:
+            label: the pair's name; the runs are labelled ``"{label} · DP"`` and
+                ``"{label} · DDP"`` (`member_label`), or "DP" and "DDP" without one.
 
         Returns:
             (dp_run_id, ddp_run_id).
@@ -85,9 +89,9 @@ class DdpvizClient:
         Raises:
             engine.config.ConfigError: either variant breaks a rule.
         """
-        dp, ddp = self._submit_many([({**config, "mode": "dp"}, "DP"),
-                                     ({**config, "mode": "ddp"}, "DDP")], uuid.uuid4().hex[:12],
-                                    timeout_s=timeout_s)
+        dp, ddp = self._submit_many([({**config, "mode": "dp"}, member_label(label, "DP")),
+                                     ({**config, "mode": "ddp"}, member_label(label, "DDP"))],
+                                    uuid.uuid4().hex[:12], timeout_s=timeout_s)
         return dp, ddp
 
     def _submit_many(self, items: list[tuple[dict[str, Any], str | None]], group: str | None, *,

@@ -124,7 +124,7 @@ def _stored_config(store: RunStore, run_id: str) -> Any:
 
 
 def run_job(connection: redis.Redis, run_id: str, *, worker_name: str,
-            workdir: str | Path | None = None) -> str:
+            workdir: str | Path | None = None, stream_maxlen: int | None = None) -> str:
     """Validate, mark started, lease GPUs, train with events going to the run's stream, record
     the end.
 
@@ -132,20 +132,23 @@ def run_job(connection: redis.Redis, run_id: str, *, worker_name: str,
     written by something other than the client) fails the run without starting it; a run
     canceled while queued is not started at all.
 
+    Args:
+        stream_maxlen: cap on the run's event stream (default `DEFAULT_STREAM_MAXLEN`).
+
     Returns:
         the final status value.
 
     Raises:
         LookupError: the record is missing.
     """
-    store = RunStore(connection)
+    store = RunStore(connection) if stream_maxlen is None else RunStore(connection, stream_maxlen)
     record = store.get(run_id)
     if record is None:
         raise LookupError(f"run_id: no run record {run_id!r}")
     try:
         cfg = validate_config(_stored_config(store, run_id))
     except ConfigError as exc:
-        store.finish(run_id, RunStatus.FAILED, error=make_error(f"ConfigError: {exc}"),
+        store.finish(run_id, RunStatus.FAILED, error=make_error(f"ConfigError: {exc}", stage="config"),
                      allowed_from=ACTIVE, append_event=True)
         return store.status(run_id).value
     if not store.mark_started(run_id, worker_name):
@@ -154,7 +157,7 @@ def run_job(connection: redis.Redis, run_id: str, *, worker_name: str,
 
     set_current_run(connection, worker_name, run_id)
     status, error, summary, reported = _train(store, cfg, run_id, workdir,
-                                              record.get("timeout_s") or JOB_TIMEOUT_S)
+                                              record.get("timeout_s") or JOB_TIMEOUT_S, worker_name)
     final = _record_end(store, run_id, status, error, summary, reported)
     from workers.retention import retain_quietly
 
@@ -209,13 +212,35 @@ def _lease_gpus(store: RunStore, cfg: Any, run_id: str, poller: StopPoller, sink
     return lease
 
 
+class StartedRecorder:
+    """Passes events on to `sink`; the `run_started` event gets this worker's name as `host`
+    (the engine only knows the machine's `hostname`) and is kept in the run record too
+    (`RunStore.save_started`), since a long run's capped stream trims it."""
+
+    def __init__(self, sink: Any, store: RunStore, run_id: str, worker: str):
+        self.sink, self.store, self.run_id, self.worker = sink, store, run_id, worker
+
+    def emit(self, event: dict[str, Any]) -> None:
+        if event.get("type") == "run_started":
+            event = {**event, "host": event.get("host") or self.worker}
+            try:
+                self.store.save_started(self.run_id, event)
+            except redis.RedisError as exc:  # the stream still has it; the run goes on
+                log.warning("run %s: could not keep run_started in the record: %s", self.run_id, exc)
+        self.sink.emit(event)
+
+    def close(self) -> None:
+        self.sink.close()
+
+
 def _train(store: RunStore, cfg: Any, run_id: str, workdir: str | Path | None,
-           time_limit_s: float):
+           time_limit_s: float, worker_name: str = ""):
     """Run the engine. Returns (status, error, summary, engine_reported_run_finished)."""
     from engine.run import run_training  # imports torch: only in the work-horse
     from workers.sink import run_sink
 
     sink, writer = run_sink(store.redis, run_id, store.stream_maxlen)
+    sink = StartedRecorder(sink, store, run_id, worker_name or default_worker_name())
     poll_client = fast_fail(store.redis)
     poller = StopPoller(RunStore(poll_client), run_id, CANCEL_POLL_INTERVAL_S,
                         time_limit_s=time_limit_s, writer=writer)

@@ -19,10 +19,12 @@ Layout:
 | ``ddpviz:retention`` | hash | the retention policy workers apply (see `workers.retention`) |
 
 Each worker also serves its own RQ queue ``ddpviz:node:{name}``, where `workers.multinode` puts
-the node jobs of multi-host runs.
+the node jobs of multi-host runs; a node job's RQ id is ``{run_id}-n{index}`` (`node_job_id`).
 """
 
 from __future__ import annotations
+
+import re
 
 PREFIX = "ddpviz:"
 QUEUE_NAME = "ddpviz"  # the RQ queue every run is enqueued on
@@ -69,3 +71,17 @@ def nodes(run_id: str) -> str:
 def device_lease(host: str, device: str) -> str:
     """Lease of one device of one host (`device` is a GPU UUID), held by the run using it."""
     return f"{PREFIX}lease:{host}:{device}"
+
+
+_NODE_JOB_ID = re.compile(r"^(?P<run_id>[0-9a-f]+)-n(?P<index>\d+)$")
+
+
+def node_job_id(run_id: str, index: int) -> str:
+    """RQ job id of node `index` of run `run_id`: ``{run_id}-n{index}``."""
+    return f"{run_id}-n{index}"
+
+
+def parse_node_job_id(job_id: str) -> tuple[str, int] | None:
+    """``(run_id, index)`` of a node job id, or None for an ordinary run's job id."""
+    m = _NODE_JOB_ID.match(job_id or "")
+    return (m["run_id"], int(m["index"])) if m else None

@@ -13,7 +13,6 @@ RQ job ids are ``{run_id}-n{i}``; the run id names the record, the stream and th
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import redis
@@ -24,27 +23,16 @@ from engine.config import ConfigError
 from workers import keys
 from workers.heartbeat import read_workers
 from workers.jobs import JOB_TIMEOUT_S, STOPPED_CALLBACK
+from workers.keys import node_job_id, parse_node_job_id  # noqa: F401  (defined with the keys)
 from workers.store import RunStore, new_run_id
 
 NODE_JOB_FUNC = "workers.node_job.execute_node"
 RESULT_TTL_S = 24 * 3600
 FAILURE_TTL_S = 7 * 24 * 3600
-_NODE_JOB_ID = re.compile(r"^(?P<run_id>[0-9a-f]+)-n(?P<index>\d+)$")
 
 
 class NotEnoughWorkers(ConfigError):
     """Fewer idle live workers than ``nnodes``; the message names them (field ``nnodes``)."""
-
-
-def node_job_id(run_id: str, index: int) -> str:
-    """RQ job id of node `index` of run `run_id`: ``{run_id}-n{index}``."""
-    return f"{run_id}-n{index}"
-
-
-def parse_node_job_id(job_id: str) -> tuple[str, int] | None:
-    """``(run_id, index)`` of a node job id, or None for an ordinary run's job id."""
-    m = _NODE_JOB_ID.match(job_id or "")
-    return (m["run_id"], int(m["index"])) if m else None
 
 
 def _idle(worker: dict[str, Any]) -> bool:

@@ -137,7 +137,7 @@ class NodeSink:
         self.batched.emit(event)
 
     def _started(self, event: dict[str, Any]) -> None:
-        keys_ = ("host", "backend", "devices", "device_names", "emulated", "torch_version")
+        keys_ = ("hostname", "backend", "devices", "device_names", "emulated", "torch_version")
         self.state.publish_plan(self.index, {k: event.get(k) for k in keys_})
         if self.index != 0:
             return
@@ -150,8 +150,10 @@ class NodeSink:
                               for i, p in sorted(plans.items()))
             raise PreflightError("backend", f"the hosts resolved different backends ({found}); set "
                                  f"device and backend explicitly, or give every host world_size/nnodes GPUs")
-        self.writer.emit(merge_started(event, plans, self.hosts))  # first in the stream, unbatched
+        merged = merge_started(event, plans, self.hosts)
+        self.writer.emit(merged)  # first in the stream, unbatched
         try:
+            RunStore(self.redis).save_started(self.run_id, merged)  # outlives the stream's cap
             update_record_hosts(self.redis, self.run_id)
         except redis.RedisError:
             pass  # the record shows the plan at the end; the stream has it now
@@ -181,7 +183,7 @@ def merge_started(event: dict[str, Any], plans: dict[int, dict], hosts: list[dic
             "devices": [dict(d, host=workers[i]) for i in order for d in plans[i].get("devices") or []],
             "device_names": [n for i in order for n in plans[i].get("device_names") or []],
             "hosts": [{"node": h["node"], "worker": h["worker"], "nproc": h["nproc"],
-                       "hostname": (plans.get(h["node"]) or {}).get("host"),
+                       "hostname": (plans.get(h["node"]) or {}).get("hostname"),
                        "backend": (plans.get(h["node"]) or {}).get("backend"),
                        "device_names": (plans.get(h["node"]) or {}).get("device_names")} for h in hosts]}
 

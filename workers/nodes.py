@@ -110,7 +110,7 @@ def host_plan(hosts: list[dict[str, Any]], state: dict[str, Any]) -> list[dict[s
     for h in hosts:
         i = h["node"]
         plan, started = state.get(f"plan:{i}") or {}, state.get(f"started:{i}") or {}
-        out.append({**h, "hostname": plan.get("host"), "advertise_addr": started.get("advertise_addr"),
+        out.append({**h, "hostname": plan.get("hostname"), "advertise_addr": started.get("advertise_addr"),
                     "backend": plan.get("backend"), "device_names": plan.get("device_names"),
                     "devices": plan.get("devices"), "ranks": state.get(f"ranks:{i}")})
     return out
@@ -267,9 +267,7 @@ def settle_node_job(connection: redis.Redis, job_id: str, status: RunStatus, err
     Returns:
         True if `job_id` is a node job (handled here), False for an ordinary run's job.
     """
-    from workers.multinode import parse_node_job_id
-
-    parsed = parse_node_job_id(job_id)
+    parsed = keys.parse_node_job_id(job_id)
     if parsed is None:
         return False
     run_id, index = parsed

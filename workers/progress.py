@@ -49,7 +49,10 @@ def _num(value: Any, fmt: str) -> str:
 def summary_line(run_id: str, status: str, summary: dict[str, Any] | None,
                  error: dict[str, Any] | None = None) -> str:
     """One line: status, steps, throughput, step time, final loss, accuracy, wall time; and the
-    error's exception when there is one."""
+    error's exception when there is one, with where it happened (`engine.stages.where_failed`:
+    ``error (pre-flight): ...``, ``error (rank 1 at step 2): ...``)."""
+    from engine.stages import where_failed
+
     s = summary or {}
     line = (f"run {run_id} {status}: {s.get('steps_done', '-')} steps, "
             f"{_num(s.get('samples_per_s'), '.0f')} samples/s, "
@@ -58,6 +61,6 @@ def summary_line(run_id: str, status: str, summary: dict[str, Any] | None,
             f"val acc {_num(s.get('val_accuracy'), '.3f')}, "
             f"wall {_num(s.get('wall_time_s'), '.1f')} s")
     if error and error.get("exception"):
-        rank = f" (rank {error['rank']})" if error.get("rank") is not None else ""
-        line += f"\n  error{rank}: {error['exception']}"
+        where = where_failed(error)
+        line += f"\n  error{f' ({where})' if where else ''}: {error['exception']}"
     return line

@@ -12,9 +12,10 @@ Hash fields (all bytes; empty string = none): ``run_id``, ``status``, ``config``
 ``created_at`` / ``started_at`` / ``finished_at`` (unix seconds), ``error`` (JSON
 ``{rank, exception, traceback}``), ``summary`` (JSON, see docs/events.md), ``worker``, ``group``,
 ``label``, ``timeout_s`` (the run's time limit), ``requeued_from`` / ``requeued_as`` (run ids
-linking a re-queued run and its copy), ``pinned`` ("1": kept by retention, `workers.retention`);
-multi-host runs also ``hosts`` (JSON list, one entry per
-node: worker, ranks, devices; `workers.nodes.host_plan`).
+linking a re-queued run and its copy), ``pinned`` ("1": kept by retention, `workers.retention`),
+``started`` (JSON: the run's ``run_started`` event — config, devices, gradient bytes, bucket
+preview — kept here because the event stream is capped and a long run trims it); multi-host runs
+also ``hosts`` (JSON list, one entry per node: worker, ranks, devices; `workers.nodes.host_plan`).
 """
 
 from __future__ import annotations
@@ -58,9 +59,14 @@ def new_run_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
-def make_error(exception: str, traceback: str | None = None, rank: int | None = None) -> dict:
-    """An error in the engine's shape: ``{rank, exception, traceback}``."""
-    return {"rank": rank, "exception": exception, "traceback": traceback}
+def make_error(exception: str, traceback: str | None = None, rank: int | None = None,
+               stage: str | None = None) -> dict:
+    """An error in the engine's shape: ``{rank, exception, traceback}``, and ``stage`` when given
+    (`engine.stages`)."""
+    error = {"rank": rank, "exception": exception, "traceback": traceback}
+    if stage is not None:
+        error["stage"] = stage
+    return error
 
 
 def _dumps(obj: Any) -> str:
@@ -109,6 +115,7 @@ def decode_record(h: dict[bytes, bytes]) -> dict[str, Any] | None:
         "requeued_as": text("requeued_as"),
         "hosts": _loads(h.get(b"hosts")),  # multi-host runs: one entry per node (workers.nodes)
         "pinned": h.get(b"pinned") == b"1",  # kept whatever the retention policy (workers.retention)
+        "started": _loads(h.get(b"started")),  # the run_started event (see module docstring)
     }
 
 
@@ -148,6 +155,10 @@ class RunStore:
         pipe.zadd(keys.RUNS, {run_id: now})
         if pipeline is None:
             pipe.execute()
+
+    def save_started(self, run_id: str, event: dict[str, Any]) -> None:
+        """Keep the run's ``run_started`` event in its record (the stream's copy may be trimmed)."""
+        self.redis.hset(keys.run(run_id), "started", _dumps(event))
 
     def exists(self, run_id: str) -> bool:
         return bool(self.redis.exists(keys.run(run_id)))

@@ -45,11 +45,19 @@ def sweep_kind(group: str | None) -> str | None:
 TRIO_MODES = ("single", "dp", "ddp", "fsdp")  # the Compare set: one device and the three strategies
 
 
-def trio_configs(config: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+def member_label(label: str | None, member: str) -> str:
+    """Label of one run of a pair or set: ``"X · DP"`` for a set labelled X, else the member's
+    own name ("DP", "DDP", "single", "FSDP")."""
+    label = (label or "").strip()
+    return f"{label} · {member}" if label else member
+
+
+def trio_configs(config: dict[str, Any], label: str | None = None) -> list[tuple[dict[str, Any], str]]:
     """(config, label) of the single, DP, DDP and FSDP runs of `config` (its `mode` is ignored;
-    the FSDP-only fields reach the FSDP run only)."""
+    the FSDP-only fields reach the FSDP run only); with a `label` X the runs are "X · single",
+    "X · DP", "X · DDP", "X · FSDP"."""
     base = {k: v for k, v in config.items() if k not in FSDP_FIELDS}
-    return [({**(config if m == "fsdp" else base), "mode": m}, label) for m, label in
+    return [({**(config if m == "fsdp" else base), "mode": m}, member_label(label, name)) for m, name in
             (("single", "single"), ("dp", "DP"), ("ddp", "DDP"), ("fsdp", "FSDP"))]
 
 
@@ -100,14 +108,15 @@ def _submit_set(client, items: list[tuple[dict[str, Any], str]], group: str) -> 
     return [client.submit(cfg, label=label, group=group) for cfg, label in items]
 
 
-def submit_trio(client, config: dict[str, Any]) -> tuple[str, dict[str, str]]:
-    """Submit `config` as single, DP, DDP and FSDP (one group). Returns (group, {mode: run_id}).
+def submit_trio(client, config: dict[str, Any], label: str | None = None) -> tuple[str, dict[str, str]]:
+    """Submit `config` as single, DP, DDP and FSDP (one group), labelled as `trio_configs` says.
+    Returns (group, {mode: run_id}).
 
     Raises:
         engine.config.ConfigError: a variant breaks a rule (nothing is submitted then).
     """
     group = _new_id(TRIO_PREFIX)
-    ids = _submit_set(client, trio_configs(config), group)
+    ids = _submit_set(client, trio_configs(config, label), group)
     return group, dict(zip(TRIO_MODES, ids))
 
 

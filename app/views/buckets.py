@@ -2,8 +2,8 @@
 
 Per rank, for one step: the backward span, each bucket's ready time and all-reduce bar, and the
 exposed communication (after the last bucket was ready) underlined. A step selector moves over
-the kept steps (0, 1 and the latest few); step 0's single bucket and the layout PyTorch rebuilt
-after it are listed from the run's `bucket_preview`. Two runs (overlap on and off) sit side by
+the kept steps (0, 1 and the latest few); step 0's layout and the one PyTorch rebuilt after it
+are listed from the run's `bucket_preview`. Two runs (overlap on and off) sit side by
 side on one time scale.
 """
 
@@ -81,23 +81,23 @@ def timeline(w, label: str, step: int, x_max: float | None) -> None:
 
 
 def layouts(w, label: str) -> None:
-    """Step 0's single bucket and the rebuilt layout, from `bucket_preview`, vs what ran."""
+    """Step 0's layout and the rebuilt one, from `bucket_preview`, vs what ran."""
     preview = (w.started or {}).get("bucket_preview") or {}
     measured = fb.measured_layouts(w.of_type("bucket"))
     st.markdown(f"**Bucket layout: {label}**")
+    cfg = w.config
+    first, second = fb.layout_captions(preview, bool(cfg.get("find_unused_parameters"))
+                                       and not cfg.get("static_graph"))
     left, right = st.columns([2, 3])
     with left:
-        st.caption(f"Step 0, before the rebuild: {len(preview.get('initial') or [])} bucket, "
-                   "parameters in reverse registration order")
+        st.caption(first)
         st.dataframe(fb.layout_frame(preview.get("initial")), hide_index=True,
                      key=f"bkt_init_{w.run_id}", column_config=_LAYOUT_COLUMNS)
     with right:
-        st.caption(f"From step 1, rebuilt in gradient-ready order: "
-                   f"{len(preview.get('rebuilt') or [])} bucket(s), cap "
-                   f"{(preview.get('bucket_cap_bytes') or 0) / 1024:,.0f} KiB")
+        st.caption(second)
         st.dataframe(fb.layout_frame(preview.get("rebuilt")), hide_index=True,
                      key=f"bkt_rebuilt_{w.run_id}", column_config=_LAYOUT_COLUMNS)
-    seen = ", ".join(f"step {s}: {len(b)} bucket(s)" for s, b in measured.items())
+    seen = ", ".join(f"step {s}: {fb.buckets_text(len(b))}" for s, b in measured.items())
     if seen:
         st.caption(f"Measured in this run (rank 0, when the layout appeared or changed): {seen}. "
                    "The preview uses PyTorch's own assignment rule on this model.")

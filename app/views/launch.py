@@ -38,7 +38,8 @@ def config_form() -> tuple[dict[str, Any], str, str | None]:
                     with cols[i % 2]:
                         values[f] = field_widget(f, defaults[f])
         label = st.text_input("label (optional)", key="cfg_label",
-                              help="name shown in legends; default '<mode> ×<world_size> · <id>'")
+                              help="name shown in legends; default '<mode> ×<world_size> · <id>'. "
+                                   "With the pair or trio buttons each run is named 'label · DP' etc.")
         left, middle, right = st.columns(3)
         one = left.form_submit_button("Launch", type="primary", key="launch_one",
                                       width="stretch")
@@ -65,10 +66,10 @@ def submit(client, values: dict[str, Any], label: str, action: str) -> list[str]
         st.warning("Valid, but not launched: no Redis (see above).")
         return None
     try:
-        if action == "pair":
-            return list(client.submit_pair(config))
+        if action == "pair":  # a label names the set: "X · DP", "X · DDP"
+            return list(client.submit_pair(config, label=label or None))
         if action == "trio":
-            group, ids = submit_trio(client, config)
+            group, ids = submit_trio(client, config, label=label or None)
             st.session_state["focus_group"] = group
             return list(ids.values())
         return [client.submit(config, label=label or None)]

@@ -119,6 +119,7 @@ st.fragment(status_fragment, run_every=STATUS_REFRESH_S if live else None)(*args
 left, right = st.columns([3, 2])
 with left:
     st.fragment(panels.throughput_panel, run_every=every)(*args)
+    st.fragment(panels.accuracy_panel, run_every=every)(*args)  # same step axis, same width
 with right:
     st.fragment(panels.split_panel, run_every=every)(*args)
 st.fragment(panels.memory_panel, run_every=every)(*args)

@@ -39,12 +39,14 @@ def runs_table(df) -> list[str]:
     df.insert(0, "open", [f"live?runs={rid}" for rid in df["run_id"]])
     event = st.dataframe(
         df, key="runs_table", hide_index=True, on_select="rerun", selection_mode="multi-row",
+        placeholder="—",  # a run without samples/s: a dash, and `note` says why
         column_config={
             "open": st.column_config.LinkColumn("open", display_text="Live ↗", width="small"),
             "run_id": st.column_config.TextColumn("run id"),
             "world_size": st.column_config.NumberColumn("world size", format="%d"),
             "samples_per_s": st.column_config.NumberColumn("samples/s", format="%.0f",
                                                            help="median over steps after warm-up"),
+            "note": st.column_config.TextColumn("note", help="why a run has no samples/s"),
             "created": st.column_config.DatetimeColumn("created", format="YYYY-MM-DD HH:mm:ss"),
             "pinned": st.column_config.CheckboxColumn("pinned", width="small",
                                                       help="kept whatever the retention policy"),

@@ -32,12 +32,13 @@ class FakeClient:
     def add_run(self, run_id: str, config: dict[str, Any], *, status: str = "queued",
                 events: list[dict[str, Any]] | None = None, group: str | None = None,
                 label: str | None = None, error: dict | None = None,
-                summary: dict | None = None, created_at: float | None = None) -> str:
+                summary: dict | None = None, created_at: float | None = None,
+                started: dict | None = None) -> str:
         cfg = validate_config(config).to_json_dict()
         self.runs[run_id] = {"run_id": run_id, "status": status, "config": cfg,
                              "created_at": created_at or time.time(), "started_at": None,
                              "finished_at": None, "error": error, "summary": summary,
-                             "worker": None, "group": group, "label": label}
+                             "worker": None, "group": group, "label": label, "started": started}
         self.streams[run_id] = list(events or [])
         return run_id
 
@@ -47,10 +48,12 @@ class FakeClient:
         self.submitted.append(config)
         return self.add_run(uuid.uuid4().hex[:12], config, group=group, label=label)
 
-    def submit_pair(self, config: dict[str, Any]) -> tuple[str, str]:
+    def submit_pair(self, config: dict[str, Any], *, label: str | None = None) -> tuple[str, str]:
+        from workers.sweeps import member_label
+
         group = uuid.uuid4().hex[:8]
-        return (self.submit({**config, "mode": "dp"}, group=group, label="DP"),
-                self.submit({**config, "mode": "ddp"}, group=group, label="DDP"))
+        return (self.submit({**config, "mode": "dp"}, group=group, label=member_label(label, "DP")),
+                self.submit({**config, "mode": "ddp"}, group=group, label=member_label(label, "DDP")))
 
     def list_runs(self, limit: int = 100) -> list[dict[str, Any]]:
         runs = sorted(self.runs.values(), key=lambda r: r["created_at"], reverse=True)

@@ -3,7 +3,7 @@
 Recorded runs (tests/app/data, see test_app_real_run.py): mlp on digits, world_size 2, width 256,
 12 steps, bucket_cap_mb 0.1 (3 buckets after the rebuild), as single, DP, DDP and DDP with
 overlap off. References are independent of the code under test: the run's own `grad_bytes`,
-PyTorch's bucket assignment (`bucket_preview`), the DESIGN.md formulas written out here.
+PyTorch's bucket assignment (`bucket_preview`), the README's formulas written out here.
 """
 
 import json
@@ -391,7 +391,7 @@ def test_exports_render(ddp_events):
     csv_rows = render(ddp_events, "csv").decode().splitlines()
     assert len(csv_rows) == 1 + len(frames.of_type(ddp_events, "step"))
     trace = json.loads(render(ddp_events, "trace"))
-    tracks = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+    tracks = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
     assert tracks == {"rank 0 (cpu:0)", "rank 1 (cpu:1)"}
     with pytest.raises(ValueError):
         render(ddp_events, "xml")

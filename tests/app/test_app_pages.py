@@ -88,12 +88,13 @@ def test_live_page_defaults_to_latest_pair_and_draws_charts(fake_client, app_tes
     assert at.multiselect(key="live_pick").value == ["dp1", "ddp1"]
     specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
     titles = sorted(s["title"]["text"] for s in specs)
-    # throughput, split, memory (tensors over phases, process) x2, DP phases + volume, DDP buckets + volume
+    # throughput, split, memory (tensors over phases, process) x2, DP phases + volume, DDP buckets
+    # + volume (no eval: no accuracy)
     assert titles == sorted(["Throughput per step", "Step time split",
                              "Memory within step 3: DP", "Memory within step 3: DDP",
                              *["The whole process (RSS) or the whole GPU (NVML)"] * 2,
-                             "DP phases, step 3", "Bytes moved per device",
-                             "Gradient buckets, step 3", "Bytes moved per device"])
+                             "DP phases", "Bytes moved per device",
+                             "Gradient buckets", "Bytes moved per device"])
     assert "step 4 / 4" in str([p.proto.text for p in at.get("progress")])
     assert not at.session_state["live_polling"]  # both finished: polling stopped
 
@@ -105,7 +106,7 @@ def test_live_page_shows_full_error(fake_client, app_test):
                         events=[g.run_started("bad", "ddp"), g.run_finished("bad", 0, "failed", err)])
     at = app_test("views/live.py", runs="bad")
     assert not at.exception
-    assert "Run failed on rank 1: RuntimeError: boom" in at.error[0].value
+    assert "Run failed (rank 1): RuntimeError: boom" in at.error[0].value
     assert at.code[0].value == err["traceback"]
 
 

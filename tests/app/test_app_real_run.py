@@ -62,11 +62,9 @@ def test_dp_phases_and_device0_hot_spot(dp):
 
 def test_all_charts_build_from_real_runs(dp, ddp):
     steps = pd.concat([frames.steps_frame(dp, "dp"), frames.steps_frame(ddp, "ddp")])
-    buckets = frames.bucket_frame(ddp)
     built = [charts.throughput_chart(steps), charts.split_chart(frames.split_frame(steps)),
              *charts_memory.memory_curve_charts(fm.memory_curve_frame(dp, "dp"),
                                                 fm.memory_phase_frame(dp, fm.latest_traced_step(dp)), "dp"),
-             charts.bucket_timeline_chart(buckets, frames.backward_frame(ddp, 11)),
              charts.dp_phase_chart(frames.dp_phase_frame(dp)),
              charts.comm_volume_chart(frames.comm_volume_frame(dp))]
     for chart in built:

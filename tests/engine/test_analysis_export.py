@@ -53,7 +53,7 @@ def test_exports_round_trip(dp_events):
 
 def test_chrome_trace_has_one_track_per_device_with_every_dp_phase(dp_events):
     trace = chrome_trace(dp_events)
-    names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
     assert names == {"device cpu:0", "device cpu:1"}
     spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert {e["name"] for e in spans} >= {"broadcast", "scatter", "forward", "gather", "backward", "reduce"}
@@ -80,6 +80,53 @@ def test_ddp_trace_and_fit_on_a_real_run():
     for b in bucket_bandwidths(buckets, 2):
         assert b["busbw_bytes_per_s"] == pytest.approx(b["algbw_bytes_per_s"])  # n = 2: factor 1
     trace = chrome_trace(sink.events)
-    tracks = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    tracks = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
     assert tracks == {"rank 0 (cpu:0)", "rank 1 (cpu:1)"}
     assert sum(1 for e in trace["traceEvents"] if e.get("cat") == "bucket") == len(sink.of_type("bucket"))
+
+
+# -- Chrome trace: complete events on one (pid, tid) nest or are disjoint (issue 12, case 8) ---------
+
+def partial_overlaps(trace: dict) -> list[tuple[dict, dict]]:
+    """Pairs of complete events on one (pid, tid) that overlap without one containing the other
+    (what Perfetto drops)."""
+    by_track: dict[tuple, list[dict]] = {}
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X":
+            by_track.setdefault((e["pid"], e["tid"]), []).append(e)
+    bad = []
+    for spans in by_track.values():
+        spans.sort(key=lambda e: (e["ts"], -e["dur"]))
+        for i, a in enumerate(spans):
+            a_end = a["ts"] + a["dur"]
+            for b in spans[i + 1:]:
+                if b["ts"] >= a_end:
+                    break
+                if b["ts"] + b["dur"] > a_end:  # starts inside a, ends after it
+                    bad.append((a, b))
+    return bad
+
+
+def test_overlapping_bucket_all_reduces_get_tracks_of_their_own():
+    """Two buckets in flight at once: [0, 3) and [2, 5) ms after backward starts, inside one step."""
+    events = [{"type": "run_started", "mode": "ddp"},
+              {"type": "step", "rank": 0, "device": "cpu:0", "step": 0, "start_ts": 100.0,
+               "step_time_s": 0.010, "backward_start_ts": 100.001},
+              *({"type": "bucket", "rank": 0, "device": "cpu:0", "step": 0, "bucket_index": b, "nbytes": 4,
+                 "ready_s": s, "comm_start_s": s, "comm_end_s": e} for b, s, e in ((0, 0.0, 0.003),
+                                                                                   (1, 0.002, 0.005)))]
+    trace = chrome_trace(events)
+    assert partial_overlaps(trace) == []
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(spans) == 3 and len({(e["pid"], e["tid"]) for e in spans}) == 3
+    assert len({e["pid"] for e in spans}) == 1  # one process: rank 0
+
+
+@pytest.mark.slow
+def test_the_field_case_trace_has_no_partially_overlapping_events():
+    sink = ListSink()
+    run_training(RunConfig(mode="ddp", width=256, depth=4, bucket_cap_mb=0.25, steps=3, eval_every=0,
+                           step_delay_s=0), sink, "t")
+    trace = chrome_trace(sink.events)
+    assert sum(1 for e in trace["traceEvents"] if e.get("cat") == "bucket") == len(sink.of_type("bucket"))
+    assert partial_overlaps(trace) == []

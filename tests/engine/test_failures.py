@@ -119,3 +119,27 @@ def test_a_diverged_dp_replica_is_seen_at_its_step_and_gone_at_the_next():
     (bad,) = [e for e in sink.of_type("sync") if e["step"] == 1]
     assert bad["checksums"][1] != bad["checksums"][0]
     assert (result.final_params - clean.final_params).abs().max() > 1e-6
+
+
+def test_a_rank_that_raised_and_then_died_of_a_signal_is_reported_by_its_exception(tmp_path):
+    """The race behind the flaky multi-host root-cause test: rank 1 raises, writes its exception,
+    and its teardown then ends in SIGABRT (gloo aborting on a peer that is gone). The exception it
+    wrote is the root cause, not the signal; a rank killed without writing one is named by its
+    signal (issue 12, case 13)."""
+    import json
+    import signal as signals
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from engine.launcher import root_cause
+
+    own = {"rank": 1, "step": 2, "host": "hostB", "exception": "InjectedFault: injected fault: rank 1 "
+           "raised at step 2", "traceback": "Traceback ... maybe_fail"}
+    (tmp_path / "local0.error.json").write_text(json.dumps(own))
+    abort = ProcessFailure(local_rank=0, pid=4321, exitcode=-signals.SIGABRT, error_file=str(tmp_path / "none"))
+    failure = ChildFailedError("rank_main", {1: abort})
+    failure._rank_offset = 1  # this host runs global rank 1 as its local rank 0
+    assert root_cause(failure, tmp_path, 1) == own
+    (tmp_path / "local0.error.json").unlink()  # killed before it could write anything
+    err = root_cause(failure, tmp_path, 1)
+    assert err["rank"] == 1 and err["exception"] == "rank 1 (pid 4321) was killed by signal SIGABRT"

@@ -263,18 +263,21 @@ def test_node_0_merges_every_hosts_plan_and_refuses_mixed_backends(client, redis
     hosts = client.get_run(run_id)["hosts"]
     cpu = {"name": "virtual CPU device 0", "kind": "cpu", "total_memory_bytes": 1}
     started = make_event("run_started", run_id, rank=0, backend="gloo", devices=[cpu],
-                         device_names=["cpu:0"], host="machine-a")
+                         device_names=["cpu:0"], host="hostA", hostname="machine-a")  # as the engine
     state = NodeState(redis_client, run_id)
-    state.publish_plan(1, {"host": "machine-b", "backend": "gloo", "devices": [cpu], "device_names": ["cpu:0"]})
+    state.publish_plan(1, {"hostname": "machine-b", "backend": "gloo", "devices": [cpu], "device_names": ["cpu:0"]})
     sink = NodeSink(redis_client, run_id, 0, hosts, "hostA", stop=lambda: False)
     sink.emit(dict(started))
     sink.close()
     (merged,) = all_events(client, run_id)
     assert merged["nnodes"] == 2 and [d["host"] for d in merged["devices"]] == list(HOSTS)
     assert [h["hostname"] for h in merged["hosts"]] == ["machine-a", "machine-b"]
+    assert (merged["host"], merged["hostname"]) == ("hostA", "machine-a")  # host: a worker, as on every event
     assert [h["devices"] for h in client.get_run(run_id)["hosts"]] == [[cpu], [cpu]]
+    assert [h["hostname"] for h in client.get_run(run_id)["hosts"]] == ["machine-a", "machine-b"]
+    assert client.get_run(run_id)["started"]["nnodes"] == 2  # kept in the record too
 
-    state.publish_plan(1, {"host": "machine-b", "backend": "nccl", "devices": [], "device_names": ["cuda:0"]})
+    state.publish_plan(1, {"hostname": "machine-b", "backend": "nccl", "devices": [], "device_names": ["cuda:0"]})
     sink = NodeSink(redis_client, run_id, 0, hosts, "hostA", stop=lambda: False)
     with pytest.raises(PreflightError, match="different backends.*hostA: gloo.*hostB: nccl"):
         sink.emit(dict(started))

@@ -1,0 +1,89 @@
+"""A whole run's throughput, kept in bins after its step events leave the Live window.
+
+`RunWindow` keeps the newest steps' events (its window); the steps it drops are folded here,
+each step once: samples/s = samples / the slowest rank's step time (as `frames.steps_frame`).
+A bin covers `bin_steps` consecutive steps and keeps the count, mean, min and max of their
+samples/s — numbers that merge exactly, so when the bins outgrow `MAX_BINS` two neighbours
+become one (`bin_steps` doubles) without losing anything they report. Memory stays bounded
+whatever the run's length: at most `MAX_BINS` bins.
+
+Pure (no Streamlit, no I/O).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import pandas as pd
+
+MAX_BINS = 240  # bins kept per run; ~one per 2 px of a chart's width
+BIN_COLUMNS = ["run", "step_lo", "step_hi", "step_mid", "steps", "mean", "lo", "hi", "bin_steps"]
+
+
+@dataclass
+class Bin:
+    """samples/s of the steps in one bin: how many, their sum, min and max."""
+
+    count: int = 0
+    total: float = 0.0
+    lo: float = float("inf")
+    hi: float = float("-inf")
+    first: int | None = None  # the bin's first and last step seen
+    last: int | None = None
+
+    def add(self, value: float, step: int) -> None:
+        self.count, self.total = self.count + 1, self.total + value
+        self.lo, self.hi = min(self.lo, value), max(self.hi, value)
+        self.first = step if self.first is None else min(self.first, step)
+        self.last = step if self.last is None else max(self.last, step)
+
+    def merge(self, other: "Bin") -> None:
+        self.count, self.total = self.count + other.count, self.total + other.total
+        self.lo, self.hi = min(self.lo, other.lo), max(self.hi, other.hi)
+        firsts = [s for s in (self.first, other.first) if s is not None]
+        lasts = [s for s in (self.last, other.last) if s is not None]
+        self.first, self.last = (min(firsts) if firsts else None), (max(lasts) if lasts else None)
+
+
+def step_rates(events: Iterable[dict[str, Any]]) -> dict[int, float]:
+    """{step: samples/s} of `step` events, a step's time being its slowest rank's."""
+    per: dict[int, tuple[float, float]] = {}
+    for e in events:
+        if e.get("type", "step") != "step" or not isinstance(e.get("step"), int):
+            continue
+        samples, slowest = per.get(e["step"], (0.0, 0.0))
+        per[e["step"]] = (max(samples, e.get("samples") or 0), max(slowest, e.get("step_time_s") or 0.0))
+    return {s: samples / t for s, (samples, t) in per.items() if t > 0}
+
+
+class StepHistory:
+    """Binned samples/s of the steps folded in so far (see module docstring)."""
+
+    def __init__(self, max_bins: int = MAX_BINS):
+        self.max_bins = max_bins
+        self.bin_steps = 1
+        self.bins: dict[int, Bin] = {}
+        self.last_step = -1  # newest step folded in
+
+    def add(self, events: Iterable[dict[str, Any]]) -> None:
+        """Fold in the `step` events of whole steps (every rank's event of each step)."""
+        for step, rate in sorted(step_rates(events).items()):
+            self.bins.setdefault(step // self.bin_steps, Bin()).add(rate, step)
+            self.last_step = max(self.last_step, step)
+        while len(self.bins) > self.max_bins:
+            self._coarsen()
+
+    def _coarsen(self) -> None:
+        merged: dict[int, Bin] = {}
+        for index, b in sorted(self.bins.items()):
+            merged.setdefault(index // 2, Bin()).merge(b)
+        self.bins, self.bin_steps = merged, self.bin_steps * 2
+
+    def frame(self, run: str) -> pd.DataFrame:
+        """One row per bin: run, step_lo/step_hi (its first and last step), step_mid, steps (how
+        many), mean, lo, hi (samples/s), bin_steps (the bins' width in steps)."""
+        rows = [{"run": run, "step_lo": b.first, "step_hi": b.last, "step_mid": (b.first + b.last) / 2,
+                 "steps": b.count, "mean": b.total / b.count, "lo": b.lo, "hi": b.hi,
+                 "bin_steps": self.bin_steps} for _, b in sorted(self.bins.items())]
+        return pd.DataFrame(rows, columns=BIN_COLUMNS)

@@ -1,0 +1,92 @@
+"""Live charts stay explorable while a run trains (issue 12, case 13a), in headless Chromium.
+
+A DDP run trains while the test pans the throughput chart's step axis and holds a tooltip on the
+step-time split; after two or more refreshes of every panel (the progress text moved on) the
+pan and the tooltip must still be there. The x-axis strip of the throughput chart is compared
+pixel for pixel: panned, its domain no longer follows the data, so it must not change while new
+steps arrive; reset (what Streamlit does to a zoom nobody listens to), it would.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stack import CHROMIUM, AppStack, launch_browser
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+RUN = {"mode": "ddp", "world_size": 2, "width": 16, "depth": 1, "global_batch_size": 32,
+       "steps": 100_000, "step_delay_s": 0.02, "eval_every": 50}  # long enough: canceled at the end
+REFRESH_WAIT_MS = 30_000  # the panels refresh every 1 s; a loaded machine may take longer
+
+
+def progress_text(page) -> str:
+    return page.get_by_text(" / 100000").first.inner_text()
+
+
+def axis_strip(page, chart, path: Path) -> bytes:
+    """PNG of the chart's x-axis labels (below the plot, above the axis title)."""
+    box = chart.bounding_box()
+    clip = {"x": box["x"] + 60, "y": box["y"] + box["height"] - 66, "width": box["width"] - 70, "height": 26}
+    return page.screenshot(path=str(path), clip=clip)
+
+
+def tooltip(page) -> tuple[bool, str]:
+    info = page.evaluate("""() => { const t = document.getElementById('vg-tooltip-element');
+        return t ? [t.classList.contains('visible'), t.innerText] : [false, '']; }""")
+    return bool(info[0]), info[1]
+
+
+def test_pan_and_tooltip_survive_live_refreshes(tmp_path):
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from workers.client import DdpvizClient
+
+    with AppStack(tmp_path) as stack, sync_api.sync_playwright() as pw:
+        client = DdpvizClient(url=stack.redis_url)
+        run_id = client.submit(RUN, label="explore me")
+        browser = launch_browser(pw)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1200})
+            page.goto(f"{stack.url}/live?runs={run_id}")
+            page.get_by_role("heading", name="Live").wait_for(timeout=30_000)
+            page.get_by_text("Validation accuracy").first.wait_for(timeout=180_000)  # 50+ steps in
+            page.wait_for_timeout(2_000)
+            charts = page.locator('[data-testid="stVegaLiteChart"]')
+            throughput, split = charts.nth(0), charts.nth(2)  # left column: throughput, accuracy
+
+            box = throughput.bounding_box()
+            x, y = box["x"] + box["width"] * 0.7, box["y"] + box["height"] * 0.6
+            page.mouse.move(x, y)
+            page.mouse.down()
+            page.mouse.move(x - box["width"] * 0.4, y, steps=12)  # pan: earlier steps come into view
+            page.mouse.up()
+            page.wait_for_timeout(500)
+            before_axis, before_step = axis_strip(page, throughput, tmp_path / "axis0.png"), progress_text(page)
+
+            bar = split.bounding_box()
+            page.mouse.move(bar["x"] + bar["width"] * 0.35, bar["y"] + bar["height"] * 0.42)
+            page.wait_for_timeout(500)
+            shown, text = tooltip(page)
+            assert shown and "median" in text, "no tooltip on the step-time split bar"
+
+            seen, trace = {before_step}, []
+            for _ in range(REFRESH_WAIT_MS // 250):  # until two refreshes have shown new steps
+                page.wait_for_timeout(250)
+                seen.add(progress_text(page))
+                trace.append((progress_text(page), tooltip(page)[0]))
+                if len(seen) >= 3:
+                    break
+            assert len(seen) >= 3, f"the page did not refresh twice: {trace}"
+            still, _ = tooltip(page)
+            after_axis = axis_strip(page, throughput, tmp_path / "axis1.png")
+            page.screenshot(path=str(tmp_path / "live.png"), full_page=True)
+            assert still, f"the tooltip vanished at a refresh: {trace}"
+            assert after_axis == before_axis, "the pan was reset by a refresh"
+            assert page.locator('[data-testid="stException"]').count() == 0
+        finally:
+            browser.close()
+            client.cancel(run_id)

@@ -1,0 +1,132 @@
+"""Models from public DP/DDP bug reports, as ddpviz plugins (issue "Cases from the field").
+
+`install(root)` registers them under the `ddpviz.models` entry-point group the way `pip install`
+does (a `*.dist-info` with `entry_points.txt` on sys.path); rank processes started with `spawn`
+inherit sys.path, so they find them too.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from engine.data import Dataset, load_dataset
+from engine.plugins import ModelPlugin
+
+HERE = Path(__file__).resolve().parent
+
+
+def digits(cfg):
+    return load_dataset(cfg.model_copy(update={"model": "mlp", "dataset": "digits"}))
+
+
+def random_data(name: str, features: int, classes: int, n: int = 512, long_x: int | None = None) -> Dataset:
+    """Seeded random data: x (n, features) floats (or (n,) ids below `long_x`), y (n,) in [0, classes)."""
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randint(0, long_x, (n,), generator=g) if long_x
+         else torch.randn(n, features, generator=g))
+    y = torch.randint(0, classes, (n,), generator=g)
+    cut = n * 3 // 4
+    return Dataset(name, x[:cut], y[:cut], x[cut:], y[cut:], in_dim=features, n_classes=classes)
+
+
+class TwoHeads(nn.Module):
+    """Case 1: forward computes both heads and returns only the first (head_b never gets a grad)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(64, 32)
+        self.head_a, self.head_b = nn.Linear(32, 10), nn.Linear(32, 10)
+
+    def forward(self, x):
+        h = torch.relu(self.body(x))
+        a, _b = self.head_a(h), self.head_b(h)
+        return a
+
+
+class BatchNormHalves(nn.Module):
+    """Case 2: splits its batch in two and applies BatchNorm to each half."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.bn, self.out = nn.Linear(16, 16), nn.BatchNorm1d(16), nn.Linear(16, 10)
+
+    def forward(self, x):
+        a, b = self.inp(x).chunk(2)
+        return self.out(torch.cat([torch.relu(self.bn(a)), torch.relu(self.bn(b))]))
+
+
+class Outputs(nn.Module):
+    """Case 4: an MLP returning a dict with `logits`, or a tuple (logits, hidden)."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.body, self.head = nn.Linear(64, 32), nn.Linear(32, 10)
+
+    def forward(self, x):
+        h = torch.relu(self.body(x))
+        logits = self.head(h)
+        if self.kind == "dict":
+            return {"logits": logits, "hidden": h}
+        if self.kind == "tuple":
+            return logits, h
+        return {"scores": logits}  # no logits where ddpviz looks
+
+
+class SparseEmbedding(nn.Module):
+    """Case 6: Embedding(10, 4, sparse=True) + Linear(4, 4); x (B,) ids -> (B, 4)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.lin = nn.Embedding(10, 4, sparse=True), nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(self.emb(x))
+
+
+def _boom(cfg):
+    raise RuntimeError("plugin build exploded on purpose")
+
+
+def _no_data(cfg):
+    raise FileNotFoundError("letters.npz: the plugin's data is missing")
+
+
+twoheads = ModelPlugin(build=lambda cfg: TwoHeads(), dataset=digits, description="two heads, one returned")
+bnhalves = ModelPlugin(build=lambda cfg: BatchNormHalves(),
+                       dataset=lambda cfg: random_data("halves16", 16, 10), description="BatchNorm per half")
+dictout = ModelPlugin(build=lambda cfg: Outputs("dict"), dataset=digits)
+tupleout = ModelPlugin(build=lambda cfg: Outputs("tuple"), dataset=digits)
+scoresout = ModelPlugin(build=lambda cfg: Outputs("scores"), dataset=digits)
+letters27 = ModelPlugin(build=lambda cfg: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 10)),
+                        dataset=lambda cfg: random_data("letters27", 16, 27), description="27 classes, 10 outputs")
+sparseemb = ModelPlugin(build=lambda cfg: SparseEmbedding(),
+                        dataset=lambda cfg: random_data("ids10", 1, 4, long_x=10), description="sparse embedding")
+boom = ModelPlugin(build=_boom, dataset=digits)
+nodata = ModelPlugin(build=lambda cfg: TwoHeads(), dataset=_no_data)
+
+NAMES = ("twoheads", "bnhalves", "dictout", "tupleout", "scoresout", "letters27", "sparseemb", "boom",
+         "nodata")
+
+
+def install(root: Path) -> None:
+    """Register every plugin above from a dist-info in `root` and put `root` and this folder on
+    sys.path (first)."""
+    dist = root / "ddpviz_field_cases-0.1.dist-info"
+    dist.mkdir(parents=True, exist_ok=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ddpviz-field-cases\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(
+        "[ddpviz.models]\n" + "".join(f"{n} = field_models:{n}\n" for n in NAMES))
+    for path in (str(HERE), str(root)):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+
+
+def uninstall(root: Path) -> None:
+    for path in (str(root),):
+        if path in sys.path:
+            sys.path.remove(path)

@@ -1,0 +1,71 @@
+"""Independent reference: the same config trained by plain PyTorch DDP, nothing of ddpviz's but the
+model, the data and the batch plan.
+
+Two gloo processes wrap `build_model(cfg, ds)` in `DistributedDataParallel` with the config's
+`static_graph`, `find_unused_parameters` and `bucket_cap_mb`, PyTorch's default all-reduce (no
+hook), and train with `torch.optim.SGD(lr)` on each rank's `BatchPlan` shard with a plain
+`F.cross_entropy` on the model's logits. Rank 0 reports its final parameters,
+`_get_ddp_logging_data()` and whether both ranks ended with equal parameters.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from engine.config import RunConfig
+from engine.data import BatchPlan, load_dataset
+from engine.models import build_model
+
+
+def _logits(out):
+    if isinstance(out, dict):
+        return out["logits"]
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _worker(rank, world, port, cfg_dict, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    cfg = RunConfig(**cfg_dict)
+    ds = load_dataset(cfg)
+    model = build_model(cfg, ds)
+    cap = None if cfg.bucket_cap_mb == 25.0 else cfg.bucket_cap_mb
+    ddp = DDP(model, static_graph=cfg.static_graph, find_unused_parameters=cfg.find_unused_parameters,
+              bucket_cap_mb=cap)
+    opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr)
+    plan = BatchPlan(len(ds), world, cfg.micro_batch_per_device, cfg.seed)
+    for step in range(cfg.steps):
+        idx = plan.rank_indices(step, rank)
+        logits = _logits(ddp(ds.x_train[idx]))
+        F.cross_entropy(logits.reshape(-1, logits.size(-1)), ds.y_train[idx].reshape(-1)).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    every = [torch.zeros_like(flat) for _ in range(world)]
+    dist.all_gather(every, flat)
+    if rank == 0:
+        out.put(dict(params=flat.tolist(), in_sync=all(torch.equal(every[0], e) for e in every),
+                     logging=dict(ddp._get_ddp_logging_data())))  # plain values: the child exits
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def plain_ddp(cfg: RunConfig) -> dict:
+    """Train `cfg` (cfg.steps steps, 2 ranks) with plain DDP; rank 0's report (see module doc)."""
+    import torch.multiprocessing as mp
+
+    from engine.launcher import free_port
+
+    assert cfg.world_size == 2 and cfg.grad_accum_steps == 1 and cfg.optimizer == "sgd"
+    ctx = mp.get_context("spawn")
+    q = ctx.SimpleQueue()
+    mp.start_processes(_worker, args=(2, free_port(), cfg.to_json_dict(), q), nprocs=2, join=True,
+                       start_method="spawn")
+    report = q.get()
+    return {**report, "params": torch.tensor(report["params"])}
