@@ -93,7 +93,8 @@ def bucket_fit(events: Iterable[Event], world_size: int) -> tuple[Event | None, 
 def model_lines(fits: dict[str, Event | None], lo_bytes: float, hi_bytes: float,
                 world_size: int) -> pd.DataFrame:
     """Each fitted model over [lo_bytes, hi_bytes], log-spaced: series, nbytes, kib, time_ms,
-    busbw_gbps (busbw = 2(n−1)/n · bytes / t(bytes))."""
+    busbw_gbps (busbw = 2(n−1)/n · bytes / t(bytes)). A model whose time does not grow with size
+    (no β) is left out: its busbw would grow without bound (`describe_fit` says so in words)."""
     cols = ["series", "nbytes", "kib", "time_ms", "busbw_gbps"]
     if not lo_bytes or not hi_bytes or hi_bytes < lo_bytes:
         return pd.DataFrame(columns=cols)
@@ -101,7 +102,7 @@ def model_lines(fits: dict[str, Event | None], lo_bytes: float, hi_bytes: float,
     xs = [lo_bytes * math.exp(span * i / (LINE_POINTS - 1)) for i in range(LINE_POINTS)]
     rows = []
     for series, model in fits.items():
-        if model is None:
+        if model is None or not model.get("s_per_byte", 0) > 0:
             continue
         for x in xs:
             t = predict_ring_s(model, x)
