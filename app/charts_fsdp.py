@@ -27,7 +27,6 @@ def unit_timeline_chart(collectives: pd.DataFrame, passes: pd.DataFrame, run: st
 
     `collectives` is `frames_fsdp.collective_frame`, `passes` is `frames_fsdp.pass_frame`
     (both ms from the step's forward start)."""
-    step = int(collectives["step"].iloc[0]) if not collectives.empty else None
     y = alt.Y("rank:O", title="rank")
     off = alt.YOffset("lane:N", sort=LANES, scale=alt.Scale(domain=LANES))
     colour = alt.Color("kind:N", legend=legend("", orient="bottom", columns=3), scale=_TIMELINE)
@@ -44,8 +43,7 @@ def unit_timeline_chart(collectives: pd.DataFrame, passes: pd.DataFrame, run: st
                                            strokeWidth=0.6).encode(
         x="start_ms:Q", x2="end_ms:Q", y=y, yOffset=off, color=colour, tooltip=tip)
     ranks = max(1, collectives["rank"].nunique() if not collectives.empty else 1)
-    head = f"FSDP unit timeline, step {step}" + (f": {run}" if run else "") if step is not None \
-        else "FSDP unit timeline"
+    head = "FSDP unit timeline" + (f": {run}" if run else "")  # the step goes in the caption
     return alt.layer(bands, comm).properties(
         title=title(head, "per rank: each unit's collectives vs forward and backward; measured "
                           "(FSDP2 comm hooks)"),
@@ -54,9 +52,8 @@ def unit_timeline_chart(collectives: pd.DataFrame, passes: pd.DataFrame, run: st
 
 def memory_curve_chart(curve: pd.DataFrame, run: str = "") -> alt.Chart:
     """One rank's memory inside one step, stacked by kind (`frames_fsdp.memory_curve_frame`)."""
-    step = int(curve["step"].iloc[0]) if not curve.empty else None
     rank = int(curve["rank"].iloc[0]) if not curve.empty else 0
-    head = f"Memory within step {step}, rank {rank}" if step is not None else "Memory within a step"
+    head = f"Memory by kind within a step, rank {rank}"  # the step goes in the caption
     return alt.Chart(curve).mark_area(interpolate="step-after", opacity=0.85).encode(
         x=alt.X("t_ms:Q", title="ms from step start"),
         y=alt.Y("sum(mib):Q", title="MiB held (tensors alive)", stack="zero"),

@@ -9,6 +9,8 @@ context). Every line's `source` is in the legend.
 
 from __future__ import annotations
 
+import math
+
 import altair as alt
 import pandas as pd
 
@@ -32,13 +34,12 @@ def memory_curve_charts(curve: pd.DataFrame, phases: pd.DataFrame, run: str,
     legends, axis: `chart_style`).
 
     Pass the same `y_max_mib` to runs shown side by side so their device curves compare."""
-    step = int(curve["step"].iloc[0]) if not curve.empty else None
     where = curve[curve["source"].isin(DEVICE_SOURCES)]
     host = curve[curve["source"].isin(HOST_SOURCES)]
-    span = max([0.0, *curve["t_ms"], *phases.get("end_ms", [])]) or 1.0
+    span = nice_ceiling(max([0.0, *curve["t_ms"], *phases.get("end_ms", [])]) or 1.0)
     x = alt.X("t_ms:Q", title="ms from the step's start", scale=alt.Scale(domain=[0, span]))
-    head = f"Memory within step {step}: {run}" if step is not None else f"Memory within a step: {run}"
-    held = _lines(where, x, "bytes held (MiB)", y_max_mib)
+    head = f"Memory within a step: {run}"  # the step is in the caption: a spec without it survives a refresh
+    held = _lines(where, x, "bytes held (MiB)", nice_ceiling(y_max_mib))
     if not phases.empty:
         held = alt.layer(_phase_bands(phases, span), held).resolve_scale(color="independent")
     charts = [held.properties(
@@ -69,6 +70,16 @@ def _lines(df: pd.DataFrame, x: alt.X, y_title: str, y_max: float | None, zero: 
         tooltip=[alt.Tooltip("device:N"), alt.Tooltip("source_label:N", title="source"),
                  alt.Tooltip("t_ms:Q", title="ms from step start", format=".2f"),
                  alt.Tooltip("mib:Q", title="MiB", format=".2f")])
+
+
+def nice_ceiling(mib: float | None) -> float | None:
+    """The smallest of 1, 2, 5 x 10^k MiB at or above `mib` (None stays None): a shared y scale
+    that changes only when a run's peak crosses one of these, so a chart's spec (and the view,
+    with any tooltip on screen) survives most refreshes."""
+    if not mib or mib <= 0:
+        return mib
+    k = math.floor(math.log10(mib))
+    return next(m * 10.0 ** e for e in (k, k + 1) for m in (1, 2, 5) if m * 10.0 ** e >= mib)
 
 
 def _phase_bands(phases: pd.DataFrame, span: float) -> alt.Chart:

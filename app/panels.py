@@ -192,8 +192,7 @@ def memory_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) 
             for i, chart in enumerate(charts_memory.memory_curve_charts(curve, phases, labels[rid], y_max)):
                 _chart(chart, f"chart_memory_{rid}_{i}")
             caption = fm.peak_caption(fm.memory_peak_frame(w.of_type("memory"), labels[rid]))
-            if caption:
-                st.caption(caption)
+            st.caption(f"Step {int(curve['step'].iloc[0])}. " + (caption or ""))
 
 
 # ---- per-run detail ---------------------------------------------------------------------------

@@ -36,7 +36,7 @@ def fsdp_detail(w, label: str, rid: str) -> None:
         st.altair_chart(charts_fsdp.memory_curve_chart(curve), key=f"chart_fsdp_memory_{rid}")
         peak = curve.groupby("t_ms")["mib"].sum().max()
         rss = curve["rss_mib"].max()
-        st.caption(f"peak {peak:.2f} MiB of tensors on this rank in that step; the process's "
+        st.caption(f"Step {int(curve['step'].iloc[0])}: peak {peak:.2f} MiB of tensors on this rank in that step; the process's "
                    f"resident memory (psutil RSS, includes the PyTorch runtime) peaked at {rss:.0f} MiB")
 
 
@@ -45,7 +45,7 @@ def _timeline(w, coll, events, rid: str) -> None:
     st.altair_chart(charts_fsdp.unit_timeline_chart(coll, frames_fsdp.pass_frame(events, step)),
                     key=f"chart_fsdp_units_{rid}")
     r0 = coll[coll["rank"] == coll["rank"].min()]
-    st.caption(f"{r0['unit'].nunique()} units; rank {int(r0['rank'].iloc[0])} gathered "
+    st.caption(f"Step {step}: {r0['unit'].nunique()} units; rank {int(r0['rank'].iloc[0])} gathered "
                f"{r0.loc[r0['lane'] == 'all-gather', 'nbytes'].sum() / MIB:.2f} MiB and reduce-scattered "
                f"{r0.loc[r0['lane'] == 'reduce-scatter', 'nbytes'].sum() / MIB:.2f} MiB of full-size "
                f"tensors this step. " + (CPU_NOTE if (w.config.get("device") != "cuda") else ""))

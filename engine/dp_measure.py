@@ -150,6 +150,7 @@ class StarTraffic:
 
 
 def theory_star_bytes(n: int, param_bytes: int, hub: int = 0) -> list[int]:
-    """DESIGN.md's DP formula per optimizer step and micro-step: the hub sends (broadcast) and
-    receives (reduce) (n-1)·P; every other device P. Theory, not a measurement."""
+    """The DP formula of docs/events.md (`comm_volume`) per optimizer step and micro-step: the
+    hub sends (broadcast) and receives (reduce) (n-1)·P; every other device P. Theory, not a
+    measurement."""
     return [param_bytes * (n - 1) if j == hub else param_bytes for j in range(n)]

@@ -129,6 +129,10 @@ class TensorLedger:
             return
         if self.device_type == "cuda" and t.device.type != "cuda":
             return
+        if t.layout == torch.sparse_coo:  # a sparse COO tensor: its indices and values hold the bytes
+            self.add(t._indices(), kind, device)
+            self.add(t._values(), kind, device)
+            return
         try:
             st = t.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse, nested, meta: no plain storage
@@ -165,8 +169,8 @@ class TensorLedger:
         `.grad`). A storage counted before the device's peak and alive now was alive at the peak,
         so the peak's breakdown is corrected too."""
         with self._lock:
-            for t in tensors:
-                if t is None or not self.active:
+            for t in _dense_parts(tensors):
+                if not self.active:
                     continue
                 key = id(t.untyped_storage())
                 entry = self._entries.get(key)
@@ -185,7 +189,8 @@ class TensorLedger:
 
     def kind_of(self, t: torch.Tensor) -> str | None:
         """The kind `t`'s storage is counted as, or None when it is not counted."""
-        entry = self._entries.get(id(t.untyped_storage()))
+        parts = _dense_parts([t])
+        entry = self._entries.get(id(parts[-1].untyped_storage())) if parts else None
         return entry[1] if entry is not None else None
 
     def _free(self, key: int) -> None:
@@ -239,11 +244,19 @@ class LedgerMode(TorchDispatchMode):
         return out
 
 
+def _dense_parts(tensors: Iterable[torch.Tensor | None]) -> list[torch.Tensor]:
+    """`tensors` without None, a sparse COO tensor replaced by its indices and values."""
+    out: list[torch.Tensor] = []
+    for t in tensors:
+        if t is not None:
+            out += [t._indices(), t._values()] if t.layout == torch.sparse_coo else [t]
+    return out
+
+
 def storage_nbytes(tensors: Iterable[torch.Tensor | None]) -> int:
     """Bytes of the distinct storages behind `tensors` (a view or a shared storage counts once)."""
     seen: dict[int, int] = {}
-    for t in tensors:
-        if t is not None:
-            st = t.untyped_storage()
-            seen[id(st)] = st.nbytes()
+    for t in _dense_parts(tensors):
+        st = t.untyped_storage()
+        seen[id(st)] = st.nbytes()
     return sum(seen.values())

@@ -30,13 +30,13 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from workers.doctor_report import CheckFailed, CheckSkipped, Report, run_check
+from workers.cli_export import EXPORT_SUFFIX
+from workers.doctor_report import CheckFailed, CheckSkipped, Report, run_check, run_figures  # noqa: F401
 
 PAIR_CONFIG = dict(world_size=2, steps=5, step_delay_s=0.0, eval_every=0, device="cpu", global_batch_size=64)
 WORKER_START_TIMEOUT_S = 60.0
 RUN_TIMEOUT_S = 300.0  # a doctor run's time limit (the pair takes ~20 s on 2 CPU cores)
 POLL_S = 0.25
-EXPORT_SUFFIX = {"jsonl": ".jsonl", "csv": ".steps.csv", "trace": ".trace.json"}
 
 
 class DoctorStack:
@@ -147,23 +147,6 @@ def check_worker(stack: DoctorStack) -> tuple[str, dict[str, Any]]:
                  gpus=len(me["gpus"])))
 
 
-def run_figures(client, rec: dict[str, Any]) -> dict[str, Any]:
-    """A finished run's headline figures and its events counted by type."""
-    counts: dict[str, int] = {}
-    after = "0-0"
-    while True:
-        batch, after = client.read_events(rec["run_id"], after)
-        if not batch:
-            break
-        for e in batch:
-            counts[e["type"]] = counts.get(e["type"], 0) + 1
-    s = rec.get("summary") or {}
-    return dict(run_id=rec["run_id"], status=rec["status"], steps_done=s.get("steps_done"),
-                samples_per_s=s.get("samples_per_s"), final_loss=s.get("final_loss"),
-                wall_time_s=s.get("wall_time_s"), events=counts,
-                error=(rec.get("error") or {}).get("exception"))
-
-
 def check_pair(stack: DoctorStack, config: dict[str, Any] = PAIR_CONFIG) -> tuple[str, dict[str, Any]]:
     client = stack.client()
     dp_id, ddp_id = client.submit_pair(config, timeout_s=RUN_TIMEOUT_S)
@@ -181,7 +164,7 @@ def check_pair(stack: DoctorStack, config: dict[str, Any] = PAIR_CONFIG) -> tupl
 
 def check_exports(stack: DoctorStack, out_dir: Path) -> tuple[str, dict[str, Any]]:
     """`ddpviz export` of each run in each format, read back and counted against the stream."""
-    from workers.cli import cmd_export
+    from workers.cli_export import cmd_export
 
     if not stack.runs:
         raise CheckSkipped("no finished runs to export (the pair check did not run)")

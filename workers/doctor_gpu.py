@@ -220,7 +220,7 @@ def check_multi_gpu() -> tuple[str, dict[str, Any]]:
 
 
 def check_queue_runs(stack, state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    from workers.doctor import run_figures
+    from workers.doctor_report import run_figures
 
     client = stack.client()
     cfg = dict(SMALL_GPT, world_size=1, steps=30, bucket_cap_mb=1.0)

@@ -123,3 +123,20 @@ class Report:
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
+
+
+def run_figures(client, rec: dict[str, Any]) -> dict[str, Any]:
+    """A finished run's headline figures and its events counted by type."""
+    counts: dict[str, int] = {}
+    after = "0-0"
+    while True:
+        batch, after = client.read_events(rec["run_id"], after)
+        if not batch:
+            break
+        for e in batch:
+            counts[e["type"]] = counts.get(e["type"], 0) + 1
+    s = rec.get("summary") or {}
+    return dict(run_id=rec["run_id"], status=rec["status"], steps_done=s.get("steps_done"),
+                samples_per_s=s.get("samples_per_s"), final_loss=s.get("final_loss"),
+                wall_time_s=s.get("wall_time_s"), events=counts,
+                error=(rec.get("error") or {}).get("exception"))

@@ -24,6 +24,7 @@ the node jobs of multi-host runs; a node job's RQ id is ``{run_id}-n{index}`` (`
 
 from __future__ import annotations
 
+import json
 import re
 
 PREFIX = "ddpviz:"
@@ -85,3 +86,10 @@ def parse_node_job_id(job_id: str) -> tuple[str, int] | None:
     """``(run_id, index)`` of a node job id, or None for an ordinary run's job id."""
     m = _NODE_JOB_ID.match(job_id or "")
     return (m["run_id"], int(m["index"])) if m else None
+
+
+def rq_job_ids(connection, run_id: str) -> list[str]:
+    """The RQ job ids that carry run `run_id`: its node jobs, or the run id itself."""
+    raw = connection.hget(run(run_id), "hosts")
+    hosts = json.loads(raw) if raw else None
+    return [h["job_id"] for h in hosts] if hosts else [run_id]

@@ -23,7 +23,7 @@ from engine.config import ConfigError
 from workers import keys
 from workers.heartbeat import read_workers
 from workers.jobs import JOB_TIMEOUT_S, STOPPED_CALLBACK
-from workers.keys import node_job_id, parse_node_job_id  # noqa: F401  (defined with the keys)
+from workers.keys import node_job_id, parse_node_job_id, rq_job_ids  # noqa: F401  (defined with the keys)
 from workers.store import RunStore, new_run_id
 
 NODE_JOB_FUNC = "workers.node_job.execute_node"
@@ -101,10 +101,3 @@ def submit_multinode(connection: redis.Redis, config: dict[str, Any], *, label: 
                 pipeline=pipe)
         pipe.execute()
     return run_id
-
-
-def rq_job_ids(connection: redis.Redis, run_id: str) -> list[str]:
-    """The RQ job ids that carry run `run_id`: its node jobs, or the run id itself."""
-    raw = connection.hget(keys.run(run_id), "hosts")
-    hosts = json.loads(raw) if raw else None
-    return [h["job_id"] for h in hosts] if hosts else [run_id]

@@ -52,7 +52,7 @@ def config_form() -> tuple[dict[str, Any], str, str | None]:
 
 
 def submit(client, values: dict[str, Any], label: str, action: str) -> list[str] | None:
-    """Validate, then submit one run, a DP/DDP pair or a single/DP/DDP trio; returns the run ids
+    """Validate, then submit one run, a DP/DDP pair or the single/DP/DDP/FSDP set; returns the run ids
     (None if refused).
 
     Validation runs first, so a bad form never reaches Redis (nor needs it)."""

@@ -243,7 +243,8 @@ def test_live_page_draws_the_fsdp_unit_timeline_where_ddp_draws_buckets(real_cli
     at = app_test("views/live.py", runs=f"{ids['ddp']},{ids['fsdp']}")
     _ok(at)
     titles = _titles(at)
-    assert "Gradient buckets, step 11" in titles
-    assert "FSDP unit timeline, step 11" in titles and "Memory within step 11, rank 0" in titles
+    assert "Gradient buckets" in titles
+    assert "FSDP unit timeline" in titles and "Memory by kind within a step, rank 0" in titles
     captions = " ".join(c.value for c in at.caption)
+    assert "Step 11: 4 units" in captions and "Step 11: 3 bucket(s)" in captions
     assert "4 units" in captions and "reshard_after_forward True" in captions

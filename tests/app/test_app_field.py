@@ -80,7 +80,7 @@ def test_the_launch_forms_label_names_the_pair_and_the_trio(real_client, app_tes
     assert labels == ["X · DP", "X · DDP"]
     at.button(key="launch_trio").click().run()
     labels = [real_client.get_run(r)["label"] for r in at.session_state["launched"]]
-    assert labels == ["X · single", "X · DP", "X · DDP"]
+    assert labels == ["X · single", "X · DP", "X · DDP", "X · FSDP"]
 
 
 # -- 18 (the Live part): validation accuracy -------------------------------------------------------

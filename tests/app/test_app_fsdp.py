@@ -78,7 +78,7 @@ def test_fsdp_charts_have_titles_axes_and_legends(fsdp):
     coll = ff.collective_frame(fsdp)
     timeline = charts_fsdp.unit_timeline_chart(coll, ff.pass_frame(fsdp, 11), "FSDP").to_dict()
     _check(timeline)
-    assert timeline["title"]["text"] == "FSDP unit timeline, step 11: FSDP"
+    assert timeline["title"]["text"] == "FSDP unit timeline: FSDP"
     assert timeline["layer"][0]["encoding"]["x"]["title"] == "ms from the step's forward start"
     assert "measured" in timeline["title"]["subtitle"]
     curve = charts_fsdp.memory_curve_chart(ff.memory_curve_frame(fsdp)).to_dict()

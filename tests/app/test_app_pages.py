@@ -91,7 +91,7 @@ def test_live_page_defaults_to_latest_pair_and_draws_charts(fake_client, app_tes
     # throughput, split, memory (tensors over phases, process) x2, DP phases + volume, DDP buckets
     # + volume (no eval: no accuracy)
     assert titles == sorted(["Throughput per step", "Step time split",
-                             "Memory within step 3: DP", "Memory within step 3: DDP",
+                             "Memory within a step: DP", "Memory within a step: DDP",
                              *["The whole process (RSS) or the whole GPU (NVML)"] * 2,
                              "DP phases", "Bytes moved per device",
                              "Gradient buckets", "Bytes moved per device"])

@@ -36,7 +36,7 @@ def test_live_and_runs_pages_on_recorded_runs(real_client, app_test):
     assert at.multiselect(key="live_pick").value == [dp_id, ddp_id]
     specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
     titles = {s["title"]["text"] for s in specs}
-    assert {"Throughput per step", "Step time split", "Memory within step 11: DP",
+    assert {"Throughput per step", "Step time split", "Memory within a step: DP",
             "Gradient buckets", "DP phases"} <= titles
     assert "Step 11: 3 bucket(s)" in " ".join(c.value for c in at.caption)  # the step, below the chart
     assert not at.session_state["live_polling"]

@@ -98,7 +98,7 @@ def test_bytes_moved_by_hand(monkeypatch):
     rec.emit(Telemetry(sink, "t"), 0, ["cuda:0", "cuda:1"], theory=[19280, 19280])
     vol = {e["device"]: e for e in sink.of_type("comm_volume")}
     assert vol["cuda:1"]["recv_bytes"] == 21648 and vol["cuda:1"]["theory_recv_bytes"] == 19280
-    assert vol["cuda:0"]["source"].startswith("counted")
+    assert vol["cuda:0"]["volume_source"].startswith("measured")
 
 
 def test_tied_gpt_broadcasts_each_tensor_once_and_matches_single(monkeypatch):

@@ -138,3 +138,22 @@ def test_downsample_keeps_the_peak_the_ends_and_the_order():
 ])
 def test_which_steps_are_traced(steps, traced):
     assert [s for s in range(steps) if should_trace_memory(s, steps)] == traced
+
+
+def test_ledger_counts_a_sparse_gradient_by_its_indices_and_values_and_retags_it():
+    """An nn.Embedding(sparse=True) gradient is a sparse COO tensor (no plain storage): its bytes
+    are its int64 indices and its values. Hand-worked: 3 looked-up rows of 4 floats = 48 B of
+    values + 3 x 8 B of indices = 24 B; 72 B in all."""
+    led = TensorLedger(1)
+    led.begin()
+    emb = nn.Embedding(10, 4, sparse=True)
+    with LedgerMode(led, device=0):
+        emb(torch.tensor([1, 5, 7])).sum().backward()
+    g = emb.weight.grad
+    assert g.layout == torch.sparse_coo
+    before = sum(led.breakdown(0).values())
+    led.add(g, "activations")
+    led.retag([g], "grads")
+    assert led.kind_of(g) == "grads"
+    assert led.breakdown(0).get("grads", 0) == 72 and sum(led.breakdown(0).values()) - before in (0, 72)
+    led.end()

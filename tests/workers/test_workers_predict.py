@@ -17,12 +17,13 @@ from wtools import cli_env, ddpviz
 DATA = Path(__file__).resolve().parents[1] / "app" / "data"
 CONFIG = {"world_size": 2, "steps": 12, "width": 256, "bucket_cap_mb": 0.1, "step_delay_s": 0.0,
           "eval_every": 0}
-FILES = {"single": "real_single_mlp_ws2.jsonl", "dp": "real_dp_mlp_ws2.jsonl", "ddp": "real_ddp_mlp_ws2.jsonl"}
+FILES = {"single": "real_single_mlp_ws2.jsonl", "dp": "real_dp_mlp_ws2.jsonl", "ddp": "real_ddp_mlp_ws2.jsonl",
+         "fsdp": "real_fsdp_mlp_ws2.jsonl"}
 
 
 @pytest.fixture
 def recorded_trio(redis_client):
-    """A single/DP/DDP trio finished with the recorded runs (as tests/app/recorded.py plays them)."""
+    """A single/DP/DDP/FSDP set finished with the recorded runs (as tests/app/recorded.py plays them)."""
     from workers.client import DdpvizClient
 
     client = DdpvizClient(redis=redis_client)
