@@ -154,3 +154,31 @@ def test_figure_4_judges_growth_past_the_window_size():
     assert fig["growth_span"] == [10_000, 100_000]
     assert fig["growth_exponent"] == pytest.approx(0.041, abs=1e-3) and fig["met"] is True
     assert fig["growth_from_smallest_by_page"]["live"] == pytest.approx(0.521, abs=1e-3)
+
+
+def test_bench_overhead_refuses_zero_rounds_before_running_anything():
+    from wtools import cli_env, ddpviz
+
+    res = ddpviz("bench", "--overhead", "--rounds", "0", env=cli_env(None), timeout=60)
+    assert res.returncode == 2 and "--rounds must be >= 1 (got 0)" in res.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_bench_overhead_compares_the_same_work_and_reports_the_ratio_of_its_rounds(tmp_path):
+    """`ddpviz bench --overhead --quick`: one round of plain vs ddpviz DDP on the quick config;
+    both sides did the same work (final parameters equal up to float rounding) and the ratio is
+    the ratio of the two medians it reports (not a timing target: that is the bench's record)."""
+    import json
+
+    from wtools import cli_env, ddpviz
+
+    out = tmp_path / "overhead.json"
+    res = ddpviz("bench", "--overhead", "--quick", "--rounds", "1", "--out", str(out), env=cli_env(None),
+                 timeout=380)
+    assert res.returncode == 0, res.stderr[-2000:]
+    (row,) = json.loads(out.read_text())["overhead"]
+    assert row["harness"] == "engine.overhead.measure_overhead" and row["target"] == 1.10
+    assert row["max_param_diff"] < 1e-5
+    assert row["ratio"] == pytest.approx(row["ddpviz_median_step_s"] / row["plain_median_step_s"])
+    assert len(row["rounds"]) == 1 and row["met"] == (row["ratio"] <= 1.10)

@@ -102,8 +102,36 @@ def _app_figures(redis, url: str, plan: F.Plan, only, figs: dict, work: Path) ->
     return app
 
 
+def cmd_overhead(plan: "F.Plan", rounds: int | None, out: str | None) -> int:
+    """`ddpviz bench --overhead`: instrumented / plain DDP step time on the plan's overhead
+    configs (`engine.overhead`), each against its target; JSON to stdout or `out`."""
+    from workers.bench.overhead import measure_overhead
+
+    rows = []
+    for cfg in plan.overhead_configs:
+        _say(f"overhead: {cfg} ...")
+        got = measure_overhead({**cfg, "world_size": 2}, rounds or plan.overhead_rounds)
+        target = report.overhead_target(cfg)
+        rows.append({**got, "target": target, "met": None if target is None else got["ratio"] <= target})
+        _say(f"  ddpviz / plain = {got['ratio']:.3f} (target <= {target}); rounds: "
+             + ", ".join(f"{r['ratio']:.3f}" for r in got["rounds"]))
+    text = json.dumps({"overhead": rows}, indent=2, default=str)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text + "\n")
+        _say(f"wrote {out}")
+    else:
+        print(text)
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     plan = F.Plan.quick_plan() if args.quick else F.Plan()
+    if args.rounds is not None and args.rounds < 1:
+        _say(f"refused: --rounds must be >= 1 (got {args.rounds})")
+        return 2
+    if args.overhead:
+        return cmd_overhead(plan, args.rounds, args.out)
     if args.only:  # throughput configs (figure 7), as before
         plan.throughput_names = tuple(args.only)
     record = run_bench(plan, tuple(args.figures or ALL))
@@ -130,6 +158,11 @@ def register(command) -> None:
     p = command("bench", cmd_bench, "measure ddpviz's eight performance figures; JSON + Markdown",
                 redis=False)
     p.add_argument("--quick", action="store_true", help="shorter runs and flood (about 2 minutes)")
+    p.add_argument("--overhead", action="store_true",
+                   help="only the instrument's overhead: ddpviz DDP / plain torch DDP step time, "
+                        "alternating rounds (engine.overhead)")
+    p.add_argument("--rounds", type=int, metavar="N", help="--overhead: alternating rounds (default 5, "
+                   "--quick 1)")
     p.add_argument("--out", metavar="FILE.json", help="write the JSON here and the Markdown table "
                    "next to it (FILE.md); default: JSON to stdout")
     p.add_argument("--md", metavar="FILE.md", help="write the Markdown table here instead")
