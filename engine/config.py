@@ -54,8 +54,8 @@ class RunConfig(BaseModel):
     dataset: Literal["digits", "text", "synthetic"] = "digits"
     global_batch_size: int = Field(64, ge=1, le=65536)  # samples per optimizer step, all devices
     steps: int = Field(300, ge=1, le=1_000_000)  # optimizer steps
-    lr: float = Field(0.05, gt=0.0, le=10.0)  # learning rate
-    optimizer: Literal["sgd", "adamw"] = "sgd"
+    lr: float = Field(1e-3, gt=0.0, le=10.0)  # learning rate (AdamW 1e-3: the demo learns)
+    optimizer: Literal["sgd", "adamw"] = "adamw"
     seed: int = Field(0, ge=0, le=2**31 - 1)  # model init and data order
     bucket_cap_mb: float = Field(25.0, gt=0.0, le=4096.0)  # DDP bucket size cap, MiB
     overlap: bool = True  # False: defer every all-reduce until the last bucket is ready

@@ -15,9 +15,9 @@ from engine.events import ListSink
 from engine.run import run_training
 
 TOL = dict(rtol=1e-5, atol=1e-6)
-SMALL = dict(width=32, depth=2, global_batch_size=32, steps=5, lr=0.1, eval_every=0)
+SMALL = dict(width=32, depth=2, global_batch_size=32, steps=5, lr=0.1, optimizer="sgd", eval_every=0)
 GPT_SMALL = dict(model="gpt", dataset="text", width=32, depth=1, n_head=2, block_size=16,
-                 global_batch_size=8, steps=4, lr=0.1, eval_every=0)
+                 global_batch_size=8, steps=4, lr=0.1, optimizer="sgd", eval_every=0)
 
 
 def train(**fields):
@@ -72,7 +72,7 @@ def test_ddp_matches_single(fields):
 def test_uneven_dataset_across_three_ranks_crosses_an_epoch_without_hanging():
     # 1,528 training digits / 3 ranks = 509.33: DistributedSampler(drop_last=True) gives each rank
     # 509, i.e. 50 batches of 10; 52 steps cross into epoch 1 (reshuffled) on every rank together.
-    fields = dict(model="mlp", world_size=3, width=16, depth=1, global_batch_size=30, steps=52, lr=0.1,
+    fields = dict(model="mlp", world_size=3, width=16, depth=1, global_batch_size=30, steps=52, lr=0.1, optimizer="sgd",
                   eval_every=0, step_delay_s=0)
     result, sink = train(mode="ddp", **fields)
     assert sink.of_type("run_started")[0]["sampler"]["drop_last"] is True

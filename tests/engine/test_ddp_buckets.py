@@ -11,7 +11,7 @@ from engine.run import run_training
 from ddp_reference import reference_run
 
 pytestmark = pytest.mark.slow
-CFG = dict(model="mlp", width=64, depth=3, global_batch_size=32, steps=4, eval_every=0, lr=0.1)
+CFG = dict(model="mlp", width=64, depth=3, global_batch_size=32, steps=4, eval_every=0, lr=0.1, optimizer="sgd")
 
 
 def buckets_by_step(sink, rank=0):

@@ -20,7 +20,7 @@ from engine.events import ListSink
 from engine.telemetry import Telemetry
 from engine.training import loss_fn, make_optimizer
 
-CFG = RunConfig(mode="dp", world_size=2, global_batch_size=16, grad_accum_steps=2, lr=0.1, step_delay_s=0)
+CFG = RunConfig(mode="dp", world_size=2, global_batch_size=16, grad_accum_steps=2, lr=0.1, optimizer="sgd", step_delay_s=0)
 
 
 def mlp() -> nn.Module:
@@ -106,7 +106,7 @@ def test_tied_gpt_broadcasts_each_tensor_once_and_matches_single(monkeypatch):
     from engine.models import build_model
 
     cfg = RunConfig(mode="dp", model="gpt", dataset="text", width=32, depth=2, n_head=2, block_size=16,
-                    world_size=2, global_batch_size=4, lr=0.01, step_delay_s=0)
+                    world_size=2, global_batch_size=4, lr=0.01, optimizer="sgd", step_delay_s=0)
     ds = load_dataset(cfg)
     torch.manual_seed(0)
     model = build_model(cfg, ds)

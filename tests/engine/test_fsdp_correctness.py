@@ -16,9 +16,9 @@ from engine.run import run_training
 
 pytestmark = pytest.mark.slow
 TOL = dict(rtol=1e-5, atol=1e-6)
-SMALL = dict(width=32, depth=2, global_batch_size=32, steps=5, lr=0.1, eval_every=0, step_delay_s=0)
+SMALL = dict(width=32, depth=2, global_batch_size=32, steps=5, lr=0.1, optimizer="sgd", eval_every=0, step_delay_s=0)
 GPT_SMALL = dict(model="gpt", dataset="text", width=32, depth=2, n_head=2, block_size=16,
-                 global_batch_size=8, steps=4, lr=0.1, eval_every=0, step_delay_s=0)
+                 global_batch_size=8, steps=4, lr=0.1, optimizer="sgd", eval_every=0, step_delay_s=0)
 FSDP_ONLY = ("reshard_after_forward", "fsdp_param_dtype", "fsdp_reduce_dtype")
 
 
@@ -63,7 +63,7 @@ def test_fsdp_matches_single(fields):
 def test_fsdp_uneven_dataset_across_three_ranks_crosses_an_epoch():
     # As the DDP test: 1,528 digits / 3 ranks, drop_last, 52 steps cross into epoch 1; width 16
     # on 3 ranks also pads every weight's 16 rows to 18 (FSDP2 shards dim 0 evenly).
-    fields = dict(model="mlp", world_size=3, width=16, depth=1, global_batch_size=30, steps=52, lr=0.1,
+    fields = dict(model="mlp", world_size=3, width=16, depth=1, global_batch_size=30, steps=52, lr=0.1, optimizer="sgd",
                   eval_every=0, step_delay_s=0)
     result, sink = train(mode="fsdp", **fields)
     assert {e["rank"] for e in sink.of_type("step")} == {0, 1, 2}

@@ -18,7 +18,7 @@ from engine.models import build_model
 from engine.run import run_training
 
 pytestmark = pytest.mark.slow
-SMALL = dict(model="mlp", width=32, depth=2, global_batch_size=32, steps=5, lr=0.1, eval_every=0, step_delay_s=0)
+SMALL = dict(model="mlp", width=32, depth=2, global_batch_size=32, steps=5, lr=0.1, optimizer="sgd", eval_every=0, step_delay_s=0)
 
 
 def train(**fields):

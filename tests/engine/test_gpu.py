@@ -14,7 +14,7 @@ from engine.run import run_training
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (torch.cuda.is_available() is False)")]
 N = max(1, min(2, torch.cuda.device_count())) if torch.cuda.is_available() else 1
-SMALL = dict(world_size=N, device="cuda", width=64, depth=2, global_batch_size=32, steps=4, lr=0.1,
+SMALL = dict(world_size=N, device="cuda", width=64, depth=2, global_batch_size=32, steps=4, lr=0.1, optimizer="sgd",
              eval_every=2, step_delay_s=0)
 
 

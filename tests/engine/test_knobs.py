@@ -24,7 +24,7 @@ def test_static_graph_adamw_and_amp_train_in_sync_with_single():
 
 
 def test_compare_reports_every_mode_against_single():
-    report = compare(RunConfig(**SMALL, lr=0.1, bucket_cap_mb=0.005))
+    report = compare(RunConfig(**SMALL, lr=0.1, optimizer="sgd", bucket_cap_mb=0.005))
     assert set(report) == {"single", "dp", "ddp"}
     assert report["single"]["speedup_vs_single"] == pytest.approx(1.0)
     for mode in ("dp", "ddp"):

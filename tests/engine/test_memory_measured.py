@@ -34,7 +34,7 @@ def models(tmp_path_factory):
 
 def run(**fields):
     sink = ListSink()
-    cfg = validate_config(dict(dict(global_batch_size=64, steps=3, eval_every=0, step_delay_s=0, lr=0.01),
+    cfg = validate_config(dict(dict(global_batch_size=64, steps=3, eval_every=0, step_delay_s=0, lr=0.01, optimizer="sgd"),
                                **fields))
     result = run_training(cfg, sink, "m")
     assert result.status == "succeeded", result.error

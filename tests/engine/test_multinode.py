@@ -19,7 +19,7 @@ from engine.run import run_training
 
 pytestmark = pytest.mark.slow
 FIELDS = dict(mode="ddp", world_size=2, nnodes=2, width=32, depth=2, global_batch_size=32, steps=4,
-              eval_every=0, lr=0.1, bucket_cap_mb=0.005)
+              eval_every=0, lr=0.1, optimizer="sgd", bucket_cap_mb=0.005)
 
 NODE = textwrap.dedent("""
     import json, sys, torch

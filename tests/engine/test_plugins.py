@@ -57,7 +57,7 @@ def test_plugin_names_are_valid_models(installed_plugins):
 
 
 def test_plugin_model_trains_like_single_under_dp(installed_plugins):
-    fields = dict(model="resmlp", width=16, depth=2, global_batch_size=16, steps=3, lr=0.1, eval_every=0)
+    fields = dict(model="resmlp", width=16, depth=2, global_batch_size=16, steps=3, lr=0.1, optimizer="sgd", eval_every=0)
     dp = run_training(validate_config(dict(mode="dp", **fields)), ListSink(), "a")
     single = run_training(validate_config(dict(mode="single", **fields)), ListSink(), "b")
     assert dp.status == single.status == "succeeded"

@@ -18,7 +18,7 @@ from workers.store import TERMINAL, RunStatus
 from wtools import TINY, cli_env, ddpviz, wait_for, worker_process
 
 HOSTS = ("hostA", "hostB")
-MULTI = {**TINY, "mode": "ddp", "world_size": 2, "nnodes": 2, "steps": 6, "lr": 0.1,
+MULTI = {**TINY, "mode": "ddp", "world_size": 2, "nnodes": 2, "steps": 6, "lr": 0.1, "optimizer": "sgd",
          "bucket_cap_mb": 0.005, "step_delay_s": 0.0}
 
 

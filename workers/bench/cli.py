@@ -132,6 +132,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 2
     if args.overhead:
         return cmd_overhead(plan, args.rounds, args.out)
+    if args.rounds:
+        plan.overhead_rounds = args.rounds
     if args.only:  # throughput configs (figure 7), as before
         plan.throughput_names = tuple(args.only)
     record = run_bench(plan, tuple(args.figures or ALL))
@@ -161,8 +163,8 @@ def register(command) -> None:
     p.add_argument("--overhead", action="store_true",
                    help="only the instrument's overhead: ddpviz DDP / plain torch DDP step time, "
                         "alternating rounds (engine.overhead)")
-    p.add_argument("--rounds", type=int, metavar="N", help="--overhead: alternating rounds (default 5, "
-                   "--quick 1)")
+    p.add_argument("--rounds", type=int, metavar="N", help="alternating rounds of the overhead measurement "
+                   "(--overhead and figure 5; default 5, --quick 1)")
     p.add_argument("--out", metavar="FILE.json", help="write the JSON here and the Markdown table "
                    "next to it (FILE.md); default: JSON to stdout")
     p.add_argument("--md", metavar="FILE.md", help="write the Markdown table here instead")
