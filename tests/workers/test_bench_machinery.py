@@ -69,6 +69,11 @@ def test_memory_samples_per_second_per_device():
     assert got["span_s"] == 3.5
     assert got["per_device"] == {"cpu:0": 2.0, "cpu:1": 2.0} and got["min_per_s"] == 2.0
     assert measured.memory_samples_per_s([{"type": "memory", "device": "cpu:0"}])["min_per_s"] is None
+    # the timed sampler's events count its readings since the last event: 30 + 40 in 3.5 s = 20/s
+    timed = [_step(k) for k in range(4)] + [
+        {"type": "memory", "device": "cpu:0", "curve": {"process": [[0, 1]]}, "sampler": {"readings": r}}
+        for r in (30, 40)]
+    assert measured.memory_samples_per_s(timed)["per_device"] == {"cpu:0": 20.0}
 
 
 def test_busbw_ratio_by_hand_and_says_why_it_is_missing():

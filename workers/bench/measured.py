@@ -1,8 +1,10 @@
 """Figures 5 (memory samples per second per device) and 6 (bucket busbw / probe busbw), computed
 from a run's events.
 
-Memory: every `memory` event is one sample of one device, unless it carries a list of samples in
-one of `SAMPLE_LIST_FIELDS` (a within-step curve), which then counts as that many. The rate is
+Memory: a `memory` event from the timed sampler (`engine.memsampler`) carries
+`sampler.readings`, the timer's readings of that device since the previous `memory` event, and
+counts as that many; other `memory` events are one sample of one device, unless they carry a list
+of samples in one of `SAMPLE_LIST_FIELDS` (a within-step curve), which then counts as that many. The rate is
 samples over the training span: the first step's start (`start_ts`) to the last step's end
 (`start_ts + step_time_s`), per (host, device).
 
@@ -37,8 +39,9 @@ def memory_samples_per_s(events: list[dict[str, Any]]) -> dict[str, Any]:
         if e.get("type") != "memory":
             continue
         name = f"{e['host']}/{e.get('device')}" if e.get("host") else str(e.get("device"))
+        readings = (e.get("sampler") or {}).get("readings") if isinstance(e.get("sampler"), dict) else None
         listed = [e[f] for f in SAMPLE_LIST_FIELDS if isinstance(e.get(f), list)]
-        counts[name] += len(listed[0]) if listed else 1
+        counts[name] += readings if isinstance(readings, int) else len(listed[0]) if listed else 1
     span = training_span_s(events)
     if not span or span <= 0:
         return {"per_device": {}, "min_per_s": None, "span_s": span, "samples": dict(counts)}

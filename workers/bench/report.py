@@ -103,6 +103,11 @@ def overhead_target(config: dict[str, Any]) -> float | None:
     return OVERHEAD_TARGETS.get((config.get("model"), config.get("width"), config.get("depth")))
 
 
+def _num(x: Any, fmt: str) -> str:
+    """`x` formatted with `fmt`, or a dash when it is not a number."""
+    return format(x, fmt) if isinstance(x, (int, float)) else "—"
+
+
 def _ms(x: Any) -> str:
     return "—" if x is None else f"{x:,.0f} ms" if x >= 10 else f"{x:.1f} ms"
 
@@ -139,10 +144,10 @@ def _summary(key: str, f: dict[str, Any]) -> str:
         for o in f.get("overhead", []):
             c = o.get("config", {})
             parts.append(f"overhead {c.get('model')} {c.get('width')}x{c.get('depth')}: "
-                         f"{o.get('ratio')}x (target {o.get('target')})")
+                         f"{_num(o.get('ratio'), '.3f')}x (target {o.get('target')})")
         return "; ".join(parts)
     if key == "6":
-        return f"{f.get('ratio')} on {f.get('backend')}"
+        return f"{_num(f.get('ratio'), '.2f')} on {f.get('backend')}"
     if key == "7":
         pts = (f.get("scaling") or {}).get("points", [])
         eff = ", ".join(f"{p['mode']} n={p['world_size']}{' (oversubscribed)' if p['oversubscribed'] else ''}"
