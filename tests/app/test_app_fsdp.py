@@ -120,3 +120,19 @@ def test_chrome_trace_carries_every_fsdp_collective(fsdp):
     assert len(spans) == len(frames.of_type(fsdp, "fsdp_collective"))
     assert {s["name"] for s in spans} >= {"all-gather root (forward)", "reduce-scatter hidden.0 (backward)"}
     assert all(s["dur"] >= 0 for s in spans)
+
+
+def test_the_live_memory_chart_draws_fsdp_from_the_points_its_hooks_sampled(fsdp):
+    """FSDP's `memory` events carry no timed curve; the Live memory chart draws each rank's
+    `fsdp_memory_curve` points instead, so its highest point is the peak the engine reported
+    for that rank and step (`peak_allocated_bytes`, the max over the same points)."""
+    from app import frames_memory as fm
+
+    curve = fm.memory_curve_frame(fsdp, "FSDP")
+    step = int(curve["step"].iloc[0])
+    held = curve[curve["source"] == "fsdp_tensors"]
+    assert set(held["device"]) == {"cpu:0", "cpu:1"} and len(held) > 4
+    for e in (e for e in fsdp if e["type"] == "memory" and e["step"] == step):
+        got = held.loc[held["device"] == e["device"], "mib"].max()
+        assert got == pytest.approx(e["peak_allocated_bytes"] / fm.MIB)
+    assert set(curve["source_label"]) >= {"tensors (at FSDP's hooks)", "process RSS (psutil)"}
