@@ -11,10 +11,10 @@ import altair as alt
 import pandas as pd
 
 from app.chart_style import CATEGORIES, HEIGHT, STEP_X, WIDTH, legend, rows_height, title
-from app.frames_compare import DERIVED, MEASURED, THEORY
+from app.frames_compare import DERIVED, DERIVED_FSDP, MEASURED, THEORY
 
-WHICH = [MEASURED, DERIVED, THEORY]
-_WHICH_COLOURS = dict(zip(WHICH, ["#1f77b4", "#9467bd", "#c7c7c7"]))
+WHICH = [MEASURED, DERIVED, DERIVED_FSDP, THEORY]
+_WHICH_COLOURS = dict(zip(WHICH, ["#1f77b4", "#9467bd", "#d62728", "#c7c7c7"]))
 
 
 def _which(df: pd.DataFrame) -> alt.Scale:

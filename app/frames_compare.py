@@ -60,6 +60,7 @@ COMPARE_COLUMNS = ["run", "mode", "world_size", "status", "samples_per_s", "spee
                    "bytes_mib_max", "bytes_source", "theory_mib_max", "replicas_in_sync", "replicas",
                    "final_loss"]
 MEASURED, DERIVED, THEORY = "measured", "derived (ring all-reduce)", "theory"
+DERIVED_FSDP = "derived (collective bytes x wire factor)"  # FSDP's own label (engine.fsdp_events)
 
 
 def compare_frame(views: list[RunView]) -> pd.DataFrame:
@@ -217,7 +218,9 @@ def bytes_frame(views: list[RunView]) -> pd.DataFrame:
 
 def _volume_label(v: RunView, e: dict[str, Any]) -> str:
     src = e.get("volume_source") or (DERIVED if v.mode == "ddp" else MEASURED)
-    return DERIVED if src.startswith("derived") else MEASURED
+    if not src.startswith("derived"):
+        return MEASURED
+    return DERIVED_FSDP if v.mode == "fsdp" else DERIVED
 
 
 def _where(v: RunView, e: dict[str, Any]) -> str:

@@ -103,6 +103,9 @@ def test_compare_names_fsdp_ranks_and_uses_its_own_formula(fsdp):
     assert theory["mib"].tolist() == pytest.approx([3 * grad / frames.MIB] * 2, rel=1e-6)
     row = fc.compare_frame([view]).iloc[0]
     assert row["mode"] == "fsdp" and row["peak_mib_max"] > 0
+    # its bytes are labelled as FSDP derives them, not with DDP's ring all-reduce
+    assert row["bytes_source"] == "derived (collective bytes x wire factor)"
+    assert set(vol["which"]) == {"derived (collective bytes x wire factor)", "theory"}
 
 
 def test_a_compare_set_gives_fsdp_fields_to_the_fsdp_run_only():
