@@ -104,7 +104,8 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
               static_graph=cfg.static_graph, find_unused_parameters=cfg.find_unused_parameters,
               broadcast_buffers=cfg.broadcast_buffers)
     names = {p.data_ptr(): n for n, p in model.named_parameters()}
-    rec = MemoryBucketRecorder(world, cfg.overlap, names, CudaClock() if device.type == "cuda" else HostClock())
+    rec = MemoryBucketRecorder(world, cfg.overlap, names, CudaClock() if device.type == "cuda" else HostClock(),
+                               predivided=True)  # the loss is scaled by 1/world below
     ddp.register_comm_hook(rec, recording_hook)
     opt = make_optimizer(cfg, ddp.parameters())
     plan = BatchPlan(len(ds), world, cfg.micro_batch_per_device, cfg.seed)
@@ -135,7 +136,9 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
                 if last_micro:
                     rec.begin_backward()
                     backward_start = now()
-                loss.backward()
+                # gradient pre-division (engine.comm_hook): the gradients reach DDP's buckets already
+                # divided by world_size, so the hook's all-reduce (sum) gives the mean, no pass over them
+                (loss / world if world > 1 else loss).backward()
                 sync()
                 t3 = now()
             fwd, loss_sum = fwd + t2 - t1, loss_sum + loss.item()

@@ -12,6 +12,7 @@ from typing import Any, Callable
 from engine.config import RunConfig
 from engine.telemetry import Telemetry, should_sample_memory
 from engine.training import should_eval
+from engine.turns import gate_from_env
 
 
 class Canceled(Exception):
@@ -31,7 +32,10 @@ def drive(cfg: RunConfig, tel: Telemetry, train_step: Callable[[int], dict[str, 
         Exception: whatever a step raised, with `.step` set to that step (for the run's error).
     """
     step = first_step
+    gate = gate_from_env(tel.run_id, tel.rank)  # None except under a turn-taking harness (engine.turns)
     for step in range(first_step, cfg.steps):
+        if gate is not None:
+            gate.at_step(step)
         if should_stop is not None and should_stop():
             raise Canceled(f"canceled before step {step}")
         try:
@@ -51,4 +55,6 @@ def drive(cfg: RunConfig, tel: Telemetry, train_step: Callable[[int], dict[str, 
                 check_sync(step)
         if cfg.step_delay_s:
             time.sleep(cfg.step_delay_s)
+    if gate is not None:
+        gate.at_end()
     return cfg.steps - first_step

@@ -184,7 +184,7 @@ def check_overhead() -> tuple[str, dict[str, Any]]:
     from engine.config import RunConfig
     from engine.overhead import measure_overhead
 
-    fig = measure_overhead(RunConfig(mode="ddp", world_size=1, steps=25, **SMALL_GPT), rounds=3)
+    fig = measure_overhead(RunConfig(mode="ddp", world_size=1, **SMALL_GPT), rounds=6, block_steps=10)
     fig["target_ratio"] = OVERHEAD_RATIO_TARGET
     if fig["max_param_diff"] > PARITY_MAX_DIFF:
         raise CheckFailed(f"plain and ddpviz DDP did different work (max |Δθ| {fig['max_param_diff']:.2e})", fig)

@@ -6,7 +6,7 @@ import torch
 
 from engine.config import RunConfig
 from engine.gpu_checks import memory_imbalance, memory_sample_rates, shared_gpu_ddp
-from engine.overhead import measure_overhead, step_stats
+from engine.overhead import block_medians, measure_overhead, median_interval, turn_order
 
 
 def test_memory_sample_rates_by_hand():
@@ -26,12 +26,26 @@ def test_memory_imbalance_takes_each_devices_peak():
     assert out == {"peak_bytes": {"cuda:0": 300, "cuda:1": 200}, "max_over_min": 1.5}
 
 
-def test_step_stats_by_hand():
-    # intervals 1, 2, 1, 2, 1.5; the first dropped -> 2, 1, 2, 1.5: median 1.75, mean 1.625
-    s = step_stats([0, 1, 3, 4, 6, 7.5], warmup=1)
-    assert s == {"median_step_s": 1.75, "mean_step_s": 1.625, "steps": 4}
-    with pytest.raises(ValueError, match="at least 2 steps after 4 warm-up"):
-        step_stats([0, 1, 3, 4, 6, 7.5], warmup=4)
+def test_block_medians_by_hand():
+    # two 5-step blocks; block 1 intervals 1, 2, 1, 2 -> first dropped -> 2, 1, 2: median 2;
+    # block 2 (starts 100 s later: the wait is not an interval) 3, 1, 1, 4 -> 1, 1, 4: median 1
+    starts = [0, 1, 3, 4, 6, 100, 103, 104, 105, 109]
+    assert block_medians(starts, 5) == [2, 1]
+    with pytest.raises(ValueError, match="whole number of 4-step blocks"):
+        block_medians(starts, 4)
+    with pytest.raises(ValueError, match="block_steps must be >= 4"):
+        block_medians(starts[:6], 3)
+
+
+def test_turn_order_is_abba_with_as_many_blocks_each():
+    assert turn_order(3) == ["plain", "ddpviz", "ddpviz", "plain", "plain", "ddpviz"]
+
+
+def test_median_interval_brackets_the_median_and_narrows_with_agreement():
+    spread = [0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5]
+    lo, hi = median_interval(spread)
+    assert lo <= 1.2 <= hi and lo >= 0.9 and hi <= 1.5 and hi > lo
+    assert median_interval([1.05] * 7) == [1.05, 1.05]
 
 
 @pytest.mark.slow
@@ -49,13 +63,55 @@ def test_shared_device_ddp_harness_records_buckets_and_memory_per_rank():
 
 
 @pytest.mark.slow
-def test_overhead_compares_the_same_work_on_gloo():
+@pytest.mark.timeout(300)
+def test_overhead_sides_take_turns_and_do_the_same_work_on_gloo():
+    """Both sides run at once but train in turns: no step of one side starts inside a block of
+    the other (the controller's own log of each block's release and end), in ABBA order, and
+    both end with the same parameters (the same work: gradient pre-division in ddpviz's hook
+    against DDP's built-in averaging)."""
+    import time
+
     cfg = RunConfig(world_size=2, steps=6, global_batch_size=64, bucket_cap_mb=0.05)
-    out = measure_overhead(cfg, rounds=1, warmup=2)
+    t0 = time.time()
+    out = measure_overhead(cfg, rounds=2, block_steps=4, warmup_blocks=1)
     assert out["backend"] == "gloo" and out["device_kind"] == "cpu"
+    assert out["config"]["steps"] == 12  # (1 warm-up + 2 rounds) x 4
     assert out["max_param_diff"] <= 1e-6  # plain and ddpviz DDP trained identically
-    r = out["rounds"][0]
-    assert r["plain"]["steps"] == r["ddpviz"]["steps"] == 4  # 6 step intervals, 2 dropped
-    assert out["ratio"] == pytest.approx(out["ddpviz_median_step_s"] / out["plain_median_step_s"])
-    with pytest.raises(ValueError, match="steps must be >= warmup"):
-        measure_overhead(cfg.model_copy(update={"steps": 4}), rounds=1, warmup=2)
+    sched = out["schedule"]
+    assert [s[0] for s in sched] == turn_order(3)
+    assert all(t0 < a[1] < a[2] <= b[1] for a, b in zip(sched, sched[1:]))  # one block at a time
+    for side in ("plain", "ddpviz"):  # each side's steps started inside its own turns only
+        windows = [s[1:] for s in sched if s[0] == side]
+        spans = out["block_spans"][side]
+        assert len(spans) == len(windows) == 3
+        assert all(w0 <= first <= last <= w1 for (first, last), (w0, w1) in zip(spans, windows))
+    assert len(out["rounds"]) == 2
+    ratios = sorted(r["ratio"] for r in out["rounds"])
+    assert out["ratio"] == pytest.approx(sum(ratios) / 2)  # the median of two rounds
+    for r in out["rounds"]:
+        assert r["ratio"] == pytest.approx(r["ddpviz_median_step_s"] / r["plain_median_step_s"])
+    with pytest.raises(ValueError, match="block_steps must be >= 4"):
+        measure_overhead(cfg, rounds=1, block_steps=3)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_overhead_ends_with_the_side_that_failed_and_leaves_no_rank_behind():
+    """A ddpviz rank that raises in its second block: the measurement raises the ddpviz side's
+    error (not a hang at the turn gate), and no rank process of either side is left."""
+    import psutil
+
+    cfg = RunConfig(world_size=2, steps=12, global_batch_size=64, fault="raise", fault_rank=1, fault_step=6)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(RuntimeError, match="ddpviz side failed.*injected fault"):
+        measure_overhead(cfg, rounds=2, block_steps=4, warmup_blocks=1)
+    import time
+
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.is_running()
+                and p.status() != psutil.STATUS_ZOMBIE]
+        if not left:
+            break
+        time.sleep(0.5)
+    assert not left, f"processes left: {[p.cmdline()[:3] for p in left]}"

@@ -113,8 +113,9 @@ def cmd_overhead(plan: "F.Plan", rounds: int | None, out: str | None) -> int:
         got = measure_overhead({**cfg, "world_size": 2}, rounds or plan.overhead_rounds)
         target = report.overhead_target(cfg)
         rows.append({**got, "target": target, "met": None if target is None else got["ratio"] <= target})
-        _say(f"  ddpviz / plain = {got['ratio']:.3f} (target <= {target}); rounds: "
-             + ", ".join(f"{r['ratio']:.3f}" for r in got["rounds"]))
+        lo, hi = got["ratio_interval_90"]
+        _say(f"  ddpviz / plain = {got['ratio']:.3f} (90% interval {lo:.3f}-{hi:.3f}; target <= {target}); "
+             f"rounds: " + ", ".join(f"{r['ratio']:.3f}" for r in got["rounds"]))
     text = json.dumps({"overhead": rows}, indent=2, default=str)
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -162,9 +163,9 @@ def register(command) -> None:
     p.add_argument("--quick", action="store_true", help="shorter runs and flood (about 2 minutes)")
     p.add_argument("--overhead", action="store_true",
                    help="only the instrument's overhead: ddpviz DDP / plain torch DDP step time, "
-                        "alternating rounds (engine.overhead)")
-    p.add_argument("--rounds", type=int, metavar="N", help="alternating rounds of the overhead measurement "
-                   "(--overhead and figure 5; default 5, --quick 1)")
+                        "taking turns block by block (engine.overhead)")
+    p.add_argument("--rounds", type=int, metavar="N", help="rounds (one block of each side) of the overhead "
+                   "measurement (--overhead and figure 5; default 30, --quick 5)")
     p.add_argument("--out", metavar="FILE.json", help="write the JSON here and the Markdown table "
                    "next to it (FILE.md); default: JSON to stdout")
     p.add_argument("--md", metavar="FILE.md", help="write the Markdown table here instead")

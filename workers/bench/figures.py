@@ -33,10 +33,11 @@ class Plan:
     first_chart_sizes: tuple[int, ...] = (1_000, 10_000, 100_000)  # figure 4: opened in Chromium
     feed_steps: int = 80  # figure 2: steps fed to the Live page
     feed_interval_s: float = 0.25
+    # figure 5b: `block_steps` per turn (~0.2-0.8 s of training here); `overhead_rounds` turns of each side
     overhead_configs: list[dict[str, Any]] = field(default_factory=lambda: [
-        dict(model="mlp", width=128, depth=3, global_batch_size=64, steps=150),
-        dict(model="mlp", width=1024, depth=6, global_batch_size=64, steps=60, bucket_cap_mb=5.0)])
-    overhead_rounds: int = 5
+        dict(model="mlp", width=128, depth=3, global_batch_size=64, block_steps=50),
+        dict(model="mlp", width=1024, depth=6, global_batch_size=64, bucket_cap_mb=5.0, block_steps=8)])
+    overhead_rounds: int = 30
     throughput_names: tuple[str, ...] = ("mlp-digits", "mlp-deep", "gpt-text")
     throughput_steps: int | None = None  # None: the configs' own
     world_sizes: tuple[int, ...] = (1, 2, 4)
@@ -47,8 +48,8 @@ class Plan:
     def quick_plan(cls) -> "Plan":
         return cls(quick=True, latency_steps=60, flood_s=5.0, first_chart_sizes=(1_000, 100_000),
                    feed_steps=20, feed_interval_s=0.25,
-                   overhead_configs=[dict(model="mlp", width=128, depth=3, global_batch_size=64, steps=60)],
-                   overhead_rounds=1, throughput_names=("mlp-digits",), throughput_steps=30,
+                   overhead_configs=[dict(model="mlp", width=128, depth=3, global_batch_size=64, block_steps=20)],
+                   overhead_rounds=5, throughput_names=("mlp-digits",), throughput_steps=30,
                    world_sizes=(2,), growth_runs=12, keep_runs=4)
 
 

@@ -1,9 +1,10 @@
 """Figure 5b: step time of ddpviz's instrumented DDP over plain torch DDP on the same work.
 
-The harness is `engine.overhead.measure_overhead` (alternating rounds of a plain DDP loop —
-PyTorch's built-in all-reduce, no hook, no events — and `ddpviz` DDP on the same config, data
-order, batch and threads; ratio of median step intervals, median over rounds). This module only
-turns the bench's config dicts into a validated `RunConfig` and adds the per-event emit cost.
+The harness is `engine.overhead.measure_overhead` (a plain DDP loop — PyTorch's built-in
+all-reduce, no hook, no events — and `ddpviz` DDP on the same config, data order, batch and
+threads, running at once and taking turns block by block; the median over rounds of each round's
+ratio of block-median step intervals). This module only turns the bench's config dicts (with
+their `block_steps`) into a validated `RunConfig` and adds the per-event emit cost.
 """
 
 from __future__ import annotations
@@ -21,8 +22,12 @@ def measure_overhead(config: dict[str, Any], rounds: int) -> dict[str, Any]:
     from engine.config import validate_config
     from engine.overhead import measure_overhead as measure
 
+    from engine.overhead import DEFAULT_BLOCK_STEPS
+
+    config = dict(config)
+    block_steps = config.pop("block_steps", DEFAULT_BLOCK_STEPS)
     cfg = validate_config({**config, "mode": "ddp", "step_delay_s": 0.0, "eval_every": 0})
-    return {"harness": "engine.overhead.measure_overhead", **measure(cfg, rounds)}
+    return {"harness": "engine.overhead.measure_overhead", **measure(cfg, rounds, block_steps=block_steps)}
 
 
 EMIT_EVENTS = 20_000
