@@ -42,7 +42,7 @@ def throughput_chart(steps: pd.DataFrame, runs: list[str] | None = None) -> alt.
     line = base.mark_line(strokeWidth=2).encode(x=x, y="samples_per_s_smooth:Q", color=colour,
                                                 tooltip=tip)
     return alt.layer(points, line).properties(
-        title=title("Throughput per step", f"dots: each step (slowest rank); line: rolling "
+        title=title("Throughput per step", f"dots: each step (mean over ranks); line: rolling "
                      f"median of {SMOOTH_STEPS} steps"), width=WIDTH, height=HEIGHT)
 
 

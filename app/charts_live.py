@@ -42,7 +42,7 @@ def _params():
 def throughput_chart(recent: pd.DataFrame, earlier: pd.DataFrame, runs: list[str],
                      window_steps: int) -> alt.LayerChart:
     """Samples/s per step over the whole run: the newest `window_steps` steps one by one (a dot
-    per step, the slowest rank's; a line through the rolling median), the steps before them in
+    per step, its time the mean over ranks; a line through the rolling median), the steps before them in
     bins (dashed: each bin's mean; band: its min–max).
 
     Args:
@@ -76,7 +76,7 @@ def throughput_chart(recent: pd.DataFrame, earlier: pd.DataFrame, runs: list[str
     return alt.layer(dots, line, band, mean).properties(
         width=WIDTH, height=HEIGHT + 90,
         title=alt.TitleParams("Throughput per step", anchor="start", subtitle=[
-            f"newest {window_steps} steps: a dot per step (slowest rank), line = rolling median of "
+            f"newest {window_steps} steps: a dot per step (mean over ranks), line = rolling median of "
             f"{SMOOTH_STEPS}",
             "earlier steps: dashed = mean per bin, band = min–max · drag to pan, wheel to zoom, "
             "double-click to reset"]))

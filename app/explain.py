@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from app import frames
+
 EMULATION_NOTE = (
     "DP on CPU is emulated: one process, a thread per virtual device, replicas rebuilt from "
     "device 0 every step and every tensor really copied — at RAM speed here, where a GPU box "
@@ -26,6 +28,9 @@ def _with_other(row: pd.Series) -> dict[str, float]:
     return parts
 
 
+LEVEL_WITHIN = 1.02  # DP ahead by less than this: said to be level, not ahead
+
+
 def why_dp_ahead(table: pd.DataFrame) -> str | None:
     """When the set's DP run has more samples/s than its DDP run, why, from their measured split.
 
@@ -41,9 +46,14 @@ def why_dp_ahead(table: pd.DataFrame) -> str | None:
     extra = sorted(((pb[c] - pa[c], ddp_name) for c, _, ddp_name in _PARTS), reverse=True)
     named = [f"+{d:.2f} ms in {name}" for d, name in extra[:2] if d > 0.005]
     longer = float(b["step_time_ms"]) - float(a["step_time_ms"])
-    lead = (f"DP is ahead here ({a['samples_per_s'] / b['samples_per_s']:.2f}× DDP's samples/s). "
-            f"From the runs' own measured split, DDP's step is {longer:.2f} ms longer")
-    lead += (": " + " and ".join(named) + ". ") if named else ". "
+    ratio = a["samples_per_s"] / b["samples_per_s"]
+    if ratio < LEVEL_WITHIN:
+        lead = (f"DP and DDP are level here (DP at {ratio:.3f}× DDP's samples/s, within "
+                f"{LEVEL_WITHIN - 1:.0%}). ")
+    else:
+        lead = (f"DP is ahead here ({ratio:.2f}× DDP's samples/s). "
+                f"From the runs' own measured split, DDP's step is {longer:.2f} ms longer")
+        lead += (": " + " and ".join(named) + ". ") if named else ". "
     return (lead + f"DP's copies cost it {pa['comm_exposed_ms']:.2f} ms per step, made at RAM "
             "speed between threads of one process; on GPUs the same copies cross PCIe or NVLink "
             "through device 0, which DDP's ring all-reduce avoids.")
@@ -51,13 +61,12 @@ def why_dp_ahead(table: pd.DataFrame) -> str | None:
 
 def table_from_steps(steps: pd.DataFrame, modes: dict[str, str]) -> pd.DataFrame:
     """The columns `why_dp_ahead` reads, computed as the Live page computes its own figures:
-    samples/s the median over every step (its metric), the split the median over the steps after
-    the first (its split chart). `modes`: run -> mode."""
+    medians over the steps its metric uses (`frames.steady_steps`, the run summary's rule).
+    `modes`: run -> mode."""
     cols = ["step_time_ms", "forward_ms", "backward_ms", "comm_exposed_ms", "optimizer_ms"]
     rows = []
-    for run, df in steps.groupby("run", sort=False):
-        late = df[df["step"] >= 1] if len(df) > 1 else df
+    for run, df in frames.steady_steps(steps).groupby("run", sort=False):
         rows.append({"run": run, "mode": modes.get(run, "?"),
                      "samples_per_s": float(df["samples_per_s"].median()),
-                     **late[cols].median().to_dict()})
+                     **df[cols].median().to_dict()})
     return pd.DataFrame(rows, columns=["run", "mode", "samples_per_s", *cols])

@@ -12,12 +12,13 @@ from typing import Any, Iterable
 import pandas as pd
 
 from engine.stages import where_failed
+from engine.summary import WARMUP_STEPS
 
 MIB = 1024 * 1024
 Event = dict[str, Any]
 
 STEP_COLUMNS = ["run", "step", "samples", "samples_per_s", "samples_per_s_smooth", "step_time_ms",
-                "forward_ms", "backward_ms", "comm_exposed_ms", "optimizer_ms", "loss"]
+                "forward_ms", "backward_ms", "comm_exposed_ms", "optimizer_ms", "loss", "instrument"]
 SMOOTH_STEPS = 9  # rolling-median window of `samples_per_s_smooth`, steps
 _STEP_PARTS = {"forward_ms": "forward_s", "backward_ms": "backward_s",
                "comm_exposed_ms": "comm_exposed_s", "optimizer_ms": "optimizer_s"}
@@ -43,18 +44,24 @@ def run_label(run: dict[str, Any] | None, run_id: str) -> str:
 def steps_frame(events: Iterable[Event], run: str) -> pd.DataFrame:
     """One row per optimizer step of one run (times in ms).
 
-    DDP emits a `step` event per rank; a synchronous step is as slow as its slowest rank, so
-    `step_time_ms` is the max over ranks, `samples_per_s` = samples / that time, and the parts
-    (forward, backward, exposed comm, optimizer) are the mean over ranks.
+    DDP emits a `step` event per rank; `step_time_ms` is the mean over ranks, `samples_per_s` =
+    samples / that time, and the parts (forward, backward, exposed comm, optimizer) are the mean
+    over ranks too. Each rank's step time already includes its wait for the others at the
+    all-reduce, and runs from its own previous step's end, so every rank's times add up to the
+    run's wall time; a rank that starts a step late measures it shorter. The max over ranks
+    would add half the step-to-step change of the ranks' skew to every step (up to 15% of a
+    default CPU step here, which made DDP look slower than DP on Live while the runs' own
+    summaries said the opposite).
     """
     rows = [{"step": e["step"], "rank": e.get("rank", 0), "samples": e.get("samples", 0),
              "step_time_s": e.get("step_time_s", 0.0), "loss": e.get("loss"),
+             "instrument": bool(e.get("memory_traced") or e.get("replica_check")),
              **{s: e.get(s, 0.0) for s in _STEP_PARTS.values()}}
             for e in of_type(events, "step")]
     if not rows:
         return pd.DataFrame(columns=STEP_COLUMNS)
     df = pd.DataFrame(rows)
-    agg = {"samples": "max", "step_time_s": "max", "loss": "mean",
+    agg = {"samples": "max", "step_time_s": "mean", "loss": "mean", "instrument": "max",
            **{s: "mean" for s in _STEP_PARTS.values()}}
     g = df.groupby("step", as_index=False).agg(agg).sort_values("step")
     out = pd.DataFrame({"run": run, "step": g["step"].astype(int), "samples": g["samples"]})
@@ -65,7 +72,23 @@ def steps_frame(events: Iterable[Event], run: str) -> pd.DataFrame:
     for col, src in _STEP_PARTS.items():
         out[col] = g[src] * 1000.0
     out["loss"] = g["loss"]
+    out["instrument"] = g["instrument"].astype(bool)
     return out.reset_index(drop=True)[STEP_COLUMNS]
+
+
+def steady_steps(steps: pd.DataFrame) -> pd.DataFrame:
+    """The rows of each run that its medians use, by the run summary's own rule
+    (`engine.summary`): the first `WARMUP_STEPS` steps skipped (fewer for short runs), and the
+    steps whose time includes the instrument's own work (`instrument`: memory tracing, DP's
+    replica checksums) left out while at least half the steps remain."""
+    parts = []
+    for _, df in steps.groupby("run", sort=False):
+        df = df.sort_values("step")
+        late = df.iloc[min(WARMUP_STEPS, len(df) // 4):]
+        late = late if not late.empty else df
+        plain = late[~late["instrument"].astype(bool)]
+        parts.append(plain if 2 * len(plain) >= len(late) else late)
+    return pd.concat(parts, ignore_index=True) if parts else steps
 
 
 def split_frame(steps: pd.DataFrame, warmup_steps: int = 1) -> pd.DataFrame:

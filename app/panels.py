@@ -118,8 +118,8 @@ def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, st
     steps = steps_of(windows, labels)
     if steps.empty:
         return _waiting("the first step")
-    medians = {run: float(df["samples_per_s"].median())
-               for run, df in steps.groupby("run", sort=False)}
+    medians = {run: float(df["samples_per_s"].median())  # the run summary's steps (frames.steady_steps)
+               for run, df in frames.steady_steps(steps).groupby("run", sort=False)}
     for col, (run, v) in zip(st.columns(len(medians)), medians.items()):
         others = [(r, o) for r, o in medians.items() if r != run and o > 0]
         delta = f"{v / others[0][1]:.2f}× {others[0][0]}" if others else None
@@ -129,10 +129,13 @@ def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, st
     window = max(w.max_steps for w in windows.values())
     _zoomable(charts_live.throughput_chart(steps, earlier, [labels.get(r, r) for r in windows], window),
               "chart_throughput")
+    note = ("Median samples/s: measured per step (samples / step time, the mean over ranks), the "
+            "median over the steps after the first 3, leaving out the steps that carry the "
+            "instrument's own work (memory tracing, DP's replica checksums), as the run's summary does.")
     if not earlier.empty:
-        st.caption(f"Steps before the newest {window} are drawn in bins of "
-                   f"{int(earlier['bin_steps'].max())} steps: each bin's mean samples/s and its "
-                   "min–max.")
+        note += (f" Steps before the newest {window} are drawn in bins of {int(earlier['bin_steps'].max())} "
+                 "steps: each bin's mean samples/s and its min–max.")
+    st.caption(note)
     modes = {labels[rid]: w.mode for rid, w in windows.items()}
     why = explain.why_dp_ahead(explain.table_from_steps(steps, modes))
     if why:

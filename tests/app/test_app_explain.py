@@ -22,6 +22,14 @@ def test_why_dp_is_ahead_names_ddps_largest_extra_parts_from_the_split():
     assert "DP's copies cost it 1.50 ms per step" in text
 
 
+def test_a_lead_under_2_percent_is_called_level_not_ahead():
+    table = pd.DataFrame([_row("dp", 1010.0, 2.0, 3.0, 1.5, 1.0, 10.0),
+                          _row("ddp", 1000.0, 2.5, 3.0, 4.0, 1.0, 10.1)])
+    text = explain.why_dp_ahead(table)
+    assert text.startswith("DP and DDP are level here (DP at 1.010× DDP's samples/s, within 2%).")
+    assert "ahead" not in text
+
+
 def test_no_sentence_when_ddp_leads_or_there_is_no_pair():
     ahead = pd.DataFrame([_row("dp", 700.0, 2.0, 3.0, 1.5, 1.0, 10.0),
                           _row("ddp", 800.0, 2.5, 3.0, 4.0, 1.0, 12.5)])
@@ -56,10 +64,14 @@ def test_replica_verdicts_say_what_each_mode_checks():
 
 
 def test_live_table_uses_the_same_medians_the_page_shows():
-    steps = pd.DataFrame({"run": ["a"] * 3, "step": [0, 1, 2], "samples_per_s": [1.0, 10.0, 30.0],
-                          "step_time_ms": [9.0, 4.0, 2.0], "forward_ms": [1.0, 1.0, 3.0],
-                          "backward_ms": [0.0] * 3, "comm_exposed_ms": [0.0] * 3,
-                          "optimizer_ms": [0.0] * 3})
+    """12 steps: the first 3 are warm-up and step 6 was traced (the instrument's own work), so
+    the medians are over steps 3, 4, 5, 7..11 (the run summary's rule): samples/s 3..11 without
+    6 -> median of [3, 4, 5, 7, 8, 9, 10, 11] = 7.5."""
+    n = 12
+    steps = pd.DataFrame({"run": ["a"] * n, "step": list(range(n)), "samples_per_s": [float(s) for s in range(n)],
+                          "step_time_ms": [100.0 - s for s in range(n)], "forward_ms": [1.0] * n,
+                          "backward_ms": [0.0] * n, "comm_exposed_ms": [0.0] * n, "optimizer_ms": [0.0] * n,
+                          "instrument": [s == 6 for s in range(n)]})
+    steps.loc[6, "samples_per_s"] = 1000.0  # would move the median if it were counted
     row = explain.table_from_steps(steps, {"a": "dp"}).iloc[0]
-    # samples/s: over every step (the page's metric); the split: after the first (its chart)
-    assert (row["mode"], row["samples_per_s"], row["step_time_ms"], row["forward_ms"]) == ("dp", 10.0, 3.0, 2.0)
+    assert (row["mode"], row["samples_per_s"], row["step_time_ms"]) == ("dp", 7.5, 92.5)
