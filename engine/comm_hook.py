@@ -34,6 +34,7 @@ from engine.telemetry import now
 
 LAYOUT_STEPS = 3  # backward passes whose buckets' parameter names are read (DDP rebuilds once, in pass 2)
 
+
 def wire_nbytes(buf: torch.Tensor) -> int:
     """Bytes an all-reduce of `buf` carries per rank: a dense bucket's flat buffer, or a sparse
     gradient's values and indices (DDP hands a sparse bucket over as the COO gradient itself,

@@ -1,5 +1,6 @@
 """The app never loads torch, and imports no engine module but the torch-free ones: engine.config
-(docs/architecture.md), engine.analysis and engine.export."""
+(docs/architecture.md), engine.analysis, engine.export, engine.stages and engine.summary (the
+warm-up rule the Live medians share with the run summary)."""
 
 import importlib.util
 import subprocess
@@ -9,7 +10,7 @@ from pathlib import Path
 APP_DIR = Path(__file__).resolve().parents[2] / "app"
 APP_MODULES = sorted(f"app.{p.stem}" for p in APP_DIR.glob("*.py") if p.stem != "__init__")
 TORCH_FREE_ENGINE = {"engine", "engine.config", "engine.analysis", "engine.export",
-                     "engine.events", "engine.stages"}  # events: through workers.store (history, sweeps)
+                     "engine.events", "engine.stages", "engine.summary"}  # events: through workers.store (history, sweeps)
 
 
 def _loaded_after(mods: list[str]) -> set[str]:
