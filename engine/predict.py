@@ -9,7 +9,7 @@ Compute (one device, batch b = B/n of the global batch B):
   forward (and backward) of the run's per-device batch b_m and f the share of it that does not
   grow with the batch (kernel launches, Python per layer). f comes from the forward of the
   single-device baseline of the same set (batch B on a device of the same size) and of the run
-  (b_m): two batch sizes, one line; without a baseline f = 0 (all compute proportional to the
+  (b_m, ÷ κ for a DDP rank: see below): two batch sizes, one line; without a baseline f = 0 (all compute proportional to the
   batch, which overstates the gain of a smaller batch).
   On CPU a device is `t(n) = max(1, cores // n)` intra-op threads (engine.training
   .cpu_threads_per_rank); intra-op threads are assumed not to speed these small ops up, and when
@@ -18,6 +18,10 @@ Compute (one device, batch b = B/n of the global batch B):
   step (optimizer, the host's Python, and gloo's all-reduce, CPU work too); in DP only forward
   and backward run on every device thread at once (loss, optimizer and copies run on device 0's
   thread while the others wait). On GPUs k = 1.
+  A DDP rank beside other ranks on a CPU host is also slower than a device alone (memory
+  bandwidth, caches, the others' gloo threads): u(n) = 1 at n = 1, κ at n ≥ 2, with κ measured
+  as the rank's optimizer step over the single baseline's (`contention`: the same work in both),
+  so DDP's compute, optimizer and host time carry u(n)/u(n_m) too. Without a baseline κ = 1.
   With a GPU preset, forward + backward = 6·N·tokens·b / (peak · utilisation) (Kaplan et al. 2020,
   "Scaling laws", §2.1: 2N forward, 4N backward FLOPs per token), split 1:2; the optimizer
   streams (3 for SGD, 7 for AdamW)·P bytes at HBM bandwidth · utilisation; the host's Python stays
@@ -40,7 +44,7 @@ minus the slowest device's own span, growing with the number of threads.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from engine.analysis import ring_factor
@@ -50,7 +54,7 @@ from engine.predict_models import bucket_pipeline, ddp_step, dp_step, hub_copies
 from engine.predict_presets import AS_MEASURED, THIS_MACHINE, ComputePreset, LinkPreset, \
     DEFAULT_UTILISATION
 
-__all__ = ["Scenario", "predict", "predict_ddp", "predict_dp", "fixed_fraction", "validate",
+__all__ = ["Scenario", "predict", "predict_ddp", "predict_dp", "fixed_fraction", "contention", "validate",
            "bucket_pipeline"]
 OPTIMIZER_STREAMS = {"sgd": 3, "adamw": 7}  # tensors of P bytes read or written per step
 
@@ -68,6 +72,8 @@ class Scenario:
         fixed_fraction: share of measured compute that does not grow with the batch.
         dp_collectives: "hub" (n−1 copies through device 0, as the emulation and torch without
             NCCL do) or "nccl" (torch's broadcast_coalesced / reduce_add over NCCL, pipelined).
+        contention: κ ≥ 1, how much slower a DDP rank's work runs beside the other ranks of its
+            CPU host than the same work alone (`contention`; 1: none known).
     """
 
     link: LinkPreset | None = None
@@ -77,6 +83,7 @@ class Scenario:
     utilisation: float = DEFAULT_UTILISATION
     fixed_fraction: float = 0.0
     dp_collectives: str = "hub"
+    contention: float = 1.0
 
     def describe(self) -> dict[str, Any]:
         return dict(link=self.link.key if self.link else THIS_MACHINE,
@@ -84,7 +91,8 @@ class Scenario:
                     devices_per_host=self.devices_per_host,
                     compute=self.compute.key if self.compute else AS_MEASURED,
                     utilisation=self.utilisation if self.compute else None,
-                    fixed_fraction=self.fixed_fraction, dp_collectives=self.dp_collectives)
+                    fixed_fraction=self.fixed_fraction, dp_collectives=self.dp_collectives,
+                    contention=self.contention)
 
 
 def check_scenario(sc: Scenario) -> None:
@@ -95,6 +103,8 @@ def check_scenario(sc: Scenario) -> None:
         raise ValueError(f"utilisation must be in (0, 1] (got {sc.utilisation})")
     if not 0 <= sc.fixed_fraction <= 1:
         raise ValueError(f"fixed_fraction must be in [0, 1] (got {sc.fixed_fraction})")
+    if not sc.contention >= 1:
+        raise ValueError(f"contention must be >= 1 (got {sc.contention})")
     if sc.dp_collectives not in ("hub", "nccl"):
         raise ValueError(f"dp_collectives must be 'hub' or 'nccl' (got {sc.dp_collectives!r})")
 
@@ -112,11 +122,18 @@ def time_share(n: int, cores: int) -> float:
     return max(1.0, n * cpu_threads(n, cores) / cores)
 
 
+def beside(n: int, sc: Scenario) -> float:
+    """u(n): a DDP rank's slow-down from sharing its CPU host with other ranks; 1 alone (n = 1),
+    κ (`Scenario.contention`) beside others (n ≥ 2: every core busy, as at calibration)."""
+    return 1.0 if n == 1 else sc.contention
+
+
 def host_factor(r: RunInputs, n: int, sc: Scenario) -> float:
-    """k(n)/k(n_m) for a CPU run predicted as measured, else 1."""
+    """k(n)/k(n_m) for a CPU run predicted as measured, else 1; for DDP also u(n)/u(n_m)."""
     if r.device_kind != "cpu" or sc.compute is not None or not r.host_cpu_count:
         return 1.0
-    return time_share(n, r.host_cpu_count) / time_share(r.world_size, r.host_cpu_count)
+    k = time_share(n, r.host_cpu_count) / time_share(r.world_size, r.host_cpu_count)
+    return k * (beside(n, sc) / beside(r.world_size, sc) if r.mode == "ddp" else 1.0)
 
 
 def batch_scale(r: RunInputs, n: int, f: float) -> float:
@@ -314,13 +331,40 @@ def predict_dp(r: RunInputs, n: int, sc: Scenario) -> dict[str, Any] | None:
 
 # -- calibration from a single baseline, the grid, validation -----------------------------------
 
-def fixed_fraction(single: RunInputs | None, run: RunInputs) -> tuple[float, str]:
+def contention(single: RunInputs | None, run: RunInputs) -> tuple[float, str]:
+    """κ: how much slower a DDP rank's work runs beside the other ranks of its CPU host than the
+    same work on a device alone.
+
+    Read from the one part of the step that is the same work in both runs: the optimizer step
+    (the same parameters and optimizer, whatever the batch), so κ = the rank's median
+    `optimizer_s` / the single baseline's (devices of the same size). Ranks beside each other
+    share memory bandwidth and caches and the other ranks' gloo threads; a device alone does
+    not. Clipped below at 1 (beside others is never faster; a smaller ratio is noise).
+
+    Returns:
+        (κ, source in words); (1.0, why) without a usable DDP run and baseline.
+    """
+    if single is None or single.mode != "single" or run.mode != "ddp" or run.world_size < 2:
+        return 1.0, "no DDP run beside a single-device baseline: no contention term (κ = 1)"
+    if (single.device_kind, single.cpu_threads_per_device) != (run.device_kind, run.cpu_threads_per_device) \
+            or run.device_kind != "cpu":
+        return 1.0, "the single baseline ran on a different device size (or not on CPU): κ = 1"
+    if not (single.optimizer_s > 0 and run.optimizer_s > 0):
+        return 1.0, "no optimizer time in the runs: κ = 1"
+    k = max(1.0, run.optimizer_s / single.optimizer_s)
+    return k, (f"optimizer step of DDP rank {run.run_id} beside {run.world_size - 1} other(s) "
+               f"{run.optimizer_s * 1e3:.3f} ms against the single baseline {single.run_id} alone "
+               f"{single.optimizer_s * 1e3:.3f} ms: κ = {k:.2f}")
+
+
+def fixed_fraction(single: RunInputs | None, run: RunInputs, kappa: float = 1.0) -> tuple[float, str]:
     """Share f of the run's per-device compute that does not grow with the batch.
 
     Two points on one line: the single-device baseline's forward over the global batch B and a
     device's forward over B/n_m in `run`, both on devices of the same size (same threads, same
-    kind): c(b) = c0 + c1·b, f = c0 / c(b_m), clipped to [0, 1]. Forward only: a DDP rank's
-    backward has the all-reduces' CPU work interleaved (gloo), which is not compute.
+    kind), the run's divided by `kappa` (`contention`: its forward ran beside other ranks, the
+    baseline's alone): c(b) = c0 + c1·b, f = c0 / c(b_m), clipped to [0, 1]. Forward only: a DDP
+    rank's backward has the all-reduces' CPU work interleaved (gloo), which is not compute.
 
     Returns:
         (f, source in words); (0.0, why) when no usable baseline is given.
@@ -332,11 +376,12 @@ def fixed_fraction(single: RunInputs | None, run: RunInputs) -> tuple[float, str
         return 0.0, "the single baseline ran on a different device size or batch: not used"
     b_m, big = run.per_device_batch, float(single.global_batch_size)
     fwd_m = run.forward_s if run.mode == "ddp" else (run.dp_phases.get("forward") or {}).get("device_s", 0.0)
+    fwd_m /= kappa
     per_sample = (single.forward_s - fwd_m) / (big - b_m)
     f = min(1.0, max(0.0, (fwd_m - per_sample * b_m) / fwd_m)) if fwd_m > 0 else 0.0
     return f, (f"forward of the single baseline {single.run_id} (batch {single.global_batch_size}) "
-               f"and of this run (batch {b_m:g} per device): {f:.0%} of compute does not grow "
-               "with the batch")
+               f"and of this run (batch {b_m:g} per device{', ÷ κ' if kappa != 1 else ''}): {f:.0%} "
+               "of compute does not grow with the batch")
 
 
 def predict(inputs: dict[str, RunInputs], world_sizes: list[int], sc: Scenario) -> list[dict[str, Any]]:
@@ -395,6 +440,3 @@ def validate(predicted: list[dict[str, Any]], measured: list[dict[str, Any]]) ->
                         samples_per_s_error_pct=100 * (p["samples_per_s"] - m["samples_per_s"]) / m["samples_per_s"]))
     return out
 
-
-def with_fixed_fraction(sc: Scenario, f: float) -> Scenario:
-    return replace(sc, fixed_fraction=f)

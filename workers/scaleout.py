@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.predict import Scenario, fixed_fraction, predict, validate, with_fixed_fraction
+from dataclasses import replace
+
+from engine.predict import Scenario, contention, fixed_fraction, predict, validate
 from engine.predict_inputs import PredictInputError, RunInputs, measure_run
 from engine.predict_presets import AS_MEASURED, THIS_MACHINE, compute, custom_link, link
 from workers.scaleout_text import assumptions
@@ -132,19 +134,23 @@ def report(client, run_id: str, world_sizes: list[int], scenario: Scenario, *,
     modes = {m: i for m, i in measured_inputs.items() if m in ("dp", "ddp")}
     if not modes:
         raise ValueError(f"run_id: {run_id}'s set has no DP or DDP run with steps to calibrate on")
-    f, f_source = fixed_fraction(measured_inputs.get("single"), modes.get("ddp") or modes["dp"])
-    sc = with_fixed_fraction(scenario, f)
+    single = measured_inputs.get("single")
+    kappa, k_source = contention(single, modes["ddp"]) if "ddp" in modes else (1.0, "no DDP run: κ = 1")
+    base = modes.get("ddp") or modes["dp"]
+    f, f_source = fixed_fraction(single, base, kappa if base.mode == "ddp" else 1.0)
+    sc = replace(scenario, fixed_fraction=f, contention=kappa)
     rows = predict(modes, world_sizes, sc)
     record = next(iter(members.values()))
     points = measured_points(client, record.get("config") or {})
-    here = Scenario(fixed_fraction=f, dp_collectives="hub")
+    here = Scenario(fixed_fraction=f, dp_collectives="hub", contention=kappa)
     checked = validate(predict(modes, sorted({p["world_size"] for p in points} | {1}), here), points)
     single = members.get("single")
     return dict(run_id=run_id, single_samples_per_s=((single or {}).get("summary") or {}).get("samples_per_s"),
                 calibration={m: _describe(i) for m, i in measured_inputs.items()},
                 scenario=sc.describe(), fixed_fraction=dict(value=f, source=f_source),
+                contention=dict(value=kappa, source=k_source),
                 predictions=rows, validation=checked, measured=points,
-                assumptions=assumptions(modes, sc, f_source))
+                assumptions=assumptions(modes, sc, f_source, k_source))
 
 
 def _describe(i: RunInputs) -> dict[str, Any]:

@@ -37,7 +37,8 @@ def measured_lines(modes: dict[str, RunInputs]) -> list[str]:
     return out
 
 
-def assumption_lines(modes: dict[str, RunInputs], sc: Scenario, f_source: str) -> list[str]:
+def assumption_lines(modes: dict[str, RunInputs], sc: Scenario, f_source: str,
+                     k_source: str = "κ = 1") -> list[str]:
     """The modelling choices behind this prediction, as assumptions."""
     out = [f"Global batch fixed; each device computes B/n. Compute: {f_source}."]
     if sc.compute is None:
@@ -45,6 +46,9 @@ def assumption_lines(modes: dict[str, RunInputs], sc: Scenario, f_source: str) -
             out.append("CPU: a device has max(1, cores // n) threads; intra-op threads are assumed "
                        "not to speed up these small ops; when n devices hold more threads than there "
                        "are cores, DDP's whole step and DP's forward/backward time-share (k = n·t/cores).")
+            if "ddp" in modes:
+                out.append(f"CPU, DDP: a rank beside other ranks runs κ× slower than a device alone "
+                           f"(κ at every n ≥ 2, 1 at n = 1; DP's threads are not given it): {k_source}.")
     else:
         gpu = sc.compute
         out.append(f"ASSUMPTION — compute on {gpu.label}: 6·N FLOPs per sample (Kaplan et al. 2020) at "
@@ -71,5 +75,6 @@ def assumption_lines(modes: dict[str, RunInputs], sc: Scenario, f_source: str) -
     return out
 
 
-def assumptions(modes: dict[str, RunInputs], sc: Scenario, f_source: str) -> list[str]:
-    return measured_lines(modes) + assumption_lines(modes, sc, f_source)
+def assumptions(modes: dict[str, RunInputs], sc: Scenario, f_source: str,
+                k_source: str = "κ = 1") -> list[str]:
+    return measured_lines(modes) + assumption_lines(modes, sc, f_source, k_source)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.predict import Scenario, fixed_fraction, predict, predict_ddp, validate
+from engine.predict import Scenario, contention, fixed_fraction, predict, predict_ddp, validate
 from engine.predict_inputs import PredictInputError, measure_run
 
 MS = 1e-3
@@ -98,6 +98,49 @@ def test_fixed_fraction_from_two_forward_passes_by_hand():
     f, source = fixed_fraction(single, run)
     assert f == pytest.approx(0.5) and "50%" in source
     assert fixed_fraction(None, run)[0] == 0.0
+
+
+def _single(optimizer_s=0.4 * MS, forward_s=3 * MS):
+    single = measure_run(_ddp_events())
+    single.mode, single.world_size, single.run_id = "single", 1, "s1"
+    single.optimizer_s, single.forward_s = optimizer_s, forward_s
+    return single
+
+
+def test_contention_is_the_ranks_optimizer_step_over_the_baselines_by_hand():
+    """The rank's optimizer step 0.5 ms beside another rank, the baseline's 0.4 ms alone: 1.25."""
+    run = measure_run(_ddp_events())
+    k, source = contention(_single(), run)
+    assert k == pytest.approx(1.25) and "1.25" in source
+    assert contention(_single(optimizer_s=0.6 * MS), run)[0] == 1.0  # faster beside others: noise, clipped
+    assert contention(None, run)[0] == 1.0
+    dp = measure_run(_ddp_events())
+    dp.mode = "dp"
+    assert contention(_single(), dp)[0] == 1.0  # DP's optimizer runs on device 0 alone: no reading
+
+
+def test_fixed_fraction_takes_the_rank_alone():
+    """The rank's forward 2.5 ms beside another at κ = 1.25 is 2 ms alone; with the baseline's 3 ms
+    over 64 samples that is the line of the by-hand test above: f = 0.5."""
+    run = measure_run(_ddp_events())
+    run.forward_s = 2.5 * MS
+    assert fixed_fraction(_single(), run, 1.25)[0] == pytest.approx(0.5)
+    # without κ the line runs through 2.5 ms at 32 and 3 ms at 64: c0 = 2 ms, f = 0.8 (overstated)
+    assert fixed_fraction(_single(), run)[0] == pytest.approx(0.8)
+
+
+def test_a_rank_alone_sheds_the_contention_and_more_ranks_keep_it():
+    """κ = 1.25 measured at n = 2: at n = 1 the rank's compute, optimizer and other time are
+    /1.25 (forward 0.8, backward 3.2, optimizer 0.4, other 0.4 ms, no comm: 4.8 ms); at n = 3
+    the ranks are beside others as at n = 2, so κ changes nothing there."""
+    r = measure_run(_ddp_events())
+    one = predict_ddp(r, 1, Scenario(fixed_fraction=1.0, contention=1.25))
+    assert one["step_time_s"] == pytest.approx(4.8 * MS, rel=1e-6)
+    assert predict_ddp(r, 1, Scenario(fixed_fraction=1.0))["step_time_s"] == pytest.approx(6 * MS, rel=1e-6)
+    three = [predict_ddp(r, 3, Scenario(fixed_fraction=1.0, contention=c))["step_time_s"] for c in (1.0, 1.25)]
+    assert three[0] == pytest.approx(three[1], rel=1e-9)
+    with pytest.raises(ValueError, match="contention"):
+        predict({"ddp": r}, [1], Scenario(contention=0.9))
 
 
 def test_validate_reports_the_error_in_percent():

@@ -7,7 +7,7 @@ import pytest
 
 from workers.bench import measured, report
 from workers.bench.browser import page_latencies_ms
-from workers.bench.flood import account, per_second_rates
+from workers.bench.flood import account, lag_ms, per_second_rates
 from workers.bench.latency import arrival_ms, distribution, step_latencies_ms
 
 T = 1_700_000_000.0  # a step ends at T + k (unix s)
@@ -45,6 +45,14 @@ def test_throughput_accounting_finds_a_lost_a_duplicated_and_a_foreign_event():
     broken = [p for p in perfect if p != (1, 1)] + [(0, 2), (2, 0), (0, 9)]
     assert account(broken, emitted) == {"emitted": 7, "stored": 9, "lost": 1, "duplicated": 1,
                                         "foreign": 2}
+
+
+def test_lag_is_arrival_minus_emit_by_hand():
+    # 100 events emitted at t = 10.000 s; arrivals 10.005 .. 10.104 s: lags 5 .. 104 ms
+    arrivals = [10_005 + i for i in range(100)]
+    got = lag_ms(arrivals, [10.0] * 100)
+    assert got == {"p50": 55.0, "p99": 104.0, "max": 104.0}
+    assert lag_ms([], []) == {"p50": None, "p99": None, "max": None}
 
 
 def test_per_second_rates_bin_whole_seconds_from_the_start():
@@ -100,10 +108,14 @@ def test_busbw_ratio_by_hand_and_says_why_it_is_missing():
 def test_verdicts_against_the_targets():
     assert report.verdict("1", {"ddp": {"p95_ms": 149}, "dp": {"p95_ms": 20}}) is True
     assert report.verdict("1", {"ddp": {"p95_ms": 151}, "dp": {"p95_ms": 20}}) is False
-    ok = {"lost": 0, "duplicated": 0, "foreign": 0, "sustained_min_per_s": 50_000, "duration_s": 30}
-    assert report.verdict("3", ok) is True
+    ok = {"lost": 0, "duplicated": 0, "foreign": 0, "delivered_per_s": 50_000, "duration_s": 30,
+          "sustained_min_per_s": 41_000, "lag_ms": {"p50": 40.0, "p99": 300.0, "max": 1000.0}}
+    assert report.verdict("3", ok) is True  # a slow second caught up on is still sustained
     assert report.verdict("3", {**ok, "lost": 1}) is False
     assert report.verdict("3", {**ok, "duration_s": 5}) is False  # --quick: not 30 s
+    assert report.verdict("3", {**ok, "delivered_per_s": 49_999}) is False
+    assert report.verdict("3", {**ok, "lag_ms": {"p50": 40.0, "p99": 300.0, "max": 1000.1}}) is False
+    assert report.verdict("3", {k: v for k, v in ok.items() if k != "lag_ms"}) is False
     assert report.verdict("6", {"ratio": 0.95, "backend": "gloo"}) is None
     assert report.verdict("6", {"ratio": 0.85, "backend": "nccl"}) is False
     assert report.verdict("2", {"reason": "no chromium"}) is None

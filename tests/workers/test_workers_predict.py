@@ -53,6 +53,10 @@ def test_predict_json_gives_the_reports_numbers(recorded_trio, redis_url):
     assert measured == {m: client.get_run(ids[m])["summary"]["samples_per_s"] for m in ("dp", "ddp")}
     assert set(out["calibration"]) == {"single", "dp", "ddp"}
     assert any("NVLink 4" in line and "nccl-tests" in line for line in out["assumptions"])
+    # the contention term is read from the trio's DDP rank and single baseline, and said
+    assert out["contention"]["source"].startswith("optimizer step of DDP rank")
+    assert out["scenario"]["contention"] == out["contention"]["value"] >= 1.0
+    assert any("κ" in line and out["contention"]["source"] in line for line in out["assumptions"])
 
 
 def test_predict_table_and_refusals(recorded_trio, redis_url):

@@ -116,20 +116,32 @@ def per_second_rates(arrivals_ms: list[int], start_ms: int, end_ms: int) -> list
     return bins
 
 
-def read_back(redis, run_id: str) -> tuple[list[tuple[int, int]], list[int]]:
-    """(rank, seq) of every entry of the run's stream and its arrival ms, oldest first."""
+def read_back(redis, run_id: str) -> tuple[list[tuple[int, int]], list[int], list[float]]:
+    """(rank, seq) of every entry of the run's stream, its arrival ms (the stream id's ms, Redis's
+    clock) and its emit time (the event's ``ts``, s, the rank's clock: the same host), oldest first."""
     from workers.bench.latency import arrival_ms
 
-    pairs, arrivals, after = [], [], "-"
+    pairs, arrivals, emitted, after = [], [], [], "-"
     while True:
         entries = redis.xrange(keys.events(run_id), min=after, max="+", count=READ_CHUNK)
         for entry_id, fields in entries:
             e = json.loads(fields[keys.EVENT_FIELD])
             pairs.append((e.get("rank"), e.get("seq")))
             arrivals.append(arrival_ms(entry_id))
+            emitted.append(e.get("ts") or 0.0)
         if len(entries) < READ_CHUNK:
-            return pairs, arrivals
+            return pairs, arrivals, emitted
         after = "(" + entries[-1][0].decode()
+
+
+def lag_ms(arrivals_ms: list[int], emitted_s: list[float]) -> dict[str, float | None]:
+    """p50/p99/max of arrival − emit (ms) over all events: how far behind the path ran. A path
+    that sustains the offered rate keeps this bounded; one that cannot sees it grow all run."""
+    lags = sorted(a - e * 1000 for a, e in zip(arrivals_ms, emitted_s))
+    if not lags:
+        return {"p50": None, "p99": None, "max": None}
+    pick = lambda q: round(lags[min(len(lags) - 1, int(q * len(lags)))], 1)  # noqa: E731
+    return {"p50": pick(0.5), "p99": pick(0.99), "max": round(lags[-1], 1)}
 
 
 class _Observed:
@@ -148,8 +160,10 @@ def measure_flood(redis, rate_per_s: float, duration_s: float) -> dict[str, Any]
 
     Returns:
         {offered_per_s, duration_s, delivered_per_s (events stored / first emit to last arrival),
-        sustained_min_per_s (slowest whole second while the ranks emitted), drain_s (last arrival
-        after the ranks stopped), redis_bytes_per_event, emitted, stored, lost, duplicated, foreign}.
+        sustained_min_per_s (slowest whole second while the ranks emitted; `per_second` holds
+        every second's count), lag_ms ({p50, p99, max} of arrival − emit: the backlog),
+        drain_s (last arrival after the ranks stopped), redis_bytes_per_event, emitted, stored,
+        lost, duplicated, foreign}.
     """
     from engine.launcher import RankFollower
     from engine.summary import SummaryBuilder
@@ -171,7 +185,7 @@ def measure_flood(redis, rate_per_s: float, duration_s: float) -> dict[str, Any]
         follower.finish()
         sink.close()
         ranks = [json.loads((Path(wd) / f"flood{r}.json").read_text()) for r in range(FLOOD_RANKS)]
-    pairs, arrivals = read_back(redis, run_id)
+    pairs, arrivals, emitted = read_back(redis, run_id)
     used = redis.memory_usage(keys.events(run_id), samples=0) or 0
     redis.delete(keys.events(run_id))
     first_ms = int(min(r["first_emit_ts"] for r in ranks) * 1000)
@@ -183,4 +197,5 @@ def measure_flood(redis, rate_per_s: float, duration_s: float) -> dict[str, Any]
             "delivered_per_s": round(acc["stored"] / max(1e-9, (last_ms - first_ms) / 1000)),
             "sustained_min_per_s": min(bins[1:-1] or bins or [0]),
             "drain_s": round(max(0, last_ms - stop_ms) / 1000, 3),
-            "redis_bytes_per_event": round(used / max(1, len(pairs))), **acc}
+            "redis_bytes_per_event": round(used / max(1, len(pairs))), "per_second": bins,
+            "lag_ms": lag_ms(arrivals, emitted), **acc}
