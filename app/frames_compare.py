@@ -8,6 +8,7 @@ else from the events seen so far, so a running pair fills the table as it goes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import pandas as pd
@@ -47,6 +48,13 @@ class RunView:
     def of_type(self, type_: str) -> list[dict[str, Any]]:
         return self.events.get(type_, [])
 
+    @cached_property
+    def steps(self) -> pd.DataFrame:
+        """`frames.steps_frame` of the run's step events, built once per view (the table and the
+        curves both read it; a view is made afresh for each drawing, so it is never stale).
+        Read-only: callers filter or copy it."""
+        return frames.steps_frame(self.of_type("step"), self.label)
+
 
 def view_of(window, label: str) -> RunView:
     """A `RunView` of an `app.window.RunWindow`."""
@@ -82,7 +90,7 @@ def compare_frame(views: list[RunView]) -> pd.DataFrame:
 
 def _row(v: RunView) -> dict[str, Any]:
     s = v.summary
-    steps = frames.steps_frame(v.of_type("step"), v.label)
+    steps = v.steps
     late = steps[steps["step"] >= 1] if len(steps) > 1 else steps
     med = late.median(numeric_only=True) if not late.empty else pd.Series(dtype=float)
 
@@ -238,7 +246,7 @@ def _where_index(v: RunView, i: int) -> str:
 
 def curves_frame(views: list[RunView], max_points: int = 700) -> pd.DataFrame:
     """`frames.steps_frame` of every run on one step axis, each thinned to `max_points` rows."""
-    parts = [thin(frames.steps_frame(v.of_type("step"), v.label), max_points) for v in views]
+    parts = [thin(v.steps, max_points) for v in views]
     parts = [p for p in parts if not p.empty]
     return pd.concat(parts, ignore_index=True) if parts else frames.steps_frame([], "")
 

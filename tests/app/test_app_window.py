@@ -1,6 +1,9 @@
 """RunWindow: incremental reads from the last stream id, bounded windows, stop when drained."""
 
-from app.window import RunWindow
+import gc
+import threading
+
+from app.window import RunWindow, gc_paused
 
 import eventgen as g
 from fakeclient import FakeClient
@@ -17,6 +20,47 @@ def test_poll_reads_incrementally_from_last_id():
     assert w.poll(c) == len(g.ddp_step("r", 0))
     assert w.poll(c) == 0  # nothing new: nothing re-read
     assert w.steps_done == 1 and w.steps_total == 40 and not w.done
+
+
+def test_the_collector_is_off_while_a_window_reads_and_back_on_after():
+    seen = []
+
+    class Spy(FakeClient):
+        def read_events(self, *a, **kw):
+            seen.append(gc.isenabled())
+            return super().read_events(*a, **kw)
+
+    c = Spy()
+    c.add_run("r", CFG, status="started", events=[g.run_started("r", "ddp", steps=40)])
+    assert gc.isenabled()
+    RunWindow("r", batch=10).poll(c)
+    assert seen == [False] and gc.isenabled()
+
+
+def test_the_collector_comes_back_when_the_last_concurrent_reader_leaves():
+    inside, leave = threading.Event(), threading.Event()
+
+    def reader():
+        with gc_paused():
+            inside.set()
+            leave.wait(5)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    inside.wait(5)
+    with gc_paused():
+        pass
+    assert not gc.isenabled()  # the other reader is still inside
+    leave.set()
+    t.join(5)
+    assert gc.isenabled()
+    gc.disable()  # a process that had it off keeps it off
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_windows_are_bounded():
