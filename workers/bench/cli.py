@@ -165,7 +165,7 @@ def register(command) -> None:
                    help="only the instrument's overhead: ddpviz DDP / plain torch DDP step time, "
                         "taking turns block by block (engine.overhead)")
     p.add_argument("--rounds", type=int, metavar="N", help="rounds (one block of each side) of the overhead "
-                   "measurement (--overhead and figure 5; default 30, --quick 5)")
+                   "measurement (--overhead and figure 5; default 120, --quick 5)")
     p.add_argument("--out", metavar="FILE.json", help="write the JSON here and the Markdown table "
                    "next to it (FILE.md); default: JSON to stdout")
     p.add_argument("--md", metavar="FILE.md", help="write the Markdown table here instead")

@@ -37,7 +37,7 @@ class Plan:
     overhead_configs: list[dict[str, Any]] = field(default_factory=lambda: [
         dict(model="mlp", width=128, depth=3, global_batch_size=64, block_steps=50),
         dict(model="mlp", width=1024, depth=6, global_batch_size=64, bucket_cap_mb=5.0, block_steps=8)])
-    overhead_rounds: int = 30
+    overhead_rounds: int = 120  # 30 gave 90% intervals of +-5-8% here, too wide to judge a 3% target
     throughput_names: tuple[str, ...] = ("mlp-digits", "mlp-deep", "gpt-text")
     throughput_steps: int | None = None  # None: the configs' own
     world_sizes: tuple[int, ...] = (1, 2, 4)
