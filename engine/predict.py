@@ -103,8 +103,8 @@ def check_scenario(sc: Scenario) -> None:
         raise ValueError(f"utilisation must be in (0, 1] (got {sc.utilisation})")
     if not 0 <= sc.fixed_fraction <= 1:
         raise ValueError(f"fixed_fraction must be in [0, 1] (got {sc.fixed_fraction})")
-    if not sc.contention >= 1:
-        raise ValueError(f"contention must be >= 1 (got {sc.contention})")
+    if not (sc.contention >= 1 and math.isfinite(sc.contention)):
+        raise ValueError(f"contention must be a finite number >= 1 (got {sc.contention})")
     if sc.dp_collectives not in ("hub", "nccl"):
         raise ValueError(f"dp_collectives must be 'hub' or 'nccl' (got {sc.dp_collectives!r})")
 
@@ -337,9 +337,11 @@ def contention(single: RunInputs | None, run: RunInputs) -> tuple[float, str]:
 
     Read from the one part of the step that is the same work in both runs: the optimizer step
     (the same parameters and optimizer, whatever the batch), so κ = the rank's median
-    `optimizer_s` / the single baseline's (devices of the same size). Ranks beside each other
-    share memory bandwidth and caches and the other ranks' gloo threads; a device alone does
-    not. Clipped below at 1 (beside others is never faster; a smaller ratio is noise).
+    `optimizer_s` / (the single baseline's × k(n_m)) on devices of the same size, k being the
+    time-share of ranks that outnumber the cores (`time_share`; 1 while they fit), which the
+    model already applies on its own. Ranks beside each other share memory bandwidth and caches
+    and the other ranks' gloo threads; a device alone does not. Clipped below at 1 (beside
+    others is never faster; a smaller ratio is noise).
 
     Returns:
         (κ, source in words); (1.0, why) without a usable DDP run and baseline.
@@ -351,10 +353,19 @@ def contention(single: RunInputs | None, run: RunInputs) -> tuple[float, str]:
         return 1.0, "the single baseline ran on a different device size (or not on CPU): κ = 1"
     if not (single.optimizer_s > 0 and run.optimizer_s > 0):
         return 1.0, "no optimizer time in the runs: κ = 1"
-    k = max(1.0, run.optimizer_s / single.optimizer_s)
+    shared = _time_share_of(run)
+    k = max(1.0, run.optimizer_s / (single.optimizer_s * shared))
     return k, (f"optimizer step of DDP rank {run.run_id} beside {run.world_size - 1} other(s) "
                f"{run.optimizer_s * 1e3:.3f} ms against the single baseline {single.run_id} alone "
-               f"{single.optimizer_s * 1e3:.3f} ms: κ = {k:.2f}")
+               f"{single.optimizer_s * 1e3:.3f} ms"
+               + (f" × the time-share {shared:g}" if shared != 1 else "") + f": κ = {k:.2f}")
+
+
+def _time_share_of(run: RunInputs) -> float:
+    """k(n_m) of a CPU run (1 elsewhere or without a core count)."""
+    if run.device_kind != "cpu" or not run.host_cpu_count:
+        return 1.0
+    return time_share(run.world_size, run.host_cpu_count)
 
 
 def fixed_fraction(single: RunInputs | None, run: RunInputs, kappa: float = 1.0) -> tuple[float, str]:
@@ -363,7 +374,8 @@ def fixed_fraction(single: RunInputs | None, run: RunInputs, kappa: float = 1.0)
     Two points on one line: the single-device baseline's forward over the global batch B and a
     device's forward over B/n_m in `run`, both on devices of the same size (same threads, same
     kind), the run's divided by `kappa` (`contention`: its forward ran beside other ranks, the
-    baseline's alone): c(b) = c0 + c1·b, f = c0 / c(b_m), clipped to [0, 1]. Forward only: a DDP
+    baseline's alone) and by its time-share k(n_m) (`time_share`: 1 while the devices fit the
+    cores): c(b) = c0 + c1·b, f = c0 / c(b_m), clipped to [0, 1]. Forward only: a DDP
     rank's backward has the all-reduces' CPU work interleaved (gloo), which is not compute.
 
     Returns:
@@ -376,7 +388,7 @@ def fixed_fraction(single: RunInputs | None, run: RunInputs, kappa: float = 1.0)
         return 0.0, "the single baseline ran on a different device size or batch: not used"
     b_m, big = run.per_device_batch, float(single.global_batch_size)
     fwd_m = run.forward_s if run.mode == "ddp" else (run.dp_phases.get("forward") or {}).get("device_s", 0.0)
-    fwd_m /= kappa
+    fwd_m /= kappa * _time_share_of(run)
     per_sample = (single.forward_s - fwd_m) / (big - b_m)
     f = min(1.0, max(0.0, (fwd_m - per_sample * b_m) / fwd_m)) if fwd_m > 0 else 0.0
     return f, (f"forward of the single baseline {single.run_id} (batch {single.global_batch_size}) "

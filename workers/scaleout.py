@@ -136,6 +136,8 @@ def report(client, run_id: str, world_sizes: list[int], scenario: Scenario, *,
         raise ValueError(f"run_id: {run_id}'s set has no DP or DDP run with steps to calibrate on")
     single = measured_inputs.get("single")
     kappa, k_source = contention(single, modes["ddp"]) if "ddp" in modes else (1.0, "no DDP run: κ = 1")
+    if scenario.compute is not None:  # a GPU preset replaces the measured CPU compute κ applies to
+        kappa, k_source = 1.0, f"not used: compute from the {scenario.compute.label} preset (κ = 1)"
     base = modes.get("ddp") or modes["dp"]
     f, f_source = fixed_fraction(single, base, kappa if base.mode == "ddp" else 1.0)
     sc = replace(scenario, fixed_fraction=f, contention=kappa)

@@ -54,6 +54,22 @@ def test_the_collector_comes_back_when_the_last_concurrent_reader_leaves():
     leave.set()
     t.join(5)
     assert gc.isenabled()
+    # readers that keep overlapping: one leaving after GC_MAX_OFF_S runs a collection
+    import app.window as window
+
+    collections = gc.get_stats()[2]["collections"]
+    inside.clear()
+    leave.clear()
+    t = threading.Thread(target=reader)
+    t.start()
+    inside.wait(5)
+    window._gc_off_since -= window.GC_MAX_OFF_S + 1  # as if paused that long
+    with gc_paused():
+        pass
+    assert gc.get_stats()[2]["collections"] == collections + 1 and not gc.isenabled()
+    leave.set()
+    t.join(5)
+    assert gc.isenabled()
     gc.disable()  # a process that had it off keeps it off
     try:
         with gc_paused():

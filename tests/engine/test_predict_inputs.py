@@ -2,7 +2,8 @@
 
 import pytest
 
-from engine.predict import Scenario, contention, fixed_fraction, predict, predict_ddp, validate
+from engine.predict import Scenario, contention, fixed_fraction, predict, predict_ddp, predict_dp, validate
+from engine.predict_presets import compute
 from engine.predict_inputs import PredictInputError, measure_run
 
 MS = 1e-3
@@ -65,7 +66,7 @@ def test_this_machine_reproduces_the_calibration_run_and_scales_with_the_ring():
     assert at_3["comm_exposed_s"] == pytest.approx(4 / 3 * 1.5 * MS, rel=1e-6)
 
 
-def test_dp_inputs_recover_hub_spans_and_dispatch():
+def _dp_events():
     ev = [_started("dp")]
     spans = [("broadcast", 0, 0.0, 0.3), ("broadcast", 1, 0.0, 0.25), ("forward", 0, 0.3, 1.3),
              ("forward", 1, 0.4, 1.5), ("loss", 0, 1.4, 1.6), ("reduce", 0, 1.6, 2.1), ("reduce", 1, 1.6, 1.85),
@@ -77,6 +78,11 @@ def test_dp_inputs_recover_hub_spans_and_dispatch():
         for phase, dev, a, b in spans:
             ev.append(dict(type="dp_phase", step=s, phase=phase, device=f"cpu:{dev}", start_s=a * MS,
                            end_s=b * MS, nbytes=1_000_000 if phase in ("broadcast", "reduce") else 0))
+    return ev
+
+
+def test_dp_inputs_recover_hub_spans_and_dispatch():
+    ev = _dp_events()
     r = measure_run(ev)
     ph = r.dp_phases
     assert ph["broadcast"]["hub_s"] == pytest.approx(0.3 * MS)
@@ -117,6 +123,29 @@ def test_contention_is_the_ranks_optimizer_step_over_the_baselines_by_hand():
     dp = measure_run(_ddp_events())
     dp.mode = "dp"
     assert contention(_single(), dp)[0] == 1.0  # DP's optimizer runs on device 0 alone: no reading
+
+
+def test_contention_leaves_out_the_time_share_of_ranks_that_outnumber_the_cores():
+    """4 ranks on 2 cores, 1 thread each: they time-share (k = 2), which the model applies on
+    its own; a rank's optimizer step of 1.0 ms against the baseline's 0.4 ms alone is
+    2 x 1.25: κ = 1.25, not 2.5."""
+    run = measure_run(_ddp_events())
+    run.world_size, run.optimizer_s = 4, 1.0 * MS
+    k, source = contention(_single(), run)
+    assert k == pytest.approx(1.25) and "time-share 2" in source
+
+
+def test_contention_touches_neither_dp_nor_a_gpu_preset():
+    dp = measure_run(_dp_events())
+    for n in (1, 2, 3):
+        assert predict_dp(dp, n, Scenario(contention=1.25))["step_time_s"] == \
+            predict_dp(dp, n, Scenario())["step_time_s"]
+    r = measure_run(_ddp_events())
+    gpu = compute("h100")
+    assert predict_ddp(r, 1, Scenario(compute=gpu, contention=1.25))["step_time_s"] == \
+        predict_ddp(r, 1, Scenario(compute=gpu))["step_time_s"]
+    with pytest.raises(ValueError, match="contention"):
+        predict({"ddp": r}, [1], Scenario(contention=float("inf")))
 
 
 def test_fixed_fraction_takes_the_rank_alone():

@@ -55,8 +55,20 @@ def test_predict_json_gives_the_reports_numbers(recorded_trio, redis_url):
     assert any("NVLink 4" in line and "nccl-tests" in line for line in out["assumptions"])
     # the contention term is read from the trio's DDP rank and single baseline, and said
     assert out["contention"]["source"].startswith("optimizer step of DDP rank")
-    assert out["scenario"]["contention"] == out["contention"]["value"] >= 1.0
+    cal = out["calibration"]  # world size 2 on 2 cores: no time-share, κ = optimizer ratio
+    assert out["contention"]["value"] == pytest.approx(
+        max(1.0, cal["ddp"]["optimizer_s"] / cal["single"]["optimizer_s"]))
+    assert out["scenario"]["contention"] == out["contention"]["value"]
     assert any("κ" in line and out["contention"]["source"] in line for line in out["assumptions"])
+
+
+def test_a_gpu_compute_preset_reports_no_contention_term(recorded_trio):
+    client, ids = recorded_trio
+    rep = report(client, ids["ddp"], [1, 2], scenario_from("nvlink-h100", compute_key="h100"))
+    assert rep["contention"]["value"] == 1.0 and rep["scenario"]["contention"] == 1.0
+    assert rep["contention"]["source"].startswith("not used")
+    here = report(client, ids["ddp"], [1, 2], scenario_from())  # the same set, measured compute
+    assert here["contention"]["source"].startswith("optimizer step of DDP rank")
 
 
 def test_predict_table_and_refusals(recorded_trio, redis_url):

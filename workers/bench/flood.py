@@ -71,7 +71,9 @@ def flood_rank(workdir: str, local: int, run_id: str, rate_per_s: float, duratio
             break
         if due > now:
             time.sleep(due - now)
-        for e in flood_events(run_id, local, seq, per_tick, time.time()):
+        # stamped with the time the burst was due, not when it went out: a rank that falls
+        # behind its pace (the 2 cores busy) shows in the backlog too
+        for e in flood_events(run_id, local, seq, per_tick, due):
             sink.emit(e)
         seq += per_tick
     last = time.time()
@@ -118,7 +120,8 @@ def per_second_rates(arrivals_ms: list[int], start_ms: int, end_ms: int) -> list
 
 def read_back(redis, run_id: str) -> tuple[list[tuple[int, int]], list[int], list[float]]:
     """(rank, seq) of every entry of the run's stream, its arrival ms (the stream id's ms, Redis's
-    clock) and its emit time (the event's ``ts``, s, the rank's clock: the same host), oldest first."""
+    clock) and the time it was offered (the event's ``ts``, s: when its burst was due at the
+    offered rate, on the rank's clock: the same host), oldest first."""
     from workers.bench.latency import arrival_ms
 
     pairs, arrivals, emitted, after = [], [], [], "-"
@@ -135,8 +138,9 @@ def read_back(redis, run_id: str) -> tuple[list[tuple[int, int]], list[int], lis
 
 
 def lag_ms(arrivals_ms: list[int], emitted_s: list[float]) -> dict[str, float | None]:
-    """p50/p99/max of arrival − emit (ms) over all events: how far behind the path ran. A path
-    that sustains the offered rate keeps this bounded; one that cannot sees it grow all run."""
+    """p50/p99/max of arrival − offered time (ms) over all events: how far behind the path ran
+    (the stand-in ranks' own lag included). A path that sustains the offered rate keeps this
+    bounded; one that cannot sees it grow all run."""
     lags = sorted(a - e * 1000 for a, e in zip(arrivals_ms, emitted_s))
     if not lags:
         return {"p50": None, "p99": None, "max": None}
