@@ -351,6 +351,8 @@ def contention(single: RunInputs | None, run: RunInputs) -> tuple[float, str]:
     if (single.device_kind, single.cpu_threads_per_device) != (run.device_kind, run.cpu_threads_per_device) \
             or run.device_kind != "cpu":
         return 1.0, "the single baseline ran on a different device size (or not on CPU): κ = 1"
+    if not run.host_cpu_count:
+        return 1.0, "the run does not say how many cores its host has (an older recording): κ = 1"
     if not (single.optimizer_s > 0 and run.optimizer_s > 0):
         return 1.0, "no optimizer time in the runs: κ = 1"
     shared = _time_share_of(run)

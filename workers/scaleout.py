@@ -135,16 +135,18 @@ def report(client, run_id: str, world_sizes: list[int], scenario: Scenario, *,
     if not modes:
         raise ValueError(f"run_id: {run_id}'s set has no DP or DDP run with steps to calibrate on")
     single = measured_inputs.get("single")
-    kappa, k_source = contention(single, modes["ddp"]) if "ddp" in modes else (1.0, "no DDP run: κ = 1")
+    measured_kappa, k_source = contention(single, modes["ddp"]) if "ddp" in modes else (1.0, "no DDP run: κ = 1")
+    kappa = measured_kappa
     if scenario.compute is not None:  # a GPU preset replaces the measured CPU compute κ applies to
         kappa, k_source = 1.0, f"not used: compute from the {scenario.compute.label} preset (κ = 1)"
     base = modes.get("ddp") or modes["dp"]
-    f, f_source = fixed_fraction(single, base, kappa if base.mode == "ddp" else 1.0)
+    f, f_source = fixed_fraction(single, base, measured_kappa if base.mode == "ddp" else 1.0)
     sc = replace(scenario, fixed_fraction=f, contention=kappa)
     rows = predict(modes, world_sizes, sc)
     record = next(iter(members.values()))
     points = measured_points(client, record.get("config") or {})
-    here = Scenario(fixed_fraction=f, dp_collectives="hub", contention=kappa)
+    # validation is always this machine's link and measured compute, so its own κ
+    here = Scenario(fixed_fraction=f, dp_collectives="hub", contention=measured_kappa)
     checked = validate(predict(modes, sorted({p["world_size"] for p in points} | {1}), here), points)
     single = members.get("single")
     return dict(run_id=run_id, single_samples_per_s=((single or {}).get("summary") or {}).get("samples_per_s"),

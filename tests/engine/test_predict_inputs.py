@@ -120,6 +120,9 @@ def test_contention_is_the_ranks_optimizer_step_over_the_baselines_by_hand():
     assert k == pytest.approx(1.25) and "1.25" in source
     assert contention(_single(optimizer_s=0.6 * MS), run)[0] == 1.0  # faster beside others: noise, clipped
     assert contention(None, run)[0] == 1.0
+    run.host_cpu_count = None  # an older recording: κ could not be applied, so none is read
+    assert contention(_single(), run)[0] == 1.0
+    run.host_cpu_count = 2
     dp = measure_run(_ddp_events())
     dp.mode = "dp"
     assert contention(_single(), dp)[0] == 1.0  # DP's optimizer runs on device 0 alone: no reading

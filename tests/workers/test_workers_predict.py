@@ -17,23 +17,34 @@ from wtools import cli_env, ddpviz
 DATA = Path(__file__).resolve().parents[1] / "app" / "data"
 CONFIG = {"world_size": 2, "steps": 12, "width": 256, "bucket_cap_mb": 0.1, "step_delay_s": 0.0,
           "eval_every": 0}
+HOST = {"host_cpu_count": 2, "cpu_threads_per_device": 1}  # what run_started says since the recordings
 FILES = {"single": "real_single_mlp_ws2.jsonl", "dp": "real_dp_mlp_ws2.jsonl", "ddp": "real_ddp_mlp_ws2.jsonl",
          "fsdp": "real_fsdp_mlp_ws2.jsonl"}
 
 
-@pytest.fixture
-def recorded_trio(redis_client):
-    """A single/DP/DDP/FSDP set finished with the recorded runs (as tests/app/recorded.py plays them)."""
-    from workers.client import DdpvizClient
-
-    client = DdpvizClient(redis=redis_client)
+def _store_trio(client, single_optimizer_scale: float = 1.0, host: dict | None = None) -> dict[str, str]:
+    """A single/DP/DDP/FSDP set finished with the recorded runs (as tests/app/recorded.py plays
+    them); the single run's optimizer steps scaled by `single_optimizer_scale`, and `host`'s
+    fields added to each run_started (the recordings predate host_cpu_count)."""
     _, ids = submit_trio(client, CONFIG)
     for mode, rid in ids.items():
         events = [{**json.loads(line), "run_id": rid} for line in (DATA / FILES[mode]).open() if line.strip()]
+        events = [{**e, **(host or {})} if e.get("type") == "run_started" else e for e in events]
+        if mode == "single":
+            events = [{**e, "optimizer_s": e["optimizer_s"] * single_optimizer_scale}
+                      if e.get("type") == "step" else e for e in events]
         client.store.mark_started(rid, "test-worker")
         RedisStreamWriter(client.redis, rid).write_batch(events)
         client.store.finish(rid, RunStatus.FINISHED, summary=events[-1].get("summary"))
-    return client, ids
+    return ids
+
+
+@pytest.fixture
+def recorded_trio(redis_client):
+    from workers.client import DdpvizClient
+
+    client = DdpvizClient(redis=redis_client)
+    return client, _store_trio(client, host=HOST)
 
 
 def test_predict_json_gives_the_reports_numbers(recorded_trio, redis_url):
@@ -62,13 +73,24 @@ def test_predict_json_gives_the_reports_numbers(recorded_trio, redis_url):
     assert any("κ" in line and out["contention"]["source"] in line for line in out["assumptions"])
 
 
-def test_a_gpu_compute_preset_reports_no_contention_term(recorded_trio):
-    client, ids = recorded_trio
+def test_a_gpu_compute_preset_reports_no_contention_term(redis_client):
+    from workers.client import DdpvizClient
+
+    client = DdpvizClient(redis=redis_client)
+    ids = _store_trio(client, single_optimizer_scale=0.5,  # the baseline's optimizer step halved: κ ~ 2
+                      host=HOST)
+    # a finished DDP run at world size 1 of the same config: a row where κ matters (u(1) = 1)
+    one = client.submit({**CONFIG, "mode": "ddp", "world_size": 1})
+    client.store.mark_started(one, "test-worker")
+    client.store.finish(one, RunStatus.FINISHED, summary={"samples_per_s": 20_000.0, "step_time_s": 0.0032})
     rep = report(client, ids["ddp"], [1, 2], scenario_from("nvlink-h100", compute_key="h100"))
     assert rep["contention"]["value"] == 1.0 and rep["scenario"]["contention"] == 1.0
     assert rep["contention"]["source"].startswith("not used")
     here = report(client, ids["ddp"], [1, 2], scenario_from())  # the same set, measured compute
     assert here["contention"]["source"].startswith("optimizer step of DDP rank")
+    # the table against real runs is this machine's prediction whatever the preset: the same rows
+    assert any(v["world_size"] == 1 and v["mode"] == "ddp" for v in here["validation"])
+    assert here["contention"]["value"] > 1.0 and rep["validation"] == here["validation"]
 
 
 def test_predict_table_and_refusals(recorded_trio, redis_url):
