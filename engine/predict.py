@@ -1,6 +1,7 @@
 """Scale-out predictor: DP and DDP at world size n, calibrated on one measured run.
 
-Pure Python (no torch). Inputs come from `engine.predict_inputs.measure_run`, links and GPUs from
+Pure Python (no torch). Inputs come from `engine.predict_inputs.measure_run`, κ and f from
+`engine.predict_calibrate`, links and GPUs from
 `engine.predict_presets`, the two step models from `engine.predict_models`. docs/predict.md
 explains every formula with its source and lists the presets; this docstring is the summary.
 
@@ -49,12 +50,14 @@ from typing import Any
 
 from engine.analysis import ring_factor
 from engine.predict_inputs import RunInputs
-from engine.predict_models import bucket_pipeline, ddp_step, dp_step, hub_copies_s, \
-    pipelined_copies_s, ring_allreduce_s
+from engine.predict_calibrate import contention, fixed_fraction, time_share_of
+from engine.predict_models import bucket_pipeline, cpu_threads, ddp_step, dp_step, hub_copies_s, \
+    pipelined_copies_s, ring_allreduce_s, time_share
 from engine.predict_presets import AS_MEASURED, THIS_MACHINE, ComputePreset, LinkPreset, \
     DEFAULT_UTILISATION
 
 __all__ = ["Scenario", "predict", "predict_ddp", "predict_dp", "fixed_fraction", "contention", "validate",
+           "cpu_threads", "time_share",
            "bucket_pipeline"]
 OPTIMIZER_STREAMS = {"sgd": 3, "adamw": 7}  # tensors of P bytes read or written per step
 
@@ -111,17 +114,6 @@ def check_scenario(sc: Scenario) -> None:
 
 # -- compute --------------------------------------------------------------------------------
 
-def cpu_threads(n: int, cores: int) -> int:
-    """Intra-op threads of one virtual CPU device at world size n (engine.training)."""
-    return max(1, cores // n)
-
-
-def time_share(n: int, cores: int) -> float:
-    """k(n) = max(1, n·t(n)/cores): how many times slower a CPU device runs when the host's
-    threads outnumber its cores."""
-    return max(1.0, n * cpu_threads(n, cores) / cores)
-
-
 def beside(n: int, sc: Scenario) -> float:
     """u(n): a DDP rank's slow-down from sharing its CPU host with other ranks; 1 alone (n = 1),
     κ (`Scenario.contention`) beside others (n ≥ 2: every core busy, as at calibration)."""
@@ -132,7 +124,7 @@ def host_factor(r: RunInputs, n: int, sc: Scenario) -> float:
     """k(n)/k(n_m) for a CPU run predicted as measured, else 1; for DDP also u(n)/u(n_m)."""
     if r.device_kind != "cpu" or sc.compute is not None or not r.host_cpu_count:
         return 1.0
-    k = time_share(n, r.host_cpu_count) / time_share(r.world_size, r.host_cpu_count)
+    k = time_share(n, r.host_cpu_count) / time_share_of(r)
     return k * (beside(n, sc) / beside(r.world_size, sc) if r.mode == "ddp" else 1.0)
 
 
@@ -329,74 +321,7 @@ def predict_dp(r: RunInputs, n: int, sc: Scenario) -> dict[str, Any] | None:
     return out
 
 
-# -- calibration from a single baseline, the grid, validation -----------------------------------
-
-def contention(single: RunInputs | None, run: RunInputs) -> tuple[float, str]:
-    """κ: how much slower a DDP rank's work runs beside the other ranks of its CPU host than the
-    same work on a device alone.
-
-    Read from the one part of the step that is the same work in both runs: the optimizer step
-    (the same parameters and optimizer, whatever the batch), so κ = the rank's median
-    `optimizer_s` / (the single baseline's × k(n_m)) on devices of the same size, k being the
-    time-share of ranks that outnumber the cores (`time_share`; 1 while they fit), which the
-    model already applies on its own. Ranks beside each other share memory bandwidth and caches
-    and the other ranks' gloo threads; a device alone does not. Clipped below at 1 (beside
-    others is never faster; a smaller ratio is noise).
-
-    Returns:
-        (κ, source in words); (1.0, why) without a usable DDP run and baseline.
-    """
-    if single is None or single.mode != "single" or run.mode != "ddp" or run.world_size < 2:
-        return 1.0, "no DDP run beside a single-device baseline: no contention term (κ = 1)"
-    if (single.device_kind, single.cpu_threads_per_device) != (run.device_kind, run.cpu_threads_per_device) \
-            or run.device_kind != "cpu":
-        return 1.0, "the single baseline ran on a different device size (or not on CPU): κ = 1"
-    if not run.host_cpu_count:
-        return 1.0, "the run does not say how many cores its host has (an older recording): κ = 1"
-    if not (single.optimizer_s > 0 and run.optimizer_s > 0):
-        return 1.0, "no optimizer time in the runs: κ = 1"
-    shared = _time_share_of(run)
-    k = max(1.0, run.optimizer_s / (single.optimizer_s * shared))
-    return k, (f"optimizer step of DDP rank {run.run_id} beside {run.world_size - 1} other(s) "
-               f"{run.optimizer_s * 1e3:.3f} ms against the single baseline {single.run_id} alone "
-               f"{single.optimizer_s * 1e3:.3f} ms"
-               + (f" × the time-share {shared:g}" if shared != 1 else "") + f": κ = {k:.2f}")
-
-
-def _time_share_of(run: RunInputs) -> float:
-    """k(n_m) of a CPU run (1 elsewhere or without a core count)."""
-    if run.device_kind != "cpu" or not run.host_cpu_count:
-        return 1.0
-    return time_share(run.world_size, run.host_cpu_count)
-
-
-def fixed_fraction(single: RunInputs | None, run: RunInputs, kappa: float = 1.0) -> tuple[float, str]:
-    """Share f of the run's per-device compute that does not grow with the batch.
-
-    Two points on one line: the single-device baseline's forward over the global batch B and a
-    device's forward over B/n_m in `run`, both on devices of the same size (same threads, same
-    kind), the run's divided by `kappa` (`contention`: its forward ran beside other ranks, the
-    baseline's alone) and by its time-share k(n_m) (`time_share`: 1 while the devices fit the
-    cores): c(b) = c0 + c1·b, f = c0 / c(b_m), clipped to [0, 1]. Forward only: a DDP
-    rank's backward has the all-reduces' CPU work interleaved (gloo), which is not compute.
-
-    Returns:
-        (f, source in words); (0.0, why) when no usable baseline is given.
-    """
-    if single is None or single.mode != "single":
-        return 0.0, "no single-device baseline in this set: all compute taken as proportional to the batch"
-    if (single.device_kind, single.cpu_threads_per_device) != (run.device_kind, run.cpu_threads_per_device) \
-            or single.global_batch_size != run.global_batch_size or run.world_size < 2:
-        return 0.0, "the single baseline ran on a different device size or batch: not used"
-    b_m, big = run.per_device_batch, float(single.global_batch_size)
-    fwd_m = run.forward_s if run.mode == "ddp" else (run.dp_phases.get("forward") or {}).get("device_s", 0.0)
-    fwd_m /= kappa * _time_share_of(run)
-    per_sample = (single.forward_s - fwd_m) / (big - b_m)
-    f = min(1.0, max(0.0, (fwd_m - per_sample * b_m) / fwd_m)) if fwd_m > 0 else 0.0
-    return f, (f"forward of the single baseline {single.run_id} (batch {single.global_batch_size}) "
-               f"and of this run (batch {b_m:g} per device{', ÷ κ' if kappa != 1 else ''}): {f:.0%} "
-               "of compute does not grow with the batch")
-
+# -- the grid, validation ------------------------------------------------------------------
 
 def predict(inputs: dict[str, RunInputs], world_sizes: list[int], sc: Scenario) -> list[dict[str, Any]]:
     """Predictions for every mode in `inputs` ("dp", "ddp") and world size.

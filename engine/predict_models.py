@@ -121,3 +121,14 @@ def dp_step(*, n: int, phases: dict[str, float]) -> dict:
     """
     comm = sum(phases.get(p, 0.0) for p in ("broadcast", "scatter", "gather", "reduce"))
     return dict(step_time_s=sum(phases.values()), phases=dict(phases), comm_s=comm, world_size=n)
+
+
+def cpu_threads(n: int, cores: int) -> int:
+    """Intra-op threads of one virtual CPU device at world size n (engine.training)."""
+    return max(1, cores // n)
+
+
+def time_share(n: int, cores: int) -> float:
+    """k(n) = max(1, n·t(n)/cores): how many times slower a CPU device runs when the host's
+    threads outnumber its cores."""
+    return max(1.0, n * cpu_threads(n, cores) / cores)
