@@ -26,8 +26,10 @@ dev: $(VENV)/.installed-dev
 demo: $(VENV)/.installed
 	$(BIN)/ddpviz up
 
+# Three pytest-xdist workers, a module per worker at a time (module fixtures are built once): on
+# this 2-core machine the suite spends much of its time waiting on rank processes, Redis, Chromium.
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 3 --dist loadscope
 
 # On a CUDA host (.venv built with TORCH_PIN set to a CUDA build): `ddpviz doctor --gpu`, <= 8 minutes.
 gpu-check: $(VENV)/.installed-dev

@@ -24,13 +24,21 @@ import altair as alt
 import pandas as pd
 import psutil
 
-from app import charts, charts_compare, charts_live, charts_memory, frames, frames_buckets as fb, \
-    frames_memory as fm, frames_theory as ft, runsets
-from app.charts_buckets import bucket_timeline, exposed_chart
-from app.charts_theory import bandwidth_chart, time_chart
+from app import runsets
+from app.charts import compare as charts_compare
+from app.charts import dp as charts_dp
+from app.charts import live as charts_live
+from app.charts import memory as charts_memory
+from app.charts import steps as charts
+from app.charts.buckets import bucket_timeline, exposed_chart
+from app.charts.theory import bandwidth_chart, time_chart
+from app.frames import buckets as fb
+from app.frames import dp as fd
+from app.frames import memory as fm
+from app.frames import steps as fsteps
+from app.frames import theory as ft
+from app.frames.compare import bytes_frame, compare_frame, curves_frame, peak_memory_frame, side_by_side, thin, view_of
 from app.panels import live_bucket_timeline
-from app.frames_compare import (bytes_frame, compare_frame, curves_frame, peak_memory_frame,
-                                side_by_side, thin, view_of)
 from app.window import RunWindow
 
 MIB = 1024 * 1024
@@ -51,8 +59,8 @@ def _spec(chart: Any) -> dict:
 def live_frames(ws: Windows, labels: dict[str, str]) -> dict[str, Any]:
     """app/views/live.py + app/panels.py: throughput (window + binned history), split, memory
     (the latest traced step), per-run detail."""
-    parts = [frames.steps_frame(w.of_type("step"), labels[r]) for r, w in ws.items()]
-    steps = pd.concat(parts, ignore_index=True) if parts else frames.steps_frame([], "")
+    parts = [fsteps.steps_frame(w.of_type("step"), labels[r]) for r, w in ws.items()]
+    steps = pd.concat(parts, ignore_index=True) if parts else fsteps.steps_frame([], "")
     earlier = pd.concat([w.history.frame(labels[r]) for r, w in ws.items()], ignore_index=True)
     mems = {}
     for r, w in ws.items():
@@ -63,19 +71,19 @@ def live_frames(ws: Windows, labels: dict[str, str]) -> dict[str, Any]:
     detail = []
     for w in ws.values():
         if w.mode == "ddp":
-            b = frames.bucket_frame(w.of_type("bucket"))
+            b = fb.bucket_frame(w.of_type("bucket"))
             if not b.empty:
                 detail.append(("ddp", b, w))
         elif w.mode == "dp":
-            detail.append(("dp", frames.dp_phase_frame(w.of_type("dp_phase")), None))
-        detail.append(("volume", frames.comm_volume_frame(w.of_type("comm_volume")), None))
-    return {"steps": steps, "earlier": earlier, "split": frames.split_frame(steps), "memory": mems,
+            detail.append(("dp", fd.dp_phase_frame(w.of_type("dp_phase")), None))
+        detail.append(("volume", fsteps.comm_volume_frame(w.of_type("comm_volume")), None))
+    return {"steps": steps, "earlier": earlier, "split": fsteps.split_frame(steps), "memory": mems,
             "detail": detail, "runs": list(labels.values()),
             "window": max((w.max_steps for w in ws.values()), default=0)}
 
 
 def live_charts(f: dict[str, Any]) -> list[Any]:
-    out = [charts_live.throughput_chart(f["steps"], f["earlier"], f["runs"], f["window"]),
+    out = [charts_live.live_throughput_chart(f["steps"], f["earlier"], f["runs"], f["window"]),
            charts.split_chart(f["split"])]
     held = [c.loc[c["source"].isin(fm.DEVICE_SOURCES), "mib"] for c, _ in f["memory"].values()]
     y_max = max((float(h.max()) for h in held if not h.empty), default=None)
@@ -85,7 +93,7 @@ def live_charts(f: dict[str, Any]) -> list[Any]:
         if df.empty:
             continue
         out.append(live_bucket_timeline(w, df) if kind == "ddp" else
-                   charts.dp_phase_chart(df) if kind == "dp" else charts.comm_volume_chart(df))
+                   charts_dp.dp_phase_chart(df) if kind == "dp" else charts.comm_volume_chart(df))
     return out
 
 
@@ -95,12 +103,12 @@ def compare_frames(ws: Windows, labels: dict[str, str]) -> dict[str, Any]:
     table = compare_frame(views)
     curves = curves_frame(views)
     return {"table": table, "rows": side_by_side(table), "curves": curves,
-            "split": frames.split_frame(curves), "peaks": peak_memory_frame(views),
+            "split": fsteps.split_frame(curves), "peaks": peak_memory_frame(views),
             "volume": bytes_frame(views)}
 
 
 def compare_charts(f: dict[str, Any]) -> list[Any]:
-    out = [charts.throughput_chart(f["curves"]), charts_compare.loss_chart(f["curves"]),
+    out = [charts.throughput_curves_chart(f["curves"]), charts_compare.loss_chart(f["curves"]),
            charts.split_chart(f["split"]), charts_compare.speedup_chart(f["table"])]
     out += [charts_compare.peak_memory_chart(f["peaks"])] if not f["peaks"].empty else []
     out += [charts_compare.bytes_chart(f["volume"])] if not f["volume"].empty else []
@@ -114,10 +122,10 @@ def buckets_frames(ws: Windows, labels: dict[str, str]) -> dict[str, Any]:
     runs = []
     for r, w in ddp.items() if steps else ():
         names = fb.rank_names(w.of_type("step") + w.of_type("bucket"))
-        b = frames.bucket_frame(w.of_type("bucket"), steps[-1])
+        b = fb.bucket_frame(w.of_type("bucket"), steps[-1])
         exposed = fb.exposed_frame(b, w.of_type("step"))
         runs.append({"label": labels[r], "buckets": fb.with_rank_names(b, names),
-                     "backward": fb.with_rank_names(frames.backward_frame(w.of_type("step"), steps[-1]), names),
+                     "backward": fb.with_rank_names(fb.backward_frame(w.of_type("step"), steps[-1]), names),
                      "exposed": fb.with_rank_names(exposed, names),
                      "per_step": thin(fb.exposed_per_step(w.of_type("step"), labels[r]), 1000),
                      "layout": fb.layout_frame(((w.started or {}).get("bucket_preview") or {}).get("rebuilt")),

@@ -1,13 +1,13 @@
 """Sentences the pages show beside the numbers: what CPU DP emulates, and why DP leads when it does.
 
-Pure functions of `frames_compare.compare_frame` rows (no Streamlit), so they are tested directly.
+Pure functions of `app.frames.compare.compare_frame` rows (no Streamlit), so they are tested directly.
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from app import frames
+from app.frames import steps as fsteps
 
 EMULATION_NOTE = (
     "DP on CPU is emulated: one process, a thread per virtual device, replicas rebuilt from "
@@ -61,11 +61,11 @@ def why_dp_ahead(table: pd.DataFrame) -> str | None:
 
 def table_from_steps(steps: pd.DataFrame, modes: dict[str, str]) -> pd.DataFrame:
     """The columns `why_dp_ahead` reads, computed as the Live page computes its own figures:
-    medians over the steps its metric uses (`frames.steady_steps`, the run summary's rule).
+    medians over the steps its metric uses (`app.frames.steps.steady_steps`, the run summary's rule).
     `modes`: run -> mode."""
     cols = ["step_time_ms", "forward_ms", "backward_ms", "comm_exposed_ms", "optimizer_ms"]
     rows = []
-    for run, df in frames.steady_steps(steps).groupby("run", sort=False):
+    for run, df in fsteps.steady_steps(steps).groupby("run", sort=False):
         rows.append({"run": run, "mode": modes.get(run, "?"),
                      "samples_per_s": float(df["samples_per_s"].median()),
                      **df[cols].median().to_dict()})

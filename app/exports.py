@@ -6,11 +6,10 @@ from the whole stream read through `workers.history.read_all_events`.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
-from engine.export import SAFE_ID, chrome_trace, steps_csv, to_jsonl
+from engine.export import EXPORT_FORMATS, SAFE_ID, render
 from workers.history import read_all_events
 
 
@@ -20,17 +19,6 @@ class ExportFile:
     file_name: str
     mime: str
     make: Callable[[], bytes]
-
-
-def render(events: list[dict[str, Any]], kind: str) -> bytes:
-    """The file `kind` (jsonl | csv | trace) of `events`, UTF-8."""
-    if kind == "jsonl":
-        return to_jsonl(events).encode()
-    if kind == "csv":
-        return steps_csv(events).encode()
-    if kind == "trace":
-        return json.dumps(chrome_trace(events), separators=(",", ":")).encode()
-    raise ValueError(f"kind must be jsonl, csv or trace (got {kind!r})")
 
 
 def export_files(client, run_id: str) -> list[ExportFile]:
@@ -43,9 +31,6 @@ def export_files(client, run_id: str) -> list[ExportFile]:
         raise ValueError(f"run id {run_id!r} is not a safe file name")
 
     def maker(kind: str) -> Callable[[], bytes]:
-        return lambda: render(read_all_events(client, run_id), kind)
+        return lambda: render(read_all_events(client, run_id), kind).encode()
 
-    return [ExportFile("Events (JSONL)", f"{run_id}.jsonl", "application/x-ndjson", maker("jsonl")),
-            ExportFile("Steps (CSV)", f"{run_id}-steps.csv", "text/csv", maker("csv")),
-            ExportFile("Chrome trace (Perfetto)", f"{run_id}-trace.json", "application/json",
-                       maker("trace"))]
+    return [ExportFile(f.label, f"{run_id}{f.suffix}", f.mime, maker(kind)) for kind, f in EXPORT_FORMATS.items()]

@@ -9,8 +9,7 @@ from __future__ import annotations
 import typing
 from typing import Any
 
-from engine.config import (BUILTIN_MODELS, FSDP_FIELDS, RunConfig, ConfigError, plugin_model_names,
-                           validate_config)
+from engine.config import BUILTIN_MODELS, FSDP_FIELDS, ConfigError, RunConfig, plugin_model_names, validate_config
 
 # (title, fields) of the form's three columns, then the "advanced" expander.
 COLUMNS: list[tuple[str, list[str]]] = [

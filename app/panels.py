@@ -12,9 +12,17 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from app import charts, charts_live, charts_memory, explain, frames, frames_buckets
-from app import frames_memory as fm
-from app.charts_buckets import bucket_timeline
+from app import explain
+from app.charts import dp as charts_dp
+from app.charts import live as charts_live
+from app.charts import memory as charts_memory
+from app.charts import steps as charts
+from app.charts.buckets import bucket_timeline
+from app.frames import base as frames
+from app.frames import buckets as frames_buckets
+from app.frames import dp as fd
+from app.frames import memory as fm
+from app.frames import steps as fsteps
 from app.outage import REDIS_DOWN, show_outage
 from app.window import TERMINAL, RunWindow
 from engine.stages import where_failed
@@ -24,7 +32,7 @@ from engine.stages import where_failed
 POLL_INTERVAL_S = 0.25
 # Material icons: Streamlit ships their font, so they render where no emoji font is installed.
 _BADGE = {"queued": ("gray", ":material/schedule:"), "started": ("blue", ":material/play_arrow:"),
-          "finished": ("green", ":material/check_circle:"), "failed": ("red", ":material/error:"),
+          "succeeded": ("green", ":material/check_circle:"), "failed": ("red", ":material/error:"),
           "canceled": ("orange", ":material/stop_circle:"), "lost": ("violet", ":material/link_off:"),
           "unknown": ("gray", ":material/help:")}
 
@@ -105,21 +113,21 @@ def _show_error(error: dict[str, Any], status: str = "failed") -> None:
 
 # ---- throughput and step split -------------------------------------------------------------
 def steps_of(windows: dict[str, RunWindow], labels: dict[str, str]) -> pd.DataFrame:
-    """`frames.steps_frame` of every window, concatenated (run = label)."""
-    parts = [frames.steps_frame(w.of_type("step"), labels[rid]) for rid, w in windows.items()]
+    """`app.frames.steps.steps_frame` of every window, concatenated (run = label)."""
+    parts = [fsteps.steps_frame(w.of_type("step"), labels[rid]) for rid, w in windows.items()]
     parts = [p for p in parts if not p.empty]
-    return pd.concat(parts, ignore_index=True) if parts else frames.steps_frame([], "")
+    return pd.concat(parts, ignore_index=True) if parts else fsteps.steps_frame([], "")
 
 
 def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
     """The median samples/s of each run above its throughput over the whole run: the window's
-    steps one by one, earlier ones in bins (`charts_live.throughput_chart`, zoomable)."""
+    steps one by one, earlier ones in bins (`app.charts.live.live_throughput_chart`, zoomable)."""
     refresh(client, windows)
     steps = steps_of(windows, labels)
     if steps.empty:
         return _waiting("the first step")
-    medians = {run: float(df["samples_per_s"].median())  # the run summary's steps (frames.steady_steps)
-               for run, df in frames.steady_steps(steps).groupby("run", sort=False)}
+    medians = {run: float(df["samples_per_s"].median())  # the run summary's steps (fsteps.steady_steps)
+               for run, df in fsteps.steady_steps(steps).groupby("run", sort=False)}
     for col, (run, v) in zip(st.columns(len(medians)), medians.items()):
         others = [(r, o) for r, o in medians.items() if r != run and o > 0]
         delta = f"{v / others[0][1]:.2f}× {others[0][0]}" if others else None
@@ -127,7 +135,7 @@ def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, st
                    delta_arrow="off")
     earlier = pd.concat([w.history.frame(labels[rid]) for rid, w in windows.items()], ignore_index=True)
     window = max(w.max_steps for w in windows.values())
-    _zoomable(charts_live.throughput_chart(steps, earlier, [labels.get(r, r) for r in windows], window),
+    _zoomable(charts_live.live_throughput_chart(steps, earlier, [labels.get(r, r) for r in windows], window),
               "chart_throughput")
     note = ("Median samples/s: measured per step (samples / step time, the mean over ranks), the "
             "median over the steps after the first 3, leaving out the steps that carry the "
@@ -145,7 +153,7 @@ def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, st
 def accuracy_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
     """Validation accuracy of each run at each evaluation (`eval` events, rank 0)."""
     refresh(client, windows)
-    evals = pd.concat([frames.eval_frame(w.of_type("eval"), labels[rid]) for rid, w in windows.items()],
+    evals = pd.concat([fsteps.eval_frame(w.of_type("eval"), labels[rid]) for rid, w in windows.items()],
                       ignore_index=True)
     if evals.empty:
         return _waiting("the first evaluation")
@@ -155,7 +163,7 @@ def accuracy_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]
 
 def _zoomable(chart, key: str, selections: list[str] = charts_live.SELECTIONS) -> None:
     """A chart whose zoom (and legend pick) are widget state, so Streamlit keeps them when the
-    data changes at the next refresh instead of resetting the view (`app.charts_live`)."""
+    data changes at the next refresh instead of resetting the view (`app.charts.live`)."""
     st.altair_chart(chart, key=key, on_select=_keep_view, selection_mode=selections)
 
 
@@ -166,7 +174,7 @@ def _keep_view() -> None:
 def split_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
     """Stacked median step time (forward, backward, exposed comm, optimizer, other) per run."""
     refresh(client, windows)
-    split = frames.split_frame(steps_of(windows, labels))
+    split = fsteps.split_frame(steps_of(windows, labels))
     if split.empty:
         return _waiting("the first step")
     _chart(charts.split_chart(split), "chart_split")
@@ -207,7 +215,7 @@ def detail_panel(client, windows: dict[str, RunWindow], labels: dict[str, str], 
     w = windows[rid]
     st.markdown(f"##### {labels[rid]}")
     if w.mode == "ddp":
-        buckets = frames.bucket_frame(w.of_type("bucket"))
+        buckets = frames_buckets.bucket_frame(w.of_type("bucket"))
         if buckets.empty:
             _waiting("bucket events")
         else:
@@ -218,16 +226,16 @@ def detail_panel(client, windows: dict[str, RunWindow], labels: dict[str, str], 
 
         fsdp_detail(w, labels[rid], rid)
     elif w.mode == "dp":
-        phases = frames.dp_phase_frame(w.of_type("dp_phase"))
+        phases = fd.dp_phase_frame(w.of_type("dp_phase"))
         if phases.empty:
             _waiting("DP phase events")
         else:
-            _chart(charts.dp_phase_chart(phases), f"chart_phases_{rid}")
+            _chart(charts_dp.dp_phase_chart(phases), f"chart_phases_{rid}")
             st.caption(f"Step {int(phases['step'].iloc[0])}; every step on the DP timeline page.")
     else:
         st.caption("single device: no communication to show")
         return
-    volume = frames.comm_volume_frame(w.of_type("comm_volume"))
+    volume = fsteps.comm_volume_frame(w.of_type("comm_volume"))
     if not volume.empty:
         _chart(charts.comm_volume_chart(volume), f"chart_volume_{rid}")
         if w.mode == "fsdp":
@@ -247,7 +255,7 @@ def live_bucket_timeline(w: RunWindow, buckets: pd.DataFrame):
     on screen — stays the same from one refresh to the next."""
     step = int(buckets["step"].iloc[0])
     names = frames_buckets.rank_names(w.of_type("step") + w.of_type("bucket"))
-    backward = frames.backward_frame(w.of_type("step"), step)
+    backward = frames_buckets.backward_frame(w.of_type("step"), step)
     exposed = frames_buckets.exposed_frame(buckets, w.of_type("step"))
     return bucket_timeline(frames_buckets.with_rank_names(buckets, names),
                            frames_buckets.with_rank_names(backward, names),

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import streamlit as st
 
-from app import frames
+from app.frames import base as frames
 from app.outage import REDIS_DOWN, show_outage
 from app.window import RunWindow
 

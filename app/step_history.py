@@ -1,7 +1,7 @@
 """A whole run's throughput, kept in bins after its step events leave the Live window.
 
 `RunWindow` keeps the newest steps' events (its window); the steps it drops are folded here,
-each step once: samples/s = samples / the mean of its ranks' step times (as `frames.steps_frame`).
+each step once: samples/s = samples / the mean of its ranks' step times (as `app.frames.steps.steps_frame`).
 A bin covers `bin_steps` consecutive steps and keeps the count, mean, min and max of their
 samples/s — numbers that merge exactly, so when the bins outgrow `MAX_BINS` two neighbours
 become one (`bin_steps` doubles) without losing anything they report. Memory stays bounded
@@ -48,7 +48,7 @@ class Bin:
 
 def step_rates(events: Iterable[dict[str, Any]]) -> dict[int, float]:
     """{step: samples/s} of `step` events, a step's time being the mean of its ranks' (why:
-    `frames.steps_frame`)."""
+    `app.frames.steps.steps_frame`)."""
     per: dict[int, tuple[float, float, int]] = {}
     for e in events:
         if e.get("type", "step") != "step" or not isinstance(e.get("step"), int):

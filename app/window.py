@@ -25,8 +25,9 @@ import time
 from typing import Any, Iterator, Protocol
 
 from app.step_history import StepHistory
+from engine.result import TERMINAL as _TERMINAL
 
-TERMINAL = ("finished", "failed", "canceled", "lost")  # lost: its worker stopped beating
+TERMINAL = tuple(s.value for s in _TERMINAL)  # lost: its worker stopped beating
 _RECENT_STEPS = {"bucket": 2, "dp_phase": 2, "comm_volume": 2, "fsdp_collective": 2, "fsdp_memory_curve": 2}
 _MAX_LOGS = 50
 TAIL_MAX_EVENTS = 10_000  # events a first poll reads from a stream's tail, at most

@@ -7,7 +7,7 @@ Pure Python (no torch), so the app and the CLI can use it. Formulas:
 - ring all-reduce time (Patarasuk & Yuan 2009; Thakur et al. 2005): t(b) = 2(n-1)·α + 2(n-1)/n · b/β,
   i.e. t = a + c·b; `fit_ring_times` fits (a, c) by least squares on *relative* error and
   reports α = a / 2(n-1) (per-hop latency, s) and β = 2(n-1)/n / c (link bandwidth, bytes/s).
-- the all-reduce probe (engine/probe.py) gives one (bytes, time) point per message size
+- the all-reduce probe (engine/modes/ddp/probe.py) gives one (bytes, time) point per message size
   (`probe_point`); `probe_fit` fits the ring model to the widest range of sizes one line holds.
 - bytes per step (README, "How the numbers are made"): DP device 0 sends and receives (n-1)·P, every other device P;
   ring all-reduce sends and receives 2(n-1)/n · P per rank.

@@ -73,7 +73,7 @@ class RunConfig(BaseModel):
     fsdp_reduce_dtype: Literal["float32", "bfloat16"] = "float32"  # reduce-scatter dtype
     eval_every: int = Field(25, ge=0, le=1_000_000)  # validation every N steps; 0 = at end only
     step_delay_s: float = Field(0.05, ge=0.0, le=5.0)  # pause after each step so a demo can be watched; not in step times
-    probe: bool = True  # DDP, world_size >= 2: after training, time all-reduces of 4 KiB..64 MiB alone (engine/probe.py)
+    probe: bool = True  # DDP, world_size >= 2: after training, time all-reduces of 4 KiB..64 MiB alone (engine/modes/ddp/probe.py)
     collective_timeout_s: float = Field(60.0, ge=1.0, le=3600.0)  # a collective waiting longer fails the run
     fault: Literal["none", "raise", "kill", "hang", "diverge"] = "none"  # inject a failure, to see what it does
     fault_rank: int = Field(0, ge=0, le=63)  # the rank (DDP) or device (DP) that fails
@@ -116,7 +116,7 @@ def cross_field_errors(cfg: RunConfig) -> list[tuple[str, str]]:
         errs.append(("n_head", f"width ({cfg.width}) must be divisible by n_head ({cfg.n_head})"))
     if cfg.nnodes > 1:
         if cfg.mode != "ddp":
-            errs.append(("nnodes", f"nnodes > 1 needs mode 'ddp' (DP is one process on one host)"))
+            errs.append(("nnodes", "nnodes > 1 needs mode 'ddp' (DP is one process on one host)"))
         elif cfg.world_size % cfg.nnodes:
             errs.append(("nnodes", f"world_size ({cfg.world_size}) must be divisible by nnodes ({cfg.nnodes})"))
     if cfg.fault != "none":

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 from torch.utils.data.distributed import DistributedSampler
@@ -52,11 +53,20 @@ def _split(x: torch.Tensor, y: torch.Tensor, seed: int):
 
 @lru_cache(maxsize=1)
 def _digits_arrays():
-    from sklearn.datasets import load_digits
+    """The 1,797 8x8 digits scikit-learn ships, read from its own file as `load_digits` reads it
+    (datasets/data/digits.csv.gz: 64 pixel columns 0-16, then the label), without importing
+    scikit-learn: its import (scipy and all) costs ~2 s of every rank process's start here."""
+    import importlib.util
 
-    d = load_digits()
-    x = torch.tensor(d.data, dtype=torch.float32) / 16.0  # (1797, 64) in [0, 1]
-    return x, torch.tensor(d.target, dtype=torch.long)
+    import numpy as np
+
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("dataset digits: scikit-learn is not installed (pip install scikit-learn)")
+    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
+    d = np.loadtxt(path, delimiter=",", dtype=np.float64)  # (1797, 65)
+    x = torch.tensor(d[:, :-1], dtype=torch.float32) / 16.0  # (1797, 64) in [0, 1]
+    return x, torch.tensor(d[:, -1], dtype=torch.long)
 
 
 @lru_cache(maxsize=1)

@@ -16,12 +16,12 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, Protocol
+from typing import Any, Protocol
 
 import orjson
 
 # How long an event may wait in a rank's BatchingSink before it is written to the rank's file. The
-# launcher's follower reads those files every `engine.launcher.FOLLOW_INTERVAL_S` and the worker's
+# launcher's follower reads those files every `engine.modes.launcher.FOLLOW_INTERVAL_S` and the worker's
 # sink writes to Redis every `workers.sink.RUN_FLUSH_INTERVAL_S`: each hop adds at most its interval
 # to an event's latency (figure 1 of `ddpviz bench`), and each wake-up costs a few microseconds
 # of a background thread, never the training loop's.

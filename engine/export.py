@@ -17,10 +17,28 @@ import csv
 import io
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
 SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    """One export: the file name's suffix after the run id, its MIME type, a button label."""
+
+    suffix: str
+    mime: str
+    label: str
+
+
+# The one table of export files: `ddpviz export`, the app's downloads and the doctor name them so.
+EXPORT_FORMATS = {
+    "jsonl": ExportFormat(".jsonl", "application/x-ndjson", "Events (JSONL)"),
+    "csv": ExportFormat(".steps.csv", "text/csv", "Steps (CSV)"),
+    "trace": ExportFormat(".trace.json", "application/json", "Chrome trace (Perfetto)"),
+}
 STEP_COLUMNS = ("rank", "device", "step", "loss", "samples", "step_time_s", "forward_s", "backward_s",
                 "comm_exposed_s", "optimizer_s", "samples_per_s", "start_ts")
 
@@ -105,6 +123,21 @@ def chrome_trace(events: list[dict[str, Any]]) -> dict[str, Any]:
                  base["start_ts"] + e["start_s"], e["end_s"] - e["start_s"],
                  {"nbytes": e["nbytes"], "dtype": e.get("dtype"), "step": e["step"]})
     return {"traceEvents": tracks.metadata() + out, "displayTimeUnit": "ms"}
+
+
+def render(events: list[dict[str, Any]], fmt: str) -> str:
+    """The text of export `fmt` (a key of `EXPORT_FORMATS`) of `events`.
+
+    Raises:
+        ValueError: `fmt` is not jsonl, csv or trace.
+    """
+    if fmt == "jsonl":
+        return to_jsonl(events)
+    if fmt == "csv":
+        return steps_csv(events)
+    if fmt == "trace":
+        return json.dumps(chrome_trace(events), separators=(",", ":"))
+    raise ValueError(f"format must be one of {sorted(EXPORT_FORMATS)} (got {fmt!r})")
 
 
 def export_path(folder: str | Path, run_id: str, suffix: str) -> Path:

@@ -1,13 +1,14 @@
 """Built-in models and the `ddpviz.models` plugin registry.
 
 Every model maps a batch `x` to logits; the loss is cross-entropy over the last dimension
-(`engine.training.loss_fn`). Size knobs (`width`, `depth`, `n_head`, `block_size`) scale the
+(`engine.components.training.loss_fn`). Size knobs (`width`, `depth`, `n_head`, `block_size`) scale the
 parameter count, and so the bytes DP broadcasts and DDP all-reduces.
 """
 
 from __future__ import annotations
 
 import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

@@ -30,7 +30,7 @@ def run_training(cfg: RunConfig, sink: EventSink, run_id: str, *,
         should_stop: polled a few times a second; returning True cancels the run (every rank
             process is stopped) and the result has status ``canceled``.
         workdir: scratch folder for rank event files; a temporary one when None.
-        node: `engine.launcher.NodeSpec` — this host's part of a multi-host DDP run (nnodes > 1).
+        node: `engine.modes.launcher.NodeSpec` — this host's part of a multi-host DDP run (nnodes > 1).
             Every node emits run_started/run_finished for its own ranks; the caller merges them.
     """
     from engine.runner import execute

@@ -17,17 +17,18 @@ from typing import Any, Callable
 
 import torch
 
+from engine.components.devices import DevicePlan, PreflightError, resolve_plan
+from engine.components.loop import Canceled
+from engine.components.preflight import check_model, probe_batch
+from engine.components.training import cpu_threads_per_rank, flat_params
 from engine.config import BUILTIN_MODELS, SCHEMA_VERSION, RunConfig
 from engine.data import load_dataset
-from engine.devices import DevicePlan, PreflightError, resolve_plan
 from engine.events import EventSink, make_event
-from engine.loop import Canceled
+from engine.measure.sync import param_checksum
+from engine.measure.telemetry import Telemetry
 from engine.models import build_model, grad_bytes, param_count
-from engine.preflight import check_model, probe_batch
 from engine.result import RunResult
 from engine.summary import SummaryBuilder
-from engine.telemetry import Telemetry
-from engine.training import cpu_threads_per_rank, flat_params, param_checksum
 
 
 class _Observed:
@@ -55,7 +56,7 @@ def error_dict(exc: BaseException, rank: int | None = 0, stage: str | None = Non
 def _cpu_fields(cfg: RunConfig, plan: DevicePlan) -> dict[str, Any]:
     """The host's cores and each virtual CPU device's intra-op threads (None on CUDA; the single
     baseline is one device of the same size): what the scale-out predictor needs to rescale CPU
-    compute to another world size (engine/predict.py)."""
+    compute to another world size (engine/predict/scaleout.py)."""
     if plan.kind != "cpu":
         return dict(host_cpu_count=os.cpu_count(), cpu_threads_per_device=None)
     return dict(host_cpu_count=os.cpu_count(),
@@ -64,7 +65,7 @@ def _cpu_fields(cfg: RunConfig, plan: DevicePlan) -> dict[str, Any]:
 
 def _failure(exc: BaseException, stage: str) -> dict[str, Any]:
     """The error of a run that raised `exc` while in `stage` (training errors name rank and step:
-    a rank's own report from `engine.launcher`, else the step `engine.loop.drive` was in)."""
+    a rank's own report from `engine.modes.launcher`, else the step `engine.components.loop.drive` was in)."""
     if stage != "training":
         return error_dict(exc, rank=None, stage=stage)
     reported = getattr(exc, "error", None)
@@ -76,15 +77,15 @@ def _failure(exc: BaseException, stage: str) -> dict[str, Any]:
 def _started_fields(cfg: RunConfig, plan: DevicePlan, model: torch.nn.Module, ds,
                     host: str | None) -> dict[str, Any]:
     """`run_started`'s fields. `host` is the worker's name where the engine knows it (a node of a
-    multi-host run; a single-host job's worker fills it in, `workers.jobs`), the machine's name
+    multi-host run; a single-host job's worker fills it in, `workers.jobs.run`), the machine's name
     is `hostname`."""
     extra: dict[str, Any] = {}
     if cfg.mode == "ddp":
-        from engine.buckets import preview_buckets
+        from engine.modes.ddp.buckets import preview_buckets
 
         extra["bucket_preview"] = preview_buckets(cfg, model, *probe_batch(cfg, ds))
     if cfg.mode == "fsdp":
-        from engine.fsdp_units import fsdp_preview
+        from engine.modes.fsdp.units import fsdp_preview
 
         extra["fsdp_units"] = fsdp_preview(cfg, model)
     return dict(extra, schema_version=SCHEMA_VERSION, config=cfg.to_json_dict(), mode=cfg.mode,
@@ -118,7 +119,7 @@ def execute(cfg: RunConfig, sink: EventSink, run_id: str, *,
         stage = "pre-flight"
         check_model(cfg, model, ds)
         if cfg.mode == "fsdp":
-            from engine.fsdp_units import check_fsdp
+            from engine.modes.fsdp.units import check_fsdp
 
             check_fsdp(cfg, plan, model)
         started = _started_fields(cfg, plan, model, ds, node.host_label if node else None)
@@ -144,18 +145,17 @@ def execute(cfg: RunConfig, sink: EventSink, run_id: str, *,
 
 def _dispatch(cfg, plan: DevicePlan, ds, model, out, run_id, should_stop, workdir: Path, node=None):
     """Train in the mode asked for; returns the final parameters as a flat CPU tensor."""
-    if cfg.mode == "ddp":
-        from engine.launcher import launch_ddp
+    if cfg.mode in ("ddp", "fsdp"):  # one launcher, a rank function per mode
+        from engine.modes.launcher import launch_ranks
 
-        return launch_ddp(cfg, plan, out, run_id, should_stop, workdir, node)
-    if cfg.mode == "fsdp":  # the same launcher, another rank function
-        from engine.fsdp import rank_main as fsdp_rank_main
-        from engine.launcher import launch_ddp
-
-        return launch_ddp(cfg, plan, out, run_id, should_stop, workdir, node, rank_fn=fsdp_rank_main)
+        if cfg.mode == "ddp":
+            from engine.modes.ddp.rank import rank_main
+        else:
+            from engine.modes.fsdp.rank import rank_main
+        return launch_ranks(cfg, plan, out, run_id, should_stop, workdir, node, rank_fn=rank_main)
     tel = Telemetry(out, run_id, rank=0, device=plan.names[0])
     if cfg.mode == "single":
-        from engine.single import train_single
+        from engine.modes.single import train_single
 
         trained = train_single(cfg, ds, model, torch.device(plan.names[0] if plan.kind == "cuda" else "cpu"),
                                tel, should_stop)
@@ -163,7 +163,7 @@ def _dispatch(cfg, plan: DevicePlan, ds, model, out, run_id, should_stop, workdi
         tel.emit("sync", step=cfg.steps - 1, checksums=[param_checksum(trained)], in_sync=None,
                  checked="single device: nothing to compare")
     else:
-        from engine.dp import train_dp
+        from engine.modes.dp.emulated import train_dp
 
         trained = train_dp(cfg, plan, ds, model, tel, should_stop)
     return flat_params(trained)

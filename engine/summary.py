@@ -1,4 +1,11 @@
-"""A run's summary, built from the events it emitted (the same numbers the UI shows).
+"""A run's summary, built from the events it emitted (the same numbers the UI shows), and the one
+rule every page, the summary and the predictor use for "a run's step" and "its steady steps".
+
+A run's step (`run_steps`): per optimizer step, the mean over ranks of each rank's step time and
+parts, samples/s = samples / that mean. Each rank's time includes its wait for the others and runs
+from its own previous step's end, so every rank's times add up to the run's wall time; the mean
+keeps that, while the slowest rank per step adds half the step-to-step change of the ranks' skew
+(it biased DDP down by up to 15% against the run's wall time here).
 
 overlap = 1 − exposed comm / total comm (README, "How the numbers are made"), where total comm per step is the length of the
 union of the bucket all-reduce intervals on rank 0, and exposed comm is the step's `comm_exposed_s`.
@@ -12,9 +19,11 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from typing import Any
+from typing import Any, Iterable, Sequence
 
-WARMUP_STEPS = 3
+WARMUP_STEPS = 3  # first steps a median skips (fewer for short runs): caches, bucket rebuild
+INSTRUMENT_FLAGS = ("memory_traced", "replica_check")  # a step that carries the instrument's own work
+STEP_PARTS = ("step_time_s", "forward_s", "backward_s", "comm_exposed_s", "optimizer_s")
 VOLUME_KEYS = ("sent_bytes", "recv_bytes", "volume_source", "allreduce_bytes", "theory_sent_bytes",
                "theory_recv_bytes")
 SPLIT_KEYS = ("step_time_s", "forward_s", "backward_s", "comm_exposed_s", "optimizer_s", "samples_per_s")
@@ -29,6 +38,50 @@ def interval_union_s(intervals: list[tuple[float, float]]) -> float:
         total += b - max(a, end)
         end = b
     return total
+
+
+def run_steps(step_events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per optimizer step of a run, in step order, from its `step` events (any ranks).
+
+    Each row: step, samples (max over ranks), the mean over ranks of `STEP_PARTS` (seconds),
+    samples_per_s (samples / mean step time; None when that is 0), loss (mean over ranks: each
+    rank's loss is the mean over its own shard), instrument (any rank's step carried memory tracing
+    or a replica check), ranks (how many ranks reported it).
+    """
+    by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for e in step_events:
+        by_step[e["step"]].append(e)
+    rows = []
+    for step in sorted(by_step):
+        evs = by_step[step]
+        row: dict[str, Any] = {"step": step, "samples": max(e.get("samples", 0) for e in evs)}
+        for k in STEP_PARTS:
+            row[k] = sum(e.get(k, 0.0) for e in evs) / len(evs)
+        losses = [e["loss"] for e in evs if e.get("loss") is not None]
+        row["loss"] = sum(losses) / len(losses) if losses else None
+        row["samples_per_s"] = row["samples"] / row["step_time_s"] if row["step_time_s"] > 0 else None
+        row["instrument"] = any(bool(e.get(f)) for e in evs for f in INSTRUMENT_FLAGS)
+        row["ranks"] = len(evs)
+        rows.append(row)
+    return rows
+
+
+def steady_positions(instrumented: Sequence[bool]) -> list[int]:
+    """Positions (into a run's steps in step order) of the steps its medians use.
+
+    The first `WARMUP_STEPS` steps are skipped (a quarter of them for runs shorter than 12 steps);
+    of the rest, the steps flagged `instrumented` (their time includes the instrument's own work)
+    are left out while at least half remain. Empty input gives [].
+    """
+    n = len(instrumented)
+    late = list(range(min(WARMUP_STEPS, n // 4), n)) or list(range(n))
+    plain = [i for i in late if not instrumented[i]]
+    return plain if 2 * len(plain) >= len(late) else late
+
+
+def steady_steps(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of `run_steps` that medians use (`steady_positions`)."""
+    return [rows[i] for i in steady_positions([bool(r.get("instrument")) for r in rows])]
 
 
 class SummaryBuilder:
@@ -64,16 +117,14 @@ class SummaryBuilder:
             self.sync = e
 
     def _steady(self) -> list[dict]:
-        rank0 = [self.steps[0][s] for s in sorted(self.steps.get(0, {}))]
-        skip = min(WARMUP_STEPS, len(rank0) // 4)
-        late = rank0[skip:] or rank0
-        plain = [e for e in late if not (e.get("memory_traced") or e.get("replica_check"))]
-        return plain if len(plain) * 2 >= len(late) else late
+        return steady_steps(run_steps(e for by_step in self.steps.values() for e in by_step.values()))
 
     def overlap(self) -> float | None:
-        """1 − Σ exposed / Σ total comm over steady steps with buckets (None without comm)."""
+        """1 − Σ exposed / Σ total comm over steady steps with buckets (None without comm); rank 0's
+        buckets and exposed time, on the run's steady steps."""
         total = exposed = 0.0
-        for e in self._steady():
+        rank0 = self.steps.get(0, {})
+        for e in (rank0[r["step"]] for r in self._steady() if r["step"] in rank0):
             spans = self.bucket_spans.get(e["step"])
             if spans:
                 total += interval_union_s(spans)
@@ -87,8 +138,8 @@ class SummaryBuilder:
         steady = self._steady()
         out: dict[str, Any] = {"steps_done": len(self.steps.get(0, {}))}
         for k in SPLIT_KEYS:
-            out[k] = statistics.median(e[k] for e in steady) if steady else None
-        rank0 = [self.steps[0][s] for s in sorted(self.steps.get(0, {}))]
+            vals = [e[k] for e in steady if e[k] is not None]
+            out[k] = statistics.median(vals) if vals else None
         # DDP: each rank's loss is the mean over its own shard (equal sizes), so the global-batch
         # loss is the mean over ranks of their last step's loss.
         last = [self.steps[r][max(self.steps[r])] for r in self.steps if self.steps[r]]

@@ -1,7 +1,9 @@
-"""The structure the design fixes: imports point one way (app -> workers -> engine), and the
-modules the app loads stay free of torch."""
+"""The structure docs/architecture.md describes, checked: imports point one way (app -> workers ->
+engine), no cycles, no mode imports another mode, the predictor and what the app loads stay free
+of torch, frames and charts stay pure, folders stay small and each package's docstring maps it."""
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,9 +34,13 @@ def test_imports_point_one_way(package):
     assert {k: v for k, v in bad.items() if v} == {}
 
 
+PREDICT = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts)
+                 for p in (ROOT / "engine" / "predict").glob("*.py") if p.stem != "__init__")
+
+
 @pytest.mark.parametrize("module", ["engine.config", "engine.analysis", "engine.export", "engine.stages",
-                                    "engine.result", "engine.run", "workers.client", "engine.predict",
-                                    "workers.scaleout"])
+                                    "engine.result", "engine.run", "engine.summary", "workers.client",
+                                    "workers.scaleout", *PREDICT])
 def test_modules_the_app_loads_do_not_import_torch(module):
     code = f"import sys, {module}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
@@ -54,14 +60,17 @@ def module_name(path: Path) -> str:
 
 def internal_imports(path: Path, package: str, modules: set[str]) -> set[str]:
     """Modules of `package` that `path` imports anywhere in its body (module level or inside a
-    function: a lazy import still ties the two modules together)."""
+    function: a lazy import still ties the two modules together). ``from pkg import sub`` ties
+    `path` to the submodule `pkg.sub`, not to the package's ``__init__`` (a map and, at most,
+    re-exports)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found.add(node.module)
-            found |= {f"{node.module}.{a.name}" for a in node.names}  # `from workers import keys`
+            subs = {f"{node.module}.{a.name}" for a in node.names} & modules  # `from workers import keys`
+            names = [a for a in node.names if f"{node.module}.{a.name}" not in modules]
+            found |= subs | ({node.module} if names else set())
     return {m for m in found if m in modules and m.split(".")[0] == package}
 
 
@@ -105,3 +114,75 @@ def test_code_cites_the_projects_own_docs_not_files_outside_the_repository():
     cited = {str(p.relative_to(ROOT)) for package in (*PACKAGES, "tests") for p in (ROOT / package).rglob("*.py")
              if "DESIGN" + ".md" in p.read_text()}
     assert cited == set()
+
+
+def test_the_cycle_finder_sees_a_lazy_import(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "a.py").write_text("def f():\n    from pkg import b\n")
+    (pkg / "b.py").write_text("from pkg.a import f\n")
+    modules = {"pkg.a", "pkg.b"}
+    assert internal_imports(pkg / "a.py", "pkg", modules) == {"pkg.b"}
+    assert internal_imports(pkg / "b.py", "pkg", modules) == {"pkg.a"}
+
+
+# -- folders by concept -----------------------------------------------------------------------------
+
+MODES = ("dp", "ddp", "fsdp")
+
+
+def _modules_under(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_no_mode_imports_another_mode(mode):
+    others = {f"engine.modes.{m}" for m in MODES if m != mode}
+    bad = {}
+    for path in _modules_under(ROOT / "engine" / "modes" / mode):
+        tree = ast.parse(path.read_text(), str(path))
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        hits = sorted(m for m in names if any(m == o or m.startswith(o + ".") for o in others))
+        if hits:
+            bad[str(path.relative_to(ROOT))] = hits
+    assert bad == {}
+
+
+@pytest.mark.parametrize("folder, banned", [("app/frames", {"streamlit", "altair"}), ("app/charts", {"streamlit"}),
+                                            ("engine/predict", {"torch"})])
+def test_pure_folders_import_nothing_they_must_not(folder, banned):
+    bad = {str(p.relative_to(ROOT)): sorted(imported_roots(p) & banned) for p in _modules_under(ROOT / folder)}
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_pages_import_only_torch_free_engine_modules():
+    allowed = {"engine.config", "engine.analysis", "engine.export", "engine.stages", "engine.summary",
+               "engine.result"}
+    allowed |= {m for m in PREDICT}
+    bad = {}
+    for path in _modules_under(ROOT / "app"):
+        tree = ast.parse(path.read_text(), str(path))
+        mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+        mods |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        hits = sorted(m for m in mods if m.split(".")[0] == "engine" and m not in allowed)
+        if hits:
+            bad[str(path.relative_to(ROOT))] = hits
+    assert bad == {}
+
+
+MAX_MODULES_PER_FOLDER = 20
+
+
+def package_folders() -> list[Path]:
+    return sorted({p.parent for package in PACKAGES for p in (ROOT / package).rglob("__init__.py")})
+
+
+@pytest.mark.parametrize("folder", package_folders(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_each_folder_is_small_and_its_init_docstring_maps_it(folder):
+    modules = sorted(p.stem for p in folder.glob("*.py") if p.stem not in ("__init__", "__main__"))
+    subfolders = sorted(p.name for p in folder.iterdir() if (p / "__init__.py").is_file())
+    assert len(modules) <= MAX_MODULES_PER_FOLDER, f"{folder.relative_to(ROOT)}: {len(modules)} modules"
+    doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
+    unnamed = [m for m in modules + subfolders if not re.search(rf"\b{m}\b", doc)]
+    assert unnamed == [], f"{folder.relative_to(ROOT)}/__init__.py does not map {unnamed}"

@@ -1,4 +1,17 @@
-"""ddpviz workers: Redis + RQ between the app and the engine.
+"""ddpviz workers: Redis + RQ between the app and the engine. Imports no app, no Streamlit.
+
+The map of this folder:
+    client      the API the app and the CLI use: submit, watch, cancel (no torch)
+    worker      the RQ worker on queue ``ddpviz``, one run at a time
+    store       run records (one hash per run, an index by time)   keys   every Redis key
+    sink        the Redis stream a run writes its events into       connection  URL, client, embedded Redis
+    heartbeat, liveness   who serves the queue; runs whose worker died
+    retention, history    which old runs go; delete, rerun, read a whole stream
+    sweeps      sets of runs launched together         scaleout, scaleout_text   the Scale-out report
+    up          ``ddpviz up``: Redis, workers and the app on one machine
+    jobs/       the RQ jobs (a run, a multi-host node)  host/   this host's GPUs, leases, processes
+    cli/        the ``ddpviz`` command                   doctor/ ``ddpviz doctor``
+    bench/      ``ddpviz bench``
 
 Importing this package points RQ at ddpviz's key prefix (``ddpviz:rq``) before RQ is imported,
 so every key ddpviz writes, RQ's included, lives under ``ddpviz:``. The variable is exported

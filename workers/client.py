@@ -24,7 +24,7 @@ from engine.config import validate_config
 from workers import keys
 from workers.connection import connect
 from workers.heartbeat import read_workers
-from workers.jobs import JOB_FUNC, STOPPED_CALLBACK, rq_job_timeout
+from workers.jobs.run import JOB_FUNC, STOPPED_CALLBACK, rq_job_timeout
 from workers.liveness import check_records
 from workers.sink import decode_entries
 from workers.store import ACTIVE, TERMINAL, RunStatus, RunStore, make_error, new_run_id
@@ -60,7 +60,7 @@ class DdpvizClient:
 
         Args:
             timeout_s: the run's time limit in seconds, from its start (default
-                `workers.jobs.JOB_TIMEOUT_S`); past it every process of the run is stopped and
+                `workers.jobs.run.JOB_TIMEOUT_S`); past it every process of the run is stopped and
                 the run is failed with ``JobTimeout``.
 
         Raises:
@@ -68,8 +68,8 @@ class DdpvizClient:
                 for ``nnodes > 1``, also fewer idle workers than nnodes.
         """
         cfg = validate_config(config)
-        if cfg.nnodes > 1:  # one node job per host (workers.multinode)
-            from workers.multinode import submit_multinode
+        if cfg.nnodes > 1:  # one node job per host (workers.jobs.multinode)
+            from workers.jobs.multinode import submit_multinode
 
             return submit_multinode(self.redis, cfg.to_json_dict(), label=label, group=group)
         return self._submit_many([(config, label)], group, timeout_s=timeout_s)[0]
@@ -232,7 +232,7 @@ class DdpvizClient:
         return status.value
 
     def _cancel_rq_job(self, run_id: str) -> None:
-        from workers.multinode import rq_job_ids  # a multi-host run has one job per host
+        from workers.jobs.multinode import rq_job_ids  # a multi-host run has one job per host
 
         for job_id in rq_job_ids(self.redis, run_id):
             try:
@@ -248,7 +248,7 @@ class DdpvizClient:
             if status in TERMINAL:
                 return status.value
             time.sleep(CANCEL_POLL_S)
-        from workers.multinode import rq_job_ids  # a multi-host run has one job per host
+        from workers.jobs.multinode import rq_job_ids  # a multi-host run has one job per host
 
         for job_id in rq_job_ids(self.redis, run_id):
             try:

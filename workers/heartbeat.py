@@ -1,7 +1,7 @@
 """Worker heartbeats: who is serving the queue, on what devices, doing which run.
 
 Each worker keeps a hash ``ddpviz:worker:{name}`` (fields: name, host, pid, devices (JSON),
-gpus (JSON: live NVML figures per GPU, see `workers.gpus.GpuMonitor.stats`), ts (unix seconds of
+gpus (JSON: live NVML figures per GPU, see `workers.host.gpus.GpuMonitor.stats`), ts (unix seconds of
 the last beat), current_run, state) that expires `HEARTBEAT_TTL_S` seconds
 after its last refresh, and adds its name to the set ``ddpviz:workers``. Readers drop names whose
 hash has expired, so a worker killed with SIGKILL disappears within `HEARTBEAT_TTL_S`, and the
@@ -103,7 +103,7 @@ class Heartbeat:
         name: the worker's name.
         current: returns ``(current_run_id or None, state)`` at each beat.
         devices: from `detect_devices()`.
-        gpus: a `workers.gpus.GpuMonitor` whose live figures go into every beat (None: none).
+        gpus: a `workers.host.gpus.GpuMonitor` whose live figures go into every beat (None: none).
         monitor: called after each beat in this thread (`LostRunMonitor.maybe_sweep`).
     """
 

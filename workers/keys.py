@@ -15,10 +15,10 @@ Layout:
 | ``ddpviz:cancel:{run_id}`` | string | present while a cancel is requested; value = reason |
 | ``ddpviz:worker:{name}`` | hash | a worker's heartbeat (expires unless refreshed) |
 | ``ddpviz:workers`` | set | names of workers that have sent a heartbeat |
-| ``ddpviz:nodes:{run_id}`` | hash | per-node state of a multi-host run (see `workers.nodes`) |
+| ``ddpviz:nodes:{run_id}`` | hash | per-node state of a multi-host run (see `workers.jobs.nodes`) |
 | ``ddpviz:retention`` | hash | the retention policy workers apply (see `workers.retention`) |
 
-Each worker also serves its own RQ queue ``ddpviz:node:{name}``, where `workers.multinode` puts
+Each worker also serves its own RQ queue ``ddpviz:node:{name}``, where `workers.jobs.multinode` puts
 the node jobs of multi-host runs; a node job's RQ id is ``{run_id}-n{index}`` (`node_job_id`).
 """
 

@@ -8,13 +8,13 @@ same world size), always on this machine's link and measured compute. Imports no
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from dataclasses import replace
-
-from engine.predict import Scenario, contention, fixed_fraction, predict, validate
-from engine.predict_inputs import PredictInputError, RunInputs, measure_run
-from engine.predict_presets import AS_MEASURED, THIS_MACHINE, compute, custom_link, link
+from engine.predict.inputs import PredictInputError, RunInputs, measure_run
+from engine.predict.presets import AS_MEASURED, THIS_MACHINE, compute, custom_link, link
+from engine.predict.scaleout import Scenario, contention, fixed_fraction, predict, validate
+from workers.history import read_all_events
 from workers.scaleout_text import assumptions
 
 # Config fields that do not change what one step costs; runs differing only in these (and in
@@ -22,23 +22,12 @@ from workers.scaleout_text import assumptions
 IGNORED_FIELDS = {"world_size", "mode", "steps", "seed", "step_delay_s", "eval_every",
                   "collective_timeout_s", "nnodes", "fault", "fault_rank", "fault_step", "device",
                   "backend"}
-READ_BATCH = 2000
 MAX_RUNS_SCANNED = 500
 
 
 def signature(config: dict[str, Any]) -> tuple:
     """What makes two runs the same experiment at another world size."""
     return tuple(sorted((k, repr(v)) for k, v in (config or {}).items() if k not in IGNORED_FIELDS))
-
-
-def read_all_events(client, run_id: str) -> list[dict[str, Any]]:
-    """Every stored event of the run, oldest first."""
-    events, after = [], "0-0"
-    while True:
-        batch, after = client.read_events(run_id, after, count=READ_BATCH)
-        if not batch:
-            return events
-        events += batch
 
 
 def calibration_set(client, run_id: str) -> dict[str, dict[str, Any]]:
@@ -55,7 +44,7 @@ def calibration_set(client, run_id: str) -> dict[str, dict[str, Any]]:
     if rec.get("group"):
         for r in client.list_runs(limit=MAX_RUNS_SCANNED):
             cfg = r.get("config") or {}
-            if r.get("group") == rec["group"] and r["status"] == "finished" \
+            if r.get("group") == rec["group"] and r["status"] == "succeeded" \
                     and (cfg.get("world_size") == ws or cfg.get("mode") == "single") \
                     and signature(cfg) == signature(rec.get("config")):
                 members.setdefault(cfg.get("mode"), r)
@@ -68,7 +57,7 @@ def measured_points(client, config: dict[str, Any]) -> list[dict[str, Any]]:
     sig, out = signature(config), []
     for r in client.list_runs(limit=MAX_RUNS_SCANNED):
         cfg, summary = r.get("config") or {}, r.get("summary") or {}
-        if r["status"] == "finished" and cfg.get("mode") in ("dp", "ddp") and signature(cfg) == sig \
+        if r["status"] == "succeeded" and cfg.get("mode") in ("dp", "ddp") and signature(cfg) == sig \
                 and summary.get("samples_per_s") and (cfg.get("nnodes") or 1) == 1:
             out.append(dict(run_id=r["run_id"], mode=cfg["mode"], world_size=cfg["world_size"],
                             step_time_s=summary.get("step_time_s"), samples_per_s=summary["samples_per_s"]))

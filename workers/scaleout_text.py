@@ -4,8 +4,8 @@ assumption said as one."""
 
 from __future__ import annotations
 
-from engine.predict import Scenario, in_run_factor
-from engine.predict_inputs import RunInputs
+from engine.predict.inputs import RunInputs
+from engine.predict.scaleout import Scenario, in_run_factor
 
 
 def _ms(s: float) -> str:

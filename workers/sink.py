@@ -13,7 +13,7 @@ Use with `engine.events.BatchingSink`, which calls `write_batch` from a backgrou
 Redis going away (a restart, a network cut) loses no event within a bound: the writer keeps what
 it could not write, in order, and writes it first once Redis answers again. Past
 `MAX_PENDING_EVENTS` it drops the oldest (never ``run_started``), counts them, and says so
-(`problem`), which fails the run with that cause (`workers.stop.StopPoller`).
+(`problem`), which fails the run with that cause (`workers.host.stop.StopPoller`).
 """
 
 from __future__ import annotations

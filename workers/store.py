@@ -15,7 +15,7 @@ Hash fields (all bytes; empty string = none): ``run_id``, ``status``, ``config``
 linking a re-queued run and its copy), ``pinned`` ("1": kept by retention, `workers.retention`),
 ``started`` (JSON: the run's ``run_started`` event — config, devices, gradient bytes, bucket
 preview — kept here because the event stream is capped and a long run trims it); multi-host runs
-also ``hosts`` (JSON list, one entry per node: worker, ranks, devices; `workers.nodes.host_plan`).
+also ``hosts`` (JSON list, one entry per node: worker, ranks, devices; `workers.jobs.nodes.host_plan`).
 """
 
 from __future__ import annotations
@@ -23,35 +23,20 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from enum import Enum
 from typing import Any, Callable, Iterable
 
 import redis
 
 from engine.events import make_event
+from engine.result import ACTIVE, TERMINAL, RunStatus
 from workers import keys
 from workers.sink import DEFAULT_STREAM_MAXLEN, add_event
 
 CANCEL_FLAG_TTL_S = 24 * 3600  # a cancel request outlives any sensible wait for the job to see it
 
 
-class RunStatus(str, Enum):
-    """Status of a run record (RQ's vocabulary, lower-case values)."""
-
-    QUEUED = "queued"
-    STARTED = "started"
-    FINISHED = "finished"
-    FAILED = "failed"
-    CANCELED = "canceled"
-    LOST = "lost"  # its worker stopped sending heartbeats mid-run (killed, host down)
-
-
-ACTIVE = (RunStatus.QUEUED, RunStatus.STARTED)
-TERMINAL = (RunStatus.FINISHED, RunStatus.FAILED, RunStatus.CANCELED, RunStatus.LOST)
-# engine.run.RunResult.status -> record status, and back for run_finished events
-FROM_ENGINE = {"succeeded": RunStatus.FINISHED, "failed": RunStatus.FAILED,
-               "canceled": RunStatus.CANCELED}
-TO_ENGINE = {**{v: k for k, v in FROM_ENGINE.items()}, RunStatus.LOST: "lost"}
+# the vocabulary lives with the engine's result (`engine.result.RunStatus`); re-exported here
+__all__ = ["ACTIVE", "TERMINAL", "RunStatus", "RunStore", "decode_record", "make_error", "new_run_id"]
 
 
 def new_run_id() -> str:
@@ -82,6 +67,14 @@ def _loads(raw: bytes | None) -> Any:
         return None
 
 
+def _status(raw: str | None) -> str | None:
+    """The stored status in today's vocabulary (a record stored as "succeeded" reads "succeeded")."""
+    try:
+        return RunStatus(raw).value if raw else raw
+    except ValueError:
+        return raw
+
+
 def _float(raw: bytes | None) -> float | None:
     try:
         return float(raw) if raw else None
@@ -100,7 +93,7 @@ def decode_record(h: dict[bytes, bytes]) -> dict[str, Any] | None:
 
     return {
         "run_id": text("run_id"),
-        "status": text("status"),
+        "status": _status(text("status")),
         "config": _loads(h.get(b"config")) or {},
         "created_at": _float(h.get(b"created_at")),
         "started_at": _float(h.get(b"started_at")),
@@ -113,7 +106,7 @@ def decode_record(h: dict[bytes, bytes]) -> dict[str, Any] | None:
         "timeout_s": _float(h.get(b"timeout_s")),
         "requeued_from": text("requeued_from"),
         "requeued_as": text("requeued_as"),
-        "hosts": _loads(h.get(b"hosts")),  # multi-host runs: one entry per node (workers.nodes)
+        "hosts": _loads(h.get(b"hosts")),  # multi-host runs: one entry per node (workers.jobs.nodes)
         "pinned": h.get(b"pinned") == b"1",  # kept whatever the retention policy (workers.retention)
         "started": _loads(h.get(b"started")),  # the run_started event (see module docstring)
     }
@@ -139,7 +132,7 @@ class RunStore:
         """Store a new record with status queued and index it by created time.
 
         Args:
-            timeout_s: the run's time limit in seconds (see `workers.jobs`); None = the default.
+            timeout_s: the run's time limit in seconds (see `workers.jobs.run`); None = the default.
             requeued_from: the run this one re-queues.
             pipeline: a transaction to add the commands to (the caller executes it); when None
                 they run in a transaction of their own.
@@ -267,7 +260,7 @@ class RunStore:
             if clear_cancel_flag:
                 pipe.delete(keys.cancel(run_id))
             if append_event:
-                event = make_event("run_finished", run_id, status=TO_ENGINE[status], error=error,
+                event = make_event("run_finished", run_id, status=RunStatus(status).value, error=error,
                                    summary=summary or {})
                 add_event(pipe, run_id, event, self.stream_maxlen)
 

@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 from workers.connection import ENV_VAR, URL_FILE, EmbeddedRedis, connect, redact
-from workers.procs import UP_TOKEN_ENV, Child, sweep, wait_any_exit
+from workers.host.procs import UP_TOKEN_ENV, Child, sweep
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 APP_STOP_GRACE_S = 5.0

@@ -33,14 +33,12 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from workers import keys
-from workers.connection import (WORKER_RETRY_ATTEMPTS, WORKER_RETRY_BACKOFF_CAP_S, connect,
-                                exposure_warning, redis_url)
-from workers.gpus import GpuMonitor
+from workers.connection import WORKER_RETRY_ATTEMPTS, WORKER_RETRY_BACKOFF_CAP_S, connect, exposure_warning, redis_url
 from workers.heartbeat import Heartbeat, detect_devices
-from workers.jobs import (JobRefused, allowed_job_funcs, default_worker_name, on_horse_killed,
-                          on_job_exception)
+from workers.host.gpus import GpuMonitor
+from workers.jobs.multinode import parse_node_job_id
+from workers.jobs.run import JobRefused, allowed_job_funcs, default_worker_name, on_horse_killed, on_job_exception
 from workers.liveness import LostRunMonitor
-from workers.multinode import parse_node_job_id
 from workers.store import ACTIVE, RunStatus, RunStore, make_error
 
 log = logging.getLogger("ddpviz.worker")
@@ -52,7 +50,7 @@ _REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
 def vet_job(job: Job) -> None:
     """Refuse a job ddpviz did not enqueue: its data must be the JSON ``[func, instance, args,
-    kwargs]`` of one of `workers.jobs.ALLOWED_JOB_FUNCS` (never unpickled, never imported
+    kwargs]`` of one of `workers.jobs.run.ALLOWED_JOB_FUNCS` (never unpickled, never imported
     otherwise).
 
     Raises:
@@ -83,6 +81,17 @@ class DdpvizJob(Job):
     def _execute(self) -> Any:
         vet_job(self)
         return super()._execute()
+
+    @property
+    def func(self) -> Any:
+        """The job's function, by its name; a name an earlier release queued
+        (`workers.jobs.run.LEGACY_JOB_FUNCS`) resolves to the function it names now."""
+        from rq.utils import import_attribute
+
+        from workers.jobs.run import LEGACY_JOB_FUNCS
+
+        name = self.func_name
+        return None if name is None else import_attribute(LEGACY_JOB_FUNCS.get(name, name))
 
 
 def unreadable_field(raw: dict[bytes, bytes]) -> str:
@@ -224,7 +233,7 @@ def _current(worker: Worker) -> tuple[str | None, str]:
 
 def build_worker(url: str | None = None, name: str | None = None) -> DdpvizWorker:
     """An RQ worker on queue ``ddpviz`` and on its own ``ddpviz:node:{name}`` (the node jobs of
-    multi-host runs, `workers.multinode`), JSON serializer, with ddpviz's failure hooks.
+    multi-host runs, `workers.jobs.multinode`), JSON serializer, with ddpviz's failure hooks.
 
     Raises:
         RedisUnavailable: Redis at `url` (default `redis_url()`) cannot be reached.

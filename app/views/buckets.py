@@ -12,10 +12,11 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import frames, frames_buckets as fb, runsets
-from app.charts_buckets import bucket_timeline, exposed_chart
+from app import runsets
+from app.charts.buckets import bucket_timeline, exposed_chart
 from app.connection import require_client
-from app.frames_compare import thin
+from app.frames import buckets as fb
+from app.frames.compare import thin
 from app.widgets import pick_step, quick_fields, show_errors
 from engine.config import ConfigError
 from workers.sweeps import submit_sweep
@@ -63,11 +64,11 @@ def step_selector(windows, key: str = "buckets_step") -> int | None:
 def timeline(w, label: str, step: int, x_max: float | None) -> None:
     events = w.of_type("bucket")
     names = fb.rank_names(w.of_type("step") + events)
-    buckets = frames.bucket_frame(events, step)
+    buckets = fb.bucket_frame(events, step)
     if buckets.empty:
         st.info(f"{label}: no buckets recorded for step {step}.", icon=":material/info:")
         return
-    backward = frames.backward_frame(w.of_type("step"), step)
+    backward = fb.backward_frame(w.of_type("step"), step)
     exposed = fb.exposed_frame(buckets, w.of_type("step"))
     st.altair_chart(bucket_timeline(fb.with_rank_names(buckets, names),
                                     fb.with_rank_names(backward, names),
@@ -124,9 +125,9 @@ def body(windows, labels) -> None:
         st.info("Waiting for the first complete step of bucket events…",
                 icon=":material/hourglass_empty:")
         return
-    frames_at = [frames.bucket_frame(w.of_type("bucket"), step) for w in windows.values()]
+    frames_at = [fb.bucket_frame(w.of_type("bucket"), step) for w in windows.values()]
     ends = [f["comm_end_ms"].max() for f in frames_at if not f.empty] + \
-           [frames.backward_frame(w.of_type("step"), step)["end_ms"].max()
+           [fb.backward_frame(w.of_type("step"), step)["end_ms"].max()
             for w in windows.values()]
     x_max = max([e for e in ends if pd.notna(e)], default=None) if len(windows) > 1 else None
     for col, (rid, w) in zip(st.columns(len(windows)), windows.items()):

@@ -7,8 +7,9 @@ import time
 
 import streamlit as st
 
-from app import charts_cluster as cc, frames_cluster as fc
+from app.charts import cluster as cc
 from app.connection import require_client
+from app.frames import cluster as fc
 from app.outage import guarded
 
 REFRESH_S = 2.0

@@ -10,14 +10,23 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, charts_compare, explain, frames, runsets
+from app import explain, runsets
+from app.charts import compare as charts_compare
+from app.charts import steps as charts
 from app.connection import require_client
-from app.frames_compare import (buffers_frame, bytes_frame, compare_frame, curves_frame,
-                                peak_memory_frame, side_by_side, view_of)
+from app.frames import steps as fsteps
+from app.frames.compare import (
+    buffers_frame,
+    bytes_frame,
+    compare_frame,
+    curves_frame,
+    peak_memory_frame,
+    side_by_side,
+    view_of,
+)
 from app.widgets import quick_fields, show_errors
 from engine.config import ConfigError
 from workers.sweeps import submit_trio
-
 
 _BUFFER_COLUMNS = {
     "at_forward_start": st.column_config.NumberColumn("Σ at forward start", format="%.6g"),
@@ -63,12 +72,12 @@ def body(windows, labels) -> None:
     curves = curves_frame(views)
     left, right = st.columns(2)
     with left:
-        st.altair_chart(charts.throughput_chart(curves), key="cmp_throughput")
+        st.altair_chart(charts.throughput_curves_chart(curves), key="cmp_throughput")
     with right:
         st.altair_chart(charts_compare.loss_chart(curves), key="cmp_loss")
     left, right = st.columns(2)
     with left:
-        st.altair_chart(charts.split_chart(frames.split_frame(curves)), key="cmp_split")
+        st.altair_chart(charts.split_chart(fsteps.split_frame(curves)), key="cmp_split")
     with right:
         if table["speedup_vs_single"].notna().any():
             st.altair_chart(charts_compare.speedup_chart(table), key="cmp_speedup")

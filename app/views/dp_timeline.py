@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import frames, frames_dp as fd, runsets
-from app.charts_dp import dp_timeline, phase_totals_chart
+from app import runsets
+from app.charts.dp import dp_timeline, phase_totals_chart
 from app.connection import require_client
+from app.frames import dp as fd
 from app.widgets import pick_step
 
 MAX_RUNS = 2
@@ -35,7 +36,7 @@ def step_selector(windows) -> int | None:
 
 
 def one_run(w, label: str, step: int) -> None:
-    phases = frames.dp_phase_frame(w.of_type("dp_phase"), step)
+    phases = fd.dp_phase_frame(w.of_type("dp_phase"), step)
     if phases.empty:
         st.info(f"{label}: no phases recorded for step {step}.", icon=":material/info:")
         return

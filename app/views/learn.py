@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import explain, frames_buckets, frames_topology as ftop, runsets
-from app.frames_compare import compare_frame, view_of
-from app.charts_topology import topology_chart
+from app import explain, runsets
+from app.charts.topology import topology_chart
 from app.connection import require_client
+from app.frames import buckets as frames_buckets
+from app.frames import topology as ftop
+from app.frames.compare import compare_frame, view_of
 
 STAR_TEXT = """
 **DataParallel: a star.** One process drives every device from threads. Each step device 0
@@ -48,7 +50,8 @@ at a time.
 
 def shards_section(fsdp, labels) -> None:
     """The third picture: one FSDP run's unit, sharded, gathered and scattered."""
-    from app import charts_fsdp, frames_fsdp
+    from app.charts import fsdp as charts_fsdp
+    from app.frames import fsdp as frames_fsdp
 
     st.markdown(SHARD_TEXT)
     for rid, w in fsdp[:1]:

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import frames, panels
+from app import panels
 from app.connection import require_client
+from app.frames import base as frames
 from app.window import RunWindow
 
 REFRESH_S = 1.0  # charts

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import frames
 from app.connection import require_client
 from app.exports import export_files
+from app.frames import runs as fruns
 from workers.history import RunActive, delete_run, rerun
 
 LIVE_PAGE = "views/live.py"
 COMPARE_PAGE = "views/compare.py"
 ACTIVE = ("queued", "started")
-STATUSES = ["queued", "started", "finished", "failed", "canceled", "lost"]
+STATUSES = ["queued", "started", "succeeded", "failed", "canceled", "lost"]
 
 
 def filters(df):
@@ -30,7 +30,7 @@ def filters(df):
     modes = c3.multiselect("mode", ["single", "dp", "ddp", "fsdp"], key="runs_mode")
     models = c4.multiselect("model", sorted(df["model"].dropna().unique()), key="runs_model")
     text = c5.text_input("search", key="runs_text", placeholder="id, label or model")
-    return frames.filter_runs(df, statuses=statuses, modes=modes, models=models, text=text)
+    return fruns.filter_runs(df, statuses=statuses, modes=modes, models=models, text=text)
 
 
 def runs_table(df) -> list[str]:
@@ -140,7 +140,7 @@ if not runs:
     st.page_link("views/launch.py", label="Launch a run", icon=":material/rocket_launch:")
     st.stop()
 retention_note(client)
-shown = filters(frames.runs_frame(runs))
+shown = filters(fruns.runs_frame(runs))
 selected = runs_table(shown)
 actions(client, {r["run_id"]: r.get("status") for r in runs}, selected,
         {r["run_id"]: bool(r.get("pinned")) for r in runs})

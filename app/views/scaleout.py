@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts_scaleout as cs, frames, frames_scaleout as fso
+from app.charts import scaleout as cs
 from app.connection import require_client
+from app.frames import base as frames
+from app.frames import scaleout as fso
 from app.outage import guarded
-from engine.predict_presets import AS_MEASURED, COMPUTES, DEFAULT_UTILISATION, LINKS, THIS_MACHINE
+from engine.predict.presets import AS_MEASURED, COMPUTES, DEFAULT_UTILISATION, LINKS, THIS_MACHINE
 from workers.scaleout import report, scenario_from
 
 CUSTOM = "custom"
@@ -25,7 +27,7 @@ RUNS_SCANNED = 300
 
 def pick_run(client) -> str | None:
     """`?run=ID` wins; else a selectbox of finished DP/DDP runs (newest DDP first)."""
-    runs = [r for r in client.list_runs(limit=RUNS_SCANNED) if r["status"] == "finished"
+    runs = [r for r in client.list_runs(limit=RUNS_SCANNED) if r["status"] == "succeeded"
             and (r.get("config") or {}).get("mode") in ("dp", "ddp")
             and (r.get("config") or {}).get("nnodes", 1) == 1]
     if not runs:
@@ -120,7 +122,7 @@ def body(client, run_id: str, kwargs: dict, world_sizes: list[int]) -> None:
     pred, measured = fso.prediction_frame(rep), fso.measured_frame(rep, rep.get("single_samples_per_s"))
     left, right = st.columns(2)
     with left:
-        st.altair_chart(cs.throughput_chart(pred, measured, scenario=what), key="so_tput")
+        st.altair_chart(cs.predicted_throughput_chart(pred, measured, scenario=what), key="so_tput")
     same_here = rep["scenario"]["link"] == THIS_MACHINE and rep["scenario"]["compute"] == AS_MEASURED
     with right:
         st.altair_chart(cs.efficiency_chart(pred, measured if same_here else measured.iloc[0:0],

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts_sweeps as cs, frames_sweeps as fs
+from app.charts import sweeps as cs
 from app.connection import require_client
+from app.frames import sweeps as fs
 from app.outage import guarded
 from app.widgets import quick_fields, show_errors
 from engine.config import ConfigError
@@ -58,7 +59,7 @@ def pick_sweep(sweeps: dict[str, list[dict]]) -> str:
 
     def describe(sid: str) -> str:
         runs = sweeps[sid]
-        done = sum(r.get("status") == "finished" for r in runs)
+        done = sum(r.get("status") == "succeeded" for r in runs)
         return f"{sid} — {KINDS.get(sweep_kind(sid), '?')} — {done}/{len(runs)} finished"
 
     return st.selectbox("Sweep", options, key="sweep_pick", format_func=describe)

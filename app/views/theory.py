@@ -1,6 +1,6 @@
 """Theory beside measurement: all-reduce bandwidth by message size, the ring cost model, bytes.
 
-- The all-reduce probe (engine/probe.py, run after training): time, algbw and busbw per message
+- The all-reduce probe (engine/modes/ddp/probe.py, run after training): time, algbw and busbw per message
   size with one collective in flight — the link as nccl-tests would measure it.
 - The run's own buckets on the same axes: those that ran alone (measured bandwidths) apart from
   those that overlapped another bucket's all-reduce (gloo runs two at once; not bandwidths).
@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import frames_theory as ft, runsets
-from app.charts_compare import bytes_chart
-from app.charts_theory import bandwidth_chart, time_chart
+from app import runsets
+from app.charts.compare import bytes_chart
+from app.charts.theory import bandwidth_chart, time_chart
 from app.connection import require_client
-from app.frames_compare import bytes_frame, view_of
+from app.frames import theory as ft
+from app.frames.compare import bytes_frame, view_of
 from app.window import TERMINAL
 
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from streamlit.testing.v1 import AppTest
-
 from fakeclient import FakeClient
+from streamlit.testing.v1 import AppTest
 
 MAIN = Path(__file__).resolve().parents[2] / "app" / "main.py"
 

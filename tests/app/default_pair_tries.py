@@ -25,7 +25,7 @@ from stack import ROOT, AppStack, launch_browser  # noqa: E402
 
 OUT_JSON = ROOT / "docs" / "bench" / "default-pair-tries.json"
 OUT_PNG = ROOT / "docs" / "screenshots" / "default-pair-live.png"
-DONE = ("finished", "failed", "canceled", "lost")
+DONE = ("succeeded", "failed", "canceled", "lost")
 
 
 def step_medians(client, run_id: str) -> dict:

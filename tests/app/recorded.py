@@ -24,7 +24,7 @@ def play(client, run_id: str, name: str, worker: str = "test-worker") -> None:
         events = [{**json.loads(line), "run_id": run_id} for line in fh if line.strip()]
     client.store.mark_started(run_id, worker)
     RedisStreamWriter(client.redis, run_id).write_batch(events)
-    client.store.finish(run_id, RunStatus.FINISHED, summary=events[-1].get("summary"))
+    client.store.finish(run_id, RunStatus.SUCCEEDED, summary=events[-1].get("summary"))
 
 
 def trio(client, ddp: str = "ddp") -> tuple[str, dict[str, str]]:

@@ -30,7 +30,7 @@ CONFIG = {"world_size": 2, "steps": 40, "model": "cnn", "width": 64, "depth": 3,
 SWEEP = {**CONFIG, "steps": 25, "step_delay_s": 0.0}
 VIEW = {"width": 1500, "height": 1000}
 MAX_HEIGHT = 4000
-TERMINAL = ("finished", "failed", "canceled", "lost")
+TERMINAL = ("succeeded", "failed", "canceled", "lost")
 
 
 def _settle(page, charts: int = 0, timeout_s: float = 60) -> None:
@@ -70,6 +70,7 @@ def visit(page, url: str, heading: str, charts: int, name: str) -> None:
 
 def main() -> None:
     from playwright.sync_api import sync_playwright
+
     from workers.client import DdpvizClient
     from workers.sweeps import submit_sweep, submit_trio, sweep_runs
 

@@ -26,6 +26,7 @@ VIEW = {"width": 1500, "height": 1000}
 
 def main() -> None:
     from playwright.sync_api import sync_playwright
+
     from workers.client import DdpvizClient
 
     OUT.mkdir(parents=True, exist_ok=True)
@@ -33,7 +34,7 @@ def main() -> None:
         client = DdpvizClient(url=stack.redis_url)
         ids = client.submit_pair(CONFIG, label="1,500 steps")
         deadline = time.monotonic() + 1800
-        while any(client.get_run(i)["status"] not in ("finished", "failed", "canceled") for i in ids):
+        while any(client.get_run(i)["status"] not in ("succeeded", "failed", "canceled") for i in ids):
             assert time.monotonic() < deadline, "runs too slow"
             time.sleep(2)
         browser = launch_browser(pw)

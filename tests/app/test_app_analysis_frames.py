@@ -9,19 +9,29 @@ PyTorch's bucket assignment (`bucket_preview`), the README's formulas written ou
 import json
 from pathlib import Path
 
-import altair as alt
+import eventgen as g
 import pandas as pd
 import pytest
 
-from app import (charts_buckets, charts_cluster, charts_compare, charts_dp, charts_sweeps,
-                 charts_theory, charts_topology, frames, frames_buckets as fb,
-                 frames_cluster as fcl, frames_compare as fc, frames_dp as fd,
-                 frames_sweeps as fs, frames_theory as ft, frames_topology as ftop)
-from app.chart_style import MAX_POINTS
-from app.exports import render
+from app.charts import buckets as charts_buckets
+from app.charts import cluster as charts_cluster
+from app.charts import compare as charts_compare
+from app.charts import dp as charts_dp
+from app.charts import sweeps as charts_sweeps
+from app.charts import theory as charts_theory
+from app.charts import topology as charts_topology
+from app.charts.style import MAX_POINTS
+from app.frames import base as frames
+from app.frames import buckets as fb
+from app.frames import cluster as fcl
+from app.frames import compare as fc
+from app.frames import dp as fd
+from app.frames import runs as fruns
+from app.frames import sweeps as fs
+from app.frames import theory as ft
+from app.frames import topology as ftop
 from app.window import RunWindow
-
-import eventgen as g
+from engine.export import render
 
 DATA = Path(__file__).parent / "data"
 P = 603176  # gradient bytes of the recorded model (run_started.grad_bytes)
@@ -36,7 +46,7 @@ def _view(name: str, label: str) -> fc.RunView:
     events = _load(name)
     w = RunWindow(label, recent_steps=8, first_steps=2)
     w.ingest(events)
-    w.run = {"config": events[0]["config"], "status": "finished",
+    w.run = {"config": events[0]["config"], "status": "succeeded",
              "summary": events[-1]["summary"]}
     return fc.view_of(w, label)
 
@@ -145,7 +155,7 @@ def test_bucket_layouts_match_pytorch_rule(ddp_events):
 
 
 def test_exposed_is_after_last_ready(ddp_events):
-    buckets = frames.bucket_frame(ddp_events, 11)
+    buckets = fb.bucket_frame(ddp_events, 11)
     exp = fb.exposed_frame(buckets, ddp_events).set_index("rank")
     for rank, df in buckets.groupby("rank"):
         assert exp.loc[rank, "start_ms"] == pytest.approx(df["ready_ms"].max())
@@ -164,8 +174,8 @@ def test_rank_names_with_hosts():
 
 def test_bucket_timeline_chart(ddp_events):
     names = fb.rank_names(ddp_events)
-    buckets = fb.with_rank_names(frames.bucket_frame(ddp_events, 5), names)
-    backward = fb.with_rank_names(frames.backward_frame(ddp_events, 5), names)
+    buckets = fb.with_rank_names(fb.bucket_frame(ddp_events, 5), names)
+    backward = fb.with_rank_names(fb.backward_frame(ddp_events, 5), names)
     exposed = fb.with_rank_names(fb.exposed_frame(buckets, ddp_events), names)
     spec = _check_chart(charts_buckets.bucket_timeline(buckets, backward, exposed, run="DDP",
                                                        x_max_ms=20.0))
@@ -177,7 +187,7 @@ def test_bucket_timeline_chart(ddp_events):
 
 # ---- DP --------------------------------------------------------------------------------------
 def test_idle_on_hand_made_step():
-    phases = frames.dp_phase_frame(g.dp_step("r", 0), 0)
+    phases = fd.dp_phase_frame(g.dp_step("r", 0), 0)
     idle = fd.idle_summary(phases).set_index("device")
     # eventgen: 8 phases back to back over 32 ms; device 1 skips the 4 ms optimizer phase
     assert idle.loc["cpu:0", "idle_ms"] == pytest.approx(0.0)
@@ -191,7 +201,7 @@ def test_dp_real_run_timeline():
     events = _load("real_dp_mlp_ws2.jsonl")
     steps = fd.dp_steps(events)
     assert steps == list(range(12))
-    phases = frames.dp_phase_frame(events, steps[-1])
+    phases = fd.dp_phase_frame(events, steps[-1])
     summary = fd.idle_summary(phases)
     assert ((summary["idle_pct"] >= 0) & (summary["idle_pct"] < 100)).all()
     totals = fd.phase_totals(events, steps)
@@ -282,7 +292,7 @@ def test_theory_charts_label_measured_and_fitted(ddp_events):
 
 
 # ---- sweeps ----------------------------------------------------------------------------------
-def _rec(rid, mode, n, sps, cap=25.0, status="finished"):
+def _rec(rid, mode, n, sps, cap=25.0, status="succeeded"):
     return {"run_id": rid, "label": f"{mode} ×{n}", "status": status,
             "config": {"mode": mode, "world_size": n, "bucket_cap_mb": cap, "overlap": True},
             "summary": {"samples_per_s": sps, "step_time_s": 64 / sps if sps else None,
@@ -371,24 +381,24 @@ def test_ring_links_follow_rank_order_and_do_not_overlap():
 
 # ---- runs and exports ------------------------------------------------------------------------
 def test_filter_runs():
-    df = frames.runs_frame([
-        {"run_id": "a1", "label": "DDP", "status": "finished", "created_at": 3,
+    df = fruns.runs_frame([
+        {"run_id": "a1", "label": "DDP", "status": "succeeded", "created_at": 3,
          "config": {"mode": "ddp", "model": "mlp"}},
         {"run_id": "b2", "label": "", "status": "failed", "created_at": 2,
          "config": {"mode": "dp", "model": "gpt"}},
         {"run_id": "c3", "label": "mine", "status": "lost", "created_at": 1,
          "config": {"mode": "ddp", "model": "gpt"}}])
-    assert frames.filter_runs(df)["run_id"].tolist() == ["a1", "b2", "c3"]
-    assert frames.filter_runs(df, modes=["ddp"])["run_id"].tolist() == ["a1", "c3"]
-    assert frames.filter_runs(df, statuses=["lost", "failed"], models=["gpt"])["run_id"].tolist() \
+    assert fruns.filter_runs(df)["run_id"].tolist() == ["a1", "b2", "c3"]
+    assert fruns.filter_runs(df, modes=["ddp"])["run_id"].tolist() == ["a1", "c3"]
+    assert fruns.filter_runs(df, statuses=["lost", "failed"], models=["gpt"])["run_id"].tolist() \
         == ["b2", "c3"]
-    assert frames.filter_runs(df, text="MINE")["run_id"].tolist() == ["c3"]
+    assert fruns.filter_runs(df, text="MINE")["run_id"].tolist() == ["c3"]
 
 
 def test_exports_render(ddp_events):
-    lines = render(ddp_events, "jsonl").decode().splitlines()
+    lines = render(ddp_events, "jsonl").splitlines()
     assert [json.loads(x) for x in lines] == ddp_events
-    csv_rows = render(ddp_events, "csv").decode().splitlines()
+    csv_rows = render(ddp_events, "csv").splitlines()
     assert len(csv_rows) == 1 + len(frames.of_type(ddp_events, "step"))
     trace = json.loads(render(ddp_events, "trace"))
     tracks = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}

@@ -3,10 +3,10 @@ cases a recording cannot produce — GPUs, an outage — the in-memory client)."
 
 import json
 
-import redis
-
 import eventgen as g
+import redis
 from recorded import CONFIG, overlap_pair, play, trio
+
 from workers.heartbeat import Heartbeat
 from workers.sweeps import submit_sweep
 

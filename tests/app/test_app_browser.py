@@ -6,7 +6,6 @@ Starts an embedded Redis, `ddpviz worker` and `streamlit run app/main.py` as sub
 from pathlib import Path
 
 import pytest
-
 from stack import CHROMIUM, AppStack, launch_browser
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -42,7 +41,7 @@ def test_launch_ddp_and_watch_it_finish(tmp_path):
             page.get_by_role("heading", name="Live").wait_for(timeout=30_000)
             try:
                 page.get_by_text("step 20 / 20").wait_for(timeout=RUN_TIMEOUT_MS)
-                page.get_by_text("finished").first.wait_for(timeout=30_000)  # the status badge
+                page.get_by_text("succeeded").first.wait_for(timeout=30_000)  # the status badge
             except Exception:
                 page.screenshot(path=str(tmp_path / "live-timeout.png"), full_page=True)
                 raise AssertionError(f"run did not finish; worker log:\n{stack.log('worker')}")

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from stack import CHROMIUM, AppStack, launch_browser
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -76,11 +75,11 @@ def _wait_finished(client, ids: list[str], stack) -> None:
     deadline = time.monotonic() + RUNS_TIMEOUT_S
     while True:
         status = {i: client.get_run(i)["status"] for i in ids}
-        if all(s in ("finished", "failed", "canceled", "lost") for s in status.values()):
+        if all(s in ("succeeded", "failed", "canceled", "lost") for s in status.values()):
             break
         assert time.monotonic() < deadline, f"runs too slow: {status}\n{stack.log('worker')}"
         time.sleep(0.5)
-    assert set(status.values()) == {"finished"}, f"{status}\n{stack.log('worker')}"
+    assert set(status.values()) == {"succeeded"}, f"{status}\n{stack.log('worker')}"
 
 
 def _visit(session, path: str, heading: str, charts: int) -> object:

@@ -1,12 +1,16 @@
 """Chart specs: every chart has a title, axis titles with units, a legend, and the right data."""
 
+import eventgen as g
 import pandas as pd
 import pytest
 
-from app import charts, charts_memory, frames
-from app import frames_memory as fm
-
-import eventgen as g
+from app.charts import dp as charts_dp
+from app.charts import memory as charts_memory
+from app.charts import steps as charts
+from app.frames import buckets as fb
+from app.frames import dp as fd
+from app.frames import memory as fm
+from app.frames import steps as fsteps
 
 
 def _encodings(spec: dict) -> list[dict]:
@@ -44,8 +48,8 @@ def two_runs():
 
 def test_throughput_chart(two_runs):
     dp, ddp = two_runs
-    steps = pd.concat([frames.steps_frame(dp, "dp"), frames.steps_frame(ddp, "ddp")])
-    spec = _check(charts.throughput_chart(steps), "optimizer step", "throughput (samples/s)", "run")
+    steps = pd.concat([fsteps.steps_frame(dp, "dp"), fsteps.steps_frame(ddp, "ddp")])
+    spec = _check(charts.throughput_curves_chart(steps), "optimizer step", "throughput (samples/s)", "run")
     assert [layer["mark"]["type"] for layer in spec["layer"]] == ["circle", "line"]
     assert spec["layer"][1]["encoding"]["y"]["field"] == "samples_per_s_smooth"
     rows = _data(spec)[0]
@@ -54,11 +58,11 @@ def test_throughput_chart(two_runs):
 
 def test_split_chart_stacks_parts_in_order(two_runs):
     dp, ddp = two_runs
-    split = frames.split_frame(pd.concat([frames.steps_frame(dp, "dp"),
-                                          frames.steps_frame(ddp, "ddp")]))
+    split = fsteps.split_frame(pd.concat([fsteps.steps_frame(dp, "dp"),
+                                          fsteps.steps_frame(ddp, "ddp")]))
     spec = _check(charts.split_chart(split), "median time per step (ms)", "run",
                   "part of the step")
-    assert spec["encoding"]["color"]["scale"]["domain"] == frames.SPLIT_PARTS
+    assert spec["encoding"]["color"]["scale"]["domain"] == fsteps.SPLIT_PARTS
     assert spec["encoding"]["x"]["stack"] == "zero"
 
 
@@ -84,14 +88,14 @@ def test_memory_curve_charts_name_every_source_and_share_the_axes(two_runs):
 
 
 def test_live_bucket_timeline_is_the_bucket_pages_design_with_a_stable_title(two_runs):
-    from app.charts_buckets import bucket_timeline
-    from app.frames_buckets import exposed_frame, with_rank_names
+    from app.charts.buckets import bucket_timeline
+    from app.frames.buckets import exposed_frame, with_rank_names
 
     _, ddp = two_runs
-    buckets = frames.bucket_frame(ddp)
+    buckets = fb.bucket_frame(ddp)
     names = {0: "rank 0", 1: "rank 1"}
     chart = bucket_timeline(with_rank_names(buckets, names),
-                            with_rank_names(frames.backward_frame(ddp, 3), names),
+                            with_rank_names(fb.backward_frame(ddp, 3), names),
                             with_rank_names(exposed_frame(buckets, ddp), names), run="Gradient buckets",
                             latest=True)
     spec = chart.to_dict()
@@ -103,25 +107,25 @@ def test_live_bucket_timeline_is_the_bucket_pages_design_with_a_stable_title(two
 
 def test_dp_phase_chart(two_runs):
     dp, _ = two_runs
-    spec = _check(charts.dp_phase_chart(frames.dp_phase_frame(dp)), "ms from step start",
+    spec = _check(charts_dp.dp_phase_chart(fd.dp_phase_frame(dp)), "ms from step start",
                   "device", "phase")
-    assert spec["encoding"]["color"]["scale"]["domain"] == frames.DP_PHASES
+    assert spec["encoding"]["color"]["scale"]["domain"] == fd.DP_PHASES
     assert spec["title"]["text"] == "DP phases"  # no step: the spec stays the same on Live
 
 
 def test_comm_volume_chart_says_measured_or_derived(two_runs):
     dp, ddp = two_runs
-    spec = _check(charts.comm_volume_chart(frames.comm_volume_frame(dp)),
+    spec = _check(charts.comm_volume_chart(fsteps.comm_volume_frame(dp)),
                   "sent + received per step (MiB)", "device", "bytes")
     rows = _data(spec)[0]
     d0 = {r["which"]: r["mib"] for r in rows if r["device"] == "cpu:0"}
     assert d0 == pytest.approx({"measured": 240000 / 2**20, "theory": 240000 / 2**20})
-    rows = _data(charts.comm_volume_chart(frames.comm_volume_frame(ddp)).to_dict())[0]
+    rows = _data(charts.comm_volume_chart(fsteps.comm_volume_frame(ddp)).to_dict())[0]
     assert {r["which"] for r in rows} == {"derived (ring all-reduce)", "theory"}
 
 
 def test_charts_accept_empty_frames():
     # a panel may draw before the first events: no exception, still titled
-    for chart in (charts.throughput_chart(frames.steps_frame([], "x")),
-                  charts.dp_phase_chart(frames.dp_phase_frame([]))):
+    for chart in (charts.throughput_curves_chart(fsteps.steps_frame([], "x")),
+                  charts_dp.dp_phase_chart(fd.dp_phase_frame([]))):
         assert chart.to_dict()["title"]["text"]

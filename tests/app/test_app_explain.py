@@ -3,7 +3,7 @@
 import pandas as pd
 
 from app import explain
-from app import frames_compare as fc
+from app.frames import compare as fc
 
 
 def _row(mode, sps, fwd, bwd, comm, opt, step):

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 
+import eventgen as g
 import pytest
 
-import eventgen as g
-
-from app import charts_live, frames
+from app.charts import live as charts_live
+from app.frames import steps as fsteps
 from app.step_history import StepHistory, step_rates
 from app.window import RunWindow
 
@@ -67,7 +67,7 @@ def test_the_failed_run_panel_names_the_stage_and_keeps_the_traceback(fake_clien
 
 def test_a_plugin_run_is_labelled_with_the_plugins_own_dataset(fake_client, app_test):
     started = {**g.run_started("p1", "single", 1, 4), "dataset_name": "letters27"}
-    fake_client.add_run("p1", {"mode": "single", "world_size": 1, "steps": 4}, status="finished",
+    fake_client.add_run("p1", {"mode": "single", "world_size": 1, "steps": 4}, status="succeeded",
                         events=[started, g.run_finished("p1", 0)])
     at = app_test("views/live.py", runs="p1")
     assert "mlp on letters27" in captions(at) and "on digits" not in captions(at)
@@ -91,7 +91,7 @@ def test_live_shows_validation_accuracy(fake_client, app_test):
     events = g.full_run("a1", "ddp", steps=4)
     evals = [{"type": "eval", "run_id": "a1", "ts": g.T0 + 1, "rank": 0, "step": s, "val_loss": 1.5 - 0.2 * s,
               "val_accuracy": 0.5 + 0.1 * s} for s in (1, 3)]
-    fake_client.add_run("a1", {"mode": "ddp", "steps": 4}, status="finished",
+    fake_client.add_run("a1", {"mode": "ddp", "steps": 4}, status="succeeded",
                         events=events[:-1] + evals + events[-1:])
     at = app_test("views/live.py", runs="a1")
     assert not at.exception
@@ -117,7 +117,7 @@ def long_run(n_steps: int) -> list[dict]:
 def test_a_long_run_keeps_every_step_in_bins_with_exact_means():
     w = RunWindow("long", max_steps=500)
     w.ingest(long_run(5000))
-    recent = frames.steps_frame(w.of_type("step"), "r")
+    recent = fsteps.steps_frame(w.of_type("step"), "r")
     assert recent["step"].min() == 4500 and len(recent) == 500  # the window, in detail
     bins = w.history.frame("r")
     assert bins["step_lo"].min() == 0 and bins["step_hi"].max() == 4499  # the rest, binned
@@ -140,7 +140,7 @@ def test_step_rates_take_the_mean_over_ranks():
 
 def test_the_long_run_chart_says_what_is_binned_and_never_cuts_a_legend(fake_client, app_test):
     label = "a rather long run label · DDP"
-    fake_client.add_run("long", {"mode": "ddp", "steps": 5000}, status="finished", label=label,
+    fake_client.add_run("long", {"mode": "ddp", "steps": 5000}, status="succeeded", label=label,
                         events=long_run(5000) + [g.run_finished("long", 5000)])
     at = app_test("views/live.py", runs="long")
     assert not at.exception
@@ -203,7 +203,7 @@ def test_live_charts_keep_their_spec_when_new_steps_arrive_and_the_step_axis_zoo
 
 
 def test_live_detail_charts_do_not_name_the_step_in_their_spec(fake_client, app_test):
-    fake_client.add_run("d", {"mode": "ddp", "steps": 4}, status="finished", events=g.full_run("d", "ddp"))
+    fake_client.add_run("d", {"mode": "ddp", "steps": 4}, status="succeeded", events=g.full_run("d", "ddp"))
     at = app_test("views/live.py", runs="d")
     for s in specs(at):
         assert "step 3" not in json.dumps({k: v for k, v in s.items() if k != "datasets"})
@@ -212,7 +212,7 @@ def test_live_detail_charts_do_not_name_the_step_in_their_spec(fake_client, app_
 # -- 10: a row per bucket on Live --------------------------------------------------------------------
 
 def test_live_draws_a_row_per_bucket_like_the_bucket_page(fake_client, app_test):
-    fake_client.add_run("d", {"mode": "ddp", "steps": 4}, status="finished", events=g.full_run("d", "ddp"))
+    fake_client.add_run("d", {"mode": "ddp", "steps": 4}, status="succeeded", events=g.full_run("d", "ddp"))
     at = app_test("views/live.py", runs="d")
     spec = titled(at, "Gradient buckets")
     comm = next(layer for layer in spec["layer"] if layer["encoding"].get("x", {}).get("field") == "comm_start_ms")
@@ -224,7 +224,7 @@ def test_live_draws_a_row_per_bucket_like_the_bucket_page(fake_client, app_test)
 # -- 11: the bucket layout captions say what the tables show -----------------------------------------
 
 def test_bucket_layout_captions_count_the_buckets_and_name_the_order():
-    from app.frames_buckets import layout_captions as captions_of
+    from app.frames.buckets import layout_captions as captions_of
 
     two = {"initial": [{"bucket_index": 0}, {"bucket_index": 1}], "rebuilt": [{"bucket_index": 0}],
            "bucket_cap_bytes": 1024, "first_bucket_cap_bytes": 1024}
@@ -241,7 +241,7 @@ def test_a_window_takes_run_started_from_the_record_when_the_stream_lost_it(fake
     started = {**g.run_started("t", "ddp"), "grad_bytes": 4242,
                "bucket_preview": {"initial": [], "rebuilt": [{"bucket_index": 0, "nbytes": 4242}]}}
     events = g.full_run("t", "ddp")[1:]  # the stream was trimmed: no run_started in it
-    fake_client.add_run("t", {"mode": "ddp", "steps": 4}, status="finished", events=events, started=started)
+    fake_client.add_run("t", {"mode": "ddp", "steps": 4}, status="succeeded", events=events, started=started)
     w = RunWindow("t")
     w.poll(fake_client)
     assert w.started["grad_bytes"] == 4242 and w.started["bucket_preview"]["rebuilt"][0]["nbytes"] == 4242
@@ -254,7 +254,7 @@ def test_runs_without_samples_per_s_show_a_dash_and_why(fake_client, app_test):
     fake_client.add_run("l1", {"mode": "ddp"}, status="lost")
     fake_client.add_run("f1", {"mode": "ddp"}, status="failed", summary={"steps_done": 3},
                         error={"stage": "training", "rank": 1, "step": 3, "exception": "x"})
-    fake_client.add_run("ok", {"mode": "ddp"}, status="finished", summary={"samples_per_s": 1234.0})
+    fake_client.add_run("ok", {"mode": "ddp"}, status="succeeded", summary={"samples_per_s": 1234.0})
     at = app_test("views/runs.py")
     assert not at.exception
     table = at.dataframe[0]

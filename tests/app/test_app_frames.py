@@ -2,13 +2,16 @@
 
 import math
 
+import eventgen as g
 import pandas as pd
 import pytest
 
-from app import frames
-from app import frames_memory as fm
-
-import eventgen as g
+from app.frames import base as frames
+from app.frames import buckets as fb
+from app.frames import dp as fd
+from app.frames import memory as fm
+from app.frames import runs as fruns
+from app.frames import steps as fsteps
 
 
 def test_steps_frame_ddp_takes_the_mean_over_ranks():
@@ -16,14 +19,14 @@ def test_steps_frame_ddp_takes_the_mean_over_ranks():
     time, so the step is (20 + 21) / 2 = 20.5 ms and 64 samples / 20.5 ms (not the slowest
     rank's 21 ms, which biases every step up)."""
     events = [e for s in range(3) for e in g.ddp_step("r", s)]
-    df = frames.steps_frame(events, "ddp")
+    df = fsteps.steps_frame(events, "ddp")
     assert list(df["step"]) == [0, 1, 2]
     assert df["step_time_ms"].tolist() == pytest.approx([20.5] * 3)
     assert df["samples_per_s"].tolist() == pytest.approx([64 / 0.0205] * 3)
     assert df["forward_ms"].tolist() == pytest.approx([4.0] * 3)
     assert df["comm_exposed_ms"].tolist() == pytest.approx([2.0] * 3)
     assert set(df["run"]) == {"ddp"}
-    assert list(df.columns) == frames.STEP_COLUMNS
+    assert list(df.columns) == fsteps.STEP_COLUMNS
 
 
 def test_steps_frame_rolling_median():
@@ -31,21 +34,21 @@ def test_steps_frame_rolling_median():
     for e in events:
         if e["type"] == "step" and e["step"] == 4:
             e["step_time_s"] = 0.064  # one slow step: half the throughput
-    df = frames.steps_frame(events, "dp")
+    df = fsteps.steps_frame(events, "dp")
     assert df.loc[4, "samples_per_s"] == pytest.approx(1000.0)
     assert df["samples_per_s_smooth"].tolist() == pytest.approx([2000.0] * 12)  # median ignores it
 
 
 def test_steps_frame_empty_has_columns():
-    df = frames.steps_frame([], "x")
-    assert df.empty and list(df.columns) == frames.STEP_COLUMNS
+    df = fsteps.steps_frame([], "x")
+    assert df.empty and list(df.columns) == fsteps.STEP_COLUMNS
 
 
 def test_split_frame_medians_and_other_after_warmup():
     events = [e for s in range(4) for e in g.dp_step("r", s)]
-    steps = frames.steps_frame(events, "dp")
+    steps = fsteps.steps_frame(events, "dp")
     steps.loc[steps["step"] == 0, "step_time_ms"] = 500.0  # a slow first step is ignored
-    split = frames.split_frame(steps)
+    split = fsteps.split_frame(steps)
     got = dict(zip(split["part"], split["ms"]))
     assert got == pytest.approx({"forward": 6.0, "backward": 10.0, "exposed comm": 9.0,
                                  "optimizer": 4.0, "other": 3.0})
@@ -53,9 +56,9 @@ def test_split_frame_medians_and_other_after_warmup():
 
 
 def test_split_frame_two_runs():
-    dp = frames.steps_frame([e for s in range(3) for e in g.dp_step("a", s)], "dp")
-    ddp = frames.steps_frame([e for s in range(3) for e in g.ddp_step("b", s)], "ddp")
-    split = frames.split_frame(pd.concat([dp, ddp]))
+    dp = fsteps.steps_frame([e for s in range(3) for e in g.dp_step("a", s)], "dp")
+    ddp = fsteps.steps_frame([e for s in range(3) for e in g.ddp_step("b", s)], "ddp")
+    split = fsteps.split_frame(pd.concat([dp, ddp]))
     assert split.groupby("run", sort=False)["ms"].sum().to_dict() == pytest.approx(
         {"dp": 32.0, "ddp": 20.5})
 
@@ -98,7 +101,7 @@ def test_latest_complete_step_skips_half_delivered_step():
 
 def test_bucket_frame_ms_and_algbw():
     events = g.ddp_step("r", 0) + g.ddp_step("r", 1)
-    df = frames.bucket_frame(events)
+    df = fb.bucket_frame(events)
     assert set(df["step"]) == {1}
     assert len(df) == 6  # 3 buckets x 2 ranks
     b0 = df[(df["rank"] == 0) & (df["bucket_index"] == 0)].iloc[0]
@@ -111,38 +114,38 @@ def test_bucket_frame_ms_and_algbw():
 
 
 def test_backward_frame():
-    df = frames.backward_frame(g.ddp_step("r", 3), 3)
+    df = fb.backward_frame(g.ddp_step("r", 3), 3)
     assert df["end_ms"].tolist() == pytest.approx([8.0, 8.0])
     assert df["rank"].tolist() == [0, 1]
 
 
 def test_dp_phase_frame_orders_phases_and_keeps_bytes():
-    df = frames.dp_phase_frame(g.dp_step("r", 0) + g.dp_step("r", 1))
+    df = fd.dp_phase_frame(g.dp_step("r", 0) + g.dp_step("r", 1))
     assert set(df["step"]) == {1}
     d0 = df[df["device"] == "cpu:0"]
-    assert list(d0["phase"]) == frames.DP_PHASES
-    assert list(df[df["device"] == "cpu:1"]["phase"]) == frames.DP_PHASES[:-1]
+    assert list(d0["phase"]) == fd.DP_PHASES
+    assert list(df[df["device"] == "cpu:1"]["phase"]) == fd.DP_PHASES[:-1]
     bc = d0[d0["phase"] == "broadcast"].iloc[0]
     assert (bc["start_ms"], bc["end_ms"], bc["dur_ms"], bc["nbytes"]) == pytest.approx(
         (0.0, 3.0, 3.0, 120000))
 
 
 def test_comm_volume_frame_latest_step_in_mib():
-    df = frames.comm_volume_frame(g.dp_step("r", 0, world_size=3) + g.dp_step("r", 1, world_size=3))
+    df = fsteps.comm_volume_frame(g.dp_step("r", 0, world_size=3) + g.dp_step("r", 1, world_size=3))
     assert df["device"].tolist() == ["cpu:0", "cpu:1", "cpu:2"]
     assert df["sent_mib"].tolist() == pytest.approx([240000 / 2**20, 120000 / 2**20,
                                                      120000 / 2**20])
 
 
 def test_run_label_and_runs_frame():
-    run = {"run_id": "abcdef123456", "label": None, "status": "finished",
+    run = {"run_id": "abcdef123456", "label": None, "status": "succeeded",
            "config": {"mode": "ddp", "world_size": 2, "model": "mlp"},
            "summary": {"samples_per_s": 1234.5}, "created_at": g.T0}
     assert frames.run_label(run, run["run_id"]) == "ddp ×2 · abcdef"
     assert frames.run_label({**run, "label": "mine"}, "x") == "mine"
     older = {**run, "run_id": "old", "created_at": g.T0 - 10, "summary": None}
-    df = frames.runs_frame([older, run])
+    df = fruns.runs_frame([older, run])
     assert df["run_id"].tolist() == ["abcdef123456", "old"]
     assert df["samples_per_s"].iloc[0] == 1234.5
     assert math.isnan(df["samples_per_s"].iloc[1])
-    assert list(df.columns) == frames.RUN_COLUMNS
+    assert list(df.columns) == fruns.RUN_COLUMNS

@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from app import charts_fsdp, frames, frames_compare as fc, frames_fsdp as ff
-from app.chart_style import MAX_POINTS
+from app.charts import fsdp as charts_fsdp
+from app.charts.style import MAX_POINTS
+from app.frames import base as frames
+from app.frames import compare as fc
+from app.frames import fsdp as ff
 from app.window import RunWindow
 from workers.sweeps import trio_configs
 
@@ -93,7 +96,7 @@ def test_fsdp_charts_have_titles_axes_and_legends(fsdp):
 def test_compare_names_fsdp_ranks_and_uses_its_own_formula(fsdp):
     w = RunWindow("f", recent_steps=8, first_steps=2)
     w.ingest(fsdp)
-    w.run = {"config": fsdp[0]["config"], "status": "finished", "summary": fsdp[-1]["summary"]}
+    w.run = {"config": fsdp[0]["config"], "status": "succeeded", "summary": fsdp[-1]["summary"]}
     view = fc.view_of(w, "FSDP")
     vol = fc.bytes_frame([view])
     grad = fsdp[0]["grad_bytes"]
@@ -129,7 +132,7 @@ def test_the_live_memory_chart_draws_fsdp_from_the_points_its_hooks_sampled(fsdp
     """FSDP's `memory` events carry no timed curve; the Live memory chart draws each rank's
     `fsdp_memory_curve` points instead, so its highest point is the peak the engine reported
     for that rank and step (`peak_allocated_bytes`, the max over the same points)."""
-    from app import frames_memory as fm
+    from app.frames import memory as fm
 
     curve = fm.memory_curve_frame(fsdp, "FSDP")
     step = int(curve["step"].iloc[0])

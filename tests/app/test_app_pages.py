@@ -12,7 +12,7 @@ def _texts(at) -> str:
     return "\n".join(str(p) for p in parts)
 
 
-def _add_pair(client, steps=4, status="finished"):
+def _add_pair(client, steps=4, status="succeeded"):
     events_dp, events_ddp = g.full_run("dp1", "dp", steps), g.full_run("ddp1", "ddp", steps)
     cfg = {"mode": "dp", "world_size": 2, "steps": steps}
     client.add_run("dp1", cfg, status=status, events=events_dp, group="grp", created_at=g.T0,
@@ -132,7 +132,7 @@ def test_live_page_running_run_keeps_polling(fake_client, app_test):
 
 
 def test_runs_page_lists_runs(fake_client, app_test):
-    _add_pair(fake_client, status="finished")
+    _add_pair(fake_client, status="succeeded")
     fake_client.add_run("q1", {"mode": "ddp"}, status="queued", created_at=g.T0 + 5)
     at = app_test("views/runs.py")
     assert not at.exception

@@ -10,8 +10,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from app import charts, charts_memory, frames
-from app import frames_memory as fm
+from app.charts import dp as charts_dp
+from app.charts import memory as charts_memory
+from app.charts import steps as charts
+from app.frames import base as frames
+from app.frames import buckets as fb
+from app.frames import dp as fd
+from app.frames import memory as fm
+from app.frames import steps as fsteps
 
 DATA = Path(__file__).parent / "data"
 
@@ -33,7 +39,7 @@ def ddp():
 
 def test_ddp_buckets_cover_every_gradient_byte(ddp):
     grad_bytes = frames.of_type(ddp, "run_started")[0]["grad_bytes"]
-    buckets = frames.bucket_frame(ddp)
+    buckets = fb.bucket_frame(ddp)
     assert int(buckets["step"].iloc[0]) == 11  # the last step
     per_rank = buckets.groupby("rank")["nbytes"].sum()
     assert per_rank.tolist() == [grad_bytes, grad_bytes]
@@ -42,17 +48,17 @@ def test_ddp_buckets_cover_every_gradient_byte(ddp):
 
 
 def test_ddp_steps_and_split_match_events(ddp):
-    steps = frames.steps_frame(ddp, "ddp")
+    steps = fsteps.steps_frame(ddp, "ddp")
     assert steps["step"].tolist() == list(range(12))
     raw = [e for e in frames.of_type(ddp, "step") if e["step"] == 5]
     assert steps.loc[5, "step_time_ms"] == pytest.approx(sum(e["step_time_s"] for e in raw) / len(raw) * 1000)
-    split = frames.split_frame(steps)
+    split = fsteps.split_frame(steps)
     total = split["ms"].sum()
     assert total == pytest.approx(steps[steps["step"] >= 1]["step_time_ms"].median(), rel=0.5)
 
 
 def test_dp_phases_and_device0_hot_spot(dp):
-    phases = frames.dp_phase_frame(dp)
+    phases = fd.dp_phase_frame(dp)
     assert set(phases["device"]) == {"cpu:0", "cpu:1"}
     assert "optimizer" in set(phases[phases["device"] == "cpu:0"]["phase"])
     assert "optimizer" not in set(phases[phases["device"] == "cpu:1"]["phase"])
@@ -61,12 +67,12 @@ def test_dp_phases_and_device0_hot_spot(dp):
 
 
 def test_all_charts_build_from_real_runs(dp, ddp):
-    steps = pd.concat([frames.steps_frame(dp, "dp"), frames.steps_frame(ddp, "ddp")])
-    built = [charts.throughput_chart(steps), charts.split_chart(frames.split_frame(steps)),
+    steps = pd.concat([fsteps.steps_frame(dp, "dp"), fsteps.steps_frame(ddp, "ddp")])
+    built = [charts.throughput_curves_chart(steps), charts.split_chart(fsteps.split_frame(steps)),
              *charts_memory.memory_curve_charts(fm.memory_curve_frame(dp, "dp"),
                                                 fm.memory_phase_frame(dp, fm.latest_traced_step(dp)), "dp"),
-             charts.dp_phase_chart(frames.dp_phase_frame(dp)),
-             charts.comm_volume_chart(frames.comm_volume_frame(dp))]
+             charts_dp.dp_phase_chart(fd.dp_phase_frame(dp)),
+             charts.comm_volume_chart(fsteps.comm_volume_frame(dp))]
     for chart in built:
         spec = chart.to_dict()
         assert spec["title"]["text"]

@@ -44,7 +44,7 @@ def test_live_and_runs_pages_on_recorded_runs(real_client, app_test):
     at = app_test("views/runs.py")
     assert not at.exception and not at.error
     df = at.dataframe[0].value
-    assert set(df["run_id"]) == {dp_id, ddp_id} and set(df["status"]) == {"finished"}
+    assert set(df["run_id"]) == {dp_id, ddp_id} and set(df["status"]) == {"succeeded"}
 
 
 def test_cancel_queued_run_from_live(real_client, app_test):

@@ -5,9 +5,10 @@ import json
 
 import pandas as pd
 import pytest
-
-from app import charts_scaleout as cs, frames_scaleout as fso
 from recorded import trio
+
+from app.charts import scaleout as cs
+from app.frames import scaleout as fso
 from workers.scaleout import report, scenario_from
 
 
@@ -66,7 +67,7 @@ def test_chart_builders_on_a_report(real_client):
     assert set(pred["kind"]) == {"predicted"} and set(pred["series"]) == {"DP (predicted)", "DDP (predicted)"}
     measured = fso.measured_frame(rep, rep["single_samples_per_s"])
     assert set(measured["series"]) == {"DP (measured)", "DDP (measured)"}
-    spec = cs.throughput_chart(pred, measured, scenario="PCIe 4.0 x16").to_dict()
+    spec = cs.predicted_throughput_chart(pred, measured, scenario="PCIe 4.0 x16").to_dict()
     assert spec["layer"][0]["mark"]["strokeDash"] and spec["layer"][1]["mark"]["type"] == "point"
     # the bucket timeline of n = 4 draws the report's own predicted buckets
     row = fso.ddp_row(rep, 4)

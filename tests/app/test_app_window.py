@@ -3,10 +3,10 @@
 import gc
 import threading
 
-from app.window import RunWindow, gc_paused
-
 import eventgen as g
 from fakeclient import FakeClient
+
+from app.window import RunWindow, gc_paused
 
 CFG = {"mode": "ddp", "world_size": 2, "steps": 40}
 
@@ -98,7 +98,7 @@ def test_done_only_after_terminal_and_drained():
     w.poll(c)
     assert not w.done and w.last_id == "8-0"  # capped at 2 batches per poll
     c.streams["r"] = events
-    c.runs["r"]["status"] = "finished"
+    c.runs["r"]["status"] = "succeeded"
     while not w.done:
         w.poll(c)
     assert w.finished is not None and w.finished["status"] == "succeeded"

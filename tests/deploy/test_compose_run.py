@@ -31,7 +31,6 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-
 from test_compose import COMPOSE, DOCKERFILE, duration_s, interpolate, load
 
 pytestmark = pytest.mark.slow
@@ -205,7 +204,7 @@ def test_the_compose_services_run_a_dp_ddp_pair(host):
     assert res.returncode == 0, f"{res.stdout}\n{res.stderr}\nworker:\n{host.log('worker-cpu')}"
     dp_id, ddp_id = res.stdout.split()[:2]
     runs = {r: client.get_run(r) for r in (dp_id, ddp_id)}
-    assert [runs[r]["status"] for r in (dp_id, ddp_id)] == ["finished", "finished"]
+    assert [runs[r]["status"] for r in (dp_id, ddp_id)] == ["succeeded", "succeeded"]
     assert [runs[r]["config"]["mode"] for r in (dp_id, ddp_id)] == ["dp", "ddp"]
     assert {runs[r]["worker"] for r in runs} == {name}  # run by the compose file's CPU worker
     assert worker.poll() is None and app.poll() is None

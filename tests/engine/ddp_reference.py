@@ -10,13 +10,17 @@ import os
 
 import torch
 import torch.distributed as dist
+
+# before any process group: imported later (DDP's constructor does, through torch._dynamo) its
+# `group=group.WORLD` defaults pin the gloo group past destroy_process_group() into exit (SIGABRT)
+import torch.distributed.nn.functional  # noqa: F401,E402
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from engine.comm_hook import BucketRecorder, recording_hook
+from engine.components.training import loss_fn
 from engine.config import RunConfig
 from engine.data import BatchPlan, load_dataset
 from engine.models import build_model
-from engine.training import loss_fn
+from engine.modes.ddp.comm_hook import BucketRecorder, recording_hook
 
 
 def _worker(rank, world, port, cfg_dict, steps, out):
@@ -65,7 +69,7 @@ def reference_run(cfg: RunConfig, steps: int = 3) -> dict:
     """Run the reference on 2 ranks; returns rank 0's bucket sizes, gradients and recorded bytes."""
     import torch.multiprocessing as mp
 
-    from engine.launcher import free_port
+    from engine.modes.launcher import free_port
 
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()

@@ -1,4 +1,4 @@
-"""torch.nn.parallel's CUDA-only copies, done on CPU, so engine/dp_cuda.py runs in CI.
+"""torch.nn.parallel's CUDA-only copies, done on CPU, so engine/modes/dp/cuda.py runs in CI.
 
 Only the copies are faked; `replicate`'s module wiring, autograd, the hooks and the thread
 runner are the real ones. Each fake keeps the contract of the function it stands for
@@ -20,7 +20,7 @@ import torch
 import torch.nn.parallel._functions as functions
 from torch.nn.parallel import comm
 
-import engine.dp_cuda as dp_cuda
+import engine.modes.dp.cuda as dp_cuda
 
 
 class CpuBroadcast(torch.autograd.Function):
@@ -52,7 +52,7 @@ def gather(outs, target):
 
 @contextlib.contextmanager
 def cpu_parallel(monkeypatch):
-    """Within the block, engine.dp_cuda's torch.nn.parallel copies run on CPU."""
+    """Within the block, engine.modes.dp.cuda's torch.nn.parallel copies run on CPU."""
     monkeypatch.setattr(functions, "Broadcast", CpuBroadcast)
     monkeypatch.setattr(comm, "broadcast_coalesced", broadcast_coalesced)
     monkeypatch.setattr(dp_cuda, "scatter", scatter)

@@ -14,6 +14,10 @@ import psutil
 import torch
 import torch.distributed as dist
 
+# before any process group: imported later (DDP's constructor does, through torch._dynamo) its
+# `group=group.WORLD` defaults pin the gloo group past destroy_process_group() into exit (SIGABRT)
+import torch.distributed.nn.functional  # noqa: F401,E402
+
 NUMEL = 6 * 2**20  # 24 MiB of fp32, divisible by 2 and 3
 REPEATS = 5  # the machine's loopback is shared: the least of several counts is the op's own
 
@@ -45,7 +49,8 @@ def _worker(rank, world, port, out):
 def loopback_bytes(world: int, out: str) -> dict[str, int]:
     """Loopback bytes (all ranks together) of one all-gather and one reduce-scatter of NUMEL fp32."""
     import torch.multiprocessing as mp
-    from engine.launcher import free_port
+
+    from engine.modes.launcher import free_port
 
     mp.spawn(_worker, args=(world, free_port(), out), nprocs=world)
     return torch.load(out)

@@ -14,6 +14,10 @@ import os
 
 import torch
 import torch.distributed as dist
+
+# before any process group: imported later (DDP's constructor does, through torch._dynamo) its
+# `group=group.WORLD` defaults pin the gloo group past destroy_process_group() into exit (SIGABRT)
+import torch.distributed.nn.functional  # noqa: F401,E402
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -60,7 +64,7 @@ def plain_ddp(cfg: RunConfig) -> dict:
     """Train `cfg` (cfg.steps steps, 2 ranks) with plain DDP; rank 0's report (see module doc)."""
     import torch.multiprocessing as mp
 
-    from engine.launcher import free_port
+    from engine.modes.launcher import free_port
 
     assert cfg.world_size == 2 and cfg.grad_accum_steps == 1 and cfg.optimizer == "sgd"
     ctx = mp.get_context("spawn")

@@ -9,10 +9,18 @@ import random
 
 import pytest
 
-from engine.analysis import (busbw_vs_probe, fit_ring_range, fit_ring_times, mark_alone,
-                             median_busbw_ratio, probe_busbw_at, probe_fit, probe_point,
-                             ring_factor)
-from engine.probe import probe_sizes
+from engine.analysis import (
+    busbw_vs_probe,
+    fit_ring_range,
+    fit_ring_times,
+    mark_alone,
+    median_busbw_ratio,
+    probe_busbw_at,
+    probe_fit,
+    probe_point,
+    ring_factor,
+)
+from engine.modes.ddp.probe import probe_sizes
 
 
 def _b(step, rank, idx, start, end, nbytes=1000):

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.components.devices import resolve_plan
 from engine.config import RunConfig, validate_config
 from engine.data import load_dataset
-from engine.devices import resolve_plan
 from engine.events import ListSink
+from engine.measure.telemetry import Telemetry
 from engine.run import run_training
-from engine.telemetry import Telemetry
 
 HERE = Path(__file__).parent
 SMALL = dict(model="mlp", width=32, depth=2, global_batch_size=32, steps=3, eval_every=0, step_delay_s=0)
@@ -89,9 +89,10 @@ def test_single_reports_no_replica_verdict():
 
 
 def _train_counting(mode: str, in_place: bool, steps: int = 3, accum: int = 1):
-    from engine.dp import train_dp
-    from engine.single import train_single
     from memory_models import Counting
+
+    from engine.modes.dp.emulated import train_dp
+    from engine.modes.single import train_single
 
     cfg = RunConfig(mode=mode, steps=steps, global_batch_size=16, grad_accum_steps=accum,
                     eval_every=0, step_delay_s=0)

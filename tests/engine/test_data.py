@@ -39,3 +39,15 @@ def test_global_batch_is_the_ranks_shards_in_rank_order_and_epochs_reshuffle():
     assert g[10:].tolist() == plan.rank_indices(0, 1).tolist()
     assert plan.batches_per_epoch == 5
     assert plan.rank_indices(5, 0).tolist() != plan.rank_indices(0, 0).tolist()  # epoch 1
+
+
+def test_digits_are_exactly_what_scikit_learn_loads():
+    from sklearn.datasets import load_digits
+
+    from engine.data import _digits_arrays
+
+    x, y = _digits_arrays()
+    ref = load_digits()
+    assert x.shape == (1797, 64) and y.shape == (1797,)
+    assert torch.equal(x, torch.tensor(ref.data, dtype=torch.float32) / 16.0)
+    assert torch.equal(y, torch.tensor(ref.target, dtype=torch.long))

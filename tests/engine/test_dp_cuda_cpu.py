@@ -1,4 +1,4 @@
-"""engine/dp_cuda.py's step, hooks and thread runner, run on CPU with torch.nn.parallel's copies
+"""engine/modes/dp/cuda.py's step, hooks and thread runner, run on CPU with torch.nn.parallel's copies
 faked (tests/engine/dp_cpu_fakes.py) and host-clock marks instead of CUDA events.
 
 References: plain single-device training on the same micro-batches (numerics), bytes worked out
@@ -10,15 +10,15 @@ import threading
 import pytest
 import torch
 import torch.nn as nn
+from dp_cpu_fakes import broadcast_coalesced, cpu_parallel
 
-from dp_cpu_fakes import cpu_parallel, broadcast_coalesced
+from engine.components.training import loss_fn, make_optimizer
 from engine.config import RunConfig
-from engine.dp_cuda import CudaDP
-from engine.dp_hooks import HostClock, apply_in_threads
-from engine.dp_measure import SpanBook
 from engine.events import ListSink
-from engine.telemetry import Telemetry
-from engine.training import loss_fn, make_optimizer
+from engine.measure.telemetry import Telemetry
+from engine.modes.dp.book import SpanBook
+from engine.modes.dp.cuda import CudaDP
+from engine.modes.dp.hooks import HostClock, apply_in_threads
 
 CFG = RunConfig(mode="dp", world_size=2, global_batch_size=16, grad_accum_steps=2, lr=0.1, optimizer="sgd", step_delay_s=0)
 
@@ -171,9 +171,9 @@ def test_amp_runs_bf16_inside_every_replica_of_the_cuda_dp_step(monkeypatch):
 
 
 def test_amp_runs_bf16_inside_every_replica_of_the_emulated_dp():
+    from engine.components.devices import resolve_plan
     from engine.data import load_dataset
-    from engine.devices import resolve_plan
-    from engine.dp import train_dp
+    from engine.modes.dp.emulated import train_dp
 
     Probe.seen = []
     cfg = RunConfig(mode="dp", world_size=2, amp=True, steps=1, eval_every=0, step_delay_s=0,
@@ -198,7 +198,7 @@ def two_replica_graph():
 
 
 def test_backward_ends_when_that_devices_last_gradient_is_handed_over():
-    from engine.dp_hooks import mark_backward
+    from engine.modes.dp.hooks import mark_backward
 
     (w, v), outs, node = two_replica_graph()
     book, clock = SpanBook(), HostClock()
@@ -211,8 +211,8 @@ def test_backward_ends_when_that_devices_last_gradient_is_handed_over():
 
 
 def test_reduce_is_marked_on_every_device_and_counts_what_device_1_sends():
-    from engine.dp_hooks import mark_reduce
-    from engine.dp_measure import StarTraffic
+    from engine.modes.dp.book import StarTraffic
+    from engine.modes.dp.hooks import mark_reduce
 
     _, outs, node = two_replica_graph()
     book, clock, traffic = SpanBook(), HostClock(), StarTraffic(2)

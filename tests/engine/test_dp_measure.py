@@ -1,4 +1,4 @@
-"""DP step bookkeeping without CUDA (engine/dp_measure.py), against hand-worked values.
+"""DP step bookkeeping without CUDA (engine/modes/dp/book.py), against hand-worked values.
 
 Marks are plain numbers here (seconds on a made-up clock per device), so every expected span,
 sum and byte count below is worked out by hand in the comments.
@@ -7,8 +7,16 @@ sum and byte count below is worked out by hand in the comments.
 import pytest
 import torch
 
-from engine.dp_measure import COMM_PHASES, Span, SpanBook, StarTraffic, phase_seconds, \
-    tensor_nbytes, theory_star_bytes, unique_tensors
+from engine.modes.dp.book import (
+    COMM_PHASES,
+    Span,
+    SpanBook,
+    StarTraffic,
+    phase_seconds,
+    tensor_nbytes,
+    theory_star_bytes,
+    unique_tensors,
+)
 
 
 def seconds_from(origins):

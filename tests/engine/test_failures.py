@@ -1,6 +1,5 @@
 """A failing, killed, hanging or canceled rank ends the run in an explained state, no process left."""
 
-import os
 import time
 
 import psutil
@@ -131,7 +130,7 @@ def test_a_rank_that_raised_and_then_died_of_a_signal_is_reported_by_its_excepti
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-    from engine.launcher import root_cause
+    from engine.modes.launcher import root_cause
 
     own = {"rank": 1, "step": 2, "host": "hostB", "exception": "InjectedFault: injected fault: rank 1 "
            "raised at step 2", "traceback": "Traceback ... maybe_fail"}

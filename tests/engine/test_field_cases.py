@@ -11,6 +11,7 @@ case's own arithmetic.
 
 from __future__ import annotations
 
+import field_models
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,8 +19,6 @@ import torch.nn.functional as F
 from engine.config import RunConfig, validate_config
 from engine.events import ListSink
 from engine.run import run_training
-
-import field_models
 
 FAST = dict(world_size=2, global_batch_size=16, eval_every=0, step_delay_s=0.0, lr=0.1, optimizer="sgd")
 
@@ -67,9 +66,9 @@ def test_without_static_graph_the_unused_head_is_refused_before_launch():
 
 
 def test_the_probe_is_one_real_micro_batch_and_leaves_the_model_untouched():
+    from engine.components.preflight import check_model, probe_batch
     from engine.data import load_dataset
     from engine.models import build_model
-    from engine.preflight import check_model, probe_batch
 
     cfg = cfg_of("bnhalves", mode="ddp", global_batch_size=32)
     ds = load_dataset(cfg)
@@ -99,7 +98,7 @@ def test_batchnorm_on_each_half_trains_in_sync_like_plain_ddp():
 # -- 3: the stage that failed ---------------------------------------------------------------------
 
 def test_a_plugin_whose_build_raises_fails_at_plugin_build_with_its_traceback():
-    from workers.progress import summary_line
+    from workers.cli.progress import summary_line
 
     result, sink = run(cfg_of("boom", mode="ddp"))
     err = result.error
@@ -118,7 +117,7 @@ def test_a_plugin_whose_data_is_missing_fails_at_dataset():
 
 @pytest.mark.slow
 def test_a_rank_failure_names_the_rank_and_the_step():
-    from workers.progress import summary_line
+    from workers.cli.progress import summary_line
 
     result, _ = run(validate_config(dict(FAST, mode="ddp", width=16, depth=1, steps=6, fault="raise",
                                          fault_rank=1, fault_step=2)))
@@ -191,10 +190,10 @@ def test_labels_beyond_the_logits_are_refused_before_launch(mode):
 # -- 6: sparse gradients -------------------------------------------------------------------------------
 
 def sparse_preview(cfg):
-    from engine.buckets import preview_buckets
+    from engine.components.preflight import probe_batch
     from engine.data import load_dataset
     from engine.models import build_model
-    from engine.preflight import probe_batch
+    from engine.modes.ddp.buckets import preview_buckets
 
     ds = load_dataset(cfg)
     return preview_buckets(cfg, build_model(cfg, ds), *probe_batch(cfg, ds))

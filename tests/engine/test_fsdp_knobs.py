@@ -101,7 +101,7 @@ def test_gpt_width_256_peak_per_rank_is_below_what_any_ddp_rank_must_hold():
 
 
 def test_compare_cli_runs_the_modes_asked_for(capsys):
-    from workers.cli import main
+    from workers.cli.commands import main
 
     with pytest.raises(SystemExit) as info:
         main(["compare", "--json", "--modes", "single,fsdp", "--steps", "3", "--width", "16", "--depth", "1",
@@ -114,7 +114,7 @@ def test_compare_cli_runs_the_modes_asked_for(capsys):
 
 
 def test_compare_cli_refuses_an_unknown_mode(capsys):
-    from workers.cli import main
+    from workers.cli.commands import main
 
     with pytest.raises(SystemExit) as info:
         main(["compare", "--modes", "single,zero3"])

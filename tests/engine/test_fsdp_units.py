@@ -7,13 +7,13 @@ padding (each rank holds ceil(d0 / n) rows), and hand-worked byte counts.
 import pytest
 import torch.nn as nn
 
-from engine.compare import mode_config
+from engine.components.devices import DevicePlan, PreflightError
 from engine.config import ConfigError, RunConfig, validate_config
 from engine.data import load_dataset
-from engine.devices import DevicePlan, PreflightError
-from engine.fsdp_events import theory_bytes, volume_fields, wire_factor
-from engine.fsdp_units import check_fsdp, fsdp_preview, unit_layout, unit_modules
+from engine.harness.compare import mode_config
 from engine.models import build_model
+from engine.modes.fsdp.collectives import theory_bytes, volume_fields, wire_factor
+from engine.modes.fsdp.units import check_fsdp, fsdp_preview, unit_layout, unit_modules
 
 CPU_PLAN = DevicePlan("cpu", ["cpu:0", "cpu:1"], "gloo", emulated=False)
 

@@ -1,14 +1,14 @@
 """The wire factors FSDP's `comm_volume` uses, checked against the kernel's loopback counters.
 
-`engine.fsdp_events.wire_factor` says a ring all-gather moves (n-1)/n of its output per rank and
+`engine.modes.fsdp.collectives.wire_factor` says a ring all-gather moves (n-1)/n of its output per rank and
 that gloo's reduce-scatter moves 2(n-1)/n of its input (gloo runs it as an all-reduce). The
 reference is what crossed the loopback interface: n ranks x the per-rank bytes.
 """
 
 import pytest
-
-from engine.fsdp_events import wire_factor
 from fsdp_wire_reference import NUMEL, loopback_bytes
+
+from engine.modes.fsdp.collectives import wire_factor
 
 pytestmark = pytest.mark.slow
 

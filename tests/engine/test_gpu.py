@@ -95,8 +95,8 @@ def test_amp_is_bf16_inside_every_cuda_replica_thread():
 
     import torch.nn as nn
 
-    from engine.dp_hooks import CudaStreamClock, apply_in_threads
-    from engine.dp_measure import SpanBook
+    from engine.modes.dp.book import SpanBook
+    from engine.modes.dp.hooks import CudaStreamClock, apply_in_threads
 
     seen = []
 
@@ -111,7 +111,7 @@ def test_amp_is_bf16_inside_every_cuda_replica_thread():
     clock = CudaStreamClock(cuda_index=[0, 0])
     clock.begin([0, 1])
     cfg = RunConfig(amp=True)
-    from engine.training import autocast
+    from engine.components.training import autocast
 
     with autocast(cfg, "cuda"):
         apply_in_threads([m, m], [x[:4], x[4:]], device_type="cuda", devices=[0, 0], micro=0,

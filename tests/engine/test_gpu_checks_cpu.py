@@ -1,12 +1,11 @@
 """The parts of `ddpviz doctor --gpu`'s probes and of the overhead measurement that run on CPU,
-against hand-worked values and against each other (engine/gpu_checks.py, engine/overhead.py)."""
+against hand-worked values and against each other (engine/harness/gpu_checks.py, engine/harness/overhead.py)."""
 
 import pytest
-import torch
 
 from engine.config import RunConfig
-from engine.gpu_checks import memory_imbalance, memory_sample_rates, shared_gpu_ddp
-from engine.overhead import block_medians, measure_overhead, median_interval, turn_order
+from engine.harness.gpu_checks import memory_imbalance, memory_sample_rates, shared_gpu_ddp
+from engine.harness.overhead import block_medians, measure_overhead, median_interval, turn_order
 
 
 def test_memory_sample_rates_by_hand():

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from engine.compare import compare
 from engine.config import RunConfig
 from engine.events import ListSink
+from engine.harness.compare import compare
 from engine.run import run_training
 
 pytestmark = pytest.mark.slow

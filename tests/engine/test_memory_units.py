@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from engine.ledger import LedgerMode, TensorLedger
-from engine.memory import NvmlReader
-from engine.memsampler import downsample, should_trace_memory
+from engine.measure.ledger import LedgerMode, TensorLedger
+from engine.measure.memory import NvmlReader
+from engine.measure.memory_sampler import downsample, should_trace_memory
 
 
 def test_ledger_counts_each_threads_storages_on_its_device_and_drops_them_when_freed():

@@ -14,7 +14,7 @@ import torch
 
 from engine.config import RunConfig
 from engine.events import ListSink, read_jsonl
-from engine.launcher import free_port
+from engine.modes.launcher import free_port
 from engine.run import run_training
 
 pytestmark = pytest.mark.slow
@@ -25,7 +25,7 @@ NODE = textwrap.dedent("""
     import json, sys, torch
     from engine.config import RunConfig
     from engine.events import JsonlWriter
-    from engine.launcher import NodeSpec
+    from engine.modes.launcher import NodeSpec
     from engine.run import run_training
     fields, endpoint, index, out = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
     sink = JsonlWriter(out + ".jsonl")

@@ -2,9 +2,9 @@
 
 import pytest
 
-from engine.predict import Scenario, contention, fixed_fraction, predict, predict_ddp, predict_dp, validate
-from engine.predict_presets import compute
-from engine.predict_inputs import PredictInputError, measure_run
+from engine.predict.inputs import PredictInputError, measure_run
+from engine.predict.presets import compute
+from engine.predict.scaleout import Scenario, contention, fixed_fraction, predict, predict_ddp, predict_dp, validate
 
 MS = 1e-3
 

@@ -4,11 +4,10 @@ import math
 
 import pytest
 
-from engine.predict import Scenario, cpu_threads, predict_ddp, predict_dp, time_share
-from engine.predict_inputs import RunInputs
-from engine.predict_models import bucket_pipeline, exposed_s, hub_copies_s, pipelined_copies_s, \
-    ring_allreduce_s
-from engine.predict_presets import LINKS, custom_link
+from engine.predict.inputs import RunInputs
+from engine.predict.presets import LINKS, custom_link
+from engine.predict.scaleout import Scenario, cpu_threads, predict_ddp, predict_dp, time_share
+from engine.predict.step_models import bucket_pipeline, exposed_s, hub_copies_s, pipelined_copies_s, ring_allreduce_s
 
 MS = 1e-3
 
@@ -46,7 +45,7 @@ def test_hub_and_pipelined_copies_by_hand():
 
 
 def test_cpu_threads_and_time_share_follow_the_engine_rule():
-    # engine.training.cpu_threads_per_rank: max(1, cores // n); 2 cores
+    # engine.components.training.cpu_threads_per_rank: max(1, cores // n); 2 cores
     assert [cpu_threads(n, 2) for n in (1, 2, 3, 4)] == [2, 1, 1, 1]
     assert [time_share(n, 2) for n in (1, 2, 3, 4)] == [1.0, 1.0, 1.5, 2.0]
     assert time_share(3, 8) == 1.0  # 3 x 2 threads on 8 cores
@@ -96,7 +95,7 @@ def test_ddp_across_hosts_takes_the_slowest_link():
 
 
 def test_ddp_on_a_gpu_preset_uses_six_n_flops():
-    from engine.predict_presets import COMPUTES
+    from engine.predict.presets import COMPUTES
 
     gpu = COMPUTES["h100"]
     p = predict_ddp(_ddp_inputs(), 2, Scenario(link=custom_link(0.0, 1e12), compute=gpu, utilisation=0.5))

@@ -3,7 +3,7 @@ size 2 only (DP, DDP and the single baseline of that config), it must predict th
 time of DP and DDP at world sizes 1 and 3 within `TOLERANCE`.
 
 The seven runs are measured side by side in time: started at once, they train in turns of
-`BLOCK_STEPS` steps, one run at a time, the order rotated each round (`engine.interleaved`), so
+`BLOCK_STEPS` steps, one run at a time, the order rotated each round (`engine.harness.interleaved`), so
 the calibration runs and the runs checked see the same machine. Run one after another, the same
 runs on this VM gave errors from −32% to +154% for one build (step times drift 30-60% over
 seconds). Within each run the faster half of the steady steps is used (`measure_run`'s
@@ -12,7 +12,7 @@ to keep the figures (each run's split, and the errors without the contention ter
 Seven tries on 2026-12-01 with κ: the largest error per try was 20%, 16%, 12%, 8%, 17%, 17%
 and 14% (without κ, DDP at world size 1 came out 28-34% slow; docs/predict.md).
 At world size 3 the 3 ranks share 2 cores (1 thread each) and at world size 1 a device has
-both cores' threads (engine.training.cpu_threads_per_rank): the model's time-share rule and
+both cores' threads (engine.components.training.cpu_threads_per_rank): the model's time-share rule and
 its contention term are what is tested there.
 """
 
@@ -24,9 +24,9 @@ import os
 import pytest
 
 from engine.config import RunConfig
-from engine.interleaved import run_in_turns
-from engine.predict import Scenario, contention, fixed_fraction, predict, validate
-from engine.predict_inputs import measure_run
+from engine.harness.interleaved import run_in_turns
+from engine.predict.inputs import measure_run
+from engine.predict.scaleout import Scenario, contention, fixed_fraction, predict, validate
 
 FASTEST = 0.5  # share of steady steps kept, the fastest
 TOLERANCE = 0.25  # |predicted - measured| / measured, step time (the issue's bar; aim: 0.10)

@@ -13,7 +13,7 @@ import pytest
 from engine.config import RunConfig
 from engine.events import ListSink
 from engine.run import run_training
-from workers.cli import main
+from workers.cli.commands import main
 
 pytestmark = pytest.mark.slow
 PROBE_KEYS = {"type", "run_id", "ts", "rank", "device", "backend", "world_size", "dtype", "iters",

@@ -1,4 +1,4 @@
-"""Runs taking turns (engine.turns, engine.interleaved): the order, and a failing run ending the
+"""Runs taking turns (engine.measure.turns, engine.harness.interleaved): the order, and a failing run ending the
 whole measurement with its own error instead of a hang at the gate."""
 
 import time
@@ -7,7 +7,7 @@ import psutil
 import pytest
 
 from engine.config import RunConfig
-from engine.interleaved import rotated_order, run_in_turns
+from engine.harness.interleaved import rotated_order, run_in_turns
 
 
 def test_rotated_order_starts_each_round_one_run_later():

@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from wmeasure import record
+from wtools import TINY, cli_env, ddpviz, wait_for, worker_process
 
-from engine.config import RunConfig, ConfigError, validate_config
+from engine.config import ConfigError, RunConfig, validate_config
 from engine.export import export_path
 from workers import keys
 from workers.client import DdpvizClient
-from workers.jobs import JOB_FUNC
+from workers.jobs.run import JOB_FUNC
 from workers.store import new_run_id
-from wmeasure import record
-from wtools import TINY, cli_env, ddpviz, wait_for, worker_process
 
 FIELDS = list(RunConfig.model_fields)
 SINGLE = {**TINY, "mode": "single", "world_size": 1}
@@ -128,7 +128,7 @@ def _payloads(marker: Path):
     Bomb.marker = str(marker)
     bomb = zlib.compress(pickle.dumps(Bomb()))
     funcs = st.sampled_from(["os.system", "builtins.eval", "subprocess.call", "shutil.rmtree",
-                             "workers.jobs.run_job", "wjobs.nope"]) | st.text(max_size=40)
+                             "workers.jobs.run.run_job", "wjobs.nope"]) | st.text(max_size=40)
     bad_ids = st.one_of(st.integers(), st.floats(), st.none(), st.booleans(),
                         st.lists(st.text(max_size=3), max_size=2),
                         st.text(max_size=300).filter(lambda t: not t.isalnum() or len(t) > 64))
@@ -208,7 +208,7 @@ def test_malformed_queue_payloads_are_refused_naming_the_field_and_the_worker_se
         one()
         assert not marker.exists()  # nothing was unpickled
         good = client.submit(SINGLE)  # and the same worker still runs a real job
-        wait_for(lambda: client.get_run(good)["status"] == "finished", 90, "a valid run after")
+        wait_for(lambda: client.get_run(good)["status"] == "succeeded", 90, "a valid run after")
     for kind, n in counts.items():
         record(f"queue_payloads_refused[{kind}]", n, "payloads")
     record("queue_payloads_refused_total", sum(counts.values()), "payloads")

@@ -196,7 +196,7 @@ def test_bench_overhead_compares_the_same_work_and_reports_the_ratio_of_its_roun
                  timeout=380)
     assert res.returncode == 0, res.stderr[-2000:]
     (row,) = json.loads(out.read_text())["overhead"]
-    assert row["harness"] == "engine.overhead.measure_overhead" and row["target"] == 1.10
+    assert row["harness"] == "engine.harness.overhead.measure_overhead" and row["target"] == 1.10
     assert row["max_param_diff"] < 1e-5
     assert len(row["rounds"]) == 3 and row["block_steps"] == 20 and row["config"]["steps"] == 80
     ratios = [r["ddpviz_median_step_s"] / r["plain_median_step_s"] for r in row["rounds"]]

@@ -6,9 +6,9 @@ the parity/memory pair runs the real `compare` flow on a small CPU config.
 
 import pytest
 
-import engine.gpu_checks as gpu_checks
-import workers.doctor_gpu as doctor_gpu
-from workers.doctor_report import CheckFailed, CheckSkipped
+import engine.harness.gpu_checks as gpu_checks
+import workers.doctor.gpu as doctor_gpu
+from workers.doctor.report import CheckFailed, CheckSkipped
 
 
 def rank(r, buckets, allocated=1000, checksums=((1.0, 2.0), (1.0, 2.0))):

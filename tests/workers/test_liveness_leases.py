@@ -10,6 +10,7 @@ import time
 import types
 
 import pytest
+from wtools import wait_for
 
 import engine.run
 from engine.events import make_event
@@ -17,16 +18,15 @@ from engine.run import RunResult
 from workers import keys
 from workers.client import DdpvizClient
 from workers.connection import EmbeddedRedis, connect
-from workers.gpus import GpuMonitor, visible
 from workers.heartbeat import Heartbeat, read_workers
-from workers.jobs import run_job
-from workers.leases import DeviceLease, gpus_needed
+from workers.host.gpus import GpuMonitor, visible
+from workers.host.leases import DeviceLease, gpus_needed
+from workers.host.reaper import RUN_ENV_VAR
+from workers.host.stop import fast_fail
+from workers.jobs.run import run_job
 from workers.liveness import LOST_GRACE_S, LostRunMonitor
-from workers.reaper import RUN_ENV_VAR
 from workers.sink import RedisStreamWriter
-from workers.stop import fast_fail
 from workers.store import RunStatus
-from wtools import wait_for
 
 CFG = {"mode": "single", "world_size": 1, "steps": 4}
 
@@ -91,7 +91,7 @@ def test_a_job_that_outlives_a_lost_verdict_records_how_it_really_ended(client, 
 
     monkeypatch.setattr(engine.run, "run_training", run_training)
     run_id = client.submit(CFG)
-    assert run_job(client.redis, run_id, worker_name="w1") == "finished"
+    assert run_job(client.redis, run_id, worker_name="w1") == "succeeded"
 
 
 def test_requeue_submits_an_ended_run_again(client):
@@ -166,7 +166,7 @@ def test_two_runs_wanting_all_gpus_take_turns(client, monkeypatch):
     assert seen[a][0] == seen[b][0] == "GPU-0000,GPU-1111"
     assert seen[b][1] >= t_release
     assert not redis_keys(client, "ddpviz:lease:*")  # every lease released
-    assert client.get_run(a)["status"] == client.get_run(b)["status"] == "finished"
+    assert client.get_run(a)["status"] == client.get_run(b)["status"] == "succeeded"
 
 
 def redis_keys(client: DdpvizClient, pattern: str) -> list[bytes]:

@@ -9,19 +9,19 @@ import threading
 import time
 
 import pytest
+from wmeasure import record
+from wtools import TINY, wait_for, worker_process
 
 import engine.run
-import workers.jobs
+import workers.jobs.run
 import workers.sink
 from engine.events import make_event
 from engine.run import RunResult
 from workers import keys
 from workers.client import DdpvizClient
 from workers.connection import EmbeddedRedis, connect
-from workers.jobs import run_job
+from workers.jobs.run import run_job
 from workers.store import TERMINAL
-from wmeasure import record
-from wtools import TINY, wait_for, worker_process
 
 ENDED = {s.value for s in TERMINAL}
 SINGLE = {**TINY, "mode": "single", "world_size": 1}
@@ -56,7 +56,7 @@ def test_a_redis_restart_mid_run_loses_no_event_and_the_worker_goes_on(tmp_path)
             record("redis_back_to_worker_heartbeat_s", beat[0] - t_up, "s")
             rec = wait_for(lambda: (r := client.get_run(run_id))["status"] in ENDED and r, 120,
                            "the run to end")
-            assert rec["status"] == "finished", (rec["error"], (tmp_path / "worker.log").read_text()[-3000:])
+            assert rec["status"] == "succeeded", (rec["error"], (tmp_path / "worker.log").read_text()[-3000:])
             events, _ = client.read_events(run_id, count=100_000)
             seen = [(e["rank"], e["step"]) for e in events if e["type"] == "step"]
             assert set(seen) == {(r, s) for r in (0, 1) for s in range(steps)}  # none lost
@@ -65,7 +65,7 @@ def test_a_redis_restart_mid_run_loses_no_event_and_the_worker_goes_on(tmp_path)
             assert events[-1]["type"] == "run_finished"
             assert proc.poll() is None  # the worker rode it out, and still serves the queue
             again = client.submit(SINGLE)
-            wait_for(lambda: client.get_run(again)["status"] == "finished", 60, "a run after")
+            wait_for(lambda: client.get_run(again)["status"] == "succeeded", 60, "a run after")
     finally:
         server.stop()
 
@@ -74,7 +74,7 @@ def test_redis_gone_past_the_bound_fails_the_run_with_the_cause(tmp_path, monkey
     """A real outage against the real writer: with a small bound the run stops, fails naming the
     outage, and its record says so once Redis is back."""
     monkeypatch.setattr(workers.sink, "MAX_PENDING_EVENTS", 300)
-    monkeypatch.setattr(workers.jobs, "FINISH_RETRY_S", 60.0)
+    monkeypatch.setattr(workers.jobs.run, "FINISH_RETRY_S", 60.0)
 
     def run_training(cfg, sink, run_id, *, should_stop=None, workdir=None):
         sink.emit(make_event("run_started", run_id, config=cfg.to_json_dict()))
@@ -120,7 +120,7 @@ def test_finished_runs_survive_restarting_the_worker_and_a_killed_redis(tmp_path
             assert proc.wait(90) == 0
         before = client.get_run(run_id)
         events_before, _ = client.read_events(run_id, count=100_000)
-        assert before["status"] == "finished" and events_before[-1]["type"] == "run_finished"
+        assert before["status"] == "succeeded" and events_before[-1]["type"] == "run_finished"
         client.redis.close()
         time.sleep(1.5)  # appendfsync everysec: what was written a second ago is on disk
         os.kill(server.proc.pid, signal.SIGKILL)  # a crash: no save on the way out
@@ -132,5 +132,5 @@ def test_finished_runs_survive_restarting_the_worker_and_a_killed_redis(tmp_path
         again = client.submit(SINGLE)
         with worker_process(server.url, burst=True) as proc:
             assert proc.wait(90) == 0
-        assert client.get_run(again)["status"] == "finished"
+        assert client.get_run(again)["status"] == "succeeded"
         assert [r["run_id"] for r in client.list_runs()] == [again, run_id]

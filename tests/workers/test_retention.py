@@ -17,15 +17,25 @@ from __future__ import annotations
 import pytest
 
 from workers import keys
-from workers.retention import (DAY_S, KEEP_DAYS_ENV, KEEP_RUNS_ENV, RetentionError, RetentionPolicy,
-                               _delete, apply_retention, read_policy, publish_policy, select_prunable,
-                               set_pinned)
+from workers.retention import (
+    DAY_S,
+    KEEP_DAYS_ENV,
+    KEEP_RUNS_ENV,
+    RetentionError,
+    RetentionPolicy,
+    _delete,
+    apply_retention,
+    publish_policy,
+    read_policy,
+    select_prunable,
+    set_pinned,
+)
 from workers.store import RunStore
 
 NOW = 1_800_000_000.0
-RUNS = [("a", 20, "finished", False), ("b", 10, "finished", True), ("c", 5, "started", False),
+RUNS = [("a", 20, "succeeded", False), ("b", 10, "succeeded", True), ("c", 5, "started", False),
         ("d", 3, "failed", False), ("e", 2, "queued", False), ("f", 1, "canceled", False),
-        ("g", 0.1, "finished", False)]
+        ("g", 0.1, "succeeded", False)]
 CASES = [(RetentionPolicy(3, 0), ["a", "d"]), (RetentionPolicy(0, 4), ["a"]),
          (RetentionPolicy(3, 4), ["a", "d"]), (RetentionPolicy(6, 0), ["a"]),
          (RetentionPolicy(0, 0), []), (RetentionPolicy(1, 0), ["a", "d", "f"])]
@@ -98,7 +108,7 @@ def test_published_policy_is_what_the_runs_page_reads(redis_client):
 
 
 def test_worker_refuses_a_bad_keep_runs_before_starting(monkeypatch, capsys):
-    from workers import cli
+    from workers.cli import commands as cli
 
     monkeypatch.setenv(KEEP_RUNS_ENV, "")
     with pytest.raises(SystemExit) as exc:

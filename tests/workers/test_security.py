@@ -15,11 +15,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from wtools import TINY, cli_env, ddpviz, worker_process
 
 from engine.config import ConfigError, validate_config
-from workers.connection import (CA_CERTS_ENV_VAR, EmbeddedRedis, connect, exposure_warning,
-                                free_port, redact)
-from wtools import TINY, cli_env, ddpviz, worker_process
+from workers.connection import CA_CERTS_ENV_VAR, EmbeddedRedis, connect, exposure_warning, free_port, redact
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 SECRET = "S3cr3t-pw-4f7b"
@@ -94,7 +93,7 @@ def end_to_end(url: str, tmp: Path) -> str:
     with worker_process(url, burst=False, name="w-sec", log_path=tmp / "worker.log", env=env):
         res = ddpviz("submit", *flags, "--wait", env=env, timeout=120)
         assert res.returncode == 0, res.stdout + res.stderr
-        assert "finished: 5 steps" in res.stdout
+        assert "succeeded: 5 steps" in res.stdout
         listed = ddpviz("runs", "--json", env=env)
         assert listed.returncode == 0
         exported = ddpviz("export", res.stdout.split()[0], env=env)
@@ -220,7 +219,7 @@ def test_the_embedded_redis_binds_loopback_with_protected_mode(tmp_path):
 
 
 def test_up_binds_the_app_to_loopback_unless_told_and_warns_when_told(capsys):
-    from workers.cli import build_parser
+    from workers.cli.commands import build_parser
     from workers.up import _warn_if_exposed, app_command
 
     args = build_parser().parse_args(["up"])

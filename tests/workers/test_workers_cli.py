@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from wtools import TINY, cli_env, ddpviz, worker_process
 
 from engine.config import RunConfig
 from engine.events import read_jsonl
-from workers.cli import build_parser
+from workers.cli.commands import build_parser
+from workers.cli.flags import flag_name, run_fields
 from workers.client import DdpvizClient
 from workers.connection import free_port
-from workers.flags import flag_name, run_fields
-from wtools import TINY, cli_env, ddpviz, worker_process
 
 
 def tiny_flags(**over) -> list[str]:
@@ -113,7 +113,7 @@ def test_submit_wait_follows_the_run_to_its_end(redis_client, redis_url):
                      env=env, timeout=90)
         assert res.returncode == 0, res.stderr
         run_id = res.stdout.split()[0]
-        assert f"run {run_id} finished: 5 steps" in res.stdout
+        assert f"run {run_id} succeeded: 5 steps" in res.stdout
         res = ddpviz("submit", "--mode", "single", "--world-size", "1", *tiny_flags(),
                      "--fault", "raise", "--fault-step", "0", "--wait", env=env, timeout=90)
         assert res.returncode == 1 and "failed" in res.stdout

@@ -15,7 +15,7 @@ from engine.config import ConfigError
 from workers import keys
 from workers.client import DdpvizClient
 from workers.heartbeat import Heartbeat
-from workers.jobs import JOB_FUNC, JOB_TIMEOUT_GRACE_S, JOB_TIMEOUT_S
+from workers.jobs.run import JOB_FUNC, JOB_TIMEOUT_GRACE_S, JOB_TIMEOUT_S
 
 CFG = {"mode": "ddp", "world_size": 2, "steps": 10}
 
@@ -93,8 +93,8 @@ def test_cancel_keeps_a_terminal_status_and_refuses_unknown_runs(client):
     client.store.mark_started(run_id, "w")
     from workers.store import RunStatus
 
-    client.store.finish(run_id, RunStatus.FINISHED, summary={})
-    assert client.cancel(run_id) == "finished"
+    client.store.finish(run_id, RunStatus.SUCCEEDED, summary={})
+    assert client.cancel(run_id) == "succeeded"
     with pytest.raises(KeyError):
         client.cancel("nope")
 

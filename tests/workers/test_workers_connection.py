@@ -8,8 +8,7 @@ import pytest
 
 import workers  # noqa: F401  (sets RQ's key prefix)
 from workers import keys
-from workers.connection import (EmbeddedRedis, RedisUnavailable, URL_FILE, connect, free_port,
-                                redact, redis_url)
+from workers.connection import URL_FILE, EmbeddedRedis, RedisUnavailable, connect, free_port, redact, redis_url
 
 
 def test_every_key_is_under_the_prefix():

@@ -6,12 +6,12 @@ from __future__ import annotations
 import socket
 
 import pytest
+from wtools import TINY, cli_env, ddpviz
 
 from workers import keys
-from workers.cli import runs_table
+from workers.cli.commands import runs_table
 from workers.client import DdpvizClient
 from workers.sweeps import submit_trio
-from wtools import TINY, cli_env, ddpviz
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ def test_runs_columns_line_up_whatever_the_label_length(client, redis_url):
 
 
 def test_runs_table_pads_every_column_to_its_widest_cell():
-    rec = dict(run_id="r" * 16, status="finished", label="L" * 30, config={"mode": "dp", "world_size": 2,
+    rec = dict(run_id="r" * 16, status="succeeded", label="L" * 30, config={"mode": "dp", "world_size": 2,
                "steps": 5}, created_at=None, started_at=None, finished_at=None, worker="w1")
     header, row = runs_table([rec])
     assert header.index("MODE") == row.index(" dp ") + 1
@@ -69,12 +69,12 @@ def test_runs_table_pads_every_column_to_its_widest_cell():
 def test_a_run_that_overflows_the_stream_cap_keeps_its_metadata(client, redis_client):
     """A DDP run writing ~14 events per step for 40 steps into a stream capped at 100 entries."""
     from app.window import RunWindow
-    from workers.jobs import run_job
+    from workers.jobs.run import run_job
 
     cfg = {**TINY, "mode": "ddp", "width": 32, "depth": 1, "steps": 40, "step_delay_s": 0,
            "bucket_cap_mb": 0.001}  # 1,048 B: the head (1,320 B) fills bucket 0
     run_id = client.submit(cfg)
-    assert run_job(redis_client, run_id, worker_name="field-worker", stream_maxlen=100) == "finished"
+    assert run_job(redis_client, run_id, worker_name="field-worker", stream_maxlen=100) == "succeeded"
     first = client.read_events(run_id, count=1)[0][0]
     assert first["type"] != "run_started"  # the cap trimmed it from the stream
     assert redis_client.xlen(keys.events(run_id)) < 40 * 4
@@ -92,7 +92,7 @@ def test_the_worker_names_itself_as_host_and_keeps_run_started(client, redis_cli
     import engine.run
     from engine.events import make_event
     from engine.result import RunResult
-    from workers.jobs import run_job
+    from workers.jobs.run import run_job
 
     def run_training(cfg, sink, run_id, *, should_stop=None, workdir=None):
         sink.emit(make_event("run_started", run_id, host=None, hostname="machine-1", grad_bytes=123))

@@ -14,10 +14,9 @@ import engine.run
 from engine.events import make_event
 from engine.run import RunResult
 from workers.client import DdpvizClient
-from workers.jobs import (CancelPoller, on_horse_killed, on_job_exception, on_job_stopped,
-                          run_job)
-from workers.reaper import RUN_ENV_VAR
-from workers.store import RunStatus, RunStore
+from workers.host.reaper import RUN_ENV_VAR
+from workers.jobs.run import CancelPoller, on_horse_killed, on_job_exception, on_job_stopped, run_job
+from workers.store import RunStatus
 
 CFG = {"mode": "single", "world_size": 1, "steps": 4}
 
@@ -55,9 +54,9 @@ def test_a_run_that_succeeds_is_finished(client, monkeypatch):
     calls = []
     fake_engine(monkeypatch, calls=calls)
     run_id = client.submit(CFG)
-    assert run_job(client.redis, run_id, worker_name="w1") == "finished"
+    assert run_job(client.redis, run_id, worker_name="w1") == "succeeded"
     rec = client.get_run(run_id)
-    assert rec["status"] == "finished" and rec["worker"] == "w1"
+    assert rec["status"] == "succeeded" and rec["worker"] == "w1"
     assert rec["summary"] == {"steps_done": 4} and rec["error"] is None
     assert rec["created_at"] <= rec["started_at"] <= rec["finished_at"]
     events, _ = client.read_events(run_id)
@@ -137,7 +136,7 @@ def test_hooks_settle_runs_rq_ends_abnormally(client, redis_client):
     killed, stopped, abandoned, done = (client.submit(CFG) for _ in range(4))
     for rid in (killed, stopped, abandoned, done):
         client.store.mark_started(rid, "w1")
-    client.store.finish(done, RunStatus.FINISHED, summary={})
+    client.store.finish(done, RunStatus.SUCCEEDED, summary={})
 
     on_horse_killed(_job(redis_client, killed), 4242, signal.SIGKILL, None)  # waitpid status
     err = client.get_run(killed)["error"]["exception"]
@@ -155,6 +154,6 @@ def test_hooks_settle_runs_rq_ends_abnormally(client, redis_client):
     assert "heartbeats" in client.get_run(abandoned)["error"]["exception"]
 
     on_horse_killed(_job(redis_client, done), 1, signal.SIGKILL, None)
-    assert client.get_run(done)["status"] == "finished"  # the first terminal status wins
+    assert client.get_run(done)["status"] == "succeeded"  # the first terminal status wins
     for rid in (killed, stopped, abandoned):
         assert client.tail_events(rid, 1)[0]["type"] == "run_finished"

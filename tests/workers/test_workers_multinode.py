@@ -7,15 +7,15 @@ import math
 from contextlib import ExitStack, contextmanager
 
 import pytest
+from wtools import TINY, cli_env, ddpviz, wait_for, worker_process
 
 from engine.config import ConfigError
 from workers.client import DdpvizClient
 from workers.heartbeat import Heartbeat
-from workers.multinode import NotEnoughWorkers, node_job_id, parse_node_job_id, pick_workers
-from workers.nodes import is_echo, merge_endings
-from workers.reaper import RUN_ENV_VAR, processes_with_env
+from workers.host.reaper import RUN_ENV_VAR, processes_with_env
+from workers.jobs.multinode import NotEnoughWorkers, node_job_id, parse_node_job_id, pick_workers
+from workers.jobs.nodes import is_echo, merge_endings
 from workers.store import TERMINAL, RunStatus
-from wtools import TINY, cli_env, ddpviz, wait_for, worker_process
 
 HOSTS = ("hostA", "hostB")
 MULTI = {**TINY, "mode": "ddp", "world_size": 2, "nnodes": 2, "steps": 6, "lr": 0.1, "optimizer": "sgd",
@@ -120,8 +120,8 @@ def test_root_cause_is_the_failure_not_the_peer_closed_echo():
     status, err = merge_endings({0: {"status": "failed", "error": echo, "worker": "hostA", "ts": 1.0},
                                  1: {"status": "canceled", "error": user, "worker": "hostB", "ts": 2.0}})
     assert status.value == "canceled" and err["exception"] == user["exception"]
-    assert merge_endings({0: {"status": "finished", "error": None, "worker": "a", "ts": 1.0}}) == \
-        (RunStatus.FINISHED, None)
+    assert merge_endings({0: {"status": "succeeded", "error": None, "worker": "a", "ts": 1.0}}) == \
+        (RunStatus.SUCCEEDED, None)
     assert parse_node_job_id(node_job_id("0123abcd0123abcd", 1)) == ("0123abcd0123abcd", 1)
     assert parse_node_job_id("0123abcd0123abcd") is None
 
@@ -137,7 +137,7 @@ def test_a_two_host_run_trains_as_one_ddp_run(client, redis_url, tmp_path):
     with two_hosts(client, redis_url, tmp_path):
         run_id = client.submit(MULTI, label="2 hosts")
         rec = wait_ended(client, run_id, tmp_path)
-        assert rec["status"] == "finished", rec
+        assert rec["status"] == "succeeded", rec
         wait_for(lambda: no_run_processes(run_id), 20, "the node jobs' processes to exit")
     events = all_events(client, run_id)
     types = [e["type"] for e in events]
@@ -211,7 +211,7 @@ def test_cancel_stops_every_host(client, redis_url, tmp_path):
 def test_a_host_whose_worker_vanished_is_the_root_cause(client, redis_client):
     """Settling without DDP: node 0 reported a peer-closed failure, node 1's worker stopped
     beating. The run fails with HostLost on node 1, once, as soon as its heartbeat is gone."""
-    from workers.nodes import NodeState, settle_when_all_report
+    from workers.jobs.nodes import NodeState, settle_when_all_report
 
     for name in HOSTS:
         Heartbeat(redis_client, name, lambda: (None, "idle"), []).beat()
@@ -252,10 +252,10 @@ def test_stopping_one_hosts_worker_cancels_the_run_on_every_host(client, redis_u
 def test_node_0_merges_every_hosts_plan_and_refuses_mixed_backends(client, redis_client):
     """Node 0's run_started carries every host's devices; hosts that resolved different
     backends (one with GPUs, one without) are refused before any rank starts."""
-    from engine.devices import PreflightError
+    from engine.components.devices import PreflightError
     from engine.events import make_event
-    from workers.node_job import NodeSink
-    from workers.nodes import NodeState
+    from workers.jobs.node import NodeSink
+    from workers.jobs.nodes import NodeState
 
     for name in HOSTS:
         Heartbeat(redis_client, name, lambda: (None, "idle"), []).beat()

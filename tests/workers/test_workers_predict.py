@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+from wtools import cli_env, ddpviz
 
-from engine.predict_presets import LINKS
+from engine.predict.presets import LINKS
 from workers.scaleout import report, scenario_from
 from workers.sink import RedisStreamWriter
 from workers.store import RunStatus
 from workers.sweeps import submit_trio
-from wtools import cli_env, ddpviz
 
 DATA = Path(__file__).resolve().parents[1] / "app" / "data"
 CONFIG = {"world_size": 2, "steps": 12, "width": 256, "bucket_cap_mb": 0.1, "step_delay_s": 0.0,
@@ -35,7 +35,7 @@ def _store_trio(client, single_optimizer_scale: float = 1.0, host: dict | None =
                       if e.get("type") == "step" else e for e in events]
         client.store.mark_started(rid, "test-worker")
         RedisStreamWriter(client.redis, rid).write_batch(events)
-        client.store.finish(rid, RunStatus.FINISHED, summary=events[-1].get("summary"))
+        client.store.finish(rid, RunStatus.SUCCEEDED, summary=events[-1].get("summary"))
     return ids
 
 
@@ -82,7 +82,7 @@ def test_a_gpu_compute_preset_reports_no_contention_term(redis_client):
     # a finished DDP run at world size 1 of the same config: a row where κ matters (u(1) = 1)
     one = client.submit({**CONFIG, "mode": "ddp", "world_size": 1})
     client.store.mark_started(one, "test-worker")
-    client.store.finish(one, RunStatus.FINISHED, summary={"samples_per_s": 20_000.0, "step_time_s": 0.0032})
+    client.store.finish(one, RunStatus.SUCCEEDED, summary={"samples_per_s": 20_000.0, "step_time_s": 0.0032})
     rep = report(client, ids["ddp"], [1, 2], scenario_from("nvlink-h100", compute_key="h100"))
     assert rep["contention"]["value"] == 1.0 and rep["scenario"]["contention"] == 1.0
     assert rep["contention"]["source"].startswith("not used")

@@ -48,11 +48,11 @@ def test_status_changes_are_compare_and_set(redis_client):
     assert rec["status"] == "started" and rec["worker"] == "w1" and rec["started_at"] > 0
     store.request_cancel("r1", "because")
     assert store.cancel_reason("r1") == "because"
-    assert store.finish("r1", RunStatus.FINISHED, summary={"steps_done": 3})
+    assert store.finish("r1", RunStatus.SUCCEEDED, summary={"steps_done": 3})
     # the first terminal status wins
     assert not store.finish("r1", RunStatus.FAILED, error={"exception": "late"})
     rec = store.get("r1")
-    assert rec["status"] == "finished" and rec["summary"] == {"steps_done": 3}
+    assert rec["status"] == "succeeded" and rec["summary"] == {"steps_done": 3}
     assert rec["error"] is None and rec["finished_at"] >= rec["started_at"]
     assert store.cancel_reason("r1") is None  # finishing clears the flag in the same transaction
     with pytest.raises(ValueError):
@@ -159,3 +159,12 @@ def test_a_server_that_refuses_scripts_gets_multi_exec(redis_client, redis_url):
         limited.close()
     finally:
         redis_client.acl_deluser(user)
+
+
+def test_a_record_stored_as_finished_by_an_earlier_release_reads_succeeded(redis_client):
+    store = RunStore(redis_client)
+    run_id = "legacy1"
+    store.create(run_id, {"mode": "ddp"})
+    redis_client.hset(keys.run(run_id), "status", "finished")  # RQ's word, stored before 0.2
+    assert store.get(run_id)["status"] == "succeeded"
+    assert RunStatus("finished") is RunStatus.SUCCEEDED

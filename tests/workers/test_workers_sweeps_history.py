@@ -10,8 +10,7 @@ from workers.connection import EmbeddedRedis, connect
 from workers.history import RunActive, delete_run, read_all_events, rerun
 from workers.sink import RedisStreamWriter
 from workers.store import RunStatus
-from workers.sweeps import (MAX_SWEEP_RUNS, list_sweeps, submit_sweep, submit_trio, sweep_kind,
-                            sweep_runs)
+from workers.sweeps import MAX_SWEEP_RUNS, list_sweeps, submit_sweep, submit_trio, sweep_kind, sweep_runs
 
 BASE = {"world_size": 2, "steps": 3, "global_batch_size": 64}
 
@@ -25,7 +24,7 @@ def _finish(client, run_id, events=()):
     client.store.mark_started(run_id, "w")
     if events:
         RedisStreamWriter(client.redis, run_id).write_batch(list(events))
-    client.store.finish(run_id, RunStatus.FINISHED, summary={"samples_per_s": 1.0})
+    client.store.finish(run_id, RunStatus.SUCCEEDED, summary={"samples_per_s": 1.0})
 
 
 def test_trio_shares_group_and_config(client):
@@ -120,7 +119,7 @@ def test_history_survives_a_redis_restart(tmp_path):
     server = EmbeddedRedis(tmp_path / "redis", persist=True).start()
     try:
         client = DdpvizClient(redis=connect(server.url))
-        assert client.get_run(rid)["status"] == "finished"
+        assert client.get_run(rid)["status"] == "succeeded"
         assert [e["step"] for e in read_all_events(client, rid)] == [0]
         assert len(sweep_runs(client, sweep)) == 2
         client.redis.close()

@@ -8,11 +8,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from wtools import TINY, alive, cli_env, ddpviz_argv, descendants, wait_for
 
 from workers.client import DdpvizClient
 from workers.connection import free_port
 from workers.up import default_app_path
-from wtools import TINY, alive, cli_env, ddpviz_argv, descendants, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -107,7 +107,7 @@ def test_up_restarts_a_killed_worker(tmp_path):
         wait_for(lambda: any(w["pid"] != first["pid"] and w["name"].endswith("-restart1")
                              for w in client.workers()), 45, "the restarted worker's heartbeat")
         run_id = client.submit({**TINY, "mode": "single", "world_size": 1, "steps": 2})
-        wait_for(lambda: client.get_run(run_id)["status"] == "finished", 60, "a run on the new worker")
+        wait_for(lambda: client.get_run(run_id)["status"] == "succeeded", 60, "a run on the new worker")
         family = set(descendants(up.pid))
     finally:
         out = _stop_and_check(up, family)

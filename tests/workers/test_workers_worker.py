@@ -7,15 +7,14 @@ import threading
 import time
 
 import pytest
-from rq.serializers import JSONSerializer
-
-from workers.client import DdpvizClient
-from workers.jobs import JOB_TIMEOUT_S, STOPPED_CALLBACK
-from workers.reaper import RUN_ENV_VAR, processes_with_env
-from workers.store import new_run_id
 from wjobs import CHILD_PID_KEY
 from wmeasure import record
 from wtools import TINY, alive, descendants, wait_for, worker_process
+
+from workers.client import DdpvizClient
+from workers.host.reaper import RUN_ENV_VAR, processes_with_env
+from workers.jobs.run import JOB_TIMEOUT_S, STOPPED_CALLBACK
+from workers.store import new_run_id
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +38,7 @@ def test_a_submitted_run_runs_on_a_worker_and_streams_its_events(client, redis_u
         wait_for(more, 60, "the run's events")
         assert proc.wait(30) == 0
     rec = client.get_run(run_id)
-    assert rec["status"] == "finished", (rec, (tmp_path / "w.log").read_text()[-3000:])
+    assert rec["status"] == "succeeded", (rec, (tmp_path / "w.log").read_text()[-3000:])
     assert rec["worker"] == "wt1" and rec["summary"]["steps_done"] == TINY["steps"]
     types = [e["type"] for e in seen]
     assert types[0] == "run_started" and types[-1] == "run_finished"

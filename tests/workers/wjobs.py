@@ -1,6 +1,6 @@
 """Test-only RQ jobs, imported by worker subprocesses (tests/workers is on their PYTHONPATH).
 
-They stand in for `workers.jobs.execute_run` to drive endings the real engine never causes on
+They stand in for `workers.jobs.run.execute_run` to drive endings the real engine never causes on
 purpose: a run that ignores its cancel flag and leaves a process outside its process group.
 """
 
@@ -11,10 +11,10 @@ import subprocess
 import sys
 import time
 
-import workers  # noqa: F401  (RQ key prefix)
 from rq import get_current_job
 
-from workers.reaper import RUN_ENV_VAR
+import workers  # noqa: F401  (RQ key prefix)
+from workers.host.reaper import RUN_ENV_VAR
 from workers.store import RunStore
 
 CHILD_PID_KEY = "ddpviz:test:child:{}"

@@ -104,7 +104,7 @@ def _app_figures(redis, url: str, plan: F.Plan, only, figs: dict, work: Path) ->
 
 def cmd_overhead(plan: "F.Plan", rounds: int | None, out: str | None) -> int:
     """`ddpviz bench --overhead`: instrumented / plain DDP step time on the plan's overhead
-    configs (`engine.overhead`), each against its target; JSON to stdout or `out`."""
+    configs (`engine.harness.overhead`), each against its target; JSON to stdout or `out`."""
     from workers.bench.overhead import measure_overhead
 
     rows = []
@@ -155,7 +155,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def register(command) -> None:
-    """Add `bench` to the `ddpviz` parser (`command` as in workers.cli.build_parser)."""
+    """Add `bench` to the `ddpviz` parser (`command` as in workers.cli.commands.build_parser)."""
     from workers.bench.throughput import BENCH_CONFIGS
 
     p = command("bench", cmd_bench, "measure ddpviz's eight performance figures; JSON + Markdown",
@@ -163,7 +163,7 @@ def register(command) -> None:
     p.add_argument("--quick", action="store_true", help="shorter runs and flood (about 2 minutes)")
     p.add_argument("--overhead", action="store_true",
                    help="only the instrument's overhead: ddpviz DDP / plain torch DDP step time, "
-                        "taking turns block by block (engine.overhead)")
+                        "taking turns block by block (engine.harness.overhead)")
     p.add_argument("--rounds", type=int, metavar="N", help="rounds (one block of each side) of the overhead "
                    "measurement (--overhead and figure 5; default 120, --quick 5)")
     p.add_argument("--out", metavar="FILE.json", help="write the JSON here and the Markdown table "

@@ -2,7 +2,7 @@
 
 The path is the one a DDP run's events take: each rank process emits through its own
 `engine.events.rank_sink` (a background thread appending JSON lines to the rank's file), the
-launcher's follower (`engine.launcher.RankFollower`) tails the files and hands each event to the
+launcher's follower (`engine.modes.launcher.RankFollower`) tails the files and hands each event to the
 engine's summary builder and to the worker's sink (`workers.sink.run_sink`: a BatchingSink over
 a `RedisStreamWriter`), which appends to the run's Redis stream. Only the ranks are stand-ins:
 two spawned processes that emit a DDP step's event mix (a `step`, three `bucket`s and a
@@ -169,7 +169,7 @@ def measure_flood(redis, rate_per_s: float, duration_s: float) -> dict[str, Any]
         drain_s (last arrival after the ranks stopped), redis_bytes_per_event, emitted, stored,
         lost, duplicated, foreign}.
     """
-    from engine.launcher import RankFollower
+    from engine.modes.launcher import RankFollower
     from engine.summary import SummaryBuilder
     from workers.sink import run_sink
 

@@ -2,7 +2,7 @@
 
 Clocks: a step event carries `start_ts` and `step_time_s`, so its step ended at
 ``start_ts + step_time_s`` (unix seconds, from the rank's `time.time()` offset, see
-`engine.telemetry.wall_ts`). Redis stamps each stream entry with its own clock: an auto-generated
+`engine.measure.telemetry.wall_ts`). Redis stamps each stream entry with its own clock: an auto-generated
 entry id is ``<unix ms>-<seq>`` (https://redis.io/docs/latest/develop/data-types/streams/#entry-ids),
 so the id's first part is the arrival time in ms. The rank, the worker and Redis run on one host
 here, so both readings come from the same system clock; the id's 1 ms resolution bounds the error.

@@ -1,7 +1,7 @@
 """Figures 5 (memory samples per second per device) and 6 (bucket busbw / probe busbw), computed
 from a run's events.
 
-Memory: a `memory` event from the timed sampler (`engine.memsampler`) carries
+Memory: a `memory` event from the timed sampler (`engine.measure.memory_sampler`) carries
 `sampler.readings`, the timer's readings of that device since the previous `memory` event, and
 counts as that many; other `memory` events are one sample of one device, unless they carry a list
 of samples in one of `SAMPLE_LIST_FIELDS` (a within-step curve), which then counts as that many. The rate is

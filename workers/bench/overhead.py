@@ -1,6 +1,6 @@
 """Figure 5b: step time of ddpviz's instrumented DDP over plain torch DDP on the same work.
 
-The harness is `engine.overhead.measure_overhead` (a plain DDP loop — PyTorch's built-in
+The harness is `engine.harness.overhead.measure_overhead` (a plain DDP loop — PyTorch's built-in
 all-reduce, no hook, no events — and `ddpviz` DDP on the same config, data order, batch and
 threads, running at once and taking turns block by block; the median over rounds of each round's
 ratio of block-median step intervals). This module only turns the bench's config dicts (with
@@ -14,20 +14,19 @@ from typing import Any
 
 
 def measure_overhead(config: dict[str, Any], rounds: int) -> dict[str, Any]:
-    """`engine.overhead.measure_overhead` on the DDP config dict `config` (validated first).
+    """`engine.harness.overhead.measure_overhead` on the DDP config dict `config` (validated first).
 
     Raises:
         engine.config.ConfigError: `config` breaks a field's rule (named in the error).
     """
     from engine.config import validate_config
-    from engine.overhead import measure_overhead as measure
-
-    from engine.overhead import DEFAULT_BLOCK_STEPS
+    from engine.harness.overhead import DEFAULT_BLOCK_STEPS
+    from engine.harness.overhead import measure_overhead as measure
 
     config = dict(config)
     block_steps = config.pop("block_steps", DEFAULT_BLOCK_STEPS)
     cfg = validate_config({**config, "mode": "ddp", "step_delay_s": 0.0, "eval_every": 0})
-    return {"harness": "engine.overhead.measure_overhead", **measure(cfg, rounds, block_steps=block_steps)}
+    return {"harness": "engine.harness.overhead.measure_overhead", **measure(cfg, rounds, block_steps=block_steps)}
 
 
 EMIT_EVENTS = 20_000

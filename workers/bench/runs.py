@@ -1,6 +1,6 @@
 """Real runs for the bench: a job run here exactly as a worker runs it, events into Redis.
 
-`run_here` stores a run record and calls `workers.jobs.run_job`, the body of the RQ job, in this
+`run_here` stores a run record and calls `workers.jobs.run.run_job`, the body of the RQ job, in this
 process (DDP rank processes are spawned as in any run), so the events take the real path to the
 run's stream. `stream_entries` reads the stream back with each entry's id, which carries its
 arrival time (`workers.bench.latency.arrival_ms`).
@@ -28,7 +28,7 @@ def run_here(redis, config: dict[str, Any], label: str, group: str | None = None
         engine.config.ConfigError: `config` breaks a rule.
     """
     from engine.config import validate_config
-    from workers.jobs import run_job
+    from workers.jobs.run import run_job
     from workers.store import RunStore, new_run_id
 
     cfg = validate_config(config)

@@ -15,8 +15,8 @@ import uuid
 from typing import Any
 
 from workers.bench.runs import BENCH_WORKER
-from workers.store import RunStatus, RunStore
 from workers.sink import RedisStreamWriter
+from workers.store import RunStatus, RunStore
 
 WORLD = 2
 BUCKETS = 3
@@ -119,7 +119,7 @@ def summary(steps: int) -> dict[str, Any]:
 
 
 def store_run(redis, mode: str, n_events: int, *, group: str | None = None,
-              status: RunStatus = RunStatus.FINISHED, label: str | None = None) -> str:
+              status: RunStatus = RunStatus.SUCCEEDED, label: str | None = None) -> str:
     """Store a synthetic `mode` run of about `n_events` events; returns its id. With status
     STARTED the run stays open (its final event is left out), so readers keep polling it."""
     run_id = f"bench{uuid.uuid4().hex[:11]}"

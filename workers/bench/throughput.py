@@ -5,7 +5,7 @@ Each run goes through `engine.run.run_training` with events kept in a list (no R
 after warm-up (engine.summary). Scaling efficiency at world size n (README, Sweeps) is
 samples/s(n) / (n · samples/s of one device), one device being the `single` run of the same
 world size: one virtual CPU device of `cores // n` threads, as each of the n devices or ranks
-gets (engine.training.cpu_threads_per_rank). World sizes above the core count are
+gets (engine.components.training.cpu_threads_per_rank). World sizes above the core count are
 oversubscribed (each rank still gets one thread) and labelled so.
 """
 

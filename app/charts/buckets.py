@@ -1,0 +1,109 @@
+"""Chart builders of the Buckets page (pure: `DataFrame -> alt.Chart`).
+
+The timeline has one lane per rank (``rank r @ host`` on multi-host runs) and a sub-row per
+bucket in it: the backward span behind, each bucket's all-reduce bar, a tick when the bucket
+became ready, and the exposed communication (after the last bucket was ready) shaded orange.
+"""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+from app.charts.style import CATEGORIES, CHROME_PX, HEIGHT, ROW_PX, STEP_X, WIDTH, legend, title
+
+KINDS = ["backward (compute)", "all-reduce (one bucket)", "bucket ready",
+         "exposed comm"]  # exposed: after the last bucket was ready
+COLOURS = ["#c6dbef", "#d62728", "#000000", "#ff9f1c"]
+_KIND = alt.Color("kind:N", legend=legend("", orient="bottom", columns=2),
+                  scale=alt.Scale(domain=KINDS, range=COLOURS))
+SUB_ROW_PX = 20  # one bucket's row inside a rank's lane
+MAX_LANE_PX = 260  # many buckets share this much height per rank
+LEGEND_PX = 70  # the legend below the plot, two rows
+
+
+def _rows(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: pd.DataFrame, lanes: list[str]
+          ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, int]:
+    """Numeric rows: rank lane i spans [i·(B+1), i·(B+1)+B] and bucket j sits in row j of it."""
+    n = max(1, int(buckets["bucket_index"].max()) + 1) if not buckets.empty else 1
+    base = {lane: i * (n + 1) for i, lane in enumerate(lanes)}
+
+    def lane_span(df: pd.DataFrame) -> pd.DataFrame:
+        y0 = df["lane"].map(base).astype(float)
+        return df.assign(y0=y0, y1=y0 + n)
+
+    b = buckets.assign(y0=buckets["lane"].map(base) + buckets["bucket_index"] + 0.15)
+    b["y1"] = b["y0"] + 0.7
+    return lane_span(backward), lane_span(exposed), b, n
+
+
+def bucket_timeline(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: pd.DataFrame, *,
+                    run: str, x_max_ms: float | None = None, latest: bool = False,
+                    lanes: list[str] | None = None) -> alt.LayerChart:
+    """One DDP step of one run: a lane per rank, a row per bucket inside it.
+
+    Args:
+        buckets: `app.frames.buckets.bucket_frame` + `lane` (`app.frames.buckets.with_rank_names`).
+        backward: `app.frames.buckets.backward_frame` + `lane`.
+        exposed: `app.frames.buckets.exposed_frame` + `lane`.
+        run: the run's label, for the title.
+        x_max_ms: shared x extent when two runs are drawn side by side.
+        latest: the Live page's view of the latest step: the title names neither the step nor
+            the bucket count, so the spec stays the same while the run trains.
+        lanes: every rank's lane, in order (default: the ranks in these frames). Live passes all
+            the run's ranks, so a step whose events are still arriving draws the same lanes.
+    """
+    step = int(buckets["step"].iloc[0]) if not buckets.empty else None
+    if lanes is None:
+        lanes = list(dict.fromkeys(list(backward.get("lane", [])) + list(buckets.get("lane", []))))
+    bwd, exp, rows, n = _rows(buckets, backward, exposed, lanes)
+    centers = [i * (n + 1) + n / 2 for i in range(len(lanes))]
+    names = " : ".join(f"datum.value == {c} ? '{lane}'" for c, lane in zip(centers, lanes))
+    y = alt.Y("y0:Q", title="rank", scale=alt.Scale(
+        domain=[-0.5, len(lanes) * (n + 1) - 0.5], reverse=True, nice=False, zero=False),
+        axis=alt.Axis(values=centers, labelExpr=f"{names} : ''" if names else "''",
+                      grid=False, ticks=False))
+    scale = alt.Scale(domain=[0, x_max_ms], nice=False) if x_max_ms else alt.Scale()
+    x = alt.X("start_ms:Q", title="ms from backward start", scale=scale)
+    layers = [
+        alt.Chart(bwd.assign(kind=KINDS[0])).mark_rect().encode(
+            x=x, x2="end_ms:Q", y=y, y2="y1:Q", color=_KIND,
+            tooltip=[alt.Tooltip("lane:N", title="rank"),
+                     alt.Tooltip("end_ms:Q", title="backward (ms)", format=".2f")]),
+        alt.Chart(exp.assign(kind=KINDS[3])).mark_rect(opacity=0.45).encode(
+            x=x, x2="end_ms:Q", y=y, y2="y1:Q", color=_KIND,
+            tooltip=[alt.Tooltip("lane:N", title="rank"),
+                     alt.Tooltip("exposed_ms:Q", title="exposed (ms)", format=".2f"),
+                     alt.Tooltip("reported_ms:Q", title="engine's comm_exposed (ms)",
+                                 format=".2f")])]
+    tip = [alt.Tooltip("lane:N", title="rank"), alt.Tooltip("bucket_index:Q", title="bucket"),
+           alt.Tooltip("nbytes:Q", title="bytes", format=","),
+           alt.Tooltip("num_params:Q", title="tensors"),
+           alt.Tooltip("ready_ms:Q", title="ready (ms)", format=".2f"),
+           alt.Tooltip("comm_start_ms:Q", title="all-reduce start (ms)", format=".2f"),
+           alt.Tooltip("comm_end_ms:Q", title="all-reduce end (ms)", format=".2f"),
+           alt.Tooltip("algbw_gbps:Q", title="algbw (GB/s)", format=".3f")]
+    layers.append(alt.Chart(rows.assign(kind=KINDS[1])).mark_rect().encode(
+        x=alt.X("comm_start_ms:Q", scale=scale), x2="comm_end_ms:Q", y=y, y2="y1:Q",
+        color=_KIND, tooltip=tip))
+    layers.append(alt.Chart(rows.assign(kind=KINDS[2])).mark_rule(strokeWidth=2.5).encode(
+        x=alt.X("ready_ms:Q", scale=scale), y=y, y2="y1:Q", color=_KIND, tooltip=tip))
+    lane_px = min(MAX_LANE_PX, max(ROW_PX, SUB_ROW_PX * (n + 1)))
+    label = f"{run}: step {step}" if step is not None and not latest else run
+    sub = (f"{n} bucket(s) per rank, a row each; orange: exposed comm" if not latest else
+           "latest complete step: a lane per rank, a row per bucket; orange: exposed comm")
+    return alt.layer(*layers).properties(
+        title=title(label, sub),
+        width=WIDTH, height=CHROME_PX + LEGEND_PX + lane_px * max(2, len(lanes)))
+
+
+def exposed_chart(per_step: pd.DataFrame) -> alt.Chart:
+    """Exposed communication per step, one line per run (`app.frames.buckets.exposed_per_step`)."""
+    return alt.Chart(per_step).mark_line(point=alt.OverlayMarkDef(size=16)).encode(
+        x=STEP_X, y=alt.Y("exposed_ms:Q", title="exposed comm (ms)"),
+        color=alt.Color("run:N", legend=legend("run"), scale=CATEGORIES),
+        tooltip=[alt.Tooltip("run:N"), alt.Tooltip("step:Q"),
+                 alt.Tooltip("exposed_ms:Q", title="exposed (ms)", format=".2f")],
+    ).properties(title=title("Exposed communication per step",
+                             "slowest rank's all-reduce time that backward could not hide; lower is better"),
+                 width=WIDTH, height=HEIGHT - 40)

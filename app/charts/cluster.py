@@ -1,0 +1,45 @@
+"""Chart builders of the Cluster page (pure: `DataFrame -> alt.Chart`)."""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+from app.charts.style import MODE_COLOURS, WIDTH, legend, rows_height, title
+
+
+def gpu_memory_chart(gpus: pd.DataFrame) -> alt.LayerChart:
+    """Used vs total memory per GPU (`app.frames.cluster.gpu_frame`), GiB, with utilisation."""
+    y = alt.Y("gpu:N", title=None)
+    tip = [alt.Tooltip("gpu:N"), alt.Tooltip("used_gib:Q", title="used (GiB)", format=".2f"),
+           alt.Tooltip("total_gib:Q", title="total (GiB)", format=".1f"),
+           alt.Tooltip("utilization_pct:Q", title="utilisation (%)")]
+    total = alt.Chart(gpus.assign(what="total")).mark_bar(
+        height=alt.RelativeBandSize(0.7)).encode(
+        x=alt.X("total_gib:Q", title="GPU memory (GiB, NVML)"), y=y,
+        color=alt.Color("what:N", legend=legend("memory"),
+                        scale=alt.Scale(domain=["used", "total"], range=["#2ca02c", "#e5e5e5"])),
+        tooltip=tip)
+    used = alt.Chart(gpus.assign(what="used")).mark_bar(height=alt.RelativeBandSize(0.7)).encode(
+        x="used_gib:Q", y=y, color=alt.Color("what:N"), tooltip=tip)
+    text = alt.Chart(gpus).mark_text(align="left", dx=6, fontSize=12).encode(
+        x="total_gib:Q", y=y, text=alt.Text("utilization_pct:Q", format=".0f"))
+    return alt.layer(total, used, text).properties(
+        title=title("GPU memory per device", "NVML device-wide used memory; number: utilisation %"),
+        width=WIDTH, height=rows_height(gpus, "gpu"))
+
+
+def worker_runs_chart(runs: pd.DataFrame) -> alt.Chart:
+    """A bar per run on its worker's lane, start to end (`app.frames.cluster.worker_runs_frame`)."""
+    return alt.Chart(runs).mark_bar(height=alt.RelativeBandSize(0.6), stroke="white",
+                                    strokeWidth=1).encode(
+        x=alt.X("start:T", title="time (local, h:m:s)", axis=alt.Axis(format="%H:%M:%S")),
+        x2="end:T",
+        y=alt.Y("worker:N", title="worker"),
+        color=alt.Color("mode:N", legend=legend("mode"), scale=MODE_COLOURS),
+        tooltip=[alt.Tooltip("worker:N"), alt.Tooltip("run:N"), alt.Tooltip("status:N"),
+                 alt.Tooltip("start:T", format="%H:%M:%S"),
+                 alt.Tooltip("end:T", format="%H:%M:%S")],
+    ).properties(title=title("Runs per worker over time",
+                             "one worker runs one job at a time; more workers run in parallel"),
+                 width=WIDTH, height=rows_height(runs, "worker"))

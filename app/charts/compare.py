@@ -1,0 +1,97 @@
+"""Chart builders of the Compare page (pure: `DataFrame -> alt.Chart`).
+
+Inputs are `app.frames.compare` outputs. Runs are coloured by run label (`CATEGORIES`), bars of
+measured, derived and formula by a fixed colour scale, so the same run reads the same on every
+chart.
+"""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+from app.charts.style import CATEGORIES, HEIGHT, STEP_X, WIDTH, legend, rows_height, title
+from app.frames.compare import DERIVED, DERIVED_FSDP, MEASURED, THEORY
+
+WHICH = [MEASURED, DERIVED, DERIVED_FSDP, THEORY]
+_WHICH_COLOURS = dict(zip(WHICH, ["#1f77b4", "#9467bd", "#d62728", "#c7c7c7"]))
+
+
+def _which(df: pd.DataFrame) -> alt.Scale:
+    """The bytes colours of the kinds present (measured, derived, theory), fixed per kind."""
+    shown = [w for w in WHICH if w in set(df["which"])] or WHICH
+    return alt.Scale(domain=shown, range=[_WHICH_COLOURS[w] for w in shown])
+
+
+def loss_chart(steps: pd.DataFrame) -> alt.LayerChart:
+    """Training loss per optimizer step, one line per run (`app.frames.steps.steps_frame` rows).
+
+    Same config and seed: the curves should lie on top of each other, so each run's line is
+    drawn thinner than, and above, the one before it: all stay visible where they coincide."""
+    runs = list(dict.fromkeys(steps["run"])) or [""]
+    colour = alt.Color("run:N", legend=legend("run"), scale=CATEGORIES)  # same hues as throughput
+    tip = [alt.Tooltip("run:N"), alt.Tooltip("step:Q"), alt.Tooltip("loss:Q", format=".4f")]
+    y = alt.Y("loss:Q", title="loss (cross-entropy)", scale=alt.Scale(zero=False))
+    layers = [alt.Chart(steps[steps["run"] == run]).mark_line(
+        strokeWidth=max(1.5, 8.0 - 3.0 * i), opacity=min(1.0, 0.35 + 0.3 * i)).encode(
+        x=STEP_X, y=y, color=colour, tooltip=tip) for i, run in enumerate(runs)]
+    return alt.layer(*layers).properties(
+        title=title("Loss per step", "same config and seed: the curves should coincide "
+                    "(drawn thick to thin in legend order)"),
+        width=WIDTH, height=HEIGHT)
+
+
+def speedup_chart(compare: pd.DataFrame) -> alt.LayerChart:
+    """Speed-up over the single-device run per run, with a tick at the ideal (= world size)."""
+    df = compare.dropna(subset=["speedup_vs_single"]).assign(ideal=lambda d: d["world_size"])
+    y = alt.Y("run:N", title="run", sort=list(df["run"]))
+    colour = alt.Color("run:N", legend=legend("run"), scale=CATEGORIES)
+    tip = [alt.Tooltip("run:N"), alt.Tooltip("speedup_vs_single:Q", title="speed-up", format=".2f"),
+           alt.Tooltip("ideal:Q", title="ideal (world size)"),
+           alt.Tooltip("samples_per_s:Q", title="samples/s", format=",.0f")]
+    bars = alt.Chart(df).mark_bar(height=alt.RelativeBandSize(0.6)).encode(
+        x=alt.X("speedup_vs_single:Q", title="speed-up over single (×)"), y=y, color=colour,
+        tooltip=tip)
+    ideal = alt.Chart(df.assign(what="ideal: world size ×")).mark_tick(
+        thickness=3, size=26, color="black").encode(
+        x="ideal:Q", y=y, shape=alt.Shape("what:N", legend=legend("")), tooltip=tip)
+    one = alt.Chart(pd.DataFrame({"x": [1.0]})).mark_rule(strokeDash=[4, 3], color="#888").encode(
+        x="x:Q")
+    return alt.layer(bars, ideal, one).properties(
+        title=title("Speed-up over one device", "median samples/s ÷ the single run's; "
+                    "black tick: linear scaling"),
+        width=WIDTH, height=rows_height(df, "run"))
+
+
+def peak_memory_chart(peaks: pd.DataFrame) -> alt.Chart:
+    """Peak memory per device, runs one under the other (`app.frames.compare.peak_memory_frame`)."""
+    df = peaks.assign(where=peaks["run"] + " · " + peaks["device"])
+    return alt.Chart(df).mark_bar(height=alt.RelativeBandSize(0.7)).encode(
+        x=alt.X("peak_mib:Q", title="measured peak (MiB)"),
+        y=alt.Y("where:N", title="run · device", sort=list(dict.fromkeys(df["where"]))),
+        color=alt.Color("run:N", legend=legend("run"), scale=CATEGORIES),
+        tooltip=[alt.Tooltip("run:N"), alt.Tooltip("device:N"),
+                 alt.Tooltip("peak_mib:Q", title="peak (MiB)", format=".2f")],
+    ).properties(title=title("Peak memory per device",
+                             "largest bytes each device held in a traced step (live tensors on "
+                             "CPU, the CUDA allocator on GPU); an FSDP rank holds 1/n of the model "
+                             "plus the unit it has gathered"),
+                 width=WIDTH, height=rows_height(df, "where", row_px=30))
+
+
+def bytes_chart(volume: pd.DataFrame) -> alt.Chart:
+    """Sent + received MiB per device per step, for each run (`app.frames.compare.bytes_frame`):
+    measured (DP: the tensors copied) or derived (DDP: bytes handed to all-reduce × the ring
+    factor), beside the formula."""
+    df = volume.assign(where=volume["run"] + " · " + volume["device"])
+    return alt.Chart(df).mark_bar().encode(
+        x=alt.X("mib:Q", title="sent + received per step (MiB)"),
+        y=alt.Y("where:N", title="run · device", sort=list(dict.fromkeys(df["where"]))),
+        yOffset=alt.YOffset("which:N", sort=WHICH),
+        color=alt.Color("which:N", legend=legend("bytes"), scale=_which(df)),
+        tooltip=[alt.Tooltip("run:N"), alt.Tooltip("device:N"), alt.Tooltip("which:N"),
+                 alt.Tooltip("mib:Q", title="MiB", format=".3f")],
+    ).properties(title=title("Bytes moved per device per step",
+                             "theory: DP device 0 (n−1)·P each way, others P; ring all-reduce "
+                             "2(n−1)/n·P each way per rank; FSDP 3(n−1)/n·P (2(n−1)/n·P without reshard)"),
+                 width=WIDTH, height=rows_height(df, "where", row_px=34))

@@ -1,0 +1,101 @@
+"""The Live page's step-axis charts: throughput over the whole run and validation accuracy, with a
+step axis people can zoom and pan, kept across live refreshes.
+
+How the state survives (Streamlit 1.67, `ArrowVegaLiteChart`): a chart drawn again under the same
+key with the same spec keeps its Vega view, and only its datasets are swapped — so a tooltip on
+screen stays. Everything that changes while a run trains is therefore data, never the spec (no
+counts or step numbers in titles). Streamlit does clear a scale-bound selection (the zoom) when
+the data changes, unless that selection is one the app listens to: the panels draw these charts
+with ``on_select`` and ``selection_mode=SELECTIONS``, so the zoom (`ZOOM`) and the run picked in
+the legend (`PICK`) are widget state, kept across refreshes and restored if a view is rebuilt.
+
+Pure: `DataFrame -> alt.Chart`.
+"""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+from app.charts.style import CATEGORIES, HEIGHT, title
+from app.frames.steps import SMOOTH_STEPS
+
+ZOOM = "zoom_step"  # drag to pan, wheel to zoom the step axis; double-click to reset
+PICK = "pick_run"  # click a run in the legend to bring it forward
+SELECTIONS = [ZOOM, PICK]  # what the throughput chart's panel listens to; accuracy: [ZOOM]
+WIDTH = "container"
+
+
+def _colour(runs: list[str]) -> alt.Color:
+    scale = alt.Scale(domain=runs, scheme="tableau10") if runs else CATEGORIES
+    # labelLimit 0: run names are never cut, however narrow the column
+    return alt.Color("run:N", scale=scale, legend=alt.Legend(title="run", orient="top", labelLimit=0,
+                                                             symbolOpacity=1, columns=2))
+
+
+def _params():
+    zoom = alt.selection_interval(bind="scales", encodings=["x"], name=ZOOM)
+    pick = alt.selection_point(fields=["run"], bind="legend", name=PICK)
+    return zoom, pick, alt.condition(pick, alt.value(1.0), alt.value(0.15))
+
+
+def live_throughput_chart(recent: pd.DataFrame, earlier: pd.DataFrame, runs: list[str],
+                     window_steps: int) -> alt.LayerChart:
+    """Samples/s per step over the whole run: the newest `window_steps` steps one by one (a dot
+    per step, its time the mean over ranks; a line through the rolling median), the steps before them in
+    bins (dashed: each bin's mean; band: its min–max).
+
+    Args:
+        recent: `app.frames.steps.steps_frame` rows of every run (its window).
+        earlier: `app.step_history.StepHistory.frame` rows of every run.
+        runs: the runs in legend order (fixes each run's colour).
+        window_steps: steps a run's window keeps (`RunWindow.max_steps`), for the subtitle.
+    """
+    zoom, pick, faded = _params()
+    colour = _colour(runs)
+    x = alt.X("step:Q", title="optimizer step", axis=alt.Axis(tickMinStep=1, format="d"))
+    y_title = "throughput (samples/s)"
+    tip_step = [alt.Tooltip("run:N"), alt.Tooltip("step:Q"),
+                alt.Tooltip("samples_per_s:Q", title="samples/s", format=",.0f"),
+                alt.Tooltip("samples_per_s_smooth:Q", title=f"rolling median ({SMOOTH_STEPS} steps)",
+                            format=",.0f"),
+                alt.Tooltip("step_time_ms:Q", title="step time (ms)", format=".2f")]
+    tip_bin = [alt.Tooltip("run:N"), alt.Tooltip("step_lo:Q", title="from step"),
+               alt.Tooltip("step_hi:Q", title="to step"), alt.Tooltip("steps:Q", title="steps in bin"),
+               alt.Tooltip("mean:Q", title="mean samples/s", format=",.0f"),
+               alt.Tooltip("lo:Q", title="min", format=",.0f"), alt.Tooltip("hi:Q", title="max", format=",.0f")]
+    dots = alt.Chart(recent).mark_circle(size=16, opacity=0.4).encode(
+        x=x, y=alt.Y("samples_per_s:Q", title=y_title), color=colour, tooltip=tip_step,
+    ).add_params(zoom, pick)
+    line = alt.Chart(recent).mark_line(strokeWidth=2).encode(
+        x=x, y="samples_per_s_smooth:Q", color=colour, opacity=faded, tooltip=tip_step)
+    band = alt.Chart(earlier).mark_rect(opacity=0.18).encode(
+        x="step_lo:Q", x2="step_hi:Q", y="lo:Q", y2="hi:Q", color=colour, tooltip=tip_bin)
+    mean = alt.Chart(earlier).mark_line(strokeDash=[5, 3], strokeWidth=1.5).encode(
+        x="step_mid:Q", y="mean:Q", color=colour, opacity=faded, tooltip=tip_bin)
+    return alt.layer(dots, line, band, mean).properties(
+        width=WIDTH, height=HEIGHT + 90,
+        title=alt.TitleParams("Throughput per step", anchor="start", subtitle=[
+            f"newest {window_steps} steps: a dot per step (mean over ranks), line = rolling median of "
+            f"{SMOOTH_STEPS}",
+            "earlier steps: dashed = mean per bin, band = min–max · drag to pan, wheel to zoom, "
+            "double-click to reset"]))
+
+
+def accuracy_chart(accuracy: pd.DataFrame, runs: list[str]) -> alt.Chart:
+    """Validation accuracy at each evaluation (`app.frames.steps.eval_frame` rows of every run), 0–1.
+    Drawn under the throughput chart, in its colours, so it needs no legend of its own."""
+    zoom = alt.selection_interval(bind="scales", encodings=["x"], name=ZOOM)
+    colour = alt.Color("run:N", legend=None,
+                       scale=alt.Scale(domain=runs, scheme="tableau10") if runs else CATEGORIES)
+    return alt.Chart(accuracy).mark_line(point=alt.OverlayMarkDef(size=30)).encode(
+        x=alt.X("step:Q", title="optimizer step", axis=alt.Axis(tickMinStep=1, format="d")),
+        y=alt.Y("val_accuracy:Q", title="validation accuracy", scale=alt.Scale(domain=[0, 1])),
+        color=colour,
+        tooltip=[alt.Tooltip("run:N"), alt.Tooltip("step:Q"),
+                 alt.Tooltip("val_accuracy:Q", title="accuracy", format=".3f"),
+                 alt.Tooltip("val_loss:Q", title="validation loss", format=".4f")],
+    ).add_params(zoom).properties(
+        width=WIDTH, height=HEIGHT - 60,
+        title=title("Validation accuracy", "share of the held-out split classified right, at every "
+                                           "evaluation (eval_every steps and the end); colours as above"))

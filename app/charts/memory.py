@@ -1,0 +1,93 @@
+"""The memory chart: one traced step, as it happened (`app.frames.memory` inputs).
+
+First: the bytes each device holds through the step (live tensors on CPU, the CUDA allocator on
+GPU) over bands showing where the phases fall, so activations rise in forward and fall in
+backward, and DP's device 0 shows the gather and the reduce. Then: the whole process (RSS) or the
+whole GPU (NVML), which include what is not a tensor (the interpreter, libraries, the CUDA
+context). Every line's `source` is in the legend.
+"""
+
+from __future__ import annotations
+
+import math
+
+import altair as alt
+import pandas as pd
+
+from app.charts.style import CATEGORIES, PHASE_COLOURS, WIDTH, legend, title
+from app.frames.dp import DP_PHASES
+from app.frames.memory import DEVICE_SOURCES, HOST_SOURCES, SOURCE_LABELS
+
+_DASH = {SOURCE_LABELS["tensors"]: [1, 0], SOURCE_LABELS["fsdp_tensors"]: [1, 0], SOURCE_LABELS["cuda"]: [6, 3],
+         SOURCE_LABELS["process"]: [2, 2], SOURCE_LABELS["nvml"]: [8, 2, 2, 2]}
+# box heights (px): the plot (~200 and ~60) plus title, legends on top and the x axis
+_HELD_PX, _HOST_PX = 520, 300
+CHECK = "replica check (instrument)"  # DP's checksums on check steps: the instrument's own time
+_PHASE_COLOUR = dict(zip(DP_PHASES, PHASE_COLOURS)) | {CHECK: "#d9d9d9"}
+
+
+def memory_curve_charts(curve: pd.DataFrame, phases: pd.DataFrame, run: str,
+                        y_max_mib: float | None = None) -> list[alt.Chart]:
+    """One run's traced step on one time axis: the bytes each device holds over the step's
+    phases (background bands, device 0 / rank 0), then the process / GPU when present. Legends
+    sit on top, so the plots share their width and line up. Heights are whole boxes (title,
+    legends, axis: `app.charts.style`).
+
+    Pass the same `y_max_mib` to runs shown side by side so their device curves compare."""
+    where = curve[curve["source"].isin(DEVICE_SOURCES)]
+    host = curve[curve["source"].isin(HOST_SOURCES)]
+    span = nice_ceiling(max([0.0, *curve["t_ms"], *phases.get("end_ms", [])]) or 1.0)
+    x = alt.X("t_ms:Q", title="ms from the step's start", scale=alt.Scale(domain=[0, span]))
+    head = f"Memory within a step: {run}"  # the step is in the caption: a spec without it survives a refresh
+    held = _lines(where, x, "bytes held (MiB)", nice_ceiling(y_max_mib))
+    if not phases.empty:
+        held = alt.layer(_phase_bands(phases, span), held).resolve_scale(color="independent")
+    charts = [held.properties(
+        title=title(head, "bytes each device holds, measured; background: phases of device 0"),
+        width=WIDTH, height=_HELD_PX)]
+    if not host.empty:
+        charts.append(_lines(host, x, "MiB", None, zero=False, axis=alt.Axis(tickMinStep=1, format=",.0f")).properties(
+            title=title("The whole process (RSS) or the whole GPU (NVML)",
+                        "includes what is not a tensor: the interpreter, libraries, a CUDA context"),
+            width=WIDTH, height=_HOST_PX))
+    return charts
+
+
+def _lines(df: pd.DataFrame, x: alt.X, y_title: str, y_max: float | None, zero: bool = True,
+           axis: alt.Axis | None = None) -> alt.Chart:
+    scale = alt.Scale(domain=[0, y_max], nice=True) if y_max else alt.Scale(zero=zero)
+    shown = [s for s in _DASH if s in set(df["source_label"])] or list(_DASH)
+    dashes = alt.Scale(domain=shown, range=[_DASH[s] for s in shown])
+    return alt.Chart(df).mark_line(interpolate="step-after", strokeWidth=2,
+                                   point=alt.OverlayMarkDef(size=6, opacity=0.5)).encode(
+        x=x, y=alt.Y("mib:Q", title=y_title, scale=scale, axis=axis or alt.Axis()),
+        color=alt.Color("device:N", legend=legend("device", orient="top"), scale=CATEGORIES),
+        strokeDash=alt.StrokeDash("source_label:N", scale=dashes,
+                                  legend=legend("source", orient="top", symbolType="stroke",
+                                                symbolStrokeColor="#444", symbolStrokeWidth=2,
+                                                labelLimit=220)),
+        detail="source:N",
+        tooltip=[alt.Tooltip("device:N"), alt.Tooltip("source_label:N", title="source"),
+                 alt.Tooltip("t_ms:Q", title="ms from step start", format=".2f"),
+                 alt.Tooltip("mib:Q", title="MiB", format=".2f")])
+
+
+def nice_ceiling(mib: float | None) -> float | None:
+    """The smallest of 1, 2, 5 x 10^k MiB at or above `mib` (None stays None): a shared y scale
+    that changes only when a run's peak crosses one of these, so a chart's spec (and the view,
+    with any tooltip on screen) survives most refreshes."""
+    if not mib or mib <= 0:
+        return mib
+    k = math.floor(math.log10(mib))
+    return next(m * 10.0 ** e for e in (k, k + 1) for m in (1, 2, 5) if m * 10.0 ** e >= mib)
+
+
+def _phase_bands(phases: pd.DataFrame, span: float) -> alt.Chart:
+    shown = [p for p in _PHASE_COLOUR if p in set(phases["phase"])]
+    return alt.Chart(phases).mark_rect(opacity=0.22).encode(
+        x=alt.X("start_ms:Q", scale=alt.Scale(domain=[0, span])), x2="end_ms:Q",
+        color=alt.Color("phase:N", legend=legend("phase (background)", orient="bottom", columns=4),
+                        scale=alt.Scale(domain=shown, range=[_PHASE_COLOUR[p] for p in shown]),
+                        sort=shown),
+        tooltip=[alt.Tooltip("phase:N"), alt.Tooltip("start_ms:Q", title="start (ms)", format=".2f"),
+                 alt.Tooltip("end_ms:Q", title="end (ms)", format=".2f")])

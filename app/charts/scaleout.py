@@ -1,0 +1,82 @@
+"""Chart builders of the Scale-out page (pure: `DataFrame -> alt.Chart`).
+
+Predictions are lines named "DP (predicted)" / "DDP (predicted)"; real runs are filled points
+named "... (measured)" drawn on top. Every title says "predicted".
+"""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+from app.charts.buckets import bucket_timeline
+from app.charts.style import HEIGHT, WIDTH, legend, title
+
+SERIES = ["DP (predicted)", "DDP (predicted)", "DP (measured)", "DDP (measured)"]
+_SERIES = alt.Scale(domain=SERIES, range=["#ff7f0e", "#1f77b4", "#ff7f0e", "#1f77b4"])
+_X = alt.X("world_size:Q", title="world size (devices)", scale=alt.Scale(type="log", base=2),
+           axis=alt.Axis(values=[1, 2, 4, 8, 16, 32, 64], format="d"))
+
+
+def _lines_and_points(pred: pd.DataFrame, measured: pd.DataFrame, y: alt.Y, fmt: str) -> list:
+    color = alt.Color("series:N", legend=legend("", orient="bottom", columns=2), scale=_SERIES)
+    tip = [alt.Tooltip("series:N", title="what"), alt.Tooltip("world_size:Q", title="devices"),
+           alt.Tooltip("nnodes:Q", title="hosts"),
+           alt.Tooltip(f"{y.shorthand.split(':')[0]}:Q", format=fmt),
+           alt.Tooltip("step_time_ms:Q", title="step (ms)", format=".3f")]
+    layers = [alt.Chart(pred).mark_line(strokeWidth=2, strokeDash=[6, 3],
+                                        point=alt.OverlayMarkDef(size=30, filled=False)).encode(
+        x=_X, y=y, color=color, tooltip=tip)]
+    if not measured.empty:
+        layers.append(alt.Chart(measured).mark_point(size=120, filled=True, opacity=0.9).encode(
+            x=_X, y=y, color=color, shape=alt.value("diamond"), tooltip=tip + [alt.Tooltip("run_id:N")]))
+    return layers
+
+
+def predicted_throughput_chart(pred: pd.DataFrame, measured: pd.DataFrame, *, scenario: str) -> alt.LayerChart:
+    """Predicted samples/s vs world size per mode (dashed), measured runs on top (diamonds)."""
+    y = alt.Y("samples_per_s:Q", title="samples/s", scale=alt.Scale(type="log"))
+    return alt.layer(*_lines_and_points(pred, measured, y, ",.0f")).properties(
+        title=title("Throughput vs world size (predicted)",
+                    f"dashed: predicted for {scenario}"),
+        width=WIDTH, height=HEIGHT + 60)
+
+
+def efficiency_chart(pred: pd.DataFrame, measured: pd.DataFrame, *, scenario: str) -> alt.LayerChart:
+    """Predicted scaling efficiency vs world size, linear (100%) dashed grey. Measured points
+    (give an empty frame to leave them out) beyond 1.5x linear sit clamped at the top."""
+    top = max(1.2, float(pred["efficiency"].max()) if not pred.empty else 1.2)
+    y = alt.Y("efficiency:Q", title="efficiency (% of linear)", axis=alt.Axis(format="%"),
+              scale=alt.Scale(domain=[0, min(top, 1.5)], clamp=True))
+    ideal = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(strokeDash=[2, 2], color="#777").encode(y="y:Q")
+    layers = _lines_and_points(pred, measured.dropna(subset=["efficiency"]), y, ".0%")
+    return alt.layer(*layers, ideal).properties(
+        title=title("Scaling efficiency (predicted)",
+                    f"samples/s(n) ÷ (n · one device's); grey: linear; for {scenario}"),
+        width=WIDTH, height=HEIGHT + 60)
+
+
+def bytes_chart(df: pd.DataFrame) -> alt.Chart:
+    """Bytes per step on the busiest device (predicted): DP's device 0 vs a DDP rank, n >= 2 (at
+    n = 1 nothing moves, and the axis is logarithmic)."""
+    df = df[df["busiest_bytes"] > 0]
+    return alt.Chart(df).mark_line(strokeWidth=2, strokeDash=[6, 3], point=alt.OverlayMarkDef(size=30)).encode(
+        x=_X, y=alt.Y("mib:Q", title="MiB per step (sent + received)", scale=alt.Scale(type="log")),
+        color=alt.Color("series:N", legend=legend("", orient="bottom"),
+                        scale=alt.Scale(domain=SERIES[:2], range=["#ff7f0e", "#1f77b4"])),
+        tooltip=[alt.Tooltip("series:N", title="what"), alt.Tooltip("world_size:Q", title="devices"),
+                 alt.Tooltip("busiest_bytes:Q", title="bytes", format=",.0f")],
+    ).properties(title=title("Where the star breaks: bytes on the busiest device (predicted)",
+                             "DP: device 0 moves (n−1)·P each way; DDP: each rank 2(n−1)/n·P each way"),
+                 width=WIDTH, height=HEIGHT + 60)
+
+
+def predicted_timeline(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: pd.DataFrame, *,
+                       world_size: int, link: str) -> alt.LayerChart:
+    """One predicted DDP step at `world_size`, drawn as the Bucket timeline page draws a
+    measured one (`app.charts.buckets.bucket_timeline`), titled "predicted"."""
+    chart = bucket_timeline(buckets, backward, exposed, run="predicted")
+    n = int(buckets["bucket_index"].max()) + 1 if not buckets.empty else 0
+    return chart.properties(title=title(
+        f"Predicted bucket timeline: DDP at world size {world_size}",
+        f"predicted on {link}; {n} bucket(s); orange: exposed comm (predicted)"))

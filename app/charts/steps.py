@@ -1,0 +1,80 @@
+"""Charts of a run's steps: throughput curves, the step-time split, bytes moved per device.
+
+Each takes the output of the matching `app.frames.steps` function and returns a chart with a
+title, axis titles carrying units and a legend. Colours are fixed per category so two runs read
+the same.
+"""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+from app.charts.style import CATEGORIES, HEIGHT, STEP_X, WIDTH, legend, rows_height, title
+from app.frames import steps as fsteps
+from app.frames.steps import SMOOTH_STEPS, SPLIT_PARTS
+
+_SPLIT_COLOURS = ["#1f77b4", "#ff7f0e", "#d62728", "#2ca02c", "#c7c7c7"]
+
+
+def throughput_curves_chart(steps: pd.DataFrame, runs: list[str] | None = None) -> alt.LayerChart:
+    """Samples/s per optimizer step, per run (`app.frames.steps.steps_frame` rows): a faint point per step
+    and a line through the rolling median, so noise does not hide the difference.
+
+    `runs` fixes the colour of each run (in this order) before all of them have data, so a
+    run keeps its colour when the other one starts reporting."""
+    scale = alt.Scale(domain=runs, scheme="tableau10") if runs else CATEGORIES
+    colour = alt.Color("run:N", legend=legend("run"), scale=scale)
+    x = STEP_X
+    tip = [alt.Tooltip("run:N"), alt.Tooltip("step:Q"),
+           alt.Tooltip("samples_per_s:Q", title="samples/s", format=",.0f"),
+           alt.Tooltip("samples_per_s_smooth:Q", title="rolling median", format=",.0f"),
+           alt.Tooltip("step_time_ms:Q", title="step time (ms)", format=".2f")]
+    base = alt.Chart(steps)
+    points = base.mark_circle(size=14, opacity=0.35).encode(
+        x=x, y=alt.Y("samples_per_s:Q", title="throughput (samples/s)"), color=colour,
+        tooltip=tip)
+    line = base.mark_line(strokeWidth=2).encode(x=x, y="samples_per_s_smooth:Q", color=colour,
+                                                tooltip=tip)
+    return alt.layer(points, line).properties(
+        title=title("Throughput per step", f"dots: each step (mean over ranks); line: rolling "
+                     f"median of {SMOOTH_STEPS} steps"), width=WIDTH, height=HEIGHT)
+
+
+def split_chart(split: pd.DataFrame) -> alt.Chart:
+    """Median step time per run, stacked by part (`app.frames.steps.split_frame` rows), in ms."""
+    return alt.Chart(split).mark_bar(height=alt.RelativeBandSize(0.6)).encode(
+        x=alt.X("sum(ms):Q", title="median time per step (ms)", stack="zero"),
+        y=alt.Y("run:N", title="run", axis=alt.Axis(labelLimit=0)),  # run names never cut
+        color=alt.Color("part:N", legend=legend("part of the step"),
+                        scale=alt.Scale(domain=SPLIT_PARTS, range=_SPLIT_COLOURS),
+                        sort=SPLIT_PARTS),
+        order=alt.Order("order:Q"),
+        tooltip=[alt.Tooltip("run:N"), alt.Tooltip("part:N"),
+                 alt.Tooltip("ms:Q", title="median (ms)", format=".2f")],
+    ).properties(title=title("Step time split", "median ms per step"),
+                 width=WIDTH, height=rows_height(split, "run"))
+
+
+def comm_volume_chart(volume: pd.DataFrame) -> alt.Chart:
+    """MiB each device sent + received in the latest step (measured or derived, as its events
+    say: `app.frames.steps.comm_volume_frame`'s `source`) beside the theory."""
+    which = list(volume["source"]) if "source" in volume else ["measured"] * len(volume)
+    long = pd.DataFrame({
+        "device": list(volume["device"]) * 2,
+        "which": which + ["theory"] * len(volume),
+        "mib": list(volume["sent_mib"] + volume["recv_mib"])
+        + list(volume["theory_sent_mib"] + volume["theory_recv_mib"])})
+    colours = {"measured": "#1f77b4", "derived (ring all-reduce)": "#9467bd", "theory": "#c7c7c7",
+               fsteps.UNLABELLED: "#ff9896"}
+    kinds = [k for k in colours if k in set(long["which"])]
+    return alt.Chart(long).mark_bar().encode(
+        x=alt.X("mib:Q", title="sent + received per step (MiB)"),
+        y=alt.Y("device:N", title="device"),
+        yOffset=alt.YOffset("which:N", sort=kinds),
+        color=alt.Color("which:N", legend=legend("bytes"),
+                        scale=alt.Scale(domain=kinds, range=[colours[k] for k in kinds])),
+        tooltip=[alt.Tooltip("device:N"), alt.Tooltip("which:N"),
+                 alt.Tooltip("mib:Q", title="MiB", format=".3f")],
+    ).properties(title=title("Bytes moved per device", "latest step, beside the theory"),
+                 width=WIDTH, height=rows_height(volume, "device") + 20)

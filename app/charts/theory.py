@@ -1,0 +1,90 @@
+"""Chart builders of the Theory page (pure: `DataFrame -> alt.Chart`).
+
+Both charts put the all-reduce probe, the in-run buckets and the fitted ring models on the same
+log-size axis; every series says in the legend whether it is measured or a fitted model.
+Bytes through each device (DP's hub vs DDP's ring) reuse `app.charts.compare.bytes_chart`.
+"""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+from app.charts.style import HEIGHT, WIDTH, legend, title
+from app.frames.theory import ALONE, FIT_BUCKETS, FIT_PROBE, OVERLAPPED, PROBE_ALG, PROBE_BUS, PROBE_TIME, SERIES
+
+_COLOURS = {PROBE_BUS: "#1f77b4", PROBE_TIME: "#1f77b4", PROBE_ALG: "#9edae5", ALONE: "#2ca02c",
+            OVERLAPPED: "#ff7f0e", FIT_PROBE: "#d62728", FIT_BUCKETS: "#9467bd"}
+_X = alt.X("kib:Q", title="message size (KiB, log scale)", scale=alt.Scale(type="log"))
+_SUB_MARKS = ("Dashed: fitted models, drawn over every size; filled probe points were fitted, "
+              "hollow not; hollow orange: overlapped buckets.")
+
+
+def _colour(present: list[str]) -> alt.Color:
+    domain = [s for s in SERIES if s in present]
+    return alt.Color("series:N", legend=legend("series", orient="right", labelLimit=360),
+                     scale=alt.Scale(domain=domain, range=[_COLOURS[s] for s in domain]))
+
+
+def _probe_long(probe: pd.DataFrame, y: str) -> pd.DataFrame:
+    """Probe rows with a `series` column: busbw (and algbw on the bandwidth chart)."""
+    if probe.empty:
+        return probe.assign(series=pd.Series(dtype=str), value=pd.Series(dtype=float))
+    if y == "time_ms":
+        return probe.assign(series=PROBE_TIME, value=probe["time_ms"])
+    bus = probe.assign(series=PROBE_BUS, value=probe["busbw_gbps"])
+    alg = probe.assign(series=PROBE_ALG, value=probe["algbw_gbps"])
+    return pd.concat([bus, alg], ignore_index=True)
+
+
+def _marks(df: pd.DataFrame, mark: str, enc: dict, **props) -> alt.Chart:
+    return getattr(alt.Chart(df), f"mark_{mark}")(**props).encode(**enc)
+
+
+def _layers(probe: pd.DataFrame, buckets: pd.DataFrame, lines: pd.DataFrame, y: str,
+            y_title: str) -> list[alt.Chart]:
+    """The marks of either chart: `y` is "busbw_gbps" or "time_ms"."""
+    pl = _probe_long(probe, y)
+    pl = pl[pl["value"] > 0]
+    bk = buckets.assign(value=buckets[y])
+    bk = bk[bk["value"] > 0]
+    ln = lines.assign(value=lines[y])
+    ln = ln[ln["value"] > 0]
+    colour = _colour(sorted(set(pl["series"]) | set(bk["series"]) | set(ln["series"])))
+    tip = [alt.Tooltip("series:N"), alt.Tooltip("kib:Q", title="KiB", format=",.1f"),
+           alt.Tooltip("value:Q", title=y_title, format=".4g")]
+    enc = dict(x=_X, y=alt.Y("value:Q", title=y_title, scale=alt.Scale(type="log")), color=colour,
+               tooltip=tip)
+    btip = dict(enc, tooltip=tip + [alt.Tooltip("step:Q"), alt.Tooltip("rank:Q"),
+                                    alt.Tooltip("bucket_index:Q", title="bucket")])
+    alg, dots = pl[pl["series"] == PROBE_ALG], pl[pl["series"] != PROBE_ALG]
+    fitted, alone = dots["fitted"].astype(bool), bk["alone"].astype(bool)
+    return [_marks(alg, "line", enc, strokeWidth=3, opacity=0.7),  # under busbw (same for n = 2)
+            _marks(dots, "line", enc, strokeWidth=1.5),
+            _marks(dots[fitted], "point", enc, filled=True, size=50),
+            _marks(dots[~fitted], "point", enc, filled=False, size=50),
+            _marks(bk[~alone], "point", btip, filled=False, size=30, opacity=0.6),
+            _marks(bk[alone], "point", btip, filled=True, size=45, opacity=0.8),  # on top
+            _marks(ln, "line", dict(enc, detail="series:N"), strokeWidth=2.5, strokeDash=[6, 3])]
+
+
+def bandwidth_chart(probe: pd.DataFrame, buckets: pd.DataFrame, lines: pd.DataFrame, *,
+                    run: str) -> alt.LayerChart:
+    """busbw (and the probe's algbw) against message size: `app.frames.theory.probe_frame`,
+    `bucket_frame` and `model_lines` (GB/s, log-log)."""
+    layers = _layers(probe, buckets, lines, "busbw_gbps", "bandwidth (GB/s, log scale)")
+    return alt.layer(*layers).properties(
+        title=title(f"{run}: all-reduce bandwidth vs message size",
+                    "busbw = algbw · 2(n−1)/n (nccl-tests), algbw = bytes / time. " + _SUB_MARKS),
+        width=WIDTH, height=HEIGHT + 60)
+
+
+def time_chart(probe: pd.DataFrame, buckets: pd.DataFrame, lines: pd.DataFrame, *,
+               run: str) -> alt.LayerChart:
+    """All-reduce time against message size, the same series as `bandwidth_chart` (ms, log-log);
+    the fitted lines are t = 2(n−1)·α + 2(n−1)/n · bytes/β."""
+    layers = _layers(probe, buckets, lines, "time_ms", "all-reduce time (ms, log scale)")
+    return alt.layer(*layers).properties(
+        title=title(f"{run}: all-reduce time vs message size",
+                    "ring model t = 2(n−1)·α + 2(n−1)/n · bytes/β. " + _SUB_MARKS),
+        width=WIDTH, height=HEIGHT + 60)

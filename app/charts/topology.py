@@ -1,0 +1,51 @@
+"""Chart builders of the Learn page: the star (DP) and the ring (DDP) as node/edge charts.
+
+Edges are rules whose width grows with the MiB the link carried per step (size legend); nodes
+are coloured by role. The plot is square with hidden axes: positions come from
+`app.frames.topology` on a unit circle.
+"""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+from app.charts.style import legend, title
+from app.frames.topology import ROLES
+
+SIZE_PX = 430  # square plot: a circle must stay a circle
+_ROLE = alt.Color("role:N", legend=legend("node", orient="bottom", direction="vertical"),
+                  scale=alt.Scale(domain=ROLES, range=["#d62728", "#ff7f0e", "#1f77b4"]))
+_AXIS = dict(axis=None, scale=alt.Scale(domain=[-1.45, 1.45]))
+
+
+def topology_chart(nodes: pd.DataFrame, edges: pd.DataFrame, *, heading: str,
+                   subtitle: str, max_mib: float | None = None, arrows: bool = False
+                   ) -> alt.LayerChart:
+    """Nodes and links; `max_mib` shares the width scale between two charts shown together."""
+    top = max_mib or (float(edges["mib"].max()) if not edges.empty else 1.0) or 1.0
+    width = alt.Size("mib:Q", title="MiB per step on the link",
+                     scale=alt.Scale(domain=[0, top], range=[1, 14]),
+                     legend=alt.Legend(orient="bottom", symbolType="stroke", tickCount=3,
+                                       direction="horizontal"))
+    tip = [alt.Tooltip("link:N"), alt.Tooltip("mib:Q", title="MiB per step", format=".3f")]
+    links = alt.Chart(edges).mark_rule(color="#7f7f7f", opacity=0.85).encode(
+        x=alt.X("x:Q", **_AXIS), y=alt.Y("y:Q", **_AXIS), x2="x2:Q", y2="y2:Q",
+        strokeWidth=width, tooltip=tip)
+    labels = alt.Chart(edges).mark_text(fontSize=12, color="#333").encode(
+        x=alt.X("lx:Q", **_AXIS), y=alt.Y("ly:Q", **_AXIS), text="label:N", tooltip=tip)
+    layers = [links, labels]
+    if arrows:  # a ▶ glyph turned along the link (it points right, i.e. bearing 90°)
+        layers.append(alt.Chart(edges.assign(turn=(edges["angle"] - 90) % 360)).mark_text(
+            text="▶", fontSize=20, color="#333").encode(
+            x=alt.X("ax:Q", **_AXIS), y=alt.Y("ay:Q", **_AXIS),
+            angle=alt.Angle("turn:Q", scale=None), tooltip=tip))
+    dots = alt.Chart(nodes).mark_circle(size=900, opacity=1, stroke="white",
+                                        strokeWidth=2).encode(
+        x=alt.X("x:Q", **_AXIS), y=alt.Y("y:Q", **_AXIS), color=_ROLE,
+        tooltip=[alt.Tooltip("label:N", title="node"), alt.Tooltip("role:N")])
+    names = alt.Chart(nodes).mark_text(fontSize=13, fontWeight="bold", dy=28).encode(
+        x=alt.X("x:Q", **_AXIS), y=alt.Y("y:Q", **_AXIS), text="label:N")
+    return alt.layer(*layers, dots, names).properties(
+        title=title(heading, subtitle), width=SIZE_PX, height=SIZE_PX,
+        autosize=alt.AutoSizeParams(type="pad"))  # legends around the square, not inside it

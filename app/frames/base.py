@@ -1,0 +1,64 @@
+"""Pure transforms: lists of run events (docs/events.md) -> pandas DataFrames the charts draw.
+
+Every function takes plain event dicts and returns a DataFrame with unit-named columns
+(`*_ms` milliseconds, `*_mib` MiB, `samples_per_s` samples per second). No Streamlit, no I/O.
+An empty input gives an empty frame with the same columns, so charts never see missing fields.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+MIB = 1024 * 1024
+Event = dict[str, Any]
+
+
+def of_type(events: Iterable[Event], type_: str) -> list[Event]:
+    """The events whose `type` is `type_`, in order."""
+    return [e for e in events if e.get("type") == type_]
+
+
+def run_label(run: dict[str, Any] | None, run_id: str) -> str:
+    """Short legend name of a run: its label if set, else ``"<mode> ×<world_size> · <id[:6]>"``."""
+    run = run or {}
+    if run.get("label"):
+        return str(run["label"])
+    cfg = run.get("config") or {}
+    mode, ws = cfg.get("mode", "?"), cfg.get("world_size", "?")
+    return f"{mode} ×{ws} · {run_id[:6]}"
+
+
+def mib(nbytes: float | None) -> float:
+    return float("nan") if nbytes is None else nbytes / MIB
+
+
+def latest_complete_step(events: Iterable[Event], type_: str) -> int | None:
+    """Newest step whose `type_` events look complete for every rank/device seen in it.
+
+    Events arrive in batches, so the newest step may be half there. A `bucket` step is complete
+    when each of its ranks has sent its `is_last` bucket; a `dp_phase` step when each device has
+    sent its `optimizer` phase (device 0 only steps in DP, so: when any device has). Falls back to
+    the newest step seen when none is complete.
+    """
+    evs = of_type(events, type_)
+    if not evs:
+        return None
+    by_step: dict[int, list[Event]] = {}
+    for e in evs:
+        by_step.setdefault(e["step"], []).append(e)
+    for step in sorted(by_step, reverse=True):
+        if _complete(by_step[step], type_):
+            return step
+    return max(by_step)
+
+
+def _complete(evs: list[Event], type_: str) -> bool:
+    if type_ == "bucket":
+        ranks = {e.get("rank", 0) for e in evs}
+        done = {e.get("rank", 0) for e in evs if e.get("is_last")}
+        return ranks == done
+    if type_ == "dp_phase":
+        return any(e.get("phase") == "optimizer" for e in evs)
+    return True
+
+

@@ -1,0 +1,160 @@
+"""Pure transforms for the bucket timeline: steps kept, exposed communication, layouts.
+
+Times are ms from the step's backward start, as in `app.frames.buckets.bucket_frame`. Exposed communication
+of a rank is the part of its all-reduce work after its last bucket became ready: from that
+moment backward has nothing left to hide it behind (the engine's `comm_exposed_s`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import pandas as pd
+
+from app.frames import base as frames
+from app.frames.base import MIB, latest_complete_step, of_type
+
+Event = dict[str, Any]
+MAX_NAMES = 6  # parameter names listed per bucket row before "… +k more"
+
+
+def bucket_steps(events: Iterable[Event]) -> list[int]:
+    """Steps whose `bucket` events are complete for every rank that sent any (ascending)."""
+    by_step: dict[int, list[Event]] = {}
+    for e in frames.of_type(events, "bucket"):
+        by_step.setdefault(e["step"], []).append(e)
+    done = [s for s, evs in by_step.items()
+            if {e.get("rank", 0) for e in evs} == {e.get("rank", 0) for e in evs if e.get("is_last")}]
+    return sorted(done)
+
+
+def rank_names(events: Iterable[Event]) -> dict[int, str]:
+    """``{rank: "rank r"}``, or ``"rank r @ host"`` when the events carry a `host` (multi-host)."""
+    names: dict[int, str] = {}
+    for e in events:
+        if "rank" in e and e.get("type") in ("step", "bucket", "memory", "comm_volume"):
+            r = int(e["rank"])
+            if e.get("host"):
+                names[r] = f"rank {r} @ {e['host']}"
+            else:
+                names.setdefault(r, f"rank {r}")
+    return dict(sorted(names.items()))
+
+
+def with_rank_names(df: pd.DataFrame, names: dict[int, str]) -> pd.DataFrame:
+    """`df` (with a `rank` column) plus `lane`: the rank's display name."""
+    return df.assign(lane=[names.get(int(r), f"rank {int(r)}") for r in df["rank"]])
+
+
+def exposed_frame(buckets: pd.DataFrame, steps: Iterable[Event]) -> pd.DataFrame:
+    """Per rank: the exposed part of communication in this step.
+
+    Columns: rank, start_ms (last bucket ready), end_ms (last all-reduce end), exposed_ms, and
+    reported_ms (the engine's `comm_exposed_s` of that rank's step event, for the tooltip).
+    """
+    cols = ["rank", "start_ms", "end_ms", "exposed_ms", "reported_ms"]
+    if buckets.empty:
+        return pd.DataFrame(columns=cols)
+    step = int(buckets["step"].iloc[0])
+    reported = {int(e.get("rank", 0)): e.get("comm_exposed_s", 0.0) * 1000.0
+                for e in frames.of_type(steps, "step") if e["step"] == step}
+    g = buckets.groupby("rank").agg(start_ms=("ready_ms", "max"), end_ms=("comm_end_ms", "max"))
+    g = g.reset_index()
+    g["end_ms"] = g[["start_ms", "end_ms"]].max(axis=1)
+    g["exposed_ms"] = g["end_ms"] - g["start_ms"]
+    g["reported_ms"] = [reported.get(int(r), float("nan")) for r in g["rank"]]
+    return g[cols]
+
+
+def exposed_per_step(events: Iterable[Event], run: str) -> pd.DataFrame:
+    """Exposed comm (ms, the slowest rank's) per step, for the overlap on/off comparison."""
+    rows: dict[int, float] = {}
+    for e in frames.of_type(events, "step"):
+        ms = (e.get("comm_exposed_s") or 0.0) * 1000.0
+        rows[e["step"]] = max(rows.get(e["step"], 0.0), ms)
+    return pd.DataFrame({"run": run, "step": list(rows), "exposed_ms": list(rows.values())},
+                        columns=["run", "step", "exposed_ms"])
+
+
+def layout_frame(buckets: list[dict[str, Any]] | None) -> pd.DataFrame:
+    """A bucket layout (`bucket_preview` initial/rebuilt, or measured) as a table:
+    bucket, KiB, tensors, parameters (names, in the order DDP reduces them)."""
+    rows = []
+    for b in buckets or []:
+        names = list(b.get("param_names") or [])
+        shown = ", ".join(names[:MAX_NAMES]) + (f", … +{len(names) - MAX_NAMES} more"
+                                                if len(names) > MAX_NAMES else "")
+        if b.get("sparse"):
+            shown += " (sparse gradient: KiB of its values and indices)"
+        rows.append({"bucket": int(b["bucket_index"]), "KiB": b.get("nbytes", 0) / 1024,
+                     "tensors": b.get("num_params", len(names)), "parameters": shown})
+    return pd.DataFrame(rows, columns=["bucket", "KiB", "tensors", "parameters"])
+
+
+def measured_layouts(events: Iterable[Event], rank: int = 0) -> dict[int, list[dict[str, Any]]]:
+    """``{step: buckets}`` for each step where rank `rank`'s bucket events name their
+    parameters (the layout appears or changes: step 0, and the rebuild after it)."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for e in frames.of_type(events, "bucket"):
+        if e.get("rank", 0) == rank and e.get("param_names"):
+            out.setdefault(e["step"], []).append(e)
+    return {s: sorted(bs, key=lambda b: b["bucket_index"]) for s, bs in sorted(out.items())}
+
+
+def buckets_text(n: int) -> str:
+    """'1 bucket', '2 buckets'."""
+    return f"{n} bucket" + ("" if n == 1 else "s")
+
+
+def layout_captions(preview: dict, capped_from_start: bool = False) -> tuple[str, str]:
+    """What each layout table shows, with its real bucket count: step 0's layout (DDP's
+    constructor: registration order, bucket list reversed) and the rebuilt one (gradient-ready
+    order). Step 0 has several buckets when dtypes, devices or sparse gradients differ, or when
+    the caps apply from the start (`capped_from_start`: find_unused_parameters without
+    static_graph; engine.modes.ddp.buckets)."""
+    initial, rebuilt = preview.get("initial") or [], preview.get("rebuilt") or []
+    why = ""
+    if len(initial) > 1:
+        why = (" (find_unused_parameters: the caps apply from the start)" if capped_from_start else
+               " (gradients of different dtypes, devices or a sparse gradient never share a bucket)")
+    first = (f"Step 0, before the rebuild: {buckets_text(len(initial))}{why}. DDP fills them in "
+             "registration order and reduces the last-registered first (bucket 0 below); each row "
+             "lists its parameters in registration order.")
+    cap, first_cap = preview.get("bucket_cap_bytes") or 0, preview.get("first_bucket_cap_bytes") or 0
+    second = (f"After the rebuild: {buckets_text(len(rebuilt))} in the order gradients became ready, "
+              f"cap {cap / 1024:,.0f} KiB (first bucket {first_cap / 1024:,.0f} KiB); each row "
+              "lists its parameters in that order, the order DDP reduces them.")
+    return first, second
+
+
+def bucket_frame(events: Iterable[Event], step: int | None = None) -> pd.DataFrame:
+    """Buckets of one DDP step (default: the latest complete one), times in ms from backward start.
+
+    Columns: step, rank, bucket_index, nbytes, mib, num_params, ready_ms, comm_start_ms,
+    comm_end_ms, comm_ms, algbw_gbps (bytes / all-reduce time, GB/s = 1e9 B/s).
+    """
+    cols = ["step", "rank", "bucket_index", "nbytes", "mib", "num_params", "ready_ms",
+            "comm_start_ms", "comm_end_ms", "comm_ms", "algbw_gbps"]
+    events = list(events)
+    step = latest_complete_step(events, "bucket") if step is None else step
+    evs = [e for e in of_type(events, "bucket") if e["step"] == step]
+    if not evs:
+        return pd.DataFrame(columns=cols)
+    df = pd.DataFrame([{
+        "step": e["step"], "rank": int(e.get("rank", 0)), "bucket_index": int(e["bucket_index"]),
+        "nbytes": int(e.get("nbytes", 0)), "num_params": e.get("num_params"),
+        "ready_ms": e["ready_s"] * 1000.0, "comm_start_ms": e["comm_start_s"] * 1000.0,
+        "comm_end_ms": e["comm_end_s"] * 1000.0} for e in evs])
+    df["mib"] = df["nbytes"] / MIB
+    df["comm_ms"] = df["comm_end_ms"] - df["comm_start_ms"]
+    secs = (df["comm_ms"] / 1000.0).where(df["comm_ms"] > 0)
+    df["algbw_gbps"] = df["nbytes"] / secs / 1e9
+    return df.sort_values(["rank", "bucket_index"]).reset_index(drop=True)[cols]
+
+
+def backward_frame(events: Iterable[Event], step: int) -> pd.DataFrame:
+    """Backward span of each rank in `step`: rank, start_ms (0), end_ms (= backward_s)."""
+    rows = [{"rank": int(e.get("rank", 0)), "start_ms": 0.0,
+             "end_ms": e.get("backward_s", 0.0) * 1000.0}
+            for e in of_type(events, "step") if e["step"] == step]
+    return pd.DataFrame(rows, columns=["rank", "start_ms", "end_ms"])

@@ -1,0 +1,130 @@
+"""Memory events (docs/events.md) -> frames: the within-step curve of a traced step, and peaks.
+
+A `memory` event is one device in one traced step; its `curve` holds, per source, points of
+``[seconds from the step's start, bytes]``. Sources and what they measure:
+
+- ``tensors``: bytes of the tensor storages this device holds (the engine's live-tensor ledger);
+- ``cuda``: PyTorch's CUDA caching allocator (`memory_allocated`) of this GPU;
+- ``nvml``: NVML's used memory of the same physical GPU (every process on it);
+- ``process``: resident memory of the process (psutil); DP's virtual devices share one process.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import pandas as pd
+
+from app.frames.base import MIB, of_type
+
+Event = dict[str, Any]
+SOURCE_LABELS = {"tensors": "tensors (live-tensor ledger)", "fsdp_tensors": "tensors (at FSDP's hooks)",
+                 "cuda": "cuda allocator", "nvml": "nvml (whole GPU)", "process": "process RSS (psutil)"}
+DEVICE_SOURCES = ("tensors", "fsdp_tensors", "cuda")  # what one device holds
+HOST_SOURCES = ("process", "nvml")  # the whole process / the whole GPU
+SHARED_PROCESS = "all devices (one process)"
+CURVE_COLUMNS = ["run", "step", "device", "source", "source_label", "t_ms", "mib"]
+PEAK_COLUMNS = ["run", "step", "device", "source", "peak_mib", "allocated_mib"]
+
+
+def latest_traced_step(events: Iterable[Event]) -> int | None:
+    """Newest step whose `memory` events came from every device seen so far (DDP ranks report
+    separately, so the newest step may be half there); the newest step seen otherwise."""
+    evs = of_type(events, "memory")
+    if not evs:
+        return None
+    devices = {_who(e) for e in evs}
+    by_step: dict[int, set] = {}
+    for e in evs:
+        by_step.setdefault(e["step"], set()).add(_who(e))
+    done = [s for s, seen in by_step.items() if seen == devices]
+    return max(done) if done else max(by_step)
+
+
+def _who(e: Event) -> tuple:
+    return (e.get("host"), e.get("rank", 0), e.get("device"))
+
+
+def memory_curve_frame(events: Iterable[Event], run: str, step: int | None = None) -> pd.DataFrame:
+    """Every source's points in one traced step (default: `latest_traced_step`), in MiB and ms
+    from the step's start. A process shared by DP's devices appears once, as `SHARED_PROCESS`."""
+    events = list(events)
+    step = latest_traced_step(events) if step is None else step
+    rows: list[dict[str, Any]] = []
+    shared_done = False
+    fsdp = {e.get("device"): e["points"] for e in of_type(events, "fsdp_memory_curve")
+            if e.get("step") == step and e.get("points")}
+    for e in of_type(events, "memory"):
+        if e.get("step") != step:
+            continue
+        curve = e.get("curve")
+        if curve is None and e.get("device") in fsdp:  # FSDP: the points sampled at its hooks
+            pts = fsdp[e["device"]]
+            curve = {"fsdp_tensors": [[p["t_s"], p["tensor_bytes"]] for p in pts],
+                     "process": [[p["t_s"], p["rss_bytes"]] for p in pts if p.get("rss_bytes") is not None]}
+        if curve is None and e.get("allocated_bytes") is not None:  # a one-off reading, no curve
+            curve = {e.get("source", "?"): [[0.0, e["allocated_bytes"]]]}
+        for src, pts in (curve or {}).items():
+            device = e.get("device", "?")
+            if src == "process" and e.get("process_shared"):
+                if shared_done:
+                    continue
+                device, shared_done = SHARED_PROCESS, True
+            rows += [{"run": run, "step": step, "device": device, "source": src,
+                      "source_label": SOURCE_LABELS.get(src, src), "t_ms": t * 1000.0,
+                      "mib": b / MIB} for t, b in pts]
+    return pd.DataFrame(rows, columns=CURVE_COLUMNS)
+
+
+def memory_peak_frame(events: Iterable[Event], run: str) -> pd.DataFrame:
+    """One row per traced step and device: the measured peak and the bytes held at the step's end."""
+    rows = [{"run": run, "step": e.get("step"), "device": e.get("device", "?"),
+             "source": e.get("source", "?"),
+             "peak_mib": _mib(e.get("peak_allocated_bytes", e.get("allocated_bytes"))),
+             "allocated_mib": _mib(e.get("allocated_bytes"))} for e in of_type(events, "memory")]
+    return pd.DataFrame(rows, columns=PEAK_COLUMNS)
+
+
+def _mib(nbytes: float | None) -> float:
+    return float("nan") if nbytes is None else nbytes / MIB
+
+
+def peak_caption(peaks: pd.DataFrame) -> str | None:
+    """"peak X MiB on D; imbalance max/min Y×" over the devices' measured peaks, or None."""
+    per = peaks.dropna(subset=["peak_mib"]).groupby("device")["peak_mib"].max()
+    if len(per) < 2 or per.min() <= 0:
+        return None
+    src = ", ".join(sorted(SOURCE_LABELS.get(s, s) for s in set(peaks["source"])))
+    return (f"measured peak {per.max():.2f} MiB on {per.idxmax()}; imbalance max/min "
+            f"{per.max() / per.min():.2f}× ({src}, over the traced steps shown)")
+
+
+def memory_phase_frame(events: Iterable[Event], step: int | None) -> pd.DataFrame:
+    """Where the phases of `step` fall, ms from the step's start, on device 0 / rank 0: the
+    `phases` its `memory` event carries (DP: the measured phase spans; DDP and single: placed
+    from the step's measured durations), else the same from `dp_phase` or `step` events."""
+    cols = ["phase", "start_ms", "end_ms"]
+    events = list(events)
+    mem = sorted((e for e in of_type(events, "memory") if e.get("step") == step and e.get("phases")),
+                 key=lambda e: (e.get("rank", 0), str(e.get("device"))))
+    if mem:
+        return pd.DataFrame([{"phase": p, "start_ms": a * 1000.0, "end_ms": b * 1000.0}
+                             for p, a, b in mem[0]["phases"]], columns=cols)
+    dp = [e for e in of_type(events, "dp_phase") if e.get("step") == step]
+    if dp:
+        first = min(e.get("device", "") for e in dp)
+        return pd.DataFrame([{"phase": e["phase"], "start_ms": e["start_s"] * 1000.0,
+                              "end_ms": e["end_s"] * 1000.0} for e in dp if e.get("device") == first],
+                            columns=cols)
+    st = [e for e in of_type(events, "step") if e.get("step") == step and e.get("rank", 0) == 0]
+    if not st:
+        return pd.DataFrame(columns=cols)
+    e = st[0]
+    bwd_at = (e["backward_start_ts"] - e["start_ts"] if e.get("backward_start_ts") and e.get("start_ts")
+              else e.get("forward_s", 0.0))
+    bwd_end = bwd_at + e.get("backward_s", 0.0) + e.get("comm_exposed_s", 0.0)
+    total = e.get("step_time_s", bwd_end)
+    spans = [("forward", bwd_at - e.get("forward_s", 0.0), bwd_at), ("backward", bwd_at, bwd_end),
+             ("optimizer", total - e.get("optimizer_s", 0.0), total)]
+    return pd.DataFrame([{"phase": p, "start_ms": a * 1000.0, "end_ms": b * 1000.0}
+                         for p, a, b in spans], columns=cols)

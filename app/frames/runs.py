@@ -1,0 +1,73 @@
+"""Run records -> the Runs table: one row per run, filters, and why a run has no figure.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import pandas as pd
+
+from engine.stages import where_failed
+
+RUN_COLUMNS = ["run_id", "label", "mode", "model", "world_size", "status", "samples_per_s",
+               "note", "created", "pinned"]
+
+
+def no_throughput_reason(run: dict[str, Any]) -> str:
+    """Why a run has no samples/s in its summary (empty when it has one)."""
+    summary = run.get("summary") or {}
+    if summary.get("samples_per_s") is not None:
+        return ""
+    status, done = run.get("status"), int(summary.get("steps_done") or 0)
+    steps = "no step" if done == 0 else f"{done} step(s)"
+    if status == "queued":
+        return "queued: not started yet"
+    if status == "started":
+        return "running: measured when it ends"
+    if status == "canceled":
+        return f"canceled after {steps}"
+    if status == "lost":
+        return "lost: its worker stopped sending heartbeats"
+    if status == "failed":
+        where = where_failed(run.get("error"))
+        return f"failed{f' ({where})' if where else ''} after {steps}"
+    return f"{status or 'unknown'}: no steps measured"
+
+
+def runs_frame(runs: Iterable[dict[str, Any]]) -> pd.DataFrame:
+    """The Runs table: one row per run (newest first), `samples_per_s` from its summary (NaN
+    without one, and `note` says why: `no_throughput_reason`).
+
+    `created` is a timezone-naive local datetime built from `created_at` (unix seconds).
+    """
+    rows = []
+    for r in runs:
+        cfg, summary = r.get("config") or {}, r.get("summary") or {}
+        created = r.get("created_at")
+        rows.append({
+            "run_id": r["run_id"], "label": r.get("label") or "", "mode": cfg.get("mode"),
+            "model": cfg.get("model"), "world_size": cfg.get("world_size"),
+            "status": r.get("status"), "samples_per_s": summary.get("samples_per_s"),
+            "note": no_throughput_reason(r),
+            "created": pd.Timestamp.fromtimestamp(created) if created else pd.NaT,
+            "pinned": bool(r.get("pinned"))})
+    df = pd.DataFrame(rows, columns=RUN_COLUMNS)
+    return df.sort_values("created", ascending=False, na_position="last").reset_index(drop=True)
+
+
+def filter_runs(df: pd.DataFrame, *, statuses: Iterable[str] = (), modes: Iterable[str] = (),
+                models: Iterable[str] = (), text: str = "") -> pd.DataFrame:
+    """Rows of a `runs_frame` that match every filter given (an empty filter matches all).
+
+    `text` is matched case-insensitively against the run id, label and model."""
+    keep = pd.Series(True, index=df.index)
+    for column, wanted in (("status", statuses), ("mode", modes), ("model", models)):
+        wanted = list(wanted)
+        if wanted:
+            keep &= df[column].isin(wanted)
+    needle = text.strip().lower()
+    if needle:
+        hay = (df["run_id"].astype(str) + " " + df["label"].astype(str) + " "
+               + df["model"].astype(str)).str.lower()
+        keep &= hay.str.contains(needle, regex=False)
+    return df[keep].reset_index(drop=True)

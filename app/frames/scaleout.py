@@ -1,0 +1,102 @@
+"""Pure transforms for the Scale-out page: a `workers.scaleout.report` -> DataFrames.
+
+Every predicted row carries ``kind = "predicted"`` and every measured one ``kind = "measured"``,
+so no chart can draw a prediction without saying so. Times in ms, sizes in bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from app.frames import base as frames
+from app.frames import buckets as fb
+
+Report = dict[str, Any]
+PRED_COLUMNS = ["mode", "series", "kind", "world_size", "nnodes", "samples_per_s", "efficiency",
+                "step_time_ms", "comm_ms", "busiest_bytes"]
+LANE = "predicted"  # the model's ranks are identical: one lane stands for every rank
+
+
+def series(mode: str, kind: str) -> str:
+    return f"{mode.upper()} ({kind})"
+
+
+def prediction_frame(rep: Report) -> pd.DataFrame:
+    """One row per predicted (mode, world size). `comm_ms`: DDP's exposed all-reduce, DP's four
+    copy phases; `busiest_bytes`: DDP's bytes per rank, DP's device 0 (sent + received)."""
+    rows = [{"mode": p["mode"], "series": series(p["mode"], "predicted"), "kind": "predicted",
+             "world_size": p["world_size"], "nnodes": p.get("nnodes", 1),
+             "samples_per_s": p["samples_per_s"], "efficiency": p["efficiency"],
+             "step_time_ms": p["step_time_s"] * 1e3,
+             "comm_ms": 1e3 * (p["comm_exposed_s"] if p["mode"] == "ddp" else p.get("comm_s", 0.0)),
+             "busiest_bytes": p.get("bytes_per_rank", p.get("device0_bytes", 0.0))}
+            for p in rep.get("predictions") or []]
+    return pd.DataFrame(rows, columns=PRED_COLUMNS)
+
+
+def measured_frame(rep: Report, single_samples_per_s: float | None) -> pd.DataFrame:
+    """Real runs of the same config: samples/s and, when the set has a single-device baseline,
+    efficiency = samples/s ÷ (n · the baseline's samples/s)."""
+    rows = []
+    for m in rep.get("measured") or []:
+        eff = m["samples_per_s"] / (m["world_size"] * single_samples_per_s) if single_samples_per_s else None
+        rows.append({"mode": m["mode"], "series": series(m["mode"], "measured"), "kind": "measured",
+                     "world_size": m["world_size"], "nnodes": 1, "samples_per_s": m["samples_per_s"],
+                     "efficiency": eff, "step_time_ms": (m.get("step_time_s") or 0) * 1e3,
+                     "comm_ms": None, "busiest_bytes": None, "run_id": m["run_id"]})
+    return pd.DataFrame(rows, columns=PRED_COLUMNS + ["run_id"])
+
+
+def validation_frame(rep: Report) -> pd.DataFrame:
+    """Predicted vs measured per real run: ms, samples/s and the errors in %."""
+    cols = ["run", "mode", "world size", "measured step (ms)", "predicted step (ms)", "step error %",
+            "measured samples/s", "predicted samples/s", "samples/s error %"]
+    rows = [[v["run_id"], v["mode"], v["world_size"], v["measured_step_time_s"] * 1e3,
+             v["predicted_step_time_s"] * 1e3, v["step_time_error_pct"], v["measured_samples_per_s"],
+             v["predicted_samples_per_s"], v["samples_per_s_error_pct"]] for v in rep.get("validation") or []]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def ddp_row(rep: Report, world_size: int) -> dict[str, Any] | None:
+    return next((p for p in rep.get("predictions") or []
+                 if p["mode"] == "ddp" and p["world_size"] == world_size), None)
+
+
+def timeline_frames(row: dict[str, Any]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(buckets, backward, exposed) frames of a predicted DDP step, shaped like the Bucket
+    timeline page's (`app.frames.buckets.bucket_frame`, `app.frames.buckets.backward_frame`, `app.frames.buckets.exposed_frame`)
+    with one lane, `LANE`."""
+    events = [dict(type="bucket", step=0, rank=0, num_params=None, **{k: b[k] for k in (
+        "bucket_index", "nbytes", "ready_s", "comm_start_s", "comm_end_s")}) for b in row["buckets"]]
+    steps = [dict(type="step", step=0, rank=0, backward_s=row["backward_s"],
+                  comm_exposed_s=row["comm_exposed_s"])]
+    buckets = fb.bucket_frame(events, 0)
+    names = {0: LANE}
+    return (fb.with_rank_names(buckets, names), fb.with_rank_names(fb.backward_frame(steps, 0), names),
+            fb.with_rank_names(fb.exposed_frame(buckets, steps), names))
+
+
+def bytes_frame(rep: Report) -> pd.DataFrame:
+    """Bytes per step on the busiest device as n grows, predicted: DP's device 0 against a DDP
+    rank. Columns: series, world_size, busiest_bytes, mib."""
+    pred = prediction_frame(rep)
+    out = pred[["series", "mode", "world_size", "busiest_bytes"]].copy()
+    out["mib"] = out["busiest_bytes"] / frames.MIB
+    return out.reset_index(drop=True)
+
+
+def crossover(rep: Report) -> int | None:
+    """The smallest predicted world size > 1 from which DDP's samples/s beats DP's for good
+    (None if DP never falls behind, or one mode is missing)."""
+    pred = prediction_frame(rep)
+    wide = pred.pivot_table(index="world_size", columns="mode", values="samples_per_s")
+    if not {"dp", "ddp"} <= set(wide.columns):
+        return None
+    wide = wide.dropna()
+    ahead = (wide["ddp"] > wide["dp"])[wide.index > 1]
+    for n in ahead.index:
+        if ahead.loc[n:].all():
+            return int(n)
+    return None

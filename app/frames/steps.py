@@ -1,0 +1,103 @@
+"""Step events -> frames: throughput, the step-time split, validation, bytes per device.
+
+One row per optimizer step (DDP: the mean over ranks); times in ms, bytes in MiB.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import pandas as pd
+
+from app.frames.base import Event, mib, of_type
+from engine.summary import run_steps, steady_positions
+
+STEP_COLUMNS = ["run", "step", "samples", "samples_per_s", "samples_per_s_smooth", "step_time_ms",
+                "forward_ms", "backward_ms", "comm_exposed_ms", "optimizer_ms", "loss", "instrument"]
+
+
+SMOOTH_STEPS = 9  # rolling-median window of `samples_per_s_smooth`, steps
+
+
+_STEP_PARTS = {"forward_ms": "forward_s", "backward_ms": "backward_s",
+               "comm_exposed_ms": "comm_exposed_s", "optimizer_ms": "optimizer_s"}
+
+
+SPLIT_PARTS = ["forward", "backward", "exposed comm", "optimizer", "other"]
+
+
+def steps_frame(events: Iterable[Event], run: str) -> pd.DataFrame:
+    """One row per optimizer step of one run (times in ms): `engine.summary.run_steps`, the one
+    rule for a run's step (DDP: the mean over ranks; samples_per_s = samples / that time), so
+    every page reads the numbers the run's summary reads."""
+    rows = run_steps(of_type(events, "step"))
+    if not rows:
+        return pd.DataFrame(columns=STEP_COLUMNS)
+    g = pd.DataFrame(rows)
+    out = pd.DataFrame({"run": run, "step": g["step"].astype(int), "samples": g["samples"]})
+    out["samples_per_s"] = pd.to_numeric(g["samples_per_s"], errors="coerce")
+    out["samples_per_s_smooth"] = out["samples_per_s"].rolling(SMOOTH_STEPS, min_periods=1).median()
+    out["step_time_ms"] = g["step_time_s"] * 1000.0
+    for col, src in _STEP_PARTS.items():
+        out[col] = g[src] * 1000.0
+    out["loss"] = pd.to_numeric(g["loss"], errors="coerce")
+    out["instrument"] = g["instrument"].astype(bool)
+    return out[STEP_COLUMNS]
+
+
+def steady_steps(steps: pd.DataFrame) -> pd.DataFrame:
+    """The rows of each run that its medians use: `engine.summary.steady_positions`, the run
+    summary's own rule (warm-up skipped; steps carrying the instrument's own work left out while
+    half the steps remain)."""
+    parts = []
+    for _, df in steps.groupby("run", sort=False):
+        df = df.sort_values("step")
+        parts.append(df.iloc[steady_positions(df["instrument"].astype(bool).tolist())])
+    return pd.concat(parts, ignore_index=True) if parts else steps
+
+
+def split_frame(steps: pd.DataFrame) -> pd.DataFrame:
+    """Median step-time split per run over its steady steps (`steady_steps`): columns run, part,
+    ms, order. `steps` is `steps_frame` output (one or several runs). `other` is the step time the
+    four parts do not cover (data loading, synchronisation), clipped at 0.
+    """
+    cols = ["run", "part", "ms", "order"]
+    if steps.empty:
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for run, df in steady_steps(steps).groupby("run", sort=False):
+        med = df.median(numeric_only=True)
+        parts = [med["forward_ms"], med["backward_ms"], med["comm_exposed_ms"], med["optimizer_ms"]]
+        parts.append(max(0.0, med["step_time_ms"] - sum(parts)))
+        rows += [{"run": run, "part": p, "ms": float(v), "order": i}
+                 for i, (p, v) in enumerate(zip(SPLIT_PARTS, parts))]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def eval_frame(events: Iterable[Event], run: str) -> pd.DataFrame:
+    """One row per `eval` event of one run: run, step, val_accuracy (0-1), val_loss."""
+    cols = ["run", "step", "val_accuracy", "val_loss"]
+    rows = [{"run": run, "step": e.get("step"), "val_accuracy": e.get("val_accuracy"),
+             "val_loss": e.get("val_loss")} for e in of_type(events, "eval")]
+    return pd.DataFrame(rows, columns=cols)
+
+
+UNLABELLED = "unlabelled (older run)"  # comm_volume events written before `volume_source`
+
+
+def comm_volume_frame(events: Iterable[Event]) -> pd.DataFrame:
+    """Bytes each device sent/received in the latest step, beside the theory, in MiB.
+
+    `source` is the event's `volume_source` up to its first colon: "measured" (DP: the bytes of
+    the tensors copied), "derived (ring all-reduce)" (DDP: bytes handed to all-reduce × 2(n−1)/n)
+    or "derived (collective bytes x wire factor)" (FSDP)."""
+    cols = ["device", "sent_mib", "recv_mib", "theory_sent_mib", "theory_recv_mib", "source"]
+    evs = of_type(events, "comm_volume")
+    if not evs:
+        return pd.DataFrame(columns=cols)
+    last = max(e["step"] for e in evs)
+    rows = [{"device": e.get("device", "?"),
+             **{c: mib(e.get(c.replace("_mib", "_bytes"))) for c in cols[1:-1]},
+             "source": (e.get("volume_source") or UNLABELLED).split(":")[0]}
+            for e in evs if e["step"] == last]
+    return pd.DataFrame(rows, columns=cols).sort_values("device").reset_index(drop=True)

@@ -1,0 +1,98 @@
+"""Pure transforms for the Learn page: who talks to whom, with the bytes each link carried.
+
+From a run's `comm_volume` events of its latest step:
+
+- DP (star): device 0 is the hub. Device i > 0 exchanges data only with device 0 (weights
+  broadcast and inputs scattered to it; outputs gathered and gradients reduced from it), so
+  the link 0–i carries device i's sent + received bytes.
+- DDP (ring all-reduce): rank i sends to rank i+1 (mod n) and receives from rank i−1; each
+  link i→i+1 carries rank i's sent bytes, 2(n−1)/n · P per step.
+
+Nodes sit on a unit circle (the DP hub in the centre), so the chart needs no layout engine.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import pandas as pd
+
+from app.frames import base as frames
+
+NODE_COLUMNS = ["node", "label", "role", "x", "y"]
+EDGE_COLUMNS = ["link", "x", "y", "x2", "y2", "mx", "my", "ax", "ay", "lx", "ly", "mib", "label",
+                "angle"]
+_LABEL_GAP = 0.2  # a link's label sits this far to the right of its middle (unit-circle units)
+ROLES = ["hub (device 0)", "replica (device 1..n−1)", "rank"]
+_PAIR_OFFSET = 0.07  # two ranks: draw 0→1 and 1→0 side by side, not on top of each other
+
+
+def latest_volume(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The `comm_volume` events of the latest step, by device/rank order."""
+    evs = frames.of_type(events, "comm_volume")
+    if not evs:
+        return []
+    last = max(e["step"] for e in evs)
+    return sorted((e for e in evs if e["step"] == last),
+                  key=lambda e: (e.get("rank", 0), str(e.get("device"))))
+
+
+def _circle(n: int, i: int) -> tuple[float, float]:
+    a = math.pi / 2 - 2 * math.pi * i / max(n, 1)  # first node on top, clockwise
+    return math.cos(a), math.sin(a)
+
+
+def star(volume: list[dict[str, Any]]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """DP's star: nodes (hub in the centre) and one edge per device i > 0."""
+    if not volume:
+        return pd.DataFrame(columns=NODE_COLUMNS), pd.DataFrame(columns=EDGE_COLUMNS)
+    devices = [str(e.get("device")) for e in volume]
+    others = devices[1:]
+    nodes = [{"node": devices[0], "label": devices[0], "role": ROLES[0], "x": 0.0, "y": 0.0}]
+    edges = []
+    for i, (dev, e) in enumerate(zip(others, volume[1:])):
+        x, y = _circle(len(others), i)
+        nodes.append({"node": dev, "label": dev, "role": ROLES[1], "x": x, "y": y})
+        mib = ((e.get("sent_bytes") or 0) + (e.get("recv_bytes") or 0)) / frames.MIB
+        edges.append(_edge(f"{devices[0]} ↔ {dev}", (0.0, 0.0), (x, y), mib, 0.0))
+    return pd.DataFrame(nodes, columns=NODE_COLUMNS), pd.DataFrame(edges, columns=EDGE_COLUMNS)
+
+
+def ring(volume: list[dict[str, Any]], names: dict[int, str] | None = None
+         ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """DDP's ring: a node per rank on the circle, a directed edge rank i → rank i+1."""
+    if not volume:
+        return pd.DataFrame(columns=NODE_COLUMNS), pd.DataFrame(columns=EDGE_COLUMNS)
+    names = names or {}
+    n = len(volume)
+    pos = [_circle(n, i) for i in range(n)]
+    nodes = [{"node": f"rank {e.get('rank', i)}", "label": names.get(e.get("rank", i),
+                                                                     f"rank {e.get('rank', i)}"),
+              "role": ROLES[2], "x": pos[i][0], "y": pos[i][1]} for i, e in enumerate(volume)]
+    edges = []
+    if n > 1:
+        for i, e in enumerate(volume):
+            j = (i + 1) % n
+            mib = (e.get("sent_bytes") or 0) / frames.MIB
+            edges.append(_edge(f"rank {i} → rank {j}", pos[i], pos[j], mib,
+                               _PAIR_OFFSET if n == 2 else 0.0))
+    return pd.DataFrame(nodes, columns=NODE_COLUMNS), pd.DataFrame(edges, columns=EDGE_COLUMNS)
+
+
+def _edge(link: str, a: tuple[float, float], b: tuple[float, float], mib: float,
+          offset: float) -> dict[str, Any]:
+    """An edge from a to b, shifted `offset` to its right (so a→b and b→a do not overlap), with
+    its midpoint, a point 70% along (arrow head), a label spot to its right and the bearing
+    (degrees clockwise from up) of its direction."""
+    dx, dy = b[0] - a[0], b[1] - a[1]
+    length = math.hypot(dx, dy) or 1.0
+    rx, ry = dy / length, -dx / length  # unit vector to the right of a→b
+    ox, oy = rx * offset, ry * offset
+    x, y, x2, y2 = a[0] + ox, a[1] + oy, b[0] + ox, b[1] + oy
+    return {"link": link, "x": x, "y": y, "x2": x2, "y2": y2,
+            "mx": x + 0.5 * (x2 - x), "my": y + 0.5 * (y2 - y),
+            "ax": x + 0.7 * (x2 - x), "ay": y + 0.7 * (y2 - y),
+            "lx": x + 0.5 * (x2 - x) + rx * _LABEL_GAP, "ly": y + 0.5 * (y2 - y) + ry * _LABEL_GAP,
+            "mib": mib,
+            "label": f"{mib:.2f} MiB", "angle": math.degrees(math.atan2(dx, dy)) % 360}

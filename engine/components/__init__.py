@@ -1,0 +1,8 @@
+"""Pieces every training mode shares.
+
+    training    loss, optimizer, evaluation, parameter checksums, CPU threads per device/rank
+    loop        the step loop: stop checks, step events, evaluation, memory samples
+    preflight   checks on the model and data before any rank process starts
+    devices     which devices a run uses (`DevicePlan`), checked before any process starts
+    faults      fault injection: one rank or device thread fails (or diverges) at a chosen step
+"""

@@ -1,0 +1,52 @@
+"""Fault injection: make one rank (DDP) or device thread (DP) fail at a chosen step.
+
+A teaching feature and the driver of the reliability tests: `raise` throws, `kill` SIGKILLs the
+process (in DP that is the whole run: one process), `hang` sleeps until the collective timeout of
+the other ranks ends the run (DDP only), `diverge` nudges one replica's weights: in DDP after its
+optimizer step, and DDP's replica check then fails the run; in DP right after the step's broadcast,
+so that replica computes the step's gradient with drifted weights and is thrown away with the
+step's replicas (DP rebuilds them from device 0 every step; engine/modes/dp/emulated.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from engine.config import RunConfig
+
+HANG_S = 3600.0  # long enough that only the collective timeout (or a cancel) ends it
+
+
+class InjectedFault(RuntimeError):
+    """The failure asked for with `fault=raise`; `.rank` is the rank or device that raised."""
+
+    def __init__(self, message: str, rank: int):
+        self.rank = rank
+        super().__init__(message)
+
+
+DIVERGE_NUDGE = 1e-3  # added to every weight of the diverging replica
+
+
+def maybe_diverge(cfg: RunConfig, rank: int, step: int, model) -> None:
+    """With `fault=diverge`, nudge this replica's parameters so it no longer matches the others."""
+    if cfg.fault == "diverge" and rank == cfg.fault_rank and step == cfg.fault_step:
+        import torch
+
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(DIVERGE_NUDGE)
+
+
+def maybe_fail(cfg: RunConfig, rank: int, step: int) -> None:
+    """Fail here if `cfg` asks for a fault on this rank at this step."""
+    if cfg.fault == "none" or rank != cfg.fault_rank or step != cfg.fault_step:
+        return
+    if cfg.fault == "raise":
+        raise InjectedFault(f"injected fault: rank {rank} raised at step {step}", rank)
+    if cfg.fault == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if cfg.fault == "hang":
+        time.sleep(HANG_S)

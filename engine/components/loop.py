@@ -1,0 +1,60 @@
+"""The step loop every mode shares: stop checks, step events, evaluation, memory samples.
+
+A mode supplies `train_step(step) -> dict` (the `step` event's measures, see `step_fields`) and
+optional callbacks; `drive` does the rest, so single, DP and each DDP rank report identically.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from engine.components.training import should_eval
+from engine.config import RunConfig
+from engine.measure.telemetry import Telemetry, should_sample_memory
+from engine.measure.turns import gate_from_env
+
+
+class Canceled(Exception):
+    """The run was asked to stop (`should_stop()` returned True)."""
+
+
+def drive(cfg: RunConfig, tel: Telemetry, train_step: Callable[[int], dict[str, Any]], *,
+          should_stop: Callable[[], bool] | None = None,
+          evaluate: Callable[[], tuple[float, float]] | None = None,
+          memory: Callable[[int], None] | None = None,
+          check_sync: Callable[[int], None] | None = None,
+          first_step: int = 0) -> int:
+    """Run steps `first_step..cfg.steps-1`; returns the number of steps done.
+
+    Raises:
+        Canceled: when `should_stop()` turns True between steps.
+        Exception: whatever a step raised, with `.step` set to that step (for the run's error).
+    """
+    step = first_step
+    gate = gate_from_env(tel.run_id, tel.rank)  # None except under a turn-taking harness (engine.measure.turns)
+    for step in range(first_step, cfg.steps):
+        if gate is not None:
+            gate.at_step(step)
+        if should_stop is not None and should_stop():
+            raise Canceled(f"canceled before step {step}")
+        try:
+            fields = train_step(step)
+        except Exception as exc:
+            if getattr(exc, "step", None) is None:
+                exc.step = step
+            raise
+        tel.emit("step", step=step, **fields)
+        if memory is not None and should_sample_memory(step, cfg.steps):
+            memory(step)
+        if should_eval(cfg, step):
+            if evaluate is not None:
+                val_loss, val_acc = evaluate()
+                tel.emit("eval", step=step, val_loss=val_loss, val_accuracy=val_acc)
+            if check_sync is not None:
+                check_sync(step)
+        if cfg.step_delay_s:
+            time.sleep(cfg.step_delay_s)
+    if gate is not None:
+        gate.at_end()
+    return cfg.steps - first_step

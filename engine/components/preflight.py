@@ -1,0 +1,153 @@
+"""Checks on the model and data before any rank process starts.
+
+Each failure is a `PreflightError` naming the field and the cause, so a mistake surfaces as one
+sentence instead of a hang or a C++ traceback from inside DDP's reducer.
+
+The checks run the model once, forward and backward, on a real micro-batch: the first one device
+0 (DP, single) or rank 0 (DDP) trains on (`probe_batch`), so a model that needs its real batch
+size (e.g. BatchNorm on half a batch) sees it. The probe leaves the model as it found it: its
+buffers (BatchNorm's running statistics) are restored and the random number generators are
+forked, so single and DP runs, which train this very module, start exactly where DDP's ranks do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+import torch.nn as nn
+
+from engine.components.devices import PreflightError
+from engine.components.training import OUTPUT_RULE, logits_of, loss_fn
+from engine.config import RunConfig
+from engine.data import BatchPlan
+
+
+def probe_batch(cfg: RunConfig, ds) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first micro-batch of device 0 / rank 0: `cfg.micro_batch_per_device` samples (DP,
+    DDP), or the whole global micro-batch for `mode=single` (one device gets all of it).
+
+    Raises:
+        PreflightError: the dataset is too small for one such batch (field global_batch_size).
+    """
+    try:
+        plan = BatchPlan(len(ds), cfg.world_size, cfg.micro_batch_per_device, cfg.seed)
+    except ValueError as exc:
+        raise PreflightError("global_batch_size", str(exc)) from None
+    idx = plan.global_indices(0) if cfg.mode == "single" else plan.rank_indices(0, 0)
+    return ds.x_train[idx], ds.y_train[idx]
+
+
+@contextlib.contextmanager
+def probing(model: nn.Module) -> Iterator[nn.Module]:
+    """Run a probe forward/backward on `model` without leaving a trace: gradients cleared,
+    buffers restored, RNG state (CPU and CUDA) restored, train/eval mode kept."""
+    saved = {name: b.detach().clone() for name, b in model.named_buffers()}
+    was_training = model.training
+    model.zero_grad(set_to_none=True)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            model.train()
+            yield model
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                if name in saved and saved[name].shape == b.shape:
+                    b.copy_(saved[name])
+
+
+def ddp_tolerates_unused(cfg: RunConfig) -> bool:
+    """Whether DDP, as configured, trains a model some of whose parameters get no gradient.
+
+    `find_unused_parameters=True` finds them every iteration (`Reducer::prepare_for_backward`);
+    `static_graph=True` records them in the first iteration (`Reducer::delay_all_reduce`) and
+    marks them ready from then on, as long as the same ones stay unused
+    (torch/nn/parallel/distributed.py, `static_graph`). Otherwise the reducer waits for their
+    buckets and the next iteration fails.
+    """
+    return cfg.find_unused_parameters or cfg.static_graph
+
+
+def unused_parameters(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[str]:
+    """Names of trainable parameters that get no gradient from one forward/backward on (x, y).
+
+    The model is left as found (`probing`).
+    """
+    with probing(model):
+        loss_fn(model(x), y).backward()
+        return [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+
+
+def check_labels(logits: torch.Tensor, y: torch.Tensor, ds) -> None:
+    """Labels must be class ids in [0, C) for a model with C logits, shaped like the logits
+    without their last dimension (what `torch.nn.functional.cross_entropy` needs).
+
+    Raises:
+        PreflightError: field ``dataset``, naming the labels found and the model's C.
+    """
+    n_out = logits.size(-1)
+    if tuple(logits.shape[:-1]) != tuple(y.shape):
+        raise PreflightError("dataset", f"labels must have the model output's shape without its last "
+                             f"dimension: the model returns logits {tuple(logits.shape)} for labels "
+                             f"{tuple(y.shape)} of dataset '{ds.name}'")
+    if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+        raise PreflightError("dataset", f"labels must be integer class ids (torch.long); dataset "
+                             f"'{ds.name}' has {y.dtype} labels")
+    labels = torch.cat([ds.y_train.reshape(-1), ds.y_val.reshape(-1)])
+    lo, hi = int(labels.min()), int(labels.max())
+    if lo < 0 or hi >= n_out:
+        raise PreflightError("dataset", f"labels must be class ids in [0, {n_out}) for a model with "
+                             f"{n_out} outputs; dataset '{ds.name}' has labels {lo}..{hi} "
+                             f"({hi + 1} classes). Give the model {hi + 1} outputs, or the data "
+                             f"{n_out} classes")
+
+
+def probe_output(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The logits of one probe forward (no gradients kept).
+
+    Raises:
+        PreflightError: field ``model``, when the output has no logits in a supported place.
+    """
+    with probing(model), torch.no_grad():
+        try:
+            return logits_of(model(x))
+        except TypeError as exc:
+            if OUTPUT_RULE in str(exc):
+                raise PreflightError("model", str(exc)) from None
+            raise
+
+
+def check_model(cfg: RunConfig, model: nn.Module, ds) -> None:
+    """Refuse models DP/DDP cannot train as configured.
+
+    Raises:
+        PreflightError: no trainable parameters; a zero-size parameter; SyncBatchNorm with DP or on
+            CPU; an output without logits where `logits_of` looks; labels outside the model's
+            outputs; a parameter that never receives a gradient when DDP, as configured, does not
+            tolerate one (`ddp_tolerates_unused`: it would wait forever for its bucket).
+    """
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not params:
+        raise PreflightError("model", f"model '{cfg.model}' has no trainable parameters")
+    empty = [n for n, p in params if p.numel() == 0]
+    if empty:
+        raise PreflightError("model", f"model '{cfg.model}' has zero-size parameters: {', '.join(empty)}")
+    if any(isinstance(m, nn.SyncBatchNorm) for m in model.modules()):
+        if cfg.mode == "dp":
+            raise PreflightError("mode", "SyncBatchNorm works only with DDP, not DP")
+        if cfg.device != "cuda":
+            raise PreflightError("device", "SyncBatchNorm needs CUDA devices; on CPU use BatchNorm")
+    x, y = probe_batch(cfg, ds)
+    check_labels(probe_output(model, x), y, ds)
+    if cfg.mode == "ddp" and not ddp_tolerates_unused(cfg):
+        unused = unused_parameters(model, x, y)
+        if unused:
+            raise PreflightError(
+                "find_unused_parameters",
+                f"parameters never receive a gradient: {', '.join(unused[:8])}"
+                f"{' ...' if len(unused) > 8 else ''}; DDP would wait for them forever. "
+                "Set find_unused_parameters=true (or static_graph=true if the same ones are "
+                "always unused), or remove them from the model")

@@ -1,0 +1,7 @@
+"""Runs that measure the instrument itself, or several runs side by side.
+
+    compare      `ddpviz compare`: single, DP, DDP (and FSDP) on one config, side by side
+    overhead     plain torch DDP against ddpviz's DDP on the same work, taking turns
+    interleaved  several ddpviz runs started at once, training in turns
+    gpu_checks   the torch side of `ddpviz doctor --gpu`: probes of the CUDA paths
+"""

@@ -1,0 +1,259 @@
+"""What the instrument costs: plain torch DDP against ddpviz's instrumented DDP on the same work.
+
+`measure_overhead(cfg)` runs (a) a plain DDP loop — PyTorch's built-in all-reduce, no comm hook,
+no events, no per-step synchronisation — in rank processes of its own, and (b) `ddpviz` DDP
+(`engine.run.run_training`, mode ddp) with the same model, seed, data shards, batch, optimizer,
+bucket cap, backend and threads, **at the same time, taking turns** (`engine.measure.turns`): each side
+trains a block of `block_steps` steps while the other waits blocked on a socket, in the order
+plain, ddpviz, ddpviz, plain, plain, ddpviz, ... (ABBA, so neither side always goes first). One
+round is one block of each side, adjacent in time. On this 2-core VM the same loop's step time
+drifts 30-60% over seconds, so whole runs one after another (the previous harness) measured the
+machine: its rounds ranged 0.93-1.8x on one build; blocks a fraction of a second apart do not.
+
+Step time: the interval between consecutive step starts on rank 0 within a block (ddpviz:
+`start_ts` of its `step` events; plain: the same clock, `wall_ts(perf_counter())`), so it
+includes whatever runs between steps; each block's first interval (after a wait) is dropped and
+its median taken. A round's ratio is ddpviz's block median over plain's; the reported `ratio` is
+the median of the rounds' ratios, with a 90% bootstrap interval over rounds. The first
+`warmup_blocks` blocks of each side are not counted. Background work of the idle side keeps
+running during the other side's blocks (ddpviz's memory timer, its rank event flushes and its
+launcher's file follower), so their cost, a few ms of CPU per second, is shared by both sides.
+
+Also returned: the largest difference between the two sides' final parameters (0 up to float
+rounding when both did the same work), so a ratio is never reported for different work.
+Works on CPU (gloo) and CUDA (NCCL, world_size <= GPUs; the plain side synchronises at block
+ends so a block's GPU work stays in its block).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import statistics
+import tempfile
+import threading
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from engine.config import RunConfig
+from engine.measure.telemetry import now, wall_ts
+from engine.measure.turns import GATE_ENV, TurnController, gate_from_env
+from engine.modes.ranks import join_process_group, start_rank_processes
+
+DEFAULT_BLOCK_STEPS = 50
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def _plain_rank(rank: int, cfg_dict: dict, backend: str, device_kind: str, init_file: str,
+                out_dir: str) -> None:
+    """One rank of the plain loop (`start_rank_processes` target); takes turns when the
+    environment holds `engine.measure.turns.GATE_ENV`."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from engine.components.training import autocast, cpu_threads_per_rank, flat_params, loss_fn, make_optimizer
+    from engine.data import BatchPlan, load_dataset
+    from engine.models import build_model
+    from engine.modes.ddp.buckets import ddp_bucket_cap_arg
+
+    cfg = RunConfig(**cfg_dict)
+    world, accum = cfg.world_size, cfg.grad_accum_steps
+    if device_kind == "cuda":
+        torch.cuda.set_device(rank)
+        device = torch.device(f"cuda:{rank}")
+    else:
+        torch.set_num_threads(cpu_threads_per_rank(world))
+        device = torch.device("cpu")
+    join_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=cfg.collective_timeout_s))
+    try:
+        ds = load_dataset(cfg)
+        model = build_model(cfg, ds).to(device).train()
+        ddp = DDP(model, device_ids=[rank] if device_kind == "cuda" else None,
+                  bucket_cap_mb=ddp_bucket_cap_arg(cfg), gradient_as_bucket_view=cfg.gradient_as_bucket_view,
+                  static_graph=cfg.static_graph, find_unused_parameters=cfg.find_unused_parameters)
+        opt = make_optimizer(cfg, ddp.parameters())
+        plan = BatchPlan(len(ds), world, cfg.micro_batch_per_device, cfg.seed)
+        gate = gate_from_env("plain", rank)
+        starts = []
+        for step in range(cfg.steps):
+            if gate is not None:
+                if device_kind == "cuda" and step % gate.block_steps == 0:
+                    torch.cuda.synchronize(device)  # the last block's GPU work ends in its block
+                gate.at_step(step)
+            starts.append(wall_ts(now()))
+            for micro in range(accum):
+                idx = plan.rank_indices(step * accum + micro, rank)
+                x, y = ds.x_train[idx].to(device), ds.y_train[idx].to(device)
+                with contextlib.nullcontext() if micro == accum - 1 else ddp.no_sync():
+                    with autocast(cfg, device.type):
+                        loss = loss_fn(ddp(x), y) / accum
+                    loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=not cfg.gradient_as_bucket_view)
+        if device_kind == "cuda":
+            torch.cuda.synchronize(device)
+        if gate is not None:
+            gate.at_end()
+        if rank == 0:
+            Path(out_dir, "plain.json").write_text(json.dumps({"step_starts": starts}))
+            torch.save(flat_params(model), Path(out_dir, "plain_params.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _ddpviz_run(cfg: RunConfig, run_id: str) -> tuple[list[float], torch.Tensor]:
+    """Run `cfg` as ddpviz DDP; rank 0's step starts (unix s) and final parameters.
+
+    Raises:
+        RuntimeError: the run did not succeed (its error included).
+    """
+    from engine.events import ListSink
+    from engine.run import run_training
+
+    sink = ListSink()
+    result = run_training(cfg, sink, run_id)
+    if result.status != "succeeded":
+        raise RuntimeError(f"ddpviz DDP run {result.status}: {(result.error or {}).get('exception')}")
+    steps = sorted((e for e in sink.of_type("step") if e.get("rank", 0) == 0), key=lambda e: e["step"])
+    return [e["start_ts"] for e in steps], result.final_params
+
+
+def block_medians(step_starts: list[float], block_steps: int) -> list[float]:
+    """Median step interval (s) of each block: the intervals between consecutive step starts
+    inside the block, the first one (right after the wait for a turn) dropped.
+
+    Args:
+        step_starts: every step's start time, in step order (len = blocks x block_steps).
+        block_steps: steps per block (>= 4, so each block keeps >= 2 intervals).
+
+    Raises:
+        ValueError: block_steps < 4, or the starts are not a whole number of blocks.
+    """
+    if block_steps < 4:
+        raise ValueError(f"block_steps must be >= 4 (got {block_steps})")
+    if len(step_starts) % block_steps:
+        raise ValueError(f"{len(step_starts)} step starts are not a whole number of {block_steps}-step blocks")
+    out = []
+    for b in range(0, len(step_starts), block_steps):
+        s = step_starts[b:b + block_steps]
+        out.append(statistics.median([t1 - t0 for t0, t1 in zip(s, s[1:])][1:]))
+    return out
+
+
+def turn_order(blocks: int, a: str = "plain", b: str = "ddpviz") -> list[str]:
+    """Which side trains each block: a, b, b, a, a, b, ... (ABBA), `blocks` of each."""
+    order: list[str] = []
+    for k in range(blocks):
+        order += [a, b] if k % 2 == 0 else [b, a]
+    return order
+
+
+def median_interval(ratios: list[float], level: float = 0.90, seed: int = 0) -> list[float]:
+    """Percentile-bootstrap interval of the median of `ratios` (`BOOTSTRAP_RESAMPLES` resamples)."""
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(BOOTSTRAP_RESAMPLES))
+    lo = meds[int((1 - level) / 2 * (len(meds) - 1))]
+    hi = meds[int((1 + level) / 2 * (len(meds) - 1))]
+    return [lo, hi]
+
+
+def measure_overhead(cfg: RunConfig, rounds: int = 10, block_steps: int = DEFAULT_BLOCK_STEPS,
+                     warmup_blocks: int = 1) -> dict[str, Any]:
+    """Plain vs ddpviz DDP on `cfg`, taking turns block by block (module docstring).
+
+    `cfg`'s mode is forced to ddp, with no step delay, evaluation only at the end, no probe, and
+    steps = (warmup_blocks + rounds) x block_steps (its own `steps` is not used).
+
+    Returns:
+        JSON-able dict: ``ratio`` (median over rounds of ddpviz / plain block median),
+        ``ratio_interval_90`` (bootstrap), ``plain_median_step_s``, ``ddpviz_median_step_s``
+        (medians over the counted blocks), ``rounds`` (per round: each side's block median and
+        the ratio, in the order run), ``schedule`` ([side, released, done] per block, unix s),
+        ``block_spans`` (per side, each block's first and last step start, unix s),
+        ``max_param_diff`` (final parameters, plain vs ddpviz), ``backend``, ``device_kind``,
+        ``config``, ``source``.
+
+    Raises:
+        ValueError: rounds < 1, warmup_blocks < 0, block_steps < 4, or nnodes > 1.
+        RuntimeError: a side failed (the ddpviz run's error, or the plain rank's).
+    """
+
+    from engine.components.devices import resolve_plan
+
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1 (got {rounds})")
+    if warmup_blocks < 0:
+        raise ValueError(f"warmup_blocks must be >= 0 (got {warmup_blocks})")
+    if block_steps < 4:
+        raise ValueError(f"block_steps must be >= 4 (got {block_steps})")
+    if cfg.nnodes != 1:
+        raise ValueError(f"nnodes must be 1 for the overhead measurement (got {cfg.nnodes})")
+    blocks = warmup_blocks + rounds
+    cfg = cfg.model_copy(update=dict(mode="ddp", step_delay_s=0.0, eval_every=0, probe=False,
+                                     steps=blocks * block_steps))
+    plan = resolve_plan(cfg)
+    run_id = f"overhead-{uuid.uuid4().hex[:8]}"  # the ddpviz side's name at the gate (engine.components.loop)
+    ctl = TurnController({"plain": cfg.world_size, run_id: cfg.world_size}, block_steps)
+    got: dict[str, Any] = {}
+
+    def ddpviz_side() -> None:
+        try:
+            got["ddpviz"] = _ddpviz_run(cfg, run_id)
+        except BaseException as exc:  # reported by the main thread
+            got["ddpviz_error"] = exc
+
+    def side_failed() -> RuntimeError:
+        err = got["ddpviz_error"]
+        return RuntimeError(f"the ddpviz side failed: {err}")
+
+    with tempfile.TemporaryDirectory(prefix="ddpviz-overhead-") as tmp:
+        os.environ[GATE_ENV] = ctl.spec  # inherited by both sides' rank processes
+        try:
+            plain = start_rank_processes(_plain_rank, (cfg.to_json_dict(), plan.backend, plan.kind,
+                                                       f"{tmp}/pg", tmp), cfg.world_size, join=False)
+            side = threading.Thread(target=ddpviz_side, name="ddpviz-overhead-side", daemon=True)
+            side.start()
+            try:
+                ctl.run(turn_order(blocks, "plain", run_id),
+                        alive=lambda: side.is_alive() and all(p.is_alive() or p.exitcode == 0
+                                                              for p in plain.processes))
+            except BaseException:
+                for p in plain.processes:
+                    if p.is_alive():
+                        p.terminate()
+                side.join(timeout=120)
+                if "ddpviz_error" in got:
+                    raise side_failed() from got["ddpviz_error"]
+                raise
+        finally:
+            os.environ.pop(GATE_ENV, None)
+        while not plain.join():
+            pass
+        side.join()
+        if "ddpviz_error" in got:
+            raise side_failed() from got["ddpviz_error"]
+        plain_starts = json.loads(Path(tmp, "plain.json").read_text())["step_starts"]
+        plain_params = torch.load(Path(tmp, "plain_params.pt"))
+    ours_starts, ours_params = got["ddpviz"]
+    p_med, d_med = block_medians(plain_starts, block_steps), block_medians(ours_starts, block_steps)
+    rows = [dict(plain_median_step_s=p, ddpviz_median_step_s=d, ratio=d / p)
+            for p, d in list(zip(p_med, d_med))[warmup_blocks:]]
+    ratios = [r["ratio"] for r in rows]
+    return dict(ratio=statistics.median(ratios), ratio_interval_90=median_interval(ratios),
+                plain_median_step_s=statistics.median(p_med[warmup_blocks:]),
+                ddpviz_median_step_s=statistics.median(d_med[warmup_blocks:]),
+                rounds=rows, block_steps=block_steps, warmup_blocks=warmup_blocks,
+                schedule=[["ddpviz" if s == run_id else s, a, b] for s, a, b in ctl.block_log],
+                block_spans={side: [[s[b], s[b + block_steps - 1]] for b in range(0, len(s), block_steps)]
+                             for side, s in (("plain", plain_starts), ("ddpviz", ours_starts))},
+                max_param_diff=float((plain_params - ours_params).abs().max()),
+                backend=plan.backend, device_kind=plan.kind, config=cfg.to_json_dict(),
+                source="measured: rank 0's intervals between step starts, sides taking turns in "
+                       "blocks (ABBA); median of each round's ddpviz/plain block-median ratio")

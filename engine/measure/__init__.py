@@ -1,0 +1,10 @@
+"""How a run measures itself. Every figure names its source (docs/events.md).
+
+    telemetry       events with the run's identity and a monotonic clock
+    clocks          host and CUDA-event clocks for marks inside a step
+    memory          readings cheap enough for a timer: process RSS, the CUDA allocator, NVML
+    memory_sampler  the timer (>= 10 readings/s per device) and the traced steps
+    ledger          the live-tensor ledger: bytes of every storage alive, per device and kind
+    sync            checksums that tell whether copies of a model agree
+    turns           turn-taking between jobs, so their step times are measured side by side
+"""

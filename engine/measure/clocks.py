@@ -1,0 +1,38 @@
+"""Clocks that mark moments inside a step and turn two marks into seconds.
+
+`HostClock` reads the host's monotonic clock (`time.perf_counter`): on CPU every collective and
+kernel runs on the calling thread, so a host mark is when the work happened. `CudaClock` records a
+CUDA event on the current stream: GPU work is queued, and only an event on the stream that runs it
+says when it ran (`torch.cuda.Event.elapsed_time`, milliseconds, resolved after the events
+complete). DDP's bucket recorder and FSDP's collective recorder take either.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from engine.measure.telemetry import now
+
+
+class HostClock:
+    """Wall-clock marks (perf_counter seconds)."""
+
+    def mark(self) -> Any:
+        return now()
+
+    def seconds(self, origin: Any, mark: Any) -> float:
+        return mark - origin
+
+
+class CudaClock:
+    """CUDA event marks, resolved to seconds after a synchronize."""
+
+    def mark(self) -> Any:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def seconds(self, origin: Any, mark: Any) -> float:
+        return origin.elapsed_time(mark) / 1e3

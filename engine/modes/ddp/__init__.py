@@ -1,0 +1,8 @@
+"""`mode=ddp`: DistributedDataParallel — a process per rank, gradients all-reduced in buckets.
+
+    rank        what each rank process runs (via `engine.modes.ranks`)
+    comm_hook   the comm hook that all-reduces each bucket and records when it happened
+    buckets     the bucket layout, before anything launches, by PyTorch's own assignment rule
+    memory      what a DDP rank adds to memory tracing and the replica check
+    probe       the all-reduce probe on the run's own process group (nccl-tests style)
+"""

@@ -1,0 +1,156 @@
+"""`mode=ddp`: the code each rank process runs (started by `engine.modes.launcher` via elastic launch).
+
+Every rank builds the same model from the same seed (so no weights are broadcast after start —
+DDP's constructor only checks/broadcasts once), loads its own shard with `DistributedSampler`,
+wraps the model in `torch.nn.parallel.DistributedDataParallel` with the run's knobs and the
+recording comm hook, and steps its own optimizer on the averaged gradients.
+
+Files in the launcher's workdir: those of every rank (`engine.modes.ranks`), and rank 0's
+`final_params.pt`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from engine.components.faults import maybe_diverge, maybe_fail
+from engine.components.loop import drive
+from engine.components.training import autocast, evaluate, flat_params, loss_fn, make_optimizer, should_eval
+from engine.config import RunConfig
+from engine.data import BatchPlan, load_dataset
+from engine.measure.clocks import CudaClock, HostClock
+from engine.measure.memory import param_bytes
+from engine.measure.memory_sampler import model_memory_sampler
+from engine.measure.sync import param_checksum
+from engine.measure.telemetry import Telemetry, now, step_fields, wall_ts
+from engine.models import build_model
+from engine.modes.ddp.buckets import ddp_bucket_cap_arg
+from engine.modes.ddp.comm_hook import recording_hook
+from engine.modes.ddp.memory import BufferProbe, MemoryBucketRecorder, keep_before_traced
+from engine.modes.ranks import init_rank, progress, run_rank
+
+
+class ReplicasDiverged(RuntimeError):
+    """Parameter checksums differ between ranks."""
+
+
+def rank_main(cfg_dict: dict, run_id: str, workdir: str, backend: str, device_kind: str,
+              host: str = "", env: dict[str, str] | None = None) -> None:
+    """Entry point of one DDP rank (`engine.modes.ranks.run_rank` around `_train_rank`).
+
+    Reads RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT from the env; `host` labels this rank's
+    events (the worker's identity, which tells hosts apart).
+    """
+    run_rank(_train_rank, cfg_dict, run_id, workdir, backend, device_kind, host, env)
+
+
+def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, device_kind: str,
+                sink, host: str) -> None:
+    env = init_rank(cfg, backend, device_kind)
+    local_rank, world, device = env.local_rank, env.world_size, env.device
+    tel = Telemetry(sink, run_id, rank=rank, device=env.device_name, host=host)
+    ds = load_dataset(cfg)
+    model = build_model(cfg, ds).to(device).train()
+    ddp = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,
+              bucket_cap_mb=ddp_bucket_cap_arg(cfg), gradient_as_bucket_view=cfg.gradient_as_bucket_view,
+              static_graph=cfg.static_graph, find_unused_parameters=cfg.find_unused_parameters,
+              broadcast_buffers=cfg.broadcast_buffers)
+    names = {p.data_ptr(): n for n, p in model.named_parameters()}
+    rec = MemoryBucketRecorder(world, cfg.overlap, names, CudaClock() if device.type == "cuda" else HostClock(),
+                               predivided=True)  # the loss is scaled by 1/world below
+    ddp.register_comm_hook(rec, recording_hook)
+    opt = make_optimizer(cfg, ddp.parameters())
+    plan = BatchPlan(len(ds), world, cfg.micro_batch_per_device, cfg.seed)
+    P = param_bytes(model)
+    ring = 2 * (world - 1) / world  # ring all-reduce: bytes each rank sends (and receives) per byte
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def train_step(step: int) -> dict:
+        progress["step"] = step
+        t0 = now()
+        fwd = bwd = exposed = 0.0
+        loss_sum = 0.0
+        for micro in range(cfg.grad_accum_steps):
+            last_micro = micro == cfg.grad_accum_steps - 1
+            idx = plan.rank_indices(step * cfg.grad_accum_steps + micro, rank)
+            x, y = ds.x_train[idx].to(device), ds.y_train[idx].to(device)
+            maybe_fail(cfg, rank, step)
+            ctx = contextlib.nullcontext() if last_micro else ddp.no_sync()  # all-reduce once per step
+            with ctx:
+                t1 = now()
+                with autocast(cfg, device.type):
+                    loss = loss_fn(ddp(x), y) / cfg.grad_accum_steps
+                sync()
+                t2 = now()
+                if last_micro:
+                    rec.begin_backward()
+                    backward_start = now()
+                # gradient pre-division (engine.modes.ddp.comm_hook): the gradients reach DDP's buckets already
+                # divided by world_size, so the hook's all-reduce (sum) gives the mean, no pass over them
+                (loss / world if world > 1 else loss).backward()
+                sync()
+                t3 = now()
+            fwd, loss_sum = fwd + t2 - t1, loss_sum + loss.item()
+            if last_micro:
+                buckets = rec.resolved()
+                last_ready = max((b["ready_s"] for b in buckets), default=t3 - t2)
+                exposed = max(0.0, (t3 - t2) - last_ready)
+                bwd += (t3 - t2) - exposed
+            else:
+                bwd += t3 - t2
+        t4 = now()
+        opt.step()
+        opt.zero_grad(set_to_none=not cfg.gradient_as_bucket_view)
+        maybe_diverge(cfg, rank, step, model)
+        sync()
+        t5 = now()
+        for b in buckets:
+            tel.emit("bucket", step=step, **b)
+        nbytes = sum(b["nbytes"] for b in buckets)  # of the bucket tensors handed to all-reduce
+        tel.emit("comm_volume", step=step, allreduce_bytes=nbytes, sent_bytes=int(ring * nbytes),
+                 recv_bytes=int(ring * nbytes), volume_source="derived (ring all-reduce)",
+                 theory_sent_bytes=int(ring * P), theory_recv_bytes=int(ring * P))
+        return step_fields(start=t0, backward_start_ts=wall_ts(backward_start), loss=loss_sum,
+                           samples=cfg.global_batch_size, step_time_s=t5 - t0,
+                           forward_s=fwd, backward_s=bwd, comm_exposed_s=exposed, optimizer_s=t5 - t4)
+
+    sampler = model_memory_sampler(cfg, tel, model, opt, device, extra_existing=lambda: [
+        (0, "bucket_buffers", rec.take_kept())])
+    rec.ledger = sampler.ledger
+    buffer_probe = BufferProbe(model)
+
+    def check_sync(step: int) -> None:
+        # one all_gather: [parameter checksum, buffers at forward start, buffers after the step]
+        mine = torch.cat([torch.tensor(param_checksum(model), dtype=torch.float64),
+                          buffer_probe.local().reshape(-1)]).to(device)
+        every = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_gather(every, mine)
+        sums = [t[:2].tolist() for t in every]
+        in_sync = all(s == sums[0] for s in sums)
+        if rank == 0:
+            bufs = buffer_probe.rows([t[2:].cpu().reshape(2, -1, 2) for t in every])
+            tel.emit("sync", step=step, checksums=sums, in_sync=in_sync, buffers=bufs,
+                     checked="parameters after the optimizer step, all-gathered from every rank")
+        if not in_sync:
+            raise ReplicasDiverged(f"replicas diverged at step {step}: parameter checksums {sums}")
+
+    evaluate_fn = (lambda: evaluate(model, ds, device)) if rank == 0 else None
+    step_fn = keep_before_traced(buffer_probe.wrap(train_step, lambda s: should_eval(cfg, s)), rec, cfg.steps)
+    try:
+        drive(cfg, tel, sampler.wrap(step_fn), check_sync=check_sync, evaluate=evaluate_fn)
+    finally:
+        sampler.close()
+    if cfg.probe and world > 1:  # after the last step: in no step time, nothing else in flight
+        from engine.modes.ddp.probe import emit_probe  # imported here: this hook stays one block
+
+        emit_probe(tel, device)
+    if rank == 0:
+        torch.save(flat_params(model), wd / "final_params.pt")

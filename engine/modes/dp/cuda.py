@@ -1,0 +1,204 @@
+"""DP on real GPUs with torch.nn.parallel's own functions, each phase timed on the device that runs it.
+
+Each micro-step follows `torch.nn.DataParallel.forward` (torch/nn/parallel/data_parallel.py):
+`replicate` (broadcast), `scatter`, the replicas' forward in one thread per device (as
+`parallel_apply`, see `engine.modes.dp.hooks.apply_in_threads`), `gather` to device 0, the loss on
+device 0, then one backward through it all, in which autograd scatters d loss / d outputs back,
+runs each replica's backward on its device's thread, and reduces the replicas' gradients onto
+device 0 inside `Broadcast.backward` (`comm.reduce_add_coalesced`). The optimizer steps on
+device 0 after the last micro-step.
+
+Measured, per device and per micro-step (`engine.modes.dp.book.SpanBook`), with CUDA events on
+that device's current stream: broadcast, scatter and gather around the copies (marks on every
+device, so each sees its own end of the copy), forward inside each device's thread, backward
+and reduce by autograd hooks where autograd runs them (`engine.modes.dp.hooks`), loss and optimizer on
+device 0. Phases: broadcast, scatter, forward, gather, loss, backward, reduce, optimizer, as on
+CPU (`engine.modes.dp.emulated`); exposed communication = device 0's broadcast + scatter + gather + reduce.
+Bytes: those of the tensors each copy was handed (`engine.modes.dp.book.StarTraffic`), never a
+formula; the formula is reported beside them as theory. One synchronize per step, at its end.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
+
+import torch
+import torch.nn as nn
+from torch.nn.parallel import gather, replicate, scatter
+
+from engine.components.devices import DevicePlan
+from engine.components.loop import drive
+from engine.components.training import autocast, evaluate, loss_fn, make_optimizer
+from engine.config import RunConfig
+from engine.data import BatchPlan, Dataset
+from engine.measure.memory import cuda_event, optimizer_state_bytes, param_bytes
+from engine.measure.sync import tensors_checksum
+from engine.measure.telemetry import Telemetry, now, step_fields
+from engine.modes.dp.book import (
+    COMM_PHASES,
+    Span,
+    SpanBook,
+    StarTraffic,
+    phase_seconds,
+    tensor_nbytes,
+    theory_star_bytes,
+    unique_tensors,
+)
+from engine.modes.dp.hooks import CudaStreamClock, apply_in_threads, mark_backward, mark_loss_end, mark_reduce
+
+COMM_SOURCE = "measured: bytes of the tensors torch.nn.parallel copied"
+PHASE_SOURCE = "cuda events on each device's stream"
+
+
+def replica_params(replica: nn.Module) -> list[torch.Tensor]:
+    """The parameter copies `replicate` put into a replica (exposed as `_former_parameters`;
+    a replica's `parameters()` is empty), each tied tensor once."""
+    return unique_tensors(t for m in replica.modules() for t in m._former_parameters.values())
+
+
+def replica_tensors(replica: nn.Module) -> list[torch.Tensor]:
+    """Parameter and buffer copies of a replica: what `replicate` broadcast to its device."""
+    return unique_tensors([*replica_params(replica), *(b for m in replica.modules() for b in m._buffers.values())])
+
+
+def broadcast_node(replica: nn.Module) -> Any:
+    """The autograd node of `Broadcast` whose backward is the gradient reduce.
+
+    Raises:
+        ValueError: no parameter copy requires grad (nothing would be reduced).
+    """
+    for t in replica_params(replica):
+        if t.grad_fn is not None:
+            return t.grad_fn
+    raise ValueError("no parameter of the model requires grad: DP has nothing to reduce")
+
+
+def _timed(book: SpanBook, clock: Any, phase: str, micro: int, devices: Sequence[int],
+           fn: Callable[[], Any]) -> Any:
+    """Run `fn` between marks on every device's stream (a copy runs on the source's stream and
+    the destination waits for it: aten/src/ATen/native/cuda/Copy.cu)."""
+    for d in devices:
+        book.start(phase, d, micro, clock.mark(d))
+    out = fn()
+    for d in devices:
+        book.end(phase, d, micro, clock.mark(d))
+    return out
+
+
+class CudaDP:
+    """DP over cuda:0..n-1 with torch.nn.parallel; `model` (on cuda:0) is the master copy."""
+
+    def __init__(self, cfg: RunConfig, model: nn.Module, n: int, *, device_type: str = "cuda",
+                 clock: Any = None):
+        self.cfg, self.model, self.ids = cfg, model, list(range(n))
+        self.device_type = device_type  # "cpu" only in tests, with torch.nn.parallel's copies faked
+        self.clock = clock if clock is not None else CudaStreamClock()
+        self.param_nbytes = [tensor_nbytes([p]) for p in model.parameters()]
+
+    def micro_step(self, x: torch.Tensor, y: torch.Tensor, micro: int, book: SpanBook,
+                   traffic: StarTraffic) -> torch.Tensor:
+        """One micro-batch (x, y on cuda:0) through every phase but the optimizer; returns the
+        loss (not synchronised)."""
+        ids, clock, n = self.ids, self.clock, len(self.ids)
+        replicas = _timed(book, clock, "broadcast", micro, ids, lambda: replicate(self.model, ids))
+        traffic.from_hub("broadcast", micro, [tensor_nbytes(replica_tensors(r)) for r in replicas])
+        inputs = _timed(book, clock, "scatter", micro, ids, lambda: scatter(x, ids))
+        traffic.from_hub("scatter", micro, [tensor_nbytes([t]) for t in inputs])
+        outs = apply_in_threads(replicas, inputs, device_type=self.device_type,
+                                amp=lambda: autocast(self.cfg, self.device_type), book=book, clock=clock,
+                                micro=micro, devices=ids if self.device_type == "cuda" else None)
+        node = broadcast_node(replicas[0])
+        mark_backward(outs, node, book, clock, micro)
+        mark_reduce(node, n, book, clock, micro, traffic, self.param_nbytes)
+        out = _timed(book, clock, "gather", micro, ids, lambda: gather(outs, 0))
+        traffic.to_hub("gather", micro, [tensor_nbytes([o]) for o in outs])
+        book.start("loss", 0, micro, clock.mark(0))
+        loss = loss_fn(out, y) / self.cfg.grad_accum_steps
+        mark_loss_end(out, book, clock, micro, traffic)
+        loss.backward()
+        return loss.detach()
+
+    def step(self, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+             opt: torch.optim.Optimizer) -> "StepRecord":
+        """Every micro-batch, then the optimizer on device 0; one synchronize at the end."""
+        book, traffic = SpanBook(), StarTraffic(len(self.ids))
+        t0 = now()
+        self.clock.begin(self.ids)
+        losses = [self.micro_step(x, y, micro, book, traffic) for micro, (x, y) in enumerate(micro_batches)]
+        book.start("optimizer", 0, 0, self.clock.mark(0))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        book.end("optimizer", 0, 0, self.clock.mark(0))
+        self.clock.synchronize(self.ids)
+        return StepRecord(t0, now() - t0, float(sum(l.item() for l in losses)),
+                          book.resolve(self.clock.seconds), traffic)
+
+    def checksums(self) -> list[list[float]]:
+        """Checksums of the copies `replicate` makes now, one per device: they differ only if the
+        broadcast does not deliver device 0's parameters."""
+        with torch.no_grad():
+            replicas = replicate(self.model, self.ids, detach=True)
+        return [tensors_checksum(replica_params(r)) for r in replicas]
+
+
+class StepRecord(NamedTuple):
+    """One optimizer step: host start (`now()`), wall seconds, summed loss, spans, bytes."""
+
+    t0: float
+    step_time_s: float
+    loss: float
+    spans: list[Span]
+    traffic: StarTraffic
+
+    def measures(self, samples: int) -> dict[str, Any]:
+        """The `step` event's fields; each phase summed over the step's micro-steps, on device 0."""
+        return step_fields(start=self.t0, loss=self.loss, samples=samples, step_time_s=self.step_time_s,
+                           forward_s=phase_seconds(self.spans, ("forward",)),
+                           backward_s=phase_seconds(self.spans, ("loss", "backward")),
+                           comm_exposed_s=phase_seconds(self.spans, COMM_PHASES),
+                           optimizer_s=phase_seconds(self.spans, ("optimizer",)))
+
+    def emit(self, tel: Telemetry, step: int, names: Sequence[str], theory: Sequence[int]) -> None:
+        """`dp_phase` per span and `comm_volume` per device (measured bytes beside `theory`)."""
+        for s in self.spans:
+            tel.emit("dp_phase", step=step, phase=s.phase, device=names[s.device], start_s=s.start_s,
+                     end_s=s.end_s, nbytes=self.traffic.span_nbytes.get((s.phase, s.device, s.micro), 0),
+                     source=PHASE_SOURCE)
+        for i, name in enumerate(names):
+            tel.emit("comm_volume", step=step, device=name, sent_bytes=self.traffic.sent[i],
+                     recv_bytes=self.traffic.recv[i], theory_sent_bytes=theory[i],
+                     theory_recv_bytes=theory[i], volume_source=COMM_SOURCE)
+
+
+def train_dp_cuda(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Module, tel: Telemetry,
+                  should_stop: Callable[[], bool] | None = None) -> nn.Module:
+    """Train with torch.nn.parallel DP on cuda:0..N-1; returns the module on cuda:0."""
+    n, dev0 = cfg.world_size, torch.device("cuda:0")
+    model.to(dev0).train()
+    dp = CudaDP(cfg, model, n)
+    opt = make_optimizer(cfg, model.parameters())
+    batches = BatchPlan(len(ds), n, cfg.micro_batch_per_device, cfg.seed)
+    theory = [b * cfg.grad_accum_steps for b in theory_star_bytes(n, param_bytes(model))]
+
+    def micro_batches(step: int):
+        for micro in range(cfg.grad_accum_steps):
+            idx = batches.global_indices(step * cfg.grad_accum_steps + micro)
+            yield ds.x_train[idx].to(dev0), ds.y_train[idx].to(dev0)
+
+    def train_step(step: int) -> dict:
+        rec = dp.step(micro_batches(step), opt)
+        rec.emit(tel, step, plan.names, theory)
+        return rec.measures(cfg.global_batch_size)
+
+    def memory(step: int) -> None:
+        for i in dp.ids:
+            extra = dict(optimizer_state=optimizer_state_bytes(opt)) if i == 0 else {}
+            tel.emit("memory", step=step, device=plan.names[i], **cuda_event(torch.device(f"cuda:{i}"), extra))
+
+    def check_sync(step: int) -> None:
+        sums = dp.checksums()
+        tel.emit("sync", step=step, checksums=sums, in_sync=all(s == sums[0] for s in sums))
+
+    drive(cfg, tel, train_step, should_stop=should_stop, memory=memory, check_sync=check_sync,
+          evaluate=lambda: evaluate(model, ds, dev0))
+    return model

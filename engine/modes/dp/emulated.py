@@ -1,0 +1,294 @@
+"""`mode=dp`: DataParallel — one process, one thread per device, device 0 at the centre.
+
+Each step follows `torch.nn.DataParallel.forward` (torch/nn/parallel/data_parallel.py):
+broadcast (`replicate`: new replica modules from device 0's parameters and buffers), scatter
+(split the batch with `chunk`), forward (parallel_apply: one thread per device), gather (outputs
+to device 0), loss (on device 0), backward (the loss gradient scattered back, each replica's
+backward in its thread), reduce (gradients summed onto device 0, as `Broadcast.backward`'s
+reduce_add does), optimizer (device 0 only). Replicas are thrown away after the step.
+
+On CPU the devices are virtual (`cpu:0..N-1`): real threads and real tensor copies (at RAM speed,
+where GPUs copy over PCIe or NVLink), so every phase has a real duration and a real byte count;
+the UI labels it "emulated". On GPUs `engine.modes.dp.cuda` uses torch.nn.parallel's own functions.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from engine.components.devices import DevicePlan
+from engine.components.faults import DIVERGE_NUDGE, maybe_fail
+from engine.components.loop import drive
+from engine.components.training import (
+    autocast,
+    cpu_device_threads,
+    evaluate,
+    logits_of,
+    loss_fn,
+    make_optimizer,
+    should_eval,
+)
+from engine.config import RunConfig
+from engine.data import BatchPlan, Dataset
+from engine.measure.ledger import LedgerMode, TensorLedger
+from engine.measure.memory import optimizer_state_tensors, param_bytes, tensor_bytes
+from engine.measure.memory_sampler import DeviceProbe, MemorySampler
+from engine.measure.sync import tensors_checksum
+from engine.measure.telemetry import Telemetry, now, step_fields
+from engine.modes.dp.replicate import Replicas, replicate_cpu
+
+
+class PhaseLog:
+    """Collects `dp_phase` spans of one step: (phase, device, start_s, end_s, nbytes)."""
+
+    def __init__(self, t0: float):
+        self.t0 = t0
+        self.spans: list[tuple[str, int, float, float, int]] = []
+
+    def add(self, phase: str, device: int, start: float, end: float, nbytes: int = 0) -> None:
+        self.spans.append((phase, device, start - self.t0, end - self.t0, nbytes))
+
+    def total(self, phases: tuple[str, ...], device: int = 0) -> float:
+        return sum(e - s for p, d, s, e, _ in self.spans if d == device and p in phases)
+
+
+class EmulatedDP:
+    """DP over `n` virtual CPU devices; `master` is device 0's module, the one copy that persists.
+
+    `sent`/`recv` count, per device and step, the bytes of every tensor copied between device 0
+    and that device (broadcast, scatter, gather, the output gradients, reduce), measured on the
+    copies themselves. `ledger` (when tracing) attributes each copy to the device receiving it.
+    """
+
+    COMM_PHASES = ("broadcast", "scatter", "gather", "reduce")
+
+    def __init__(self, cfg: RunConfig, model: nn.Module, n: int, ledger: TensorLedger | None = None):
+        self.cfg, self.master, self.n, self.ledger = cfg, model, n, ledger
+        self.pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="dp-device")
+        self.sent = [0] * n
+        self.recv = [0] * n
+        self.checksums: list[list[float]] | None = None  # replicas as built, on check steps
+        self.last_log: PhaseLog | None = None
+        self.check_span: tuple[float, float] | None = None  # the checksums' own time, this step
+
+    def _on(self, device: int, kind: str):
+        """Attribute what this thread creates to `device` as `kind`, while memory is traced."""
+        led = self.ledger
+        return led.working_for(device, kind) if led is not None and led.active else nullcontext()
+
+    def _move(self, src: int, dst: int, nbytes: int) -> None:
+        self.sent[src] += nbytes
+        self.recv[dst] += nbytes
+
+    def _broadcast(self, log: PhaseLog) -> Replicas:
+        """`replicate`: new replica modules; devices 1..n-1 receive copies (bytes measured)."""
+        t_all = now()
+        led = self.ledger if self.ledger is not None and self.ledger.active else None
+        reps = replicate_cpu(self.master, self.n, led)
+        for j in range(1, self.n):
+            mine = [(s, e) for d, s, e in reps.spans if d == j]
+            log.add("broadcast", j, min(s for s, _ in mine), max(e for _, e in mine), reps.copied_bytes[j])
+            self._move(0, j, reps.copied_bytes[j])
+        log.add("broadcast", 0, t_all, now(), sum(reps.copied_bytes))
+        return reps
+
+    def _scatter(self, x: torch.Tensor, log: PhaseLog) -> list[torch.Tensor]:
+        """`chunk` the batch; device 0 keeps a view, the others get copies."""
+        t_all = now()
+        chunks = list(x.chunk(self.n))
+        for i in range(1, self.n):
+            t = now()
+            with self._on(i, "inputs"):
+                chunks[i] = chunks[i].clone()
+            nb = tensor_bytes([chunks[i]])
+            log.add("scatter", i, t, now(), nb)
+            self._move(0, i, nb)
+        log.add("scatter", 0, t_all, now(), tensor_bytes(chunks[1:]))
+        return chunks
+
+    def _in_threads(self, phase: str, fn: Callable[[int], torch.Tensor | None], log: PhaseLog):
+        """Run fn(i) on every device's thread (parallel_apply) and log each span."""
+        led = self.ledger if self.ledger is not None and self.ledger.active else None
+
+        def timed(i):
+            t = now()
+            with LedgerMode(led, device=i) if led is not None else nullcontext():
+                r = fn(i)
+            return r, t, now()
+        results = list(self.pool.map(timed, range(self.n)))
+        for i, (_, t, e) in enumerate(results):
+            log.add(phase, i, t, e)
+        return [r for r, _, _ in results]
+
+    def _forward(self, reps: Replicas, chunks, log, step: int):
+        def fwd(i):
+            maybe_fail(self.cfg, i, step)  # a failing device thread fails the whole DP process
+            with autocast(self.cfg, "cpu"):
+                return logits_of(reps.modules[i](chunks[i]))  # gather moves the logits only
+        return self._in_threads("forward", fwd, log)
+
+    def _gather(self, outs, log) -> torch.Tensor:
+        """Outputs copied into one tensor on device 0 (`comm.gather`), detached so each replica
+        keeps its own graph; device 0's own part is a local copy."""
+        t_all = now()
+        rows = [o.shape[0] for o in outs]
+        with self._on(0, "gathered_outputs"):
+            gathered = torch.empty((sum(rows),) + tuple(outs[0].shape[1:]), dtype=outs[0].dtype)
+            start = 0
+            for i, o in enumerate(outs):
+                t = now()
+                gathered[start:start + rows[i]].copy_(o.detach())
+                start += rows[i]
+                if i > 0:
+                    nb = tensor_bytes([o])
+                    log.add("gather", i, t, now(), nb)
+                    self._move(i, 0, nb)
+        log.add("gather", 0, t_all, now(), tensor_bytes(outs[1:]))
+        return gathered.requires_grad_()
+
+    def _backward(self, reps: Replicas, outs, grad: torch.Tensor, log) -> None:
+        """Scatter d(loss)/d(outputs) back and run each replica's backward in its thread."""
+        grads = list(grad.chunk(self.n))
+        for i in range(1, self.n):
+            with self._on(i, "grad_outputs"):
+                grads[i] = grads[i].clone()
+            self._move(0, i, tensor_bytes([grads[i]]))
+
+        def bwd(i):
+            outs[i].backward(grads[i])
+            if self.ledger is not None and self.ledger.active:
+                self.ledger.retag((p.grad for p in reps.params[i]), "grads")
+        self._in_threads("backward", bwd, log)
+
+    def _reduce(self, reps: Replicas, log) -> None:
+        """Sum every replica's gradients onto device 0 (copy, then add), then drop them."""
+        master = reps.params[0]
+        t_all, total = now(), 0
+        for i in range(1, self.n):
+            t = now()
+            nb = 0
+            for m, r in zip(master, reps.params[i]):
+                if r.grad is None:
+                    continue
+                with self._on(0, "grad_copies"):
+                    g = r.grad.clone()  # the copy that crosses the link to device 0
+                nb += tensor_bytes([g])
+                if m.grad is None:
+                    m.grad = g
+                    if self.ledger is not None and self.ledger.active:
+                        self.ledger.retag([g], "grads")
+                else:
+                    m.grad.add_(g)
+                r.grad = None
+            log.add("reduce", i, t, now(), nb)
+            self._move(i, 0, nb)
+            total += nb
+        log.add("reduce", 0, t_all, now(), total)
+
+    def _diverge(self, reps: Replicas, step: int, micro: int) -> None:
+        """`fault=diverge`: nudge replica `fault_rank`'s weights for this step only (rank 0's are
+        device 0's own: the one master copy is nudged for good)."""
+        cfg = self.cfg
+        if cfg.fault == "diverge" and step == cfg.fault_step and micro == 0:
+            with torch.no_grad():
+                for p in reps.params[cfg.fault_rank]:
+                    p.add_(DIVERGE_NUDGE)
+
+    def micro_step(self, x, y, log: PhaseLog, accum: int, step: int, micro: int) -> float:
+        """One micro-batch through all phases but the optimizer; returns its loss."""
+        reps = self._broadcast(log)
+        self._diverge(reps, step, micro)
+        if micro == 0 and should_eval(self.cfg, step):  # what each replica computes with
+            t = now()
+            with self.ledger.paused() if self.ledger is not None else nullcontext():
+                self.checksums = [tensors_checksum(ps) for ps in reps.params]
+            self.check_span = (t, now())
+        chunks = self._scatter(x, log)
+        outs = self._forward(reps, chunks, log, step)
+        gathered = self._gather(outs, log)
+        t = now()
+        with self._on(0, "loss"):
+            loss = loss_fn(gathered, y) / accum
+            loss.backward()  # only d(loss)/d(gathered), on device 0
+        log.add("loss", 0, t, now())
+        self._backward(reps, outs, gathered.grad, log)
+        self._reduce(reps, log)
+        return loss.item()
+
+
+def train_dp(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Module, tel: Telemetry,
+             should_stop: Callable[[], bool] | None = None) -> nn.Module:
+    """Train with DP on `plan`'s devices; returns the master module (device 0)."""
+    if plan.kind == "cuda":
+        from engine.modes.dp.cuda import train_dp_cuda
+
+        return train_dp_cuda(cfg, plan, ds, model, tel, should_stop)
+    n = cfg.world_size
+    ledger = TensorLedger(n)
+    dp = EmulatedDP(cfg, model.train(), n, ledger)
+    opt = make_optimizer(cfg, model.parameters())
+    batches = BatchPlan(len(ds), n, cfg.micro_batch_per_device, cfg.seed)
+    P = param_bytes(model)
+
+    def train_step(step: int) -> dict:
+        t0 = now()
+        log = PhaseLog(t0)
+        dp.sent, dp.recv, dp.check_span = [0] * n, [0] * n, None
+        loss = 0.0
+        for micro in range(cfg.grad_accum_steps):
+            idx = batches.global_indices(step * cfg.grad_accum_steps + micro)
+            with dp._on(0, "inputs"):
+                x, y = ds.x_train[idx], ds.y_train[idx]
+            loss += dp.micro_step(x, y, log, cfg.grad_accum_steps, step, micro)
+        t = now()
+        with dp._on(0, "optimizer"):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        log.add("optimizer", 0, t, now())
+        t_end = now()
+        dp.last_log = log
+        for phase, dev, s, e, nb in log.spans:
+            tel.emit("dp_phase", step=step, phase=phase, device=plan.names[dev], start_s=s, end_s=e, nbytes=nb)
+        for i in range(n):
+            theory = (P * (n - 1) if i == 0 else P) * cfg.grad_accum_steps
+            tel.emit("comm_volume", step=step, device=plan.names[i], sent_bytes=dp.sent[i],
+                     recv_bytes=dp.recv[i], volume_source="measured", theory_sent_bytes=theory,
+                     theory_recv_bytes=theory)
+        extra = {"replica_check": True} if should_eval(cfg, step) else {}  # its time includes the checksums
+        return step_fields(start=t0, loss=loss, samples=cfg.global_batch_size, step_time_s=t_end - t0,
+                           forward_s=log.total(("forward",)), backward_s=log.total(("loss", "backward")),
+                           comm_exposed_s=log.total(EmulatedDP.COMM_PHASES),
+                           optimizer_s=log.total(("optimizer",)), **extra)
+
+    def existing():  # between steps only device 0 holds anything: the master copy
+        return [(0, "params", model.parameters()), (0, "buffers", model.buffers()),
+                (0, "grads", [p.grad for p in model.parameters()]),
+                (0, "optimizer_state", optimizer_state_tensors(opt))]
+
+    def check_sync(step: int) -> None:
+        sums, dp.checksums = dp.checksums, None
+        if sums is not None:
+            tel.emit("sync", step=step, checksums=sums, in_sync=all(s == sums[0] for s in sums),
+                     checked="replicas as built by this step's broadcast, before forward",
+                     replicas_rebuilt_each_step=True)
+
+    probes = [DeviceProbe(name, ledger_index=i, process_shared=True) for i, name in enumerate(plan.names)]
+    def phases_of(i: int):  # the step's own spans on device i, in perf_counter seconds
+        log = dp.last_log
+        spans = [(p, log.t0 + s, log.t0 + e) for p, d, s, e, _ in log.spans if d == i]
+        return spans + ([("replica check (instrument)", *dp.check_span)] if dp.check_span else [])
+
+    sampler = MemorySampler(tel, probes, cfg.steps, ledger=ledger, existing=existing, phases_of=phases_of)
+    try:
+        with cpu_device_threads(cfg.world_size):
+            drive(cfg, tel, sampler.wrap(train_step), should_stop=should_stop, check_sync=check_sync,
+                  evaluate=lambda: evaluate(model, ds, torch.device("cpu")))
+    finally:
+        sampler.close()
+        dp.pool.shutdown(wait=True)
+    return model

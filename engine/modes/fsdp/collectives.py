@@ -1,0 +1,182 @@
+"""FSDP2's collectives, recorded where FSDP2 itself lets us: its custom-comm hooks.
+
+`FSDPModule.set_custom_all_gather` / `set_custom_reduce_scatter` (torch/distributed/fsdp/
+_fully_shard/_fully_shard.py) let a caller replace the object that runs each unit's all-gather
+and reduce-scatter. ddpviz installs `RecordingAllGather` / `RecordingReduceScatter`, subclasses
+of the defaults FSDP2 uses (`DefaultAllGather`, `DefaultReduceScatter` in _fsdp_collectives.py),
+which run exactly the default collective and note, per call: the unit, the kind, the phase
+(forward or backward, set by the training loop), the bytes of the tensors FSDP2 handed over
+(measured: numel x element size of the real output/input), and clock marks around the call.
+
+Clocks: on CPU, gloo collectives issued with ``async_op=False`` run to completion inside the
+call, on the training thread, so the host clock around it is the collective's span on this rank
+(including any wait for a slower peer). On CUDA the call only enqueues work on FSDP2's comm
+stream; CUDA events recorded on that stream (the current stream inside the call) time it.
+
+Bytes on the wire per rank are derived from the measured tensor sizes: a ring all-gather sends
+and receives (n-1)/n of its output; NCCL's ring reduce-scatter (n-1)/n of its input; gloo's
+reduce_scatter_tensor is a clone plus an all-reduce of the whole input (ProcessGroupGloo.cpp,
+``reduce_scatter_tensor_coalesced``; ddpviz measured 2.0x an all-gather's loopback bytes), so
+2(n-1)/n on gloo. Theory (ZeRO-3, Rajbhandari et al. 2020): 3(n-1)/n * P per rank and step with
+reshard_after_forward (all-gather in forward and in backward, reduce-scatter), 2(n-1)/n * P
+without; DDP's ring all-reduce 2(n-1)/n * P.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from engine.measure.clocks import HostClock
+from engine.summary import interval_union_s
+
+SOURCE_HOST = "fsdp2 set_custom_all_gather/set_custom_reduce_scatter; host clock around the blocking call"
+SOURCE_CUDA = "fsdp2 set_custom_all_gather/set_custom_reduce_scatter; CUDA events on FSDP's comm stream"
+VOLUME_SOURCE = ("derived (collective bytes x wire factor): measured tensor bytes of every all-gather and reduce-scatter x the "
+                 "backend's wire factor per rank (ring all-gather (n-1)/n; reduce-scatter (n-1)/n "
+                 "on NCCL, 2(n-1)/n on gloo, which runs it as an all-reduce)")
+
+
+def wire_factor(kind: str, backend: str | None, world_size: int) -> float:
+    """Bytes each rank sends (= receives) per byte of a collective's full-size tensor."""
+    n = world_size
+    if n <= 1:
+        return 0.0
+    if kind == "reduce_scatter" and backend == "gloo":
+        return 2 * (n - 1) / n  # gloo: clone + all-reduce of the full input
+    return (n - 1) / n
+
+
+def _gather_types():
+    # The defaults FSDP2 installs on every param group; subclassing keeps their allocation.
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+
+    return DefaultAllGather, DefaultReduceScatter
+
+
+class CollectiveLog:
+    """This rank's FSDP collectives in the current step.
+
+    Args:
+        clock: `HostClock()` on CPU, `engine.measure.clocks.CudaClock()` on CUDA.
+
+    The training loop calls `begin_step()` before forward, sets `phase` to "backward" before
+    backward and to None after it; calls made with phase None (evaluation, the final gather) are
+    not recorded.
+    """
+
+    def __init__(self, clock=None):
+        self.clock = clock or HostClock()
+        self.phase: str | None = None
+        self.origin: Any = None
+        self.records: list[dict[str, Any]] = []
+        # Optional listeners (the memory probe): called outside the timed span.
+        self.on_open: Callable[[dict, torch.Tensor], None] | None = None
+        self.on_close: Callable[[dict], None] | None = None
+
+    def begin_step(self) -> None:
+        self.records = []
+        self.origin = self.clock.mark()
+        self.phase = "forward"
+
+    def open(self, unit: str, kind: str, full: torch.Tensor, shard: torch.Tensor) -> dict | None:
+        if self.phase is None:
+            return None
+        rec = dict(unit=unit, kind=kind, phase=self.phase, nbytes=full.numel() * full.element_size(),
+                   shard_nbytes=shard.numel() * shard.element_size(), dtype=str(full.dtype).removeprefix("torch."),
+                   seq=len(self.records))
+        if self.on_open is not None:
+            self.on_open(rec, full)
+        rec["start"] = self.clock.mark()
+        self.records.append(rec)
+        return rec
+
+    def close(self, rec: dict | None, work) -> None:
+        if rec is None:
+            return
+        if work is None or not isinstance(self.clock, HostClock):
+            # Blocking on CPU: it has ended. On CUDA the event lands on the comm stream after the
+            # collective's kernel, whether or not the call was async.
+            rec["end"] = self.clock.mark()
+            if self.on_close is not None:
+                self.on_close(rec)
+            return
+        # An async gloo collective (explicit prefetch): its end is when its future completes.
+        work.get_future().then(lambda _f: rec.__setitem__("end", self.clock.mark()))
+
+    def resolved(self) -> list[dict[str, Any]]:
+        """This step's records, times in seconds from the step's forward start (call after the step)."""
+        out = []
+        for r in self.records:
+            e = {k: v for k, v in r.items() if k not in ("start", "end")}
+            e["start_s"] = self.clock.seconds(self.origin, r["start"])
+            e["end_s"] = self.clock.seconds(self.origin, r["end"]) if "end" in r else None
+            out.append(e)
+        return out
+
+
+def install_recorders(units: list[tuple[str, Any]], log: CollectiveLog) -> None:
+    """Give every FSDP unit (name, FSDPModule) a recording all-gather and reduce-scatter."""
+    default_ag, default_rs = _gather_types()
+
+    class RecordingAllGather(default_ag):
+        def __init__(self, unit: str):
+            super().__init__()
+            self.unit = unit
+
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            rec = log.open(self.unit, "all_gather", output_tensor, input_tensor)
+            work = super().__call__(output_tensor, input_tensor, group, async_op)
+            log.close(rec, work)
+            return work
+
+    class RecordingReduceScatter(default_rs):
+        def __init__(self, unit: str):
+            super().__init__()
+            self.unit = unit
+
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            rec = log.open(self.unit, "reduce_scatter", input_tensor, output_tensor)
+            work = super().__call__(output_tensor, input_tensor, group, op, async_op)
+            log.close(rec, work)
+            return work
+
+    for name, mod in units:
+        mod.set_custom_all_gather(RecordingAllGather(name))
+        mod.set_custom_reduce_scatter(RecordingReduceScatter(name))
+
+
+def exposed_comm_s(records: list[dict[str, Any]], phase: str) -> float:
+    """Seconds of `phase` the training thread spent inside collectives (union of their spans).
+
+    On CPU every FSDP2 collective blocks the training thread, so all of it is exposed."""
+    spans = [(r["start_s"], r["end_s"]) for r in records if r["phase"] == phase and r["end_s"] is not None]
+    return interval_union_s(spans)
+
+
+def theory_bytes(world_size: int, param_numel: int, *, reshard_after_forward: bool,
+                 gather_dtype_bytes: int = 4, reduce_dtype_bytes: int = 4,
+                 micro_batches: int = 1) -> dict[str, int]:
+    """Bytes each rank sends (= receives) per step by the textbook formulas.
+
+    FSDP (ZeRO-3): (n-1)/n * (g * P_gather + P_reduce), g = 2 all-gathers per micro-batch with
+    reshard after forward, else 1 — i.e. 3(n-1)/n * P or 2(n-1)/n * P in fp32 with one
+    micro-batch. DDP: 2(n-1)/n * P (fp32). P counts elements (`param_numel`) times dtype bytes.
+    """
+    n = world_size
+    k = (n - 1) / n if n > 0 else 0.0
+    gathers = micro_batches * (2 if reshard_after_forward else 1)
+    fsdp = k * (gathers * param_numel * gather_dtype_bytes + param_numel * reduce_dtype_bytes)
+    return dict(fsdp=int(fsdp), ddp=int(2 * k * param_numel * 4))
+
+
+def volume_fields(records: list[dict[str, Any]], backend: str | None, world_size: int,
+                  theory: dict[str, int], formula: str) -> dict[str, Any]:
+    """The `comm_volume` event of one FSDP rank and step (see docs/events.md)."""
+    wire = sum(r["nbytes"] * wire_factor(r["kind"], backend, world_size) for r in records)
+    by_kind = {k: sum(r["nbytes"] for r in records if r["kind"] == k) for k in ("all_gather", "reduce_scatter")}
+    return dict(sent_bytes=int(wire), recv_bytes=int(wire), volume_source=VOLUME_SOURCE,
+                all_gather_nbytes=by_kind["all_gather"], reduce_scatter_nbytes=by_kind["reduce_scatter"],
+                collectives=len(records), theory_sent_bytes=theory["fsdp"], theory_recv_bytes=theory["fsdp"],
+                theory_formula=formula, theory_ddp_sent_bytes=theory["ddp"])

@@ -1,0 +1,246 @@
+"""Starts DDP rank processes with torch.distributed's elastic launch and follows them.
+
+`launch_ranks` runs `torch.distributed.launcher.api.elastic_launch` (the engine behind `torchrun`:
+c10d rendezvous, ranks forked from a fork server that has imported torch once
+(`engine.modes.ranks.prepare_fork_server`), no restarts) in this thread, while a follower thread
+forwards each rank's event file to the run's sink and watches `should_stop`. On cancel it kills
+the rank processes (SIGKILL to each pid, then the elastic agent tears the group down) and the run
+ends as canceled. A rank that fails makes the agent stop the others; the run's error is the
+earliest error a rank wrote ({rank, exception, traceback}).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from engine.components.devices import DevicePlan
+from engine.components.loop import Canceled
+from engine.config import RunConfig
+from engine.events import JsonlTail
+from engine.modes.ranks import prepare_fork_server
+
+# How often rank event files are read and should_stop is polled: one hop of an event's way to
+# Redis (see engine.events.RANK_FLUSH_INTERVAL_S). A read of an open file that has not grown is
+# one read() syscall, so a short interval costs nothing measurable.
+FOLLOW_INTERVAL_S = 0.02
+RDZV_TIMEOUT_S = 60  # rendezvous must complete within this many seconds
+
+
+class RankFailed(RuntimeError):
+    """A rank process failed; `.error` is {rank, exception, traceback}."""
+
+    def __init__(self, error: dict):
+        self.error = error
+        super().__init__(error.get("exception", "rank failed"))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free right now on `host` (each job gets its own, so concurrent jobs never clash)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """This host's part in a multi-host run (torch elastic c10d rendezvous).
+
+    Attributes:
+        nnodes: hosts in the run; each runs world_size // nnodes ranks.
+        rdzv_endpoint: "host:port" of the rendezvous store, reachable from every host.
+        is_host: this node serves the rendezvous store (exactly one node does).
+        host_label: names this host in every rank's events (e.g. the worker's name).
+        local_addr: the address other hosts reach this one at (becomes MASTER_ADDR when this
+            node gets group rank 0); None = torch's default, this machine's FQDN.
+    """
+
+    nnodes: int = 1
+    rdzv_endpoint: str | None = None
+    is_host: bool = True
+    host_label: str = ""
+    local_addr: str | None = None
+
+
+class _Follower(threading.Thread):
+    """Forwards local ranks' events to the sink and kills them when `should_stop()` turns True."""
+
+    def __init__(self, workdir: Path, nproc: int, out, should_stop):
+        super().__init__(name="ddpviz-rank-follower", daemon=True)
+        self.tails = [JsonlTail(workdir / f"local{r}.jsonl") for r in range(nproc)]
+        self.workdir, self.nproc, self.out, self.should_stop = workdir, nproc, out, should_stop
+        self.done = threading.Event()
+        self.canceled = False
+        self.killed: set[int] = set()
+
+    def pump(self) -> None:
+        for t in self.tails:
+            for e in t.read_new():
+                self.out.emit(e)
+
+    def kill_ranks(self) -> None:
+        """SIGKILL every rank that has started and was not killed yet (each pid once, so a
+        pid the OS hands out again later is never hit)."""
+        for info in _local_infos(self.workdir, self.nproc).values():
+            pid = int(info["pid"])
+            if pid not in self.killed:
+                self.killed.add(pid)
+                with contextlib.suppress(Exception):
+                    os.kill(pid, signal.SIGKILL)
+
+    def run(self) -> None:
+        while not self.done.wait(FOLLOW_INTERVAL_S):
+            self.pump()
+            if not self.canceled and self.should_stop is not None and self.should_stop():
+                self.canceled = True
+            if self.canceled:  # every pass: a rank that starts after the cancel is stopped too
+                self.kill_ranks()
+
+    def finish(self) -> None:
+        """Stop the thread, forward what the ranks wrote last, close the files."""
+        self.done.set()
+        self.join()
+        self.pump()
+        for t in self.tails:
+            t.close()
+
+
+RankFollower = _Follower  # the bench drives the real forwarding path with stand-in ranks
+
+
+def _local_infos(workdir: Path, nproc: int) -> dict[int, dict]:
+    """{local rank: {rank, pid, host}} of the ranks that have started."""
+    out = {}
+    for r in range(nproc):
+        with contextlib.suppress(Exception):
+            out[r] = json.loads((workdir / f"local{r}.json").read_text())
+    return out
+
+
+def _own_error(workdir: Path, local_rank: int) -> dict | None:
+    """The error rank `local_rank` wrote about itself (`local<L>.error.json`), or None."""
+    with contextlib.suppress(OSError, ValueError):
+        return json.loads((workdir / f"local{local_rank}.error.json").read_text())
+    return None
+
+
+def _first_error(workdir: Path, nproc: int) -> dict | None:
+    errors = []
+    for r in range(nproc):
+        p = workdir / f"local{r}.error.json"
+        err = _own_error(workdir, r)
+        if err is not None:
+            errors.append((p.stat().st_mtime, err))
+    return min(errors, key=lambda e: e[0])[1] if errors else None
+
+
+def _stalled_note(err: dict, workdir: Path, nproc: int) -> str:
+    """After a collective timeout, name the ranks that raised nothing: they are the ones that stalled."""
+    text = err["exception"].lower()
+    if "timeout" not in text and "timed out" not in text:
+        return ""
+    infos = _local_infos(workdir, nproc)
+    quiet = sorted(infos[r]["rank"] for r in infos if not (workdir / f"local{r}.error.json").exists())
+    where = f" at step {err['step']}" if err.get("step") is not None else ""
+    return (f" — rank {err['rank']} timed out in a collective{where}; rank(s) {quiet} raised no error "
+            f"and never joined it: they stalled.") if quiet else ""
+
+
+def _signal_death(exc: Exception, workdir: Path) -> dict | None:
+    """A rank killed by a signal before it could say anything is the root cause; the others'
+    errors (peer gone) follow from it.
+
+    A rank that wrote its own exception (`local<L>.error.json`, written before it tears its
+    process group down) does not count, even if it then died of a signal: that teardown can end
+    in SIGABRT (gloo aborting on a peer that is gone, the store's host having exited), and its
+    exception, not the signal, is what happened (`root_cause`).
+    """
+    failures = getattr(exc, "failures", {}) or {}
+    dead = [f for f in failures.values() if f.exitcode is not None and f.exitcode < 0
+            and _own_error(workdir, f.local_rank) is None]
+    if not dead:
+        return None
+    f = min(dead, key=lambda f: f.timestamp)
+    rank = f.local_rank + getattr(exc, "_rank_offset", 0)
+    return dict(rank=rank, traceback="",
+                exception=f"rank {rank} (pid {f.pid}) was killed by signal {f.signal_name()}")
+
+
+def root_cause(exc: Exception, workdir: Path, nproc: int) -> dict:
+    """The run's error from elastic's failure report and the ranks' own error files, in order:
+    a rank killed without a word, else the earliest exception a rank wrote, else elastic's
+    account of the exits."""
+    return _signal_death(exc, workdir) or _first_error(workdir, nproc) or _exit_error(exc)
+
+
+def _exit_error(exc: Exception) -> dict:
+    """Error for ranks that died without writing one (killed, segfault): from elastic's report."""
+    failures = getattr(exc, "failures", {}) or {}
+    for _, f in sorted(failures.items(), key=lambda kv: getattr(kv[1], "timestamp", 0)):
+        how = (f"killed by signal {f.signal_name()}" if f.exitcode < 0 else f"exited with code {f.exitcode}")
+        rank = f.local_rank + getattr(exc, "_rank_offset", 0)
+        return dict(rank=rank, exception=f"rank {rank} (pid {f.pid}) {how}", traceback="")
+    return dict(rank=None, exception=f"{type(exc).__name__}: {exc}", traceback="")
+
+
+def launch_ranks(cfg: RunConfig, plan: DevicePlan, out, run_id: str,
+               should_stop: Callable[[], bool] | None, workdir: Path,
+               node: NodeSpec | None = None, *, rank_fn: Callable) -> torch.Tensor | None:
+    """Run this host's DDP ranks; returns global rank 0's final parameters (P,) if it ran here.
+
+    `rank_fn` is what each rank process runs (`engine.modes.ddp.rank.rank_main` or
+    `engine.modes.fsdp.rank.rank_main`: both the bootstrap of `engine.modes.ranks`, the same
+    arguments, the same files).
+
+    One host: `cfg.world_size` ranks, rendezvous on a free loopback port. Several hosts (`node`):
+    `world_size // nnodes` ranks here, c10d rendezvous at `node.rdzv_endpoint`; a rank failing on
+    any host ends the rendezvous round, so every host's ranks stop.
+
+    Raises:
+        Canceled: `should_stop()` turned True.
+        RankFailed: a rank raised or died; its error names the rank (and host).
+    """
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    node = node or NodeSpec()
+    for name in ("torch.distributed.elastic", "torch.multiprocessing"):  # errors reach the run's event
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    workdir.mkdir(parents=True, exist_ok=True)
+    nproc = cfg.world_size // node.nnodes
+    endpoint = node.rdzv_endpoint or f"127.0.0.1:{free_port()}"
+    lc = LaunchConfig(min_nodes=node.nnodes, max_nodes=node.nnodes, nproc_per_node=nproc, run_id=run_id,
+                      rdzv_backend="c10d", rdzv_endpoint=endpoint,
+                      rdzv_configs={"timeout": RDZV_TIMEOUT_S, "is_host": node.is_host},
+                      max_restarts=0, monitor_interval=0.1, start_method=prepare_fork_server(),
+                      local_addr=node.local_addr,
+                      logs_specs=DefaultLogsSpecs(log_dir=str(workdir / "logs"), redirects=Std.ALL))
+    follower = _Follower(workdir, nproc, out, should_stop)
+    follower.start()
+    try:
+        elastic_launch(lc, rank_fn)(cfg.to_json_dict(), run_id, str(workdir), plan.backend, plan.kind,
+                                      node.host_label, dict(os.environ))
+        failure = None
+    except Exception as exc:  # ChildFailedError, or the agent's own (rendezvous) errors
+        failure = exc
+    follower.finish()
+    if follower.canceled:
+        raise Canceled("canceled: every rank process was stopped")
+    if failure is not None:
+        infos = _local_infos(workdir, nproc)
+        failure._rank_offset = min((i["rank"] for i in infos.values()), default=0)
+        err = root_cause(failure, workdir, nproc)
+        err["exception"] += _stalled_note(err, workdir, nproc)
+        raise RankFailed(err) from None
+    params = workdir / "final_params.pt"
+    return torch.load(params) if params.exists() else None

@@ -1,0 +1,190 @@
+"""What every rank process of a multi-process mode (DDP, FSDP) does around its training.
+
+`engine.modes.launcher` starts one process per rank with torch.distributed's elastic launch and
+hands each the same arguments; `run_rank` is the one bootstrap both modes share:
+
+- asks Linux to kill the rank when its launcher dies (prctl PR_SET_PDEATHSIG);
+- writes, in the launcher's workdir, by local rank L: `local<L>.json` ({rank, pid, host}) at start,
+  `local<L>.jsonl` events (batched; the launcher forwards them), and on failure
+  `local<L>.error.json` ({rank, step, host, exception, traceback}), written to a temporary name
+  and renamed into place, so the launcher, which polls for it, never reads it half-written;
+- closes the event sink and destroys the process group however the training ends.
+
+`init_rank` is the shared start of the training itself: the device of this local rank, CPU threads
+per rank, `init_process_group` with the run's collective timeout.
+
+Rank processes start from a fork server (`START_METHOD`) that has imported torch, torch._dynamo
+(which DDP's constructor imports) and the rank code once (`prepare_fork_server`): each rank then
+starts in ~0.1 s instead of re-importing ~3 s of modules, as a spawned interpreter must. The fork
+server never touches CUDA, so forking from it is safe for CUDA ranks (PyTorch's multiprocessing
+notes). It holds the environment it was started with, so every rank first takes on its launcher's
+environment (`run_rank`'s `env`: CUDA_VISIBLE_DEVICES of a lease, the run's id, turn gates).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import multiprocessing
+import os
+import signal
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+# Imported before any process group exists, on purpose. `DistributedDataParallel.__init__` imports
+# torch._dynamo lazily, which imports torch.distributed.nn.functional, whose functions take
+# `group=group.WORLD` as a default argument: imported after `init_process_group`, those defaults
+# capture the live WORLD group, `destroy_process_group()` cannot free it (gloo's `shutdown()` is a
+# no-op), and the gloo worker threads and the TCPStore outlive it into interpreter shutdown, where
+# their unjoined std::threads abort the process ("terminate called without an active exception",
+# SIGABRT) while the other ranks still finalize. tests/engine/test_rank_teardown.py checks it.
+import torch.distributed.nn.functional  # noqa: F401,E402  (isort: keep after torch.distributed)
+
+from engine.components.training import cpu_threads_per_rank
+from engine.config import RunConfig
+from engine.events import EventSink, rank_sink
+
+PR_SET_PDEATHSIG = 1  # prctl(2)
+START_METHOD = "forkserver"  # how the launcher starts rank processes (see the module docstring)
+# imported once by the fork server, before it forks any rank (names that fail to import are skipped)
+FORK_SERVER_PRELOAD = ("engine.modes.fork_server", "torch", "torch.distributed", "torch._dynamo",
+                       "torch.distributed.fsdp", "engine.modes.ranks", "engine.modes.ddp.rank",
+                       "engine.modes.fsdp.rank", "engine.data")
+progress: dict[str, int | None] = {"step": None}  # the step this rank is in, for its error report
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    """This rank's place in the run, from the variables torch's elastic agent sets."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def device_name(self) -> str:
+        """The name events carry: ``cuda:<local_rank>`` on GPUs, ``cpu:<rank>`` on CPU."""
+        return f"cuda:{self.local_rank}" if self.device.type == "cuda" else f"cpu:{self.rank}"
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent (the launcher) dies (prctl PDEATHSIG)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def rank_device(device_kind: str, local_rank: int) -> torch.device:
+    """``cuda:<local_rank>`` (made current) when `device_kind` is "cuda", else the CPU."""
+    if device_kind == "cuda":
+        torch.cuda.set_device(local_rank)
+        return torch.device(f"cuda:{local_rank}")
+    return torch.device("cpu")
+
+
+def init_rank(cfg: RunConfig, backend: str, device_kind: str) -> RankEnv:
+    """Join the run's process group (a collective: every rank must call it).
+
+    Reads RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT from the environment; on CPU, sets this
+    process's intra-op threads to its share of the cores (`cpu_threads_per_rank`).
+    """
+    local_rank, world = int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    device = rank_device(device_kind, local_rank)
+    if device.type == "cpu":
+        torch.set_num_threads(cpu_threads_per_rank(world))
+    join_process_group(backend, timeout=timedelta(seconds=cfg.collective_timeout_s))
+    return RankEnv(int(os.environ["RANK"]), local_rank, world, device)
+
+
+def join_process_group(backend: str, **kwargs) -> None:
+    """`torch.distributed.init_process_group(backend, **kwargs)`: the engine's one call of it, so
+    every process group is created after this module's import of torch.distributed.nn.functional
+    (see the comment there) and `destroy_process_group()` really frees it."""
+    dist.init_process_group(backend, **kwargs)
+
+
+def prepare_fork_server() -> str:
+    """Name the modules the fork server imports before its first fork; returns `START_METHOD`.
+
+    Call it before the first rank of this process starts (later calls change nothing: the server,
+    once running, keeps its imports).
+    """
+    multiprocessing.set_forkserver_preload(list(FORK_SERVER_PRELOAD))
+    return START_METHOD
+
+
+def start_rank_processes(fn: Callable, args: tuple, nprocs: int, *, join: bool = True):
+    """`torch.multiprocessing.start_processes(fn, args, nprocs)` from the fork server, each process
+    first taking on this process's environment (as `run_rank` does for the launcher's ranks).
+
+    `fn(i, *args)` must be a module-level function. Returns the `ProcessContext` (join=False) or
+    None; raises as `start_processes` does when a process fails (join=True).
+    """
+    import torch.multiprocessing as mp
+
+    return mp.start_processes(_with_env, args=(fn, dict(os.environ), *args), nprocs=nprocs, join=join,
+                              start_method=prepare_fork_server())
+
+
+def _with_env(i: int, fn: Callable, env: dict[str, str], *args) -> None:
+    os.environ.clear()
+    os.environ.update(env)
+    fn(i, *args)
+
+
+TrainRank = Callable[[RunConfig, str, int, Path, str, str, EventSink, str], None]
+
+
+def run_rank(train: TrainRank, cfg_dict: dict, run_id: str, workdir: str, backend: str,
+             device_kind: str, host: str = "", env: dict[str, str] | None = None) -> None:
+    """Run `train(cfg, run_id, rank, workdir, backend, device_kind, sink, host)` as one rank.
+
+    `host` labels this rank's events (the worker's identity, which tells hosts apart). `env` is
+    the launcher's environment: it replaces the fork server's before anything else runs (the
+    elastic agent's own variables, RANK and the rest, are kept). Any exception is written to
+    `local<L>.error.json` (atomically) and raised again, so the elastic agent sees the rank fail.
+    """
+    if env is not None:
+        agent = {k: v for k, v in os.environ.items() if k not in env and _from_agent(k)}
+        os.environ.clear()
+        os.environ.update({**env, **agent})
+    die_with_parent()
+    rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    wd = Path(workdir)
+    (wd / f"local{local}.json").write_text(json.dumps(dict(rank=rank, pid=os.getpid(), host=host)))
+    sink = rank_sink(wd / f"local{local}.jsonl")
+    try:
+        train(RunConfig(**cfg_dict), run_id, rank, wd, backend, device_kind, sink, host)
+    except BaseException as exc:
+        write_error(wd, local, dict(rank=rank, step=progress["step"], host=host,
+                                    exception=f"{type(exc).__name__}: {exc}",
+                                    traceback="".join(traceback.format_exception(exc))))
+        raise
+    finally:
+        sink.close()
+        if dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+
+
+_AGENT_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+               "ROLE_NAME", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _from_agent(name: str) -> bool:
+    """A variable torch's elastic agent sets for each rank (torch/distributed/elastic/agent)."""
+    return name in _AGENT_VARS or name.startswith(("TORCHELASTIC_", "TORCH_NCCL_", "NCCL_"))
+
+
+def write_error(workdir: Path, local_rank: int, error: dict) -> None:
+    """`local<L>.error.json`, renamed into place: the launcher never reads it half-written."""
+    tmp = workdir / f"local{local_rank}.error.json.tmp"
+    tmp.write_text(json.dumps(error))
+    os.replace(tmp, workdir / f"local{local_rank}.error.json")

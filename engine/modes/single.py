@@ -1,0 +1,69 @@
+"""`mode=single`: one device trains on the whole global batch — the baseline for speed and numerics.
+
+The global micro-batch is every rank's shard in rank order (`BatchPlan.global_indices`), so after k
+steps the parameters must equal DP's and DDP's (up to float summation order).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from engine.components.faults import maybe_fail
+from engine.components.loop import drive
+from engine.components.training import autocast, cpu_device_threads, evaluate, loss_fn, make_optimizer
+from engine.config import RunConfig
+from engine.data import BatchPlan, Dataset
+from engine.measure.memory_sampler import model_memory_sampler
+from engine.measure.telemetry import Telemetry, now, step_fields, wall_ts
+
+
+def train_single(cfg: RunConfig, ds: Dataset, model: nn.Module, device: torch.device, tel: Telemetry,
+                 should_stop: Callable[[], bool] | None = None) -> nn.Module:
+    """Train `model` on `device` for `cfg.steps` steps; returns the trained model."""
+    model.to(device).train()
+    opt = make_optimizer(cfg, model.parameters())
+    plan = BatchPlan(len(ds), cfg.world_size, cfg.micro_batch_per_device, cfg.seed)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def train_step(step: int) -> dict:
+        t0 = now()
+        fwd = bwd = 0.0
+        loss_sum = 0.0
+        for micro in range(cfg.grad_accum_steps):
+            idx = plan.global_indices(step * cfg.grad_accum_steps + micro)
+            x, y = ds.x_train[idx].to(device), ds.y_train[idx].to(device)
+            maybe_fail(cfg, 0, step)
+            t1 = now()
+            with autocast(cfg, device.type):
+                loss = loss_fn(model(x), y) / cfg.grad_accum_steps
+            sync()
+            t2 = now()
+            backward_start = t2
+            loss.backward()
+            sync()
+            t3 = now()
+            fwd, bwd, loss_sum = fwd + t2 - t1, bwd + t3 - t2, loss_sum + loss.item()
+        t4 = now()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        sync()
+        t5 = now()
+        return step_fields(start=t0, backward_start_ts=wall_ts(backward_start), loss=loss_sum, samples=cfg.global_batch_size, step_time_s=t5 - t0,
+                           forward_s=fwd, backward_s=bwd, comm_exposed_s=0.0, optimizer_s=t5 - t4)
+
+    sampler = model_memory_sampler(cfg, tel, model, opt, device)
+    threads = cpu_device_threads(cfg.world_size) if device.type == "cpu" else contextlib.nullcontext()
+    try:
+        with threads:  # on CPU the baseline is one virtual device of the run's size
+            drive(cfg, tel, sampler.wrap(train_step), should_stop=should_stop,
+                  evaluate=lambda: evaluate(model, ds, device))
+    finally:
+        sampler.close()
+    return model

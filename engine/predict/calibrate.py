@@ -1,0 +1,77 @@
+"""Calibration of the scale-out predictor from a set's single-device baseline: the contention
+term κ (a DDP rank beside others against a device alone) and the share f of compute that does
+not grow with the batch. Pure Python (no torch); `engine.predict.scaleout` uses both (see its module doc
+and docs/predict.md).
+"""
+
+from __future__ import annotations
+
+from engine.predict.inputs import RunInputs
+from engine.predict.step_models import time_share
+
+
+def contention(single: RunInputs | None, run: RunInputs) -> tuple[float, str]:
+    """κ: how much slower a DDP rank's work runs beside the other ranks of its CPU host than the
+    same work on a device alone.
+
+    Read from the one part of the step that is the same work in both runs: the optimizer step
+    (the same parameters and optimizer, whatever the batch), so κ = the rank's median
+    `optimizer_s` / (the single baseline's × k(n_m)) on devices of the same size, k being the
+    time-share of ranks that outnumber the cores (`time_share`; 1 while they fit), which the
+    model already applies on its own. Ranks beside each other share memory bandwidth and caches
+    and the other ranks' gloo threads; a device alone does not. Clipped below at 1 (beside
+    others is never faster; a smaller ratio is noise).
+
+    Returns:
+        (κ, source in words); (1.0, why) without a usable DDP run and baseline.
+    """
+    if single is None or single.mode != "single" or run.mode != "ddp" or run.world_size < 2:
+        return 1.0, "no DDP run beside a single-device baseline: no contention term (κ = 1)"
+    if (single.device_kind, single.cpu_threads_per_device) != (run.device_kind, run.cpu_threads_per_device) \
+            or run.device_kind != "cpu":
+        return 1.0, "the single baseline ran on a different device size (or not on CPU): κ = 1"
+    if not run.host_cpu_count:
+        return 1.0, "the run does not say how many cores its host has (an older recording): κ = 1"
+    if not (single.optimizer_s > 0 and run.optimizer_s > 0):
+        return 1.0, "no optimizer time in the runs: κ = 1"
+    shared = time_share_of(run)
+    k = max(1.0, run.optimizer_s / (single.optimizer_s * shared))
+    return k, (f"optimizer step of DDP rank {run.run_id} beside {run.world_size - 1} other(s) "
+               f"{run.optimizer_s * 1e3:.3f} ms against the single baseline {single.run_id} alone "
+               f"{single.optimizer_s * 1e3:.3f} ms"
+               + (f" × the time-share {shared:g}" if shared != 1 else "") + f": κ = {k:.2f}")
+
+
+def time_share_of(run: RunInputs) -> float:
+    """k(n_m) of a CPU run (1 elsewhere or without a core count)."""
+    if run.device_kind != "cpu" or not run.host_cpu_count:
+        return 1.0
+    return time_share(run.world_size, run.host_cpu_count)
+
+
+def fixed_fraction(single: RunInputs | None, run: RunInputs, kappa: float = 1.0) -> tuple[float, str]:
+    """Share f of the run's per-device compute that does not grow with the batch.
+
+    Two points on one line: the single-device baseline's forward over the global batch B and a
+    device's forward over B/n_m in `run`, both on devices of the same size (same threads, same
+    kind), the run's divided by `kappa` (`contention`: its forward ran beside other ranks, the
+    baseline's alone) and by its time-share k(n_m) (`time_share`: 1 while the devices fit the
+    cores): c(b) = c0 + c1·b, f = c0 / c(b_m), clipped to [0, 1]. Forward only: a DDP
+    rank's backward has the all-reduces' CPU work interleaved (gloo), which is not compute.
+
+    Returns:
+        (f, source in words); (0.0, why) when no usable baseline is given.
+    """
+    if single is None or single.mode != "single":
+        return 0.0, "no single-device baseline in this set: all compute taken as proportional to the batch"
+    if (single.device_kind, single.cpu_threads_per_device) != (run.device_kind, run.cpu_threads_per_device) \
+            or single.global_batch_size != run.global_batch_size or run.world_size < 2:
+        return 0.0, "the single baseline ran on a different device size or batch: not used"
+    b_m, big = run.per_device_batch, float(single.global_batch_size)
+    fwd_m = run.forward_s if run.mode == "ddp" else (run.dp_phases.get("forward") or {}).get("device_s", 0.0)
+    fwd_m /= kappa * time_share_of(run)
+    per_sample = (single.forward_s - fwd_m) / (big - b_m)
+    f = min(1.0, max(0.0, (fwd_m - per_sample * b_m) / fwd_m)) if fwd_m > 0 else 0.0
+    return f, (f"forward of the single baseline {single.run_id} (batch {single.global_batch_size}) "
+               f"and of this run (batch {b_m:g} per device{', ÷ κ' if kappa != 1 else ''}): {f:.0%} "
+               "of compute does not grow with the batch")

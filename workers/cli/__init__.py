@@ -1,0 +1,14 @@
+"""The ``ddpviz`` command (console script ``workers.cli:main``).
+
+    commands   the parser and the commands that go through Redis: up, worker, submit, train, ...
+    local      commands that run the engine here: compare, bench, preview, probe
+    export     ``ddpviz export``: a run's events as JSONL, CSV or a Chrome trace
+    predict    ``ddpviz predict RUN_ID``: the Scale-out page's report on the command line
+    flags      a command-line flag for every `RunConfig` field, generated
+    exits      exit codes: 0 done, 1 failed, 2 refused
+    progress   terminal progress for a run, fed by its events
+"""
+
+from workers.cli.commands import main
+
+__all__ = ["main"]

@@ -1,0 +1,123 @@
+"""`ddpviz compare`, `bench`, `preview` and `probe`: engine runs here.
+
+compare: single, DP and DDP (`--modes` adds fsdp) on one config; `--json` prints an object keyed by
+mode (README, "Command line").
+bench: the eight performance figures as JSON and Markdown (`workers.bench`) — the place where
+speed and memory targets are checked (not timed tests).
+preview: the DDP bucket layout PyTorch will use for a config, before anything launches.
+probe: the all-reduce probe (engine/modes/ddp/probe.py) alone, on local gloo ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from engine.config import validate_config
+    from engine.harness.compare import ALL_MODES, compare
+    from workers.cli.flags import run_fields
+
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    bad = [m for m in modes if m not in ALL_MODES]
+    if bad or not modes:
+        print(f"ddpviz: error: --modes must be a comma-separated subset of {','.join(ALL_MODES)} "
+              f"(got {args.modes!r})", file=sys.stderr)
+        return 2
+    # Validated as the mode that accepts every flag given (FSDP knobs need mode fsdp).
+    cfg = validate_config({**run_fields(args), "mode": "fsdp" if "fsdp" in modes else "ddp"})
+    report = compare(cfg, modes=modes,
+                     on_mode=lambda m: print(f"running {m} ...", file=sys.stderr, flush=True))
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for mode, r in report.items():
+            sps, up = r["samples_per_s"], r["speedup_vs_single"]
+            print(f"{mode:<6} {r['status']:<9} {sps or 0:>10.0f} samples/s  x{up or 0:.2f} vs single  "
+                  f"overlap {r['overlap'] if r['overlap'] is not None else '-'}  "
+                  f"in sync {r['replicas_in_sync']}  max |Δθ| vs single {r['max_param_diff_vs_single']}")
+    return 0 if all(r["status"] == "succeeded" for r in report.values()) else 1
+
+
+def cmd_preview(args: argparse.Namespace) -> int:
+    from engine.components.preflight import probe_batch
+    from engine.config import validate_config
+    from engine.data import load_dataset
+    from engine.models import build_model, grad_bytes, param_count
+    from engine.modes.ddp.buckets import preview_buckets
+    from workers.cli.flags import run_fields
+
+    cfg = validate_config({**run_fields(args), "mode": "ddp"})
+    ds = load_dataset(cfg)
+    model = build_model(cfg, ds)
+    p = preview_buckets(cfg, model, *probe_batch(cfg, ds))  # rank 0's first micro-batch
+    if args.json:
+        print(json.dumps(p, indent=2))
+        return 0
+    print(f"{cfg.model}: {param_count(model):,} parameters, {grad_bytes(model):,} gradient bytes; "
+          f"bucket cap {p['bucket_cap_bytes']:,} B (first bucket {p['first_bucket_cap_bytes']:,} B)")
+    for title, layout in (("step 0 (one bucket until DDP has seen the gradient order)", p["initial"]),
+                          ("after the rebuild that follows step 0", p["rebuilt"])):
+        print(title)
+        for b in layout:
+            names = ", ".join(b["param_names"][:4]) + (" ..." if len(b["param_names"]) > 4 else "")
+            kind = "  sparse (values + indices)" if b.get("sparse") else ""
+            print(f"  bucket {b['bucket_index']}: {b['nbytes']:>12,} B  {b['num_params']:>3} params  {names}{kind}")
+    return 0
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from engine.modes.ddp.probe import probe_local
+
+    kwargs = {k: v for k, v in dict(min_bytes=args.min_bytes, max_bytes=args.max_bytes, iters=args.iters,
+                                     warmup_iters=args.warmup_iters, budget_s=args.budget_s).items()
+              if v is not None}
+    try:
+        event = probe_local(args.world_size, **kwargs)
+    except ValueError as exc:  # a bad argument, refused before any process starts
+        print(f"ddpviz: refused: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(event, indent=2))
+        return 0
+    print(f"all-reduce probe, gloo, world_size {event['world_size']}, float32, median of "
+          f"{event['iters']} after {event['warmup_iters']} warm-up (max over ranks)")
+    print(f"{'bytes':>12} {'time (us)':>11} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}")
+    for p in event["points"]:
+        print(f"{p['nbytes']:>12,} {p['time_s'] * 1e6:>11.1f} {p['algbw_bytes_per_s'] / 1e9:>13.3f} "
+              f"{p['busbw_bytes_per_s'] / 1e9:>13.3f}")
+    if event["skipped_nbytes"]:
+        print(f"skipped by the {event['budget_s']:g} s budget: {event['skipped_nbytes']}")
+    fit = event["fit"]
+    if fit:
+        print(f"ring model fitted to {fit['points_used'][0]:,}..{fit['points_used'][-1]:,} B "
+              f"({len(fit['points_used'])} sizes, worst miss {fit['max_rel_residual']:.0%}): "
+              f"alpha {fit['alpha_s'] * 1e6:.1f} us, beta {fit['beta_bytes_per_s'] / 1e9:.3f} GB/s")
+    return 0
+
+
+def register(command, add_run_flags) -> None:
+    """Add the engine commands to the `ddpviz` parser (`command` as in workers.cli.commands.build_parser)."""
+    p = command("compare", cmd_compare, "run single, DP, DDP (and FSDP) on one config here and compare",
+                redis=False)
+    add_run_flags(p)
+    p.add_argument("--json", action="store_true", help="print the report as JSON, keyed by mode")
+    p.add_argument("--modes", default="single,dp,ddp", metavar="M1,M2,...",
+                   help="modes to run, comma-separated, from single,dp,ddp,fsdp (default: single,dp,ddp)")
+    from workers.bench.cli import register as register_bench
+
+    register_bench(command)
+    p = command("preview", cmd_preview, "show the DDP bucket layout for a config", redis=False)
+    add_run_flags(p)
+    p.add_argument("--json", action="store_true", help="print the layout as JSON")
+    p = command("probe", cmd_probe, "time all-reduces of 4 KiB..64 MiB on local gloo ranks "
+                "(nccl-tests style; the probe a DDP run does after training)", redis=False)
+    p.add_argument("--world-size", type=int, default=2, help="rank processes (>= 2)")
+    p.add_argument("--min-bytes", type=int, help="smallest message, bytes (default 4096)")
+    p.add_argument("--max-bytes", type=int, help="largest message, bytes (default 67108864)")
+    p.add_argument("--iters", type=int, help="timed all-reduces per size (default 10)")
+    p.add_argument("--warmup-iters", type=int, help="untimed rounds first (default 3)")
+    p.add_argument("--budget-s", type=float, help="seconds the probe may take (default 2)")
+    p.add_argument("--json", action="store_true", help="print the allreduce_probe event as JSON")

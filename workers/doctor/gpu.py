@@ -1,0 +1,243 @@
+"""`ddpviz doctor --gpu`: the CUDA paths, each check with a verdict and its figures.
+
+Runs after the CPU checks, with the doctor's private Redis and worker still up, in this order:
+the `gpu`-marked tests; single, DP (torch.nn.parallel, device_ids=[0..]) and DDP (NCCL) on a GPT
+of ~100 M parameters with `compare`'s parity against single; memory samples per second per device
+in those runs; NVML against `torch.cuda.memory_reserved` for the same GPU (by UUID); bf16 autocast
+inside DP replica threads; DDP with 2 ranks sharing cuda:0 over gloo (CUDA-event buckets and
+memory per rank); the overhead of instrumented vs plain DDP; with 2+ GPUs the DP/DDP pair at
+world_size = GPU count and device 0's memory hot spot; a DP and a DDP run on the GPU through the
+queue; screenshots of Live and Bucket timeline of those runs. Sized for <= 8 minutes on one GPU.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any, Callable
+
+from workers.doctor.report import CheckFailed, CheckSkipped, Report, run_check
+
+ROOT = Path(__file__).resolve().parents[2]
+GPT_100M = dict(model="gpt", dataset="text", width=768, depth=14, n_head=12, block_size=256)  # 99.5 M params
+PARITY = dict(GPT_100M, world_size=1, global_batch_size=8, steps=10, lr=0.01, device="cuda", eval_every=0,
+              step_delay_s=0.0)
+SMALL_GPT = dict(model="gpt", dataset="text", width=256, depth=4, n_head=4, block_size=128, global_batch_size=16,
+                 device="cuda", eval_every=0, step_delay_s=0.0)
+PARITY_MAX_DIFF = 1e-4  # largest |parameter difference| vs single after PARITY's steps (fp32, SGD)
+MEMORY_SAMPLES_PER_S_TARGET = 10.0  # per device, the measured-memory issue's target
+OVERHEAD_RATIO_TARGET = 1.03  # instrumented / plain median step time, the measured-memory issue's target
+GPU_TESTS_TIMEOUT_S = 240
+
+
+def run_gpu_checks(stack, report: Report, out_dir: Path, log: Callable[[str], None]) -> None:
+    """Add every GPU check to `report` (see module docstring)."""
+    state: dict[str, Any] = {}
+    for name, fn in (("cuda", check_cuda), ("gpu_tests", check_gpu_tests),
+                     ("parity_gpt_100m", lambda: check_parity(state)),
+                     ("memory_samples_per_s", lambda: check_memory_rate(state)),
+                     ("nvml_vs_allocator", check_nvml), ("bf16_in_dp_replicas", check_amp),
+                     ("ddp_2_ranks_one_gpu_gloo", check_shared_gpu), ("overhead_ddp_gpu", check_overhead),
+                     ("multi_gpu_pair", check_multi_gpu),
+                     ("gpu_runs_through_queue", lambda: check_queue_runs(stack, state)),
+                     ("screenshots", lambda: check_screenshots(stack, state, out_dir))):
+        report.add(run_check(name, fn, log))
+
+
+def check_cuda() -> tuple[str, dict[str, Any]]:
+    from engine.harness.gpu_checks import cuda_inventory
+
+    inv = cuda_inventory()
+    names = ", ".join(d["name"] for d in inv["devices"])
+    return f"{inv['device_count']} GPU(s): {names}; torch {inv['torch']}, CUDA {inv['cuda']}", inv
+
+
+def gpu_test_files() -> list[Path]:
+    """Test files that carry the `gpu` mark (collected alone, so the others' extras are not needed)."""
+    tests = ROOT / "tests"
+    return sorted(p for p in tests.rglob("test_*.py") if "mark.gpu" in p.read_text(errors="replace"))
+
+
+def check_gpu_tests() -> tuple[str, dict[str, Any]]:
+    files = gpu_test_files()
+    if not files:
+        raise CheckSkipped(f"no gpu-marked tests under {ROOT / 'tests'} (not a source checkout)")
+    with tempfile.TemporaryDirectory(prefix="ddpviz-doctor-tests-") as tmp:
+        xml = Path(tmp) / "junit.xml"
+        cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
+               f"--junitxml={xml}", *map(str, files)]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=GPU_TESTS_TIMEOUT_S)
+        if not xml.exists():
+            raise CheckFailed(f"pytest exited {proc.returncode} without a report", dict(tail=proc.stdout[-3000:]))
+        suite = ET.parse(xml).getroot()
+        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+        cases = suite.findall("testcase")
+    failed = [c.get("name") for c in cases if c.find("failure") is not None or c.find("error") is not None]
+    skipped = [c.get("name") for c in cases if c.find("skipped") is not None]
+    figures = dict(files=[str(f.relative_to(ROOT)) for f in files], tests=len(cases), failed=failed,
+                   skipped=skipped, passed=len(cases) - len(failed) - len(skipped), pytest_exit=proc.returncode)
+    if failed or not cases or len(skipped) == len(cases):
+        raise CheckFailed(f"{len(failed)} of {len(cases)} gpu tests failed, {len(skipped)} skipped",
+                          dict(figures, tail=proc.stdout[-3000:]))
+    return f"{figures['passed']} gpu tests passed", figures
+
+
+def check_parity(state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    from engine.config import RunConfig
+    from engine.events import ListSink
+    from engine.harness.compare import compare
+
+    sinks = {m: ListSink() for m in ("single", "dp", "ddp")}
+    result = compare(RunConfig(mode="ddp", **PARITY), sink_for=lambda m: sinks[m])
+    state["parity_events"] = {m: s.events for m, s in sinks.items()}
+    started = next(e for e in sinks["single"].events if e["type"] == "run_started")
+    figures = dict(config=PARITY, param_count=started.get("param_count"), modes=result)
+    bad = [f"{m} {r['status']}: {(r['error'] or {}).get('exception')}" for m, r in result.items()
+           if r["status"] != "succeeded"]
+    if bad:
+        raise CheckFailed("; ".join(bad), figures)
+    diffs = {m: result[m]["max_param_diff_vs_single"] for m in ("dp", "ddp")}
+    far = {m: d for m, d in diffs.items() if d is None or d > PARITY_MAX_DIFF}
+    if far:
+        raise CheckFailed(f"parameters differ from single by {far} (bound {PARITY_MAX_DIFF:g})", figures)
+    return (f"{started.get('param_count'):,} parameters; max |Δθ| vs single: DP {diffs['dp']:.2e}, "
+            f"DDP {diffs['ddp']:.2e}", figures)
+
+
+def check_memory_rate(state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    from engine.harness.gpu_checks import memory_sample_rates
+
+    if "parity_events" not in state:
+        raise CheckSkipped("needs the parity runs' events")
+    rates = {m: memory_sample_rates(ev) for m, ev in state["parity_events"].items()}
+    lowest = min((r["per_s"] for per in rates.values() for r in per.values()), default=0.0)
+    figures = dict(per_mode_device=rates, target_per_s=MEMORY_SAMPLES_PER_S_TARGET, lowest_per_s=lowest)
+    if lowest < MEMORY_SAMPLES_PER_S_TARGET:
+        raise CheckFailed(f"lowest rate {lowest:.1f} samples/s per device, below the target "
+                          f"{MEMORY_SAMPLES_PER_S_TARGET:g}", figures)
+    return f"at least {lowest:.1f} memory samples/s on every device", figures
+
+
+def check_nvml() -> tuple[str, dict[str, Any]]:
+    from engine.harness.gpu_checks import nvml_vs_allocator
+
+    try:
+        fig = nvml_vs_allocator(0)
+    except RuntimeError as exc:
+        raise CheckFailed(str(exc)) from None
+    try:  # what ddpviz's memory events would say for cuda:0
+        from engine.measure.memory import nvml_used_bytes
+
+        fig["engine_memory_used_bytes"] = nvml_used_bytes(0)[0]
+    except Exception as exc:
+        fig["engine_memory_used_bytes"] = f"unavailable: {exc}"
+    if fig["nvml_used_bytes"] < fig["torch_reserved_bytes"]:
+        raise CheckFailed("NVML reports less memory used than this process has reserved: wrong GPU?", fig)
+    return (f"NVML {fig['nvml_used_bytes'] / 2**20:.0f} MiB used, torch reserved "
+            f"{fig['torch_reserved_bytes'] / 2**20:.0f} MiB; difference {fig['difference_bytes'] / 2**20:.0f} MiB", fig)
+
+
+def check_amp() -> tuple[str, dict[str, Any]]:
+    from engine.harness.gpu_checks import amp_in_replicas
+
+    fig = amp_in_replicas()
+    ours = {k: v for k, v in fig.items() if k.startswith("ddpviz")}
+    wrong = {k: v for k, v in ours.items() if v != [fig["asked"]]}
+    if wrong:
+        raise CheckFailed(f"replica ops ran in {wrong}, not {fig['asked']}", fig)
+    return (f"every ddpviz replica ran {fig['asked']}; torch's parallel_apply threads ran "
+            f"{fig['torch_parallel_apply_two_threads_on_cuda0']}", fig)
+
+
+def check_shared_gpu() -> tuple[str, dict[str, Any]]:
+    from engine.harness.gpu_checks import shared_gpu_ddp
+
+    fig = shared_gpu_ddp(world=2, steps=4)
+    errors = [r["error"] for r in fig["ranks"] if "error" in r]
+    if fig.get("error") or not fig["ranks"]:
+        raise CheckFailed(f"a rank died: {fig.get('error')}", fig)
+    if errors and all(e["stage"] == "init" for e in errors):
+        raise CheckSkipped(f"torch does not allow 2 gloo ranks with CUDA tensors on one GPU here: "
+                           f"{errors[0]['exception']}")
+    if errors:
+        raise CheckFailed(f"ranks failed while training: {errors}", fig)
+    summary = []
+    for r in fig["ranks"]:
+        last = r["steps"][-1]
+        ok = all(b["comm_start_s"] is not None and 0 <= b["ready_s"] <= b["comm_start_s"] <= b["comm_end_s"]
+                 for s in r["steps"] for b in s["buckets"])
+        summary.append(dict(rank=r["rank"], buckets_last_step=len(last["buckets"]), times_ordered=ok,
+                            allocated_bytes=last["memory"]["allocated_bytes"],
+                            reserved_bytes=last["memory"]["reserved_bytes"]))
+    fig["summary"] = summary
+    in_sync = all(c == fig["ranks"][0]["checksums"][0] for c in fig["ranks"][0]["checksums"])
+    if not all(s["times_ordered"] and s["buckets_last_step"] >= 2 and s["allocated_bytes"] > 0 for s in summary) \
+            or not in_sync:
+        raise CheckFailed("bucket times out of order, too few buckets, no memory, or replicas out of sync", fig)
+    return f"2 ranks on cuda:0 over gloo: {summary[0]['buckets_last_step']} CUDA-timed buckets per step, in sync", fig
+
+
+def check_overhead() -> tuple[str, dict[str, Any]]:
+    from engine.config import RunConfig
+    from engine.harness.overhead import measure_overhead
+
+    fig = measure_overhead(RunConfig(mode="ddp", world_size=1, **SMALL_GPT), rounds=6, block_steps=10)
+    fig["target_ratio"] = OVERHEAD_RATIO_TARGET
+    if fig["max_param_diff"] > PARITY_MAX_DIFF:
+        raise CheckFailed(f"plain and ddpviz DDP did different work (max |Δθ| {fig['max_param_diff']:.2e})", fig)
+    text = (f"ddpviz {fig['ddpviz_median_step_s'] * 1e3:.2f} ms vs plain {fig['plain_median_step_s'] * 1e3:.2f} ms "
+            f"per step: {fig['ratio']:.3f}x")
+    if fig["ratio"] > OVERHEAD_RATIO_TARGET:
+        raise CheckFailed(f"{text}, above the target {OVERHEAD_RATIO_TARGET}x", fig)
+    return text, fig
+
+
+def check_multi_gpu() -> tuple[str, dict[str, Any]]:
+    import torch
+
+    from engine.config import RunConfig
+    from engine.events import ListSink
+    from engine.harness.gpu_checks import memory_imbalance
+    from engine.run import run_training
+
+    n = torch.cuda.device_count()
+    if n < 2:
+        raise CheckSkipped(f"{n} GPU visible: the DP/DDP pair at world_size = GPU count needs 2 or more")
+    fig: dict[str, Any] = dict(world_size=n)
+    for mode in ("dp", "ddp"):
+        sink = ListSink()
+        r = run_training(RunConfig(mode=mode, world_size=n, steps=10, **{**SMALL_GPT, "global_batch_size": 8 * n}),
+                         sink, f"doctor-{mode}-{n}gpu")
+        fig[mode] = dict(status=r.status, samples_per_s=r.summary.get("samples_per_s"),
+                         error=(r.error or {}).get("exception"), **memory_imbalance(sink.events))
+    if fig["dp"]["status"] != "succeeded" or fig["ddp"]["status"] != "succeeded":
+        raise CheckFailed("a run failed", fig)
+    return (f"device 0 hot spot: DP max/min peak memory {fig['dp']['max_over_min']:.2f}x, "
+            f"DDP {fig['ddp']['max_over_min']:.2f}x", fig)
+
+
+def check_queue_runs(stack, state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    from workers.doctor.report import run_figures
+
+    client = stack.client()
+    cfg = dict(SMALL_GPT, world_size=1, steps=30, bucket_cap_mb=1.0)
+    ids = {m: client.submit({**cfg, "mode": m}, label=f"doctor GPU {m.upper()}") for m in ("dp", "ddp")}
+    recs = stack.wait(list(ids.values()))
+    fig = {m: run_figures(client, recs[rid]) for m, rid in ids.items()}
+    bad = [f"{m} {f['status']} ({f['error']})" for m, f in fig.items() if f["status"] != "succeeded"]
+    if bad:
+        raise CheckFailed("; ".join(bad), fig)
+    state["queue_runs"] = ids
+    return "a DP and a DDP run on cuda:0 went through the queue and finished", fig
+
+
+def check_screenshots(stack, state: dict[str, Any], out_dir: Path) -> tuple[str, dict[str, Any]]:
+    from workers.doctor.shots import take_screenshots
+
+    if "queue_runs" not in state:
+        raise CheckSkipped("no GPU runs in Redis to show (gpu_runs_through_queue did not pass)")
+    paths = take_screenshots(stack, state["queue_runs"], out_dir)
+    return f"{len(paths)} screenshots in {out_dir}", dict(paths=[str(p) for p in paths])

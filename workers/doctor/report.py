@@ -1,0 +1,139 @@
+"""The report of `ddpviz doctor`: one verdict and its figures per check, as JSON and Markdown.
+
+A check's verdict is ``pass``, ``fail`` or ``skip`` (could not run here, with the reason). The
+doctor exits non-zero when any check failed. `report.json` holds everything; `report.md` is the
+same as a table a person can paste into the README's "GPU results".
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import socket
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+VERDICTS = ("pass", "fail", "skip")
+
+
+@dataclass
+class Check:
+    """One check: `name`, `verdict` (pass|fail|skip), `detail` (a sentence: what was found, and
+    for a failure why), `figures` (JSON-able measurements, units in their names), `seconds`."""
+
+    name: str
+    verdict: str = "pass"
+    detail: str = ""
+    figures: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"verdict must be one of {VERDICTS} (got {self.verdict!r})")
+
+
+class CheckFailed(Exception):
+    """Raised inside a check to fail it with a message (and the figures gathered so far)."""
+
+    def __init__(self, message: str, figures: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.figures = figures or {}
+
+
+class CheckSkipped(Exception):
+    """Raised inside a check that cannot run here; the message says why."""
+
+
+def run_check(name: str, fn: Callable[[], tuple[str, dict[str, Any]]],
+              log: Callable[[str], None] = print) -> Check:
+    """Run `fn` (which returns ``(detail, figures)``) as check `name`, timed.
+
+    `CheckFailed` and any other exception make it ``fail`` (an unexpected exception keeps its
+    last traceback lines in the figures), `CheckSkipped` makes it ``skip``.
+    """
+    log(f"doctor: {name} ...")
+    t0 = time.monotonic()
+    try:
+        detail, figures = fn()
+        check = Check(name, "pass", detail, figures)
+    except CheckSkipped as exc:
+        check = Check(name, "skip", str(exc))
+    except CheckFailed as exc:
+        check = Check(name, "fail", str(exc), exc.figures)
+    except Exception as exc:  # a check must never take the doctor down with a traceback
+        tb = traceback.format_exception(exc)
+        check = Check(name, "fail", f"{type(exc).__name__}: {exc}", {"traceback_tail": "".join(tb[-3:])})
+    check.seconds = round(time.monotonic() - t0, 3)
+    log(f"doctor: {name}: {check.verdict} ({check.seconds:.1f} s) {check.detail}")
+    return check
+
+
+@dataclass
+class Report:
+    """All checks of one doctor run and where it ran."""
+
+    checks: list[Check] = field(default_factory=list)
+    gpu: bool = False
+    started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    host: str = field(default_factory=socket.gethostname)
+    platform: dict[str, Any] = field(default_factory=lambda: dict(python=platform.python_version(),
+                                                                   system=platform.platform()))
+
+    @property
+    def ok(self) -> bool:
+        return all(c.verdict != "fail" for c in self.checks)
+
+    autosave_dir: Path | None = None  # when set, the report is rewritten after every check
+
+    def add(self, check: Check) -> Check:
+        self.checks.append(check)
+        if self.autosave_dir is not None:  # a doctor stopped half-way still leaves what it found
+            self.write(self.autosave_dir)
+        return check
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(ok=self.ok, gpu=self.gpu, started_at=self.started_at, host=self.host,
+                    platform=self.platform, checks=[asdict(c) for c in self.checks])
+
+    def write(self, out_dir: str | Path) -> tuple[Path, Path]:
+        """Write `out_dir/report.json` and `out_dir/report.md`; returns both paths."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        js, md = out / "report.json", out / "report.md"
+        js.write_text(json.dumps(self.as_dict(), indent=2, default=str) + "\n", encoding="utf-8")
+        md.write_text(self.markdown(), encoding="utf-8")
+        return js, md
+
+    def markdown(self) -> str:
+        lines = [f"# ddpviz doctor{' --gpu' if self.gpu else ''}: {'all passed' if self.ok else 'FAILED'}",
+                 "", f"{self.started_at} on `{self.host}` (Python {self.platform['python']}, "
+                 f"{self.platform['system']})", "",
+                 "| check | verdict | seconds | what was found |", "|---|---|---:|---|"]
+        for c in self.checks:
+            lines.append(f"| {c.name} | **{c.verdict}** | {c.seconds:.1f} | {_cell(c.detail)} |")
+        for c in self.checks:
+            if c.figures:
+                lines += ["", f"## {c.name}", "", "```json", json.dumps(c.figures, indent=2, default=str), "```"]
+        return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def run_figures(client, rec: dict[str, Any]) -> dict[str, Any]:
+    """A finished run's headline figures and its events counted by type."""
+    from workers.history import read_all_events
+
+    counts: dict[str, int] = {}
+    for e in read_all_events(client, rec["run_id"]):
+        counts[e["type"]] = counts.get(e["type"], 0) + 1
+    s = rec.get("summary") or {}
+    return dict(run_id=rec["run_id"], status=rec["status"], steps_done=s.get("steps_done"),
+                samples_per_s=s.get("samples_per_s"), final_loss=s.get("final_loss"),
+                wall_time_s=s.get("wall_time_s"), events=counts,
+                error=(rec.get("error") or {}).get("exception"))

@@ -1,0 +1,15 @@
+"""The RQ jobs a worker runs, and how their endings are recorded.
+
+    run        `execute_run`: one training run (single, DP, DDP, FSDP on this host)
+    multinode  a run with ``nnodes > 1`` becomes one node job per host
+    node       `execute_node`: one host's part of a multi-host DDP run
+    nodes      the shared state of a multi-host run's node jobs and how they end as one run
+
+RQ stores a job's function by name; the names it is given are this package's
+(`workers.jobs.execute_run`, `execute_node`, `on_job_stopped`), re-exported here.
+"""
+
+from workers.jobs.node import execute_node
+from workers.jobs.run import execute_run, on_job_stopped
+
+__all__ = ["execute_node", "execute_run", "on_job_stopped"]
