@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from engine.export import EXPORT_FORMATS
-from workers.doctor.report import CheckFailed, CheckSkipped, Report, run_check, run_figures  # noqa: F401
+from workers.doctor.report import CheckFailed, CheckSkipped, Interrupted, Report, run_check, run_figures  # noqa: F401
 from workers.history import read_all_events
 
 PAIR_CONFIG = dict(world_size=2, steps=5, step_delay_s=0.0, eval_every=0, device="cpu", global_batch_size=64)
@@ -213,10 +213,14 @@ def check_cleanup(stack: DoctorStack) -> tuple[str, dict[str, Any]]:
     stack.stop()
     shutil.rmtree(stack.workdir, ignore_errors=True)
     deadline = time.monotonic() + 5.0
+    me = psutil.Process()
     while True:
-        kids = [p for p in psutil.Process().children(recursive=True) if _alive(p)]
-        # multiprocessing's resource tracker (torch spawn) lives as long as this process, by design
-        trackers = [p.pid for p in kids if "resource_tracker" in " ".join(_cmdline(p))]
+        kids = [p for p in me.children(recursive=True) if _alive(p)]
+        # multiprocessing's resource tracker and fork server (the rank processes of a run started in
+        # this process fork from it: engine.modes.ranks) live as long as this process, by design.
+        # Only direct children count as such: a rank forked from the server has the server's cmdline.
+        trackers = [p.pid for p in me.children() if _alive(p) and any(
+            name in " ".join(_cmdline(p)) for name in ("resource_tracker", "multiprocessing.forkserver"))]
         left = [dict(pid=p.pid, cmd=" ".join(_cmdline(p))[:120]) for p in kids if p.pid not in trackers]
         marked = [p.pid for p in processes_with_env(UP_TOKEN_ENV, stack.token)]
         if (not left and not marked) or time.monotonic() > deadline:
@@ -261,6 +265,9 @@ def run_doctor(out_dir: str | Path, *, gpu: bool = False, url: str | None = None
                 from workers.doctor.gpu import run_gpu_checks
 
                 run_gpu_checks(stack, report, out, log)
+    except Interrupted as exc:  # a stop signal (e.g. `timeout`): keep the check it cut short, then clean up
+        report.add(exc.check)
+        raise
     finally:
         report.add(run_check("cleanup", lambda: check_cleanup(stack), log))
         report.write(out)

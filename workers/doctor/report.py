@@ -3,13 +3,24 @@
 A check's verdict is ``pass``, ``fail`` or ``skip`` (could not run here, with the reason). The
 doctor exits non-zero when any check failed. `report.json` holds everything; `report.md` is the
 same as a table a person can paste into the README's "GPU results".
+
+Each check runs with the process's stop-signal handlers kept (`signals_kept`): torch's elastic
+agent, which the GPU checks run in this (the main) thread, installs its own handler for SIGTERM,
+SIGINT, SIGHUP and SIGQUIT (`PContext.start` in torch/distributed/elastic/multiprocessing/api.py)
+and never puts the old one back, and turns the signal into an exception that ddpviz's launcher
+reports as a failed run. So after every check the handlers are restored, and a stop signal that
+arrived during the check (seen through `signal.set_wakeup_fd`, whoever handled it) ends the
+doctor with `Interrupted`, after which its cleanup check runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
+import signal
 import socket
+import threading
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -18,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 VERDICTS = ("pass", "fail", "skip")
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)  # torch elastic's set
 
 
 @dataclass
@@ -48,27 +60,82 @@ class CheckSkipped(Exception):
     """Raised inside a check that cannot run here; the message says why."""
 
 
+class Interrupted(SystemExit):
+    """A stop signal ended the doctor during `check` (recorded as failed); exit code 128 + signal."""
+
+    def __init__(self, check: "Check", code: int):
+        super().__init__(code)
+        self.check = check
+
+
+@contextlib.contextmanager
+def signals_kept(signals=STOP_SIGNALS):
+    """Put back the handlers of `signals` after the block, and say which of them arrived in it.
+
+    Yields a list that, after the block, holds the numbers of those signals delivered during it,
+    also ones another handler swallowed (Python writes every handled signal's number to the
+    wakeup fd, `signal.set_wakeup_fd`). Outside the main thread (where handlers cannot be set)
+    it does nothing.
+    """
+    seen: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield seen
+        return
+    saved = {s: signal.getsignal(s) for s in signals}
+    rx, tx = socket.socketpair()
+    rx.setblocking(False)
+    tx.setblocking(False)
+    old_fd = signal.set_wakeup_fd(tx.fileno(), warn_on_full_buffer=False)
+    try:
+        yield seen
+    finally:
+        signal.set_wakeup_fd(old_fd)
+        for s, handler in saved.items():
+            if handler is not None:  # None: set from outside Python; leave it
+                signal.signal(s, handler)
+        with contextlib.suppress(BlockingIOError):
+            seen.extend(n for n in rx.recv(4096) if n in {int(s) for s in signals})
+        rx.close()
+        tx.close()
+
+
 def run_check(name: str, fn: Callable[[], tuple[str, dict[str, Any]]],
               log: Callable[[str], None] = print) -> Check:
     """Run `fn` (which returns ``(detail, figures)``) as check `name`, timed.
 
     `CheckFailed` and any other exception make it ``fail`` (an unexpected exception keeps its
-    last traceback lines in the figures), `CheckSkipped` makes it ``skip``.
+    last traceback lines in the figures), `CheckSkipped` makes it ``skip``. Stop-signal handlers
+    are the same after the check as before it (`signals_kept`).
+
+    Raises:
+        Interrupted: a stop signal arrived during the check (the doctor's own SIGTERM handler's
+            `SystemExit`, or a signal some library's handler turned into an exception); the
+            check, failed and saying so, rides on it.
     """
     log(f"doctor: {name} ...")
     t0 = time.monotonic()
-    try:
-        detail, figures = fn()
-        check = Check(name, "pass", detail, figures)
-    except CheckSkipped as exc:
-        check = Check(name, "skip", str(exc))
-    except CheckFailed as exc:
-        check = Check(name, "fail", str(exc), exc.figures)
-    except Exception as exc:  # a check must never take the doctor down with a traceback
-        tb = traceback.format_exception(exc)
-        check = Check(name, "fail", f"{type(exc).__name__}: {exc}", {"traceback_tail": "".join(tb[-3:])})
+    stopped: SystemExit | None = None
+    with signals_kept() as seen:
+        try:
+            detail, figures = fn()
+            check = Check(name, "pass", detail, figures)
+        except CheckSkipped as exc:
+            check = Check(name, "skip", str(exc))
+        except CheckFailed as exc:
+            check = Check(name, "fail", str(exc), exc.figures)
+        except SystemExit as exc:  # the doctor's SIGTERM handler (or a sys.exit inside the check)
+            stopped, check = exc, Check(name, "fail", f"stopped: SystemExit({exc.code})")
+        except Exception as exc:  # a check must never take the doctor down with a traceback
+            tb = traceback.format_exception(exc)
+            check = Check(name, "fail", f"{type(exc).__name__}: {exc}", {"traceback_tail": "".join(tb[-3:])})
     check.seconds = round(time.monotonic() - t0, 3)
+    if seen and stopped is None:
+        sig = signal.Signals(seen[0])
+        check.verdict, check.detail = "fail", f"stopped by {sig.name} (a time limit?); it ended as: {check.detail}"
+        stopped = SystemExit(128 + sig)
     log(f"doctor: {name}: {check.verdict} ({check.seconds:.1f} s) {check.detail}")
+    if stopped is not None:
+        raise Interrupted(check, stopped.code if isinstance(stopped.code, int) else 1) from None
     return check
 
 
