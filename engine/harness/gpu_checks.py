@@ -1,8 +1,8 @@
 """The torch side of `ddpviz doctor --gpu`: probes of the CUDA paths that return plain figures.
 
 Each function measures one thing on the GPUs at hand and returns a JSON-able dict; the verdicts
-are the doctor's (workers/doctor/gpu.py). `memory_sample_rates` and `memory_imbalance` read events
-only and run anywhere.
+are the doctor's (workers/doctor/gpu.py). `memory_imbalance` reads events only and runs anywhere;
+memory readings per second are counted where `ddpviz bench` counts them (workers/bench/measured.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import tempfile
 import threading
-from collections import defaultdict
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Iterable
@@ -83,26 +82,6 @@ def nvml_vs_allocator(index: int = 0, probe_bytes: int = 256 * MIB) -> dict[str,
     finally:
         del block
         pynvml.nvmlShutdown()
-
-
-def memory_sample_rates(events: Iterable[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Memory samples per second per device, from a run's `memory` events (any source).
-
-    Rate = (samples - 1) / (last ts - first ts), the rate over the span they cover; a device with
-    one sample has rate 0.
-
-    Returns:
-        ``{device: {samples, span_s, per_s}}``.
-    """
-    ts: dict[str, list[float]] = defaultdict(list)
-    for e in events:
-        if e.get("type") == "memory":
-            ts[str(e.get("device"))].append(float(e["ts"]))
-    out = {}
-    for dev, t in ts.items():
-        span = max(t) - min(t)
-        out[dev] = dict(samples=len(t), span_s=span, per_s=(len(t) - 1) / span if span > 0 else 0.0)
-    return out
 
 
 def memory_imbalance(events: Iterable[dict[str, Any]]) -> dict[str, Any]:

@@ -4,17 +4,8 @@ against hand-worked values and against each other (engine/harness/gpu_checks.py,
 import pytest
 
 from engine.config import RunConfig
-from engine.harness.gpu_checks import memory_imbalance, memory_sample_rates, shared_gpu_ddp
+from engine.harness.gpu_checks import memory_imbalance, shared_gpu_ddp
 from engine.harness.overhead import block_medians, measure_overhead, median_interval, turn_order
-
-
-def test_memory_sample_rates_by_hand():
-    # cuda:0: 5 samples over 0.4 s -> 4 intervals / 0.4 s = 10/s; cuda:1: one sample -> 0
-    events = [{"type": "memory", "device": "cuda:0", "ts": 100.0 + 0.1 * i} for i in range(5)]
-    events += [{"type": "memory", "device": "cuda:1", "ts": 100.2}, {"type": "step", "device": "cuda:1", "ts": 101}]
-    rates = memory_sample_rates(events)
-    assert rates["cuda:0"]["samples"] == 5 and rates["cuda:0"]["per_s"] == pytest.approx(10.0)
-    assert rates["cuda:1"] == {"samples": 1, "span_s": 0.0, "per_s": 0.0}
 
 
 def test_memory_imbalance_takes_each_devices_peak():

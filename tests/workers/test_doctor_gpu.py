@@ -67,8 +67,77 @@ def test_parity_and_memory_rate_flow_on_a_cpu_config(monkeypatch):
     state = {}
     detail, fig = doctor_gpu.check_parity(state)
     assert "max |Δθ| vs single" in detail and set(fig["modes"]) == {"single", "dp", "ddp"}
+    for mode, events in state["parity_events"].items():  # what ran, from each run's own record
+        assert next(e for e in events if e["type"] == "run_started")["config"]["optimizer"] == "sgd", mode
+    assert "steps of sgd" in detail
     assert fig["modes"]["ddp"]["max_param_diff_vs_single"] <= doctor_gpu.PARITY_MAX_DIFF
     monkeypatch.setattr(doctor_gpu, "MEMORY_SAMPLES_PER_S_TARGET", 1e9)  # no run samples that fast
     with pytest.raises(CheckFailed, match="below the target") as exc:
         doctor_gpu.check_memory_rate(state)
-    assert set(exc.value.figures["per_mode_device"]["dp"]) == {"cpu:0", "cpu:1"}
+    assert set(exc.value.figures["per_mode_device"]["dp"]["per_device"]) == {"cpu:0", "cpu:1"}
+
+
+class FakeNvml:
+    """pynvml's calls NvmlReader makes, for one GPU of UUID `uuid` with `used` bytes in use."""
+
+    def __init__(self, uuid="GPU-5e1f", used=3 << 30):
+        self.uuid, self.used = uuid, used
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        if uuid != self.uuid:
+            raise RuntimeError("NVML_ERROR_NOT_FOUND")
+        return "handle"
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return type("Mem", (), {"used": self.used})()
+
+
+NVML_FIG = dict(cuda_index=0, uuid="GPU-5e1f", nvml_used_bytes=3 << 30, torch_reserved_bytes=2 << 30,
+                difference_bytes=1 << 30)
+
+
+def test_nvml_check_reads_through_ddpviz_own_reader(monkeypatch):
+    import functools
+
+    from engine.measure import memory
+
+    monkeypatch.setattr(gpu_checks, "nvml_vs_allocator", lambda i: dict(NVML_FIG))
+    real = memory.NvmlReader
+    # the real reader, given NVML and CUDA's UUID of cuda:0 (no prefix, as torch prints it)
+    monkeypatch.setattr(memory, "NvmlReader", functools.partial(real, nvml=FakeNvml(), uuid_of=lambda i: "5e1f"))
+    detail, fig = doctor_gpu.check_nvml()
+    assert fig["engine_nvml_used_bytes"] == 3 << 30 and "NVML 3072 MiB used" in detail
+    # the reader finds no GPU of that UUID: memory events would say nothing; the check says so
+    monkeypatch.setattr(memory, "NvmlReader", functools.partial(real, nvml=FakeNvml(), uuid_of=lambda i: "0ther"))
+    with pytest.raises(CheckFailed, match="read nothing for cuda:0"):
+        doctor_gpu.check_nvml()
+    # the reader reads less than torch has reserved on that GPU: not the same GPU
+    monkeypatch.setattr(memory, "NvmlReader", functools.partial(real, nvml=FakeNvml(used=1 << 30),
+                                                                uuid_of=lambda i: "5e1f"))
+    with pytest.raises(CheckFailed, match="engine_nvml_used_bytes.*wrong GPU"):
+        doctor_gpu.check_nvml()
+
+
+def test_nvml_check_fails_when_the_reader_is_gone(monkeypatch):
+    from engine.measure import memory
+
+    monkeypatch.setattr(gpu_checks, "nvml_vs_allocator", lambda i: dict(NVML_FIG))
+    monkeypatch.delattr(memory, "NvmlReader")
+    with pytest.raises(CheckFailed, match="NvmlReader is missing"):
+        doctor_gpu.check_nvml()
+
+
+def test_memory_rate_counts_the_readings_that_reached_the_stream():
+    """Two traced steps of 0.5 s each; each step's `memory` event carries the timer's 12 readings
+    of that device since the previous event: 24 readings in 1.0 s of training = 24/s, though only
+    2 `memory` events (2/s) arrived."""
+    events = [dict(type="step", device="cuda:0", start_ts=100.0 + 0.5 * i, step_time_s=0.5) for i in range(2)]
+    events += [dict(type="memory", device="cuda:0", ts=100.5 + 0.5 * i, sampler=dict(readings=12)) for i in range(2)]
+    detail, fig = doctor_gpu.check_memory_rate({"parity_events": {"single": events}})
+    assert fig["lowest_per_s"] == pytest.approx(24.0) and "at least 24.0" in detail
+    thin = [dict(e, sampler=dict(readings=1)) if e["type"] == "memory" else e for e in events]  # 2/s
+    with pytest.raises(CheckFailed, match="lowest rate 2.0 samples/s"):
+        doctor_gpu.check_memory_rate({"parity_events": {"single": thin}})

@@ -2,6 +2,7 @@
 
     checks   the checks on any machine (Redis, a worker, a DP/DDP pair, exports, clean-up)
     gpu      the CUDA checks (``--gpu``), each with a verdict and its figures
-    report   one verdict and its figures per check, as JSON and Markdown
+    report   one verdict and its figures per check, as JSON and Markdown; stop signals kept per check
+    versions the NVIDIA driver against the CUDA torch was built for, and a mismatch named
     shots    screenshots of the doctor's GPU runs (Live, Bucket timeline)
 """

@@ -281,7 +281,11 @@ def gpu_refusal() -> str | None:
     except Exception as exc:  # torch missing or broken: say so, no traceback
         return f"no CUDA device visible (torch could not be imported: {exc})"
     if not torch.cuda.is_available():
-        return (f"no CUDA device visible (torch {torch.__version__}, torch.cuda.is_available() is False); "
+        from workers.doctor.versions import describe, mismatch, read_versions
+
+        v = read_versions(torch_mod=torch)
+        why = mismatch(v)
+        return (f"no CUDA device visible ({describe(v)}){'; ' + why if why else ''}; "
                 f"`ddpviz doctor` without --gpu runs the CPU checks")
     return None
 

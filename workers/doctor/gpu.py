@@ -2,8 +2,8 @@
 
 Runs after the CPU checks, with the doctor's private Redis and worker still up, in this order:
 the `gpu`-marked tests; single, DP (torch.nn.parallel, device_ids=[0..]) and DDP (NCCL) on a GPT
-of ~100 M parameters with `compare`'s parity against single; memory samples per second per device
-in those runs; NVML against `torch.cuda.memory_reserved` for the same GPU (by UUID); bf16 autocast
+of ~100 M parameters, 10 SGD steps, with `compare`'s parity against single; memory readings per
+second per device in those runs (the bench's count); NVML against `torch.cuda.memory_reserved` for the same GPU (by UUID); bf16 autocast
 inside DP replica threads; DDP with 2 ranks sharing cuda:0 over gloo (CUDA-event buckets and
 memory per rank); the overhead of instrumented vs plain DDP; with 2+ GPUs the DP/DDP pair at
 world_size = GPU count and device 0's memory hot spot; a DP and a DDP run on the GPU through the
@@ -27,6 +27,10 @@ PARITY = dict(GPT_100M, world_size=1, global_batch_size=8, steps=10, lr=0.01, de
               step_delay_s=0.0)
 SMALL_GPT = dict(model="gpt", dataset="text", width=256, depth=4, n_head=4, block_size=128, global_batch_size=16,
                  device="cuda", eval_every=0, step_delay_s=0.0)
+# SGD, not the default AdamW: fp32 attention backward may use atomics (run-to-run noise ~1e-10),
+# and AdamW's m / sqrt(v) turns noise that small into steps of ~lr = 1e-2..1e-4; SGD moves each
+# parameter by lr x its gradient, so the noise stays ~1e-12.
+PARITY_OPTIMIZER = "sgd"
 PARITY_MAX_DIFF = 1e-4  # largest |parameter difference| vs single after PARITY's steps (fp32, SGD)
 MEMORY_SAMPLES_PER_S_TARGET = 10.0  # per device, the measured-memory issue's target
 OVERHEAD_RATIO_TARGET = 1.03  # instrumented / plain median step time, the measured-memory issue's target
@@ -50,9 +54,13 @@ def run_gpu_checks(stack, report: Report, out_dir: Path, log: Callable[[str], No
 def check_cuda() -> tuple[str, dict[str, Any]]:
     from engine.harness.gpu_checks import cuda_inventory
 
+    from workers.doctor.versions import describe, mismatch, read_versions
+
     inv = cuda_inventory()
+    versions = read_versions()
+    inv.update(driver=versions["driver"], driver_cuda=versions["driver_cuda"], version_note=mismatch(versions))
     names = ", ".join(d["name"] for d in inv["devices"])
-    return f"{inv['device_count']} GPU(s): {names}; torch {inv['torch']}, CUDA {inv['cuda']}", inv
+    return f"{inv['device_count']} GPU(s): {names}; {describe(versions)}", inv
 
 
 def gpu_test_files() -> list[Path]:
@@ -91,10 +99,10 @@ def check_parity(state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     from engine.harness.compare import compare
 
     sinks = {m: ListSink() for m in ("single", "dp", "ddp")}
-    result = compare(RunConfig(mode="ddp", **PARITY), sink_for=lambda m: sinks[m])
+    result = compare(RunConfig(mode="ddp", **{**PARITY, "optimizer": PARITY_OPTIMIZER}), sink_for=lambda m: sinks[m])
     state["parity_events"] = {m: s.events for m, s in sinks.items()}
     started = next(e for e in sinks["single"].events if e["type"] == "run_started")
-    figures = dict(config=PARITY, param_count=started.get("param_count"), modes=result)
+    figures = dict(config=started.get("config"), param_count=started.get("param_count"), modes=result)
     bad = [f"{m} {r['status']}: {(r['error'] or {}).get('exception')}" for m, r in result.items()
            if r["status"] != "succeeded"]
     if bad:
@@ -103,17 +111,20 @@ def check_parity(state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     far = {m: d for m, d in diffs.items() if d is None or d > PARITY_MAX_DIFF}
     if far:
         raise CheckFailed(f"parameters differ from single by {far} (bound {PARITY_MAX_DIFF:g})", figures)
-    return (f"{started.get('param_count'):,} parameters; max |Δθ| vs single: DP {diffs['dp']:.2e}, "
-            f"DDP {diffs['ddp']:.2e}", figures)
+    opt = (started.get("config") or {}).get("optimizer")
+    return (f"{started.get('param_count'):,} parameters, {PARITY['steps']} steps of {opt}; max |Δθ| vs single: "
+            f"DP {diffs['dp']:.2e}, DDP {diffs['ddp']:.2e}", figures)
 
 
 def check_memory_rate(state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    from engine.harness.gpu_checks import memory_sample_rates
+    """Memory readings that reached the run's events, per second of training, per device: the
+    same count as `ddpviz bench`'s figure 5 (`workers.bench.measured.memory_samples_per_s`)."""
+    from workers.bench.measured import memory_samples_per_s
 
     if "parity_events" not in state:
         raise CheckSkipped("needs the parity runs' events")
-    rates = {m: memory_sample_rates(ev) for m, ev in state["parity_events"].items()}
-    lowest = min((r["per_s"] for per in rates.values() for r in per.values()), default=0.0)
+    rates = {m: memory_samples_per_s(ev) for m, ev in state["parity_events"].items()}
+    lowest = min((r["min_per_s"] or 0.0 for r in rates.values()), default=0.0)
     figures = dict(per_mode_device=rates, target_per_s=MEMORY_SAMPLES_PER_S_TARGET, lowest_per_s=lowest)
     if lowest < MEMORY_SAMPLES_PER_S_TARGET:
         raise CheckFailed(f"lowest rate {lowest:.1f} samples/s per device, below the target "
@@ -128,14 +139,21 @@ def check_nvml() -> tuple[str, dict[str, Any]]:
         fig = nvml_vs_allocator(0)
     except RuntimeError as exc:
         raise CheckFailed(str(exc)) from None
-    try:  # what ddpviz's memory events would say for cuda:0
-        from engine.measure.memory import nvml_used_bytes
+    # What ddpviz's own memory events carry for cuda:0 (their `used_bytes`): its reader, not a copy
+    # of it. A reader that is gone or reads nothing where NVML answers fails the check.
+    from engine.measure import memory
 
-        fig["engine_memory_used_bytes"] = nvml_used_bytes(0)[0]
-    except Exception as exc:
-        fig["engine_memory_used_bytes"] = f"unavailable: {exc}"
-    if fig["nvml_used_bytes"] < fig["torch_reserved_bytes"]:
-        raise CheckFailed("NVML reports less memory used than this process has reserved: wrong GPU?", fig)
+    reader = getattr(memory, "NvmlReader", None)
+    if reader is None:
+        raise CheckFailed("engine.measure.memory.NvmlReader is missing: memory events would carry no NVML figure", fig)
+    fig["engine_nvml_used_bytes"] = reader().used_bytes(0)
+    if fig["engine_nvml_used_bytes"] is None:
+        raise CheckFailed("ddpviz's NVML reader (engine.measure.memory.NvmlReader) read nothing for cuda:0 "
+                          "where NVML answered: memory events would carry used_bytes null", fig)
+    low = {k: fig[k] for k in ("nvml_used_bytes", "engine_nvml_used_bytes") if fig[k] < fig["torch_reserved_bytes"]}
+    if low:
+        raise CheckFailed(f"NVML reports less memory used than this process has reserved ({', '.join(low)}): "
+                          f"wrong GPU?", fig)
     return (f"NVML {fig['nvml_used_bytes'] / 2**20:.0f} MiB used, torch reserved "
             f"{fig['torch_reserved_bytes'] / 2**20:.0f} MiB; difference {fig['difference_bytes'] / 2**20:.0f} MiB", fig)
 
