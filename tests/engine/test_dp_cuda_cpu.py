@@ -101,6 +101,19 @@ def test_bytes_moved_by_hand(monkeypatch):
     assert vol["cuda:0"]["volume_source"].startswith("measured")
 
 
+def test_events_md_names_the_field_and_value_dp_on_gpu_emits():
+    """docs/events.md's "DP on GPU" paragraph, the emitter and tests/engine/test_gpu.py agree on
+    `volume_source` (the GPU test once read a `source` that `comm_volume` never carried)."""
+    from pathlib import Path
+
+    from engine.modes.dp.cuda import COMM_SOURCE
+
+    root = Path(__file__).resolve().parents[2]
+    assert f'`volume_source` = `"{COMM_SOURCE}"`' in (root / "docs" / "events.md").read_text()
+    gpu_test = (root / "tests" / "engine" / "test_gpu.py").read_text()
+    assert 'e["volume_source"].startswith("measured")' in gpu_test and 'e["source"].startswith("counted")' not in gpu_test
+
+
 def test_tied_gpt_broadcasts_each_tensor_once_and_matches_single(monkeypatch):
     from engine.data import load_dataset
     from engine.models import build_model
