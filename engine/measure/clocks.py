@@ -36,3 +36,28 @@ class CudaClock:
 
     def seconds(self, origin: Any, mark: Any) -> float:
         return origin.elapsed_time(mark) / 1e3
+
+
+class StepClock:
+    """Marks inside one training step, read as seconds once the step's work has ended.
+
+    On CPU a mark is the host clock (the work ran on the calling thread). On CUDA a mark is an event
+    on the current stream, and `settle()` is the step's one `torch.cuda.synchronize`: the events
+    complete there, and `seconds` (`torch.cuda.Event.elapsed_time`) may be read only after it. So a
+    step costs one synchronize however many phases it times, instead of one per phase.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._clock = CudaClock() if device.type == "cuda" else HostClock()
+
+    def mark(self) -> Any:
+        return self._clock.mark()
+
+    def settle(self) -> None:
+        """Wait for the step's queued work (CUDA); nothing to wait for on CPU."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def seconds(self, origin: Any, mark: Any) -> float:
+        return self._clock.seconds(origin, mark)

@@ -17,6 +17,7 @@ from engine.components.loop import drive
 from engine.components.training import autocast, cpu_device_threads, evaluate, loss_fn, make_optimizer
 from engine.config import RunConfig
 from engine.data import BatchPlan, Dataset
+from engine.measure.clocks import StepClock
 from engine.measure.memory_sampler import model_memory_sampler
 from engine.measure.telemetry import Telemetry, now, step_fields, wall_ts
 
@@ -28,35 +29,34 @@ def train_single(cfg: RunConfig, ds: Dataset, model: nn.Module, device: torch.de
     opt = make_optimizer(cfg, model.parameters())
     plan = BatchPlan(len(ds), cfg.world_size, cfg.micro_batch_per_device, cfg.seed)
 
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+    clock = StepClock(device)  # CUDA events, one synchronize per step (engine.measure.clocks)
 
     def train_step(step: int) -> dict:
-        t0 = now()
-        fwd = bwd = 0.0
-        loss_sum = 0.0
+        t0, m0 = now(), clock.mark()
+        micro_marks, losses = [], []
         for micro in range(cfg.grad_accum_steps):
             idx = plan.global_indices(step * cfg.grad_accum_steps + micro)
             x, y = ds.x_train[idx].to(device), ds.y_train[idx].to(device)
             maybe_fail(cfg, 0, step)
-            t1 = now()
+            m1 = clock.mark()
             with autocast(cfg, device.type):
                 loss = loss_fn(model(x), y) / cfg.grad_accum_steps
-            sync()
-            t2 = now()
-            backward_start = t2
+            m2 = clock.mark()
             loss.backward()
-            sync()
-            t3 = now()
-            fwd, bwd, loss_sum = fwd + t2 - t1, bwd + t3 - t2, loss_sum + loss.item()
-        t4 = now()
+            micro_marks.append((m1, m2, clock.mark()))
+            losses.append(loss.detach())
+        m4 = clock.mark()
         opt.step()
         opt.zero_grad(set_to_none=False)
-        sync()
+        m5 = clock.mark()
+        clock.settle()
         t5 = now()
-        return step_fields(start=t0, backward_start_ts=wall_ts(backward_start), loss=loss_sum, samples=cfg.global_batch_size, step_time_s=t5 - t0,
-                           forward_s=fwd, backward_s=bwd, comm_exposed_s=0.0, optimizer_s=t5 - t4)
+        fwd = sum(clock.seconds(a, b) for a, b, _ in micro_marks)
+        bwd = sum(clock.seconds(b, c) for _, b, c in micro_marks)
+        backward_start = t0 + clock.seconds(m0, micro_marks[-1][1])
+        return step_fields(start=t0, backward_start_ts=wall_ts(backward_start), loss=sum(float(v) for v in losses),
+                           samples=cfg.global_batch_size, step_time_s=t5 - t0, forward_s=fwd, backward_s=bwd,
+                           comm_exposed_s=0.0, optimizer_s=clock.seconds(m4, m5))
 
     sampler = model_memory_sampler(cfg, tel, model, opt, device)
     threads = cpu_device_threads(cfg.world_size) if device.type == "cpu" else contextlib.nullcontext()

@@ -5,6 +5,7 @@ padding (each rank holds ceil(d0 / n) rows), and hand-worked byte counts.
 """
 
 import pytest
+import torch
 import torch.nn as nn
 
 from engine.components.devices import DevicePlan, PreflightError
@@ -128,3 +129,34 @@ def test_wire_bytes_use_the_backends_algorithm():
     assert nccl["sent_bytes"] == 2000 + 2000
     assert (gloo["all_gather_nbytes"], gloo["reduce_scatter_nbytes"]) == (3000, 3000)
     assert wire_factor("all_gather", "gloo", 1) == 0.0
+
+
+def test_a_torch_without_fsdp2s_private_collectives_trains_unrecorded(monkeypatch):
+    """The recorders subclass FSDP2's private default collectives; a torch that moved them (older
+    or newer than 2.13) gets a run without collective events and a sentence saying why, not an
+    ImportError in every rank."""
+    from types import SimpleNamespace
+
+    import engine.modes.fsdp.collectives as col
+    from engine.modes.fsdp.step import StepRunner
+
+    def moved():
+        raise ImportError(f"No module named '{col.PRIVATE_COLLECTIVES}'")
+
+    monkeypatch.setattr(col, "_gather_types", moved)
+    log = col.CollectiveLog()
+    why = col.install_recorders([("blocks.0", object())], log)
+    assert log.recording is False and why.startswith("FSDP collectives not recorded")
+    assert torch.__version__ in why and col.PRIVATE_COLLECTIVES in why
+    emitted = []
+    StepRunner._emit_comm(SimpleNamespace(log=log, tel=SimpleNamespace(emit=lambda *a, **k: emitted.append(a))), 3, [])
+    assert emitted == []  # no comm_volume of 0 bytes passed off as measured
+
+
+def test_an_fsdp_module_without_the_custom_comm_hooks_is_named(monkeypatch):
+    import engine.modes.fsdp.collectives as col
+
+    monkeypatch.setattr(col, "_gather_types", lambda: (object, object))
+    log = col.CollectiveLog()
+    why = col.install_recorders([("root", object())], log)
+    assert log.recording is False and "has no set_custom_all_gather or set_custom_reduce_scatter" in why

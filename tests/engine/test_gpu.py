@@ -117,3 +117,15 @@ def test_amp_is_bf16_inside_every_cuda_replica_thread():
         apply_in_threads([m, m], [x[:4], x[4:]], device_type="cuda", devices=[0, 0], micro=0,
                          book=SpanBook(), clock=clock, amp=lambda: autocast(cfg, "cuda"))
     assert sorted(seen) == [("dp-device-0", torch.bfloat16), ("dp-device-1", torch.bfloat16)]
+
+
+def test_single_on_cuda_synchronizes_once_per_step(monkeypatch):
+    """CUDA events time the phases; the step's one torch.cuda.synchronize makes them readable
+    (engine.measure.clocks.StepClock). Three per step cost DDP's overhead target (<= 1.03x)."""
+    calls = []
+    real = torch.cuda.synchronize
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    _, sink = run(mode="single", **{**SMALL, "world_size": 1, "eval_every": 0})
+    assert len(calls) <= SMALL["steps"], f"{len(calls)} synchronizes in {SMALL['steps']} steps"
+    for e in sink.of_type("step"):  # CUDA-event phases inside the host-timed step
+        assert 0 < e["forward_s"] + e["backward_s"] + e["optimizer_s"] <= e["step_time_s"]

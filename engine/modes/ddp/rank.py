@@ -23,7 +23,7 @@ from engine.components.loop import drive
 from engine.components.training import autocast, evaluate, flat_params, loss_fn, make_optimizer, should_eval
 from engine.config import RunConfig
 from engine.data import BatchPlan, load_dataset
-from engine.measure.clocks import CudaClock, HostClock
+from engine.measure.clocks import CudaClock, HostClock, StepClock
 from engine.measure.memory import param_bytes
 from engine.measure.memory_sampler import model_memory_sampler
 from engine.measure.sync import param_checksum
@@ -69,15 +69,12 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
     P = param_bytes(model)
     ring = 2 * (world - 1) / world  # ring all-reduce: bytes each rank sends (and receives) per byte
 
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+    clock = StepClock(device)  # CUDA events, one synchronize per step (engine.measure.clocks)
 
     def train_step(step: int) -> dict:
         progress["step"] = step
-        t0 = now()
-        fwd = bwd = exposed = 0.0
-        loss_sum = 0.0
+        t0, m0 = now(), clock.mark()
+        micro_marks, losses = [], []
         for micro in range(cfg.grad_accum_steps):
             last_micro = micro == cfg.grad_accum_steps - 1
             idx = plan.rank_indices(step * cfg.grad_accum_steps + micro, rank)
@@ -85,42 +82,40 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
             maybe_fail(cfg, rank, step)
             ctx = contextlib.nullcontext() if last_micro else ddp.no_sync()  # all-reduce once per step
             with ctx:
-                t1 = now()
+                m1 = clock.mark()
                 with autocast(cfg, device.type):
                     loss = loss_fn(ddp(x), y) / cfg.grad_accum_steps
-                sync()
-                t2 = now()
+                m2 = clock.mark()
                 if last_micro:
                     rec.begin_backward()
-                    backward_start = now()
                 # gradient pre-division (engine.modes.ddp.comm_hook): the gradients reach DDP's buckets already
                 # divided by world_size, so the hook's all-reduce (sum) gives the mean, no pass over them
                 (loss / world if world > 1 else loss).backward()
-                sync()
-                t3 = now()
-            fwd, loss_sum = fwd + t2 - t1, loss_sum + loss.item()
-            if last_micro:
-                buckets = rec.resolved()
-                last_ready = max((b["ready_s"] for b in buckets), default=t3 - t2)
-                exposed = max(0.0, (t3 - t2) - last_ready)
-                bwd += (t3 - t2) - exposed
-            else:
-                bwd += t3 - t2
-        t4 = now()
+                micro_marks.append((m1, m2, clock.mark()))
+            losses.append(loss.detach())
+        m4 = clock.mark()
         opt.step()
         opt.zero_grad(set_to_none=not cfg.gradient_as_bucket_view)
         maybe_diverge(cfg, rank, step, model)
-        sync()
+        m5 = clock.mark()
+        clock.settle()
         t5 = now()
+        fwd = sum(clock.seconds(a, b) for a, b, _ in micro_marks)
+        bwd = sum(clock.seconds(b, c) for _, b, c in micro_marks)
+        buckets = rec.resolved()  # the last micro-batch's backward, which all-reduced
+        last_bwd = clock.seconds(*micro_marks[-1][1:])
+        exposed = max(0.0, last_bwd - max((b["ready_s"] for b in buckets), default=last_bwd))
+        bwd -= exposed
+        backward_start = t0 + clock.seconds(m0, micro_marks[-1][1])
         for b in buckets:
             tel.emit("bucket", step=step, **b)
         nbytes = sum(b["nbytes"] for b in buckets)  # of the bucket tensors handed to all-reduce
         tel.emit("comm_volume", step=step, allreduce_bytes=nbytes, sent_bytes=int(ring * nbytes),
                  recv_bytes=int(ring * nbytes), volume_source="derived (ring all-reduce)",
                  theory_sent_bytes=int(ring * P), theory_recv_bytes=int(ring * P))
-        return step_fields(start=t0, backward_start_ts=wall_ts(backward_start), loss=loss_sum,
+        return step_fields(start=t0, backward_start_ts=wall_ts(backward_start), loss=sum(float(v) for v in losses),
                            samples=cfg.global_batch_size, step_time_s=t5 - t0,
-                           forward_s=fwd, backward_s=bwd, comm_exposed_s=exposed, optimizer_s=t5 - t4)
+                           forward_s=fwd, backward_s=bwd, comm_exposed_s=exposed, optimizer_s=clock.seconds(m4, m5))
 
     sampler = model_memory_sampler(cfg, tel, model, opt, device, extra_existing=lambda: [
         (0, "bucket_buffers", rec.take_kept())])

@@ -48,8 +48,12 @@ def wire_factor(kind: str, backend: str | None, world_size: int) -> float:
     return (n - 1) / n
 
 
+PRIVATE_COLLECTIVES = "torch.distributed.fsdp._fully_shard._fsdp_collectives"  # private: may move
+
+
 def _gather_types():
     # The defaults FSDP2 installs on every param group; subclassing keeps their allocation.
+    # Private classes (torch 2.13's layout): `install_recorders` says so if this torch lacks them.
     from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
     return DefaultAllGather, DefaultReduceScatter
@@ -68,6 +72,7 @@ class CollectiveLog:
 
     def __init__(self, clock=None):
         self.clock = clock or HostClock()
+        self.recording = True  # False when this torch's FSDP2 cannot be recorded (`install_recorders`)
         self.phase: str | None = None
         self.origin: Any = None
         self.records: list[dict[str, Any]] = []
@@ -116,9 +121,26 @@ class CollectiveLog:
         return out
 
 
-def install_recorders(units: list[tuple[str, Any]], log: CollectiveLog) -> None:
-    """Give every FSDP unit (name, FSDPModule) a recording all-gather and reduce-scatter."""
-    default_ag, default_rs = _gather_types()
+def install_recorders(units: list[tuple[str, Any]], log: CollectiveLog) -> str | None:
+    """Give every FSDP unit (name, FSDPModule) a recording all-gather and reduce-scatter.
+
+    Returns None, or, where this torch's FSDP2 lacks what the recorders build on (the private
+    default collectives, or the `set_custom_*` hooks), why the collectives go unrecorded: the
+    run trains as plain FSDP2 then, with `log.recording` False, and says so.
+    """
+    try:
+        default_ag, default_rs = _gather_types()
+    except (ImportError, AttributeError) as exc:
+        log.recording = False
+        return (f"FSDP collectives not recorded: torch {torch.__version__} has no {PRIVATE_COLLECTIVES}."
+                f"DefaultAllGather/DefaultReduceScatter ({type(exc).__name__}: {exc}); the run trains without "
+                f"fsdp_collective and comm_volume events")
+    hooks = ("set_custom_all_gather", "set_custom_reduce_scatter")
+    lacking = [h for h in hooks for _, mod in units[:1] if not hasattr(mod, h)]
+    if lacking:
+        log.recording = False
+        return (f"FSDP collectives not recorded: torch {torch.__version__}'s FSDPModule has no "
+                f"{' or '.join(lacking)}; the run trains without fsdp_collective and comm_volume events")
 
     class RecordingAllGather(default_ag):
         def __init__(self, unit: str):
@@ -145,6 +167,7 @@ def install_recorders(units: list[tuple[str, Any]], log: CollectiveLog) -> None:
     for name, mod in units:
         mod.set_custom_all_gather(RecordingAllGather(name))
         mod.set_custom_reduce_scatter(RecordingReduceScatter(name))
+    return None
 
 
 def exposed_comm_s(records: list[dict[str, Any]], phase: str) -> float:

@@ -95,7 +95,9 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         tel.emit("log", level="warning", message=note)
     units = shard_model(model, cfg, device)
     log = CollectiveLog(CudaClock() if device.type == "cuda" else HostClock())
-    install_recorders(units, log)
+    unrecorded = install_recorders(units, log)
+    if unrecorded and rank == 0:
+        tel.emit("log", level="warning", message=unrecorded)
     opt = make_optimizer(cfg, model.parameters())
     probe = FsdpMemoryProbe(model, opt, device)
     runner = StepRunner(cfg, rank, world, backend, device, ds, model, units, opt, log, probe, tel, progress)

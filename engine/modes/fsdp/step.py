@@ -129,6 +129,8 @@ class StepRunner:
                            optimizer_s=t5 - t4, **extra)
 
     def _emit_comm(self, step: int, records: list[dict[str, Any]]) -> None:
+        if not self.log.recording:  # this torch's FSDP2 could not be recorded: no figure, not a zero
+            return
         source = "host" if self.host_clock else "cuda"
         for r in records:
             self.tel.emit("fsdp_collective", step=step, clock=source, **r)
