@@ -2,8 +2,14 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# CPU build of torch; a GPU host sets TORCH_PIN (e.g. to a CUDA build of the same version).
+# What pip installs torch from, as pip words: a requirement, then any options, unquoted, e.g.
+#   make dev TORCH_PIN="torch==2.10.0 --index-url https://download.pytorch.org/whl/cu126"
+# torch==2.13.0 is the CPU build on this project's machines (a local wheel); from PyPI on Linux
+# x86_64 the same pin is the CUDA 13.0 build (needs an NVIDIA driver >= 580; torch 2.10.0 is PyPI's
+# last CUDA 12 build: see docs/gpu/README.md). TORCH_PIN= (empty) keeps the torch already in .venv.
+# A stamp named after the pin: a changed pin uninstalls the old torch and installs the new one.
 TORCH_PIN ?= torch==2.13.0
+TORCH_STAMP := $(VENV)/.torch-$(or $(shell printf '%s' '$(TORCH_PIN)' | tr -c 'A-Za-z0-9.=_-' '_'),keep)
 
 .PHONY: demo test install dev clean gpu-check
 
@@ -13,8 +19,15 @@ $(BIN)/python:
 
 # --no-compile: no bytecode for the thousands of torch files no test imports (~45 s less on 2 cores);
 # what is imported is compiled on first import, as always.
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q --no-compile "$(TORCH_PIN)"
+$(TORCH_STAMP): | $(BIN)/python
+ifneq ($(strip $(TORCH_PIN)),)
+	if ls $(VENV)/.torch-* >/dev/null 2>&1; then $(BIN)/pip uninstall -q -y torch; fi
+	$(BIN)/pip install -q --no-compile $(TORCH_PIN)
+endif
+	rm -f $(VENV)/.torch-*
+	touch '$@'
+
+$(VENV)/.installed: pyproject.toml $(TORCH_STAMP) | $(BIN)/python
 	$(BIN)/pip install -q --no-compile -e .
 	touch $@
 
@@ -34,8 +47,11 @@ test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q -n 3 --dist loadscope
 
 # On a CUDA host (.venv built with TORCH_PIN set to a CUDA build): `ddpviz doctor --gpu`, <= 8 minutes.
+# A host with its own torch and no package index: scripts/gpu_wheels.sh, then scripts/gpu_check.sh
+# (docs/gpu/README.md).
+GPU_OUT ?= ddpviz-doctor
 gpu-check: $(VENV)/.installed-dev
-	bash scripts/gpu_check.sh $(GPU_OUT)
+	bash scripts/gpu_check.sh --system-python $(BIN)/python --out $(GPU_OUT)
 
 clean:
 	rm -rf $(VENV) .ddpviz
