@@ -111,7 +111,8 @@ def test_events_md_names_the_field_and_value_dp_on_gpu_emits():
     root = Path(__file__).resolve().parents[2]
     assert f'`volume_source` = `"{COMM_SOURCE}"`' in (root / "docs" / "events.md").read_text()
     gpu_test = (root / "tests" / "engine" / "test_gpu.py").read_text()
-    assert 'e["volume_source"].startswith("measured")' in gpu_test and 'e["source"].startswith("counted")' not in gpu_test
+    assert 'e["volume_source"].startswith("measured")' in gpu_test
+    assert 'e["source"].startswith("counted")' not in gpu_test
 
 
 def test_tied_gpt_broadcasts_each_tensor_once_and_matches_single(monkeypatch):

@@ -3,8 +3,9 @@
 Runs after the CPU checks, with the doctor's private Redis and worker still up, in this order:
 the `gpu`-marked tests; single, DP (torch.nn.parallel, device_ids=[0..]) and DDP (NCCL) on a GPT
 of ~100 M parameters, 10 SGD steps, with `compare`'s parity against single; memory readings per
-second per device in those runs (the bench's count); NVML against `torch.cuda.memory_reserved` for the same GPU (by UUID); bf16 autocast
-inside DP replica threads; DDP with 2 ranks sharing cuda:0 over gloo (CUDA-event buckets and
+second per device in those runs (the bench's count); NVML, directly and through ddpviz's own
+reader, against `torch.cuda.memory_reserved` for the same GPU (by UUID); bf16 autocast inside DP
+replica threads; DDP with 2 ranks sharing cuda:0 over gloo (CUDA-event buckets and
 memory per rank); the overhead of instrumented vs plain DDP; with 2+ GPUs the DP/DDP pair at
 world_size = GPU count and device 0's memory hot spot; a DP and a DDP run on the GPU through the
 queue; screenshots of Live and Bucket timeline of those runs. Sized for <= 8 minutes on one GPU.
