@@ -90,13 +90,24 @@ class _Follower(threading.Thread):
 
     def kill_ranks(self) -> None:
         """SIGKILL every rank that has started and was not killed yet (each pid once, so a
-        pid the OS hands out again later is never hit)."""
-        for info in _local_infos(self.workdir, self.nproc).values():
+        pid the OS hands out again later is never hit).
+
+        While some rank has not started yet, the elastic agent may be blocked in the fork server
+        (`_launch` waits for the pid of a fork the server makes only once its preloads, torch
+        among them, are imported: tens of seconds on a busy machine), so the server is killed
+        too: the agent's wait ends with an error at once, and ranks already forked die with the
+        server (their PR_SET_PDEATHSIG). multiprocessing starts a new server for the next run
+        (`ForkServer.ensure_running` relaunches a dead one).
+        """
+        infos = _local_infos(self.workdir, self.nproc)
+        for info in infos.values():
             pid = int(info["pid"])
             if pid not in self.killed:
                 self.killed.add(pid)
                 with contextlib.suppress(Exception):
                     os.kill(pid, signal.SIGKILL)
+        if len(infos) < self.nproc:
+            kill_fork_server()
 
     def run(self) -> None:
         while not self.done.wait(FOLLOW_INTERVAL_S):
@@ -113,6 +124,23 @@ class _Follower(threading.Thread):
         self.pump()
         for t in self.tails:
             t.close()
+
+
+def kill_fork_server() -> bool:
+    """SIGKILL this process's rank fork server if it runs; returns whether one was signalled.
+
+    Reads multiprocessing's private `forkserver._forkserver._forkserver_pid` (CPython 3.8-3.13);
+    where that is missing, nothing happens and the caller's other means of stopping remain.
+    """
+    from multiprocessing import forkserver
+
+    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+    if not pid:
+        return False
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+        return True
+    return False
 
 
 RankFollower = _Follower  # the bench drives the real forwarding path with stand-in ranks

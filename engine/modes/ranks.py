@@ -24,11 +24,9 @@ environment (`run_rank`'s `env`: CUDA_VISIBLE_DEVICES of a lease, the run's id, 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import multiprocessing
 import os
-import signal
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
@@ -47,11 +45,11 @@ import torch.distributed as dist
 # SIGABRT) while the other ranks still finalize. tests/engine/test_rank_teardown.py checks it.
 import torch.distributed.nn.functional  # noqa: F401,E402  (isort: keep after torch.distributed)
 
+from engine.components.lifetime import PARENT_ENV, die_with_parent
 from engine.components.training import cpu_threads_per_rank
 from engine.config import RunConfig
 from engine.events import EventSink, rank_sink
 
-PR_SET_PDEATHSIG = 1  # prctl(2)
 START_METHOD = "forkserver"  # how the launcher starts rank processes (see the module docstring)
 # imported once by the fork server, before it forks any rank (names that fail to import are skipped)
 FORK_SERVER_PRELOAD = ("engine.modes.fork_server", "torch", "torch.distributed", "torch._dynamo",
@@ -73,12 +71,6 @@ class RankEnv:
     def device_name(self) -> str:
         """The name events carry: ``cuda:<local_rank>`` on GPUs, ``cpu:<rank>`` on CPU."""
         return f"cuda:{self.local_rank}" if self.device.type == "cuda" else f"cpu:{self.rank}"
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent (the launcher) dies (prctl PDEATHSIG)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def rank_device(device_kind: str, local_rank: int) -> torch.device:
@@ -116,6 +108,7 @@ def prepare_fork_server() -> str:
     Call it before the first rank of this process starts (later calls change nothing: the server,
     once running, keeps its imports).
     """
+    os.environ[PARENT_ENV] = str(os.getpid())  # read by engine.modes.fork_server as it starts
     multiprocessing.set_forkserver_preload(list(FORK_SERVER_PRELOAD))
     return START_METHOD
 
