@@ -86,10 +86,22 @@ def _run_status(client, w: RunWindow, label: str) -> None:
         last = evals[-1]
         st.caption(f"validation accuracy **{last['val_accuracy']:.3f}** (loss {last['val_loss']:.4f}) "
                    f"at step {last['step']}, on the held-out split")
+    lost = events_lost(w)
+    if lost:
+        st.warning(f"{lost} event(s) of this run were lost on their way out of the training "
+                   "(a failed write): its charts and summary miss them.", icon=":material/warning:")
     if w.error:
         _show_error(w.error, w.status)
     if w.status in ("queued", "started") and st.button("Cancel", key=f"cancel_{w.run_id}"):
         st.toast(f"{w.run_id}: {client.cancel(w.run_id)}")
+
+
+def events_lost(w: RunWindow) -> int:
+    """Events the run's writers dropped: the summary's `events_lost` once it has one, else the sum
+    over the `log` events that report a loss (`engine.events.loss_event`)."""
+    summary = (w.finished or {}).get("summary") or {}
+    logged = sum(int(e.get("events_lost") or 0) for e in w.of_type("log"))
+    return max(int(summary.get("events_lost") or 0), logged)
 
 
 def dataset_name(w: RunWindow) -> str:
