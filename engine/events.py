@@ -29,7 +29,8 @@ import orjson
 RANK_FLUSH_INTERVAL_S = 0.02
 
 EVENT_TYPES = ("run_started", "step", "bucket", "dp_phase", "memory", "comm_volume", "eval", "sync",
-               "log", "allreduce_probe", "run_finished", "fsdp_collective", "fsdp_memory_curve")
+               "log", "allreduce_probe", "run_finished", "fsdp_collective", "fsdp_memory_curve",
+               "memory_readings")
 
 
 def _jsonable(obj: Any) -> Any:
