@@ -55,11 +55,10 @@ def test_the_probe_wins_over_the_buckets():
     assert "probe" in r.link_fit["source"]
 
 
-def test_this_machine_reproduces_the_calibration_run_and_scales_with_the_ring():
+def test_this_machine_scales_the_measured_all_reduce_with_the_ring():
+    # out of sample only: measured at n = 2, predicted at n = 3 (at n = 2 the model gives back its
+    # own inputs, which tests nothing)
     r = measure_run(_ddp_events())
-    at_m = predict_ddp(r, 2, Scenario(fixed_fraction=1.0))
-    assert at_m["comm_exposed_s"] == pytest.approx(1 * MS, rel=1e-6)
-    assert at_m["step_time_s"] == pytest.approx(7 * MS, rel=1e-6)
     # with alpha = 0 each all-reduce grows by 2(n-1)/n: x4/3 at n=3 (and x1.5 time-share on
     # 2 cores); b1: 4*1.5 = 6 ms -> 6 + 1.333*1.5 ms; exposed = 2 ms
     at_3 = predict_ddp(r, 3, Scenario(fixed_fraction=1.0))
