@@ -114,7 +114,8 @@ def test_live_page_draws_memory_over_the_whole_run_beside_the_step(fake_client, 
     charts = {json.loads(c.proto.spec)["title"]["text"]: c.proto for c in at.get("vega_lite_chart")}
     assert "Memory within a step: DDP" in charts
     proto = charts["Memory over the run: process RSS (psutil), DDP"]
-    data = [r for d in proto.datasets for r in pa.ipc.open_stream(d.data.data).read_all().to_pandas().to_dict("records")]
+    data = [r for d in proto.datasets
+            for r in pa.ipc.open_stream(d.data.data).read_all().to_pandas().to_dict("records")]
     data = list({(r["device"], r["t_s"]): r for r in data}.values())  # the band and the line share their rows
     means = {r["device"]: r["mib"] for r in data}
     assert means == {"cpu:0": 100.0, "cpu:1": 200.0} and sum(r["readings"] for r in data) == 80
