@@ -31,7 +31,8 @@ def _run(mode, world_size):
 
 
 @pytest.mark.parametrize("mode,world_size", [("single", 1), ("dp", 2),
-                                             pytest.param("ddp", 2, marks=pytest.mark.slow)])
+                                             pytest.param("ddp", 2, marks=pytest.mark.slow),
+                                             pytest.param("fsdp", 2, marks=pytest.mark.slow)])
 def test_each_device_publishes_ten_readings_a_second_each_within_a_second(mode, world_size):
     arrived = _run(mode, world_size)
     steps = [e for _, e in arrived if e["type"] == "step"]
