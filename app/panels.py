@@ -86,10 +86,22 @@ def _run_status(client, w: RunWindow, label: str) -> None:
         last = evals[-1]
         st.caption(f"validation accuracy **{last['val_accuracy']:.3f}** (loss {last['val_loss']:.4f}) "
                    f"at step {last['step']}, on the held-out split")
+    lost = events_lost(w)
+    if lost:
+        st.warning(f"{lost} event(s) of this run were lost on their way out of the training "
+                   "(a failed write): its charts and summary miss them.", icon=":material/warning:")
     if w.error:
         _show_error(w.error, w.status)
     if w.status in ("queued", "started") and st.button("Cancel", key=f"cancel_{w.run_id}"):
         st.toast(f"{w.run_id}: {client.cancel(w.run_id)}")
+
+
+def events_lost(w: RunWindow) -> int:
+    """Events the run's writers dropped: the summary's `events_lost` once it has one, else the sum
+    over the `log` events that report a loss (`engine.events.loss_event`)."""
+    summary = (w.finished or {}).get("summary") or {}
+    logged = sum(int(e.get("events_lost") or 0) for e in w.of_type("log"))
+    return max(int(summary.get("events_lost") or 0), logged)
 
 
 def dataset_name(w: RunWindow) -> str:
@@ -184,27 +196,39 @@ def split_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -
 
 # ---- memory ---------------------------------------------------------------------------------
 def memory_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
-    """The latest traced step of each run as it happened (phases, bytes per device, process or
-    GPU), one chart per run on a shared y scale, and the measured peak imbalance of each run."""
+    """Per run, side by side: the latest traced step as it happened (phases, bytes per device,
+    process or GPU; a shared y scale) with the measured peak imbalance, and beside it memory over
+    the whole run per device (the memory timer's readings, `memory_readings`)."""
     refresh(client, windows)
     curves = {rid: fm.memory_curve_frame(w.of_type("memory") + w.of_type("fsdp_memory_curve"), labels[rid])
               for rid, w in windows.items()}
-    if all(c.empty for c in curves.values()):
-        return _waiting("the first traced step's memory")
+    over_run = {rid: fm.memory_over_run_frame(w.memory_history.rows(), labels[rid], w.start_ts)
+                for rid, w in windows.items()}
+    if all(c.empty for c in curves.values()) and all(o.empty for o in over_run.values()):
+        return _waiting("the first memory readings")
     held = [c.loc[c["source"].isin(fm.DEVICE_SOURCES), "mib"] for c in curves.values()]
     y_max = max((float(h.max()) for h in held if not h.empty), default=None)
     for col, (rid, curve) in zip(st.columns(len(curves)), curves.items()):
         with col:
-            if curve.empty:
-                _waiting("the first traced step's memory")
-                continue
-            w = windows[rid]
-            events = w.of_type("memory") + w.of_type("dp_phase") + w.of_type("step")
-            phases = fm.memory_phase_frame(events, int(curve["step"].iloc[0]))
-            for i, chart in enumerate(charts_memory.memory_curve_charts(curve, phases, labels[rid], y_max)):
-                _chart(chart, f"chart_memory_{rid}_{i}")
-            caption = fm.peak_caption(fm.memory_peak_frame(w.of_type("memory"), labels[rid]))
-            st.caption(f"Step {int(curve['step'].iloc[0])}. " + (caption or ""))
+            step_col, run_col = st.columns(2)
+            with step_col:
+                _step_memory(windows[rid], curve, labels[rid], rid, y_max)
+            with run_col:
+                for i, chart in enumerate(charts_memory.memory_over_run_charts(over_run[rid], labels[rid])):
+                    _chart(chart, f"chart_memory_run_{rid}_{i}")
+                if over_run[rid].empty:
+                    _waiting("the memory timer's readings")
+
+
+def _step_memory(w: RunWindow, curve: pd.DataFrame, label: str, rid: str, y_max: float | None) -> None:
+    if curve.empty:
+        return _waiting("the first traced step's memory")
+    events = w.of_type("memory") + w.of_type("dp_phase") + w.of_type("step")
+    phases = fm.memory_phase_frame(events, int(curve["step"].iloc[0]))
+    for i, chart in enumerate(charts_memory.memory_curve_charts(curve, phases, label, y_max)):
+        _chart(chart, f"chart_memory_{rid}_{i}")
+    caption = fm.peak_caption(fm.memory_peak_frame(w.of_type("memory"), label))
+    st.caption(f"Step {int(curve['step'].iloc[0])}. " + (caption or ""))
 
 
 # ---- per-run detail ---------------------------------------------------------------------------
@@ -246,7 +270,8 @@ def detail_panel(client, windows: dict[str, RunWindow], labels: dict[str, str], 
             st.caption("DP: the bytes of every tensor copied (measured); DDP: the bucket bytes handed "
                        "to all-reduce (measured) × 2(n−1)/n (derived, ring all-reduce). Theory (P = "
                        "gradient bytes, n = devices): DP device 0 sends and receives (n−1)·P, the "
-                       "others P; ring all-reduce 2(n−1)/n·P per rank")
+                       "others P; ring all-reduce 2(n−1)/n·P per rank. Bars are labelled by the "
+                       "source their events give (unlabelled: an older run's, which give none).")
 
 
 def live_bucket_timeline(w: RunWindow, buckets: pd.DataFrame):

@@ -13,6 +13,8 @@ Medians skip warm-up steps (the first `WARMUP_STEPS`, fewer for short runs) and 
 time includes the instrument's own work — memory tracing (`memory_traced`) or DP's replica
 checksums (`replica_check`) — while at least half the steps remain. Peak memory per device is the largest measured `peak_allocated_bytes` of its `memory`
 events (the live-tensor ledger's maximum on CPU, the CUDA allocator's on GPU), never an estimate.
+`events_lost` sums the `events_lost` of the run's `log` events: events a rank's writer dropped
+(`engine.events.BatchingSink`), so a summary built without them says so.
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ class SummaryBuilder:
         self.volume: dict[str, dict[str, int]] = {}
         self.last_eval: dict | None = None
         self.sync: dict | None = None
+        self.events_lost = 0
 
     def observe(self, e: dict[str, Any]) -> None:
         t = e.get("type")
@@ -115,6 +118,8 @@ class SummaryBuilder:
             self.last_eval = e
         elif t == "sync":
             self.sync = e
+        elif t == "log" and e.get("events_lost"):
+            self.events_lost += int(e["events_lost"])
 
     def _steady(self) -> list[dict]:
         return steady_steps(run_steps(e for by_step in self.steps.values() for e in by_step.values()))
@@ -157,4 +162,5 @@ class SummaryBuilder:
         out["val_accuracy"] = self.last_eval["val_accuracy"] if self.last_eval else None
         out["replicas_in_sync"] = self.sync["in_sync"] if self.sync else None
         out["param_checksums"] = self.sync["checksums"] if self.sync else None
+        out["events_lost"] = self.events_lost
         return out

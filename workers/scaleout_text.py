@@ -1,6 +1,6 @@
 """The predictor's inputs and assumptions in words, listed under the Scale-out charts and in
 `ddpviz predict`'s output: every measured input named with the events it came from, every
-assumption said as one."""
+assumption said as one; and the model's error on the runs outside its fit (`out_of_sample_line`)."""
 
 from __future__ import annotations
 
@@ -78,3 +78,16 @@ def assumption_lines(modes: dict[str, RunInputs], sc: Scenario, f_source: str,
 def assumptions(modes: dict[str, RunInputs], sc: Scenario, f_source: str,
                 k_source: str = "κ = 1") -> list[str]:
     return measured_lines(modes) + assumption_lines(modes, sc, f_source, k_source)
+
+
+def out_of_sample_line(rep: dict) -> str:
+    """The model's error on the runs outside the fit, with their count, in words (the only
+    error that tests it: `engine.predict.validation`)."""
+    oos = rep.get("out_of_sample") or {}
+    n, err = oos.get("runs", 0), oos.get("step_time_error_pct") or {}
+    left = f"; {oos['in_fit']} run(s) that fed the fit are not counted" if oos.get("in_fit") else ""
+    if not n:
+        return ("out of sample: no run outside the fit yet, so nothing tests the prediction (run this "
+                f"config at another world size){left}")
+    return (f"out of sample: {n} run(s), step-time error |median| {err['median_abs']:.1f}%, "
+            f"|max| {err['max_abs']:.1f}%{left}")

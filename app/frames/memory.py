@@ -1,4 +1,5 @@
-"""Memory events (docs/events.md) -> frames: the within-step curve of a traced step, and peaks.
+"""Memory events (docs/events.md) -> frames: the within-step curve of a traced step, peaks, and
+the timer's readings over the whole run (`memory_over_run_frame`, from `memory_readings` events).
 
 A `memory` event is one device in one traced step; its `curve` holds, per source, points of
 ``[seconds from the step's start, bytes]``. Sources and what they measure:
@@ -23,8 +24,12 @@ SOURCE_LABELS = {"tensors": "tensors (live-tensor ledger)", "fsdp_tensors": "ten
 DEVICE_SOURCES = ("tensors", "fsdp_tensors", "cuda")  # what one device holds
 HOST_SOURCES = ("process", "nvml")  # the whole process / the whole GPU
 SHARED_PROCESS = "all devices (one process)"
+TIMER_NOTES = {"cuda": "torch.cuda.memory_allocated of each GPU", "nvml": "NVML used memory of each whole GPU",
+               "process": "psutil RSS of the process that runs each device (DP's devices share one)"}
 CURVE_COLUMNS = ["run", "step", "device", "source", "source_label", "t_ms", "mib"]
 PEAK_COLUMNS = ["run", "step", "device", "source", "peak_mib", "allocated_mib"]
+RUN_MEMORY_COLUMNS = ["run", "device", "source", "source_label", "t_s", "mib", "lo_mib", "hi_mib",
+                      "readings", "bin_s"]
 
 
 def latest_traced_step(events: Iterable[Event]) -> int | None:
@@ -128,3 +133,29 @@ def memory_phase_frame(events: Iterable[Event], step: int | None) -> pd.DataFram
              ("optimizer", total - e.get("optimizer_s", 0.0), total)]
     return pd.DataFrame([{"phase": p, "start_ms": a * 1000.0, "end_ms": b * 1000.0}
                          for p, a, b in spans], columns=cols)
+
+
+def memory_over_run_frame(bins: list[dict[str, Any]], run: str, origin_ts: float | None = None) -> pd.DataFrame:
+    """The memory timer's readings over a whole run, one row per time bin, device and source.
+
+    Args:
+        bins: `app.step_history.ReadingHistory.rows()` (unix s, bytes).
+        run: the run's label.
+        origin_ts: unix s of t = 0 (the run's start); default the first reading.
+
+    Returns:
+        RUN_MEMORY_COLUMNS: t_s (seconds from `origin_ts` to the middle of the bin's readings),
+        mib (their mean), lo_mib / hi_mib (their min and max), readings (how many), bin_s
+        (the bins' width), source_label (`SOURCE_LABELS`), sorted by device, source, time.
+    """
+    if not bins:
+        return pd.DataFrame(columns=RUN_MEMORY_COLUMNS)
+    df = pd.DataFrame(bins)
+    origin = origin_ts if origin_ts is not None else float(df["first_ts"].min())
+    out = pd.DataFrame({
+        "run": run, "device": df["device"], "source": df["source"],
+        "source_label": df["source"].map(lambda s: SOURCE_LABELS.get(s, s)),
+        "t_s": (df["first_ts"] + df["last_ts"]) / 2 - origin,
+        "mib": df["mean_bytes"] / MIB, "lo_mib": df["lo_bytes"] / MIB, "hi_mib": df["hi_bytes"] / MIB,
+        "readings": df["readings"], "bin_s": df["bin_s"]})
+    return out.sort_values(["device", "source", "t_s"]).reset_index(drop=True)[RUN_MEMORY_COLUMNS]

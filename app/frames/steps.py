@@ -82,15 +82,30 @@ def eval_frame(events: Iterable[Event], run: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
+# What a volume of bytes is, named from the `volume_source` its `comm_volume` event carries (the
+# text before the first colon; engine.modes.dp / ddp / fsdp write it), never from the run's mode.
+MEASURED = "measured"  # DP: the bytes of the tensors copied
+DERIVED = "derived (ring all-reduce)"  # DDP: bytes handed to all-reduce x 2(n-1)/n
+DERIVED_FSDP = "derived (collective bytes x wire factor)"  # FSDP (engine.modes.fsdp.collectives)
 UNLABELLED = "unlabelled (older run)"  # comm_volume events written before `volume_source`
+THEORY = "theory"  # a formula (engine.analysis.theory_bytes, FSDP's theory_sent_bytes)
+VOLUME_KINDS = [MEASURED, DERIVED, DERIVED_FSDP, UNLABELLED, THEORY]
+
+
+def volume_label(volume_source: str | None) -> str:
+    """The label of a volume of bytes from its event's `volume_source` alone: the text before the
+    first colon ("measured: bytes of the tensors torch.nn.parallel copied" -> `MEASURED`), and
+    `UNLABELLED` when the source is missing: a number whose source is unknown is not called
+    measured."""
+    return volume_source.split(":")[0] if volume_source else UNLABELLED
 
 
 def comm_volume_frame(events: Iterable[Event]) -> pd.DataFrame:
     """Bytes each device sent/received in the latest step, beside the theory, in MiB.
 
-    `source` is the event's `volume_source` up to its first colon: "measured" (DP: the bytes of
-    the tensors copied), "derived (ring all-reduce)" (DDP: bytes handed to all-reduce × 2(n−1)/n)
-    or "derived (collective bytes x wire factor)" (FSDP)."""
+    `source` is `volume_label` of the event's `volume_source`: "measured" (DP: the bytes of the
+    tensors copied), "derived (ring all-reduce)" (DDP: bytes handed to all-reduce × 2(n−1)/n),
+    "derived (collective bytes x wire factor)" (FSDP), or `UNLABELLED` when the event has none."""
     cols = ["device", "sent_mib", "recv_mib", "theory_sent_mib", "theory_recv_mib", "source"]
     evs = of_type(events, "comm_volume")
     if not evs:
@@ -98,6 +113,6 @@ def comm_volume_frame(events: Iterable[Event]) -> pd.DataFrame:
     last = max(e["step"] for e in evs)
     rows = [{"device": e.get("device", "?"),
              **{c: mib(e.get(c.replace("_mib", "_bytes"))) for c in cols[1:-1]},
-             "source": (e.get("volume_source") or UNLABELLED).split(":")[0]}
+             "source": volume_label(e.get("volume_source"))}
             for e in evs if e["step"] == last]
     return pd.DataFrame(rows, columns=cols).sort_values("device").reset_index(drop=True)

@@ -90,7 +90,8 @@ def body(windows, labels) -> None:
     st.caption("P = gradient bytes. Bytes: DP's are measured (the tensors device 0 copied); DDP's "
                "are the bucket bytes it handed to all-reduce (measured) times the ring factor "
                "2(n−1)/n (derived); FSDP's are its all-gather and reduce-scatter bytes (measured) "
-               "times the backend's wire factor (derived). Replicas in sync: DDP compares every "
+               "times the backend's wire factor (derived); each bar is labelled by the source its own "
+               "events give, \"unlabelled\" where an older run's give none. Replicas in sync: DDP compares every "
                "rank's parameter checksum after the step; DP keeps one copy on device 0, rebuilds "
                "its replicas from it every step and checks them as they start the forward; a single "
                "device has nothing to compare, nor has FSDP (each rank holds its own shard).")

@@ -27,7 +27,7 @@ import torch
 from engine.components.devices import DevicePlan
 from engine.components.loop import Canceled
 from engine.config import RunConfig
-from engine.events import JsonlTail
+from engine.events import JsonlTail, loss_event
 from engine.modes.ranks import prepare_fork_server
 
 # How often rank event files are read and should_stop is polled: one hop of an event's way to
@@ -146,6 +146,20 @@ def kill_fork_server() -> bool:
 RankFollower = _Follower  # the bench drives the real forwarding path with stand-in ranks
 
 
+def report_lost(workdir: Path, nproc: int, out, run_id: str) -> int:
+    """Emit, for each local rank that left `local<L>.lost.json` (`engine.modes.ranks.write_lost`),
+    the `log` event its own file could not carry (`engine.events.loss_event`); returns the events
+    lost in all."""
+    total = 0
+    for r in range(nproc):
+        with contextlib.suppress(OSError, ValueError):
+            lost = json.loads((workdir / f"local{r}.lost.json").read_text())
+            out.emit(loss_event(lost["events_lost"], lost.get("error"), run_id,
+                                rank=lost.get("rank")))
+            total += int(lost["events_lost"])
+    return total
+
+
 def _local_infos(workdir: Path, nproc: int) -> dict[int, dict]:
     """{local rank: {rank, pid, host}} of the ranks that have started."""
     out = {}
@@ -262,6 +276,7 @@ def launch_ranks(cfg: RunConfig, plan: DevicePlan, out, run_id: str,
     except Exception as exc:  # ChildFailedError, or the agent's own (rendezvous) errors
         failure = exc
     follower.finish()
+    report_lost(workdir, nproc, out, run_id)
     if follower.canceled:
         raise Canceled("canceled: every rank process was stopped")
     if failure is not None:

@@ -8,6 +8,7 @@ hands each the same arguments; `run_rank` is the one bootstrap both modes share:
   `local<L>.jsonl` events (batched; the launcher forwards them), and on failure
   `local<L>.error.json` ({rank, step, host, exception, traceback}), written to a temporary name
   and renamed into place, so the launcher, which polls for it, never reads it half-written;
+  `local<L>.lost.json` when events were lost and the event file could not say so (`write_lost`);
 - closes the event sink and destroys the process group however the training ends.
 
 `init_rank` is the shared start of the training itself: the device of this local rank, CPU threads
@@ -162,6 +163,9 @@ def run_rank(train: TrainRank, cfg_dict: dict, run_id: str, workdir: str, backen
         raise
     finally:
         sink.close()
+        if sink.unreported_lost:  # the event file failed to the end: say so beside it
+            write_lost(wd, local, dict(rank=rank, events_lost=sink.unreported_lost,
+                                       error=f"{type(sink.last_error).__name__}: {sink.last_error}"))
         if dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
@@ -174,6 +178,19 @@ _AGENT_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RA
 def _from_agent(name: str) -> bool:
     """A variable torch's elastic agent sets for each rank (torch/distributed/elastic/agent)."""
     return name in _AGENT_VARS or name.startswith(("TORCHELASTIC_", "TORCH_NCCL_", "NCCL_"))
+
+
+def write_lost(workdir: Path, local_rank: int, lost: dict) -> None:
+    """`local<L>.lost.json` ({rank, events_lost, error}): events this rank could not write to its
+    event file and could not report there either; the launcher turns it into a `log` event
+    (`engine.modes.launcher`). Best effort: a disk that refuses this too leaves only the rank's
+    stderr."""
+    try:
+        tmp = workdir / f"local{local_rank}.lost.json.tmp"
+        tmp.write_text(json.dumps(lost))
+        os.replace(tmp, workdir / f"local{local_rank}.lost.json")
+    except OSError as exc:
+        print(f"ddpviz rank {lost.get('rank')}: {lost.get('events_lost')} events lost ({exc})", flush=True)
 
 
 def write_error(workdir: Path, local_rank: int, error: dict) -> None:

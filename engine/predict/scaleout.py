@@ -62,8 +62,10 @@ from engine.predict.step_models import (
     ring_allreduce_s,
     time_share,
 )
+from engine.predict.validation import in_sample, out_of_sample, validate  # re-exported
 
 __all__ = ["Scenario", "predict", "predict_ddp", "predict_dp", "fixed_fraction", "contention", "validate",
+           "in_sample", "out_of_sample",
            "cpu_threads", "time_share",
            "bucket_pipeline"]
 OPTIMIZER_STREAMS = {"sgd": 3, "adamw": 7}  # tensors of P bytes read or written per step
@@ -359,30 +361,3 @@ def predict(inputs: dict[str, RunInputs], world_sizes: list[int], sc: Scenario) 
             p["efficiency"] = p["samples_per_s"] / (n * one["samples_per_s"])
             rows.append(p)
     return rows
-
-
-def validate(predicted: list[dict[str, Any]], measured: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Predicted against measured, per measured run.
-
-    Args:
-        predicted: `predict` rows.
-        measured: ``{run_id, mode, world_size, step_time_s, samples_per_s}`` per real run.
-
-    Returns:
-        ``{run_id, mode, world_size, measured_step_time_s, predicted_step_time_s,
-        step_time_error_pct, measured_samples_per_s, predicted_samples_per_s,
-        samples_per_s_error_pct}`` with error = (predicted − measured) / measured · 100.
-    """
-    by = {(p["mode"], p["world_size"]): p for p in predicted}
-    out = []
-    for m in measured:
-        p = by.get((m["mode"], m["world_size"]))
-        if p is None or not m.get("step_time_s") or not m.get("samples_per_s"):
-            continue
-        out.append(dict(run_id=m["run_id"], mode=m["mode"], world_size=m["world_size"],
-                        measured_step_time_s=m["step_time_s"], predicted_step_time_s=p["step_time_s"],
-                        step_time_error_pct=100 * (p["step_time_s"] - m["step_time_s"]) / m["step_time_s"],
-                        measured_samples_per_s=m["samples_per_s"], predicted_samples_per_s=p["samples_per_s"],
-                        samples_per_s_error_pct=100 * (p["samples_per_s"] - m["samples_per_s"]) / m["samples_per_s"]))
-    return out
-

@@ -144,7 +144,8 @@ def test_which_steps_are_traced(steps, traced):
 def test_ledger_counts_a_sparse_gradient_by_its_indices_and_values_and_retags_it():
     """An nn.Embedding(sparse=True) gradient is a sparse COO tensor (no plain storage): its bytes
     are its int64 indices and its values. Hand-worked: 3 looked-up rows of 4 floats = 48 B of
-    values + 3 x 8 B of indices = 24 B; 72 B in all."""
+    values + 3 x 8 B of indices = 24 B; 72 B in all. Made in backward under the ledger, it is
+    counted there (kind "backward") and once only; retagged, its bytes move to "grads"."""
     led = TensorLedger(1)
     led.begin()
     emb = nn.Embedding(10, 4, sparse=True)
@@ -152,9 +153,22 @@ def test_ledger_counts_a_sparse_gradient_by_its_indices_and_values_and_retags_it
         emb(torch.tensor([1, 5, 7])).sum().backward()
     g = emb.weight.grad
     assert g.layout == torch.sparse_coo
-    before = sum(led.breakdown(0).values())
-    led.add(g, "activations")
+    assert led.kind_of(g) == "backward" and led.breakdown(0) == {"backward": 72}
+    led.add(g, "activations")  # already counted: no second count, no change of kind
+    assert led.breakdown(0) == {"backward": 72}
     led.retag([g], "grads")
-    assert led.kind_of(g) == "grads"
-    assert led.breakdown(0).get("grads", 0) == 72 and sum(led.breakdown(0).values()) - before in (0, 72)
+    assert led.kind_of(g) == "grads" and led.breakdown(0) == {"grads": 72}
+    led.end()
+
+
+def test_ledger_adds_a_sparse_gradient_made_outside_it_by_its_indices_and_values():
+    """The same gradient made before the ledger watched: `add` counts its 72 B (48 values + 24
+    indices), once."""
+    emb = nn.Embedding(10, 4, sparse=True)
+    emb(torch.tensor([1, 5, 7])).sum().backward()
+    led = TensorLedger(1)
+    led.begin()
+    led.add(emb.weight.grad, "grads")
+    led.add(emb.weight.grad, "grads")
+    assert led.breakdown(0) == {"grads": 72}
     led.end()

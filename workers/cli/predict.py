@@ -4,8 +4,9 @@
 
 Reads the run and its set through Redis (`workers.scaleout.report`, the page's numbers); prints
 a table of predicted step time, samples/s and scaling efficiency per mode and world size, then
-predicted vs measured for every real run of the same config (error in %), then the inputs and
-assumptions. Exit codes as `ddpviz`: 1 unknown run, 2 a refused setting.
+predicted vs measured for every real run of the same config on the same hardware (error in %;
+each run that fed the fit marked), the error on the runs outside the fit with their count, then the
+inputs and assumptions. Exit codes as `ddpviz`: 1 unknown run, 2 a refused setting.
 """
 
 from __future__ import annotations
@@ -44,10 +45,14 @@ def _print_table(rep: dict) -> None:
               f"{p['samples_per_s']:>11,.0f} {p['efficiency']:>10.0%} {comm * 1e3:>10.3f}  {nbytes:,.0f}")
     if rep["validation"]:
         print("\npredicted vs measured on this machine (this machine's link, measured compute)")
-        print(f"{'RUN':<18} {'MODE':<5} {'N':>3} {'MEASURED/S':>11} {'PREDICTED/S':>12} {'ERROR':>7}")
+        print(f"{'RUN':<18} {'MODE':<5} {'N':>3} {'MEASURED/S':>11} {'PREDICTED/S':>12} {'ERROR':>7}  FIT")
         for v in rep["validation"]:
+            fit = "in the fit: " + v["in_fit_reason"] if v.get("in_fit") else "out of sample"
             print(f"{v['run_id']:<18} {v['mode']:<5} {v['world_size']:>3} {v['measured_samples_per_s']:>11,.0f} "
-                  f"{v['predicted_samples_per_s']:>12,.0f} {v['samples_per_s_error_pct']:>+6.1f}%")
+                  f"{v['predicted_samples_per_s']:>12,.0f} {v['samples_per_s_error_pct']:>+6.1f}%  {fit}")
+    from workers.scaleout_text import out_of_sample_line
+
+    print(out_of_sample_line(rep))
     print("\ninputs and assumptions:")
     for line in rep["assumptions"]:
         print(f"- {line}")

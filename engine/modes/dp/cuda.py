@@ -32,6 +32,7 @@ from engine.components.training import autocast, evaluate, loss_fn, make_optimiz
 from engine.config import RunConfig
 from engine.data import BatchPlan, Dataset
 from engine.measure.memory import cuda_event, optimizer_state_bytes, param_bytes
+from engine.measure.memory_timer import DeviceProbe, MemoryTimer
 from engine.measure.sync import tensors_checksum
 from engine.measure.telemetry import Telemetry, now, step_fields
 from engine.modes.dp.book import (
@@ -199,6 +200,11 @@ def train_dp_cuda(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Modul
         sums = dp.checksums()
         tel.emit("sync", step=step, checksums=sums, in_sync=all(s == sums[0] for s in sums))
 
-    drive(cfg, tel, train_step, should_stop=should_stop, memory=memory, check_sync=check_sync,
-          evaluate=lambda: evaluate(model, ds, dev0))
+    timer = MemoryTimer(tel, [DeviceProbe(name, ledger_index=None, cuda_index=i, process_shared=True)
+                              for i, name in enumerate(plan.names)])  # memory_readings, 20/s per GPU
+    try:
+        drive(cfg, tel, train_step, should_stop=should_stop, memory=memory, check_sync=check_sync,
+              evaluate=lambda: evaluate(model, ds, dev0))
+    finally:
+        timer.close()
     return model

@@ -31,6 +31,7 @@ from engine.components.training import evaluate, make_optimizer
 from engine.config import RunConfig
 from engine.data import load_dataset
 from engine.measure.clocks import CudaClock, HostClock
+from engine.measure.memory_timer import DeviceProbe, MemoryTimer
 from engine.measure.telemetry import Telemetry
 from engine.models import build_model
 from engine.modes.fsdp.collectives import CollectiveLog, install_recorders
@@ -108,7 +109,12 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         if rank == 0:
             tel.emit("eval", step=step, val_loss=val_loss, val_accuracy=val_acc)
 
-    drive(cfg, tel, runner.train_step, check_sync=evaluate_all_ranks)
+    timer = MemoryTimer(tel, [DeviceProbe(env.device_name, ledger_index=None,  # memory_readings, 20/s
+                                          cuda_index=env.local_rank if device.type == "cuda" else None)])
+    try:
+        drive(cfg, tel, runner.train_step, check_sync=evaluate_all_ranks)
+    finally:
+        timer.close()
     final = full_params(model)
     if rank == 0:
         torch.save(final, wd / "final_params.pt")
