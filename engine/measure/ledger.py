@@ -35,7 +35,8 @@ from engine.measure.telemetry import now
 # Kinds a storage is filed under. Existing tensors carry their role; new ones the phase that made
 # them (DP names its phases; DDP/single learn forward and backward from hooks, see `kind_for_new`).
 KINDS = ("params", "buffers", "grads", "optimizer_state", "bucket_buffers", "inputs", "activations",
-         "backward", "loss", "gathered_outputs", "grad_copies", "optimizer", "other")
+         "backward", "loss", "gathered_outputs", "grad_copies", "optimizer", "unsharded_params",
+         "comm_buffers", "other")
 
 
 class TensorLedger:
