@@ -187,7 +187,7 @@ def memory_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) 
     """The latest traced step of each run as it happened (phases, bytes per device, process or
     GPU), one chart per run on a shared y scale, and the measured peak imbalance of each run."""
     refresh(client, windows)
-    curves = {rid: fm.memory_curve_frame(w.of_type("memory") + w.of_type("fsdp_memory_curve"), labels[rid])
+    curves = {rid: fm.memory_curve_frame(w.of_type("memory"), labels[rid])
               for rid, w in windows.items()}
     if all(c.empty for c in curves.values()):
         return _waiting("the first traced step's memory")
