@@ -174,12 +174,15 @@ def _keep_view() -> None:
 def split_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
     """Stacked median step time (forward, backward, exposed comm, optimizer, other) per run."""
     refresh(client, windows)
-    split = fsteps.split_frame(steps_of(windows, labels))
+    steps = steps_of(windows, labels)
+    split = fsteps.split_frame(steps)
     if split.empty:
         return _waiting("the first step")
     _chart(charts.split_chart(split), "chart_split")
+    missing = "".join(f" {run}: {why} (its forward and backward include it)."
+                      for run, why in fsteps.unmeasured_parts(steps).items())
     st.caption("exposed comm: all-reduce time not hidden behind backward; other: data loading "
-               "and synchronisation. Steps after the first, median over the window.")
+               "and synchronisation. Steps after the first, median over the window." + missing)
 
 
 # ---- memory ---------------------------------------------------------------------------------
