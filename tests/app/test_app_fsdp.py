@@ -178,3 +178,35 @@ def test_the_curve_caption_gives_the_measured_peak_beside_the_sampled_points(fsd
     mem = [e for e in frames.of_type(fsdp, "memory") if e["step"] == 11 and e["rank"] == 0][0]
     text = ff.curve_caption(curve, frames.of_type(fsdp, "memory"))
     assert f"measured peak {mem['peak_allocated_bytes'] / frames.MIB:.2f} MiB (tensors (live-tensor ledger)" in text
+
+
+def test_exposed_comm_not_measured_on_cuda_reads_as_text_everywhere(fsdp):
+    """FSDP on CUDA writes `comm_exposed_s: null`, `comm_exposed_measured: false` (its step cannot
+    see FSDP2's comm streams; tests/engine/test_fsdp_cuda_split.py). The summary, the Live split,
+    Compare and `ddpviz compare` must say "not measured on CUDA", never show a number for it."""
+    from app.frames import steps as fsteps
+    from engine.harness.compare import mode_report
+    from engine.result import RunResult
+    from engine.summary import SummaryBuilder
+
+    cuda = [{**e, "comm_exposed_s": None, "comm_exposed_measured": False} if e["type"] == "step" else e
+            for e in fsdp if e["type"] != "run_finished"]
+    b = SummaryBuilder()
+    for e in cuda:
+        b.observe(e)
+    summary = b.summary()
+    assert summary["comm_exposed_s"] is None and summary["comm_exposed_note"] == "not measured on CUDA"
+    assert summary["overlap"] is None and summary["step_time_s"] > 0
+    steps = fsteps.steps_frame(cuda, "FSDP")
+    split = fsteps.split_frame(steps)
+    assert "exposed comm" not in set(split["part"]) and set(split["part"]) >= {"forward", "backward"}
+    assert fsteps.unmeasured_parts(steps) == {"FSDP": "exposed comm not measured on CUDA"}
+    w = RunWindow("f", recent_steps=8, first_steps=2)
+    w.ingest(cuda)
+    w.run = {"config": cuda[0]["config"], "status": "succeeded", "summary": summary}
+    table = fc.side_by_side(fc.compare_frame([fc.view_of(w, "FSDP")]))
+    cell = table.loc[table["measure"] == "  exposed comm (ms)", "FSDP"].iloc[0]
+    assert cell == "not measured on CUDA"
+    report = mode_report(RunResult("succeeded", summary=summary), None)
+    assert report["step_time_split"]["comm_exposed_s"] is None
+    assert report["comm_exposed_note"] == "not measured on CUDA"
