@@ -158,3 +158,62 @@ def test_ledger_counts_a_sparse_gradient_by_its_indices_and_values_and_retags_it
     assert led.kind_of(g) == "grads"
     assert led.breakdown(0).get("grads", 0) == 72 and sum(led.breakdown(0).values()) - before in (0, 72)
     led.end()
+
+
+def test_a_storage_resized_in_place_is_counted_at_each_resize():
+    """FSDP2 frees and re-allocates gathered parameters with `UntypedStorage.resize_`, which no op
+    shows: `resized` re-reads the bytes (hand-worked: 1,000 float32 = 4,000 B)."""
+    led = TensorLedger(1)
+    gathered = torch.empty(1000)
+    gathered.untyped_storage().resize_(0)  # as FSDP2 leaves it between steps
+    led.begin()
+    with LedgerMode(led):
+        led.resized([gathered], "unsharded_params")
+        assert led.totals == [0]  # nothing held yet
+        gathered.untyped_storage().resize_(4000)
+        led.resized([gathered], "unsharded_params")
+        assert led.totals == [4000] and led.breakdown(0) == {"unsharded_params": 4000}
+        gathered.untyped_storage().resize_(0)
+        led.resized([gathered], "unsharded_params")
+        other = torch.empty(500)  # 2,000 B
+        gathered.untyped_storage().resize_(4000)
+        led.resized([gathered], "unsharded_params")
+    assert led.totals == [6000] and led.peaks == [6000]
+    del other
+    gathered.untyped_storage().resize_(0)
+    led.resized([gathered], "unsharded_params")
+    assert led.totals == [0] and led.peaks == [6000]
+    led.end()
+
+
+def test_a_dtensor_is_counted_by_its_local_shard():
+    """What FSDP2's parameters, gradients and optimizer state are: DTensors on a 1-rank mesh here."""
+    import os
+
+    import torch.distributed as dist
+    import torch.distributed.nn.functional  # noqa: F401  before any group (see engine.modes.ranks)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    if dist.is_initialized():
+        pytest.skip("a process group exists already")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    from engine.modes.launcher import free_port
+
+    os.environ["MASTER_PORT"] = str(free_port())
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        d = distribute_tensor(torch.ones(100, 10), mesh, [Shard(0)])  # 4,000 B local
+        led = TensorLedger(1)
+        led.begin()
+        led.add_existing([d], "params")
+        assert led.totals == [4000]
+        with LedgerMode(led):
+            twice = d * 2  # a DTensor op: its output's local shard is a new 4,000 B
+        assert led.totals == [8000]
+        del twice
+        assert led.totals == [4000]
+        led.end()
+    finally:
+        dist.destroy_process_group()
