@@ -187,13 +187,13 @@ def test_a_storage_resized_in_place_is_counted_at_each_resize():
 
 
 def test_a_dtensor_is_counted_by_its_local_shard():
-    """What FSDP2's parameters, gradients and optimizer state are: DTensors on a 1-rank mesh here."""
+    """What FSDP2's parameters, gradients and optimizer state are (a 1-rank mesh here)."""
     import os
 
     import torch.distributed as dist
     import torch.distributed.nn.functional  # noqa: F401  before any group (see engine.modes.ranks)
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor import DTensor, Shard
 
     if dist.is_initialized():
         pytest.skip("a process group exists already")
@@ -204,7 +204,10 @@ def test_a_dtensor_is_counted_by_its_local_shard():
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         mesh = init_device_mesh("cpu", (1,))
-        d = distribute_tensor(torch.ones(100, 10), mesh, [Shard(0)])  # 4,000 B local
+        # rank 0's third of a (300, 10) parameter, as on 3 ranks: 4,000 B local; the DTensor
+        # wrapper itself reports a storage of the global 12,000 B, which nothing allocated
+        d = DTensor.from_local(torch.ones(100, 10), mesh, [Shard(0)], run_check=False,
+                               shape=torch.Size([300, 10]), stride=(10, 1))
         led = TensorLedger(1)
         led.begin()
         led.add_existing([d], "params")
