@@ -220,3 +220,21 @@ def test_a_dtensor_is_counted_by_its_local_shard():
         led.end()
     finally:
         dist.destroy_process_group()
+
+
+def test_an_op_writing_into_a_storage_resized_since_it_was_counted_recounts_it():
+    """World size 1: FSDP2 re-allocates with a bare `resize_` and then copies into it (`copy_`),
+    so the op's output is where the ledger learns the new size."""
+    led = TensorLedger(1)
+    led.begin()
+    with LedgerMode(led):
+        buf = torch.zeros(1000)  # 4,000 B
+        buf.untyped_storage().resize_(0)
+        led.resized([buf], "unsharded_params")
+        assert led.totals == [0]
+        buf.untyped_storage().resize_(4000)
+        buf.copy_(torch.ones(1000))  # + the 4,000 B source
+    assert led.totals == [4000] and led.peaks == [8000]
+    del buf
+    assert led.totals == [0]
+    led.end()
