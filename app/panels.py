@@ -186,12 +186,15 @@ def _keep_view() -> None:
 def split_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
     """Stacked median step time (forward, backward, exposed comm, optimizer, other) per run."""
     refresh(client, windows)
-    split = fsteps.split_frame(steps_of(windows, labels))
+    steps = steps_of(windows, labels)
+    split = fsteps.split_frame(steps)
     if split.empty:
         return _waiting("the first step")
     _chart(charts.split_chart(split), "chart_split")
+    missing = "".join(f" {run}: {why} (its forward and backward include it)."
+                      for run, why in fsteps.unmeasured_parts(steps).items())
     st.caption("exposed comm: all-reduce time not hidden behind backward; other: data loading "
-               "and synchronisation. Steps after the first, median over the window.")
+               "and synchronisation. Steps after the first, median over the window." + missing)
 
 
 # ---- memory ---------------------------------------------------------------------------------
@@ -200,7 +203,7 @@ def memory_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) 
     process or GPU; a shared y scale) with the measured peak imbalance, and beside it memory over
     the whole run per device (the memory timer's readings, `memory_readings`)."""
     refresh(client, windows)
-    curves = {rid: fm.memory_curve_frame(w.of_type("memory") + w.of_type("fsdp_memory_curve"), labels[rid])
+    curves = {rid: fm.memory_curve_frame(w.of_type("memory"), labels[rid])
               for rid, w in windows.items()}
     over_run = {rid: fm.memory_over_run_frame(w.memory_history.rows(), labels[rid], w.start_ts)
                 for rid, w in windows.items()}

@@ -9,6 +9,8 @@ keeps that, while the slowest rank per step adds half the step-to-step change of
 
 overlap = 1 − exposed comm / total comm (README, "How the numbers are made"), where total comm per step is the length of the
 union of the bucket all-reduce intervals on rank 0, and exposed comm is the step's `comm_exposed_s`.
+A step whose `comm_exposed_s` is null (FSDP on CUDA) has no exposed comm and no overlap:
+the summary's `comm_exposed_s` is then null with `comm_exposed_note` = `COMM_NOT_MEASURED`.
 Medians skip warm-up steps (the first `WARMUP_STEPS`, fewer for short runs) and the steps whose
 time includes the instrument's own work — memory tracing (`memory_traced`) or DP's replica
 checksums (`replica_check`) — while at least half the steps remain. Peak memory per device is the largest measured `peak_allocated_bytes` of its `memory`
@@ -29,6 +31,10 @@ STEP_PARTS = ("step_time_s", "forward_s", "backward_s", "comm_exposed_s", "optim
 VOLUME_KEYS = ("sent_bytes", "recv_bytes", "volume_source", "allreduce_bytes", "theory_sent_bytes",
                "theory_recv_bytes")
 SPLIT_KEYS = ("step_time_s", "forward_s", "backward_s", "comm_exposed_s", "optimizer_s", "samples_per_s")
+# What every reader shows where a step's `comm_exposed_s` is null: FSDP on CUDA, whose collectives
+# run on FSDP2's comm streams, which the host clock cannot tell hidden from exposed
+# (engine/modes/fsdp/step.py). Never a number in its place.
+COMM_NOT_MEASURED = "not measured on CUDA"
 
 
 def interval_union_s(intervals: list[tuple[float, float]]) -> float:
@@ -45,7 +51,8 @@ def interval_union_s(intervals: list[tuple[float, float]]) -> float:
 def run_steps(step_events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per optimizer step of a run, in step order, from its `step` events (any ranks).
 
-    Each row: step, samples (max over ranks), the mean over ranks of `STEP_PARTS` (seconds),
+    Each row: step, samples (max over ranks), the mean over ranks of `STEP_PARTS` (seconds; None
+    where a rank reported None: not measured, see `COMM_NOT_MEASURED`),
     samples_per_s (samples / mean step time; None when that is 0), loss (mean over ranks: each
     rank's loss is the mean over its own shard), instrument (any rank's step carried memory tracing
     or a replica check), ranks (how many ranks reported it).
@@ -57,8 +64,9 @@ def run_steps(step_events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     for step in sorted(by_step):
         evs = by_step[step]
         row: dict[str, Any] = {"step": step, "samples": max(e.get("samples", 0) for e in evs)}
-        for k in STEP_PARTS:
-            row[k] = sum(e.get(k, 0.0) for e in evs) / len(evs)
+        for k in STEP_PARTS:  # a part some rank could not measure (None) is None for the step
+            vals = [e.get(k, 0.0) for e in evs]
+            row[k] = None if any(v is None for v in vals) else sum(vals) / len(vals)
         losses = [e["loss"] for e in evs if e.get("loss") is not None]
         row["loss"] = sum(losses) / len(losses) if losses else None
         row["samples_per_s"] = row["samples"] / row["step_time_s"] if row["step_time_s"] > 0 else None
@@ -130,6 +138,8 @@ class SummaryBuilder:
         total = exposed = 0.0
         rank0 = self.steps.get(0, {})
         for e in (rank0[r["step"]] for r in self._steady() if r["step"] in rank0):
+            if e.get("comm_exposed_s") is None:  # not measured (FSDP on CUDA): no overlap figure
+                continue
             spans = self.bucket_spans.get(e["step"])
             if spans:
                 total += interval_union_s(spans)
@@ -152,6 +162,8 @@ class SummaryBuilder:
         finals = [e["loss"] for e in last if e["step"] == final_step]
         out["final_loss"] = sum(finals) / len(finals) if finals else None
         out["overlap"] = self.overlap()
+        if out["comm_exposed_s"] is None and any(e.get("comm_exposed_measured") is False for e in last):
+            out["comm_exposed_note"] = COMM_NOT_MEASURED
         out["peak_memory_bytes"] = dict(sorted(self.peak.items()))
         if self.peak:
             lo = min(self.peak.values())

@@ -21,7 +21,7 @@ from app.charts.style import CATEGORIES, PHASE_COLOURS, WIDTH, legend, title
 from app.frames.dp import DP_PHASES
 from app.frames.memory import DEVICE_SOURCES, HOST_SOURCES, SOURCE_LABELS, TIMER_NOTES
 
-_DASH = {SOURCE_LABELS["tensors"]: [1, 0], SOURCE_LABELS["fsdp_tensors"]: [1, 0], SOURCE_LABELS["cuda"]: [6, 3],
+_DASH = {SOURCE_LABELS["tensors"]: [1, 0], SOURCE_LABELS["cuda"]: [6, 3],
          SOURCE_LABELS["process"]: [2, 2], SOURCE_LABELS["nvml"]: [8, 2, 2, 2]}
 # box heights (px): the plot (~200 and ~60) plus title, legends on top and the x axis
 _HELD_PX, _HOST_PX = 520, 300

@@ -17,6 +17,7 @@ from app.frames import base as frames
 from app.frames import steps as fsteps
 from app.frames.steps import THEORY, volume_label
 from engine.analysis import theory_bytes
+from engine.summary import COMM_NOT_MEASURED
 
 MIB = frames.MIB
 
@@ -65,8 +66,8 @@ def view_of(window, label: str) -> RunView:
 
 
 COMPARE_COLUMNS = ["run", "mode", "world_size", "status", "samples_per_s", "speedup_vs_single",
-                   "step_time_ms", "forward_ms", "backward_ms", "comm_exposed_ms", "optimizer_ms",
-                   "overlap", "peak_mib_max", "peak_mib_min", "memory_imbalance",
+                   "step_time_ms", "forward_ms", "backward_ms", "comm_exposed_ms", "comm_exposed_note",
+                   "optimizer_ms", "overlap", "peak_mib_max", "peak_mib_min", "memory_imbalance",
                    "bytes_mib_max", "bytes_source", "theory_mib_max", "replicas_in_sync", "replicas",
                    "final_loss"]
 
@@ -112,6 +113,7 @@ def _row(v: RunView) -> dict[str, Any]:
         "forward_ms": pick("forward_s", "forward_ms"),
         "backward_ms": pick("backward_s", "backward_ms"),
         "comm_exposed_ms": pick("comm_exposed_s", "comm_exposed_ms"),
+        "comm_exposed_note": s.get("comm_exposed_note") or fsteps.unmeasured_parts(steps).get(v.label),
         "optimizer_ms": pick("optimizer_s", "optimizer_ms"),
         "overlap": s.get("overlap") if v.mode in ("ddp", "fsdp") else None,
         "peak_mib_max": peaks["peak_mib"].max() if not peaks.empty else float("nan"),
@@ -281,6 +283,8 @@ def side_by_side(df: pd.DataFrame) -> pd.DataFrame:
     out = {"measure": [t for t, _, _ in TABLE_ROWS]}
     for _, r in df.iterrows():
         out[r["run"]] = [_fmt(r[c], f) for _, c, f in TABLE_ROWS]
+        if r.get("comm_exposed_note"):  # not measured: the reason, never a number
+            out[r["run"]][[c for _, c, _ in TABLE_ROWS].index("comm_exposed_ms")] = COMM_NOT_MEASURED
     return pd.DataFrame(out)
 
 

@@ -19,9 +19,9 @@ import pandas as pd
 from app.frames.base import MIB, of_type
 
 Event = dict[str, Any]
-SOURCE_LABELS = {"tensors": "tensors (live-tensor ledger)", "fsdp_tensors": "tensors (at FSDP's hooks)",
+SOURCE_LABELS = {"tensors": "tensors (live-tensor ledger)",
                  "cuda": "cuda allocator", "nvml": "nvml (whole GPU)", "process": "process RSS (psutil)"}
-DEVICE_SOURCES = ("tensors", "fsdp_tensors", "cuda")  # what one device holds
+DEVICE_SOURCES = ("tensors", "cuda")  # what one device holds
 HOST_SOURCES = ("process", "nvml")  # the whole process / the whole GPU
 SHARED_PROCESS = "all devices (one process)"
 TIMER_NOTES = {"cuda": "torch.cuda.memory_allocated of each GPU", "nvml": "NVML used memory of each whole GPU",
@@ -57,16 +57,10 @@ def memory_curve_frame(events: Iterable[Event], run: str, step: int | None = Non
     step = latest_traced_step(events) if step is None else step
     rows: list[dict[str, Any]] = []
     shared_done = False
-    fsdp = {e.get("device"): e["points"] for e in of_type(events, "fsdp_memory_curve")
-            if e.get("step") == step and e.get("points")}
     for e in of_type(events, "memory"):
         if e.get("step") != step:
             continue
         curve = e.get("curve")
-        if curve is None and e.get("device") in fsdp:  # FSDP: the points sampled at its hooks
-            pts = fsdp[e["device"]]
-            curve = {"fsdp_tensors": [[p["t_s"], p["tensor_bytes"]] for p in pts],
-                     "process": [[p["t_s"], p["rss_bytes"]] for p in pts if p.get("rss_bytes") is not None]}
         if curve is None and e.get("allocated_bytes") is not None:  # a one-off reading, no curve
             curve = {e.get("source", "?"): [[0.0, e["allocated_bytes"]]]}
         for src, pts in (curve or {}).items():
@@ -127,7 +121,7 @@ def memory_phase_frame(events: Iterable[Event], step: int | None) -> pd.DataFram
     e = st[0]
     bwd_at = (e["backward_start_ts"] - e["start_ts"] if e.get("backward_start_ts") and e.get("start_ts")
               else e.get("forward_s", 0.0))
-    bwd_end = bwd_at + e.get("backward_s", 0.0) + e.get("comm_exposed_s", 0.0)
+    bwd_end = bwd_at + e.get("backward_s", 0.0) + (e.get("comm_exposed_s") or 0.0)
     total = e.get("step_time_s", bwd_end)
     spans = [("forward", bwd_at - e.get("forward_s", 0.0), bwd_at), ("backward", bwd_at, bwd_end),
              ("optimizer", total - e.get("optimizer_s", 0.0), total)]

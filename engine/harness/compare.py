@@ -29,6 +29,7 @@ def mode_report(result: RunResult, single: RunResult | None) -> dict[str, Any]:
     return dict(status=result.status, error=result.error, samples_per_s=sps,
                 speedup_vs_single=(sps / base) if sps and base else None,
                 step_time_split={k: s.get(k) for k in SPLIT},
+                comm_exposed_note=s.get("comm_exposed_note"),  # why comm_exposed_s is null, if it is
                 peak_memory_bytes=s.get("peak_memory_bytes"), memory_imbalance=s.get("memory_imbalance"),
                 bytes_per_device=s.get("bytes_per_device"), overlap=s.get("overlap"),
                 replicas_in_sync=s.get("replicas_in_sync"), max_param_diff_vs_single=diff,

@@ -203,7 +203,7 @@ def step_phases(fields: dict[str, Any], origin_ts: float) -> list[tuple[str, flo
     bwd = fields.get("backward_start_ts", fields["start_ts"] + fields.get("forward_s", 0.0)) - origin_ts
     end = at + fields.get("step_time_s", 0.0)
     return [("forward", bwd - fields.get("forward_s", 0.0), bwd),
-            ("backward", bwd, bwd + fields.get("backward_s", 0.0) + fields.get("comm_exposed_s", 0.0)),
+            ("backward", bwd, bwd + fields.get("backward_s", 0.0) + (fields.get("comm_exposed_s") or 0.0)),
             ("optimizer", end - fields.get("optimizer_s", 0.0), end)]
 
 

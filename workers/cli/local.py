@@ -35,7 +35,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     else:
         for mode, r in report.items():
             sps, up = r["samples_per_s"], r["speedup_vs_single"]
+            exposed = r["step_time_split"].get("comm_exposed_s")
+            exposed = r.get("comm_exposed_note") or ("-" if exposed is None else f"{exposed * 1e3:.2f} ms")
             print(f"{mode:<6} {r['status']:<9} {sps or 0:>10.0f} samples/s  x{up or 0:.2f} vs single  "
+                  f"exposed comm {exposed}  "
                   f"overlap {r['overlap'] if r['overlap'] is not None else '-'}  "
                   f"in sync {r['replicas_in_sync']}  max |Δθ| vs single {r['max_param_diff_vs_single']}")
     return 0 if all(r["status"] == "succeeded" for r in report.values()) else 1
