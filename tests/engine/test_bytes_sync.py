@@ -67,18 +67,30 @@ def test_ddp_reports_the_bucket_bytes_it_all_reduced_and_derives_the_wire_bytes(
 
 
 @pytest.mark.slow
-def test_bytes_are_what_was_moved_not_the_parameter_formula(models):
-    # a frozen body: DDP all-reduces the head's gradients only (DDP buckets trainable parameters);
-    # DP still broadcasts every parameter but reduces only the gradients that exist
+def test_ddp_all_reduces_only_the_trainable_gradients_of_a_frozen_body(models):
+    # DDP buckets the parameters that require grad only, while the formula's P counts them all
     body, head = (64 * 32 + 32) * 4, (32 * 10 + 10) * 4
     _, ddp = run(model="frozen", mode="ddp", global_batch_size=32, steps=2, eval_every=0, step_delay_s=0)
     for e in ddp.of_type("comm_volume"):
         assert e["allreduce_bytes"] == head and e["sent_bytes"] == head  # n = 2: 2(n-1)/n = 1
-        assert e["theory_sent_bytes"] == body + head  # the formula's P counts the frozen body
+        assert e["theory_sent_bytes"] == body + head
+
+
+def test_dp_reduces_a_frozen_body_as_torch_nn_parallel_does(models, monkeypatch):
+    # torch's Broadcast.backward -> ReduceAddCoalesced reduces a gradient for every broadcast
+    # parameter (autograd materialises zeros for the frozen body's copies): the reference is that
+    # path itself (dp_torch_reference), run on CPU, counting what reaches comm.reduce_add
+    from dp_torch_reference import reduce_bytes_from_device_1
+    from memory_models import Frozen
+
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    torch_bytes, torch_buffers = reduce_bytes_from_device_1(monkeypatch, Frozen(), x, y)
+    assert torch_bytes == (64 * 32 + 32 + 32 * 10 + 10) * 4 == 9_640  # body and head, by hand
     _, dp = run(model="frozen", mode="dp", global_batch_size=32, steps=2, eval_every=0, step_delay_s=0)
-    phases = {(e["phase"], e["device"]): e["nbytes"] for e in dp.of_type("dp_phase") if e["step"] == 1}
-    assert phases[("broadcast", "cpu:1")] == body + head
-    assert phases[("reduce", "cpu:1")] == head
+    phases = {(e["phase"], e["device"]): e for e in dp.of_type("dp_phase") if e["step"] == 1}
+    assert phases[("broadcast", "cpu:1")]["nbytes"] == torch_bytes  # every parameter, both ways
+    assert phases[("reduce", "cpu:1")]["nbytes"] == torch_bytes
+    assert phases[("reduce", "cpu:1")]["copies"] == torch_buffers  # one flat buffer under 10 MiB
 
 
 def test_single_reports_no_replica_verdict():
