@@ -157,4 +157,6 @@ class SummaryBuilder:
         out["val_accuracy"] = self.last_eval["val_accuracy"] if self.last_eval else None
         out["replicas_in_sync"] = self.sync["in_sync"] if self.sync else None
         out["param_checksums"] = self.sync["checksums"] if self.sync else None
+        if self.sync is not None and "buffers_discarded" in self.sync:  # DP: engine/modes/dp/state.py
+            out["buffers_discarded"] = self.sync["buffers_discarded"]
         return out

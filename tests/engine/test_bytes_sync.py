@@ -121,6 +121,32 @@ def test_a_buffer_rebound_in_forward_is_lost_with_dps_replicas(models):
     assert _train_counting("dp", in_place=True) == 3  # device 0's replica writes the module's tensor
 
 
+def _discard_logs(sink):
+    return [e for e in sink.of_type("log") if "buffers_discarded" in e]
+
+
+def test_dp_says_it_discarded_the_buffer_a_single_device_run_updates(models):
+    # the reference: one device runs the same module and its buffer moves (one per forward)
+    steps = 3
+    assert _train_counting("single", in_place=False, steps=steps) == steps
+    result, sink = run(model="counting", mode="dp", global_batch_size=16, steps=steps, eval_every=1,
+                       step_delay_s=0)
+    (log,) = _discard_logs(sink)  # once, however many steps found it
+    assert log["message"] == "DP discards buffer updates made on replicas: 1 buffer(s)"
+    assert log["buffers"] == ["calls"] and log["step"] == 0
+    assert result.summary["buffers_discarded"] == 1
+    assert [e["buffers_discarded"] for e in sink.of_type("sync")] == [1] * steps
+
+
+def test_dp_reports_no_discard_when_device_0_records_the_same_update(models, monkeypatch):
+    # in place on every replica: device 0's write is the module's and equals device 1's
+    import memory_models
+
+    monkeypatch.setattr(memory_models.Counting.__init__, "__defaults__", (True,))
+    result, sink = run(model="counting", mode="dp", global_batch_size=16, steps=2, eval_every=1, step_delay_s=0)
+    assert _discard_logs(sink) == [] and result.summary["buffers_discarded"] == 0
+
+
 def _rows(sync):
     return {(b["name"], b["rank"]): b for b in sync["buffers"]}
 

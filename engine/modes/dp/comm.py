@@ -206,6 +206,18 @@ def gather_outputs(outputs: Sequence[Any], *, ledger: TensorLedger | None = None
     return Gathered(gather_map(list(outputs)), leaves, copies)
 
 
+def tensor_leaves(output: Any) -> list[torch.Tensor]:
+    """The tensors `gather` would move from one replica's `output` (dict values, sequence items,
+    nested), in its walk's order."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, dict):
+        return [t for v in output.values() for t in tensor_leaves(v)]
+    if isinstance(output, (list, tuple)):
+        return [t for v in output for t in tensor_leaves(v)]
+    return []
+
+
 def grads_for_replicas(g: Gathered, n: int) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
     """Per device: (its output tensors that received a gradient, those gradients), the gathered
     gradients split back by rows (`Gather.backward` = `Scatter`); leaves the loss never reached

@@ -41,6 +41,7 @@ from engine.measure.sync import tensors_checksum
 from engine.measure.telemetry import Telemetry, now, step_fields
 from engine.modes.dp.comm import Copy, Gathered, gather_outputs, grads_for_replicas, reduce_add_coalesced
 from engine.modes.dp.replicate import Replicas, replicate_cpu
+from engine.modes.dp.state import CHECKED, BufferWatch
 
 
 class PhaseLog:
@@ -86,6 +87,7 @@ class EmulatedDP:
         self.checksums: list[list[float]] | None = None  # replicas as built, on check steps
         self.last_log: PhaseLog | None = None
         self.check_span: tuple[float, float] | None = None  # the checksums' own time, this step
+        self.buffers = BufferWatch()  # buffer updates the replicas made and DP discards
 
     def _on(self, device: int, kind: str):
         """Attribute what this thread creates to `device` as `kind`, while memory is traced."""
@@ -203,15 +205,21 @@ class EmulatedDP:
                 for p in reps.params[cfg.fault_rank]:
                     p.add_(DIVERGE_NUDGE)
 
+    def _check(self, reps: Replicas) -> None:
+        """On check steps, after forward and backward: each replica's parameters as it computed
+        with them (this step's broadcast copies; a write after the copy, `fault=diverge` or an
+        in-place write in forward, would show) against device 0's, and the buffers the replicas
+        changed that DP will discard (`engine.modes.dp.state`). Timed as the instrument's own."""
+        t = now()
+        with self.ledger.paused() if self.ledger is not None else nullcontext():
+            self.checksums = [tensors_checksum(ps) for ps in reps.params]
+            self.buffers.observe(self.master, reps.modules)
+        self.check_span = (t, now())
+
     def micro_step(self, x, y, log: PhaseLog, accum: int, step: int, micro: int) -> float:
         """One micro-batch through all phases but the optimizer; returns its loss."""
         reps = self._broadcast(log)
         self._diverge(reps, step, micro)
-        if micro == 0 and should_eval(self.cfg, step):  # what each replica computes with
-            t = now()
-            with self.ledger.paused() if self.ledger is not None else nullcontext():
-                self.checksums = [tensors_checksum(ps) for ps in reps.params]
-            self.check_span = (t, now())
         chunks = self._scatter(x, log)
         outs = self._forward(reps, chunks, log, step)
         gathered = self._gather(outs, log)
@@ -221,6 +229,8 @@ class EmulatedDP:
             loss.backward()  # only d(loss)/d(gathered), on device 0
         log.add("loss", 0, t, now())
         self._backward(reps, gathered, log)
+        if micro == 0 and should_eval(self.cfg, step):
+            self._check(reps)
         self._reduce(reps, log)
         return loss.item()
 
@@ -278,9 +288,9 @@ def train_dp(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Module, te
     def check_sync(step: int) -> None:
         sums, dp.checksums = dp.checksums, None
         if sums is not None:
+            dp.buffers.report(tel, step)
             tel.emit("sync", step=step, checksums=sums, in_sync=all(s == sums[0] for s in sums),
-                     checked="replicas as built by this step's broadcast, before forward",
-                     replicas_rebuilt_each_step=True)
+                     checked=CHECKED, replicas_rebuilt_each_step=True, buffers_discarded=dp.buffers.count)
 
     probes = [DeviceProbe(name, ledger_index=i, process_shared=True) for i, name in enumerate(plan.names)]
     def phases_of(i: int):  # the step's own spans on device i, in perf_counter seconds
