@@ -23,7 +23,6 @@ from typing import Any, Iterable
 import pandas as pd
 
 from app.frames import base as frames
-from engine.predict.step_models import ALLREDUCE_MODELS
 
 NODE_COLUMNS = ["node", "label", "role", "x", "y"]
 EDGE_COLUMNS = ["link", "x", "y", "x2", "y2", "mx", "my", "ax", "ay", "lx", "ly", "mib", "label",
@@ -163,9 +162,11 @@ def latency_steps(n: int) -> dict[str, int]:
 
 
 def allreduce_time_frame(p_bytes: float, alpha_s: float, beta_bytes_per_s: float,
-                         world_sizes: Iterable[int]) -> pd.DataFrame:
-    """Columns world_size, model ("ring", "tree"), time_ms: one all-reduce of P by each model of
-    `engine.predict.step_models` (theory) at each world size."""
+                         world_sizes: Iterable[int], models: dict[str, Any]) -> pd.DataFrame:
+    """Columns world_size, model (a key of `models`), time_ms: one all-reduce of P by each model
+    (`engine.predict.step_models.ALLREDUCE_MODELS`, passed in: frames import no engine module
+    beyond the app's list; `fn(nbytes, n, alpha_s, beta_bytes_per_s)` seconds, theory) at each
+    world size."""
     rows = [{"world_size": n, "model": algo, "time_ms": 1e3 * fn(p_bytes, n, alpha_s, beta_bytes_per_s)}
-            for n in world_sizes for algo, fn in ALLREDUCE_MODELS.items()]
+            for n in world_sizes for algo, fn in models.items()]
     return pd.DataFrame(rows, columns=["world_size", "model", "time_ms"])

@@ -81,7 +81,7 @@ gradient bytes P by each pattern's formula: **theory**, not a measurement.
 def theory_section(windows, labels) -> None:
     """Star, ring and tree at a chosen n, scaled from one run's gradient bytes (theory)."""
     from app.charts.topology import allreduce_time_chart
-    from engine.predict.step_models import NCCL_ALGO_NOTE
+    from engine.predict.step_models import ALLREDUCE_MODELS, NCCL_ALGO_NOTE
 
     run = next(((rid, w) for rid, w in windows.items() if (w.started or {}).get("grad_bytes")), None)
     if run is None:
@@ -107,7 +107,8 @@ def theory_section(windows, labels) -> None:
                + ftop.THEORY_NOTE + ". " + NCCL_ALGO_NOTE)
     fit = next((e.get("fit") for w2 in windows.values() for e in w2.of_type("allreduce_probe") if e.get("fit")), None)
     if fit and fit.get("beta_bytes_per_s"):
-        frame = ftop.allreduce_time_frame(p_bytes, fit["alpha_s"], fit["beta_bytes_per_s"], THEORY_SIZES)
+        frame = ftop.allreduce_time_frame(p_bytes, fit["alpha_s"], fit["beta_bytes_per_s"], THEORY_SIZES,
+                                          ALLREDUCE_MODELS)
         st.altair_chart(allreduce_time_chart(
             frame, mark_n=n, subtitle=f"α = {fit['alpha_s'] * 1e6:.3g} µs, β = {fit['beta_bytes_per_s'] / 1e9:.3g} GB/s "
                                       "fitted on this set's all-reduce probe (measured); the models are theory"),

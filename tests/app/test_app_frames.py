@@ -175,8 +175,23 @@ def test_theory_star_ring_and_tree_bytes_and_shape_by_hand():
 def test_allreduce_time_frame_follows_the_two_models():
     from app.frames import topology as ftop
 
-    f = ftop.allreduce_time_frame(1e6, 10e-6, 1e9, [2, 8])
+    from engine.predict.step_models import ALLREDUCE_MODELS
+
+    f = ftop.allreduce_time_frame(1e6, 10e-6, 1e9, [2, 8], ALLREDUCE_MODELS)
     got = {(r.world_size, r.model): r.time_ms for r in f.itertuples()}
     assert got[(8, "ring")] == pytest.approx(1e3 * (14 * 10e-6 + 1.75e-3))
     assert got[(8, "tree")] == pytest.approx(1e3 * (6 * 10e-6 + 1.75e-3))
     assert got[(2, "ring")] == pytest.approx(got[(2, "tree")])  # one level: the two agree at n = 2
+
+
+def test_allreduce_time_chart_names_its_axes_legend_and_theory():
+    from app.charts.topology import allreduce_time_chart
+    from app.frames import topology as ftop
+    from engine.predict.step_models import ALLREDUCE_MODELS
+
+    f = ftop.allreduce_time_frame(1e6, 10e-6, 1e9, [2, 4, 8], ALLREDUCE_MODELS)
+    spec = allreduce_time_chart(f, subtitle="α, β fitted on the probe", mark_n=8).to_dict()
+    enc = spec["layer"][0]["encoding"]
+    assert "theory" in spec["title"]["text"] and enc["y"]["title"] == "one all-reduce of P (ms, theory)"
+    assert enc["x"]["title"] == "world size n (ranks)" and enc["color"]["legend"]["title"] == "all-reduce model"
+    assert sorted(set(f["model"])) == ["ring", "tree"]
