@@ -86,10 +86,19 @@ def _run_status(client, w: RunWindow, label: str) -> None:
         last = evals[-1]
         st.caption(f"validation accuracy **{last['val_accuracy']:.3f}** (loss {last['val_loss']:.4f}) "
                    f"at step {last['step']}, on the held-out split")
+    for e in discard_logs(w)[:1]:  # DP's one warning (engine/modes/dp/state.py)
+        st.warning(f"{e['message']} ({', '.join(map(str, e.get('buffers', [])))}): real DataParallel "
+                   "does the same; single-device training keeps them (measured at step "
+                   f"{e.get('step')})", icon=":material/warning:")
     if w.error:
         _show_error(w.error, w.status)
     if w.status in ("queued", "started") and st.button("Cancel", key=f"cancel_{w.run_id}"):
         st.toast(f"{w.run_id}: {client.cancel(w.run_id)}")
+
+
+def discard_logs(w: RunWindow) -> list[dict[str, Any]]:
+    """DP's `log` events that say replicas' buffer updates were discarded (`buffers_discarded`)."""
+    return [e for e in w.of_type("log") if "buffers_discarded" in e]
 
 
 def dataset_name(w: RunWindow) -> str:
