@@ -168,10 +168,18 @@ def test_emulated_dp_gathers_the_whole_output_and_matches_a_single_device_step()
 
 @pytest.mark.parametrize("n", [1, 3])
 def test_one_device_copies_nothing_and_three_split_the_batch(n):
+    # by hand: 30 samples over 3 devices = 10 each; device j receives P (broadcast), its 10 rows
+    # of 64 inputs and the logits' gradient (10 x 10); it sends logits and hidden (10 x 26) and P
     torch.manual_seed(0)
     model = _TwoHeads()
+    P = sum(p.numel() * 4 for p in model.parameters())
     x, y = torch.randn(30, 64), torch.randint(0, 10, (30,))
     dp, log = _dp_step(model, x, y, n)
-    assert sum(dp.sent) == sum(dp.recv)
     if n == 1:
-        assert sum(dp.sent) == 0
+        assert dp.sent == dp.recv == [0] and log.copies.get(("broadcast", 0), 0) == 0
+        return
+    for j in (1, 2):
+        assert dp.recv[j] == P + 10 * 64 * 4 + 10 * 10 * 4
+        assert dp.sent[j] == 10 * 26 * 4 + P
+    assert dp.sent[0] == dp.recv[1] + dp.recv[2] and dp.recv[0] == dp.sent[1] + dp.sent[2]
+    assert log.copies[("broadcast", 0)] == 2 and log.copies[("gather", 0)] == 4
