@@ -84,7 +84,7 @@ class EmulatedDP:
         self.pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="dp-device")
         self.sent = [0] * n
         self.recv = [0] * n
-        self.checksums: list[list[float]] | None = None  # replicas as built, on check steps
+        self.checksums: list[list[float]] | None = None  # the replicas as they computed, on check steps
         self.last_log: PhaseLog | None = None
         self.check_span: tuple[float, float] | None = None  # the checksums' own time, this step
         self.buffers = BufferWatch()  # buffer updates the replicas made and DP discards
