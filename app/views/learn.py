@@ -110,8 +110,9 @@ def theory_section(windows, labels) -> None:
         frame = ftop.allreduce_time_frame(p_bytes, fit["alpha_s"], fit["beta_bytes_per_s"], THEORY_SIZES,
                                           ALLREDUCE_MODELS)
         st.altair_chart(allreduce_time_chart(
-            frame, mark_n=n, subtitle=f"α = {fit['alpha_s'] * 1e6:.3g} µs, β = {fit['beta_bytes_per_s'] / 1e9:.3g} GB/s "
-                                      "fitted on this set's all-reduce probe (measured); the models are theory"),
+            frame, mark_n=n,
+            subtitle=f"α = {fit['alpha_s'] * 1e6:.3g} µs, β = {fit['beta_bytes_per_s'] / 1e9:.3g} GB/s "
+                     "fitted on this set's all-reduce probe (measured); the models are theory"),
             key="learn_theory_time")
 
 

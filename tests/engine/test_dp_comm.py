@@ -39,7 +39,8 @@ def test_the_buffer_is_torchs_10_mib_and_chunks_are_take_tensors_chunks():
     import inspect
 
     default = inspect.signature(comm.broadcast_coalesced).parameters["buffer_size"].default
-    assert BUFFER_SIZE_BYTES == default == inspect.signature(comm.reduce_add_coalesced).parameters["buffer_size"].default
+    reduce_default = inspect.signature(comm.reduce_add_coalesced).parameters["buffer_size"].default
+    assert BUFFER_SIZE_BYTES == default == reduce_default
     ts = _mixed()
     ours = coalesced_chunks(ts)
     theirs = [[next(k for k, t in enumerate(ts) if t is c) for c in chunk] for chunk in _take_tensors(ts, default)]

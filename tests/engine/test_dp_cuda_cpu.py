@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 import torch.nn as nn
-from dp_cpu_fakes import broadcast_coalesced, cpu_parallel
+from dp_cpu_fakes import cpu_parallel
 
 from engine.components.training import loss_fn, make_optimizer
 from engine.config import RunConfig

@@ -10,8 +10,9 @@ between steps, so whatever a forward does to a replica (a rebound buffer, a drif
 gone at the next step.
 
 Here the same structure, with CPU copies made as `comm.broadcast_coalesced` makes them (10 MiB flat
-buffers, `engine.modes.dp.comm`) while the ledger attributes them to the receiving device. One difference, named: real replicas hold non-leaf tensors (autograd's `Broadcast` sums
-their gradients onto device 0 inside backward); here the copies are leaves that keep their own
+buffers, `engine.modes.dp.comm`) while the ledger attributes them to the receiving device. One
+difference, named: real replicas hold non-leaf tensors (autograd's `Broadcast` sums their
+gradients onto device 0 inside backward); here the copies are leaves that keep their own
 `.grad`, and `EmulatedDP` reduces them onto device 0 in a timed phase of its own, so the reduce is
 measured rather than hidden in backward.
 """
