@@ -90,6 +90,10 @@ def _run_status(client, w: RunWindow, label: str) -> None:
     if lost:
         st.warning(f"{lost} event(s) of this run were lost on their way out of the training "
                    "(a failed write): its charts and summary miss them.", icon=":material/warning:")
+    for e in discard_logs(w)[:1]:  # DP's one warning (engine/modes/dp/state.py)
+        st.warning(f"{e['message']} ({', '.join(map(str, e.get('buffers', [])))}): real DataParallel "
+                   "does the same; single-device training keeps them (measured at step "
+                   f"{e.get('step')})", icon=":material/warning:")
     if w.error:
         _show_error(w.error, w.status)
     if w.status in ("queued", "started") and st.button("Cancel", key=f"cancel_{w.run_id}"):
@@ -102,6 +106,11 @@ def events_lost(w: RunWindow) -> int:
     summary = (w.finished or {}).get("summary") or {}
     logged = sum(int(e.get("events_lost") or 0) for e in w.of_type("log"))
     return max(int(summary.get("events_lost") or 0), logged)
+
+
+def discard_logs(w: RunWindow) -> list[dict[str, Any]]:
+    """DP's `log` events that say replicas' buffer updates were discarded (`buffers_discarded`)."""
+    return [e for e in w.of_type("log") if "buffers_discarded" in e]
 
 
 def dataset_name(w: RunWindow) -> str:

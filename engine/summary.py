@@ -175,4 +175,6 @@ class SummaryBuilder:
         out["replicas_in_sync"] = self.sync["in_sync"] if self.sync else None
         out["param_checksums"] = self.sync["checksums"] if self.sync else None
         out["events_lost"] = self.events_lost
+        if self.sync is not None and "buffers_discarded" in self.sync:  # DP: engine/modes/dp/state.py
+            out["buffers_discarded"] = self.sync["buffers_discarded"]
         return out

@@ -85,7 +85,8 @@ def measured_points(client, record: dict[str, Any]) -> list[dict[str, Any]]:
 def scenario_from(link_key: str = THIS_MACHINE, *, inter_link_key: str | None = None,
                   devices_per_host: int | None = None, compute_key: str = AS_MEASURED,
                   utilisation: float = 0.4, alpha_s: float | None = None,
-                  beta_bytes_per_s: float | None = None, dp_collectives: str = "hub") -> Scenario:
+                  beta_bytes_per_s: float | None = None, dp_collectives: str = "hub",
+                  allreduce_algo: str = "ring") -> Scenario:
     """A `Scenario` from preset names (and a typed-in alpha/beta, which wins over `link_key`).
 
     Raises:
@@ -100,7 +101,7 @@ def scenario_from(link_key: str = THIS_MACHINE, *, inter_link_key: str | None = 
     net = link(inter_link_key) if inter_link_key else None
     return Scenario(link=intra, inter_link=net, devices_per_host=devices_per_host,
                     compute=None if compute_key == AS_MEASURED else compute(compute_key),
-                    utilisation=utilisation, dp_collectives=dp_collectives)
+                    utilisation=utilisation, dp_collectives=dp_collectives, allreduce_algo=allreduce_algo)
 
 
 def inputs_of(client, members: dict[str, dict[str, Any]],

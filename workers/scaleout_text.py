@@ -64,8 +64,11 @@ def assumption_lines(modes: dict[str, RunInputs], sc: Scenario, f_source: str,
         out.append(f"Beyond {sc.devices_per_host} devices per host: DDP is one flat ring and its "
                    f"slowest link governs (α = max, β = min) with {net.label}: β = "
                    f"{_gbps(net.beta_bytes_per_s)} ({net.beta_basis}). DP stays on one host.")
+    model = ("ring time 2(n−1)·α + 2(n−1)/n·bytes/β" if sc.allreduce_algo == "ring" else
+             "tree time 2·⌈log2 n⌉·α + 2(n−1)/n·bytes/β (theory: NCCL's double binary tree, same "
+             "bandwidth term as the ring to first order, log2 n latency)")
     out.append("DDP: all-reduces run one after another on one stream, each at max(ready, previous "
-               "end), ring time 2(n−1)·α + 2(n−1)/n·bytes/β; exposed = what ends after backward.")
+               f"end), {model}; exposed = what ends after backward.")
     out.append("DP: " + ("every broadcast and reduce is n−1 copies of the parameters through "
                          "device 0's link" if sc.dp_collectives == "hub" else
                          "broadcast and reduce go over NCCL, pipelined (device 0 sends the "

@@ -145,13 +145,17 @@ def replicas_in_sync(v: RunView) -> bool | None:
 def replica_verdict(v: RunView) -> str:
     """What the replica check shows, in words: DDP compares every rank's parameters after the
     step; DP keeps one master copy on device 0 and rebuilds its replicas every step, checked as
-    built (before forward); a single device has nothing to compare."""
+    they computed (after the step's forward and backward), and names the buffer updates its
+    replicas made and it discarded (`buffers_discarded`); a single device has nothing to compare."""
     if v.mode == "single":
         return "n/a (one device)"
     ok = replicas_in_sync(v)
     said = "—" if ok is None else ("yes" if ok else "NO")
     if v.mode == "dp":
-        return f"rebuilt each step; at forward: {said}"
+        syncs = v.of_type("sync")
+        lost = v.summary.get("buffers_discarded", syncs[-1].get("buffers_discarded") if syncs else None)
+        extra = f"; discards buffer updates made on replicas: {lost} buffer(s)" if lost else ""
+        return f"rebuilt each step; as computed with: {said}{extra}"
     return said
 
 

@@ -93,7 +93,9 @@ def body(windows, labels) -> None:
                "times the backend's wire factor (derived); each bar is labelled by the source its own "
                "events give, \"unlabelled\" where an older run's give none. Replicas in sync: DDP compares every "
                "rank's parameter checksum after the step; DP keeps one copy on device 0, rebuilds "
-               "its replicas from it every step and checks them as they start the forward; a single "
+               "its replicas from it every step and checks them after they computed the step (they can "
+               "differ only by a write after the copy), and names the buffer updates its replicas made "
+               "that it discards; a single "
                "device has nothing to compare, nor has FSDP (each rank holds its own shard).")
     buffers = buffers_frame(views)
     if not buffers.empty:

@@ -19,6 +19,7 @@ from app.frames import base as frames
 from app.frames import scaleout as fso
 from app.outage import guarded
 from engine.predict.presets import AS_MEASURED, COMPUTES, DEFAULT_UTILISATION, LINKS, THIS_MACHINE
+from engine.predict.step_models import NCCL_ALGO_NOTE
 from workers.scaleout import report, scenario_from
 from workers.scaleout_text import out_of_sample_line
 
@@ -100,6 +101,11 @@ def compute_controls() -> dict:
             format_func=lambda k: "n−1 copies through device 0" if k == "hub" else "NCCL, pipelined",
             help="torch's DataParallel uses NCCL broadcast/reduce on GPUs when NCCL is there "
                  "(torch/csrc/cuda/comm.cpp); the CPU emulation copies through device 0.")
+    out["allreduce_algo"] = st.radio(
+        "DDP's all-reduce model", ["ring", "tree"], horizontal=True, key="so_algo",
+        format_func=lambda k: "ring: latency 2(n−1)·α" if k == "ring" else "tree: latency 2·⌈log2 n⌉·α",
+        help="Theory: both move 2(n−1)/n·bytes per rank to first order; they differ in latency. "
+             + NCCL_ALGO_NOTE)
     return out
 
 
@@ -109,7 +115,8 @@ def scenario_label(rep: dict) -> str:
         LINKS[sc["link"]].label.split(" (")[0] if sc["link"] in LINKS else "your α/β"
     comp = "measured compute" if sc["compute"] == AS_MEASURED else \
         f"ASSUMED {COMPUTES[sc['compute']].label} at {sc['utilisation']:.0%} of peak"
-    return f"{link}, {comp}"
+    algo = f", {sc['allreduce_algo']} all-reduce (theory)" if sc.get("allreduce_algo", "ring") != "ring" else ""
+    return f"{link}, {comp}{algo}"
 
 
 @guarded

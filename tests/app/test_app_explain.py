@@ -59,7 +59,11 @@ def test_replica_verdicts_say_what_each_mode_checks():
                           events={"sync": [{"type": "sync", "step": 1, "in_sync": in_sync}]})
     assert fc.replica_verdict(view("single", None)) == "n/a (one device)"
     assert fc.replica_verdict(view("ddp", False)) == "NO"
-    assert fc.replica_verdict(view("dp", True)) == "rebuilt each step; at forward: yes"
+    assert fc.replica_verdict(view("dp", True)) == "rebuilt each step; as computed with: yes"
+    lost = fc.RunView(label="dp", record={"config": {"mode": "dp", "world_size": 2}}, events={"sync": [
+        {"type": "sync", "step": 1, "in_sync": True, "buffers_discarded": 1}]})
+    assert fc.replica_verdict(lost) == ("rebuilt each step; as computed with: yes; discards buffer updates "
+                                        "made on replicas: 1 buffer(s)")
     assert fc.replicas_in_sync(view("single", None)) is None
 
 

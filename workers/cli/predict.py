@@ -65,7 +65,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     try:
         sc = scenario_from(args.link, inter_link_key=args.inter_link, devices_per_host=args.devices_per_host,
                            compute_key=args.compute, utilisation=args.utilisation, alpha_s=args.alpha_s,
-                           beta_bytes_per_s=args.beta_bytes_per_s, dp_collectives=args.dp_collectives)
+                           beta_bytes_per_s=args.beta_bytes_per_s, dp_collectives=args.dp_collectives,
+                           allreduce_algo=args.allreduce_algo)
         rep = report(DdpvizClient(url=args.url), args.run_id, args.world_sizes, sc)
     except KeyError as exc:
         print(f"ddpviz: {exc.args[0]}", file=sys.stderr)
@@ -102,4 +103,7 @@ def register(command) -> None:
     p.add_argument("--dp-collectives", choices=["hub", "nccl"], default="hub",
                    help="DP's broadcast/reduce: n-1 copies through device 0 (hub), or NCCL's "
                         "pipelined broadcast/reduce as torch uses on GPUs with NCCL")
+    p.add_argument("--allreduce-algo", choices=["ring", "tree"], default="ring",
+                   help="DDP's all-reduce model (theory): ring, latency 2(n-1)·α, or NCCL's tree, "
+                        "2·ceil(log2 n)·α; the same bandwidth term")
     p.add_argument("--json", action="store_true", help="print the report as JSON (the page's numbers)")

@@ -28,13 +28,13 @@ from torch.nn.parallel import gather, replicate, scatter
 
 from engine.components.devices import DevicePlan
 from engine.components.loop import drive
-from engine.components.training import autocast, evaluate, loss_fn, make_optimizer
+from engine.components.training import autocast, evaluate, logits_of, loss_fn, make_optimizer, should_eval
 from engine.config import RunConfig
 from engine.data import BatchPlan, Dataset
 from engine.measure.memory import cuda_event, optimizer_state_bytes, param_bytes
 from engine.measure.memory_timer import DeviceProbe, MemoryTimer
 from engine.measure.sync import tensors_checksum
-from engine.measure.telemetry import Telemetry, now, step_fields
+from engine.measure.telemetry import Telemetry, now, should_sample_memory, step_fields
 from engine.modes.dp.book import (
     COMM_PHASES,
     Span,
@@ -45,7 +45,9 @@ from engine.modes.dp.book import (
     theory_star_bytes,
     unique_tensors,
 )
+from engine.modes.dp.comm import tensor_leaves
 from engine.modes.dp.hooks import CudaStreamClock, apply_in_threads, mark_backward, mark_loss_end, mark_reduce
+from engine.modes.dp.state import CHECKED, BufferWatch
 
 COMM_SOURCE = "measured: bytes of the tensors torch.nn.parallel copied"
 PHASE_SOURCE = "cuda events on each device's stream"
@@ -95,6 +97,9 @@ class CudaDP:
         self.device_type = device_type  # "cpu" only in tests, with torch.nn.parallel's copies faked
         self.clock = clock if clock is not None else CudaStreamClock()
         self.param_nbytes = [tensor_nbytes([p]) for p in model.parameters()]
+        self.check = False  # True on check steps: checksums and buffers of the step's own replicas
+        self.checksums_seen: list[list[float]] | None = None
+        self.buffers = BufferWatch()
 
     def micro_step(self, x: torch.Tensor, y: torch.Tensor, micro: int, book: SpanBook,
                    traffic: StarTraffic) -> torch.Tensor:
@@ -109,20 +114,39 @@ class CudaDP:
                                 amp=lambda: autocast(self.cfg, self.device_type), book=book, clock=clock,
                                 micro=micro, devices=ids if self.device_type == "cuda" else None)
         node = broadcast_node(replicas[0])
-        mark_backward(outs, node, book, clock, micro)
+        mark_backward([logits_of(o) for o in outs], node, book, clock, micro)
         mark_reduce(node, n, book, clock, micro, traffic, self.param_nbytes)
         out = _timed(book, clock, "gather", micro, ids, lambda: gather(outs, 0))
-        traffic.to_hub("gather", micro, [tensor_nbytes([o]) for o in outs])
+        traffic.to_hub("gather", micro, [tensor_nbytes(tensor_leaves(o)) for o in outs])  # every tensor
         book.start("loss", 0, micro, clock.mark(0))
         loss = loss_fn(out, y) / self.cfg.grad_accum_steps
         mark_loss_end(out, book, clock, micro, traffic)
         loss.backward()
+        if self.check and micro == 0:
+            self._check(replicas)
         return loss.detach()
 
+    def _check(self, replicas: list[nn.Module]) -> None:
+        """The replicas this step built, after their forward and backward: checksums of each one's
+        parameter copies (replica 0's are device 0's own) and the buffers they changed
+        (`engine.modes.dp.state`). Synchronises: check steps are marked `replica_check`."""
+        with torch.no_grad():
+            self.checksums_seen = [tensors_checksum(replica_params(r)) for r in replicas]
+        self.buffers.observe(self.model, replicas)
+
     def step(self, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
-             opt: torch.optim.Optimizer) -> "StepRecord":
-        """Every micro-batch, then the optimizer on device 0; one synchronize at the end."""
+             opt: torch.optim.Optimizer, *, reset_peaks: bool = False) -> "StepRecord":
+        """Every micro-batch, then the optimizer on device 0; one synchronize at the end.
+
+        Args:
+            reset_peaks: reset every device's allocator peak (`torch.cuda.reset_peak_memory_stats`)
+                before the step, so `max_memory_allocated` read after it is this step's peak
+                (memory-sampled steps), not the process's.
+        """
         book, traffic = SpanBook(), StarTraffic(len(self.ids))
+        if reset_peaks:
+            for d in self.ids:
+                torch.cuda.reset_peak_memory_stats(d)
         t0 = now()
         self.clock.begin(self.ids)
         losses = [self.micro_step(x, y, micro, book, traffic) for micro, (x, y) in enumerate(micro_batches)]
@@ -134,12 +158,6 @@ class CudaDP:
         return StepRecord(t0, now() - t0, float(sum(l.item() for l in losses)),
                           book.resolve(self.clock.seconds), traffic)
 
-    def checksums(self) -> list[list[float]]:
-        """Checksums of the copies `replicate` makes now, one per device: they differ only if the
-        broadcast does not deliver device 0's parameters."""
-        with torch.no_grad():
-            replicas = replicate(self.model, self.ids, detach=True)
-        return [tensors_checksum(replica_params(r)) for r in replicas]
 
 
 class StepRecord(NamedTuple):
@@ -187,9 +205,10 @@ def train_dp_cuda(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Modul
             yield ds.x_train[idx].to(dev0), ds.y_train[idx].to(dev0)
 
     def train_step(step: int) -> dict:
-        rec = dp.step(micro_batches(step), opt)
+        dp.check = should_eval(cfg, step)
+        rec = dp.step(micro_batches(step), opt, reset_peaks=should_sample_memory(step, cfg.steps))
         rec.emit(tel, step, plan.names, theory)
-        return rec.measures(cfg.global_batch_size)
+        return rec.measures(cfg.global_batch_size) | ({"replica_check": True} if dp.check else {})
 
     def memory(step: int) -> None:
         for i in dp.ids:
@@ -197,8 +216,11 @@ def train_dp_cuda(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Modul
             tel.emit("memory", step=step, device=plan.names[i], **cuda_event(torch.device(f"cuda:{i}"), extra))
 
     def check_sync(step: int) -> None:
-        sums = dp.checksums()
-        tel.emit("sync", step=step, checksums=sums, in_sync=all(s == sums[0] for s in sums))
+        sums, dp.checksums_seen = dp.checksums_seen, None
+        if sums is not None:
+            dp.buffers.report(tel, step)
+            tel.emit("sync", step=step, checksums=sums, in_sync=all(s == sums[0] for s in sums),
+                     checked=CHECKED, replicas_rebuilt_each_step=True, buffers_discarded=dp.buffers.count)
 
     timer = MemoryTimer(tel, [DeviceProbe(name, ledger_index=None, cuda_index=i, process_shared=True)
                               for i, name in enumerate(plan.names)])  # memory_readings, 20/s per GPU
