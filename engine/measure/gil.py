@@ -213,7 +213,8 @@ def span_fields(spans: Iterable[Span], step_wall_s: float, less_blocked_s: float
     """The `gil` event's figures for one device's spans in one step.
 
     Args:
-        spans: the spans the device's own threads ran this step (not overlapping in time).
+        spans: the spans the device's own threads ran this step (not overlapping in time); one
+            that began and ended on different threads is left out.
         step_wall_s: the step's wall time, seconds (> 0).
         less_blocked_s: blocked time known to be another wait (a DDP rank's exposed all-reduce),
             taken off `gil_wait_s` (never below 0) and reported as `other_wait_s`.
@@ -224,7 +225,7 @@ def span_fields(spans: Iterable[Span], step_wall_s: float, less_blocked_s: float
         of this device: waiting to be handed work, or doing other bookkeeping), `other_wait_s`,
         `source`; the measured fields None (and `source` saying why) where a clock is missing.
     """
-    spans = list(spans)
+    spans = [s for s in spans if s.same_thread]  # a span two threads shared is no thread's work
     busy = sum(s.wall_s for s in spans)
     missing = next((s.why_missing for s in spans if s.blocked_s is None), "")
     out = dict(busy_s=busy, thread_wait_s=max(0.0, step_wall_s - busy) if spans else None)
