@@ -13,6 +13,8 @@ Medians skip warm-up steps (the first `WARMUP_STEPS`, fewer for short runs) and 
 time includes the instrument's own work — memory tracing (`memory_traced`) or DP's replica
 checksums (`replica_check`) — while at least half the steps remain. Peak memory per device is the largest measured `peak_allocated_bytes` of its `memory`
 events (the live-tensor ledger's maximum on CPU, the CUDA allocator's on GPU), never an estimate.
+GIL wait per device is the median of its `gil` events' `gil_wait_share` over the same steady steps
+(engine.measure.gil: measured from the thread's CPU clock and run-queue wait).
 """
 
 from __future__ import annotations
@@ -96,6 +98,8 @@ class SummaryBuilder:
         self.volume: dict[str, dict[str, int]] = {}
         self.last_eval: dict | None = None
         self.sync: dict | None = None
+        self.gil: dict[str, dict[int, float | None]] = defaultdict(dict)  # device -> step -> share
+        self.gil_sources: set[str] = set()
 
     def observe(self, e: dict[str, Any]) -> None:
         t = e.get("type")
@@ -115,6 +119,9 @@ class SummaryBuilder:
             self.last_eval = e
         elif t == "sync":
             self.sync = e
+        elif t == "gil":
+            self.gil[e["device"]][e["step"]] = e.get("gil_wait_share")
+            self.gil_sources.add(str(e.get("source")))
 
     def _steady(self) -> list[dict]:
         return steady_steps(run_steps(e for by_step in self.steps.values() for e in by_step.values()))
@@ -133,6 +140,15 @@ class SummaryBuilder:
                 total += e["comm_exposed_s"]
                 exposed += e["comm_exposed_s"]
         return None if total <= 0 else max(0.0, 1.0 - exposed / total)
+
+    def gil_wait_share(self, steady: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+        """Device -> median `gil_wait_share` over the steady steps it reported (None: not measured)."""
+        keep = {r["step"] for r in steady}
+        out = {}
+        for dev, by_step in sorted(self.gil.items()):
+            vals = [v for k, v in by_step.items() if k in keep and v is not None]
+            out[dev] = statistics.median(vals) if vals else None
+        return out
 
     def summary(self) -> dict[str, Any]:
         steady = self._steady()
@@ -157,4 +173,6 @@ class SummaryBuilder:
         out["val_accuracy"] = self.last_eval["val_accuracy"] if self.last_eval else None
         out["replicas_in_sync"] = self.sync["in_sync"] if self.sync else None
         out["param_checksums"] = self.sync["checksums"] if self.sync else None
+        out["gil_wait_share"] = self.gil_wait_share(steady)
+        out["gil_source"] = " | ".join(sorted(self.gil_sources)) or None
         return out

@@ -220,3 +220,20 @@ def test_meter_counts_own_phases_per_device():
 @linux_only
 def test_a_reading_is_cheap():
     assert ThreadClocks.cost_us() < 200  # ~4 µs on the development VM; bound loose for load
+
+
+def test_summary_takes_each_devices_median_over_the_steady_steps():
+    from engine.summary import SummaryBuilder
+
+    b = SummaryBuilder()
+    for i in range(12):
+        b.observe(dict(type="step", rank=0, step=i, samples=8, step_time_s=0.01, forward_s=0, backward_s=0,
+                       comm_exposed_s=0, optimizer_s=0, loss=1.0, memory_traced=(i == 5)))
+        b.observe(dict(type="gil", step=i, device="cpu:0", gil_wait_share=0.9 if i == 5 else i / 100,
+                       source=GIL_SOURCE))
+        b.observe(dict(type="gil", step=i, device="cpu:1", gil_wait_share=None, source="unavailable: x"))
+    s = b.summary()
+    # steady: steps 3..11 without warm-up (0-2) and the traced step 5 -> 0.03, 0.04, 0.06 .. 0.11
+    assert s["gil_wait_share"]["cpu:0"] == pytest.approx(0.075)
+    assert s["gil_wait_share"]["cpu:1"] is None
+    assert GIL_SOURCE in s["gil_source"] and "unavailable: x" in s["gil_source"]

@@ -1,0 +1,72 @@
+"""The DP timeline's GIL-wait band and caption (app/frames/dp.py, app/charts/dp.py), on hand-made
+events whose figures are worked out in the comments."""
+
+from __future__ import annotations
+
+import math
+
+import eventgen as g
+import pytest
+from test_app_analysis_frames import _check_chart
+
+from app.charts import dp as charts_dp
+from app.frames import dp as fd
+
+
+def with_gil(events, waits_ms):
+    """`events` with `gil_wait_s` set on dp_phase spans: waits_ms[(phase, device)] in ms."""
+    out = []
+    for e in events:
+        if e["type"] == "dp_phase":
+            w = waits_ms.get((e["phase"], e["device"]))
+            e = {**e, "gil_wait_s": None if w is None else w / 1000}
+        out.append(e)
+    return out
+
+
+def gil_event(step, device, share, wait_ms):
+    return {"type": "gil", "run_id": "r", "ts": 0.0, "step": step, "device": device, "rank": 0,
+            "gil_wait_s": wait_ms / 1000, "gil_wait_share": share, "source": "measured: test"}
+
+
+def test_band_is_as_long_as_each_spans_wait_and_stays_inside_it():
+    # eventgen's forward span is 5..11 ms (6 ms); device 1 waited 3 ms of it: a bar 5..8 ms, 50%.
+    # device 0's backward (14..24 ms) reports 12 ms, more than the span: the bar stops at 24 ms.
+    events = with_gil(g.dp_step("r", 0), {("forward", "cpu:1"): 3.0, ("backward", "cpu:0"): 12.0})
+    band = fd.gil_band_frame(fd.dp_phase_frame(events, 0)).set_index(["device", "phase"])
+    assert len(band) == 2
+    fwd = band.loc[("cpu:1", "forward")]
+    assert (fwd["start_ms"], fwd["end_ms"], fwd["share_pct"]) == pytest.approx((5.0, 8.0, 50.0))
+    assert fwd["lane"] == "cpu:1" + fd.GIL_LANE
+    assert band.loc[("cpu:0", "backward"), "end_ms"] == pytest.approx(24.0)
+
+
+def test_no_measured_wait_gives_no_band():
+    phases = fd.dp_phase_frame(g.dp_step("r", 0), 0)  # an older run: no gil_wait_s
+    assert phases["gil_wait_ms"].isna().all()
+    assert fd.gil_band_frame(phases).empty
+
+
+def test_share_frame_takes_the_step_and_the_median():
+    # cpu:0's shares over steps 0..2: 0.1, 0.3, 0.2 -> median 0.2; step 2's share 0.2 (4 ms)
+    events = [gil_event(0, "cpu:0", 0.1, 2), gil_event(1, "cpu:0", 0.3, 6), gil_event(2, "cpu:0", 0.2, 4),
+              gil_event(2, "cpu:1", 0.5, 10), {**gil_event(1, "cpu:1", None, 0), "gil_wait_share": None}]
+    df = fd.gil_share_frame(events, 2).set_index("device")
+    assert df.loc["cpu:0", "median_share"] == pytest.approx(0.2)
+    assert df.loc["cpu:0", "step_share"] == pytest.approx(0.2) and df.loc["cpu:0", "step_gil_ms"] == pytest.approx(4)
+    assert df.loc["cpu:1", "steps"] == 1  # the unmeasured step is left out
+    missing = fd.gil_share_frame(events, 0).set_index("device")
+    assert math.isnan(missing.loc["cpu:1", "step_share"])
+
+
+def test_timeline_draws_a_gil_lane_per_device_with_its_legend_entry():
+    events = with_gil(g.dp_step("r", 0), {("forward", "cpu:0"): 2.0, ("forward", "cpu:1"): 3.0})
+    phases = fd.dp_phase_frame(events, 0)
+    spec = _check_chart(charts_dp.dp_timeline(phases, fd.idle_frame(phases), fd.idle_summary(phases),
+                                              run="DP", gil=fd.gil_band_frame(phases)))
+    text = str(spec)
+    assert charts_dp.GIL in text and "cpu:1 · GIL wait" in text
+    plain = charts_dp.dp_timeline(phases, fd.idle_frame(phases), fd.idle_summary(phases), run="DP").to_dict()
+    assert "GIL wait" not in str(plain.get("layer"))
+
+
