@@ -59,3 +59,42 @@ def bucket_sweep_chart(long: pd.DataFrame) -> alt.Chart:
                              "small buckets: more all-reduce calls (latency); one huge bucket: "
                              "nothing overlaps backward"),
                  width=WIDTH, height=HEIGHT)
+
+
+def shape_gil_chart(shapes: pd.DataFrame) -> alt.LayerChart:
+    """DDP ÷ DP samples/s against DP's measured GIL share, one labelled point per model shape
+    (`app.frames.sweeps.shape_frame`); dashed: DDP as fast as DP."""
+    x = alt.X("dp_gil_share:Q", title="DP device threads' GIL wait (share of the step, measured)",
+              axis=alt.Axis(format="%"))
+    y = alt.Y("ddp_over_dp:Q", title="DDP ÷ DP throughput (samples/s ratio)")
+    tip = [alt.Tooltip("shape:N", title="width×depth"),
+           alt.Tooltip("dp_gil_share:Q", title="DP GIL wait", format=".1%"),
+           alt.Tooltip("ddp_gil_share:Q", title="DDP GIL wait", format=".1%"),
+           alt.Tooltip("dp_samples_per_s:Q", title="DP samples/s", format=",.0f"),
+           alt.Tooltip("ddp_samples_per_s:Q", title="DDP samples/s", format=",.0f"),
+           alt.Tooltip("ddp_over_dp:Q", title="DDP ÷ DP", format=".2f")]
+    base = alt.Chart(shapes).encode(x=x, y=y, tooltip=tip)
+    points = base.mark_point(size=90, filled=True).encode(
+        color=alt.Color("shape:N", legend=legend("model width×depth"), sort=list(shapes["shape"])))
+    labels = base.mark_text(align="left", dx=8, fontSize=12).encode(text="shape:N")
+    even = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(strokeDash=[5, 4], color="#555").encode(y="y:Q")
+    return alt.layer(even, points, labels).properties(
+        title=title("GIL wait and the DDP ÷ DP gap, per model shape",
+                    "narrow deep models: more Python per step, DP's threads queue for the GIL"),
+        width=WIDTH, height=HEIGHT)
+
+
+def shape_share_chart(shapes: pd.DataFrame) -> alt.Chart:
+    """Measured GIL share of DP's and DDP's runs per model shape, side by side."""
+    long = shapes.melt(id_vars=["shape"], value_vars=["dp_gil_share", "ddp_gil_share"], var_name="mode",
+                       value_name="share")
+    long["mode"] = long["mode"].map({"dp_gil_share": "dp", "ddp_gil_share": "ddp"})
+    return alt.Chart(long).mark_bar().encode(
+        x=alt.X("shape:N", title="model width×depth", sort=list(shapes["shape"]), axis=alt.Axis(labelAngle=0)),
+        xOffset=alt.XOffset("mode:N"),
+        y=alt.Y("share:Q", title="GIL wait (share of the step, median)", axis=alt.Axis(format="%")),
+        color=alt.Color("mode:N", legend=legend("mode"), scale=MODE_COLOURS),
+        tooltip=[alt.Tooltip("shape:N"), alt.Tooltip("mode:N"), alt.Tooltip("share:Q", format=".1%")],
+    ).properties(title=title("GIL wait per model shape",
+                             "mean over devices of each run's median share (schedstat, measured)"),
+                 width=WIDTH, height=HEIGHT)

@@ -70,3 +70,44 @@ def test_timeline_draws_a_gil_lane_per_device_with_its_legend_entry():
     assert "GIL wait" not in str(plain.get("layer"))
 
 
+
+
+# ---- the shape sweep -------------------------------------------------------------------------
+def shape_run(rid, mode, w, d, sps, shares):
+    return {"run_id": rid, "label": f"{mode} {w}×{d}", "status": "succeeded",
+            "config": {"mode": mode, "world_size": 2, "width": w, "depth": d},
+            "summary": {"samples_per_s": sps, "step_time_s": 64 / sps,
+                        "gil_wait_share": {f"cpu:{i}": s for i, s in enumerate(shares)}}}
+
+
+def test_shape_frame_pairs_dp_and_ddp_per_shape():
+    from app.charts import sweeps as charts_sweeps
+    from app.frames import sweeps as fs
+
+    runs = [shape_run("a", "dp", 16, 16, 1000.0, [0.30, 0.20]),   # DP GIL share: mean 0.25
+            shape_run("b", "ddp", 16, 16, 2500.0, [0.0, 0.02]),   # DDP 0.01; DDP ÷ DP = 2.5
+            shape_run("c", "dp", 1024, 2, 400.0, [0.02, None]),   # device 1 not measured: 0.02
+            shape_run("d", "ddp", 1024, 2, 440.0, [0.0, 0.0]),    # 1.1
+            shape_run("e", "dp", 64, 8, 900.0, [0.1, 0.1])]       # no DDP run yet: left out
+    shapes = fs.shape_frame(fs.sweep_frame(runs))
+    assert shapes["shape"].tolist() == ["1024×2", "16×16"]  # ordered by DP's GIL share
+    row = shapes.set_index("shape").loc["16×16"]
+    assert row["dp_gil_share"] == pytest.approx(0.25) and row["ddp_gil_share"] == pytest.approx(0.01)
+    assert row["ddp_over_dp"] == pytest.approx(2.5)
+    assert shapes.set_index("shape").loc["1024×2", "dp_gil_share"] == pytest.approx(0.02)
+    _check_chart(charts_sweeps.shape_gil_chart(shapes))
+    _check_chart(charts_sweeps.shape_share_chart(shapes))
+
+
+def test_shape_values_parse_and_sweep_submits_a_dp_and_a_ddp_run_per_shape():
+    from app.frames import sweeps as fs
+    from workers.sweeps import sweep_configs
+
+    assert fs.parse_values("16x16, 1024×2", "shape") == [(16, 16), (1024, 2)]
+    for bad in ("16", "16x", "0x4", "axb"):
+        with pytest.raises(ValueError):
+            fs.parse_values(bad, "shape")
+    items = sweep_configs({"steps": 30}, "shape", [(16, 16), (1024, 2)])
+    assert [(c["mode"], c["width"], c["depth"], label) for c, label in items] == [
+        ("dp", 16, 16, "DP 16×16"), ("ddp", 16, 16, "DDP 16×16"),
+        ("dp", 1024, 2, "DP 1024×2"), ("ddp", 1024, 2, "DDP 1024×2")]
