@@ -7,6 +7,7 @@ import pandas as pd
 
 from app.charts.style import HEIGHT, MODE_COLOURS, WIDTH, legend, title
 
+_MODE_RANGE = dict(zip(MODE_COLOURS.domain, MODE_COLOURS.range))  # the app's colour of each mode
 _WHICH = alt.Scale(domain=["step time", "exposed comm"], range=["#1f77b4", "#d62728"])
 
 
@@ -80,7 +81,8 @@ def shape_gil_chart(shapes: pd.DataFrame) -> alt.LayerChart:
     even = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(strokeDash=[5, 4], color="#555").encode(y="y:Q")
     return alt.layer(even, points, labels).properties(
         title=title("GIL wait and the DDP ÷ DP gap, per model shape",
-                    "narrow deep models: more Python per step, DP's threads queue for the GIL"),
+                    "one point per shape: DP's measured GIL wait against DDP ÷ DP samples/s; "
+                    "dashed: DDP as fast as DP"),
         width=WIDTH, height=HEIGHT)
 
 
@@ -93,7 +95,8 @@ def shape_share_chart(shapes: pd.DataFrame) -> alt.Chart:
         x=alt.X("shape:N", title="model width×depth", sort=list(shapes["shape"]), axis=alt.Axis(labelAngle=0)),
         xOffset=alt.XOffset("mode:N"),
         y=alt.Y("share:Q", title="GIL wait (share of the step, median)", axis=alt.Axis(format="%")),
-        color=alt.Color("mode:N", legend=legend("mode"), scale=MODE_COLOURS),
+        color=alt.Color("mode:N", legend=legend("mode"), sort=["dp", "ddp"],
+                        scale=alt.Scale(domain=["dp", "ddp"], range=[_MODE_RANGE["dp"], _MODE_RANGE["ddp"]])),
         tooltip=[alt.Tooltip("shape:N"), alt.Tooltip("mode:N"), alt.Tooltip("share:Q", format=".1%")],
     ).properties(title=title("GIL wait per model shape",
                              "mean over devices of each run's median share (schedstat, measured)"),
