@@ -3,6 +3,7 @@ events whose figures are worked out in the comments."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import eventgen as g
@@ -111,3 +112,27 @@ def test_shape_values_parse_and_sweep_submits_a_dp_and_a_ddp_run_per_shape():
     assert [(c["mode"], c["width"], c["depth"], label) for c, label in items] == [
         ("dp", 16, 16, "DP 16×16"), ("ddp", 16, 16, "DDP 16×16"),
         ("dp", 1024, 2, "DP 1024×2"), ("ddp", 1024, 2, "DDP 1024×2")]
+
+
+def test_sweeps_page_launches_a_shape_sweep_and_draws_it(real_client, app_test):
+    from engine.result import RunStatus
+
+    at = app_test("views/sweeps.py")
+    at.radio(key="sweep_kind").set_value("shape").run()
+    at.text_input(key="sweep_values_shape").input("16x16, 1024x2")
+    at.button(key="sweep_launch").click().run()
+    assert not at.exception and not at.error
+    runs = real_client.list_runs()
+    assert sorted((r["config"]["mode"], r["config"]["width"], r["config"]["depth"]) for r in runs) == [
+        ("ddp", 16, 16), ("ddp", 1024, 2), ("dp", 16, 16), ("dp", 1024, 2)]
+    for r in runs:  # finished by hand: samples/s and GIL shares as a worker's summary carries them
+        dp, deep = r["config"]["mode"] == "dp", r["config"]["depth"] == 16
+        real_client.store.mark_started(r["run_id"], "w")
+        real_client.store.finish(r["run_id"], RunStatus.SUCCEEDED, summary={
+            "samples_per_s": 1000.0 if dp else (2000.0 if deep else 1100.0), "step_time_s": 0.05,
+            "gil_wait_share": {"cpu:0": (0.3 if deep else 0.02) if dp else 0.0, "cpu:1": 0.0}})
+    at = app_test("views/sweeps.py")
+    assert not at.exception
+    titles = [json.loads(c.proto.spec)["title"]["text"] for c in at.get("vega_lite_chart")]
+    assert titles == ["GIL wait and the DDP ÷ DP gap, per model shape", "GIL wait per model shape"]
+    assert "gil_wait_share" in at.dataframe[0].value.columns
