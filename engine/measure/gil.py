@@ -151,7 +151,7 @@ _LOCAL = threading.local()
 
 def _local_reader() -> ThreadReader:
     r = getattr(_LOCAL, "reader", None)
-    if r is None:
+    if r is None or r.native_id != threading.get_native_id():  # new thread, or a forked child
         r = _LOCAL.reader = ThreadReader()
     return r
 

@@ -237,3 +237,17 @@ def test_summary_takes_each_devices_median_over_the_steady_steps():
     assert s["gil_wait_share"]["cpu:0"] == pytest.approx(0.075)
     assert s["gil_wait_share"]["cpu:1"] is None
     assert GIL_SOURCE in s["gil_source"] and "unavailable: x" in s["gil_source"]
+
+
+@linux_only
+def test_a_forked_child_reads_its_own_thread_not_its_parents():
+    import multiprocessing as mp
+
+    ThreadClocks.read()  # the parent's reader exists (its schedstat file is open)
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=lambda: q.put((os.getpid(), ThreadClocks.read().native_id)))
+    p.start()
+    pid, native = q.get(timeout=30)
+    p.join()
+    assert native == pid  # a process's main thread has the process's id
