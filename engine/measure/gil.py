@@ -362,17 +362,22 @@ def rank_step_fields(micro_marks: Sequence[tuple[MeteredMark, MeteredMark, Meter
             apart and reported as `other_wait_s`.
         cuda: on CUDA the backward runs in autograd's device thread while this one waits for it,
             so backward is left out (its wait is a hand-over, not a lock).
+
+    Returns:
+        `span_fields`'s figures, plus `phase_wait_s` (lock wait per phase: forward, backward,
+        optimizer, seconds) where measured.
     """
-    spans = [Span(a.clocks, b.clocks) for a, b, _ in micro_marks]
-    spans.append(Span(opt_marks[0].clocks, opt_marks[1].clocks))
+    phases = {"forward": [Span(a.clocks, b.clocks) for a, b, _ in micro_marks],
+              "optimizer": [Span(opt_marks[0].clocks, opt_marks[1].clocks)], "backward": []}
     other = 0.0
     if not cuda:
-        spans += [Span(b.clocks, c.clocks) for _, b, c in micro_marks[:-1]]  # no_sync: no all-reduce
+        phases["backward"] = [Span(b.clocks, c.clocks) for _, b, c in micro_marks[:-1]]  # no_sync: no all-reduce
         _, b, c = micro_marks[-1]
         split = last_ready is not None and last_ready.clocks.native_id == b.clocks.native_id
-        spans.append(Span(b.clocks, last_ready.clocks if split else c.clocks))  # type: ignore[union-attr]
+        phases["backward"].append(Span(b.clocks, last_ready.clocks if split else c.clocks))  # type: ignore[union-attr]
         if split:
             other = Span(last_ready.clocks, c.clocks).blocked_s or 0.0  # type: ignore[union-attr]
+    spans = [s for group in phases.values() for s in group]
     note = ("; DDP rank: the training thread in forward and the optimizer (CUDA: backward runs in "
             "autograd's device thread)" if cuda else
             "; DDP rank: the training thread in forward, the optimizer and backward up to its last "
@@ -381,4 +386,5 @@ def rank_step_fields(micro_marks: Sequence[tuple[MeteredMark, MeteredMark, Meter
     if out["gil_wait_s"] is not None:
         out["other_wait_s"] = other
         out["thread_wait_s"] = max(0.0, out["thread_wait_s"] - other)
+        out["phase_wait_s"] = {p: sum(s.blocked_s or 0.0 for s in group) for p, group in phases.items() if group}
     return out
