@@ -239,7 +239,8 @@ def span_fields(spans: Iterable[Span], step_wall_s: float, less_blocked_s: float
     other = min(blocked, max(0.0, less_blocked_s))
     gil = blocked - other
     out.update(gil_wait_s=gil, gil_wait_share=min(1.0, gil / step_wall_s) if step_wall_s > 0 else None,
-               on_cpu_s=sum(s.on_cpu_s for s in spans), runnable_s=sum(s.runnable_s for s in spans),  # type: ignore[misc]
+               on_cpu_s=sum(s.on_cpu_s for s in spans),  # type: ignore[misc]
+               runnable_s=sum(s.runnable_s for s in spans),  # type: ignore[misc]
                other_wait_s=other, source=GIL_SOURCE + note)
     return out
 

@@ -114,7 +114,8 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         for b in buckets:
             tel.emit("bucket", step=step, **b)
         last_ready = max((r["ready"] for r in rec.records), key=lambda m: m.clocks.wall_s, default=None)
-        tel.emit("gil", step=step, **rank_step_fields(micro_marks, (m4, m5), t5 - t0, last_ready, device.type == "cuda"))
+        tel.emit("gil", step=step,
+                 **rank_step_fields(micro_marks, (m4, m5), t5 - t0, last_ready, device.type == "cuda"))
         nbytes = sum(b["nbytes"] for b in buckets)  # of the bucket tensors handed to all-reduce
         tel.emit("comm_volume", step=step, allreduce_bytes=nbytes, sent_bytes=int(ring * nbytes),
                  recv_bytes=int(ring * nbytes), volume_source="derived (ring all-reduce)",
