@@ -251,3 +251,25 @@ def test_a_forked_child_reads_its_own_thread_not_its_parents():
     pid, native = q.get(timeout=30)
     p.join()
     assert native == pid  # a process's main thread has the process's id
+
+
+def test_metered_book_keeps_the_first_start_and_reads_frequent_ends_sparingly():
+    from engine.measure.gil import END_READ_EVERY_S, MeteredBook
+    from engine.modes.dp.book import SpanBook
+
+    book = MeteredBook(SpanBook())
+    book.start("backward", 1, 0, 0.0)
+    first = book._reads[("backward", 1, 0)][0]
+    book.start("backward", 1, 0, 0.1)  # a second start keeps the first reading
+    assert book._reads[("backward", 1, 0)][0] is first
+    book.end("backward", 1, 0, 0.2)
+    end = book._reads[("backward", 1, 0)][1]
+    book.end("backward", 1, 0, 0.3)  # at once: within END_READ_EVERY_S, not read again
+    assert book._reads[("backward", 1, 0)][1] is end
+    time.sleep(END_READ_EVERY_S * 2)
+    book.end("backward", 1, 0, 0.4)
+    assert book._reads[("backward", 1, 0)][1].wall_s > end.wall_s
+    m = GilMeter()
+    book.meter_spans(m)
+    assert [(p, d) for p, d, _ in m.spans] == [("backward", 1)]
+    assert [s.end_s for s in book.resolve(lambda d, mark: mark)] == [0.4]  # the book's own marks untouched
