@@ -184,8 +184,10 @@ def test_missing_clocks_give_no_figures_and_say_why():
     f = span_fields([Span(a, b)], step_wall_s=1.0)
     assert f["gil_wait_s"] is None and f["gil_wait_share"] is None
     assert f["source"].startswith("unavailable:") and "schedstat" in f["source"]
-    two = Span(ThreadClocks(0.0, 0, 0, 1), ThreadClocks(1.0, 0, 0, 2))
-    assert two.blocked_s is None and "different threads" in span_fields([two], 1.0)["source"]
+    two = Span(ThreadClocks(0.0, 0, 0, 1), ThreadClocks(1.0, 0, 0, 2))  # began and ended on two threads
+    assert two.blocked_s is None and "different threads" in two.why_missing
+    one = Span(ThreadClocks(0.0, 0, 0, 3), ThreadClocks(0.5, int(2e8), 0, 3))  # 0.3 s blocked
+    assert span_fields([two, one], 1.0)["gil_wait_s"] == pytest.approx(0.3)  # no thread's work: left out
 
 
 def test_reader_without_proc_falls_back(monkeypatch):
