@@ -283,9 +283,19 @@ class GilMeter:
         return out
 
     def device_fields(self, n: int, step_wall_s: float) -> list[dict]:
-        """`span_fields` for devices 0..n-1 from the spans each device's own thread ran."""
-        return [span_fields([s for p, d, s in self.spans if d == i and self.counts(p, d)], step_wall_s)
-                for i in range(n)]
+        """`span_fields` for devices 0..n-1 from the spans each device's own thread ran, plus
+        `phase_wait_s` ({phase: lock wait in seconds, summed over micro-steps}) where measured."""
+        out = []
+        for i in range(n):
+            mine = [(p, s) for p, d, s in self.spans if d == i and self.counts(p, d) and s.same_thread]
+            fields = span_fields([s for _, s in mine], step_wall_s)
+            if fields["gil_wait_s"] is not None:
+                waits: dict[str, float] = {}
+                for p, s in mine:
+                    waits[p] = waits.get(p, 0.0) + (s.blocked_s or 0.0)
+                fields["phase_wait_s"] = waits
+            out.append(fields)
+        return out
 
 
 END_READ_EVERY_S = 2e-4  # a key ended many times (once per parameter) reads its clocks at most this often

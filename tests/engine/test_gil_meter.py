@@ -215,6 +215,7 @@ def test_meter_counts_own_phases_per_device():
     m.add("forward", 1, sp(0.3, 3))
     rows = m.device_fields(2, step_wall_s=1.0)
     assert rows[0]["gil_wait_s"] == pytest.approx(0.3) and rows[1]["gil_wait_s"] == pytest.approx(0.3)
+    assert rows[0]["phase_wait_s"] == {"broadcast": pytest.approx(0.1), "forward": pytest.approx(0.2)}
     waits = m.span_waits([("broadcast", 0), ("broadcast", 1), ("forward", 0), ("forward", 1)])
     assert waits == [pytest.approx(0.1), None, pytest.approx(0.2), pytest.approx(0.3)]
 
