@@ -28,7 +28,7 @@ import orjson
 # of a background thread, never the training loop's.
 RANK_FLUSH_INTERVAL_S = 0.02
 
-EVENT_TYPES = ("run_started", "step", "bucket", "dp_phase", "memory", "comm_volume", "eval", "sync",
+EVENT_TYPES = ("run_started", "step", "bucket", "dp_phase", "gil", "memory", "comm_volume", "eval", "sync",
                "log", "allreduce_probe", "run_finished", "fsdp_collective", "fsdp_memory_curve",
                "memory_readings")
 

@@ -17,6 +17,8 @@ checksums (`replica_check`) — while at least half the steps remain. Peak memor
 events (the live-tensor ledger's maximum on CPU, the CUDA allocator's on GPU), never an estimate.
 `events_lost` sums the `events_lost` of the run's `log` events: events a rank's writer dropped
 (`engine.events.BatchingSink`), so a summary built without them says so.
+GIL wait per device is the median of its `gil` events' `gil_wait_share` over the same steady steps
+(engine.measure.gil: measured from the thread's CPU clock and run-queue wait).
 """
 
 from __future__ import annotations
@@ -107,6 +109,8 @@ class SummaryBuilder:
         self.last_eval: dict | None = None
         self.sync: dict | None = None
         self.events_lost = 0
+        self.gil: dict[str, dict[int, float | None]] = defaultdict(dict)  # device -> step -> share
+        self.gil_sources: set[str] = set()
 
     def observe(self, e: dict[str, Any]) -> None:
         t = e.get("type")
@@ -128,6 +132,9 @@ class SummaryBuilder:
             self.sync = e
         elif t == "log" and e.get("events_lost"):
             self.events_lost += int(e["events_lost"])
+        elif t == "gil":
+            self.gil[e["device"]][e["step"]] = e.get("gil_wait_share")
+            self.gil_sources.add(str(e.get("source")))
 
     def _steady(self) -> list[dict]:
         return steady_steps(run_steps(e for by_step in self.steps.values() for e in by_step.values()))
@@ -148,6 +155,15 @@ class SummaryBuilder:
                 total += e["comm_exposed_s"]
                 exposed += e["comm_exposed_s"]
         return None if total <= 0 else max(0.0, 1.0 - exposed / total)
+
+    def gil_wait_share(self, steady: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+        """Device -> median `gil_wait_share` over the steady steps it reported (None: not measured)."""
+        keep = {r["step"] for r in steady}
+        out = {}
+        for dev, by_step in sorted(self.gil.items()):
+            vals = [v for k, v in by_step.items() if k in keep and v is not None]
+            out[dev] = statistics.median(vals) if vals else None
+        return out
 
     def summary(self) -> dict[str, Any]:
         steady = self._steady()
@@ -177,4 +193,6 @@ class SummaryBuilder:
         out["events_lost"] = self.events_lost
         if self.sync is not None and "buffers_discarded" in self.sync:  # DP: engine/modes/dp/state.py
             out["buffers_discarded"] = self.sync["buffers_discarded"]
+        out["gil_wait_share"] = self.gil_wait_share(steady)
+        out["gil_source"] = " | ".join(sorted(self.gil_sources)) or None
         return out

@@ -33,7 +33,8 @@ def mode_report(result: RunResult, single: RunResult | None) -> dict[str, Any]:
                 peak_memory_bytes=s.get("peak_memory_bytes"), memory_imbalance=s.get("memory_imbalance"),
                 bytes_per_device=s.get("bytes_per_device"), overlap=s.get("overlap"),
                 replicas_in_sync=s.get("replicas_in_sync"), max_param_diff_vs_single=diff,
-                val_accuracy=s.get("val_accuracy"), final_loss=s.get("final_loss"))
+                val_accuracy=s.get("val_accuracy"), final_loss=s.get("final_loss"),
+                gil_wait_share=s.get("gil_wait_share"), gil_source=s.get("gil_source"))
 
 
 def mode_config(cfg: RunConfig, mode: str) -> RunConfig:

@@ -8,4 +8,5 @@
     ledger          the live-tensor ledger: bytes of every storage alive, per device and kind
     sync            checksums that tell whether copies of a model agree
     turns           turn-taking between jobs, so their step times are measured side by side
+    gil             the GIL meter: a thread's lock wait from its CPU clock and schedstat run-queue wait
 """

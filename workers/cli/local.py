@@ -41,6 +41,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
                   f"exposed comm {exposed}  "
                   f"overlap {r['overlap'] if r['overlap'] is not None else '-'}  "
                   f"in sync {r['replicas_in_sync']}  max |Δθ| vs single {r['max_param_diff_vs_single']}")
+            gil = r.get("gil_wait_share") or {}
+            if gil:  # engine.measure.gil: median share of the step each device's threads waited for the GIL
+                print("       waited for the GIL: " + ", ".join(
+                    f"{dev} {'-' if v is None else f'{v:.0%}'}" for dev, v in gil.items()) + " of the step")
     return 0 if all(r["status"] == "succeeded" for r in report.values()) else 1
 
 

@@ -16,6 +16,9 @@ device 0. Phases: broadcast, scatter, forward, gather, loss, backward, reduce, o
 CPU (`engine.modes.dp.emulated`); exposed communication = device 0's broadcast + scatter + gather + reduce.
 Bytes: those of the tensors each copy was handed (`engine.modes.dp.book.StarTraffic`), never a
 formula; the formula is reported beside them as theory. One synchronize per step, at its end.
+Lock wait: every mark also reads the calling thread's clocks (`engine.measure.gil.MeteredBook`), so
+each device's forward thread and autograd thread, and the driving thread's phases on device 0,
+report the time they waited for the GIL (host threads: the CUDA events do not see it).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from engine.components.loop import drive
 from engine.components.training import autocast, evaluate, logits_of, loss_fn, make_optimizer, should_eval
 from engine.config import RunConfig
 from engine.data import BatchPlan, Dataset
+from engine.measure.gil import GilMeter, MeteredBook
 from engine.measure.memory import cuda_event, optimizer_state_bytes, param_bytes
 from engine.measure.memory_timer import DeviceProbe, MemoryTimer
 from engine.measure.sync import tensors_checksum
@@ -143,7 +147,7 @@ class CudaDP:
                 before the step, so `max_memory_allocated` read after it is this step's peak
                 (memory-sampled steps), not the process's.
         """
-        book, traffic = SpanBook(), StarTraffic(len(self.ids))
+        book, traffic = MeteredBook(SpanBook()), StarTraffic(len(self.ids))
         if reset_peaks:
             for d in self.ids:
                 torch.cuda.reset_peak_memory_stats(d)
@@ -155,9 +159,11 @@ class CudaDP:
         opt.zero_grad(set_to_none=True)
         book.end("optimizer", 0, 0, self.clock.mark(0))
         self.clock.synchronize(self.ids)
-        return StepRecord(t0, now() - t0, float(sum(l.item() for l in losses)),
-                          book.resolve(self.clock.seconds), traffic)
-
+        wall = now() - t0
+        gil = GilMeter()
+        book.meter_spans(gil)
+        return StepRecord(t0, wall, float(sum(l.item() for l in losses)),
+                          book.resolve(self.clock.seconds), traffic, gil)
 
 
 class StepRecord(NamedTuple):
@@ -168,6 +174,7 @@ class StepRecord(NamedTuple):
     loss: float
     spans: list[Span]
     traffic: StarTraffic
+    gil: GilMeter | None = None
 
     def measures(self, samples: int) -> dict[str, Any]:
         """The `step` event's fields; each phase summed over the step's micro-steps, on device 0."""
@@ -178,11 +185,16 @@ class StepRecord(NamedTuple):
                            optimizer_s=phase_seconds(self.spans, ("optimizer",)))
 
     def emit(self, tel: Telemetry, step: int, names: Sequence[str], theory: Sequence[int]) -> None:
-        """`dp_phase` per span and `comm_volume` per device (measured bytes beside `theory`)."""
-        for s in self.spans:
+        """`dp_phase` per span, `comm_volume` per device (measured bytes beside `theory`) and
+        `gil` per device (the lock wait of its host threads, `engine.measure.gil`)."""
+        gil = self.gil if self.gil is not None else GilMeter()
+        waits = gil.span_waits([(s.phase, s.device) for s in self.spans])
+        for s, w in zip(self.spans, waits):
             tel.emit("dp_phase", step=step, phase=s.phase, device=names[s.device], start_s=s.start_s,
                      end_s=s.end_s, nbytes=self.traffic.span_nbytes.get((s.phase, s.device, s.micro), 0),
-                     source=PHASE_SOURCE)
+                     source=PHASE_SOURCE, gil_wait_s=w)
+        for i, fields in enumerate(gil.device_fields(len(names), self.step_time_s)):
+            tel.emit("gil", step=step, device=names[i], **fields)
         for i, name in enumerate(names):
             tel.emit("comm_volume", step=step, device=name, sent_bytes=self.traffic.sent[i],
                      recv_bytes=self.traffic.recv[i], theory_sent_bytes=theory[i],

@@ -34,6 +34,7 @@ from engine.components.training import (
 )
 from engine.config import RunConfig
 from engine.data import BatchPlan, Dataset
+from engine.measure.gil import GilMeter, Measured, ThreadClocks, Span
 from engine.measure.ledger import LedgerMode, TensorLedger
 from engine.measure.memory import optimizer_state_tensors, param_bytes, tensor_bytes
 from engine.measure.memory_sampler import DeviceProbe, MemorySampler
@@ -75,6 +76,8 @@ class EmulatedDP:
     `sent`/`recv` count, per device and step, the bytes of every tensor copied between device 0
     and that device (broadcast, scatter, gather, the output gradients, reduce), measured on the
     copies themselves. `ledger` (when tracing) attributes each copy to the device receiving it.
+    `gil` measures, per phase span, the lock wait of the thread that ran it (`engine.measure.gil`):
+    each device's forward and backward in its pool thread, device 0's other phases in the caller's.
     """
 
     COMM_PHASES = ("broadcast", "scatter", "gather", "reduce")
@@ -88,6 +91,14 @@ class EmulatedDP:
         self.last_log: PhaseLog | None = None
         self.check_span: tuple[float, float] | None = None  # the checksums' own time, this step
         self.buffers = BufferWatch()  # buffer updates the replicas made and DP discards
+        self.gil = GilMeter()
+
+    def _hub(self, phase: str, fn: Callable[[], object]):
+        """Run device 0's serial phase `fn` on this (the driving) thread, its lock wait measured."""
+        with Measured() as m:
+            out = fn()
+        self.gil.add(phase, 0, m.span)
+        return out
 
     def _on(self, device: int, kind: str):
         """Attribute what this thread creates to `device` as `kind`, while memory is traced."""
@@ -127,10 +138,12 @@ class EmulatedDP:
         led = self.ledger if self.ledger is not None and self.ledger.active else None
 
         def timed(i):
-            t = now()
+            a = ThreadClocks.read()
             with LedgerMode(led, device=i) if led is not None else nullcontext():
                 r = fn(i)
-            return r, t, now()
+            b = ThreadClocks.read()
+            self.gil.add(phase, i, Span(a, b))
+            return r, a.wall_s, b.wall_s
         results = list(self.pool.map(timed, range(self.n)))
         for i, (_, t, e) in enumerate(results):
             log.add(phase, i, t, e)
@@ -218,20 +231,20 @@ class EmulatedDP:
 
     def micro_step(self, x, y, log: PhaseLog, accum: int, step: int, micro: int) -> float:
         """One micro-batch through all phases but the optimizer; returns its loss."""
-        reps = self._broadcast(log)
+        reps = self._hub("broadcast", lambda: self._broadcast(log))
         self._diverge(reps, step, micro)
-        chunks = self._scatter(x, log)
+        chunks = self._hub("scatter", lambda: self._scatter(x, log))
         outs = self._forward(reps, chunks, log, step)
-        gathered = self._gather(outs, log)
-        t = now()
-        with self._on(0, "loss"):
+        gathered = self._hub("gather", lambda: self._gather(outs, log))
+        with Measured() as m, self._on(0, "loss"):
             loss = loss_fn(gathered.output, y) / accum
             loss.backward()  # only d(loss)/d(gathered), on device 0
-        log.add("loss", 0, t, now())
+        self.gil.add("loss", 0, m.span)
+        log.add("loss", 0, m.span.begin.wall_s, m.span.end.wall_s)
         self._backward(reps, gathered, log)
         if micro == 0 and should_eval(self.cfg, step):
             self._check(reps)
-        self._reduce(reps, log)
+        self._hub("reduce", lambda: self._reduce(reps, log))
         return loss.item()
 
 
@@ -253,22 +266,26 @@ def train_dp(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Module, te
         t0 = now()
         log = PhaseLog(t0)
         dp.sent, dp.recv, dp.check_span = [0] * n, [0] * n, None
+        dp.gil.begin_step()
         loss = 0.0
         for micro in range(cfg.grad_accum_steps):
             idx = batches.global_indices(step * cfg.grad_accum_steps + micro)
             with dp._on(0, "inputs"):
                 x, y = ds.x_train[idx], ds.y_train[idx]
             loss += dp.micro_step(x, y, log, cfg.grad_accum_steps, step, micro)
-        t = now()
-        with dp._on(0, "optimizer"):
+        with Measured() as m, dp._on(0, "optimizer"):
             opt.step()
             opt.zero_grad(set_to_none=True)
-        log.add("optimizer", 0, t, now())
+        dp.gil.add("optimizer", 0, m.span)
+        log.add("optimizer", 0, m.span.begin.wall_s, m.span.end.wall_s)
         t_end = now()
         dp.last_log = log
-        for phase, dev, s, e, nb in log.spans:
+        waits = dp.gil.span_waits([(phase, dev) for phase, dev, *_ in log.spans])
+        for (phase, dev, s, e, nb), w in zip(log.spans, waits):
             tel.emit("dp_phase", step=step, phase=phase, device=plan.names[dev], start_s=s, end_s=e, nbytes=nb,
-                     copies=log.copies.get((phase, dev), 0))
+                     copies=log.copies.get((phase, dev), 0), gil_wait_s=w)
+        for i, fields in enumerate(dp.gil.device_fields(n, t_end - t0)):
+            tel.emit("gil", step=step, device=plan.names[i], **fields)
         for i in range(n):
             theory = (P * (n - 1) if i == 0 else P) * cfg.grad_accum_steps
             tel.emit("comm_volume", step=step, device=plan.names[i], sent_bytes=dp.sent[i],
