@@ -101,4 +101,4 @@ def test_emulated_dp_emits_each_devices_wait_per_step():
         own = e["device"] == "cpu:0" or e["phase"] in ("forward", "backward")
         assert (e["gil_wait_s"] is not None) == own, e
         if own:
-            assert 0.0 <= e["gil_wait_s"] <= e["end_s"] - e["start_s"] + 1e-3
+            assert 0.0 <= e["gil_wait_s"] <= e["end_s"] - e["start_s"] + 1e-3, e

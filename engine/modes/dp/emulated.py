@@ -66,6 +66,14 @@ class PhaseLog:
     def add(self, phase: str, device: int, start: float, end: float, nbytes: int = 0) -> None:
         self.spans.append((phase, device, start - self.t0, end - self.t0, nbytes))
 
+    def rebound(self, phase: str, device: int, first: int, start: float, end: float) -> None:
+        """Set the start and end (perf_counter s) of the `(phase, device)` span logged at index
+        `first` or later."""
+        for k in range(first, len(self.spans)):
+            p, d, _, _, nb = self.spans[k]
+            if (p, d) == (phase, device):
+                self.spans[k] = (p, d, start - self.t0, end - self.t0, nb)
+
     def total(self, phases: tuple[str, ...], device: int = 0) -> float:
         return sum(e - s for p, d, s, e, _ in self.spans if d == device and p in phases)
 
@@ -93,11 +101,17 @@ class EmulatedDP:
         self.buffers = BufferWatch()  # buffer updates the replicas made and DP discards
         self.gil = GilMeter()
 
-    def _hub(self, phase: str, fn: Callable[[], object]):
-        """Run device 0's serial phase `fn` on this (the driving) thread, its lock wait measured."""
+    def _hub(self, phase: str, fn: Callable[[], object], log: PhaseLog):
+        """Run device 0's serial phase `fn` on this (the driving) thread, its lock wait measured.
+
+        Device 0's span of the phase is set to the meter's own boundaries, so the wait measured
+        over it always falls inside it (the thread can wait for the GIL between the meter's
+        reading and the phase's first clock read)."""
+        first = len(log.spans)
         with Measured() as m:
             out = fn()
         self.gil.add(phase, 0, m.span)
+        log.rebound(phase, 0, first, m.span.begin.wall_s, m.span.end.wall_s)
         return out
 
     def _on(self, device: int, kind: str):
@@ -231,11 +245,11 @@ class EmulatedDP:
 
     def micro_step(self, x, y, log: PhaseLog, accum: int, step: int, micro: int) -> float:
         """One micro-batch through all phases but the optimizer; returns its loss."""
-        reps = self._hub("broadcast", lambda: self._broadcast(log))
+        reps = self._hub("broadcast", lambda: self._broadcast(log), log)
         self._diverge(reps, step, micro)
-        chunks = self._hub("scatter", lambda: self._scatter(x, log))
+        chunks = self._hub("scatter", lambda: self._scatter(x, log), log)
         outs = self._forward(reps, chunks, log, step)
-        gathered = self._hub("gather", lambda: self._gather(outs, log))
+        gathered = self._hub("gather", lambda: self._gather(outs, log), log)
         with Measured() as m, self._on(0, "loss"):
             loss = loss_fn(gathered.output, y) / accum
             loss.backward()  # only d(loss)/d(gathered), on device 0
@@ -244,7 +258,7 @@ class EmulatedDP:
         self._backward(reps, gathered, log)
         if micro == 0 and should_eval(self.cfg, step):
             self._check(reps)
-        self._hub("reduce", lambda: self._reduce(reps, log))
+        self._hub("reduce", lambda: self._reduce(reps, log), log)
         return loss.item()
 
 
