@@ -111,6 +111,8 @@ class SummaryBuilder:
         self.events_lost = 0
         self.gil: dict[str, dict[int, float | None]] = defaultdict(dict)  # device -> step -> share
         self.gil_sources: set[str] = set()
+        self.gil_wait: dict[str, dict[int, float | None]] = defaultdict(dict)  # device -> step -> s
+        self.dp_phase: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))  # step -> phase -> s
 
     def observe(self, e: dict[str, Any]) -> None:
         t = e.get("type")
@@ -134,7 +136,10 @@ class SummaryBuilder:
             self.events_lost += int(e["events_lost"])
         elif t == "gil":
             self.gil[e["device"]][e["step"]] = e.get("gil_wait_share")
+            self.gil_wait[e["device"]][e["step"]] = e.get("gil_wait_s")
             self.gil_sources.add(str(e.get("source")))
+        elif t == "dp_phase" and str(e.get("device", "")).endswith(":0") and e.get("rank", 0) == 0:
+            self.dp_phase[e["step"]][e["phase"]] += e["end_s"] - e["start_s"]  # device 0's, all micro-steps
 
     def _steady(self) -> list[dict]:
         return steady_steps(run_steps(e for by_step in self.steps.values() for e in by_step.values()))
@@ -156,14 +161,26 @@ class SummaryBuilder:
                 exposed += e["comm_exposed_s"]
         return None if total <= 0 else max(0.0, 1.0 - exposed / total)
 
-    def gil_wait_share(self, steady: Sequence[dict[str, Any]]) -> dict[str, float | None]:
-        """Device -> median `gil_wait_share` over the steady steps it reported (None: not measured)."""
+    @staticmethod
+    def _median_by_device(per: dict[str, dict[int, float | None]], steady: Sequence[dict[str, Any]]
+                          ) -> dict[str, float | None]:
         keep = {r["step"] for r in steady}
         out = {}
-        for dev, by_step in sorted(self.gil.items()):
+        for dev, by_step in sorted(per.items()):
             vals = [v for k, v in by_step.items() if k in keep and v is not None]
             out[dev] = statistics.median(vals) if vals else None
         return out
+
+    def gil_wait_share(self, steady: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+        """Device -> median `gil_wait_share` over the steady steps it reported (None: not measured)."""
+        return self._median_by_device(self.gil, steady)
+
+    def dp_phase_s(self, steady: Sequence[dict[str, Any]]) -> dict[str, float]:
+        """DP: phase -> median over the steady steps of device 0's time in it (seconds, summed over
+        the step's micro-batches; measured `dp_phase` spans). Empty for other modes."""
+        keep = [self.dp_phase[r["step"]] for r in steady if r["step"] in self.dp_phase]
+        phases = sorted({p for by_phase in keep for p in by_phase})
+        return {p: statistics.median(by_phase.get(p, 0.0) for by_phase in keep) for p in phases}
 
     def summary(self) -> dict[str, Any]:
         steady = self._steady()
@@ -194,5 +211,7 @@ class SummaryBuilder:
         if self.sync is not None and "buffers_discarded" in self.sync:  # DP: engine/modes/dp/state.py
             out["buffers_discarded"] = self.sync["buffers_discarded"]
         out["gil_wait_share"] = self.gil_wait_share(steady)
+        out["gil_wait_s"] = self._median_by_device(self.gil_wait, steady)
         out["gil_source"] = " | ".join(sorted(self.gil_sources)) or None
+        out["dp_phase_s"] = self.dp_phase_s(steady)
         return out
