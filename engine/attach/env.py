@@ -5,8 +5,9 @@ environment, and `startup/sitecustomize.py` imports it in every Python process t
 
 A process is instrumented when it carries `RUN_ID_ENV` and either torchrun's worker variables
 (RANK, LOCAL_RANK, WORLD_SIZE: torch.distributed.elastic sets them for each worker it starts,
-never for itself) or `SOLO_ENV` (``ddpviz run -- python train.py``: the launcher's direct child
-is the training process).
+never for itself) or is the launcher's own child while `SOLO_ENV` names the launcher
+(``ddpviz run -- python train.py``: that child is the training process; the launcher leaves
+`SOLO_ENV` out when the command is torchrun, whose agent process trains nothing).
 """
 
 from __future__ import annotations
@@ -18,20 +19,20 @@ from typing import Mapping
 RUN_ID_ENV = "DDPVIZ_ATTACH_RUN_ID"  # the run the events belong to
 SPOOL_ENV = "DDPVIZ_ATTACH_SPOOL"  # folder each process writes its events into (the launcher forwards them)
 URL_ENV = "DDPVIZ_ATTACH_URL"  # the Redis URL the launcher sends them to (for reference; processes never connect)
-SOLO_ENV = "DDPVIZ_ATTACH_SOLO_PID"  # pid of the launcher's child when it is itself the training process
+SOLO_ENV = "DDPVIZ_ATTACH_PARENT_PID"  # the launcher's pid, set when its child is itself the training process
 OFF_ENV = "DDPVIZ_ATTACH_OFF"  # "1": the hook does nothing (a user's escape hatch)
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 STARTUP_DIR = Path(__file__).resolve().parent / "startup"  # holds sitecustomize.py, first on PYTHONPATH
 
 
-def should_instrument(env: Mapping[str, str] | None = None, pid: int | None = None) -> bool:
+def should_instrument(env: Mapping[str, str] | None = None, parent_pid: int | None = None) -> bool:
     """True in a process the launcher means to instrument (see the module docstring)."""
     env = os.environ if env is None else env
     if not env.get(RUN_ID_ENV) or not env.get(SPOOL_ENV) or env.get(OFF_ENV) == "1":
         return False
     if all(env.get(v) for v in TORCHRUN_VARS):
         return True
-    return env.get(SOLO_ENV) == str(os.getpid() if pid is None else pid)
+    return env.get(SOLO_ENV) == str(os.getppid() if parent_pid is None else parent_pid)
 
 
 def child_environment(base: Mapping[str, str], run_id: str, spool: Path, url: str | None,
