@@ -1,0 +1,56 @@
+"""The attach start-up hook: who is instrumented, the child's PYTHONPATH, and chaining to the
+sitecustomize that would have run without ddpviz (issue 24, item 1)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from engine.attach.env import (RUN_ID_ENV, SOLO_ENV, SPOOL_ENV, STARTUP_DIR, child_environment,
+                               should_instrument)
+
+REPO = Path(__file__).resolve().parents[2]
+RUN = {RUN_ID_ENV: "abc", SPOOL_ENV: "/tmp/spool"}
+
+
+def test_only_torchrun_workers_or_the_launchers_own_child_are_instrumented():
+    assert should_instrument({**RUN, "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"})
+    assert not should_instrument({**RUN})  # torchrun's agent: no RANK of its own
+    assert not should_instrument({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})  # not a run
+    assert should_instrument({**RUN, SOLO_ENV: "42"}, parent_pid=42)
+    assert not should_instrument({**RUN, SOLO_ENV: "42"}, parent_pid=7)  # a grandchild
+    assert not should_instrument({**RUN, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                                  "DDPVIZ_ATTACH_OFF": "1"})
+
+
+def test_the_startup_folder_goes_first_and_ddpviz_last_on_pythonpath(tmp_path):
+    env = child_environment({"PYTHONPATH": "/user/a:/user/b"}, "abc", tmp_path, "redis://x", REPO)
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(STARTUP_DIR), "/user/a", "/user/b", str(REPO)]
+    assert env[RUN_ID_ENV] == "abc" and env[SPOOL_ENV] == str(tmp_path)
+
+
+def _python(code: str, pythonpath: list[str], **env: str) -> subprocess.CompletedProcess:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("DDPVIZ_ATTACH")}
+    e.update(env, PYTHONPATH=os.pathsep.join(pythonpath))
+    return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=60)
+
+
+def test_the_users_own_sitecustomize_still_runs(tmp_path):
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "sitecustomize.py").write_text("import builtins\nbuiltins.USER_SITE_RAN = True\n")
+    out = _python("import builtins, sys; print(getattr(builtins, 'USER_SITE_RAN', False), 'torch' in sys.modules)",
+                  [str(STARTUP_DIR), str(user), str(REPO)])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "False"]  # chained; not a run: torch not even imported
+
+
+def test_a_broken_instrumentation_says_one_line_and_the_program_runs(tmp_path):
+    # a run's environment with a spool the hook cannot write into: install fails, the program runs
+    out = _python("print('program ran')", [str(STARTUP_DIR), str(REPO)], **{
+        RUN_ID_ENV: "abc", SPOOL_ENV: "/proc/forbidden", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "program ran"
+    assert out.stderr.count("ddpviz: instrumentation off in this process") == 1
