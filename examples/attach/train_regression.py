@@ -73,7 +73,7 @@ def main() -> None:
                 opt.zero_grad()
                 steps += 1
                 losses.append(step_loss)
-                if rank == 0 and steps % 10 == 0:
+                if rank == 0 and steps % 5 == 0:
                     print(f"epoch {epoch} step {steps} loss {step_loss:.4f} "
                           f"{(time.perf_counter() - t0) * 1e3:.1f} ms", flush=True)
                 step_loss = 0.0

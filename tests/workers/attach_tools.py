@@ -39,6 +39,12 @@ def run_attached(cmd: list[str], redis_url: str, report: Path, spool: Path, *ext
     return proc, run_id_of(proc.stderr)
 
 
+def run_id_in(line: str) -> str | None:
+    """The run id in a line `ddpviz run` printed, or None."""
+    m = re.search(r"ddpviz: run ([0-9a-f]{16})", line)
+    return m.group(1) if m else None
+
+
 def run_id_of(stderr: str) -> str:
     m = re.search(r"ddpviz: run ([0-9a-f]{16})", stderr)
     assert m, f"no run id in the output:\n{stderr[-3000:]}"
