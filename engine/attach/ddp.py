@@ -54,6 +54,7 @@ class Watch:
         rec = BucketRecorder(self.world_size, True, names, clock, group=ddp.process_group, predivided=True)
         self.state = HookState(rec, session.guard, self.world_size)
         self.layouts: list[list[dict]] = []  # the layout of each of the first synced backwards
+        self.deferred: list[tuple[int, list[dict], Any]] = []  # CUDA: (step, records, origin) not yet complete
         self.param_bytes = sum(p.numel() * p.element_size() for p in ddp.module.parameters() if p.requires_grad)
         tap_all_reduce()
         register(ddp, self.state, timed_comm_hook)
@@ -73,10 +74,30 @@ class Watch:
 
     def buckets(self, step: int) -> list[dict[str, Any]]:
         """Emit the `bucket` and `comm_volume` events of the synced backward of `step`; returns
-        its bucket records (seconds from that backward's start)."""
+        its bucket records (seconds from that backward's start).
+
+        On CUDA the marks are events on the stream, readable only once they completed: they are
+        kept and emitted at a later step's end when `Event.query()` says they have (never a
+        synchronize, so the script's stream is not stalled); then this returns [] and the step's
+        exposed comm is not measured (`comm_exposed_measured` false)."""
         if "bucket timing" in self.s.disabled:
             return []
-        out = self.state.recorder.resolved()
+        rec = self.state.recorder
+        if self.device.type != "cuda":
+            return self._emit(step, rec.resolved())
+        self.deferred.append((step, rec.records, rec.origin))
+        while self.deferred and _completed(self.deferred[0]):
+            st, records, origin = self.deferred.pop(0)
+            saved = rec.records, rec.origin
+            rec.records, rec.origin = records, origin
+            try:
+                resolved = rec.resolved()
+            finally:
+                rec.records, rec.origin = saved
+            self._emit(st, resolved)
+        return []
+
+    def _emit(self, step: int, out: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if len(self.layouts) < LAYOUT_BACKWARDS:
             self.layouts.append(_layout(out, self.state.recorder.layout))
         for b in out:
@@ -99,6 +120,12 @@ class Watch:
                     rebuilt=self.layouts[-1] if self.layouts else [],
                     first_bucket_cap_bytes=first, bucket_cap_bytes=cap,
                     source="measured: the GradBuckets DDP handed the comm hook (first and latest synced backward)")
+
+
+def _completed(item: tuple[int, list[dict], Any]) -> bool:
+    _, records, origin = item
+    marks = [origin] + [r[k] for r in records for k in ("ready", "comm_start", "comm_end") if k in r]
+    return all(m.query() for m in marks if m is not None) and all("comm_end" in r for r in records)
 
 
 def _samples(args: tuple, kwargs: dict) -> int:

@@ -140,6 +140,7 @@ class StepTracker:
             exposed = max(0.0, last_bwd - ready)
             backward_start = last["t0"]
             extra["backward_start_ts"] = wall_ts(backward_start)
+            extra["comm_exposed_measured"] = bool(buckets)  # CUDA: bucket times come later (ddp.Watch.buckets)
         bwd -= exposed
         opt_s = end - self.opt_t0
         step_time = end - self.start
