@@ -130,3 +130,45 @@ def test_a_scripts_own_fp16_comm_hook_is_wrapped_not_replaced(tmp_path, redis_ur
         assert all("comm hook" in e["nbytes_source"] for e in rows)
         assert len(by_rank(events, "step")[rank]) == mine[rank]["steps"]
     assert client.get_run(run_id)["started"]["config"]["comm_hook"] == "fp16_compress_hook"
+
+
+def test_two_launchers_of_one_nnodes_2_job_make_one_run(tmp_path, redis_url, client):
+    """examples (d): the same script across `--nnodes 2` on one machine, two torchrun launchers
+    meeting at a c10d rendezvous, each under its own `ddpviz run` (the second `--join`s)."""
+    import subprocess
+
+    from attach_tools import EXAMPLES, run_id_in
+    from wtools import cli_env, ddpviz_argv
+
+    from workers.connection import free_port
+
+    tmp = tmp_path
+    port = free_port()
+
+    def node(i: int) -> list[str]:
+        import sys
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                "--node-rank", str(i), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                "--rdzv-id", "attach-nnodes", str(EXAMPLES / "train_regression.py"), "--epochs", "1", "--accum", "2"]
+
+    env = cli_env(redis_url, TRAIN_REPORT=str(tmp / "nodes.json"))
+    first = subprocess.Popen([*ddpviz_argv(), "run", "--spool", str(tmp / "n0"), "--", *node(0)], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    run_id = None
+    while run_id is None:
+        line = first.stderr.readline()
+        assert line, "the first launcher ended before printing its run id"
+        run_id = run_id_in(line)
+    second = subprocess.run([*ddpviz_argv(), "run", "--join", run_id, "--spool", str(tmp / "n1"), "--", *node(1)],
+                            env=env, capture_output=True, text=True, timeout=600)
+    _, err = first.communicate(timeout=600)
+    assert first.returncode == 0 and second.returncode == 0, (err[-2000:], second.stderr[-2000:])
+    rec = client.get_run(run_id)
+    assert rec["status"] == "succeeded" and rec["started"]["nnodes"] == 2
+    mine = reports(tmp / "nodes.json")
+    steps = by_rank(read_all_events(client, run_id), "step")
+    for rank in (0, 1):
+        assert sorted(e["step"] for e in steps[rank]) == list(range(mine[rank]["steps"]))
+        assert [e["loss"] for e in sorted(steps[rank], key=lambda e: e["step"])] == pytest.approx(
+            mine[rank]["losses"], rel=1e-9)
+    assert rec["summary"]["steps_done"] == mine[0]["steps"]

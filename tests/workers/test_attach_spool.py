@@ -46,7 +46,7 @@ def test_events_are_sent_once_with_run_started_first_and_resume_after_a_stop(tmp
     assert steps == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
     assert [e["type"] for e in events].count("run_started") == 1
     assert again.summary()["steps_done"] == 3  # the summary sees every event, sent before or now
-    assert record_ending(store, "r1", again, {"status": "succeeded", "error": None})
+    assert record_ending(store, "r1", {"status": "succeeded", "error": None})
     rec = client.get_run("r1")
     assert rec["status"] == "succeeded" and rec["config"]["steps"] == 3
 

@@ -98,9 +98,11 @@ def failure(spool: Path, exit_code: int) -> dict[str, Any]:
 class Launch:
     """One `ddpviz run`: the command's process group, the forwarder, the run record."""
 
-    def __init__(self, run_id: str, spool: Path, url: str | None, cmd: list[str], label: str | None):
+    def __init__(self, run_id: str, spool: Path, url: str | None, cmd: list[str], label: str | None,
+                 joined: bool = False):
         from workers.spool import SpoolForwarder
 
+        self.joined = joined  # another launcher (node 0 of a --nnodes run) created the run and ends it
         self.run_id, self.spool, self.url, self.cmd, self.label = run_id, spool, url, cmd, label
         self.store = _store(url)
         self.forwarder = SpoolForwarder(spool, run_id, self.store)
@@ -189,6 +191,13 @@ class Launch:
         rc = self.proc.returncode
         return 128 - rc if rc < 0 else rc
 
+    def record(self, ending: dict) -> None:
+        """Record the ending; a joined launcher records only a failure (node 0's ends the run)."""
+        if not self.joined or ending["status"] == "failed":
+            record_ending(self.store, self.run_id, ending)
+        else:
+            refresh_summary(self.store, self.run_id)
+
     def finish(self, exit_code: int) -> bool:
         """Send what is left and record how the run ended. False when Redis is away (then
         `ending.json` keeps the ending for `ddpviz upload`)."""
@@ -209,7 +218,7 @@ class Launch:
             try:
                 self.pump()
                 if self.store is not None and self.forwarder.pump(final=True):
-                    record_ending(self.store, self.run_id, self.forwarder, ending)
+                    self.record(ending)
                     return True
             except (redis.RedisError, OSError) as exc:
                 self.redis_down(exc)
@@ -233,13 +242,38 @@ def create_record(store: Any, run_id: str, cmd: list[str] | None, label: str | N
                      also=lambda pipe: pipe.sadd(keys.STARTED, run_id))
 
 
-def record_ending(store: Any, run_id: str, forwarder: Any, ending: dict) -> bool:
-    """Set the run's terminal status, error and summary (with a `run_finished` event), and its
-    config's step count. True if this call ended it."""
+def stream_summary(store: Any, run_id: str) -> dict[str, Any]:
+    """The run's summary from every event in its stream (every node's, for `--join`ed launchers)."""
+    from engine.summary import SummaryBuilder
+    from workers.client import DdpvizClient
+    from workers.history import read_all_events
+
+    builder = SummaryBuilder()
+    for event in read_all_events(DdpvizClient(redis=store.redis), run_id):
+        builder.observe(event)
+    return builder.summary()
+
+
+def refresh_summary(store: Any, run_id: str) -> None:
+    """Rebuild an ended run's summary from its stream (a joined node's last events came after
+    node 0 recorded the ending)."""
+    from workers import keys
+    from workers.store import TERMINAL
+
+    rec = store.get(run_id) or {}
+    if rec.get("status") in {s.value for s in TERMINAL}:
+        summary = stream_summary(store, run_id)
+        config = {**(rec.get("config") or {}), "steps": summary.get("steps_done")}
+        store.redis.hset(keys.run(run_id), mapping={"summary": json.dumps(summary), "config": json.dumps(config)})
+
+
+def record_ending(store: Any, run_id: str, ending: dict) -> bool:
+    """Set the run's terminal status, error and summary (from its stream, with a `run_finished`
+    event), and its config's step count. True if this call ended it."""
     from workers import keys
     from workers.store import RunStatus
 
-    summary = forwarder.summary()
+    summary = stream_summary(store, run_id)
     rec = store.get(run_id) or {}
     config = dict(rec.get("config") or {})
     config["steps"] = summary.get("steps_done")
@@ -258,18 +292,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not cmd:
         _say("refused: give the command to run after `--` (e.g. ddpviz run -- torchrun --nproc-per-node 2 train.py)")
         return EXIT_REFUSED
-    run_id = new_run_id()
+    run_id = args.join or new_run_id()
     url = args.url or redis_url()
-    spool = Path(args.spool or Path(".ddpviz") / "spool" / run_id).resolve()
+    default = run_id if not args.join else f"{run_id}-{socket.gethostname()}-{os.getpid()}"
+    spool = Path(args.spool or Path(".ddpviz") / "spool" / default).resolve()
     spool.mkdir(parents=True, exist_ok=True)
     from workers.spool import _write_json
 
-    _write_json(spool / "meta.json", dict(run_id=run_id, command=cmd, label=args.name,
+    _write_json(spool / "meta.json", dict(run_id=run_id, command=cmd, label=args.name, joined=bool(args.join),
                                           host=socket.gethostname(), created_at=time.time()))
-    launch = Launch(run_id, spool, url, cmd, args.name)
+    launch = Launch(run_id, spool, url, cmd, args.name, joined=bool(args.join))
     if launch.store is not None:
         try:
-            launch.create()
+            if not launch.store.exists(run_id):
+                launch.create()
         except (redis.RedisError, OSError) as exc:
             launch.store = None
             launch.forwarder.connect(None)
@@ -304,8 +340,10 @@ def cmd_upload(args: argparse.Namespace) -> int:
         _say(f"could not store every event: {fwd.redis_error}")
         return EXIT_FAILED
     ending = read_json(spool / "ending.json")
-    if ending:
-        record_ending(store, run_id, fwd, ending)
+    if ending and (not meta.get("joined") or ending["status"] == "failed"):
+        record_ending(store, run_id, ending)
+    elif ending:
+        refresh_summary(store, run_id)
     print(run_id)
     return EXIT_OK
 
@@ -316,6 +354,8 @@ def register(command) -> None:
     p.add_argument("--name", default=None, help="the run's label in the app")
     p.add_argument("--spool", default=None, metavar="DIR",
                    help="folder for the run's events (default .ddpviz/spool/RUN_ID)")
+    p.add_argument("--join", default=None, metavar="RUN_ID",
+                   help="add this node's ranks to a run another `ddpviz run` started (torchrun --nnodes)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run")
     p = command("upload", cmd_upload, "send an attached run's spooled events to Redis")
     p.add_argument("spool", metavar="SPOOL")
