@@ -10,7 +10,8 @@ folder, which this process forwards to Redis (`workers.spool`).
 Status: ``succeeded`` when COMMAND exits 0; ``failed`` otherwise, with the failing rank's
 exception and traceback from torchrun's error file (TORCHELASTIC_ERROR_FILE, `engine.attach.errors`);
 ``canceled`` when the run is canceled from the app or ``ddpviz cancel`` (COMMAND's process group
-gets SIGTERM, then SIGKILL after `KILL_AFTER_S`; no process is left).
+gets SIGTERM, then SIGKILL after `KILL_AFTER_S`; no process is left), or when `ddpviz run` itself
+gets SIGINT (Ctrl-C), SIGTERM or SIGHUP, which it passes on to COMMAND's process group.
 
 Fail open: Redis unreachable at start or lost mid-run changes nothing for COMMAND; one line
 says so, events stay in the spool and are sent when Redis answers again, or later with
@@ -169,7 +170,12 @@ class Launch:
         except OSError as exc:
             _say(f"cannot start {self.cmd[0]!r}: {exc}")
             return 127
-        forward = lambda sig, frame: self.signal_group(sig)  # noqa: E731  (Ctrl-C reaches the command)
+        def forward(sig: int, frame: Any) -> None:  # Ctrl-C or a kill of `ddpviz run` reaches the command
+            self.signal_group(sig)
+            if not self.canceled:
+                self.canceled = f"{signal.Signals(sig).name} sent to ddpviz run"
+                self.kill_at = time.monotonic() + KILL_AFTER_S
+
         previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         next_cancel = 0.0
         try:
