@@ -25,13 +25,6 @@ from engine.events import make_event, rank_sink
 from engine.measure.telemetry import Telemetry
 
 
-def _int_env(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
 class Session:
     """This process's part of an attached run.
 

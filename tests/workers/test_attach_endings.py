@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 from attach_tools import by_rank, reports, run_attached, run_id_in, torchrun
