@@ -121,10 +121,31 @@ class Launch:
                  f"sent when Redis answers (or: ddpviz upload {self.spool})")
 
     def signal_group(self, sig: int) -> None:
-        try:
-            os.killpg(self.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        """Signal COMMAND's process group; with SIGKILL also the group of every instrumented process
+        still alive (torchrun starts each worker in a session of its own, which a signal to
+        torchrun's group does not reach; torchrun passes SIGTERM and SIGINT on itself)."""
+        groups = [self.proc.pid] + (self.instrumented_pids() if sig == signal.SIGKILL else [])
+        for pgid in groups:
+            try:
+                os.killpg(pgid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def instrumented_pids(self) -> list[int]:
+        """Pids named by the spool's event files whose process still carries this run's id (a pid
+        reused by another process does not)."""
+        from engine.attach.env import RUN_ID_ENV
+
+        mark = f"{RUN_ID_ENV}={self.run_id}".encode()
+        out = []
+        for path in self.spool.glob("events-rank*-pid*.jsonl"):
+            try:
+                pid = int(path.stem.rsplit("pid", 1)[1])
+                if mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    out.append(pid)
+            except (ValueError, OSError):
+                continue
+        return out
 
     def check_cancel(self) -> None:
         if self.store is None or self.canceled:
