@@ -9,7 +9,9 @@ after start-up is seen, however the script imported it) and `register_comm_hook`
   off, and grad mode, the two conditions DDP's forward checks before `prepare_for_backward`);
 - a later `ddp.register_comm_hook(state, hook)` by the script is kept, not passed to DDP (which
   takes one hook only): `timed_comm_hook` calls it for every bucket, so training is what the
-  script's hook makes it and the buckets are still timed.
+  script's hook makes it and the buckets are still timed. A built-in hook
+  (`_register_builtin_comm_hook`, ALLREDUCE or FP16_COMPRESS) is run as its Python twin in
+  `default_hooks` (the same operations), since DDP cannot take it beside ours.
 
 The bucket layout comes from the hook itself: the parameters of each `GradBucket` DDP hands over
 (the initial layout on the first synced backward, the rebuilt one after DDP's rebuild, which
@@ -153,5 +155,26 @@ def patch_ddp(session: Session, tracker: Any) -> None:
         watch.state.user_state, watch.state.user_hook = state, hook
         return None
 
+    builtin = DDP._register_builtin_comm_hook
+
+    @functools.wraps(builtin)
+    def _register_builtin_comm_hook(self, comm_hook_type):
+        # DDP takes one hook; ours is in place, so a built-in one runs as its Python twin
+        # (torch.distributed.algorithms.ddp_comm_hooks.default_hooks: the same ops)
+        watch = getattr(self, "_ddpviz_watch", None)
+        twin = _python_twin(comm_hook_type)
+        if watch is None or watch.state.user_hook is not None or twin is None:
+            return builtin(self, comm_hook_type)
+        watch.state.user_state, watch.state.user_hook = self.process_group, twin
+        return None
+
     DDP.__init__ = __init__
     DDP.register_comm_hook = register_comm_hook
+    DDP._register_builtin_comm_hook = _register_builtin_comm_hook
+
+
+def _python_twin(comm_hook_type: Any):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    return {dist.BuiltinCommHookType.ALLREDUCE: default_hooks.allreduce_hook,
+            dist.BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook}.get(comm_hook_type)

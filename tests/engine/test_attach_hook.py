@@ -54,3 +54,49 @@ def test_a_broken_instrumentation_says_one_line_and_the_program_runs(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "program ran"
     assert out.stderr.count("ddpviz: instrumentation off in this process") == 1
+
+
+BUILTIN = """
+import json, os, sys, torch, torch.distributed as dist, torch.nn as nn
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
+ddp = nn.parallel.DistributedDataParallel(model)
+ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+for _ in range(3):
+    ddp(torch.randn(8, 16)).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+torch.save([p.detach() for p in model.parameters()], sys.argv[1])
+"""
+
+
+def test_a_builtin_comm_hook_runs_as_its_python_twin_with_the_same_result(tmp_path):
+    import json
+
+    import torch
+
+    from workers.connection import free_port
+
+    script = tmp_path / "train.py"
+    script.write_text(BUILTIN)
+    rank_env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+
+    def run(out: str, pythonpath: list[str], **env: str):
+        e = {k: v for k, v in os.environ.items() if not k.startswith("DDPVIZ_ATTACH")}
+        e.update(rank_env, env, MASTER_PORT=str(free_port()), PYTHONPATH=os.pathsep.join(pythonpath))
+        return subprocess.run([sys.executable, str(script), str(tmp_path / out)], env=e,
+                              capture_output=True, text=True, timeout=300)
+
+    plain = run("plain.pt", [str(REPO)])
+    assert plain.returncode == 0, plain.stderr
+    spool = tmp_path / "spool"
+    att = run("att.pt", [str(STARTUP_DIR), str(REPO)], **{RUN_ID_ENV: "r", SPOOL_ENV: str(spool)})
+    assert att.returncode == 0, att.stderr
+    a, b = torch.load(tmp_path / "att.pt"), torch.load(tmp_path / "plain.pt")
+    assert all(torch.equal(x, y) for x, y in zip(a, b))  # DDP's C++ fp16 hook and its Python twin agree
+    events = [json.loads(line) for f in spool.glob("events-*.jsonl") for line in f.read_text().splitlines()]
+    buckets = [e for e in events if e["type"] == "bucket"]
+    assert len([e for e in events if e["type"] == "step"]) == 3
+    assert buckets and all(e["nbytes"] * 2 == e["bucket_nbytes"] for e in buckets)  # fp16 on the wire
