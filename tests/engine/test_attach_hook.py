@@ -72,12 +72,19 @@ torch.save([p.detach() for p in model.parameters()], sys.argv[1])
 """
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def test_a_builtin_comm_hook_runs_as_its_python_twin_with_the_same_result(tmp_path):
     import json
 
     import torch
 
-    from workers.connection import free_port
 
     script = tmp_path / "train.py"
     script.write_text(BUILTIN)
@@ -85,7 +92,8 @@ def test_a_builtin_comm_hook_runs_as_its_python_twin_with_the_same_result(tmp_pa
 
     def run(out: str, pythonpath: list[str], **env: str):
         e = {k: v for k, v in os.environ.items() if not k.startswith("DDPVIZ_ATTACH")}
-        e.update(rank_env, env, MASTER_PORT=str(free_port()), PYTHONPATH=os.pathsep.join(pythonpath))
+        e.update(rank_env)
+        e.update(env, MASTER_PORT=str(_free_port()), PYTHONPATH=os.pathsep.join(pythonpath))
         return subprocess.run([sys.executable, str(script), str(tmp_path / out)], env=e,
                               capture_output=True, text=True, timeout=300)
 
