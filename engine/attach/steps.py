@@ -15,7 +15,8 @@ once). Its events (docs/events.md, "attached runs"):
   `backward()` was called on; `samples` = the batch dimension of the first tensor the wrapped
   module received, Σ over micro-steps, × world_size (`samples_source` says so);
   `micro_steps`, `no_sync_micro_steps` (backwards whose forward ran under `no_sync()` /
-  `require_backward_grad_sync = False`: DDP all-reduced nothing in them);
+  `require_backward_grad_sync = False`: DDP all-reduced nothing in them); in a process without a
+  DDP every `backward()` is a micro-step and forward time and samples are not seen (0);
 - `bucket` (the synced backward's buckets) and `comm_volume`, as a launched DDP rank emits them.
 
 Every hook runs under the session's guard (`engine.attach.session.Session.guard`).
@@ -89,9 +90,12 @@ class StepTracker:
     # -- backward (Tensor.backward) -------------------------------------------------------------
     def backward_start(self, loss: torch.Tensor) -> dict | None:
         if self.pending is None:
-            return None
-        watch, synced = self.pending
-        self.pending = None
+            if self.watches:  # a DDP script: a backward after no DDP forward is no micro-step of it
+                return None
+            watch, synced = None, False  # no DDP in this process (one device, nn.DataParallel): the loss's backward
+        else:
+            watch, synced = self.pending
+            self.pending = None
         if synced:
             watch.begin_backward()
         if loss.numel() == 1:
@@ -150,7 +154,8 @@ class StepTracker:
                              forward_s=self.forward_s, backward_s=bwd, comm_exposed_s=exposed,
                              optimizer_s=opt_s, **extra)
         fields.update(other_s=max(0.0, step_time - self.forward_s - bwd - exposed - opt_s),
-                      micro_steps=len(micro), no_sync_micro_steps=len(micro) - len(synced),
+                      micro_steps=len(micro),
+                      no_sync_micro_steps=sum(1 for m in micro if m["watch"] is not None and not m["synced"]),
                       samples_source=SAMPLES_SOURCE)
         if self.memory is not None:
             self.s.guard("memory", self.memory.step_end, fields)

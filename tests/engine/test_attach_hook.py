@@ -108,3 +108,37 @@ def test_a_builtin_comm_hook_runs_as_its_python_twin_with_the_same_result(tmp_pa
     buckets = [e for e in events if e["type"] == "bucket"]
     assert len([e for e in events if e["type"] == "step"]) == 3
     assert buckets and all(e["nbytes"] * 2 == e["bucket_nbytes"] for e in buckets)  # fp16 on the wire
+
+
+NO_DDP = """
+import sys, torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.DataParallel(nn.Linear(8, 1))  # on CPU: the module itself
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(4):
+    loss = nn.functional.mse_loss(model(torch.randn(16, 8)), torch.zeros(16, 1))
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_a_script_without_ddp_still_gets_its_steps_and_a_dataparallel_note(tmp_path):
+    import json
+
+    script = tmp_path / "train.py"
+    script.write_text(NO_DDP)
+    spool = tmp_path / "spool"
+    e = {k: v for k, v in os.environ.items() if not k.startswith("DDPVIZ_ATTACH")}
+    e.update({RUN_ID_ENV: "r", SPOOL_ENV: str(spool), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+              "PYTHONPATH": os.pathsep.join([str(STARTUP_DIR), str(REPO)])})
+    out = subprocess.run([sys.executable, str(script)], env=e, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    events = [json.loads(line) for f in spool.glob("events-*.jsonl") for line in f.read_text().splitlines()]
+    steps = [e for e in events if e["type"] == "step"]
+    assert [e["step"] for e in steps] == [0, 1, 2, 3]  # the script's four optimizer steps
+    assert all(e["micro_steps"] == 1 and e["no_sync_micro_steps"] == 0 and e["loss"] > 0 for e in steps)
+    notes = [e["message"] for e in events if e["type"] == "log"]
+    assert notes == ["nn.DataParallel on CPU runs the module unwrapped: no DP phases to record"]
+    started = [e for e in events if e["type"] == "run_started"]
+    assert len(started) == 1 and started[0]["mode"] == "single"
