@@ -70,8 +70,10 @@ def _run_status(client, w: RunWindow, label: str) -> None:
     colour, icon = _BADGE.get(w.status, _BADGE["unknown"])
     st.markdown(f"##### {label}")
     st.badge(w.status, color=colour, icon=icon)
-    total = max(1, w.steps_total)
-    st.progress(min(1.0, w.steps_done / total), text=f"step {w.steps_done} / {w.steps_total}")
+    if w.steps_total:
+        st.progress(min(1.0, w.steps_done / w.steps_total), text=f"step {w.steps_done} / {w.steps_total}")
+    else:  # an attached run (`ddpviz run`): the script's length is known only when it ends
+        st.caption(f"step {w.steps_done} · attached: {' '.join(w.config.get('command') or []) or 'a script'}")
     if w.started and w.started.get("emulated"):
         st.caption(explain.EMULATION_NOTE)
     cfg = w.config

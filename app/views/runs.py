@@ -47,6 +47,8 @@ def runs_table(df) -> list[str]:
             "samples_per_s": st.column_config.NumberColumn("samples/s", format="%.0f",
                                                            help="median over steps after warm-up"),
             "note": st.column_config.TextColumn("note", help="why a run has no samples/s"),
+            "source": st.column_config.TextColumn("source", help="launched by ddpviz, or attached: "
+                                                  "a script run under `ddpviz run` (its file and host)"),
             "created": st.column_config.DatetimeColumn("created", format="YYYY-MM-DD HH:mm:ss"),
             "pinned": st.column_config.CheckboxColumn("pinned", width="small",
                                                       help="kept whatever the retention policy"),
