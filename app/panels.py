@@ -167,10 +167,27 @@ def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, st
         note += (f" Steps before the newest {window} are drawn in bins of {int(earlier['bin_steps'].max())} "
                  "steps: each bin's mean samples/s and its min–max.")
     st.caption(note)
-    modes = {labels[rid]: w.mode for rid, w in windows.items()}
-    why = explain.why_dp_ahead(explain.table_from_steps(steps, modes))
-    if why:
-        st.info(why, icon=":material/help:")
+
+
+def verdict_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
+    """The DP vs DDP verdict of the newest pair (`app.explain.pair_verdict`): the same sentence on
+    Live, Compare, Runs and Learn, from the runs' summaries."""
+    refresh(client, windows)
+    show_verdict(windows, labels)
+
+
+def show_verdict(windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
+    """Draw the verdict (and the one-worker note) for windows already read."""
+    v, final = explain.pair_verdict(windows)
+    pair = explain.newest_pair(windows)
+    if v is not None and pair is not None:
+        names = f"{labels.get(pair[0], pair[0])} vs {labels.get(pair[1], pair[1])}"
+        box = st.success if v.leader == "ddp" else st.info
+        box(f"**{explain.verdict_text(v, final)}**  \n({names}; each part measured on the runs, "
+            "\"rest\" derived as what remains)", icon=":material/balance:")
+    note = explain.sequential_note(windows)
+    if note:
+        st.caption(note)
 
 
 def accuracy_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:

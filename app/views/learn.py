@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import explain, runsets
+from app import explain, panels, runsets
 from app.charts.topology import topology_chart
 from app.connection import require_client
 from app.frames import buckets as frames_buckets
 from app.frames import topology as ftop
-from app.frames.compare import compare_frame, view_of
 
 STAR_TEXT = """
 **DataParallel: a star.** One process drives every device from threads. Each step device 0
@@ -149,9 +148,7 @@ def body(windows, labels) -> None:
         shards_section(fsdp, labels)
     if not drawn and not fsdp:
         st.info("Pick a set with a DP, a DDP or an FSDP run.", icon=":material/info:")
-    why = explain.why_dp_ahead(compare_frame([view_of(w, labels[rid]) for rid, w in windows.items()]))
-    if why:
-        st.info(why, icon=":material/help:")
+    panels.show_verdict(windows, labels)
     if any((w.started or {}).get("emulated") for w in windows.values()):
         st.caption(explain.EMULATION_NOTE)
 

@@ -17,7 +17,7 @@ import sys
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from engine.config import validate_config
-    from engine.harness.compare import ALL_MODES, compare
+    from engine.harness.compare import ALL_MODES, compare, report_verdict
     from workers.cli.flags import run_fields
 
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
@@ -45,6 +45,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
             if gil:  # engine.measure.gil: median share of the step each device's threads waited for the GIL
                 print("       waited for the GIL: " + ", ".join(
                     f"{dev} {'-' if v is None else f'{v:.0%}'}" for dev, v in gil.items()) + " of the step")
+    v = report_verdict(report)
+    if v is not None:  # on stderr with --json, so stdout stays the report
+        print(v.text(), file=sys.stderr if args.json else sys.stdout)
     return 0 if all(r["status"] == "succeeded" for r in report.values()) else 1
 
 
