@@ -113,3 +113,27 @@ def dp_phase_chart(phases: pd.DataFrame) -> alt.Chart:
                  alt.Tooltip("nbytes:Q", title="bytes copied", format=",")],
     ).properties(title=title("DP phases", "latest step: device 0 alone broadcasts, reduces and steps"),
                  width=WIDTH, height=max(230, rows_height(phases, "device")))  # 4 legend rows
+
+
+_STATE_COLOURS = {"running (on a CPU)": "#4c78a8", "waiting for the GIL": "#e45756",
+                  "waiting for a CPU (machine load)": "#bab0ac", "no work handed to it": "#eeca3b",
+                  "waiting for the all-reduce": "#72b7b2"}
+
+
+def thread_states_chart(states: pd.DataFrame) -> alt.Chart:
+    """Where each device's thread spent a typical step, DP's threads beside DDP's ranks
+    (`app.frames.dp.thread_states_frame`): the lock passing between DP's threads shows as red."""
+    return alt.Chart(states).mark_bar(height=alt.RelativeBandSize(0.6)).encode(
+        x=alt.X("sum(ms):Q", title="median time per step (ms)", stack="zero"),
+        y=alt.Y("device:N", title=None, sort=None, axis=alt.Axis(labelLimit=0)),
+        color=alt.Color("state:N", scale=alt.Scale(domain=list(_STATE_COLOURS),
+                                                   range=list(_STATE_COLOURS.values())),
+                        legend=legend("thread state (measured: schedstat)", orient="bottom", columns=3)),
+        order=alt.Order("order:Q"),
+        tooltip=[alt.Tooltip("device:N"), alt.Tooltip("state:N"),
+                 alt.Tooltip("ms:Q", title="median ms per step", format=".3f"),
+                 alt.Tooltip("share:Q", title="share of the step", format=".0%")],
+    ).properties(title=title("The lock: what each device's thread did in a typical step",
+                             "DP: one process, a thread per device, one GIL; DDP: a process per "
+                             "device, each with its own. Medians over the run's steps."),
+                 width=WIDTH, height=max(160, rows_height(states, "device")))

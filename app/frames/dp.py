@@ -165,3 +165,30 @@ def gil_share_frame(events: Iterable[Event], step: int | None = None) -> pd.Data
                      "median_share": float(pd.Series([e["gil_wait_share"] for e in mine]).median()),
                      "steps": len(mine), "source": mine[-1].get("source", "")})
     return pd.DataFrame(rows, columns=cols)
+
+
+THREAD_STATES = (("on_cpu_s", "running (on a CPU)"), ("gil_wait_s", "waiting for the GIL"),
+                 ("runnable_s", "waiting for a CPU (machine load)"),
+                 ("thread_wait_s", "no work handed to it"), ("other_wait_s", "waiting for the all-reduce"))
+
+
+def thread_states_frame(runs: dict[str, Iterable[Event]]) -> pd.DataFrame:
+    """Where each device's threads spent a typical step, per run: the median over the run's `gil`
+    events of each state's seconds (`THREAD_STATES`), measured by `engine.measure.gil`.
+
+    `runs`: run label -> its events. Columns: run, device, state, ms, share (of the states' sum),
+    order. Empty when no run has `gil` events with figures.
+    """
+    rows = []
+    for label, events in runs.items():
+        by_dev: dict[str, list[dict]] = {}
+        for e in events:
+            if e.get("type", "gil") == "gil" and e.get("gil_wait_s") is not None:
+                by_dev.setdefault(e["device"], []).append(e)
+        for dev, evs in sorted(by_dev.items()):
+            med = {k: float(pd.Series([e.get(k) or 0.0 for e in evs]).median()) for k, _ in THREAD_STATES}
+            total = sum(med.values()) or 1.0
+            for order, (k, name) in enumerate(THREAD_STATES):
+                rows.append({"run": label, "device": f"{label} · {dev}", "state": name,
+                             "ms": med[k] * 1e3, "share": med[k] / total, "order": order})
+    return pd.DataFrame(rows, columns=["run", "device", "state", "ms", "share", "order"])

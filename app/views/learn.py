@@ -12,10 +12,12 @@ from __future__ import annotations
 import streamlit as st
 
 from app import explain, panels, runsets
+from app.charts.dp import thread_states_chart
 from app.charts.topology import topology_chart
 from app.connection import require_client
 from app.frames import buckets as frames_buckets
 from app.frames import topology as ftop
+from app.frames.dp import thread_states_frame
 
 STAR_TEXT = """
 **DataParallel: a star.** One process drives every device from threads. Each step device 0
@@ -115,6 +117,21 @@ def theory_section(windows, labels) -> None:
             key="learn_theory_time")
 
 
+def lock_section(windows, labels) -> None:
+    """The GIL, from the runs' own `gil` events: DP's device threads beside DDP's ranks."""
+    runs = {labels[rid]: w.of_type("gil") for rid, w in windows.items() if w.mode in ("dp", "ddp")}
+    states = thread_states_frame(runs)
+    if states.empty:
+        return
+    st.subheader("The lock: DP's threads share one GIL, DDP's ranks each have their own")
+    st.altair_chart(thread_states_chart(states), key="learn_lock")
+    st.caption("Measured per thread from its CPU clock and the kernel's run-queue wait "
+               "(/proc/self/task/<tid>/schedstat): a thread that has Python work but is neither "
+               "running nor waiting for a CPU is waiting for a lock, in DP the GIL its sibling "
+               "threads hold. Wide layers spend their time in kernels that release the GIL, so the "
+               "red part is small there; narrow, deep models (Sweeps → shape) make it large.")
+
+
 def body(windows, labels) -> None:
     dp = [(rid, w) for rid, w in windows.items() if w.mode == "dp"]
     ddp = [(rid, w) for rid, w in windows.items() if w.mode == "ddp"]
@@ -141,6 +158,7 @@ def body(windows, labels) -> None:
             st.altair_chart(topology_chart(nodes, edges, heading=heading, subtitle=sub,
                                            max_mib=top, arrows=kind == "ring"),
                             key=f"learn_{kind}")
+    lock_section(windows, labels)
     if drawn:
         theory_section(windows, labels)
     fsdp = [(rid, w) for rid, w in windows.items() if w.mode == "fsdp"]

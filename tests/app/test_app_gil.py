@@ -136,3 +136,25 @@ def test_sweeps_page_launches_a_shape_sweep_and_draws_it(real_client, app_test):
     titles = [json.loads(c.proto.spec)["title"]["text"] for c in at.get("vega_lite_chart")]
     assert titles == ["GIL wait and the DDP ÷ DP gap, per model shape", "GIL wait per model shape"]
     assert "gil_wait_share" in at.dataframe[0].value.columns
+
+
+def test_thread_states_are_each_devices_medians_by_hand():
+    from app.charts.dp import thread_states_chart
+    from app.frames.dp import thread_states_frame
+
+    def gil(step, dev, on, wait, runq, idle):
+        return {"type": "gil", "step": step, "device": dev, "on_cpu_s": on, "gil_wait_s": wait,
+                "runnable_s": runq, "thread_wait_s": idle, "other_wait_s": 0.0}
+    # cpu:1's GIL wait over three steps: 1, 3, 2 ms -> median 2 ms; on CPU 4, 4, 6 -> 4 ms
+    dp = [gil(0, "cpu:1", 0.004, 0.001, 0.0, 0.001), gil(1, "cpu:1", 0.004, 0.003, 0.0, 0.001),
+          gil(2, "cpu:1", 0.006, 0.002, 0.0, 0.001)]
+    ddp = [gil(0, "cpu:0", 0.005, 0.0, 0.001, 0.0), {"type": "gil", "step": 1, "device": "cpu:0",
+                                                     "gil_wait_s": None}]
+    df = thread_states_frame({"DP": dp, "DDP": ddp}).set_index(["device", "state"])
+    assert df.loc[("DP · cpu:1", "waiting for the GIL"), "ms"] == pytest.approx(2.0)
+    assert df.loc[("DP · cpu:1", "running (on a CPU)"), "ms"] == pytest.approx(4.0)
+    assert df.loc[("DP · cpu:1", "waiting for the GIL"), "share"] == pytest.approx(2.0 / 7.0)
+    assert df.loc[("DDP · cpu:0", "waiting for the GIL"), "ms"] == 0.0  # the unread step left out
+    assert df.loc[("DDP · cpu:0", "waiting for a CPU (machine load)"), "ms"] == pytest.approx(1.0)
+    spec = thread_states_chart(thread_states_frame({"DP": dp})).to_dict()
+    assert spec["title"]["text"].startswith("The lock") and "schedstat" in str(spec["encoding"]["color"])
