@@ -14,6 +14,7 @@ Top level — the run's contracts and entry point:
     data       real datasets and the per-rank batch plan     models, plugins   the model registry
     summary    a run's summary from its events (no torch)    analysis  derived measures (no torch)
     export     JSONL, CSV and Chrome-trace exports (no torch)
+    verdict    DP vs DDP from two summaries: who is ahead, the gap in measured parts (no torch)
 
 Folders:
     components/  what every mode shares: training pieces, the step loop, pre-flight, devices, faults
