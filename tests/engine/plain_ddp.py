@@ -5,7 +5,8 @@ Two gloo processes wrap `build_model(cfg, ds)` in `DistributedDataParallel` with
 `static_graph`, `find_unused_parameters` and `bucket_cap_mb`, PyTorch's default all-reduce (no
 hook), and train with `torch.optim.SGD(lr)` on each rank's `BatchPlan` shard with a plain
 `F.cross_entropy` on the model's logits. Rank 0 reports its final parameters,
-`_get_ddp_logging_data()` and whether both ranks ended with equal parameters.
+`_get_ddp_logging_data()`, whether both ranks ended with equal parameters and every rank's loss
+per step (`losses[rank][step]`).
 """
 
 from __future__ import annotations
@@ -44,17 +45,23 @@ def _worker(rank, world, port, cfg_dict, out):
               bucket_cap_mb=cap)
     opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr)
     plan = BatchPlan(len(ds), world, cfg.micro_batch_per_device, cfg.seed)
+    losses = []
     for step in range(cfg.steps):
         idx = plan.rank_indices(step, rank)
         logits = _logits(ddp(ds.x_train[idx]))
-        F.cross_entropy(logits.reshape(-1, logits.size(-1)), ds.y_train[idx].reshape(-1)).backward()
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), ds.y_train[idx].reshape(-1))
+        loss.backward()
+        losses.append(loss.item())
         opt.step()
         opt.zero_grad(set_to_none=True)
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     every = [torch.zeros_like(flat) for _ in range(world)]
     dist.all_gather(every, flat)
+    every_losses = [None] * world
+    dist.all_gather_object(every_losses, losses)
     if rank == 0:
         out.put(dict(params=flat.tolist(), in_sync=all(torch.equal(every[0], e) for e in every),
+                     losses=every_losses,
                      logging=dict(ddp._get_ddp_logging_data())))  # plain values: the child exits
     dist.barrier()
     dist.destroy_process_group()
