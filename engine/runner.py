@@ -122,6 +122,10 @@ def execute(cfg: RunConfig, sink: EventSink, run_id: str, *,
             from engine.modes.fsdp.units import check_fsdp
 
             check_fsdp(cfg, plan, model)
+        if cfg.mode == "ddp":
+            from engine.modes.ddp.comm_hooks import check_comm_hook
+
+            check_comm_hook(cfg, plan.backend)
         started = _started_fields(cfg, plan, model, ds, node.host_label if node else None)
         out.emit(make_event("run_started", run_id, rank=0, device=plan.names[0], **started))
         if workdir is None:

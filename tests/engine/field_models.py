@@ -142,6 +142,13 @@ def compiled_mlp(cfg) -> nn.Module:
     return torch.compile(nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10)), backend="eager")
 
 
+def big_inputs(cfg) -> Dataset:
+    """Digits scaled by 1e7: gradients of ~1e6, finite in float32, beyond float16's 65504."""
+    ds = digits(cfg)
+    return Dataset("digits-1e7", ds.x_train * 1e7, ds.y_train, ds.x_val * 1e7, ds.y_val, ds.in_dim, ds.n_classes)
+
+
+bigx = ModelPlugin(build=lambda cfg: nn.Linear(64, 10), dataset=big_inputs, description="inputs x 1e7")
 nanat3 = ModelPlugin(build=lambda cfg: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 10)),
                      dataset=lambda cfg: bad_sample_data(cfg, "nan"), description="a NaN sample at step 3")
 infat3 = ModelPlugin(build=lambda cfg: ScaledLogits(), dataset=lambda cfg: bad_sample_data(cfg, "inf"),
@@ -166,7 +173,7 @@ boom = ModelPlugin(build=_boom, dataset=digits)
 nodata = ModelPlugin(build=lambda cfg: TwoHeads(), dataset=_no_data)
 
 NAMES = ("twoheads", "bnhalves", "dictout", "tupleout", "scoresout", "letters27", "sparseemb", "boom",
-         "nodata", "nanat3", "infat3", "noval", "compiled", "tiny3", "dictbuild")
+         "nodata", "nanat3", "infat3", "noval", "compiled", "tiny3", "dictbuild", "bigx")
 
 
 def install(root: Path) -> None:
