@@ -173,3 +173,16 @@ def test_composing_with_a_users_own_hook_counts_what_it_hands_to_all_reduce():
         assert b["compression_ratio"] == 8.0 and b["nonfinite_after_reduce"] is False
     finally:
         dist.destroy_process_group()
+
+
+def test_the_cli_flags_carry_the_comm_hook_fields():
+    import argparse
+
+    from workers.cli.flags import add_run_flags, run_fields
+
+    parser = argparse.ArgumentParser()
+    add_run_flags(parser)
+    args = parser.parse_args(["--comm-hook", "powersgd", "--matrix-approximation-rank", "2",
+                              "--start-powerSGD-iter", "5"])
+    cfg = validate_config({**FAST, **run_fields(args)})
+    assert (cfg.comm_hook, cfg.matrix_approximation_rank, cfg.start_powerSGD_iter) == ("powersgd", 2, 5)

@@ -216,3 +216,17 @@ def test_a_plugin_build_returning_a_dict_is_named_at_plugin_build():
     assert "error (plugin build): TypeError: build() must return an nn.Module (got dict)" in \
         summary_line("r", "failed", result.summary, err)
     assert [e["type"] for e in sink.events] == ["run_finished"]
+
+
+def test_the_cli_explains_a_nan_loss_without_a_traceback(capsys):
+    from workers.cli import main
+
+    with pytest.raises(SystemExit) as code:
+        main(["train", "--model", "nanat3", "--mode", "single", "--world-size", "2", "--steps", "6",
+              "--global-batch-size", "16", "--eval-every", "0", "--step-delay-s", "0", "--lr", "0.1",
+              "--optimizer", "sgd"])
+    out = capsys.readouterr()
+    assert code.value.code != 0
+    assert "error (rank 0 at step 3): NonFiniteLoss: loss is nan at step 3" in out.out
+    assert "final loss nan" in out.out
+    assert "Traceback" not in out.out + out.err
