@@ -160,7 +160,7 @@ def test_composing_with_a_users_own_hook_counts_what_it_hands_to_all_reduce():
     try:
         model = torch.nn.Linear(16, 16)
         ddp = DDP(model)
-        rec = BucketRecorder(1, True, {p.data_ptr(): n for n, p in model.named_parameters()})
+        rec = BucketRecorder(1, True, {p.data_ptr(): n for n, p in model.named_parameters()}, predivided=True)
         compose(rec, quarter_hook, None, name="quarter")
         assert rec.predivided is False
         ddp.register_comm_hook(rec, recording_hook)
