@@ -64,7 +64,7 @@ def live_frames(ws: Windows, labels: dict[str, str]) -> dict[str, Any]:
     earlier = pd.concat([w.history.frame(labels[r]) for r, w in ws.items()], ignore_index=True)
     mems = {}
     for r, w in ws.items():
-        curve = fm.memory_curve_frame(w.of_type("memory") + w.of_type("fsdp_memory_curve"), labels[r])
+        curve = fm.memory_curve_frame(w.of_type("memory"), labels[r])
         if not curve.empty:
             events = w.of_type("memory") + w.of_type("dp_phase") + w.of_type("step")
             mems[labels[r]] = (curve, fm.memory_phase_frame(events, int(curve["step"].iloc[0])))

@@ -1,72 +1,78 @@
-"""Sentences the pages show beside the numbers: what CPU DP emulates, and why DP leads when it does.
+"""Sentences the pages show beside the numbers: what CPU DP emulates, and the DP vs DDP verdict
+(`engine.verdict`) of the newest pair, on every page from the same summaries.
 
-Pure functions of `app.frames.compare.compare_frame` rows (no Streamlit), so they are tested directly.
+Pure functions of run windows (no Streamlit), so they are tested directly.
 """
 
 from __future__ import annotations
 
-import pandas as pd
+from typing import Any
 
-from app.frames import steps as fsteps
+from app.window import TERMINAL
+from engine.summary import SummaryBuilder
+from engine.verdict import Verdict, verdict
 
 EMULATION_NOTE = (
     "DP on CPU is emulated: one process, a thread per virtual device, replicas rebuilt from "
     "device 0 every step and every tensor really copied — at RAM speed here, where a GPU box "
     "copies over PCIe or NVLink to and from device 0 while the other GPUs wait.")
 
-# the split's parts as `compare_frame` columns, with what each means for DP and for DDP
-_PARTS = [("forward_ms", "forward", "forward"),
-          ("backward_ms", "backward", "backward"),
-          ("comm_exposed_ms", "copies to and from device 0", "all-reduce left exposed after backward"),
-          ("optimizer_ms", "the optimizer", "the optimizer"),
-          ("other_ms", "time outside the timed phases", "time outside the timed phases")]
+
+def summary_of(w) -> dict[str, Any]:
+    """A run's summary: its `run_finished` summary once it has one, else the same summary
+    (`engine.summary.SummaryBuilder`, the same steady-step rule) built from the events the window
+    holds now (its newest steps: a figure "so far")."""
+    done = (w.run or {}).get("summary") or (w.finished or {}).get("summary")
+    if done:
+        return done
+    b = SummaryBuilder()
+    for t in _SUMMARY_TYPES:
+        for e in w.of_type(t):
+            b.observe(e)
+    return b.summary() if b.steps else {}
 
 
-def _with_other(row: pd.Series) -> dict[str, float]:
-    parts = {c: float(row.get(c) or 0.0) for c, _, _ in _PARTS[:-1]}
-    parts["other_ms"] = max(0.0, float(row.get("step_time_ms") or 0.0) - sum(parts.values()))
-    return parts
+_SUMMARY_TYPES = ("step", "bucket", "gil", "dp_phase", "comm_volume", "memory", "eval", "sync", "log")
 
 
-LEVEL_WITHIN = 1.02  # DP ahead by less than this: said to be level, not ahead
+def newest_pair(windows: dict[str, Any]) -> tuple[str, str] | None:
+    """(DP run id, DDP run id): the newest of each mode among `windows` (None without both)."""
+    newest: dict[str, tuple[float, str]] = {}
+    for rid, w in windows.items():
+        created = float((w.run or {}).get("created_at") or (w.started or {}).get("ts") or 0.0)
+        if w.mode in ("dp", "ddp") and created >= newest.get(w.mode, (-1.0, ""))[0]:
+            newest[w.mode] = (created, rid)
+    return (newest["dp"][1], newest["ddp"][1]) if len(newest) == 2 else None
 
 
-def why_dp_ahead(table: pd.DataFrame) -> str | None:
-    """When the set's DP run has more samples/s than its DDP run, why, from their measured split.
+def pair_verdict(windows: dict[str, Any]) -> tuple[Verdict | None, bool]:
+    """The DP vs DDP verdict of the newest pair in `windows`, and whether it is final (both runs
+    ended); (None, False) without a pair or before both have steady steps."""
+    pair = newest_pair(windows)
+    if pair is None:
+        return None, False
+    dp, ddp = (windows[r] for r in pair)
+    final = all(w.status in TERMINAL for w in (dp, ddp))
+    return verdict(summary_of(dp), summary_of(ddp)), final
 
-    Names the parts of the step where DDP spends the most extra time, and DP's own copy time;
-    None when there is no DP/DDP pair, a figure is missing, or DDP is ahead."""
-    dp, ddp = table[table["mode"] == "dp"], table[table["mode"] == "ddp"]
-    if dp.empty or ddp.empty:
+
+def sequential_note(windows: dict[str, Any]) -> str | None:
+    """Said when the pair's two runs share one worker, so one waits for the other."""
+    pair = newest_pair(windows)
+    if pair is None:
         return None
-    a, b = dp.iloc[0], ddp.iloc[0]
-    if not (a["samples_per_s"] > 0 and b["samples_per_s"] > 0) or a["samples_per_s"] <= b["samples_per_s"]:
-        return None
-    pa, pb = _with_other(a), _with_other(b)
-    extra = sorted(((pb[c] - pa[c], ddp_name) for c, _, ddp_name in _PARTS), reverse=True)
-    named = [f"+{d:.2f} ms in {name}" for d, name in extra[:2] if d > 0.005]
-    longer = float(b["step_time_ms"]) - float(a["step_time_ms"])
-    ratio = a["samples_per_s"] / b["samples_per_s"]
-    if ratio < LEVEL_WITHIN:
-        lead = (f"DP and DDP are level here (DP at {ratio:.3f}× DDP's samples/s, within "
-                f"{LEVEL_WITHIN - 1:.0%}). ")
-    else:
-        lead = (f"DP is ahead here ({ratio:.2f}× DDP's samples/s). "
-                f"From the runs' own measured split, DDP's step is {longer:.2f} ms longer")
-        lead += (": " + " and ".join(named) + ". ") if named else ". "
-    return (lead + f"DP's copies cost it {pa['comm_exposed_ms']:.2f} ms per step, made at RAM "
-            "speed between threads of one process; on GPUs the same copies cross PCIe or NVLink "
-            "through device 0, which DDP's ring all-reduce avoids.")
+    dp, ddp = (windows[r] for r in pair)
+    if dp.status == "started" and ddp.status == "queued":
+        return "DDP waits for DP to finish: one worker runs one run at a time (start a second worker to run them together)."
+    if ddp.status == "started" and dp.status == "queued":
+        return "DP waits for DDP to finish: one worker runs one run at a time (start a second worker to run them together)."
+    same = (dp.run or {}).get("worker") and (dp.run or {}).get("worker") == (ddp.run or {}).get("worker")
+    if same:
+        return ("The two ran one after the other on one worker, so neither slowed the other; the machine's "
+                "load may still have changed between them.")
+    return None
 
 
-def table_from_steps(steps: pd.DataFrame, modes: dict[str, str]) -> pd.DataFrame:
-    """The columns `why_dp_ahead` reads, computed as the Live page computes its own figures:
-    medians over the steps its metric uses (`app.frames.steps.steady_steps`, the run summary's rule).
-    `modes`: run -> mode."""
-    cols = ["step_time_ms", "forward_ms", "backward_ms", "comm_exposed_ms", "optimizer_ms"]
-    rows = []
-    for run, df in fsteps.steady_steps(steps).groupby("run", sort=False):
-        rows.append({"run": run, "mode": modes.get(run, "?"),
-                     "samples_per_s": float(df["samples_per_s"].median()),
-                     **df[cols].median().to_dict()})
-    return pd.DataFrame(rows, columns=["run", "mode", "samples_per_s", *cols])
+def verdict_text(v: Verdict, final: bool) -> str:
+    """The verdict as the pages show it ("so far" while a run is going)."""
+    return v.text() if final else f"So far: {v.text()}"

@@ -70,8 +70,10 @@ def _run_status(client, w: RunWindow, label: str) -> None:
     colour, icon = _BADGE.get(w.status, _BADGE["unknown"])
     st.markdown(f"##### {label}")
     st.badge(w.status, color=colour, icon=icon)
-    total = max(1, w.steps_total)
-    st.progress(min(1.0, w.steps_done / total), text=f"step {w.steps_done} / {w.steps_total}")
+    if w.steps_total:
+        st.progress(min(1.0, w.steps_done / w.steps_total), text=f"step {w.steps_done} / {w.steps_total}")
+    else:  # an attached run (`ddpviz run`): the script's length is known only when it ends
+        st.caption(f"step {w.steps_done} · attached: {' '.join(w.config.get('command') or []) or 'a script'}")
     if w.started and w.started.get("emulated"):
         st.caption(explain.EMULATION_NOTE)
     cfg = w.config
@@ -86,10 +88,31 @@ def _run_status(client, w: RunWindow, label: str) -> None:
         last = evals[-1]
         st.caption(f"validation accuracy **{last['val_accuracy']:.3f}** (loss {last['val_loss']:.4f}) "
                    f"at step {last['step']}, on the held-out split")
+    lost = events_lost(w)
+    if lost:
+        st.warning(f"{lost} event(s) of this run were lost on their way out of the training "
+                   "(a failed write): its charts and summary miss them.", icon=":material/warning:")
+    for e in discard_logs(w)[:1]:  # DP's one warning (engine/modes/dp/state.py)
+        st.warning(f"{e['message']} ({', '.join(map(str, e.get('buffers', [])))}): real DataParallel "
+                   "does the same; single-device training keeps them (measured at step "
+                   f"{e.get('step')})", icon=":material/warning:")
     if w.error:
         _show_error(w.error, w.status)
     if w.status in ("queued", "started") and st.button("Cancel", key=f"cancel_{w.run_id}"):
         st.toast(f"{w.run_id}: {client.cancel(w.run_id)}")
+
+
+def events_lost(w: RunWindow) -> int:
+    """Events the run's writers dropped: the summary's `events_lost` once it has one, else the sum
+    over the `log` events that report a loss (`engine.events.loss_event`)."""
+    summary = (w.finished or {}).get("summary") or {}
+    logged = sum(int(e.get("events_lost") or 0) for e in w.of_type("log"))
+    return max(int(summary.get("events_lost") or 0), logged)
+
+
+def discard_logs(w: RunWindow) -> list[dict[str, Any]]:
+    """DP's `log` events that say replicas' buffer updates were discarded (`buffers_discarded`)."""
+    return [e for e in w.of_type("log") if "buffers_discarded" in e]
 
 
 def dataset_name(w: RunWindow) -> str:
@@ -144,10 +167,27 @@ def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, st
         note += (f" Steps before the newest {window} are drawn in bins of {int(earlier['bin_steps'].max())} "
                  "steps: each bin's mean samples/s and its min–max.")
     st.caption(note)
-    modes = {labels[rid]: w.mode for rid, w in windows.items()}
-    why = explain.why_dp_ahead(explain.table_from_steps(steps, modes))
-    if why:
-        st.info(why, icon=":material/help:")
+
+
+def verdict_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
+    """The DP vs DDP verdict of the newest pair (`app.explain.pair_verdict`): the same sentence on
+    Live, Compare, Runs and Learn, from the runs' summaries."""
+    refresh(client, windows)
+    show_verdict(windows, labels)
+
+
+def show_verdict(windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
+    """Draw the verdict (and the one-worker note) for windows already read."""
+    v, final = explain.pair_verdict(windows)
+    pair = explain.newest_pair(windows)
+    if v is not None and pair is not None:
+        names = f"{labels.get(pair[0], pair[0])} vs {labels.get(pair[1], pair[1])}"
+        box = st.success if v.leader == "ddp" else st.info
+        box(f"**{explain.verdict_text(v, final)}**  \n({names}; each part measured on the runs, "
+            "\"rest\" derived as what remains)", icon=":material/balance:")
+    note = explain.sequential_note(windows)
+    if note:
+        st.caption(note)
 
 
 def accuracy_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
@@ -174,37 +214,52 @@ def _keep_view() -> None:
 def split_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
     """Stacked median step time (forward, backward, exposed comm, optimizer, other) per run."""
     refresh(client, windows)
-    split = fsteps.split_frame(steps_of(windows, labels))
+    steps = steps_of(windows, labels)
+    split = fsteps.split_frame(steps)
     if split.empty:
         return _waiting("the first step")
     _chart(charts.split_chart(split), "chart_split")
+    missing = "".join(f" {run}: {why} (its forward and backward include it)."
+                      for run, why in fsteps.unmeasured_parts(steps).items())
     st.caption("exposed comm: all-reduce time not hidden behind backward; other: data loading "
-               "and synchronisation. Steps after the first, median over the window.")
+               "and synchronisation. Steps after the first, median over the window." + missing)
 
 
 # ---- memory ---------------------------------------------------------------------------------
 def memory_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
-    """The latest traced step of each run as it happened (phases, bytes per device, process or
-    GPU), one chart per run on a shared y scale, and the measured peak imbalance of each run."""
+    """Per run, side by side: the latest traced step as it happened (phases, bytes per device,
+    process or GPU; a shared y scale) with the measured peak imbalance, and beside it memory over
+    the whole run per device (the memory timer's readings, `memory_readings`)."""
     refresh(client, windows)
-    curves = {rid: fm.memory_curve_frame(w.of_type("memory") + w.of_type("fsdp_memory_curve"), labels[rid])
+    curves = {rid: fm.memory_curve_frame(w.of_type("memory"), labels[rid])
               for rid, w in windows.items()}
-    if all(c.empty for c in curves.values()):
-        return _waiting("the first traced step's memory")
+    over_run = {rid: fm.memory_over_run_frame(w.memory_history.rows(), labels[rid], w.start_ts)
+                for rid, w in windows.items()}
+    if all(c.empty for c in curves.values()) and all(o.empty for o in over_run.values()):
+        return _waiting("the first memory readings")
     held = [c.loc[c["source"].isin(fm.DEVICE_SOURCES), "mib"] for c in curves.values()]
     y_max = max((float(h.max()) for h in held if not h.empty), default=None)
     for col, (rid, curve) in zip(st.columns(len(curves)), curves.items()):
         with col:
-            if curve.empty:
-                _waiting("the first traced step's memory")
-                continue
-            w = windows[rid]
-            events = w.of_type("memory") + w.of_type("dp_phase") + w.of_type("step")
-            phases = fm.memory_phase_frame(events, int(curve["step"].iloc[0]))
-            for i, chart in enumerate(charts_memory.memory_curve_charts(curve, phases, labels[rid], y_max)):
-                _chart(chart, f"chart_memory_{rid}_{i}")
-            caption = fm.peak_caption(fm.memory_peak_frame(w.of_type("memory"), labels[rid]))
-            st.caption(f"Step {int(curve['step'].iloc[0])}. " + (caption or ""))
+            step_col, run_col = st.columns(2)
+            with step_col:
+                _step_memory(windows[rid], curve, labels[rid], rid, y_max)
+            with run_col:
+                for i, chart in enumerate(charts_memory.memory_over_run_charts(over_run[rid], labels[rid])):
+                    _chart(chart, f"chart_memory_run_{rid}_{i}")
+                if over_run[rid].empty:
+                    _waiting("the memory timer's readings")
+
+
+def _step_memory(w: RunWindow, curve: pd.DataFrame, label: str, rid: str, y_max: float | None) -> None:
+    if curve.empty:
+        return _waiting("the first traced step's memory")
+    events = w.of_type("memory") + w.of_type("dp_phase") + w.of_type("step")
+    phases = fm.memory_phase_frame(events, int(curve["step"].iloc[0]))
+    for i, chart in enumerate(charts_memory.memory_curve_charts(curve, phases, label, y_max)):
+        _chart(chart, f"chart_memory_{rid}_{i}")
+    caption = fm.peak_caption(fm.memory_peak_frame(w.of_type("memory"), label))
+    st.caption(f"Step {int(curve['step'].iloc[0])}. " + (caption or ""))
 
 
 # ---- per-run detail ---------------------------------------------------------------------------
@@ -246,7 +301,8 @@ def detail_panel(client, windows: dict[str, RunWindow], labels: dict[str, str], 
             st.caption("DP: the bytes of every tensor copied (measured); DDP: the bucket bytes handed "
                        "to all-reduce (measured) × 2(n−1)/n (derived, ring all-reduce). Theory (P = "
                        "gradient bytes, n = devices): DP device 0 sends and receives (n−1)·P, the "
-                       "others P; ring all-reduce 2(n−1)/n·P per rank")
+                       "others P; ring all-reduce 2(n−1)/n·P per rank. Bars are labelled by the "
+                       "source their events give (unlabelled: an older run's, which give none).")
 
 
 def live_bucket_timeline(w: RunWindow, buckets: pd.DataFrame):

@@ -35,10 +35,7 @@ def fsdp_detail(w, label: str, rid: str) -> None:
     curve = frames_fsdp.memory_curve_frame(w.of_type("fsdp_memory_curve"))
     if not curve.empty:
         st.altair_chart(charts_fsdp.memory_curve_chart(curve), key=f"chart_fsdp_memory_{rid}")
-        peak = curve.groupby("t_ms")["mib"].sum().max()
-        rss = curve["rss_mib"].max()
-        st.caption(f"Step {int(curve['step'].iloc[0])}: peak {peak:.2f} MiB of tensors on this rank in that step; the process's "
-                   f"resident memory (psutil RSS, includes the PyTorch runtime) peaked at {rss:.0f} MiB")
+        st.caption(frames_fsdp.curve_caption(curve, w.of_type("memory")))
 
 
 def _timeline(w, coll, events, rid: str) -> None:

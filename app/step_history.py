@@ -1,4 +1,8 @@
-"""A whole run's throughput, kept in bins after its step events leave the Live window.
+"""A whole run's throughput and memory readings, kept in bins so Live draws the whole run.
+
+`ReadingHistory` does the same for the memory timer's readings (`memory_readings` events): per
+device and source, bins of `bin_s` seconds (doubling when they outgrow `MAX_BINS`), each with the
+count, mean, min and max of the bytes read in it. The window never keeps those events themselves.
 
 `RunWindow` keeps the newest steps' events (its window); the steps it drops are folded here,
 each step once: samples/s = samples / the mean of its ranks' step times (as `app.frames.steps.steps_frame`).
@@ -88,3 +92,51 @@ class StepHistory:
                  "steps": b.count, "mean": b.total / b.count, "lo": b.lo, "hi": b.hi,
                  "bin_steps": self.bin_steps} for _, b in sorted(self.bins.items())]
         return pd.DataFrame(rows, columns=BIN_COLUMNS)
+
+
+class ReadingHistory:
+    """Binned memory readings of a run, per (device, source) (see the module docstring).
+
+    Args:
+        max_bins: bins kept per (device, source); the bins double in width beyond it.
+        bin_s: the first bins' width in seconds (> 0).
+
+    Raises:
+        ValueError: bin_s not > 0.
+    """
+
+    def __init__(self, max_bins: int = MAX_BINS, bin_s: float = 0.25):
+        if not bin_s > 0:
+            raise ValueError(f"bin_s must be > 0 (got {bin_s})")
+        self.max_bins, self.bin_s = max_bins, bin_s
+        self.series: dict[tuple[str, str], dict[int, Bin]] = {}
+        self.readings = 0  # readings folded in
+
+    def add(self, event: dict[str, Any]) -> None:
+        """Fold in one `memory_readings` event (docs/events.md): `reading_ts` and `bytes` per source."""
+        device = f"{event['host']}/{event.get('device')}" if event.get("host") else str(event.get("device"))
+        ts = event.get("reading_ts") or []
+        for source, values in (event.get("bytes") or {}).items():
+            bins = self.series.setdefault((device, source), {})
+            for t, b in zip(ts, values):
+                if b is not None:
+                    bins.setdefault(int(t // self.bin_s), Bin()).add(float(b), t)
+                    self.readings += 1
+        while any(len(b) > self.max_bins for b in self.series.values()):
+            self._coarsen()
+
+    def _coarsen(self) -> None:
+        for key, bins in self.series.items():
+            merged: dict[int, Bin] = {}
+            for index, b in sorted(bins.items()):
+                merged.setdefault(index // 2, Bin()).merge(b)
+            self.series[key] = merged
+        self.bin_s *= 2
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per bin: device, source, first_ts/last_ts (unix s of its first and last
+        reading), readings, mean_bytes, lo_bytes, hi_bytes, bin_s."""
+        return [{"device": device, "source": source, "first_ts": b.first, "last_ts": b.last,
+                 "readings": b.count, "mean_bytes": b.total / b.count, "lo_bytes": b.lo, "hi_bytes": b.hi,
+                 "bin_s": self.bin_s}
+                for (device, source), bins in sorted(self.series.items()) for _, b in sorted(bins.items())]

@@ -3,7 +3,8 @@
 The Live page keeps one `RunWindow` per run in `st.session_state`. Each `poll` reads only the
 events after the last stream id it saw (`DdpvizClient.read_events`) and keeps bounded windows:
 the last `max_steps` steps of `step`/`memory` events, the last two steps of `bucket`/`dp_phase`/
-`comm_volume` events (the charts draw the latest complete one), every `eval`, the last 50 `log`.
+`comm_volume` events (the charts draw the latest complete one), every `eval`, the last 50 `log`;
+the memory timer's readings (`memory_readings`) are folded into `memory_history` as they arrive.
 Analysis pages keep more: `recent_steps` widens those per-step windows and `first_steps` also
 keeps the first steps (step 0's single DDP bucket, the rebuild after it) for good.
 Once the run is terminal and its stream is drained, `done` is True and polling stops. Steps that
@@ -24,7 +25,7 @@ import threading
 import time
 from typing import Any, Iterator, Protocol
 
-from app.step_history import StepHistory
+from app.step_history import ReadingHistory, StepHistory
 from engine.result import TERMINAL as _TERMINAL
 
 TERMINAL = tuple(s.value for s in _TERMINAL)  # lost: its worker stopped beating
@@ -115,6 +116,7 @@ class RunWindow:
         self.done = False
         self.polled_at = 0.0  # time.monotonic() of the last poll
         self.history = StepHistory()  # throughput of the steps dropped from the window, binned
+        self.memory_history = ReadingHistory()  # every memory timer reading read, binned by time
 
     # ---- reading ---------------------------------------------------------------------------
     def poll(self, client: EventReader, min_interval_s: float = 0.0) -> int:
@@ -180,6 +182,8 @@ class RunWindow:
                 self.started = e
             elif t == "run_finished":
                 self.finished = e
+            elif t == "memory_readings":  # binned, never kept: a reading a device takes 20 times a second
+                self.memory_history.add(e)
             else:
                 kept = by_type.get(t)
                 if kept is None:

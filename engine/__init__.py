@@ -21,6 +21,7 @@ Folders:
     measure/     telemetry, clocks, memory readings, the memory sampler and ledger, replica checksums, turns
     predict/     the scale-out predictor (no torch)
     harness/     runs that measure ddpviz itself or several runs side by side: compare, overhead, GPU checks
+    attach/      instruments a script ddpviz did not launch (`ddpviz run -- torchrun ... train.py`)
 
 `engine.plugins`, `engine.data` and `engine.models` are the plugin API: their paths stay put.
 """

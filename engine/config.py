@@ -134,11 +134,25 @@ def cross_field_errors(cfg: RunConfig) -> list[tuple[str, str]]:
         if cfg.fault == "hang" and cfg.mode not in ("ddp", "fsdp"):
             errs.append(("fault", "fault 'hang' needs mode 'ddp' or 'fsdp': DP and single have no "
                                   "collective timeout, so the run would hang for good"))
+        if cfg.device == "cuda" and (msg := dp_cuda_fault_error(cfg)):
+            errs.append(("fault", msg))
     errs += _fsdp_errors(cfg)
     errs += _comm_hook_errors(cfg)
     if cfg.backend == "nccl" and cfg.device == "cpu":
         errs.append(("backend", "backend 'nccl' needs device 'cuda' (use 'gloo' on CPU)"))
     return errs
+
+
+def dp_cuda_fault_error(cfg: RunConfig) -> str | None:
+    """The rule for faults under DP on CUDA, or None when `cfg` keeps it: torch.nn.parallel's DP
+    (engine/modes/dp/cuda.py) injects no fault, so a run asking for one is refused rather than run
+    without it. Checked here for `device='cuda'` and by `engine.components.devices.resolve_plan`
+    once `device='auto'` has picked CUDA."""
+    if cfg.mode == "dp" and cfg.fault != "none":
+        return (f"fault '{cfg.fault}' is not injected by DP on CUDA devices (torch.nn.parallel's "
+                f"threads have no fault hook here); use device 'cpu' (emulated DP) or mode 'ddp', "
+                f"or fault 'none'")
+    return None
 
 
 def _fsdp_errors(cfg: RunConfig) -> list[tuple[str, str]]:

@@ -10,6 +10,7 @@ writes them in batches (at most `max_batch` events or every `flush_interval_s`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -27,8 +28,9 @@ import orjson
 # of a background thread, never the training loop's.
 RANK_FLUSH_INTERVAL_S = 0.02
 
-EVENT_TYPES = ("run_started", "step", "bucket", "dp_phase", "memory", "comm_volume", "eval", "sync",
-               "log", "allreduce_probe", "run_finished", "fsdp_collective", "fsdp_memory_curve")
+EVENT_TYPES = ("run_started", "step", "bucket", "dp_phase", "gil", "memory", "comm_volume", "eval", "sync",
+               "log", "allreduce_probe", "run_finished", "fsdp_collective", "fsdp_memory_curve",
+               "memory_readings")
 
 
 def _jsonable(obj: Any) -> Any:
@@ -185,17 +187,30 @@ class ListSink:
 
 
 class JsonlWriter:
-    """Appends events as JSON lines to `path` (one `encode_json` object per line, flushed per
-    batch)."""
+    """Appends events as JSON lines to `path` (one `encode_json` object per line), a batch at a
+    time: a batch whose write fails is cut back off the file (best effort), so a reader never
+    meets half a batch and a failed write loses exactly its batch.
+
+    Raises:
+        OSError: from `write_batch` when the file cannot take the batch (disk full, closed).
+    """
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.path, "ab")
+        self._fh = open(self.path, "ab", buffering=0)  # unbuffered: a failed write leaves nothing behind
 
     def write_batch(self, events: list[dict[str, Any]]) -> None:
-        self._fh.write(b"".join(encode_json(e) + b"\n" for e in events))
-        self._fh.flush()
+        data = memoryview(b"".join(encode_json(e) + b"\n" for e in events))
+        fd = self._fh.fileno()
+        start = os.fstat(fd).st_size
+        try:
+            while data:
+                data = data[self._fh.write(data):]
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+            raise
 
     def emit(self, event: dict[str, Any]) -> None:
         self.write_batch([event])
@@ -241,9 +256,12 @@ class BatchingSink:
         max_batch: events per write, at most.
         flush_interval_s: seconds between writes when fewer than `max_batch` are waiting.
 
-    Writer errors are counted in `.dropped_batches` and kept in `.last_error`, never raised into
-    the training loop; `close()` flushes what is left and raises the last error if the final
-    flush fails, so a lost tail is visible.
+    Writer errors never reach the training loop, and never pass unseen: the events of a failed
+    write are counted in `.lost_events` (`.dropped_batches` writes, `.last_error` the last error),
+    and the next write that succeeds begins with a `log` event (`loss_event`: level "error",
+    `events_lost`, the error) that says so in the run. Losses no later write could report are
+    `.unreported_lost` after `close()`: the caller reports them another way (a rank process
+    through `engine.modes.ranks.write_lost`).
     """
 
     def __init__(self, writer: BatchWriter, max_batch: int = 512, flush_interval_s: float = 0.2):
@@ -251,9 +269,13 @@ class BatchingSink:
         self.max_batch = max_batch
         self.flush_interval_s = flush_interval_s
         self.dropped_batches = 0
+        self.lost_events = 0
+        self.unreported_lost = 0
         self.last_error: BaseException | None = None
+        self._lost_from: dict[str, Any] = {}  # run_id, rank, device of the first lost event
         self._buf: list[dict[str, Any]] = []
         self._cv = threading.Condition()
+        self._write_lock = threading.Lock()  # the thread's writes and flush() never interleave
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="ddpviz-event-flush", daemon=True)
         self._thread.start()
@@ -269,12 +291,26 @@ class BatchingSink:
         return batch
 
     def _write(self, batch: list[dict[str, Any]]) -> None:
-        for i in range(0, len(batch), self.max_batch):
-            try:
-                self.writer.write_batch(batch[i:i + self.max_batch])
-            except Exception as exc:  # telemetry must not kill training
-                self.dropped_batches += 1
-                self.last_error = exc
+        with self._write_lock:
+            for i in range(0, len(batch), self.max_batch):
+                self._write_chunk(batch[i:i + self.max_batch])
+
+    def _write_chunk(self, chunk: list[dict[str, Any]]) -> None:
+        reported = self.unreported_lost
+        if reported:
+            chunk = [loss_event(reported, self.last_error, **self._lost_from), *chunk]
+        try:
+            self.writer.write_batch(chunk)
+        except Exception as exc:  # telemetry must not kill training
+            lost = len(chunk) - (1 if reported else 0)
+            self.dropped_batches += 1
+            self.lost_events += lost
+            self.unreported_lost += lost
+            self.last_error = exc
+            if not self._lost_from and chunk:
+                self._lost_from = {k: chunk[-1][k] for k in ("run_id", "rank", "device") if k in chunk[-1]}
+        else:
+            self.unreported_lost -= reported
 
     def _loop(self) -> None:
         while True:
@@ -300,7 +336,21 @@ class BatchingSink:
             self._cv.notify()
         self._thread.join(timeout=30)
         self.flush()
+        if self.unreported_lost:  # one last try to say so in the run
+            with self._write_lock:
+                self._write_chunk([])
         self.writer.close()
+
+
+def loss_event(events_lost: int, error: BaseException | str | None, run_id: str = "",
+               **where: Any) -> dict[str, Any]:
+    """The `log` event that makes lost events visible in the run: level "error", `events_lost`
+    (events a failed write dropped since the last report), `error` (the writer's exception), and
+    `rank`/`device` of the events lost. `engine.summary.SummaryBuilder` sums `events_lost`."""
+    err = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else error
+    return make_event("log", run_id, **where, level="error", events_lost=int(events_lost), error=err,
+                      message=f"{events_lost} event(s) were lost: the event writer failed ({err}); "
+                              "the run's charts and summary miss them")
 
 
 def rank_sink(path: str | os.PathLike[str]) -> BatchingSink:

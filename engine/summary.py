@@ -9,10 +9,16 @@ keeps that, while the slowest rank per step adds half the step-to-step change of
 
 overlap = 1 − exposed comm / total comm (README, "How the numbers are made"), where total comm per step is the length of the
 union of the bucket all-reduce intervals on rank 0, and exposed comm is the step's `comm_exposed_s`.
+A step whose `comm_exposed_s` is null (FSDP on CUDA) has no exposed comm and no overlap:
+the summary's `comm_exposed_s` is then null with `comm_exposed_note` = `COMM_NOT_MEASURED`.
 Medians skip warm-up steps (the first `WARMUP_STEPS`, fewer for short runs) and the steps whose
 time includes the instrument's own work — memory tracing (`memory_traced`) or DP's replica
 checksums (`replica_check`) — while at least half the steps remain. Peak memory per device is the largest measured `peak_allocated_bytes` of its `memory`
 events (the live-tensor ledger's maximum on CPU, the CUDA allocator's on GPU), never an estimate.
+`events_lost` sums the `events_lost` of the run's `log` events: events a rank's writer dropped
+(`engine.events.BatchingSink`), so a summary built without them says so.
+GIL wait per device is the median of its `gil` events' `gil_wait_share` over the same steady steps
+(engine.measure.gil: measured from the thread's CPU clock and run-queue wait).
 """
 
 from __future__ import annotations
@@ -29,6 +35,10 @@ STEP_PARTS = ("step_time_s", "forward_s", "backward_s", "comm_exposed_s", "optim
 VOLUME_KEYS = ("sent_bytes", "recv_bytes", "volume_source", "allreduce_bytes", "theory_sent_bytes",
                "theory_recv_bytes")
 SPLIT_KEYS = ("step_time_s", "forward_s", "backward_s", "comm_exposed_s", "optimizer_s", "samples_per_s")
+# What every reader shows where a step's `comm_exposed_s` is null: FSDP on CUDA, whose collectives
+# run on FSDP2's comm streams, which the host clock cannot tell hidden from exposed
+# (engine/modes/fsdp/step.py). Never a number in its place.
+COMM_NOT_MEASURED = "not measured on CUDA"
 
 
 def interval_union_s(intervals: list[tuple[float, float]]) -> float:
@@ -45,7 +55,8 @@ def interval_union_s(intervals: list[tuple[float, float]]) -> float:
 def run_steps(step_events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per optimizer step of a run, in step order, from its `step` events (any ranks).
 
-    Each row: step, samples (max over ranks), the mean over ranks of `STEP_PARTS` (seconds),
+    Each row: step, samples (max over ranks), the mean over ranks of `STEP_PARTS` (seconds; None
+    where a rank reported None: not measured, see `COMM_NOT_MEASURED`),
     samples_per_s (samples / mean step time; None when that is 0), loss (mean over ranks: each
     rank's loss is the mean over its own shard; None with `loss_nonfinite` "nan"/"inf"/"-inf"
     when any rank's was non-finite, `engine.events.mark_nonfinite`), instrument (any rank's step carried memory tracing
@@ -58,8 +69,9 @@ def run_steps(step_events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     for step in sorted(by_step):
         evs = by_step[step]
         row: dict[str, Any] = {"step": step, "samples": max(e.get("samples", 0) for e in evs)}
-        for k in STEP_PARTS:
-            row[k] = sum(e.get(k) or 0.0 for e in evs) / len(evs)
+        for k in STEP_PARTS:  # a part some rank could not measure (None) is None for the step
+            vals = [e.get(k, 0.0) for e in evs]
+            row[k] = None if any(v is None for v in vals) else sum(vals) / len(vals)
         row["loss"], bad = mean_loss(evs, "loss")
         if bad:
             row["loss_nonfinite"] = bad
@@ -116,6 +128,11 @@ class SummaryBuilder:
         self.volume: dict[str, dict[str, int]] = {}
         self.last_eval: dict | None = None
         self.sync: dict | None = None
+        self.events_lost = 0
+        self.gil: dict[str, dict[int, float | None]] = defaultdict(dict)  # device -> step -> share
+        self.gil_sources: set[str] = set()
+        self.gil_wait: dict[str, dict[int, float | None]] = defaultdict(dict)  # device -> step -> s
+        self.dp_phase: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))  # step -> phase -> s
 
     def observe(self, e: dict[str, Any]) -> None:
         t = e.get("type")
@@ -136,6 +153,14 @@ class SummaryBuilder:
             self.last_eval = e
         elif t == "sync":
             self.sync = e
+        elif t == "log" and e.get("events_lost"):
+            self.events_lost += int(e["events_lost"])
+        elif t == "gil":
+            self.gil[e["device"]][e["step"]] = e.get("gil_wait_share")
+            self.gil_wait[e["device"]][e["step"]] = e.get("gil_wait_s")
+            self.gil_sources.add(str(e.get("source")))
+        elif t == "dp_phase" and str(e.get("device", "")).endswith(":0") and e.get("rank", 0) == 0:
+            self.dp_phase[e["step"]][e["phase"]] += e["end_s"] - e["start_s"]  # device 0's, all micro-steps
 
     def _steady(self) -> list[dict]:
         return steady_steps(run_steps(e for by_step in self.steps.values() for e in by_step.values()))
@@ -146,6 +171,8 @@ class SummaryBuilder:
         total = exposed = 0.0
         rank0 = self.steps.get(0, {})
         for e in (rank0[r["step"]] for r in self._steady() if r["step"] in rank0):
+            if e.get("comm_exposed_s") is None:  # not measured (FSDP on CUDA): no overlap figure
+                continue
             spans = self.bucket_spans.get(e["step"])
             if spans:
                 total += interval_union_s(spans)
@@ -154,6 +181,27 @@ class SummaryBuilder:
                 total += e["comm_exposed_s"]
                 exposed += e["comm_exposed_s"]
         return None if total <= 0 else max(0.0, 1.0 - exposed / total)
+
+    @staticmethod
+    def _median_by_device(per: dict[str, dict[int, float | None]], steady: Sequence[dict[str, Any]]
+                          ) -> dict[str, float | None]:
+        keep = {r["step"] for r in steady}
+        out = {}
+        for dev, by_step in sorted(per.items()):
+            vals = [v for k, v in by_step.items() if k in keep and v is not None]
+            out[dev] = statistics.median(vals) if vals else None
+        return out
+
+    def gil_wait_share(self, steady: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+        """Device -> median `gil_wait_share` over the steady steps it reported (None: not measured)."""
+        return self._median_by_device(self.gil, steady)
+
+    def dp_phase_s(self, steady: Sequence[dict[str, Any]]) -> dict[str, float]:
+        """DP: phase -> median over the steady steps of device 0's time in it (seconds, summed over
+        the step's micro-batches; measured `dp_phase` spans). Empty for other modes."""
+        keep = [self.dp_phase[r["step"]] for r in steady if r["step"] in self.dp_phase]
+        phases = sorted({p for by_phase in keep for p in by_phase})
+        return {p: statistics.median(by_phase.get(p, 0.0) for by_phase in keep) for p in phases}
 
     def summary(self) -> dict[str, Any]:
         steady = self._steady()
@@ -169,6 +217,8 @@ class SummaryBuilder:
         if bad:
             out["final_loss_nonfinite"] = bad
         out["overlap"] = self.overlap()
+        if out["comm_exposed_s"] is None and any(e.get("comm_exposed_measured") is False for e in last):
+            out["comm_exposed_note"] = COMM_NOT_MEASURED
         out["peak_memory_bytes"] = dict(sorted(self.peak.items()))
         if self.peak:
             lo = min(self.peak.values())
@@ -181,4 +231,11 @@ class SummaryBuilder:
                 out[k + "_nonfinite"] = bad
         out["replicas_in_sync"] = self.sync["in_sync"] if self.sync else None
         out["param_checksums"] = self.sync["checksums"] if self.sync else None
+        out["events_lost"] = self.events_lost
+        if self.sync is not None and "buffers_discarded" in self.sync:  # DP: engine/modes/dp/state.py
+            out["buffers_discarded"] = self.sync["buffers_discarded"]
+        out["gil_wait_share"] = self.gil_wait_share(steady)
+        out["gil_wait_s"] = self._median_by_device(self.gil_wait, steady)
+        out["gil_source"] = " | ".join(sorted(self.gil_sources)) or None
+        out["dp_phase_s"] = self.dp_phase_s(steady)
         return out

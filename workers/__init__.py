@@ -5,6 +5,7 @@ The map of this folder:
     worker      the RQ worker on queue ``ddpviz``, one run at a time
     store       run records (one hash per run, an index by time)   keys   every Redis key
     sink        the Redis stream a run writes its events into       connection  URL, client, embedded Redis
+    spool       an attached run's event files (``ddpviz run``), sent to its stream now or later
     heartbeat, liveness   who serves the queue; runs whose worker died
     retention, history    which old runs go; delete, rerun, read a whole stream
     sweeps      sets of runs launched together         scaleout, scaleout_text   the Scale-out report

@@ -2,8 +2,10 @@
 
 From a run id: its calibration set (the run and the runs of its group at the same world size:
 DP, DDP and the single-device baseline), the predictions for the asked world sizes, and the
-validation (predicted vs measured for every finished run of the same config at another or the
-same world size), always on this machine's link and measured compute. Imports no torch.
+validation (predicted vs measured for every finished run of the same experiment on the same
+hardware, always on this machine's link and measured compute), each row marked when the run fed
+the fit (`engine.predict.validation.in_sample`), and the error on the others with their count
+(`out_of_sample`). Imports no torch.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from typing import Any
 
 from engine.predict.inputs import PredictInputError, RunInputs, measure_run
 from engine.predict.presets import AS_MEASURED, THIS_MACHINE, compute, custom_link, link
-from engine.predict.scaleout import Scenario, contention, fixed_fraction, predict, validate
+from engine.predict.scaleout import Scenario, contention, fixed_fraction, predict
+from engine.predict.validation import in_sample, out_of_sample, validate
 from workers.history import read_all_events
 from workers.scaleout_text import assumptions
 
@@ -25,9 +28,23 @@ IGNORED_FIELDS = {"world_size", "mode", "steps", "seed", "step_delay_s", "eval_e
 MAX_RUNS_SCANNED = 500
 
 
-def signature(config: dict[str, Any]) -> tuple:
-    """What makes two runs the same experiment at another world size."""
-    return tuple(sorted((k, repr(v)) for k, v in (config or {}).items() if k not in IGNORED_FIELDS))
+def signature(config: dict[str, Any], record: dict[str, Any] | None = None) -> tuple:
+    """What makes two runs the same experiment at another world size: the config without
+    `IGNORED_FIELDS`, and with a run record, the hardware it ran on (`hardware`), so a GPU run is
+    never checked against a CPU calibration."""
+    sig = tuple(sorted((k, repr(v)) for k, v in (config or {}).items() if k not in IGNORED_FIELDS))
+    return sig + (("hardware", hardware(record)),) if record is not None else sig
+
+
+def hardware(record: dict[str, Any]) -> tuple:
+    """(device kind, device model, backend asked for) of a run: the kind and name of its first
+    device from its `run_started` (kept in the record; `engine.components.devices`: the GPU's
+    model, or the host for virtual CPU devices), the backend from its config (DP and single run
+    none, so the resolved one would tell a set's modes apart). A record without `run_started`
+    gives the config's `device` (e.g. "auto"), which matches no finished run."""
+    cfg, started = record.get("config") or {}, record.get("started") or {}
+    first = (started.get("devices") or [{}])[0]
+    return (first.get("kind") or cfg.get("device"), first.get("name"), cfg.get("backend"))
 
 
 def calibration_set(client, run_id: str) -> dict[str, dict[str, Any]]:
@@ -46,18 +63,19 @@ def calibration_set(client, run_id: str) -> dict[str, dict[str, Any]]:
             cfg = r.get("config") or {}
             if r.get("group") == rec["group"] and r["status"] == "succeeded" \
                     and (cfg.get("world_size") == ws or cfg.get("mode") == "single") \
-                    and signature(cfg) == signature(rec.get("config")):
+                    and signature(cfg, r) == signature(rec.get("config"), rec):
                 members.setdefault(cfg.get("mode"), r)
     return members
 
 
-def measured_points(client, config: dict[str, Any]) -> list[dict[str, Any]]:
-    """Finished DP/DDP runs of the same experiment: ``{run_id, mode, world_size, step_time_s,
-    samples_per_s}`` from their summaries (medians of steady steps)."""
-    sig, out = signature(config), []
+def measured_points(client, record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Finished DP/DDP runs of `record`'s experiment on its hardware (`signature`): ``{run_id,
+    mode, world_size, step_time_s, samples_per_s}`` from their summaries (medians of the steady
+    steps, `engine.summary.steady_steps`: the steps calibration uses too)."""
+    sig, out = signature(record.get("config") or {}, record), []
     for r in client.list_runs(limit=MAX_RUNS_SCANNED):
         cfg, summary = r.get("config") or {}, r.get("summary") or {}
-        if r["status"] == "succeeded" and cfg.get("mode") in ("dp", "ddp") and signature(cfg) == sig \
+        if r["status"] == "succeeded" and cfg.get("mode") in ("dp", "ddp") and signature(cfg, r) == sig \
                 and summary.get("samples_per_s") and (cfg.get("nnodes") or 1) == 1:
             out.append(dict(run_id=r["run_id"], mode=cfg["mode"], world_size=cfg["world_size"],
                             step_time_s=summary.get("step_time_s"), samples_per_s=summary["samples_per_s"]))
@@ -67,7 +85,8 @@ def measured_points(client, config: dict[str, Any]) -> list[dict[str, Any]]:
 def scenario_from(link_key: str = THIS_MACHINE, *, inter_link_key: str | None = None,
                   devices_per_host: int | None = None, compute_key: str = AS_MEASURED,
                   utilisation: float = 0.4, alpha_s: float | None = None,
-                  beta_bytes_per_s: float | None = None, dp_collectives: str = "hub") -> Scenario:
+                  beta_bytes_per_s: float | None = None, dp_collectives: str = "hub",
+                  allreduce_algo: str = "ring") -> Scenario:
     """A `Scenario` from preset names (and a typed-in alpha/beta, which wins over `link_key`).
 
     Raises:
@@ -82,7 +101,7 @@ def scenario_from(link_key: str = THIS_MACHINE, *, inter_link_key: str | None = 
     net = link(inter_link_key) if inter_link_key else None
     return Scenario(link=intra, inter_link=net, devices_per_host=devices_per_host,
                     compute=None if compute_key == AS_MEASURED else compute(compute_key),
-                    utilisation=utilisation, dp_collectives=dp_collectives)
+                    utilisation=utilisation, dp_collectives=dp_collectives, allreduce_algo=allreduce_algo)
 
 
 def inputs_of(client, members: dict[str, dict[str, Any]],
@@ -109,9 +128,11 @@ def report(client, run_id: str, world_sizes: list[int], scenario: Scenario, *,
     """Everything the page draws and `ddpviz predict --json` prints.
 
     Returns:
-        ``{run_id, single_samples_per_s, calibration, scenario, fixed_fraction, predictions,
-        validation, measured, assumptions}``: predictions for `scenario`; validation always for this machine's link
-        and measured compute (the only prediction real runs here can check).
+        ``{run_id, single_samples_per_s, calibration, calibration_runs, scenario, fixed_fraction,
+        predictions, validation, out_of_sample, measured, assumptions}``: predictions for
+        `scenario`; validation always for this machine's link and measured compute (the only
+        prediction real runs here can check), each row's `in_fit` saying whether the run fed the
+        fit; `out_of_sample` the error on the runs that did not, with their count.
 
     Raises:
         KeyError: no run `run_id`.
@@ -133,16 +154,22 @@ def report(client, run_id: str, world_sizes: list[int], scenario: Scenario, *,
     sc = replace(scenario, fixed_fraction=f, contention=kappa)
     rows = predict(modes, world_sizes, sc)
     record = next(iter(members.values()))
-    points = measured_points(client, record.get("config") or {})
+    points = measured_points(client, record)
     # validation is always this machine's link and measured compute, so its own κ
     here = Scenario(fixed_fraction=f, dp_collectives="hub", contention=measured_kappa)
-    checked = validate(predict(modes, sorted({p["world_size"] for p in points} | {1}), here), points)
+    fit_ids = {members[m]["run_id"] for m in measured_inputs}
+    baseline = measured_inputs.get("single")
+    # the sources name the baseline's run when it set f or κ (engine.predict.calibrate)
+    fitted = bool(baseline and baseline.run_id) and (baseline.run_id in f_source or baseline.run_id in k_source)
+    checked = validate(predict(modes, sorted({p["world_size"] for p in points} | {1}), here), points,
+                       in_sample(points, fit_ids, fitted))
     single = members.get("single")
     return dict(run_id=run_id, single_samples_per_s=((single or {}).get("summary") or {}).get("samples_per_s"),
                 calibration={m: _describe(i) for m, i in measured_inputs.items()},
                 scenario=sc.describe(), fixed_fraction=dict(value=f, source=f_source),
                 contention=dict(value=kappa, source=k_source),
-                predictions=rows, validation=checked, measured=points,
+                predictions=rows, validation=checked, out_of_sample=out_of_sample(checked),
+                calibration_runs=sorted(fit_ids), measured=points,
                 assumptions=assumptions(modes, sc, f_source, k_source))
 
 

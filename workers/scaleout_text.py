@@ -1,6 +1,6 @@
 """The predictor's inputs and assumptions in words, listed under the Scale-out charts and in
 `ddpviz predict`'s output: every measured input named with the events it came from, every
-assumption said as one."""
+assumption said as one; and the model's error on the runs outside its fit (`out_of_sample_line`)."""
 
 from __future__ import annotations
 
@@ -64,8 +64,11 @@ def assumption_lines(modes: dict[str, RunInputs], sc: Scenario, f_source: str,
         out.append(f"Beyond {sc.devices_per_host} devices per host: DDP is one flat ring and its "
                    f"slowest link governs (α = max, β = min) with {net.label}: β = "
                    f"{_gbps(net.beta_bytes_per_s)} ({net.beta_basis}). DP stays on one host.")
+    model = ("ring time 2(n−1)·α + 2(n−1)/n·bytes/β" if sc.allreduce_algo == "ring" else
+             "tree time 2·⌈log2 n⌉·α + 2(n−1)/n·bytes/β (theory: NCCL's double binary tree, same "
+             "bandwidth term as the ring to first order, log2 n latency)")
     out.append("DDP: all-reduces run one after another on one stream, each at max(ready, previous "
-               "end), ring time 2(n−1)·α + 2(n−1)/n·bytes/β; exposed = what ends after backward.")
+               f"end), {model}; exposed = what ends after backward.")
     out.append("DP: " + ("every broadcast and reduce is n−1 copies of the parameters through "
                          "device 0's link" if sc.dp_collectives == "hub" else
                          "broadcast and reduce go over NCCL, pipelined (device 0 sends the "
@@ -78,3 +81,16 @@ def assumption_lines(modes: dict[str, RunInputs], sc: Scenario, f_source: str,
 def assumptions(modes: dict[str, RunInputs], sc: Scenario, f_source: str,
                 k_source: str = "κ = 1") -> list[str]:
     return measured_lines(modes) + assumption_lines(modes, sc, f_source, k_source)
+
+
+def out_of_sample_line(rep: dict) -> str:
+    """The model's error on the runs outside the fit, with their count, in words (the only
+    error that tests it: `engine.predict.validation`)."""
+    oos = rep.get("out_of_sample") or {}
+    n, err = oos.get("runs", 0), oos.get("step_time_error_pct") or {}
+    left = f"; {oos['in_fit']} run(s) that fed the fit are not counted" if oos.get("in_fit") else ""
+    if not n:
+        return ("out of sample: no run outside the fit yet, so nothing tests the prediction (run this "
+                f"config at another world size){left}")
+    return (f"out of sample: {n} run(s), step-time error |median| {err['median_abs']:.1f}%, "
+            f"|max| {err['max_abs']:.1f}%{left}")

@@ -9,6 +9,10 @@ Sweep kinds (`SWEEP_KINDS`):
   run — the baseline of scaling efficiency ``samples_per_s(n) / (n · samples_per_s(single))``.
 - ``bucket_cap_mb``: a DDP run per bucket cap (MiB), for step time vs bucket size.
 - ``overlap``: two DDP runs, all-reduce overlapping backward on and off.
+- ``shape``: for each model shape (width, depth), a DP run and a DDP run: a narrow deep model
+  spends its step in Python per layer (DP's device threads then queue for the GIL), a wide
+  shallow one in large kernels that release it; the page sets the measured GIL share beside the
+  DDP ÷ DP throughput ratio.
 
 Example:
     >>> sweep_id = submit_sweep(client, {"steps": 30}, "world_size", [1, 2, 4])
@@ -23,14 +27,14 @@ from typing import Any, Iterable
 
 from engine.config import COMM_HOOK_FIELDS, FSDP_FIELDS, ConfigError, validate_config
 
-SWEEP_KINDS = ("world_size", "bucket_cap_mb", "overlap")
+SWEEP_KINDS = ("world_size", "bucket_cap_mb", "overlap", "shape")
 SWEEP_PREFIX = "sweep-"
 TRIO_PREFIX = "trio-"
 MAX_SWEEP_RUNS = 32  # one click must not flood the queue
 
 
 def _new_id(prefix: str, kind: str = "") -> str:
-    short = {"world_size": "ws", "bucket_cap_mb": "bucket", "overlap": "overlap"}.get(kind, kind)
+    short = {"world_size": "ws", "bucket_cap_mb": "bucket", "overlap": "overlap", "shape": "shape"}.get(kind, kind)
     return f"{prefix}{short + '-' if short else ''}{uuid.uuid4().hex[:10]}"
 
 
@@ -39,7 +43,7 @@ def sweep_kind(group: str | None) -> str | None:
     if not group or not group.startswith(SWEEP_PREFIX):
         return None
     short = group[len(SWEEP_PREFIX):].split("-", 1)[0]
-    return {"ws": "world_size", "bucket": "bucket_cap_mb", "overlap": "overlap"}.get(short)
+    return {"ws": "world_size", "bucket": "bucket_cap_mb", "overlap": "overlap", "shape": "shape"}.get(short)
 
 
 TRIO_MODES = ("single", "dp", "ddp", "fsdp")  # the Compare set: one device and the three strategies
@@ -80,6 +84,11 @@ def sweep_configs(base: dict[str, Any], kind: str,
         for n in sizes:
             out += [({**base, "mode": "dp", "world_size": n}, f"DP ×{n}"),
                     ({**base, "mode": "ddp", "world_size": n}, f"DDP ×{n}")]
+    elif kind == "shape":  # values: (width, depth) pairs
+        out = []
+        for w, d in (parse_shape(v) for v in values):
+            out += [({**base, "mode": m, "width": w, "depth": d}, f"{name} {w}×{d}")
+                    for m, name in (("dp", "DP"), ("ddp", "DDP"))]
     elif kind == "bucket_cap_mb":
         out = [({**base, "mode": "ddp", "bucket_cap_mb": float(v)}, f"DDP cap {float(v):g} MiB")
                for v in sorted(float(v) for v in values)]
@@ -90,6 +99,25 @@ def sweep_configs(base: dict[str, Any], kind: str,
     if len(out) > MAX_SWEEP_RUNS:
         raise ValueError(f"a sweep may submit at most {MAX_SWEEP_RUNS} runs (got {len(out)})")
     return out
+
+
+def parse_shape(value: Any) -> tuple[int, int]:
+    """(width, depth) from a pair or a string "WxD" (also "W×D").
+
+    Raises:
+        ValueError: not two whole numbers >= 1.
+    """
+    if isinstance(value, str):
+        parts = value.lower().replace("×", "x").split("x")
+    else:
+        parts = list(value)
+    try:
+        w, d = (int(str(p).strip()) for p in parts)
+    except ValueError:
+        raise ValueError(f"a shape is WIDTHxDEPTH, two whole numbers (got {value!r})") from None
+    if w < 1 or d < 1:
+        raise ValueError(f"a shape's width and depth must be >= 1 (got {value!r})")
+    return w, d
 
 
 def _validate_all(items: list[tuple[dict[str, Any], str]]) -> None:

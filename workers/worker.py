@@ -18,7 +18,6 @@ even read is refused and removed instead of stopping the worker; Redis going awa
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -32,6 +31,7 @@ from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
+from engine.components.lifetime import die_with_parent
 from workers import keys
 from workers.connection import WORKER_RETRY_ATTEMPTS, WORKER_RETRY_BACKOFF_CAP_S, connect, exposure_warning, redis_url
 from workers.heartbeat import Heartbeat, detect_devices
@@ -44,7 +44,6 @@ from workers.store import ACTIVE, RunStatus, RunStore, make_error
 log = logging.getLogger("ddpviz.worker")
 
 SHUTDOWN_CANCEL_REASON = "the worker is shutting down"
-PR_SET_PDEATHSIG = 1  # prctl(2)
 _REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
 
@@ -113,15 +112,6 @@ def unreadable_field(raw: dict[bytes, bytes]) -> str:
             except Exception:
                 return name
     return "job hash"
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (prctl PDEATHSIG); exit now if the
-    parent is already gone. Linux only; elsewhere a no-op."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent_pid:
-        os._exit(1)
 
 
 class DdpvizWorker(Worker):
@@ -252,6 +242,17 @@ def build_worker(url: str | None = None, name: str | None = None) -> DdpvizWorke
     return worker
 
 
+def warm_up() -> None:
+    """Import the engine (torch with it) once, in the worker, before it takes a job.
+
+    RQ forks a work-horse per job, which inherits these modules: without this, each job imports
+    torch itself (~3 s here, tens of seconds on a busy host), inside the run's time limit and
+    before its cancel is watched. Importing torch starts no CUDA context, so forking after it is
+    safe (PyTorch's multiprocessing notes); the engine's rank processes come from its fork server.
+    """
+    import engine.runner  # noqa: F401
+
+
 def run_worker(url: str | None = None, name: str | None = None, burst: bool = False,
                *, logging_level: str = "INFO", **work_kwargs: Any) -> bool:
     """Serve queue ``ddpviz`` until stopped (or, with `burst`, until it is empty).
@@ -284,6 +285,7 @@ def run_worker(url: str | None = None, name: str | None = None, burst: bool = Fa
     from workers.retention import retain_quietly
 
     retain_quietly(beat_client, worker.name)
+    warm_up()
     try:
         return worker.work(burst=burst, logging_level=logging_level, **work_kwargs)
     finally:

@@ -10,17 +10,8 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from app.charts.style import CATEGORIES, HEIGHT, STEP_X, WIDTH, legend, rows_height, title
-from app.frames.compare import DERIVED, DERIVED_FSDP, MEASURED, THEORY
-
-WHICH = [MEASURED, DERIVED, DERIVED_FSDP, THEORY]
-_WHICH_COLOURS = dict(zip(WHICH, ["#1f77b4", "#9467bd", "#d62728", "#c7c7c7"]))
-
-
-def _which(df: pd.DataFrame) -> alt.Scale:
-    """The bytes colours of the kinds present (measured, derived, theory), fixed per kind."""
-    shown = [w for w in WHICH if w in set(df["which"])] or WHICH
-    return alt.Scale(domain=shown, range=[_WHICH_COLOURS[w] for w in shown])
+from app.charts.style import CATEGORIES, HEIGHT, STEP_X, WIDTH, legend, rows_height, title, volume_scale
+from app.frames.steps import VOLUME_KINDS as WHICH
 
 
 def loss_chart(steps: pd.DataFrame) -> alt.LayerChart:
@@ -81,14 +72,15 @@ def peak_memory_chart(peaks: pd.DataFrame) -> alt.Chart:
 
 def bytes_chart(volume: pd.DataFrame) -> alt.Chart:
     """Sent + received MiB per device per step, for each run (`app.frames.compare.bytes_frame`):
-    measured (DP: the tensors copied) or derived (DDP: bytes handed to all-reduce × the ring
-    factor), beside the formula."""
+    measured (DP: the tensors copied), derived (DDP: bytes handed to all-reduce × the ring
+    factor; FSDP: collective bytes × the wire factor) or unlabelled (no `volume_source`), as each
+    event says, beside the formula."""
     df = volume.assign(where=volume["run"] + " · " + volume["device"])
     return alt.Chart(df).mark_bar().encode(
         x=alt.X("mib:Q", title="sent + received per step (MiB)"),
         y=alt.Y("where:N", title="run · device", sort=list(dict.fromkeys(df["where"]))),
         yOffset=alt.YOffset("which:N", sort=WHICH),
-        color=alt.Color("which:N", legend=legend("bytes"), scale=_which(df)),
+        color=alt.Color("which:N", legend=legend("bytes"), scale=volume_scale(df["which"])),
         tooltip=[alt.Tooltip("run:N"), alt.Tooltip("device:N"), alt.Tooltip("which:N"),
                  alt.Tooltip("mib:Q", title="MiB", format=".3f")],
     ).properties(title=title("Bytes moved per device per step",

@@ -2,6 +2,9 @@
 
 Phases keep the Live page's colours (`app.charts.style.PHASE_COLOURS`); idle
 gaps are drawn as pale hatched-looking bars with the device's idle share written beside its lane.
+The GIL wait the engine measured in each span is a thin dark bar on a lane of its own under the
+device's (`app.frames.dp.gil_band_frame`), as long as the wait, over a faint outline of the span it
+fell in: where inside the span is not measured.
 """
 
 from __future__ import annotations
@@ -10,10 +13,11 @@ import altair as alt
 import pandas as pd
 
 from app.charts.style import PHASE_COLOURS, WIDTH, legend, rows_height, title
-from app.frames.dp import DP_PHASES
+from app.frames.dp import DP_PHASES, GIL_LANE
 
 IDLE = "idle (waiting)"
-_DOMAIN, _RANGE = DP_PHASES + [IDLE], PHASE_COLOURS + ["#f2f2f2"]
+GIL = "waiting for the GIL (measured: schedstat)"
+_DOMAIN, _RANGE = DP_PHASES + [IDLE, GIL], PHASE_COLOURS + ["#f2f2f2", "#1a1a1a"]
 _PHASE = alt.Color("phase:N", legend=legend("phase", orient="bottom", columns=5),
                    scale=alt.Scale(domain=_DOMAIN, range=_RANGE), sort=_DOMAIN)
 _PHASE_ONLY = alt.Color("phase:N", legend=legend("phase", columns=1),
@@ -22,12 +26,16 @@ LEGEND_PX = 80  # the timeline's legend below the plot (two rows)
 
 
 def dp_timeline(phases: pd.DataFrame, idle: pd.DataFrame, summary: pd.DataFrame, *,
-                run: str) -> alt.LayerChart:
+                run: str, gil: pd.DataFrame | None = None) -> alt.LayerChart:
     """One DP step per device: phases (`app.frames.dp.dp_phase_frame`), idle gaps
-    (`app.frames.dp.idle_frame`) and each device's idle share (`app.frames.dp.idle_summary`)."""
+    (`app.frames.dp.idle_frame`), each device's idle share (`app.frames.dp.idle_summary`) and,
+    when `gil` (`app.frames.dp.gil_band_frame`) has rows, a GIL-wait lane under each device."""
     step = int(phases["step"].iloc[0]) if not phases.empty else None
     devices = sorted(phases["device"].unique()) if not phases.empty else []
-    y = alt.Y("device:N", title="device", sort=devices)
+    with_gil = gil is not None and not gil.empty
+    lanes = [lane for d in devices for lane in ((d, d + GIL_LANE) if with_gil else (d,))]
+    y = alt.Y("device:N", title="device", sort=lanes, scale=alt.Scale(domain=lanes),
+              axis=alt.Axis(labelLimit=0))
     x = alt.X("start_ms:Q", title="ms from step start")
     span = float(phases["end_ms"].max()) if not phases.empty else 0.0
     bars = alt.Chart(phases).mark_bar(height=alt.RelativeBandSize(0.7), stroke="white",
@@ -48,9 +56,32 @@ def dp_timeline(phases: pd.DataFrame, idle: pd.DataFrame, summary: pd.DataFrame,
         align="left", dx=4, fontSize=13, fontWeight="bold", color="#444").encode(
         x="x:Q", y=y, text="label:N")
     label = f"{run}: step {step}" if step is not None else run
-    return alt.layer(gaps, bars, text).properties(
-        title=title(label, "device 0 broadcasts, reduces and steps while the others wait"),
-        width=WIDTH, height=rows_height(phases, "device", row_px=56) + LEGEND_PX)
+    layers = [gaps, bars, text]
+    row_px = 56
+    if with_gil:
+        layers += _gil_layers(gil, x, y)
+        row_px = 40  # two lanes per device
+    return alt.layer(*layers).properties(
+        title=title(label, "device 0 broadcasts, reduces and steps while the others wait"
+                    + ("; dark bars: time its threads waited for the GIL in each phase" if with_gil else "")),
+        width=WIDTH, height=rows_height(phases, "device", row_px=2 * row_px if with_gil else row_px) + LEGEND_PX)
+
+
+def _gil_layers(gil: pd.DataFrame, x: alt.X, y: alt.Y) -> list[alt.Chart]:
+    """The GIL lanes: each span's outline, and a bar as long as its measured wait."""
+    y = alt.Y("lane:N", title=y.to_dict().get("title"), sort=y.to_dict().get("sort"),
+              scale=alt.Scale(domain=y.to_dict().get("sort")))
+    tip = [alt.Tooltip("device:N"), alt.Tooltip("span_phase:N", title="phase"),
+           alt.Tooltip("gil_ms:Q", title="waited for the GIL (ms)", format=".3f"),
+           alt.Tooltip("span_ms:Q", title="span (ms)", format=".3f"),
+           alt.Tooltip("share_pct:Q", title="% of the span", format=".0f")]
+    data = gil.rename(columns={"phase": "span_phase"}).assign(phase=GIL)
+    outline = alt.Chart(data).mark_bar(height=alt.RelativeBandSize(0.35), fill="#ffffff", stroke="#999999",
+                                       strokeWidth=0.5).encode(
+        x=alt.X("span_start_ms:Q", title=x.to_dict().get("title")), x2="span_end_ms:Q", y=y, tooltip=tip)
+    wait = alt.Chart(data).mark_bar(height=alt.RelativeBandSize(0.35)).encode(
+        x=x, x2="end_ms:Q", y=y, color=_PHASE, tooltip=tip)
+    return [outline, wait]
 
 
 def phase_totals_chart(totals: pd.DataFrame, *, run: str) -> alt.Chart:
@@ -82,3 +113,27 @@ def dp_phase_chart(phases: pd.DataFrame) -> alt.Chart:
                  alt.Tooltip("nbytes:Q", title="bytes copied", format=",")],
     ).properties(title=title("DP phases", "latest step: device 0 alone broadcasts, reduces and steps"),
                  width=WIDTH, height=max(230, rows_height(phases, "device")))  # 4 legend rows
+
+
+_STATE_COLOURS = {"running (on a CPU)": "#4c78a8", "waiting for the GIL": "#e45756",
+                  "waiting for a CPU (machine load)": "#bab0ac", "no work handed to it": "#eeca3b",
+                  "waiting for the all-reduce": "#72b7b2"}
+
+
+def thread_states_chart(states: pd.DataFrame) -> alt.Chart:
+    """Where each device's thread spent a typical step, DP's threads beside DDP's ranks
+    (`app.frames.dp.thread_states_frame`): the lock passing between DP's threads shows as red."""
+    return alt.Chart(states).mark_bar(height=alt.RelativeBandSize(0.6)).encode(
+        x=alt.X("sum(ms):Q", title="median time per step (ms)", stack="zero"),
+        y=alt.Y("device:N", title=None, sort=None, axis=alt.Axis(labelLimit=0)),
+        color=alt.Color("state:N", scale=alt.Scale(domain=list(_STATE_COLOURS),
+                                                   range=list(_STATE_COLOURS.values())),
+                        legend=legend("thread state (measured: schedstat)", orient="bottom", columns=3)),
+        order=alt.Order("order:Q"),
+        tooltip=[alt.Tooltip("device:N"), alt.Tooltip("state:N"),
+                 alt.Tooltip("ms:Q", title="median ms per step", format=".3f"),
+                 alt.Tooltip("share:Q", title="share of the step", format=".0%")],
+    ).properties(title=title("The lock: what each device's thread did in a typical step",
+                             "DP: one process, a thread per device, one GIL; DDP: a process per "
+                             "device, each with its own. Medians over the run's steps."),
+                 width=WIDTH, height=max(160, rows_height(states, "device")))

@@ -64,7 +64,8 @@ def memory_curve_chart(curve: pd.DataFrame, run: str = "") -> alt.Chart:
                  alt.Tooltip("rss_mib:Q", title="process RSS (MiB)", format=".1f")],
     ).transform_calculate(kind_order=f"indexof({MEMORY_KINDS}, datum.kind)").properties(
         title=title(head + (f": {run}" if run else ""),
-                    "each unit's gathered parameters rise and fall; sampled at FSDP's hooks"),
+                    "each unit's gathered parameters rise and fall; sampled at FSDP's hooks, "
+                    "so it can miss what lives between them (the measured peak is in the caption)"),
         width=WIDTH, height=HEIGHT)
 
 

@@ -5,6 +5,9 @@ GPU) over bands showing where the phases fall, so activations rise in forward an
 backward, and DP's device 0 shows the gather and the reduce. Then: the whole process (RSS) or the
 whole GPU (NVML), which include what is not a tensor (the interpreter, libraries, the CUDA
 context). Every line's `source` is in the legend.
+
+`memory_over_run_charts`: the memory timer's readings over the whole run, one chart per source
+(their scales differ: a process's RSS against the tensors a GPU holds), one line per device.
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ import pandas as pd
 
 from app.charts.style import CATEGORIES, PHASE_COLOURS, WIDTH, legend, title
 from app.frames.dp import DP_PHASES
-from app.frames.memory import DEVICE_SOURCES, HOST_SOURCES, SOURCE_LABELS
+from app.frames.memory import DEVICE_SOURCES, HOST_SOURCES, SOURCE_LABELS, TIMER_NOTES
 
-_DASH = {SOURCE_LABELS["tensors"]: [1, 0], SOURCE_LABELS["fsdp_tensors"]: [1, 0], SOURCE_LABELS["cuda"]: [6, 3],
+_DASH = {SOURCE_LABELS["tensors"]: [1, 0], SOURCE_LABELS["cuda"]: [6, 3],
          SOURCE_LABELS["process"]: [2, 2], SOURCE_LABELS["nvml"]: [8, 2, 2, 2]}
 # box heights (px): the plot (~200 and ~60) plus title, legends on top and the x axis
 _HELD_PX, _HOST_PX = 520, 300
@@ -91,3 +94,29 @@ def _phase_bands(phases: pd.DataFrame, span: float) -> alt.Chart:
                         sort=shown),
         tooltip=[alt.Tooltip("phase:N"), alt.Tooltip("start_ms:Q", title="start (ms)", format=".2f"),
                  alt.Tooltip("end_ms:Q", title="end (ms)", format=".2f")])
+
+
+def memory_over_run_charts(run_memory: pd.DataFrame, run: str) -> list[alt.LayerChart]:
+    """One chart per source of `app.frames.memory.memory_over_run_frame`: seconds since the run
+    started against MiB, a line per device (the mean of each bin's readings) over a band (their
+    min–max), so a leak, a growing cache or one device's hot spot shows over the whole run."""
+    charts = []
+    for source in [s for s in ("cuda", "nvml", "process") if s in set(run_memory["source"])]:
+        df = run_memory[run_memory["source"] == source]
+        bin_s = float(df["bin_s"].max())
+        x = alt.X("t_s:Q", title="seconds since the run started")
+        colour = alt.Color("device:N", legend=legend("device", orient="top"), scale=CATEGORIES)
+        tip = [alt.Tooltip("device:N"), alt.Tooltip("t_s:Q", title="s since start", format=".1f"),
+               alt.Tooltip("mib:Q", title="mean MiB", format=",.2f"),
+               alt.Tooltip("lo_mib:Q", title="min MiB", format=",.2f"),
+               alt.Tooltip("hi_mib:Q", title="max MiB", format=",.2f"), alt.Tooltip("readings:Q")]
+        band = alt.Chart(df).mark_area(opacity=0.2, interpolate="step-after").encode(
+            x=x, y=alt.Y("lo_mib:Q", title="MiB", scale=alt.Scale(zero=False)), y2="hi_mib:Q", color=colour)
+        line = alt.Chart(df).mark_line(interpolate="step-after", strokeWidth=2).encode(
+            x=x, y="mib:Q", color=colour, tooltip=tip)
+        charts.append(alt.layer(band, line).properties(
+            title=title(f"Memory over the run: {SOURCE_LABELS.get(source, source)}, {run}",
+                        f"measured: the memory timer's readings (20/s per device), {TIMER_NOTES[source]}; "
+                        f"line: mean of each {bin_s:g} s bin, band: its min–max"),
+            width=WIDTH, height=_HOST_PX))
+    return charts

@@ -10,7 +10,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from app.charts.style import CATEGORIES, HEIGHT, STEP_X, WIDTH, legend, rows_height, title
+from app.charts.style import CATEGORIES, HEIGHT, STEP_X, WIDTH, legend, rows_height, title, volume_scale
 from app.frames import steps as fsteps
 from app.frames.steps import SMOOTH_STEPS, SPLIT_PARTS
 
@@ -57,23 +57,24 @@ def split_chart(split: pd.DataFrame) -> alt.Chart:
 
 
 def comm_volume_chart(volume: pd.DataFrame) -> alt.Chart:
-    """MiB each device sent + received in the latest step (measured or derived, as its events
-    say: `app.frames.steps.comm_volume_frame`'s `source`) beside the theory."""
-    which = list(volume["source"]) if "source" in volume else ["measured"] * len(volume)
+    """MiB each device sent + received in the latest step (measured, derived or unlabelled, as its
+    events say: `app.frames.steps.comm_volume_frame`'s `source`, a legend entry for each) beside
+    the theory.
+
+    Raises:
+        ValueError: a `source` that is none of `app.frames.steps.VOLUME_KINDS`."""
+    which = list(volume["source"]) if "source" in volume else [fsteps.UNLABELLED] * len(volume)
     long = pd.DataFrame({
         "device": list(volume["device"]) * 2,
-        "which": which + ["theory"] * len(volume),
+        "which": which + [fsteps.THEORY] * len(volume),
         "mib": list(volume["sent_mib"] + volume["recv_mib"])
         + list(volume["theory_sent_mib"] + volume["theory_recv_mib"])})
-    colours = {"measured": "#1f77b4", "derived (ring all-reduce)": "#9467bd", "theory": "#c7c7c7",
-               fsteps.UNLABELLED: "#ff9896"}
-    kinds = [k for k in colours if k in set(long["which"])]
+    scale = volume_scale(long["which"])
     return alt.Chart(long).mark_bar().encode(
         x=alt.X("mib:Q", title="sent + received per step (MiB)"),
         y=alt.Y("device:N", title="device"),
-        yOffset=alt.YOffset("which:N", sort=kinds),
-        color=alt.Color("which:N", legend=legend("bytes"),
-                        scale=alt.Scale(domain=kinds, range=[colours[k] for k in kinds])),
+        yOffset=alt.YOffset("which:N", sort=scale.domain),
+        color=alt.Color("which:N", legend=legend("bytes"), scale=scale),
         tooltip=[alt.Tooltip("device:N"), alt.Tooltip("which:N"),
                  alt.Tooltip("mib:Q", title="MiB", format=".3f")],
     ).properties(title=title("Bytes moved per device", "latest step, beside the theory"),

@@ -9,6 +9,8 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
+from app.frames import steps as fsteps
+
 WIDTH = "container"
 HEIGHT = 300
 ROW_PX = 42  # one rank/device/run row in the timeline and bar charts
@@ -16,6 +18,8 @@ CHROME_PX = 120  # title, subtitle, x axis and its title
 MAX_POINTS = 5000  # marks one chart may draw per refresh
 STEP_X = alt.X("step:Q", title="optimizer step", axis=alt.Axis(tickMinStep=1, format="d"))
 CATEGORIES = alt.Scale(scheme="tableau10")  # distinct hues for runs and devices
+# one colour per kind of bytes (app.frames.steps.VOLUME_KINDS), the same on Live and Compare
+VOLUME_COLOURS = dict(zip(fsteps.VOLUME_KINDS, ["#1f77b4", "#9467bd", "#d62728", "#ff9896", "#c7c7c7"]))
 PHASE_COLOURS = ["#9467bd", "#8c564b", "#1f77b4", "#e377c2", "#7f7f7f", "#ff7f0e", "#d62728",
                  "#2ca02c"]  # in the order of frames.DP_PHASES
 MODE_COLOURS = alt.Scale(domain=["single", "dp", "ddp", "fsdp"],
@@ -35,3 +39,19 @@ def rows_height(df: pd.DataFrame, column: str, min_rows: int = 2, row_px: int = 
     """Box height (px) for a chart with one band per distinct `column` value."""
     rows = df[column].nunique() if not df.empty else 1
     return CHROME_PX + row_px * max(min_rows, rows)
+
+
+def volume_scale(kinds) -> alt.Scale:
+    """The colour scale of the kinds of bytes present in `kinds` (measured, derived, unlabelled,
+    theory: `app.frames.steps.volume_label`), in `VOLUME_KINDS` order, so each one present has a
+    legend entry and keeps its colour from chart to chart.
+
+    Raises:
+        ValueError: a kind no label names (a chart would draw it without a legend entry).
+    """
+    present = set(kinds)
+    unknown = present - set(fsteps.VOLUME_KINDS)
+    if unknown:
+        raise ValueError(f"bytes kinds must be one of {fsteps.VOLUME_KINDS} (got {sorted(unknown)})")
+    shown = [k for k in fsteps.VOLUME_KINDS if k in present] or fsteps.VOLUME_KINDS
+    return alt.Scale(domain=shown, range=[VOLUME_COLOURS[k] for k in shown])

@@ -7,6 +7,7 @@ import pandas as pd
 
 from app.charts.style import HEIGHT, MODE_COLOURS, WIDTH, legend, title
 
+_MODE_RANGE = dict(zip(MODE_COLOURS.domain, MODE_COLOURS.range))  # the app's colour of each mode
 _WHICH = alt.Scale(domain=["step time", "exposed comm"], range=["#1f77b4", "#d62728"])
 
 
@@ -58,4 +59,45 @@ def bucket_sweep_chart(long: pd.DataFrame) -> alt.Chart:
     ).properties(title=title("Step time vs bucket size",
                              "small buckets: more all-reduce calls (latency); one huge bucket: "
                              "nothing overlaps backward"),
+                 width=WIDTH, height=HEIGHT)
+
+
+def shape_gil_chart(shapes: pd.DataFrame) -> alt.LayerChart:
+    """DDP ÷ DP samples/s against DP's measured GIL share, one labelled point per model shape
+    (`app.frames.sweeps.shape_frame`); dashed: DDP as fast as DP."""
+    x = alt.X("dp_gil_share:Q", title="DP device threads' GIL wait (share of the step, measured)",
+              axis=alt.Axis(format="%"))
+    y = alt.Y("ddp_over_dp:Q", title="DDP ÷ DP throughput (samples/s ratio)")
+    tip = [alt.Tooltip("shape:N", title="width×depth"),
+           alt.Tooltip("dp_gil_share:Q", title="DP GIL wait", format=".1%"),
+           alt.Tooltip("ddp_gil_share:Q", title="DDP GIL wait", format=".1%"),
+           alt.Tooltip("dp_samples_per_s:Q", title="DP samples/s", format=",.0f"),
+           alt.Tooltip("ddp_samples_per_s:Q", title="DDP samples/s", format=",.0f"),
+           alt.Tooltip("ddp_over_dp:Q", title="DDP ÷ DP", format=".2f")]
+    base = alt.Chart(shapes).encode(x=x, y=y, tooltip=tip)
+    points = base.mark_point(size=90, filled=True).encode(
+        color=alt.Color("shape:N", legend=legend("model width×depth"), sort=list(shapes["shape"])))
+    labels = base.mark_text(align="left", dx=8, fontSize=12).encode(text="shape:N")
+    even = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(strokeDash=[5, 4], color="#555").encode(y="y:Q")
+    return alt.layer(even, points, labels).properties(
+        title=title("GIL wait and the DDP ÷ DP gap, per model shape",
+                    "one point per shape: DP's measured GIL wait against DDP ÷ DP samples/s; "
+                    "dashed: DDP as fast as DP"),
+        width=WIDTH, height=HEIGHT)
+
+
+def shape_share_chart(shapes: pd.DataFrame) -> alt.Chart:
+    """Measured GIL share of DP's and DDP's runs per model shape, side by side."""
+    long = shapes.melt(id_vars=["shape"], value_vars=["dp_gil_share", "ddp_gil_share"], var_name="mode",
+                       value_name="share")
+    long["mode"] = long["mode"].map({"dp_gil_share": "dp", "ddp_gil_share": "ddp"})
+    return alt.Chart(long).mark_bar().encode(
+        x=alt.X("shape:N", title="model width×depth", sort=list(shapes["shape"]), axis=alt.Axis(labelAngle=0)),
+        xOffset=alt.XOffset("mode:N"),
+        y=alt.Y("share:Q", title="GIL wait (share of the step, median)", axis=alt.Axis(format="%")),
+        color=alt.Color("mode:N", legend=legend("mode"), sort=["dp", "ddp"],
+                        scale=alt.Scale(domain=["dp", "ddp"], range=[_MODE_RANGE["dp"], _MODE_RANGE["ddp"]])),
+        tooltip=[alt.Tooltip("shape:N"), alt.Tooltip("mode:N"), alt.Tooltip("share:Q", format=".1%")],
+    ).properties(title=title("GIL wait per model shape",
+                             "mean over devices of each run's median share (schedstat, measured)"),
                  width=WIDTH, height=HEIGHT)

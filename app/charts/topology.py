@@ -49,3 +49,21 @@ def topology_chart(nodes: pd.DataFrame, edges: pd.DataFrame, *, heading: str,
     return alt.layer(*layers, dots, names).properties(
         title=title(heading, subtitle), width=SIZE_PX, height=SIZE_PX,
         autosize=alt.AutoSizeParams(type="pad"))  # legends around the square, not inside it
+
+
+def allreduce_time_chart(frame: pd.DataFrame, *, subtitle: str, mark_n: int | None = None) -> alt.LayerChart:
+    """Time of one all-reduce against world size, ring and tree (theory), log2 x axis; a rule
+    at `mark_n` (the chosen world size)."""
+    x = alt.X("world_size:Q", title="world size n (ranks)", scale=alt.Scale(type="log", base=2),
+              axis=alt.Axis(values=sorted(frame["world_size"].unique().tolist()) if not frame.empty else None))
+    lines = alt.Chart(frame).mark_line(point=True).encode(
+        x=x, y=alt.Y("time_ms:Q", title="one all-reduce of P (ms, theory)"),
+        color=alt.Color("model:N", title="all-reduce model", legend=legend("all-reduce model")),
+        tooltip=[alt.Tooltip("world_size:Q", title="n"), alt.Tooltip("model:N"),
+                 alt.Tooltip("time_ms:Q", title="ms", format=".4f")])
+    layers = [lines]
+    if mark_n is not None:
+        layers.append(alt.Chart(pd.DataFrame({"world_size": [mark_n]})).mark_rule(
+            strokeDash=[4, 3], color="#555").encode(x="world_size:Q"))
+    return alt.layer(*layers).properties(
+        title=title("Ring vs tree: time of one all-reduce (theory)", subtitle), width=SIZE_PX, height=260)

@@ -15,7 +15,9 @@ import pandas as pd
 
 from app.frames import base as frames
 from app.frames import steps as fsteps
+from app.frames.steps import THEORY, volume_label
 from engine.analysis import theory_bytes
+from engine.summary import COMM_NOT_MEASURED
 
 MIB = frames.MIB
 
@@ -64,12 +66,10 @@ def view_of(window, label: str) -> RunView:
 
 
 COMPARE_COLUMNS = ["run", "mode", "world_size", "status", "samples_per_s", "speedup_vs_single",
-                   "step_time_ms", "forward_ms", "backward_ms", "comm_exposed_ms", "optimizer_ms",
-                   "overlap", "peak_mib_max", "peak_mib_min", "memory_imbalance",
+                   "step_time_ms", "forward_ms", "backward_ms", "comm_exposed_ms", "comm_exposed_note",
+                   "optimizer_ms", "overlap", "peak_mib_max", "peak_mib_min", "memory_imbalance",
                    "bytes_mib_max", "bytes_source", "theory_mib_max", "replicas_in_sync", "replicas",
                    "final_loss"]
-MEASURED, DERIVED, THEORY = "measured", "derived (ring all-reduce)", "theory"
-DERIVED_FSDP = "derived (collective bytes x wire factor)"  # FSDP's own label (engine.modes.fsdp.collectives)
 
 
 def compare_frame(views: list[RunView]) -> pd.DataFrame:
@@ -77,8 +77,9 @@ def compare_frame(views: list[RunView]) -> pd.DataFrame:
 
     `speedup_vs_single` = samples_per_s / samples_per_s of the set's single run (NaN without one);
     `memory_imbalance` = max / min measured peak memory over the run's devices; `bytes_mib_max`
-    is the busiest device's sent + received MiB per step (`bytes_source`: measured for DP's
-    copies, derived for DDP's ring), `theory_mib_max` the formula's; `replicas` says in words
+    is the busiest device's sent + received MiB per step (`bytes_source`: its `volume_label`,
+    measured for DP's copies, derived for DDP's ring and FSDP's collectives, unlabelled without a
+    source), `theory_mib_max` the formula's; `replicas` says in words
     what the replica check shows (`replica_verdict`).
     """
     rows = [_row(v) for v in views]
@@ -112,6 +113,7 @@ def _row(v: RunView) -> dict[str, Any]:
         "forward_ms": pick("forward_s", "forward_ms"),
         "backward_ms": pick("backward_s", "backward_ms"),
         "comm_exposed_ms": pick("comm_exposed_s", "comm_exposed_ms"),
+        "comm_exposed_note": s.get("comm_exposed_note") or fsteps.unmeasured_parts(steps).get(v.label),
         "optimizer_ms": pick("optimizer_s", "optimizer_ms"),
         "overlap": s.get("overlap") if v.mode in ("ddp", "fsdp") else None,
         "peak_mib_max": peaks["peak_mib"].max() if not peaks.empty else float("nan"),
@@ -143,13 +145,17 @@ def replicas_in_sync(v: RunView) -> bool | None:
 def replica_verdict(v: RunView) -> str:
     """What the replica check shows, in words: DDP compares every rank's parameters after the
     step; DP keeps one master copy on device 0 and rebuilds its replicas every step, checked as
-    built (before forward); a single device has nothing to compare."""
+    they computed (after the step's forward and backward), and names the buffer updates its
+    replicas made and it discarded (`buffers_discarded`); a single device has nothing to compare."""
     if v.mode == "single":
         return "n/a (one device)"
     ok = replicas_in_sync(v)
     said = "—" if ok is None else ("yes" if ok else "NO")
     if v.mode == "dp":
-        return f"rebuilt each step; at forward: {said}"
+        syncs = v.of_type("sync")
+        lost = v.summary.get("buffers_discarded", syncs[-1].get("buffers_discarded") if syncs else None)
+        extra = f"; discards buffer updates made on replicas: {lost} buffer(s)" if lost else ""
+        return f"rebuilt each step; as computed with: {said}{extra}"
     return said
 
 
@@ -194,11 +200,12 @@ def peak_memory_frame(views: list[RunView]) -> pd.DataFrame:
 def bytes_frame(views: list[RunView]) -> pd.DataFrame:
     """Sent + received MiB per device per step, measured or derived, and by formula.
 
-    Columns: run, device, which (`MEASURED`, `DERIVED` or `THEORY`), mib. From the latest
-    `comm_volume` events (or the summary's `bytes_per_device`), labelled by their
-    `volume_source`: DP's are the bytes of the tensors it copied (measured); DDP's are the bytes
-    it handed to all-reduce times the ring factor (derived); FSDP's are the bytes of its
-    all-gathers and reduce-scatters times the backend's wire factor (derived). Theory:
+    Columns: run, device, which (one of `app.frames.steps.VOLUME_KINDS`), mib. From the latest
+    `comm_volume` events (or the summary's `bytes_per_device`), labelled by their own
+    `volume_source` (`app.frames.steps.volume_label`; `UNLABELLED` without one): DP's are the
+    bytes of the tensors it copied (measured); DDP's are the bytes it handed to all-reduce times
+    the ring factor (derived); FSDP's are the bytes of its all-gathers and reduce-scatters times
+    the backend's wire factor (derived). Theory:
     `engine.analysis.theory_bytes` with P = the run's gradient bytes (`run_started.grad_bytes`),
     sent and received each; FSDP: the `theory_sent_bytes` its events carry (3(n−1)/n·P with
     reshard, 2(n−1)/n·P without).
@@ -211,7 +218,7 @@ def bytes_frame(views: list[RunView]) -> pd.DataFrame:
             got = {_where(v, e): e for e in vols if e["step"] == last}
         else:  # summary keys are device names
             got = dict(v.summary.get("bytes_per_device") or {})
-        rows += [{"run": v.label, "device": d, "which": _volume_label(v, e),
+        rows += [{"run": v.label, "device": d, "which": volume_label(e.get("volume_source")),
                   "mib": ((e.get("sent_bytes") or 0) + (e.get("recv_bytes") or 0)) / MIB}
                  for d, e in sorted(got.items())]
         if v.mode == "fsdp" and vols:  # its own formula, carried by its comm_volume events
@@ -223,13 +230,6 @@ def bytes_frame(views: list[RunView]) -> pd.DataFrame:
             rows += [{"run": v.label, "device": _where_index(v, i), "which": THEORY,
                       "mib": 2 * b / MIB} for i, b in sorted(theory.items())]
     return pd.DataFrame(rows, columns=["run", "device", "which", "mib"])
-
-
-def _volume_label(v: RunView, e: dict[str, Any]) -> str:
-    src = e.get("volume_source") or (DERIVED if v.mode == "ddp" else MEASURED)
-    if not src.startswith("derived"):
-        return MEASURED
-    return DERIVED_FSDP if v.mode == "fsdp" else DERIVED
 
 
 def _where(v: RunView, e: dict[str, Any]) -> str:
@@ -287,6 +287,8 @@ def side_by_side(df: pd.DataFrame) -> pd.DataFrame:
     out = {"measure": [t for t, _, _ in TABLE_ROWS]}
     for _, r in df.iterrows():
         out[r["run"]] = [_fmt(r[c], f) for _, c, f in TABLE_ROWS]
+        if r.get("comm_exposed_note"):  # not measured: the reason, never a number
+            out[r["run"]][[c for _, c, _ in TABLE_ROWS].index("comm_exposed_ms")] = COMM_NOT_MEASURED
     return pd.DataFrame(out)
 
 

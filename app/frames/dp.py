@@ -3,6 +3,10 @@
 Input is `app.frames.dp.dp_phase_frame` (ms from the step start). A device is idle where none of its
 phases runs between the step's start and the end of the last phase on any device: in DP that is
 devices 1..N-1 waiting while device 0 broadcasts, reduces and steps alone.
+
+GIL wait (`gil_band_frame`, `gil_share_frame`): the `dp_phase` spans' `gil_wait_s` and the `gil`
+events, measured by the engine (engine.measure.gil: the thread's CPU clock and run-queue wait from
+schedstat); the total wait of a span is known, not where inside it the wait fell.
 """
 
 from __future__ import annotations
@@ -94,9 +98,10 @@ DP_PHASES = ["broadcast", "scatter", "forward", "gather", "loss", "backward", "r
 def dp_phase_frame(events: Iterable[Event], step: int | None = None) -> pd.DataFrame:
     """DP phases of one step (default: the latest complete one), ms from the step start.
 
-    Columns: step, device, phase, order (index in `DP_PHASES`), start_ms, end_ms, dur_ms, nbytes.
+    Columns: step, device, phase, order (index in `DP_PHASES`), start_ms, end_ms, dur_ms, nbytes,
+    gil_wait_ms (the span's measured GIL wait; NaN where not measured).
     """
-    cols = ["step", "device", "phase", "order", "start_ms", "end_ms", "dur_ms", "nbytes"]
+    cols = ["step", "device", "phase", "order", "start_ms", "end_ms", "dur_ms", "nbytes", "gil_wait_ms"]
     events = list(events)
     step = latest_complete_step(events, "dp_phase") if step is None else step
     evs = [e for e in of_type(events, "dp_phase") if e["step"] == step]
@@ -106,6 +111,84 @@ def dp_phase_frame(events: Iterable[Event], step: int | None = None) -> pd.DataF
         "step": e["step"], "device": e.get("device", "?"), "phase": e["phase"],
         "order": DP_PHASES.index(e["phase"]) if e["phase"] in DP_PHASES else len(DP_PHASES),
         "start_ms": e["start_s"] * 1000.0, "end_ms": e["end_s"] * 1000.0,
-        "nbytes": int(e.get("nbytes") or 0)} for e in evs])
+        "nbytes": int(e.get("nbytes") or 0),
+        "gil_wait_ms": e["gil_wait_s"] * 1000.0 if e.get("gil_wait_s") is not None else float("nan")}
+        for e in evs])
     df["dur_ms"] = df["end_ms"] - df["start_ms"]
     return df.sort_values(["device", "start_ms"]).reset_index(drop=True)[cols]
+
+
+GIL_LANE = " · GIL wait"  # suffix of a device's GIL-wait lane on the timeline
+
+
+def gil_band_frame(phases: pd.DataFrame) -> pd.DataFrame:
+    """The GIL-wait band of one step: one row per span with a measured wait > 0.
+
+    Columns: step, device, lane (device + `GIL_LANE`), phase, span_start_ms, span_end_ms,
+    start_ms, end_ms (a bar as long as the wait, from the span's start, never past its end),
+    gil_ms, span_ms, share_pct (of the span).
+    """
+    cols = ["step", "device", "lane", "phase", "span_start_ms", "span_end_ms", "start_ms", "end_ms",
+            "gil_ms", "span_ms", "share_pct"]
+    if phases.empty or "gil_wait_ms" not in phases:
+        return pd.DataFrame(columns=cols)
+    df = phases[phases["gil_wait_ms"].notna()]
+    if df.empty:
+        return pd.DataFrame(columns=cols)
+    out = pd.DataFrame({
+        "step": df["step"], "device": df["device"], "lane": df["device"] + GIL_LANE, "phase": df["phase"],
+        "span_start_ms": df["start_ms"], "span_end_ms": df["end_ms"], "start_ms": df["start_ms"],
+        "end_ms": (df["start_ms"] + df["gil_wait_ms"]).clip(upper=df["end_ms"]),
+        "gil_ms": df["gil_wait_ms"], "span_ms": df["dur_ms"]})
+    out["share_pct"] = [100.0 * g / s if s > 0 else 0.0 for g, s in zip(out["gil_ms"], out["span_ms"])]
+    return out[cols].reset_index(drop=True)
+
+
+def gil_share_frame(events: Iterable[Event], step: int | None = None) -> pd.DataFrame:
+    """Per device, its `gil` events: this step's and the median over every step given.
+
+    Columns: device, step_share (gil_wait_share of `step`, default the latest), step_gil_ms,
+    median_share (over all steps with a measured share), steps (how many), source.
+    Empty when no `gil` event has a measured share (an older run, or a machine without schedstat).
+    """
+    cols = ["device", "step_share", "step_gil_ms", "median_share", "steps", "source"]
+    evs = [e for e in of_type(events, "gil") if e.get("gil_wait_share") is not None]
+    if not evs:
+        return pd.DataFrame(columns=cols)
+    step = max(e["step"] for e in evs) if step is None else step
+    rows = []
+    for device in sorted({e["device"] for e in evs}):
+        mine = [e for e in evs if e["device"] == device]
+        now = next((e for e in mine if e["step"] == step), None)
+        rows.append({"device": device, "step_share": now["gil_wait_share"] if now else float("nan"),
+                     "step_gil_ms": now["gil_wait_s"] * 1000.0 if now else float("nan"),
+                     "median_share": float(pd.Series([e["gil_wait_share"] for e in mine]).median()),
+                     "steps": len(mine), "source": mine[-1].get("source", "")})
+    return pd.DataFrame(rows, columns=cols)
+
+
+THREAD_STATES = (("on_cpu_s", "running (on a CPU)"), ("gil_wait_s", "waiting for the GIL"),
+                 ("runnable_s", "waiting for a CPU (machine load)"),
+                 ("thread_wait_s", "no work handed to it"), ("other_wait_s", "waiting for the all-reduce"))
+
+
+def thread_states_frame(runs: dict[str, Iterable[Event]]) -> pd.DataFrame:
+    """Where each device's threads spent a typical step, per run: the median over the run's `gil`
+    events of each state's seconds (`THREAD_STATES`), measured by `engine.measure.gil`.
+
+    `runs`: run label -> its events. Columns: run, device, state, ms, share (of the states' sum),
+    order. Empty when no run has `gil` events with figures.
+    """
+    rows = []
+    for label, events in runs.items():
+        by_dev: dict[str, list[dict]] = {}
+        for e in events:
+            if e.get("type", "gil") == "gil" and e.get("gil_wait_s") is not None:
+                by_dev.setdefault(e["device"], []).append(e)
+        for dev, evs in sorted(by_dev.items()):
+            med = {k: float(pd.Series([e.get(k) or 0.0 for e in evs]).median()) for k, _ in THREAD_STATES}
+            total = sum(med.values()) or 1.0
+            for order, (k, name) in enumerate(THREAD_STATES):
+                rows.append({"run": label, "device": f"{label} · {dev}", "state": name,
+                             "ms": med[k] * 1e3, "share": med[k] / total, "order": order})
+    return pd.DataFrame(rows, columns=["run", "device", "state", "ms", "share", "order"])

@@ -4,6 +4,7 @@
   reduce-scatter per rank, ms from the step's forward start (measured spans and tensor bytes).
 - `pass_frame`: the same step's forward and backward spans per rank (`step.phase_spans`).
 - `memory_curve_frame`: one rank's within-step memory, long by kind (`fsdp_memory_curve`).
+- `curve_caption`: that curve's highest sampled point beside the step's measured (ledger) peak.
 - `shard_frame`: who holds which slice of a unit when sharded, during the all-gather and during
   the reduce-scatter, sized by the measured shard bytes (the Learn page's third picture).
 """
@@ -15,6 +16,7 @@ from typing import Any, Iterable
 import pandas as pd
 
 from app.frames.base import MIB, of_type
+from app.frames.memory import SOURCE_LABELS
 
 Event = dict[str, Any]
 KINDS = ["all-gather (forward)", "all-gather (backward)", "reduce-scatter"]
@@ -89,6 +91,21 @@ def memory_curve_frame(events: Iterable[Event], rank: int = 0, step: int | None 
              "phase": p["phase"], "kind": k, "mib": p.get(k, 0) / MIB, "rss_mib": p["rss_bytes"] / MIB}
             for p in e["points"] for k in MEMORY_KINDS]
     return pd.DataFrame(rows, columns=cols)
+
+
+def curve_caption(curve: pd.DataFrame, memory_events: Iterable[Event]) -> str:
+    """The caption under the curve by kind: its highest sampled point beside the step's measured
+    peak (the ledger's, from that rank's `memory` event), which the samples can only miss."""
+    step, rank = int(curve["step"].iloc[0]), int(curve["rank"].iloc[0])
+    sampled = curve.groupby("t_ms")["mib"].sum().max()
+    mem = [e for e in memory_events if e.get("step") == step and e.get("rank", 0) == rank]
+    peak = mem[0].get("peak_allocated_bytes") if mem else None
+    source = SOURCE_LABELS.get(mem[0].get("source"), mem[0].get("source")) if mem else None
+    measured = (f"measured peak {peak / MIB:.2f} MiB ({source}, over the whole step: backward and optimizer "
+                f"temporaries included)") if peak is not None else "no measured peak for it"
+    return (f"Step {step}, rank {rank}: {measured}; highest point sampled at FSDP's hooks {sampled:.2f} MiB. "
+            f"The process's resident memory (psutil RSS, includes the PyTorch runtime) reached "
+            f"{curve['rss_mib'].max():.0f} MiB at those points")
 
 
 def shard_frame(events: Iterable[Event], unit: str | None = None) -> pd.DataFrame:

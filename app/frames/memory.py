@@ -1,4 +1,5 @@
-"""Memory events (docs/events.md) -> frames: the within-step curve of a traced step, and peaks.
+"""Memory events (docs/events.md) -> frames: the within-step curve of a traced step, peaks, and
+the timer's readings over the whole run (`memory_over_run_frame`, from `memory_readings` events).
 
 A `memory` event is one device in one traced step; its `curve` holds, per source, points of
 ``[seconds from the step's start, bytes]``. Sources and what they measure:
@@ -18,13 +19,17 @@ import pandas as pd
 from app.frames.base import MIB, of_type
 
 Event = dict[str, Any]
-SOURCE_LABELS = {"tensors": "tensors (live-tensor ledger)", "fsdp_tensors": "tensors (at FSDP's hooks)",
+SOURCE_LABELS = {"tensors": "tensors (live-tensor ledger)",
                  "cuda": "cuda allocator", "nvml": "nvml (whole GPU)", "process": "process RSS (psutil)"}
-DEVICE_SOURCES = ("tensors", "fsdp_tensors", "cuda")  # what one device holds
+DEVICE_SOURCES = ("tensors", "cuda")  # what one device holds
 HOST_SOURCES = ("process", "nvml")  # the whole process / the whole GPU
 SHARED_PROCESS = "all devices (one process)"
+TIMER_NOTES = {"cuda": "torch.cuda.memory_allocated of each GPU", "nvml": "NVML used memory of each whole GPU",
+               "process": "psutil RSS of the process that runs each device (DP's devices share one)"}
 CURVE_COLUMNS = ["run", "step", "device", "source", "source_label", "t_ms", "mib"]
 PEAK_COLUMNS = ["run", "step", "device", "source", "peak_mib", "allocated_mib"]
+RUN_MEMORY_COLUMNS = ["run", "device", "source", "source_label", "t_s", "mib", "lo_mib", "hi_mib",
+                      "readings", "bin_s"]
 
 
 def latest_traced_step(events: Iterable[Event]) -> int | None:
@@ -52,16 +57,10 @@ def memory_curve_frame(events: Iterable[Event], run: str, step: int | None = Non
     step = latest_traced_step(events) if step is None else step
     rows: list[dict[str, Any]] = []
     shared_done = False
-    fsdp = {e.get("device"): e["points"] for e in of_type(events, "fsdp_memory_curve")
-            if e.get("step") == step and e.get("points")}
     for e in of_type(events, "memory"):
         if e.get("step") != step:
             continue
         curve = e.get("curve")
-        if curve is None and e.get("device") in fsdp:  # FSDP: the points sampled at its hooks
-            pts = fsdp[e["device"]]
-            curve = {"fsdp_tensors": [[p["t_s"], p["tensor_bytes"]] for p in pts],
-                     "process": [[p["t_s"], p["rss_bytes"]] for p in pts if p.get("rss_bytes") is not None]}
         if curve is None and e.get("allocated_bytes") is not None:  # a one-off reading, no curve
             curve = {e.get("source", "?"): [[0.0, e["allocated_bytes"]]]}
         for src, pts in (curve or {}).items():
@@ -122,9 +121,35 @@ def memory_phase_frame(events: Iterable[Event], step: int | None) -> pd.DataFram
     e = st[0]
     bwd_at = (e["backward_start_ts"] - e["start_ts"] if e.get("backward_start_ts") and e.get("start_ts")
               else e.get("forward_s", 0.0))
-    bwd_end = bwd_at + e.get("backward_s", 0.0) + e.get("comm_exposed_s", 0.0)
+    bwd_end = bwd_at + e.get("backward_s", 0.0) + (e.get("comm_exposed_s") or 0.0)
     total = e.get("step_time_s", bwd_end)
     spans = [("forward", bwd_at - e.get("forward_s", 0.0), bwd_at), ("backward", bwd_at, bwd_end),
              ("optimizer", total - e.get("optimizer_s", 0.0), total)]
     return pd.DataFrame([{"phase": p, "start_ms": a * 1000.0, "end_ms": b * 1000.0}
                          for p, a, b in spans], columns=cols)
+
+
+def memory_over_run_frame(bins: list[dict[str, Any]], run: str, origin_ts: float | None = None) -> pd.DataFrame:
+    """The memory timer's readings over a whole run, one row per time bin, device and source.
+
+    Args:
+        bins: `app.step_history.ReadingHistory.rows()` (unix s, bytes).
+        run: the run's label.
+        origin_ts: unix s of t = 0 (the run's start); default the first reading.
+
+    Returns:
+        RUN_MEMORY_COLUMNS: t_s (seconds from `origin_ts` to the middle of the bin's readings),
+        mib (their mean), lo_mib / hi_mib (their min and max), readings (how many), bin_s
+        (the bins' width), source_label (`SOURCE_LABELS`), sorted by device, source, time.
+    """
+    if not bins:
+        return pd.DataFrame(columns=RUN_MEMORY_COLUMNS)
+    df = pd.DataFrame(bins)
+    origin = origin_ts if origin_ts is not None else float(df["first_ts"].min())
+    out = pd.DataFrame({
+        "run": run, "device": df["device"], "source": df["source"],
+        "source_label": df["source"].map(lambda s: SOURCE_LABELS.get(s, s)),
+        "t_s": (df["first_ts"] + df["last_ts"]) / 2 - origin,
+        "mib": df["mean_bytes"] / MIB, "lo_mib": df["lo_bytes"] / MIB, "hi_mib": df["hi_bytes"] / MIB,
+        "readings": df["readings"], "bin_s": df["bin_s"]})
+    return out.sort_values(["device", "source", "t_s"]).reset_index(drop=True)[RUN_MEMORY_COLUMNS]

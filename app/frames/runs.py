@@ -9,7 +9,7 @@ import pandas as pd
 
 from engine.stages import where_failed
 
-RUN_COLUMNS = ["run_id", "label", "mode", "model", "world_size", "status", "samples_per_s",
+RUN_COLUMNS = ["run_id", "label", "mode", "model", "source", "world_size", "status", "samples_per_s",
                "note", "created", "pinned"]
 
 
@@ -34,6 +34,16 @@ def no_throughput_reason(run: dict[str, Any]) -> str:
     return f"{status or 'unknown'}: no steps measured"
 
 
+def run_source(run: dict[str, Any]) -> str:
+    """Where a run came from: "launched" (by ddpviz), or "attached · SCRIPT · HOST" for a script run
+    under `ddpviz run` (its `run_started`, kept in the record, names both; docs/events.md)."""
+    cfg, started = run.get("config") or {}, run.get("started") or {}
+    if not (cfg.get("attached") or started.get("attached")):
+        return "launched"
+    script = started.get("script") or " ".join(cfg.get("command") or []) or "?"
+    return " · ".join(p for p in ("attached", script, started.get("hostname") or "") if p)
+
+
 def runs_frame(runs: Iterable[dict[str, Any]]) -> pd.DataFrame:
     """The Runs table: one row per run (newest first), `samples_per_s` from its summary (NaN
     without one, and `note` says why: `no_throughput_reason`).
@@ -46,7 +56,7 @@ def runs_frame(runs: Iterable[dict[str, Any]]) -> pd.DataFrame:
         created = r.get("created_at")
         rows.append({
             "run_id": r["run_id"], "label": r.get("label") or "", "mode": cfg.get("mode"),
-            "model": cfg.get("model"), "world_size": cfg.get("world_size"),
+            "model": cfg.get("model"), "source": run_source(r), "world_size": cfg.get("world_size"),
             "status": r.get("status"), "samples_per_s": summary.get("samples_per_s"),
             "note": no_throughput_reason(r),
             "created": pd.Timestamp.fromtimestamp(created) if created else pd.NaT,

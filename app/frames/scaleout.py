@@ -49,13 +49,21 @@ def measured_frame(rep: Report, single_samples_per_s: float | None) -> pd.DataFr
     return pd.DataFrame(rows, columns=PRED_COLUMNS + ["run_id"])
 
 
+IN_FIT = "in the fit"
+OUT_OF_SAMPLE = "out of sample"
+
+
 def validation_frame(rep: Report) -> pd.DataFrame:
-    """Predicted vs measured per real run: ms, samples/s and the errors in %."""
-    cols = ["run", "mode", "world size", "measured step (ms)", "predicted step (ms)", "step error %",
+    """Predicted vs measured per real run: ms, samples/s, the errors in % (the report's own), and
+    `fit`: `OUT_OF_SAMPLE`, or `IN_FIT` with why (`engine.predict.validation.in_sample`) for a run
+    that fed the fit, whose error tests nothing."""
+    cols = ["run", "mode", "world size", "fit", "measured step (ms)", "predicted step (ms)", "step error %",
             "measured samples/s", "predicted samples/s", "samples/s error %"]
-    rows = [[v["run_id"], v["mode"], v["world_size"], v["measured_step_time_s"] * 1e3,
-             v["predicted_step_time_s"] * 1e3, v["step_time_error_pct"], v["measured_samples_per_s"],
-             v["predicted_samples_per_s"], v["samples_per_s_error_pct"]] for v in rep.get("validation") or []]
+    rows = [[v["run_id"], v["mode"], v["world_size"],
+             f"{IN_FIT} ({v.get('in_fit_reason')})" if v.get("in_fit") else OUT_OF_SAMPLE,
+             v["measured_step_time_s"] * 1e3, v["predicted_step_time_s"] * 1e3, v["step_time_error_pct"],
+             v["measured_samples_per_s"], v["predicted_samples_per_s"], v["samples_per_s_error_pct"]]
+            for v in rep.get("validation") or []]
     return pd.DataFrame(rows, columns=cols)
 
 

@@ -10,7 +10,7 @@ from typing import Iterable
 import pandas as pd
 
 from app.frames.base import Event, mib, of_type
-from engine.summary import run_steps, steady_positions
+from engine.summary import COMM_NOT_MEASURED, run_steps, steady_positions
 
 STEP_COLUMNS = ["run", "step", "samples", "samples_per_s", "samples_per_s_smooth", "step_time_ms",
                 "forward_ms", "backward_ms", "comm_exposed_ms", "optimizer_ms", "loss", "instrument"]
@@ -38,8 +38,8 @@ def steps_frame(events: Iterable[Event], run: str) -> pd.DataFrame:
     out["samples_per_s"] = pd.to_numeric(g["samples_per_s"], errors="coerce")
     out["samples_per_s_smooth"] = out["samples_per_s"].rolling(SMOOTH_STEPS, min_periods=1).median()
     out["step_time_ms"] = g["step_time_s"] * 1000.0
-    for col, src in _STEP_PARTS.items():
-        out[col] = g[src] * 1000.0
+    for col, src in _STEP_PARTS.items():  # None (not measured: FSDP's exposed comm on CUDA) -> NaN
+        out[col] = pd.to_numeric(g[src], errors="coerce") * 1000.0
     out["loss"] = pd.to_numeric(g["loss"], errors="coerce")
     out["instrument"] = g["instrument"].astype(bool)
     return out[STEP_COLUMNS]
@@ -59,7 +59,8 @@ def steady_steps(steps: pd.DataFrame) -> pd.DataFrame:
 def split_frame(steps: pd.DataFrame) -> pd.DataFrame:
     """Median step-time split per run over its steady steps (`steady_steps`): columns run, part,
     ms, order. `steps` is `steps_frame` output (one or several runs). `other` is the step time the
-    four parts do not cover (data loading, synchronisation), clipped at 0.
+    four parts do not cover (data loading, synchronisation), clipped at 0. A part a run did not
+    measure (FSDP's exposed comm on CUDA) has no row, never a number: `unmeasured_parts` names it.
     """
     cols = ["run", "part", "ms", "order"]
     if steps.empty:
@@ -68,10 +69,19 @@ def split_frame(steps: pd.DataFrame) -> pd.DataFrame:
     for run, df in steady_steps(steps).groupby("run", sort=False):
         med = df.median(numeric_only=True)
         parts = [med["forward_ms"], med["backward_ms"], med["comm_exposed_ms"], med["optimizer_ms"]]
-        parts.append(max(0.0, med["step_time_ms"] - sum(parts)))
+        parts.append(max(0.0, med["step_time_ms"] - sum(v for v in parts if v == v)))
         rows += [{"run": run, "part": p, "ms": float(v), "order": i}
-                 for i, (p, v) in enumerate(zip(SPLIT_PARTS, parts))]
+                 for i, (p, v) in enumerate(zip(SPLIT_PARTS, parts)) if v == v]
     return pd.DataFrame(rows, columns=cols)
+
+
+def unmeasured_parts(steps: pd.DataFrame) -> dict[str, str]:
+    """run -> why a part of its split is missing: `engine.summary.COMM_NOT_MEASURED` for a run
+    whose steady steps have no exposed comm (FSDP on CUDA); runs with every part measured absent."""
+    if steps.empty:
+        return {}
+    return {run: f"exposed comm {COMM_NOT_MEASURED}" for run, df in steady_steps(steps).groupby("run", sort=False)
+            if df["comm_exposed_ms"].isna().all()}
 
 
 def eval_frame(events: Iterable[Event], run: str) -> pd.DataFrame:
@@ -82,15 +92,30 @@ def eval_frame(events: Iterable[Event], run: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
+# What a volume of bytes is, named from the `volume_source` its `comm_volume` event carries (the
+# text before the first colon; engine.modes.dp / ddp / fsdp write it), never from the run's mode.
+MEASURED = "measured"  # DP: the bytes of the tensors copied
+DERIVED = "derived (ring all-reduce)"  # DDP: bytes handed to all-reduce x 2(n-1)/n
+DERIVED_FSDP = "derived (collective bytes x wire factor)"  # FSDP (engine.modes.fsdp.collectives)
 UNLABELLED = "unlabelled (older run)"  # comm_volume events written before `volume_source`
+THEORY = "theory"  # a formula (engine.analysis.theory_bytes, FSDP's theory_sent_bytes)
+VOLUME_KINDS = [MEASURED, DERIVED, DERIVED_FSDP, UNLABELLED, THEORY]
+
+
+def volume_label(volume_source: str | None) -> str:
+    """The label of a volume of bytes from its event's `volume_source` alone: the text before the
+    first colon ("measured: bytes of the tensors torch.nn.parallel copied" -> `MEASURED`), and
+    `UNLABELLED` when the source is missing: a number whose source is unknown is not called
+    measured."""
+    return volume_source.split(":")[0] if volume_source else UNLABELLED
 
 
 def comm_volume_frame(events: Iterable[Event]) -> pd.DataFrame:
     """Bytes each device sent/received in the latest step, beside the theory, in MiB.
 
-    `source` is the event's `volume_source` up to its first colon: "measured" (DP: the bytes of
-    the tensors copied), "derived (ring all-reduce)" (DDP: bytes handed to all-reduce × 2(n−1)/n)
-    or "derived (collective bytes x wire factor)" (FSDP)."""
+    `source` is `volume_label` of the event's `volume_source`: "measured" (DP: the bytes of the
+    tensors copied), "derived (ring all-reduce)" (DDP: bytes handed to all-reduce × 2(n−1)/n),
+    "derived (collective bytes x wire factor)" (FSDP), or `UNLABELLED` when the event has none."""
     cols = ["device", "sent_mib", "recv_mib", "theory_sent_mib", "theory_recv_mib", "source"]
     evs = of_type(events, "comm_volume")
     if not evs:
@@ -98,6 +123,6 @@ def comm_volume_frame(events: Iterable[Event]) -> pd.DataFrame:
     last = max(e["step"] for e in evs)
     rows = [{"device": e.get("device", "?"),
              **{c: mib(e.get(c.replace("_mib", "_bytes"))) for c in cols[1:-1]},
-             "source": (e.get("volume_source") or UNLABELLED).split(":")[0]}
+             "source": volume_label(e.get("volume_source"))}
             for e in evs if e["step"] == last]
     return pd.DataFrame(rows, columns=cols).sort_values("device").reset_index(drop=True)

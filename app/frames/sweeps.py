@@ -5,6 +5,9 @@ queued or running appear in the status table only.
 
 Scaling efficiency of a run on n devices: ``samples_per_s(n) / (n · samples_per_s(single))`` —
 1.0 is linear scaling; the single run is 1.0 at n = 1 by definition.
+
+Shape sweeps (`shape_frame`): per model shape, DDP's samples/s ÷ DP's and each run's GIL share
+(the mean over its devices of the summary's `gil_wait_share`, measured by the engine).
 """
 
 from __future__ import annotations
@@ -13,8 +16,11 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from workers.sweeps import parse_shape  # one parser for the form and the sweep
+
 SWEEP_COLUMNS = ["run_id", "label", "mode", "world_size", "bucket_cap_mb", "overlap", "status",
-                 "samples_per_s", "step_time_ms", "comm_exposed_ms", "overlap_frac"]
+                 "samples_per_s", "step_time_ms", "comm_exposed_ms", "overlap_frac", "width", "depth",
+                 "gil_wait_share"]
 
 
 def sweep_frame(runs: Iterable[dict[str, Any]]) -> pd.DataFrame:
@@ -29,8 +35,37 @@ def sweep_frame(runs: Iterable[dict[str, Any]]) -> pd.DataFrame:
             "bucket_cap_mb": cfg.get("bucket_cap_mb"), "overlap": cfg.get("overlap"),
             "status": r.get("status"), "samples_per_s": s.get("samples_per_s"),
             "step_time_ms": _ms(s.get("step_time_s")),
-            "comm_exposed_ms": _ms(s.get("comm_exposed_s")), "overlap_frac": s.get("overlap")})
+            "comm_exposed_ms": _ms(s.get("comm_exposed_s")), "overlap_frac": s.get("overlap"),
+            "width": cfg.get("width"), "depth": cfg.get("depth"),
+            "gil_wait_share": mean_share(s.get("gil_wait_share"))})
     return pd.DataFrame(rows, columns=SWEEP_COLUMNS)
+
+
+def mean_share(by_device: dict[str, float | None] | None) -> float | None:
+    """Mean of a summary's per-device `gil_wait_share` (devices not measured left out)."""
+    vals = [v for v in (by_device or {}).values() if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def shape_frame(sweep: pd.DataFrame) -> pd.DataFrame:
+    """Per model shape with a finished DP and DDP run: columns shape ("W×D"), width, depth,
+    dp_samples_per_s, ddp_samples_per_s, ddp_over_dp (DDP ÷ DP samples/s), dp_gil_share,
+    ddp_gil_share; ordered by DP's GIL share."""
+    cols = ["shape", "width", "depth", "dp_samples_per_s", "ddp_samples_per_s", "ddp_over_dp",
+            "dp_gil_share", "ddp_gil_share"]
+    done = sweep.dropna(subset=["samples_per_s", "width", "depth"])
+    rows = []
+    for (w, d), df in done.groupby(["width", "depth"]):
+        by = {m: df[df["mode"] == m].iloc[-1] for m in ("dp", "ddp") if (df["mode"] == m).any()}
+        if len(by) < 2:
+            continue
+        dp, ddp = by["dp"], by["ddp"]
+        rows.append({"shape": f"{int(w)}×{int(d)}", "width": int(w), "depth": int(d),
+                     "dp_samples_per_s": dp["samples_per_s"], "ddp_samples_per_s": ddp["samples_per_s"],
+                     "ddp_over_dp": ddp["samples_per_s"] / dp["samples_per_s"] if dp["samples_per_s"] else None,
+                     "dp_gil_share": dp["gil_wait_share"], "ddp_gil_share": ddp["gil_wait_share"]})
+    out = pd.DataFrame(rows, columns=cols)
+    return out.sort_values("dp_gil_share", na_position="first").reset_index(drop=True)
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -78,7 +113,9 @@ def parse_values(text: str, kind: str) -> list[Any]:
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
-        if kind == "world_size":
+        if kind == "shape":
+            out.append(parse_shape(part))
+        elif kind == "world_size":
             if not part.isdigit() or int(part) < 1:
                 raise ValueError(f"world sizes are whole numbers >= 1 (got {part!r})")
             out.append(int(part))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import explain, runsets
+from app import explain, panels, runsets
 from app.charts import compare as charts_compare
 from app.charts import steps as charts
 from app.connection import require_client
@@ -56,6 +56,8 @@ def launch_trio(client) -> None:
 
 def body(windows, labels) -> None:
     """Everything below the picker; redrawn each tick while a run is going."""
+    with verdict_slot.container():
+        panels.show_verdict(windows, labels)
     views = [view_of(w, labels[rid]) for rid, w in windows.items()]
     table = compare_frame(views)
     headline(table)
@@ -64,9 +66,6 @@ def body(windows, labels) -> None:
         st.altair_chart(charts_compare.peak_memory_chart(peaks), key="cmp_memory")
     rows = side_by_side(table)
     st.dataframe(rows, hide_index=True, key="compare_table", height=36 * (len(rows) + 1) + 4)
-    why = explain.why_dp_ahead(table)
-    if why:
-        st.info(why, icon=":material/help:")
     if any((w.started or {}).get("emulated") for w in windows.values()):
         st.caption(explain.EMULATION_NOTE)
     curves = curves_frame(views)
@@ -90,9 +89,12 @@ def body(windows, labels) -> None:
     st.caption("P = gradient bytes. Bytes: DP's are measured (the tensors device 0 copied); DDP's "
                "are the bucket bytes it handed to all-reduce (measured) times the ring factor "
                "2(n−1)/n (derived); FSDP's are its all-gather and reduce-scatter bytes (measured) "
-               "times the backend's wire factor (derived). Replicas in sync: DDP compares every "
+               "times the backend's wire factor (derived); each bar is labelled by the source its own "
+               "events give, \"unlabelled\" where an older run's give none. Replicas in sync: DDP compares every "
                "rank's parameter checksum after the step; DP keeps one copy on device 0, rebuilds "
-               "its replicas from it every step and checks them as they start the forward; a single "
+               "its replicas from it every step and checks them after they computed the step (they can "
+               "differ only by a write after the copy), and names the buffer updates its replicas made "
+               "that it discards; a single "
                "device has nothing to compare, nor has FSDP (each rank holds its own shard).")
     buffers = buffers_frame(views)
     if not buffers.empty:
@@ -115,6 +117,7 @@ def headline(table) -> None:
 
 
 st.title("Compare")
+verdict_slot = st.empty()  # the DP vs DDP verdict, first under the title, filled once the set is read
 st.caption("Same config, same seed: one device vs DataParallel vs DistributedDataParallel vs fully "
            "sharded data parallel (FSDP2). Headline: the peak memory of each run's busiest device.")
 client = require_client()

@@ -3,7 +3,9 @@
 Every step device 0 broadcasts the weights, scatters the inputs, gathers the outputs, computes
 the loss, reduces the gradients and steps the optimizer; devices 1..N-1 only run forward and
 backward on their replica and wait the rest of the time. The idle gaps are drawn, and each
-device's idle share written beside its lane.
+device's idle share written beside its lane. Under each device, the time its threads waited for the
+GIL in each phase (measured by the engine from the threads' scheduler figures), and a caption with
+each device's GIL share of the step.
 """
 
 from __future__ import annotations
@@ -41,8 +43,12 @@ def one_run(w, label: str, step: int) -> None:
         st.info(f"{label}: no phases recorded for step {step}.", icon=":material/info:")
         return
     summary = fd.idle_summary(phases)
-    st.altair_chart(dp_timeline(phases, fd.idle_frame(phases), summary, run=label),
+    st.altair_chart(dp_timeline(phases, fd.idle_frame(phases), summary, run=label,
+                                gil=fd.gil_band_frame(phases)),
                     key=f"dp_tl_{w.run_id}")
+    gil = fd.gil_share_frame(w.of_type("gil"), step)
+    if not gil.empty:
+        st.caption(gil_caption(gil, step))
     workers = summary[summary["device"] != summary["device"].min()]
     if not workers.empty:
         st.caption(f"Devices other than device 0 are idle {workers['idle_pct'].mean():.0f}% of "
@@ -53,6 +59,15 @@ def one_run(w, label: str, step: int) -> None:
     totals = fd.phase_totals(w.of_type("dp_phase"), fd.dp_steps(w.of_type("dp_phase")))
     if not totals.empty:
         st.altair_chart(phase_totals_chart(totals, run=label), key=f"dp_totals_{w.run_id}")
+
+
+def gil_caption(gil, step: int) -> str:
+    """'Waited for the GIL: cpu:0 38% of step 20 (median 14% over 30 steps), ...' from
+    `app.frames.dp.gil_share_frame`."""
+    parts = [f"{r.device} {'–' if r.step_share != r.step_share else f'{r.step_share:.0%}'} of step {step} "
+             f"(median {r.median_share:.0%} over {r.steps} steps)" for r in gil.itertuples()]
+    return ("Device threads waited for the GIL: " + "; ".join(parts) + ". Measured: blocked time "
+            "(wall − on-CPU − run-queue wait, from each thread's schedstat) inside the phases it ran.")
 
 
 def body(windows, labels) -> None:

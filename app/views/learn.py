@@ -2,7 +2,8 @@
 measured on its copies, DDP's derived from the bytes it all-reduced, FSDP's from its collectives).
 
 DataParallel is a star around device 0; DistributedDataParallel's all-reduce is a ring (each
-drawing uses the `comm_volume` events of the run's latest step); FSDP shards every unit, gathers
+drawing uses the `comm_volume` events of the run's latest step), drawn again beside NCCL's tree
+at a chosen world size (theory, scaled from the run's gradient bytes); FSDP shards every unit, gathers
 it and scatters its gradients (drawn from the run's `fsdp_collective` events).
 """
 
@@ -10,12 +11,13 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import explain, runsets
+from app import explain, panels, runsets
+from app.charts.dp import thread_states_chart
 from app.charts.topology import topology_chart
 from app.connection import require_client
 from app.frames import buckets as frames_buckets
 from app.frames import topology as ftop
-from app.frames.compare import compare_frame, view_of
+from app.frames.dp import thread_states_frame
 
 STAR_TEXT = """
 **DataParallel: a star.** One process drives every device from threads. Each step device 0
@@ -65,6 +67,71 @@ def shards_section(fsdp, labels) -> None:
                    "its all-gather and reduce-scatter carried (measured).")
 
 
+THEORY_SIZES = [2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
+TREE_TEXT = """
+**Beside the ring: the tree.** NCCL also all-reduces over binary trees: the data is reduced up
+a tree to its root and broadcast back down, in chunks that follow each other. A chunk crosses
+⌈log2 n⌉ links each way instead of the ring's n−1 hops, so the latency term grows with log2 n;
+NCCL runs two trees at once (each rank a leaf in one, inside the other), each carrying half the
+data, so every rank still moves about 2·P, the ring's 2(n−1)/n·P to first order. Below, the three
+patterns at a world size you choose, with the bytes on each link worked out from this run's
+gradient bytes P by each pattern's formula: **theory**, not a measurement.
+"""
+
+
+def theory_section(windows, labels) -> None:
+    """Star, ring and tree at a chosen n, scaled from one run's gradient bytes (theory)."""
+    from app.charts.topology import allreduce_time_chart
+    from engine.predict.step_models import ALLREDUCE_MODELS, NCCL_ALGO_NOTE
+
+    run = next(((rid, w) for rid, w in windows.items() if (w.started or {}).get("grad_bytes")), None)
+    if run is None:
+        return
+    rid, w = run
+    p_bytes, ws = float(w.started["grad_bytes"]), int(w.started.get("world_size") or 2)
+    st.markdown(TREE_TEXT)
+    default = 8 if ws == 2 or ws not in THEORY_SIZES else ws
+    n = st.select_slider("world size n of the drawings (theory)", THEORY_SIZES, value=default, key="learn_theory_n")
+    drawn = [("star (DP)", *ftop.theory_star(n, p_bytes)), ("ring (DDP)", *ftop.theory_ring(n, p_bytes)),
+             ("tree (one of NCCL's two)", *ftop.theory_tree(n, p_bytes))]
+    top = max(float(e["mib"].max()) for _, _, e in drawn if not e.empty)
+    steps = ftop.latency_steps(n)
+    subs = {"star (DP)": f"2·P per link per step; device 0 makes {steps['star']} copies in turn",
+            "ring (DDP)": f"2(n−1)/n·P per link; {steps['ring']} steps in sequence (latency ∝ n−1)",
+            "tree (one of NCCL's two)": f"P per link (half up, half down); {steps['tree']} steps (∝ log2 n)"}
+    for col, (kind, nodes, edges) in zip(st.columns(3), drawn):
+        with col:
+            st.altair_chart(topology_chart(nodes, edges, heading=f"{kind}, n = {n} (theory)",
+                                           subtitle=subs[kind], max_mib=top, arrows=kind.startswith("ring")),
+                            key=f"learn_theory_{kind.split()[0]}")
+    st.caption(f"P = {p_bytes / 2**20:.3f} MiB: the gradient bytes of {labels[rid]}'s model. "
+               + ftop.THEORY_NOTE + ". " + NCCL_ALGO_NOTE)
+    fit = next((e.get("fit") for w2 in windows.values() for e in w2.of_type("allreduce_probe") if e.get("fit")), None)
+    if fit and fit.get("beta_bytes_per_s"):
+        frame = ftop.allreduce_time_frame(p_bytes, fit["alpha_s"], fit["beta_bytes_per_s"], THEORY_SIZES,
+                                          ALLREDUCE_MODELS)
+        st.altair_chart(allreduce_time_chart(
+            frame, mark_n=n,
+            subtitle=f"α = {fit['alpha_s'] * 1e6:.3g} µs, β = {fit['beta_bytes_per_s'] / 1e9:.3g} GB/s "
+                     "fitted on this set's all-reduce probe (measured); the models are theory"),
+            key="learn_theory_time")
+
+
+def lock_section(windows, labels) -> None:
+    """The GIL, from the runs' own `gil` events: DP's device threads beside DDP's ranks."""
+    runs = {labels[rid]: w.of_type("gil") for rid, w in windows.items() if w.mode in ("dp", "ddp")}
+    states = thread_states_frame(runs)
+    if states.empty:
+        return
+    st.subheader("The lock: DP's threads share one GIL, DDP's ranks each have their own")
+    st.altair_chart(thread_states_chart(states), key="learn_lock")
+    st.caption("Measured per thread from its CPU clock and the kernel's run-queue wait "
+               "(/proc/self/task/<tid>/schedstat): a thread that has Python work but is neither "
+               "running nor waiting for a CPU is waiting for a lock, in DP the GIL its sibling "
+               "threads hold. Wide layers spend their time in kernels that release the GIL, so the "
+               "red part is small there; narrow, deep models (Sweeps → shape) make it large.")
+
+
 def body(windows, labels) -> None:
     dp = [(rid, w) for rid, w in windows.items() if w.mode == "dp"]
     ddp = [(rid, w) for rid, w in windows.items() if w.mode == "ddp"]
@@ -91,14 +158,15 @@ def body(windows, labels) -> None:
             st.altair_chart(topology_chart(nodes, edges, heading=heading, subtitle=sub,
                                            max_mib=top, arrows=kind == "ring"),
                             key=f"learn_{kind}")
+    lock_section(windows, labels)
+    if drawn:
+        theory_section(windows, labels)
     fsdp = [(rid, w) for rid, w in windows.items() if w.mode == "fsdp"]
     if fsdp:
         shards_section(fsdp, labels)
     if not drawn and not fsdp:
         st.info("Pick a set with a DP, a DDP or an FSDP run.", icon=":material/info:")
-    why = explain.why_dp_ahead(compare_frame([view_of(w, labels[rid]) for rid, w in windows.items()]))
-    if why:
-        st.info(why, icon=":material/help:")
+    panels.show_verdict(windows, labels)
     if any((w.started or {}).get("emulated") for w in windows.values()):
         st.caption(explain.EMULATION_NOTE)
 

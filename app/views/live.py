@@ -116,6 +116,7 @@ st.session_state["live_polling"] = live
 every = REFRESH_S if live else None
 args = (client, windows, labels)
 
+st.fragment(panels.verdict_panel, run_every=every)(*args)  # first under the title
 st.fragment(status_fragment, run_every=STATUS_REFRESH_S if live else None)(*args)
 left, right = st.columns([3, 2])
 with left:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from app import panels, runsets
 from app.connection import require_client
 from app.exports import export_files
 from app.frames import runs as fruns
@@ -47,6 +48,8 @@ def runs_table(df) -> list[str]:
             "samples_per_s": st.column_config.NumberColumn("samples/s", format="%.0f",
                                                            help="median over steps after warm-up"),
             "note": st.column_config.TextColumn("note", help="why a run has no samples/s"),
+            "source": st.column_config.TextColumn("source", help="launched by ddpviz, or attached: "
+                                                  "a script run under `ddpviz run` (its file and host)"),
             "created": st.column_config.DatetimeColumn("created", format="YYYY-MM-DD HH:mm:ss"),
             "pinned": st.column_config.CheckboxColumn("pinned", width="small",
                                                       help="kept whatever the retention policy"),
@@ -120,6 +123,23 @@ def actions(client, status: dict[str, str], selected: list[str],
             st.rerun()
 
 
+def newest_pair_ids(runs: list[dict]) -> list[str]:
+    """The newest DP and DDP runs launched together (one group), else the newest of each mode."""
+    by_group: dict[str, dict[str, str]] = {}
+    for r in runs:  # newest first
+        mode = (r.get("config") or {}).get("mode")
+        if mode in ("dp", "ddp") and r.get("group"):
+            by_group.setdefault(r["group"], {}).setdefault(mode, r["run_id"])
+            if len(by_group[r["group"]]) == 2:
+                return [by_group[r["group"]]["dp"], by_group[r["group"]]["ddp"]]
+    newest: dict[str, str] = {}
+    for r in runs:
+        mode = (r.get("config") or {}).get("mode")
+        if mode in ("dp", "ddp"):
+            newest.setdefault(mode, r["run_id"])
+    return [newest["dp"], newest["ddp"]] if len(newest) == 2 else []
+
+
 def downloads(client, run_id: str) -> None:
     """JSONL, CSV and Chrome-trace downloads of one run (files made on click)."""
     st.markdown(f"**Export `{run_id}`**")
@@ -140,6 +160,11 @@ if not runs:
     st.page_link("views/launch.py", label="Launch a run", icon=":material/rocket_launch:")
     st.stop()
 retention_note(client)
+pair_ids = newest_pair_ids(runs)
+if pair_ids:
+    pair_windows = runsets.windows_for(pair_ids)
+    panels.refresh(client, pair_windows)
+    panels.show_verdict(pair_windows, runsets.unique_labels([r for r in runs if r["run_id"] in pair_ids]))
 shown = filters(fruns.runs_frame(runs))
 selected = runs_table(shown)
 actions(client, {r["run_id"]: r.get("status") for r in runs}, selected,

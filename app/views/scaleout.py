@@ -4,7 +4,8 @@ Pick a finished DP or DDP run (its set's other mode and single baseline are used
 a compute preset and the world sizes; the page draws predicted samples/s and scaling efficiency
 for DP and DDP with the measured runs of the same config on top, the predicted bucket timeline
 at one world size, and device 0's bytes in DP against a DDP rank's as n grows. Predicted vs
-measured, with the error in %, is always shown for every world size that has real runs. The
+measured, with the error in %, is shown for every real run of the same config on the same
+hardware, the runs that fed the fit marked, and the error on the others with their count. The
 numbers are `workers.scaleout.report`'s, the same `ddpviz predict --json` prints.
 """
 
@@ -18,7 +19,9 @@ from app.frames import base as frames
 from app.frames import scaleout as fso
 from app.outage import guarded
 from engine.predict.presets import AS_MEASURED, COMPUTES, DEFAULT_UTILISATION, LINKS, THIS_MACHINE
+from engine.predict.step_models import NCCL_ALGO_NOTE
 from workers.scaleout import report, scenario_from
+from workers.scaleout_text import out_of_sample_line
 
 CUSTOM = "custom"
 WORLD_SIZES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
@@ -98,6 +101,11 @@ def compute_controls() -> dict:
             format_func=lambda k: "n−1 copies through device 0" if k == "hub" else "NCCL, pipelined",
             help="torch's DataParallel uses NCCL broadcast/reduce on GPUs when NCCL is there "
                  "(torch/csrc/cuda/comm.cpp); the CPU emulation copies through device 0.")
+    out["allreduce_algo"] = st.radio(
+        "DDP's all-reduce model", ["ring", "tree"], horizontal=True, key="so_algo",
+        format_func=lambda k: "ring: latency 2(n−1)·α" if k == "ring" else "tree: latency 2·⌈log2 n⌉·α",
+        help="Theory: both move 2(n−1)/n·bytes per rank to first order; they differ in latency. "
+             + NCCL_ALGO_NOTE)
     return out
 
 
@@ -107,7 +115,8 @@ def scenario_label(rep: dict) -> str:
         LINKS[sc["link"]].label.split(" (")[0] if sc["link"] in LINKS else "your α/β"
     comp = "measured compute" if sc["compute"] == AS_MEASURED else \
         f"ASSUMED {COMPUTES[sc['compute']].label} at {sc['utilisation']:.0%} of peak"
-    return f"{link}, {comp}"
+    algo = f", {sc['allreduce_algo']} all-reduce (theory)" if sc.get("allreduce_algo", "ring") != "ring" else ""
+    return f"{link}, {comp}{algo}"
 
 
 @guarded
@@ -154,8 +163,10 @@ def body(client, run_id: str, kwargs: dict, world_sizes: list[int]) -> None:
 
 def validation_table(rep: dict) -> None:
     st.markdown("**Predicted vs measured on this machine** (this machine's link, measured compute; "
-                "every finished run of the same config)")
+                "every finished run of the same config on the same hardware)")
     table = fso.validation_frame(rep)
+    st.markdown(f"**{out_of_sample_line(rep)}**. A run that fed the fit (marked \"{fso.IN_FIT}\") "
+                "comes back by construction: its error tests nothing.")
     if table.empty:
         st.caption("No finished DP or DDP run of this config yet: launch a world-size sweep on the "
                    "Sweeps page to check the prediction.")
@@ -171,7 +182,8 @@ def validation_table(rep: dict) -> None:
 
 st.title("Scale-out")
 st.caption("What would this run do on 8 GPUs, over PCIe or NVLink, or on 2 hosts? A prediction "
-           "calibrated on the run you measured, with its error on every real run shown below it.")
+           "calibrated on the run you measured; below it, its error on the real runs that fed nothing "
+           "into the fit.")
 client = require_client()
 run_id = pick_run(client)
 if run_id is None:

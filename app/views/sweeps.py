@@ -1,7 +1,8 @@
 """Sweeps: one click launches a grid of runs; the charts show how they scale.
 
 World sizes × modes (plus a single-device baseline) give scaling efficiency vs world size;
-bucket_cap_mb values give step time vs bucket size. Runs go through the queue like any other
+bucket_cap_mb values give step time vs bucket size; model shapes (width × depth) give DP's
+measured GIL wait beside the DDP ÷ DP throughput ratio. Runs go through the queue like any other
 (`workers.sweeps.submit_sweep`, one group per sweep); the charts fill in as runs finish.
 """
 
@@ -20,8 +21,10 @@ from workers.sweeps import list_sweeps, submit_sweep, sweep_kind, sweep_runs
 REFRESH_S = 2.0
 RUNS_SCANNED = 500  # newest runs searched for sweeps
 KINDS = {"world_size": "world sizes × modes (scaling efficiency)",
-         "bucket_cap_mb": "bucket_cap_mb values (step time vs bucket size)"}
-DEFAULT_VALUES = {"world_size": "1, 2", "bucket_cap_mb": "0.01, 0.1, 1, 25"}
+         "bucket_cap_mb": "bucket_cap_mb values (step time vs bucket size)",
+         "shape": "model shapes, width×depth (GIL wait vs DDP ÷ DP)"}
+DEFAULT_VALUES = {"world_size": "1, 2", "bucket_cap_mb": "0.01, 0.1, 1, 25",
+                  "shape": "16x16, 64x8, 256x4, 1024x2"}
 ACTIVE = ("queued", "started")
 
 
@@ -31,12 +34,13 @@ def launch_form(client) -> None:
     with st.form("sweep_launch"):
         text = st.text_input("values (comma-separated)", value=DEFAULT_VALUES[kind],
                              key=f"sweep_values_{kind}",
-                             help="world sizes: whole numbers; bucket caps: MiB")
-        swept = {"world_size": "world_size", "bucket_cap_mb": "bucket_cap_mb"}[kind]
+                             help="world sizes: whole numbers; bucket caps: MiB; shapes: WIDTHxDEPTH")
+        swept = {"world_size": ("world_size",), "bucket_cap_mb": ("bucket_cap_mb",),
+                 "shape": ("width", "depth")}[kind]
         values = quick_fields("swp", [f for f in ("model", "dataset", "width", "depth",
                                                   "global_batch_size", "steps", "world_size",
                                                   "bucket_cap_mb", "step_delay_s")
-                                      if f != swept],
+                                      if f not in swept],
                               columns=4, overrides={"steps": 30, "step_delay_s": 0.0})
         go = st.form_submit_button("Launch sweep", type="primary", key="sweep_launch")
     if go:
@@ -82,6 +86,21 @@ def results(client, sweep_id: str) -> None:
                                 key="sweep_eff")
             with right:
                 st.altair_chart(cs.throughput_vs_world_chart(eff), key="sweep_tput")
+    elif kind == "shape":
+        shapes = fs.shape_frame(df)
+        if shapes.empty:
+            st.info("Waiting for a shape's DP and DDP runs to finish…", icon=":material/hourglass_empty:")
+        else:
+            left, right = st.columns(2)
+            with left:
+                st.altair_chart(cs.shape_gil_chart(shapes.dropna(subset=["dp_gil_share", "ddp_over_dp"])),
+                                key="sweep_shape_gil")
+            with right:
+                st.altair_chart(cs.shape_share_chart(shapes), key="sweep_shape_share")
+            st.caption("GIL wait: the time DP's device threads (DDP: each rank's training thread) were "
+                       "blocked inside their phases, neither running nor waiting for a CPU — measured "
+                       "from each thread's CPU clock and schedstat run-queue wait; the median over "
+                       "steady steps, averaged over devices.")
     else:
         long = fs.bucket_sweep_frame(df)
         if long.empty:

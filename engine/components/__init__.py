@@ -5,4 +5,5 @@
     preflight   checks on the model and data before any rank process starts
     devices     which devices a run uses (`DevicePlan`), checked before any process starts
     faults      fault injection: one rank or device thread fails (or diverges) at a chosen step
+    lifetime    a process that dies with its parent (prctl PR_SET_PDEATHSIG): fork server, ranks, work-horse
 """

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from engine.config import RunConfig
+from engine.config import RunConfig, dp_cuda_fault_error
 
 
 class PreflightError(ValueError):
@@ -47,7 +47,8 @@ def resolve_plan(cfg: RunConfig) -> DevicePlan:
     """Pick devices and backend for `cfg`.
 
     Raises:
-        PreflightError: CUDA asked for but missing, fewer GPUs than `world_size`, or NCCL on CPU.
+        PreflightError: CUDA asked for but missing, fewer GPUs than `world_size`, NCCL on CPU, or
+            a fault under DP on CUDA (`engine.config.dp_cuda_fault_error`).
     """
     n = 1 if cfg.mode == "single" else cfg.world_size // cfg.nnodes  # devices on this host
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -60,6 +61,8 @@ def resolve_plan(cfg: RunConfig) -> DevicePlan:
         backend = cfg.backend if cfg.backend != "auto" else ("nccl" if kind == "cuda" else "gloo")
         if backend == "nccl" and kind != "cuda":
             raise PreflightError("backend", "backend 'nccl' needs CUDA devices; use 'gloo' on CPU")
+    if kind == "cuda" and (msg := dp_cuda_fault_error(cfg)):
+        raise PreflightError("fault", msg)
     if kind == "cuda":
         names = [f"cuda:{i}" for i in range(n)]
         infos = [dict(name=torch.cuda.get_device_name(i), kind="cuda",

@@ -29,10 +29,24 @@ def mode_report(result: RunResult, single: RunResult | None) -> dict[str, Any]:
     return dict(status=result.status, error=result.error, samples_per_s=sps,
                 speedup_vs_single=(sps / base) if sps and base else None,
                 step_time_split={k: s.get(k) for k in SPLIT},
+                comm_exposed_note=s.get("comm_exposed_note"),  # why comm_exposed_s is null, if it is
                 peak_memory_bytes=s.get("peak_memory_bytes"), memory_imbalance=s.get("memory_imbalance"),
                 bytes_per_device=s.get("bytes_per_device"), overlap=s.get("overlap"),
                 replicas_in_sync=s.get("replicas_in_sync"), max_param_diff_vs_single=diff,
-                val_accuracy=s.get("val_accuracy"), final_loss=s.get("final_loss"))
+                val_accuracy=s.get("val_accuracy"), final_loss=s.get("final_loss"),
+                gil_wait_share=s.get("gil_wait_share"), gil_wait_s=s.get("gil_wait_s"),
+                gil_source=s.get("gil_source"), dp_phase_s=s.get("dp_phase_s"))
+
+
+def report_verdict(report: dict[str, dict[str, Any]]):
+    """`engine.verdict.verdict` of a comparison's DP and DDP entries (None without both)."""
+    from engine.verdict import verdict
+
+    def flat(mode: str) -> dict[str, Any] | None:
+        r = report.get(mode)
+        return None if r is None else {**r, **(r.get("step_time_split") or {})}
+
+    return verdict(flat("dp"), flat("ddp"))
 
 
 def mode_config(cfg: RunConfig, mode: str) -> RunConfig:

@@ -177,18 +177,19 @@ def _shared_setup(rank: int, world: int, init_file: str, cuda: bool) -> dict[str
 def _shared_step(r: dict[str, Any], rank: int, step: int, cuda: bool) -> dict[str, Any]:
     """One step; its buckets (seconds from backward start) and this rank's memory."""
     from engine.components.training import loss_fn
-    from engine.measure.memory import cuda_event, tensor_bytes
+    from engine.measure.memory import cuda_event
 
     idx = r["plan"].rank_indices(step, rank)
     loss = loss_fn(r["ddp"](r["ds"].x_train[idx].to(r["dev"])), r["ds"].y_train[idx].to(r["dev"]))
     r["rec"].begin_backward()
     loss.backward()
-    held = tensor_bytes([*r["model"].parameters(), *(p.grad for p in r["model"].parameters())])
     r["opt"].step()
     r["opt"].zero_grad(set_to_none=True)
     if cuda:
         torch.cuda.synchronize(0)
-    memory = cuda_event(r["dev"]) if cuda else dict(allocated_bytes=held, reserved_bytes=held, source="tensors")
+    # on CPU nothing here measures memory (a sum of parameter and gradient sizes would be a formula)
+    memory = cuda_event(r["dev"]) if cuda else dict(allocated_bytes=None, reserved_bytes=None,
+                                                    source="not measured: the harness reads the CUDA allocator")
     return dict(buckets=r["rec"].resolved(), memory=memory)
 
 
@@ -222,7 +223,7 @@ def shared_gpu_ddp(world: int = 2, steps: int = 4, device_kind: str = "cuda") ->
 
     ddpviz's own DDP path maps rank r to cuda:r (engine/modes/ddp/rank.py) and refuses world_size > GPUs
     (engine/components/devices.py), so this drives its comm hook and memory reader directly.
-    `device_kind="cpu"` runs the same harness on CPU (host-clock buckets, tensor bytes), for tests.
+    `device_kind="cpu"` runs the same harness on CPU (host-clock buckets; memory not measured), for tests.
     """
     from engine.modes.ranks import start_rank_processes
 

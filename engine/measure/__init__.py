@@ -3,8 +3,10 @@
     telemetry       events with the run's identity and a monotonic clock
     clocks          host and CUDA-event clocks for marks inside a step
     memory          readings cheap enough for a timer: process RSS, the CUDA allocator, NVML
-    memory_sampler  the timer (>= 10 readings/s per device) and the traced steps
+    memory_timer    the timer: every device read 20 times a second, readings published as taken
+    memory_sampler  the timer's readings and the traced steps: `memory` events
     ledger          the live-tensor ledger: bytes of every storage alive, per device and kind
     sync            checksums that tell whether copies of a model agree
     turns           turn-taking between jobs, so their step times are measured side by side
+    gil             the GIL meter: a thread's lock wait from its CPU clock and schedstat run-queue wait
 """

@@ -27,7 +27,7 @@ from collections import defaultdict
 from typing import Any, Iterable, Iterator
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_map_only
 
 from engine.measure.telemetry import now
@@ -35,7 +35,8 @@ from engine.measure.telemetry import now
 # Kinds a storage is filed under. Existing tensors carry their role; new ones the phase that made
 # them (DP names its phases; DDP/single learn forward and backward from hooks, see `kind_for_new`).
 KINDS = ("params", "buffers", "grads", "optimizer_state", "bucket_buffers", "inputs", "activations",
-         "backward", "loss", "gathered_outputs", "grad_copies", "optimizer", "other")
+         "backward", "loss", "gathered_outputs", "grad_copies", "optimizer", "unsharded_params",
+         "comm_buffers", "other")
 
 
 class TensorLedger:
@@ -129,9 +130,9 @@ class TensorLedger:
             return
         if self.device_type == "cuda" and t.device.type != "cuda":
             return
-        if t.layout == torch.sparse_coo:  # a sparse COO tensor: its indices and values hold the bytes
-            self.add(t._indices(), kind, device)
-            self.add(t._values(), kind, device)
+        if t.layout == torch.sparse_coo or is_traceable_wrapper_subclass(t):
+            for part in _dense_parts([t]):  # sparse: indices and values; DTensor: its local shard
+                self.add(part, kind, device)
             return
         try:
             st = t.untyped_storage()
@@ -186,6 +187,31 @@ class TensorLedger:
                     if not pk[old]:
                         del pk[old]
                 self._entries[key] = (dev, kind, nbytes, ref, born)
+
+    def resized(self, tensors: Iterable[torch.Tensor | None], kind: str) -> None:
+        """Re-read the bytes of `tensors`' storages after an in-place `UntypedStorage.resize_`,
+        which no aten op shows: FSDP2 frees each unit's gathered parameters by resizing their
+        storage to 0 and re-allocates it the same way (`FSDPParam.free_unsharded_param`,
+        `alloc_all_gather_outputs`, torch/distributed/fsdp/_fully_shard/_fsdp_param.py). A storage
+        not counted yet is counted as `kind` once it holds bytes; one resized to 0 stays known at
+        0 bytes, so its next re-allocation is counted again."""
+        for t in _dense_parts(tensors):
+            if not self.active:
+                return
+            st = t.untyped_storage()
+            key, nbytes = id(st), st.nbytes()
+            with self._lock:
+                entry = self._entries.get(key)
+                if entry is None:
+                    if nbytes == 0:
+                        continue
+                    ref = weakref.ref(st, lambda _r, key=key: self._free(key))
+                    self._entries[key] = (self.device, kind, nbytes, ref, now())
+                    self._change(self.device, kind, nbytes)
+                elif entry[2] != nbytes:
+                    dev, old_kind, old_bytes, ref, born = entry
+                    self._entries[key] = (dev, old_kind, nbytes, ref, now() if nbytes else born)
+                    self._change(dev, old_kind, nbytes - old_bytes)
 
     def kind_of(self, t: torch.Tensor) -> str | None:
         """The kind `t`'s storage is counted as, or None when it is not counted."""
@@ -245,11 +271,20 @@ class LedgerMode(TorchDispatchMode):
 
 
 def _dense_parts(tensors: Iterable[torch.Tensor | None]) -> list[torch.Tensor]:
-    """`tensors` without None, a sparse COO tensor replaced by its indices and values."""
+    """`tensors` without None, a sparse COO tensor replaced by its indices and values, a wrapper
+    subclass (a DTensor: FSDP2's sharded parameters, their gradients and optimizer state) by the
+    plain tensors it holds (`__tensor_flatten__`; a DTensor's local shard)."""
     out: list[torch.Tensor] = []
     for t in tensors:
-        if t is not None:
-            out += [t._indices(), t._values()] if t.layout == torch.sparse_coo else [t]
+        if t is None:
+            continue
+        if t.layout == torch.sparse_coo:
+            out += [t._indices(), t._values()]
+        elif is_traceable_wrapper_subclass(t):
+            names, _ = t.__tensor_flatten__()
+            out += _dense_parts(v for v in (getattr(t, n) for n in names) if isinstance(v, torch.Tensor))
+        else:
+            out.append(t)
     return out
 
 

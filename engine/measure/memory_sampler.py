@@ -2,10 +2,11 @@
 
 Two measurements, both of the run itself:
 
-- **The timer** (a daemon thread, every `SAMPLE_INTERVAL_S`) reads the cheap counters of every
-  device: process RSS (psutil; `process`), the CUDA caching allocator (`cuda`), NVML's used
-  memory of the same GPU by UUID (`nvml`), and the live-tensor ledger while a step is traced
-  (`tensors`). It also reads them at the start and end of every traced step.
+- **The timer** (`engine.measure.memory_timer`, a daemon thread, every `SAMPLE_INTERVAL_S`) reads
+  the cheap counters of every device: process RSS (psutil; `process`), the CUDA caching allocator
+  (`cuda`), NVML's used memory of the same GPU by UUID (`nvml`), and the live-tensor ledger while a
+  step is traced (`tensors`), and publishes them as they are taken (`memory_readings` events, at
+  most every half second). It also reads them at the start and end of every traced step.
 - **Traced steps** (`should_trace_memory`: steps 0-2, every 50th or sparser (at most
   `TRACE_STEPS_PER_RUN` more), and the last) run inside a `LedgerMode`, so the ledger knows the
   bytes of every tensor storage each device holds at every moment of the step, by kind. On CUDA
@@ -21,9 +22,6 @@ rate and what happened between traced steps are in the record too. Field by fiel
 from __future__ import annotations
 
 import contextlib
-import threading
-from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
@@ -31,17 +29,16 @@ import torch.nn as nn
 
 from engine.config import RunConfig
 from engine.measure.ledger import LedgerMode, TensorLedger
-from engine.measure.memory import NvmlReader, cuda_allocator, optimizer_state_tensors, process_rss_bytes
+from engine.measure.memory import NvmlReader, cuda_allocator, optimizer_state_tensors
+from engine.measure.memory_timer import SAMPLE_INTERVAL_S, DeviceProbe, MemoryTimer  # noqa: F401 (re-exported)
 from engine.measure.telemetry import Telemetry, now, wall_ts
 
-SAMPLE_INTERVAL_S = 0.05  # timer period: 20 readings per second per device
 TRACE_STEPS_PER_RUN = 20  # traced steps spread over a run, besides steps 0-2 and the last
 # At least this many steps between two traced steps: a traced step costs ~3x an untraced one
 # (the ledger sees every tensor op), so at 1 in 50 the run's median step is not moved by them
 # (measured: 1 in 7 at 150 steps moved the median 11%, the overhead bench's figure; README).
 TRACE_MIN_GAP_STEPS = 50
 CURVE_POINTS = 240  # most points one source's curve keeps in one event (min and max per bin)
-_RECENT_READINGS = 4096  # timer readings kept per device (~200 s at 20 Hz)
 
 Existing = Callable[[], Iterable[tuple[int, str, Iterable[torch.Tensor | None]]]]
 
@@ -52,26 +49,6 @@ def should_trace_memory(step: int, steps: int) -> bool:
     on every rank, so their curves compare. At most ~20 mid-run traced steps, never 2 within 50."""
     gap = max(TRACE_MIN_GAP_STEPS, steps // TRACE_STEPS_PER_RUN)
     return step < 3 or step == steps - 1 or step % gap == 0
-
-
-@dataclass
-class DeviceProbe:
-    """One device the sampler reports.
-
-    Attributes:
-        name: the event's `device` ("cpu:1", "cuda:0").
-        ledger_index: this device's index in the ledger (None: no ledger figures).
-        cuda_index: CUDA ordinal for allocator and NVML readings (None on CPU).
-        process_shared: the process's RSS covers other devices too (DP's virtual devices).
-    """
-
-    name: str
-    ledger_index: int | None = 0
-    cuda_index: int | None = None
-    process_shared: bool = False
-    readings: deque = field(default_factory=lambda: deque(maxlen=_RECENT_READINGS))
-    window_count: int = 0
-    window_peak: dict[str, int] = field(default_factory=dict)
 
 
 class MemorySampler:
@@ -89,7 +66,8 @@ class MemorySampler:
             just run (perf_counter seconds); default: forward, backward and optimizer placed
             from the step's own measured durations (`step_phases`).
         nvml: NVML reader (CUDA only).
-        interval_s: timer period, seconds.
+        interval_s: timer period, seconds (`engine.measure.memory_timer.MemoryTimer`, which also
+            publishes every reading as `memory_readings` events).
 
     Use `wrap(train_step)` as the step function, and `close()` when the run ends.
     """
@@ -102,50 +80,24 @@ class MemorySampler:
         self.tel, self.devices, self.steps, self.ledger = tel, devices, steps, ledger
         self.existing, self.hooks, self.interval_s, self.phases_of = existing, hooks, interval_s, phases_of
         self._last_fields: dict[str, Any] = {}
-        self.nvml = nvml if nvml is not None else (NvmlReader() if _uses_cuda(devices) else None)
-        self._lock = threading.Lock()
         self._window_start = now()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="ddpviz-memory-sampler", daemon=True)
-        self._thread.start()
+        self.timer = MemoryTimer(tel, devices, nvml=nvml, interval_s=interval_s, extra=self._ledger_reading)
+        self._lock = self.timer.lock
 
-    # ---- the timer -------------------------------------------------------------------------------
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.tick()
-
-    def read(self, probe: DeviceProbe, rss: int | None) -> dict[str, int]:
-        """One reading of every source this device has, bytes by source."""
-        out: dict[str, int] = {}
-        if rss is not None:
-            out["process"] = rss
-        if probe.cuda_index is not None:
-            out["cuda"] = int(torch.cuda.memory_allocated(probe.cuda_index))
-            used = self.nvml.used_bytes(probe.cuda_index) if self.nvml else None
-            if used is not None:
-                out["nvml"] = used
+    # ---- the timer (engine.measure.memory_timer) ---------------------------------------------------
+    def _ledger_reading(self, probe: DeviceProbe) -> dict[str, int]:
         led = self.ledger
         if led is not None and led.active and probe.ledger_index is not None:
-            out["tensors"] = led.totals[probe.ledger_index]
-        return out
+            return {"tensors": led.totals[probe.ledger_index]}
+        return {}
 
     def tick(self) -> float:
         """Read every device now (the timer calls this; so does each traced step's start and end)."""
-        t = now()
-        rss = process_rss_bytes()
-        with self._lock:
-            for p in self.devices:
-                r = self.read(p, rss)
-                p.readings.append((t, r))
-                p.window_count += 1
-                for src, b in r.items():
-                    p.window_peak[src] = max(p.window_peak.get(src, 0), b)
-        return t
+        return self.timer.tick()
 
     def close(self) -> None:
-        """Stop the timer thread."""
-        self._stop.set()
-        self._thread.join(timeout=2)
+        """Stop the timer thread and publish its last readings."""
+        self.timer.close()
 
     # ---- traced steps ----------------------------------------------------------------------------
     def wrap(self, train_step: Callable[[int], dict[str, Any]]) -> Callable[[int], dict[str, Any]]:
@@ -251,7 +203,7 @@ def step_phases(fields: dict[str, Any], origin_ts: float) -> list[tuple[str, flo
     bwd = fields.get("backward_start_ts", fields["start_ts"] + fields.get("forward_s", 0.0)) - origin_ts
     end = at + fields.get("step_time_s", 0.0)
     return [("forward", bwd - fields.get("forward_s", 0.0), bwd),
-            ("backward", bwd, bwd + fields.get("backward_s", 0.0) + fields.get("comm_exposed_s", 0.0)),
+            ("backward", bwd, bwd + fields.get("backward_s", 0.0) + (fields.get("comm_exposed_s") or 0.0)),
             ("optimizer", end - fields.get("optimizer_s", 0.0), end)]
 
 
@@ -271,10 +223,6 @@ def downsample(points: list, max_points: int) -> list[list[float]]:
         chosen[j] = (lo if pts[lo][1] <= b else k, hi if pts[hi][1] >= b else k)
     keep = sorted({0, len(pts) - 1} | {k for pair in chosen.values() for k in pair})
     return [pts[k] for k in keep]
-
-
-def _uses_cuda(devices: list[DeviceProbe]) -> bool:
-    return any(p.cuda_index is not None for p in devices)
 
 
 @contextlib.contextmanager

@@ -41,9 +41,10 @@ def wall_ts(perf_t: float) -> float:
 
 
 def step_fields(*, loss: float, samples: int, step_time_s: float, forward_s: float,
-                backward_s: float, comm_exposed_s: float, optimizer_s: float, start: float,
+                backward_s: float, comm_exposed_s: float | None, optimizer_s: float, start: float,
                 **extra: Any) -> dict[str, Any]:
-    """The `step` event's measures; samples_per_s = samples / step_time_s.
+    """The `step` event's measures; samples_per_s = samples / step_time_s. `comm_exposed_s` is
+    None where the mode cannot measure it (FSDP on CUDA), never a stand-in number.
 
     `start` is the step's `now()` reading; it is reported as `start_ts` (unix seconds).
     """

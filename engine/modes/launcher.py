@@ -27,7 +27,7 @@ import torch
 from engine.components.devices import DevicePlan
 from engine.components.loop import Canceled
 from engine.config import RunConfig
-from engine.events import JsonlTail
+from engine.events import JsonlTail, loss_event
 from engine.modes.ranks import prepare_fork_server
 
 # How often rank event files are read and should_stop is polled: one hop of an event's way to
@@ -90,13 +90,24 @@ class _Follower(threading.Thread):
 
     def kill_ranks(self) -> None:
         """SIGKILL every rank that has started and was not killed yet (each pid once, so a
-        pid the OS hands out again later is never hit)."""
-        for info in _local_infos(self.workdir, self.nproc).values():
+        pid the OS hands out again later is never hit).
+
+        While some rank has not started yet, the elastic agent may be blocked in the fork server
+        (`_launch` waits for the pid of a fork the server makes only once its preloads, torch
+        among them, are imported: tens of seconds on a busy machine), so the server is killed
+        too: the agent's wait ends with an error at once, and ranks already forked die with the
+        server (their PR_SET_PDEATHSIG). multiprocessing starts a new server for the next run
+        (`ForkServer.ensure_running` relaunches a dead one).
+        """
+        infos = _local_infos(self.workdir, self.nproc)
+        for info in infos.values():
             pid = int(info["pid"])
             if pid not in self.killed:
                 self.killed.add(pid)
                 with contextlib.suppress(Exception):
                     os.kill(pid, signal.SIGKILL)
+        if len(infos) < self.nproc:
+            kill_fork_server()
 
     def run(self) -> None:
         while not self.done.wait(FOLLOW_INTERVAL_S):
@@ -115,7 +126,38 @@ class _Follower(threading.Thread):
             t.close()
 
 
+def kill_fork_server() -> bool:
+    """SIGKILL this process's rank fork server if it runs; returns whether one was signalled.
+
+    Reads multiprocessing's private `forkserver._forkserver._forkserver_pid` (CPython 3.8-3.13);
+    where that is missing, nothing happens and the caller's other means of stopping remain.
+    """
+    from multiprocessing import forkserver
+
+    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+    if not pid:
+        return False
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+        return True
+    return False
+
+
 RankFollower = _Follower  # the bench drives the real forwarding path with stand-in ranks
+
+
+def report_lost(workdir: Path, nproc: int, out, run_id: str) -> int:
+    """Emit, for each local rank that left `local<L>.lost.json` (`engine.modes.ranks.write_lost`),
+    the `log` event its own file could not carry (`engine.events.loss_event`); returns the events
+    lost in all."""
+    total = 0
+    for r in range(nproc):
+        with contextlib.suppress(OSError, ValueError):
+            lost = json.loads((workdir / f"local{r}.lost.json").read_text())
+            out.emit(loss_event(lost["events_lost"], lost.get("error"), run_id,
+                                rank=lost.get("rank")))
+            total += int(lost["events_lost"])
+    return total
 
 
 def _local_infos(workdir: Path, nproc: int) -> dict[int, dict]:
@@ -234,6 +276,7 @@ def launch_ranks(cfg: RunConfig, plan: DevicePlan, out, run_id: str,
     except Exception as exc:  # ChildFailedError, or the agent's own (rendezvous) errors
         failure = exc
     follower.finish()
+    report_lost(workdir, nproc, out, run_id)
     if follower.canceled:
         raise Canceled("canceled: every rank process was stopped")
     if failure is not None:

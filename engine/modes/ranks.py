@@ -8,6 +8,7 @@ hands each the same arguments; `run_rank` is the one bootstrap both modes share:
   `local<L>.jsonl` events (batched; the launcher forwards them), and on failure
   `local<L>.error.json` ({rank, step, host, exception, traceback}), written to a temporary name
   and renamed into place, so the launcher, which polls for it, never reads it half-written;
+  `local<L>.lost.json` when events were lost and the event file could not say so (`write_lost`);
 - closes the event sink and destroys the process group however the training ends.
 
 `init_rank` is the shared start of the training itself: the device of this local rank, CPU threads
@@ -24,11 +25,9 @@ environment (`run_rank`'s `env`: CUDA_VISIBLE_DEVICES of a lease, the run's id, 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import multiprocessing
 import os
-import signal
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
@@ -47,11 +46,11 @@ import torch.distributed as dist
 # SIGABRT) while the other ranks still finalize. tests/engine/test_rank_teardown.py checks it.
 import torch.distributed.nn.functional  # noqa: F401,E402  (isort: keep after torch.distributed)
 
+from engine.components.lifetime import PARENT_ENV, die_with_parent
 from engine.components.training import cpu_threads_per_rank
 from engine.config import RunConfig
 from engine.events import EventSink, rank_sink
 
-PR_SET_PDEATHSIG = 1  # prctl(2)
 START_METHOD = "forkserver"  # how the launcher starts rank processes (see the module docstring)
 # imported once by the fork server, before it forks any rank (names that fail to import are skipped)
 FORK_SERVER_PRELOAD = ("engine.modes.fork_server", "torch", "torch.distributed", "torch._dynamo",
@@ -73,12 +72,6 @@ class RankEnv:
     def device_name(self) -> str:
         """The name events carry: ``cuda:<local_rank>`` on GPUs, ``cpu:<rank>`` on CPU."""
         return f"cuda:{self.local_rank}" if self.device.type == "cuda" else f"cpu:{self.rank}"
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent (the launcher) dies (prctl PDEATHSIG)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def rank_device(device_kind: str, local_rank: int) -> torch.device:
@@ -116,6 +109,7 @@ def prepare_fork_server() -> str:
     Call it before the first rank of this process starts (later calls change nothing: the server,
     once running, keeps its imports).
     """
+    os.environ[PARENT_ENV] = str(os.getpid())  # read by engine.modes.fork_server as it starts
     multiprocessing.set_forkserver_preload(list(FORK_SERVER_PRELOAD))
     return START_METHOD
 
@@ -169,6 +163,9 @@ def run_rank(train: TrainRank, cfg_dict: dict, run_id: str, workdir: str, backen
         raise
     finally:
         sink.close()
+        if sink.unreported_lost:  # the event file failed to the end: say so beside it
+            write_lost(wd, local, dict(rank=rank, events_lost=sink.unreported_lost,
+                                       error=f"{type(sink.last_error).__name__}: {sink.last_error}"))
         if dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
@@ -181,6 +178,19 @@ _AGENT_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RA
 def _from_agent(name: str) -> bool:
     """A variable torch's elastic agent sets for each rank (torch/distributed/elastic/agent)."""
     return name in _AGENT_VARS or name.startswith(("TORCHELASTIC_", "TORCH_NCCL_", "NCCL_"))
+
+
+def write_lost(workdir: Path, local_rank: int, lost: dict) -> None:
+    """`local<L>.lost.json` ({rank, events_lost, error}): events this rank could not write to its
+    event file and could not report there either; the launcher turns it into a `log` event
+    (`engine.modes.launcher`). Best effort: a disk that refuses this too leaves only the rank's
+    stderr."""
+    try:
+        tmp = workdir / f"local{local_rank}.lost.json.tmp"
+        tmp.write_text(json.dumps(lost))
+        os.replace(tmp, workdir / f"local{local_rank}.lost.json")
+    except OSError as exc:
+        print(f"ddpviz rank {lost.get('rank')}: {lost.get('events_lost')} events lost ({exc})", flush=True)
 
 
 def write_error(workdir: Path, local_rank: int, error: dict) -> None:

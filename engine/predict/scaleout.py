@@ -59,11 +59,15 @@ from engine.predict.step_models import (
     dp_step,
     hub_copies_s,
     pipelined_copies_s,
+    ALLREDUCE_MODELS,
+    allreduce_s,
     ring_allreduce_s,
     time_share,
 )
+from engine.predict.validation import in_sample, out_of_sample, validate  # re-exported
 
 __all__ = ["Scenario", "predict", "predict_ddp", "predict_dp", "fixed_fraction", "contention", "validate",
+           "in_sample", "out_of_sample",
            "cpu_threads", "time_share",
            "bucket_pipeline"]
 OPTIMIZER_STREAMS = {"sgd": 3, "adamw": 7}  # tensors of P bytes read or written per step
@@ -84,6 +88,8 @@ class Scenario:
             NCCL do) or "nccl" (torch's broadcast_coalesced / reduce_add over NCCL, pipelined).
         contention: κ ≥ 1, how much slower a DDP rank's work runs beside the other ranks of its
             CPU host than the same work alone (`contention`; 1: none known).
+        allreduce_algo: DDP's all-reduce model, "ring" or "tree" (`step_models.ALLREDUCE_MODELS`:
+            the same bandwidth term, latency 2(n−1)·α or 2·⌈log2 n⌉·α); theory either way.
     """
 
     link: LinkPreset | None = None
@@ -94,6 +100,7 @@ class Scenario:
     fixed_fraction: float = 0.0
     dp_collectives: str = "hub"
     contention: float = 1.0
+    allreduce_algo: str = "ring"
 
     def describe(self) -> dict[str, Any]:
         return dict(link=self.link.key if self.link else THIS_MACHINE,
@@ -102,7 +109,7 @@ class Scenario:
                     compute=self.compute.key if self.compute else AS_MEASURED,
                     utilisation=self.utilisation if self.compute else None,
                     fixed_fraction=self.fixed_fraction, dp_collectives=self.dp_collectives,
-                    contention=self.contention)
+                    contention=self.contention, allreduce_algo=self.allreduce_algo)
 
 
 def check_scenario(sc: Scenario) -> None:
@@ -117,6 +124,8 @@ def check_scenario(sc: Scenario) -> None:
         raise ValueError(f"contention must be a finite number >= 1 (got {sc.contention})")
     if sc.dp_collectives not in ("hub", "nccl"):
         raise ValueError(f"dp_collectives must be 'hub' or 'nccl' (got {sc.dp_collectives!r})")
+    if sc.allreduce_algo not in ALLREDUCE_MODELS:
+        raise ValueError(f"allreduce_algo must be one of {sorted(ALLREDUCE_MODELS)} (got {sc.allreduce_algo!r})")
 
 
 # -- compute --------------------------------------------------------------------------------
@@ -174,7 +183,7 @@ def ring_link(r: RunInputs, n: int, sc: Scenario) -> tuple[float, float, str]:
             raise ValueError(f"inter_link: world size {n} spans {hosts_for(n, sc)} hosts of "
                              f"{sc.devices_per_host}; name the network between them")
         alpha, beta = max(alpha, net.alpha_s), min(beta, net.beta_bytes_per_s)
-        what = f"flat ring over {what} and {net.label}"
+        what = f"flat {sc.allreduce_algo} over {what} and {net.label}"
     return alpha, beta, what
 
 
@@ -234,13 +243,15 @@ def in_run_factor(r: RunInputs, sc: Scenario) -> float:
 
 
 def _bucket_comm(r: RunInputs, n: int, sc: Scenario, alpha: float, beta: float):
-    """A bucket's all-reduce time at n. On a preset: the ring model. On this machine: the ring
-    model with the fitted α, β, × the in-run factor c (`in_run_factor`: the run's own exposed
-    comm is reproduced at n_m) × the host factor (gloo's all-reduce is CPU work)."""
+    """A bucket's all-reduce time at n. On a preset: the ring (or tree, `Scenario.allreduce_algo`)
+    model. On this machine: that model with the fitted α, β, × the in-run factor c
+    (`in_run_factor`, found with the ring the run's gloo used: the run's own exposed comm is
+    reproduced at n_m) × the host factor (gloo's all-reduce is CPU work)."""
+    algo = sc.allreduce_algo
     if sc.link is not None or n == 1:
-        return lambda nb: ring_allreduce_s(nb, n, alpha, beta)
+        return lambda nb: allreduce_s(algo, nb, n, alpha, beta)
     scale = in_run_factor(r, Scenario()) * host_factor(r, n, sc)
-    return lambda nb: ring_allreduce_s(nb, n, alpha, beta) * scale
+    return lambda nb: allreduce_s(algo, nb, n, alpha, beta) * scale
 
 
 def predict_ddp(r: RunInputs, n: int, sc: Scenario) -> dict[str, Any]:
@@ -359,30 +370,3 @@ def predict(inputs: dict[str, RunInputs], world_sizes: list[int], sc: Scenario) 
             p["efficiency"] = p["samples_per_s"] / (n * one["samples_per_s"])
             rows.append(p)
     return rows
-
-
-def validate(predicted: list[dict[str, Any]], measured: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Predicted against measured, per measured run.
-
-    Args:
-        predicted: `predict` rows.
-        measured: ``{run_id, mode, world_size, step_time_s, samples_per_s}`` per real run.
-
-    Returns:
-        ``{run_id, mode, world_size, measured_step_time_s, predicted_step_time_s,
-        step_time_error_pct, measured_samples_per_s, predicted_samples_per_s,
-        samples_per_s_error_pct}`` with error = (predicted − measured) / measured · 100.
-    """
-    by = {(p["mode"], p["world_size"]): p for p in predicted}
-    out = []
-    for m in measured:
-        p = by.get((m["mode"], m["world_size"]))
-        if p is None or not m.get("step_time_s") or not m.get("samples_per_s"):
-            continue
-        out.append(dict(run_id=m["run_id"], mode=m["mode"], world_size=m["world_size"],
-                        measured_step_time_s=m["step_time_s"], predicted_step_time_s=p["step_time_s"],
-                        step_time_error_pct=100 * (p["step_time_s"] - m["step_time_s"]) / m["step_time_s"],
-                        measured_samples_per_s=m["samples_per_s"], predicted_samples_per_s=p["samples_per_s"],
-                        samples_per_s_error_pct=100 * (p["samples_per_s"] - m["samples_per_s"]) / m["samples_per_s"]))
-    return out
-

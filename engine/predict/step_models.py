@@ -12,6 +12,8 @@ gloo runs two at a time (its process group's two worker threads), sharing the li
 work is the same either way, and the last all-reduce of a busy period ends when the work is
 done whatever the order it is served in (a work-conserving server), so the exposed time is the
 one-stream model's.
+The tree (`tree_allreduce_s`) is the alternative NCCL also runs: the same bandwidth term to first
+order, latency 2·⌈log2 n⌉·α instead of 2(n−1)·α (`NCCL_ALGO_NOTE` says when NCCL uses which).
 Exposed communication is what ends after backward's compute: last end − backward (the engine's
 `comm_exposed_s`).
 
@@ -22,6 +24,7 @@ run in threads and the phase lasts as long as the slowest replica plus the threa
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 
@@ -40,6 +43,54 @@ def ring_allreduce_s(nbytes: float, n: int, alpha_s: float, beta_bytes_per_s: fl
     if n == 1:
         return 0.0
     return 2 * (n - 1) * alpha_s + 2 * (n - 1) / n * nbytes / beta_bytes_per_s
+
+
+def tree_allreduce_s(nbytes: float, n: int, alpha_s: float, beta_bytes_per_s: float) -> float:
+    """Tree all-reduce time of `nbytes` over `n` ranks: 2·⌈log2 n⌉·α + 2(n−1)/n · nbytes/β (s).
+    Theory, as `ring_allreduce_s` is.
+
+    A reduce up a binary tree and a broadcast down it, pipelined in chunks: the first chunk
+    crosses ⌈log2 n⌉ levels each way, so the latency term grows with log2 n where the ring's
+    grows with n − 1. NCCL runs two binary trees at once, each rank interior in one and a leaf in
+    the other, each tree carrying half the data; a rank then sends and receives 2·nbytes, the
+    ring's 2(n−1)/n·nbytes to first order in n, so the bandwidth term is the ring's (S. Jeaugey,
+    "Massively Scale Your Deep Learning Training with NCCL 2.4", NVIDIA developer blog, 2019;
+    nccl-tests doc/PERFORMANCE.md: all-reduce busbw = algbw · 2(n−1)/n whatever the algorithm).
+    0 for n = 1.
+
+    Raises:
+        ValueError: n < 1 or beta <= 0.
+    """
+    if n < 1:
+        raise ValueError(f"world_size must be >= 1 (got {n})")
+    if not beta_bytes_per_s > 0:
+        raise ValueError(f"beta_bytes_per_s must be > 0 (got {beta_bytes_per_s})")
+    if n == 1:
+        return 0.0
+    return 2 * math.ceil(math.log2(n)) * alpha_s + 2 * (n - 1) / n * nbytes / beta_bytes_per_s
+
+
+ALLREDUCE_MODELS: dict[str, Callable[[float, int, float, float], float]] = {
+    "ring": ring_allreduce_s, "tree": tree_allreduce_s}
+
+NCCL_ALGO_NOTE = (
+    "Which one NCCL runs: its tuner picks an algorithm (and protocol) per call from the message "
+    "size, the number of nodes, GPUs per node and the link bandwidths, with no simple rule "
+    "(NVIDIA/nccl issue #754); trees span nodes, so inside one host the tree is a chain and its "
+    "log2 n latency helps only across hosts, where NCCL tends to use the tree for small and "
+    "medium messages and the ring for large ones (NCCL 2.4 blog). NCCL_ALGO=Ring or "
+    "NCCL_ALGO=Tree forces one. gloo (CPU) runs its own ring-based all-reduce.")
+
+
+def allreduce_s(algo: str, nbytes: float, n: int, alpha_s: float, beta_bytes_per_s: float) -> float:
+    """`ALLREDUCE_MODELS[algo]` (s).
+
+    Raises:
+        ValueError: an unknown `algo` (names the choices), or what the model raises.
+    """
+    if algo not in ALLREDUCE_MODELS:
+        raise ValueError(f"allreduce_algo must be one of {sorted(ALLREDUCE_MODELS)} (got {algo!r})")
+    return ALLREDUCE_MODELS[algo](nbytes, n, alpha_s, beta_bytes_per_s)
 
 
 def bucket_pipeline(ready_s: Sequence[float], comm_s: Sequence[float], *,

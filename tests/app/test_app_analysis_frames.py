@@ -100,7 +100,7 @@ def test_compare_frame_speedup_memory_bytes(trio):
     assert list(table.columns) == ["measure", "single", "DP", "DDP"]
     row = table[table["measure"] == "replicas in sync"].iloc[0]
     assert (row["single"], row["DDP"]) == ("n/a (one device)", "yes")
-    assert row["DP"] == "rebuilt each step; at forward: yes"
+    assert row["DP"] == "rebuilt each step; as computed with: yes"
 
 
 def test_bytes_frame_formula_dp_hub(trio):

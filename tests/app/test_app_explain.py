@@ -1,40 +1,56 @@
 """The pages' sentences and tables about DP vs DDP, from hand-worked figures."""
 
-import pandas as pd
+import pytest
 
 from app import explain
 from app.frames import compare as fc
+from app.window import RunWindow
 
 
-def _row(mode, sps, fwd, bwd, comm, opt, step):
-    return {"run": mode.upper(), "mode": mode, "samples_per_s": sps, "step_time_ms": step,
-            "forward_ms": fwd, "backward_ms": bwd, "comm_exposed_ms": comm, "optimizer_ms": opt}
+def _window(rid, mode, status, created, step_s, samples=64, worker="w1", gil=None, **summary):
+    """A RunWindow fed hand-made events: 12 steps of `step_s` seconds (no finished summary unless
+    `summary` is given)."""
+    w = RunWindow(rid)
+    w.run = {"run_id": rid, "status": status, "created_at": created, "worker": worker,
+             "config": {"mode": mode, "world_size": 2}, "summary": summary or None}
+    events = []
+    for k in range(12):
+        events.append({"type": "step", "rank": 0, "step": k, "samples": samples, "step_time_s": step_s,
+                       "samples_per_s": samples / step_s, "forward_s": step_s / 4, "backward_s": step_s / 2,
+                       "comm_exposed_s": 0.0, "optimizer_s": step_s / 8, "loss": 1.0})
+        for dev, share in (gil or {}).items():
+            events.append({"type": "gil", "step": k, "device": dev, "gil_wait_share": share,
+                           "gil_wait_s": share * step_s})
+    w.ingest(events)
+    return w
 
 
-def test_why_dp_is_ahead_names_ddps_largest_extra_parts_from_the_split():
-    # DP 10 ms = 2 + 3 + 1.5 + 1 (+2.5 other); DDP 12.5 ms = 2.5 + 3 + 4 + 1 (+2 other)
-    table = pd.DataFrame([_row("dp", 1000.0, 2.0, 3.0, 1.5, 1.0, 10.0),
-                          _row("ddp", 800.0, 2.5, 3.0, 4.0, 1.0, 12.5)])
-    text = explain.why_dp_ahead(table)
-    assert "DP is ahead here (1.25× DDP's samples/s)" in text
-    assert "DDP's step is 2.50 ms longer: +2.50 ms in all-reduce left exposed after backward " \
-           "and +0.50 ms in forward." in text
-    assert "DP's copies cost it 1.50 ms per step" in text
+def test_the_verdict_is_built_from_each_runs_steady_steps_while_they_run():
+    # DP 10 ms steps, DDP 8 ms: DDP 1.25x; DP's threads wait 20% of the step, DDP's ranks 0%
+    windows = {"a": _window("a", "dp", "started", 1.0, 0.010, gil={"cpu:0": 0.2, "cpu:1": 0.2}),
+               "b": _window("b", "ddp", "started", 2.0, 0.008, worker="w2", gil={"cpu:0": 0.0, "cpu:1": 0.0})}
+    v, final = explain.pair_verdict(windows)
+    assert not final and v.leader == "ddp" and v.ratio == pytest.approx(1.25)
+    assert v.parts_ms["gil"] == pytest.approx(2.0)  # 20% of 10 ms, minus DDP's 0
+    assert explain.verdict_text(v, final).startswith("So far: DDP is ahead: 1.25×")
+    assert explain.sequential_note(windows) is None  # two workers
 
 
-def test_a_lead_under_2_percent_is_called_level_not_ahead():
-    table = pd.DataFrame([_row("dp", 1010.0, 2.0, 3.0, 1.5, 1.0, 10.0),
-                          _row("ddp", 1000.0, 2.5, 3.0, 4.0, 1.0, 10.1)])
-    text = explain.why_dp_ahead(table)
-    assert text.startswith("DP and DDP are level here (DP at 1.010× DDP's samples/s, within 2%).")
-    assert "ahead" not in text
+def test_a_finished_runs_summary_wins_over_its_events():
+    windows = {"a": _window("a", "dp", "succeeded", 1.0, 0.010, samples_per_s=5000.0, step_time_s=0.0128),
+               "b": _window("b", "ddp", "succeeded", 2.0, 0.008, samples_per_s=5000.0 * 1.01, step_time_s=0.0127)}
+    v, final = explain.pair_verdict(windows)
+    assert final and v.leader == "level"
+    assert not explain.verdict_text(v, final).startswith("So far")
 
 
-def test_no_sentence_when_ddp_leads_or_there_is_no_pair():
-    ahead = pd.DataFrame([_row("dp", 700.0, 2.0, 3.0, 1.5, 1.0, 10.0),
-                          _row("ddp", 800.0, 2.5, 3.0, 4.0, 1.0, 12.5)])
-    assert explain.why_dp_ahead(ahead) is None
-    assert explain.why_dp_ahead(ahead[ahead["mode"] == "dp"]) is None
+def test_the_newest_pair_is_judged_and_one_worker_is_said():
+    windows = {"old": _window("old", "dp", "succeeded", 1.0, 0.005),
+               "a": _window("a", "dp", "started", 5.0, 0.010),
+               "b": _window("b", "ddp", "queued", 6.0, 0.008)}
+    assert explain.newest_pair(windows) == ("a", "b")
+    assert explain.sequential_note(windows).startswith("DDP waits for DP to finish: one worker")
+    assert explain.pair_verdict({"a": windows["a"]}) == (None, False)
 
 
 def test_buffers_frame_marks_ranks_that_start_from_rank_0s_buffers():
@@ -59,19 +75,9 @@ def test_replica_verdicts_say_what_each_mode_checks():
                           events={"sync": [{"type": "sync", "step": 1, "in_sync": in_sync}]})
     assert fc.replica_verdict(view("single", None)) == "n/a (one device)"
     assert fc.replica_verdict(view("ddp", False)) == "NO"
-    assert fc.replica_verdict(view("dp", True)) == "rebuilt each step; at forward: yes"
+    assert fc.replica_verdict(view("dp", True)) == "rebuilt each step; as computed with: yes"
+    lost = fc.RunView(label="dp", record={"config": {"mode": "dp", "world_size": 2}}, events={"sync": [
+        {"type": "sync", "step": 1, "in_sync": True, "buffers_discarded": 1}]})
+    assert fc.replica_verdict(lost) == ("rebuilt each step; as computed with: yes; discards buffer updates "
+                                        "made on replicas: 1 buffer(s)")
     assert fc.replicas_in_sync(view("single", None)) is None
-
-
-def test_live_table_uses_the_same_medians_the_page_shows():
-    """12 steps: the first 3 are warm-up and step 6 was traced (the instrument's own work), so
-    the medians are over steps 3, 4, 5, 7..11 (the run summary's rule): samples/s 3..11 without
-    6 -> median of [3, 4, 5, 7, 8, 9, 10, 11] = 7.5."""
-    n = 12
-    steps = pd.DataFrame({"run": ["a"] * n, "step": list(range(n)), "samples_per_s": [float(s) for s in range(n)],
-                          "step_time_ms": [100.0 - s for s in range(n)], "forward_ms": [1.0] * n,
-                          "backward_ms": [0.0] * n, "comm_exposed_ms": [0.0] * n, "optimizer_ms": [0.0] * n,
-                          "instrument": [s == 6 for s in range(n)]})
-    steps.loc[6, "samples_per_s"] = 1000.0  # would move the median if it were counted
-    row = explain.table_from_steps(steps, {"a": "dp"}).iloc[0]
-    assert (row["mode"], row["samples_per_s"], row["step_time_ms"]) == ("dp", 7.5, 92.5)

@@ -149,3 +149,49 @@ def test_run_label_and_runs_frame():
     assert df["samples_per_s"].iloc[0] == 1234.5
     assert math.isnan(df["samples_per_s"].iloc[1])
     assert list(df.columns) == fruns.RUN_COLUMNS
+
+
+def test_theory_star_ring_and_tree_bytes_and_shape_by_hand():
+    from app.frames import topology as ftop
+
+    P = 4 * 2**20  # 4 MiB of gradients
+    nodes, edges = ftop.theory_star(8, P)
+    assert len(nodes) == 8 and len(edges) == 7 and set(edges["mib"]) == {8.0}  # 2·P per link
+    nodes, edges = ftop.theory_ring(8, P)
+    assert len(edges) == 8 and set(edges["mib"]) == {2 * 7 / 8 * 4}  # 2(n−1)/n·P = 7 MiB
+    nodes, edges = ftop.theory_tree(8, P)
+    # heap order: 0 is the root; 1, 2 its children; 3..6 theirs; 7 under 3; every rank once
+    assert sorted(edges["link"]) == sorted(["rank 0 ↔ rank 1", "rank 0 ↔ rank 2", "rank 1 ↔ rank 3",
+                                           "rank 1 ↔ rank 4", "rank 2 ↔ rank 5", "rank 2 ↔ rank 6",
+                                           "rank 3 ↔ rank 7"])
+    assert set(edges["mib"]) == {4.0}  # half of P up and half down on one of the two trees
+    ys = dict(zip(nodes["node"], nodes["y"]))
+    assert ys["rank 0"] > ys["rank 1"] == ys["rank 2"] > ys["rank 3"] > ys["rank 7"]
+    assert nodes[["x", "y"]].abs().max().max() <= 1.45  # inside the chart's square
+    assert ftop.latency_steps(8) == {"ring": 14, "tree": 6, "star": 14}
+    assert ftop.latency_steps(64)["tree"] == 12 and ftop.latency_steps(5)["tree"] == 6
+
+
+def test_allreduce_time_frame_follows_the_two_models():
+    from app.frames import topology as ftop
+
+    from engine.predict.step_models import ALLREDUCE_MODELS
+
+    f = ftop.allreduce_time_frame(1e6, 10e-6, 1e9, [2, 8], ALLREDUCE_MODELS)
+    got = {(r.world_size, r.model): r.time_ms for r in f.itertuples()}
+    assert got[(8, "ring")] == pytest.approx(1e3 * (14 * 10e-6 + 1.75e-3))
+    assert got[(8, "tree")] == pytest.approx(1e3 * (6 * 10e-6 + 1.75e-3))
+    assert got[(2, "ring")] == pytest.approx(got[(2, "tree")])  # one level: the two agree at n = 2
+
+
+def test_allreduce_time_chart_names_its_axes_legend_and_theory():
+    from app.charts.topology import allreduce_time_chart
+    from app.frames import topology as ftop
+    from engine.predict.step_models import ALLREDUCE_MODELS
+
+    f = ftop.allreduce_time_frame(1e6, 10e-6, 1e9, [2, 4, 8], ALLREDUCE_MODELS)
+    spec = allreduce_time_chart(f, subtitle="α, β fitted on the probe", mark_n=8).to_dict()
+    enc = spec["layer"][0]["encoding"]
+    assert "theory" in spec["title"]["text"] and enc["y"]["title"] == "one all-reduce of P (ms, theory)"
+    assert enc["x"]["title"] == "world size n (ranks)" and enc["color"]["legend"]["title"] == "all-reduce model"
+    assert sorted(set(f["model"])) == ["ring", "tree"]

@@ -99,6 +99,28 @@ def test_live_page_defaults_to_latest_pair_and_draws_charts(fake_client, app_tes
     assert not at.session_state["live_polling"]  # both finished: polling stopped
 
 
+def test_live_page_draws_memory_over_the_whole_run_beside_the_step(fake_client, app_test):
+    events = g.full_run("ddp1", "ddp", 4)
+    for rank in range(2):  # 20 readings a second for 2 s, rank r holding (r + 1) * 100 MiB
+        events.append({"type": "memory_readings", "run_id": "ddp1", "ts": g.T0 + 2, "rank": rank,
+                       "device": f"cpu:{rank}", "reading_ts": [g.T0 + 0.05 * i for i in range(40)],
+                       "bytes": {"process": [(rank + 1) * 100 * 2**20] * 40}, "interval_s": 0.05})
+    fake_client.add_run("ddp1", {"mode": "ddp", "world_size": 2, "steps": 4}, status="succeeded",
+                        events=events, created_at=g.T0, label="DDP")
+    at = app_test("views/live.py", runs="ddp1")
+    assert not at.exception
+    import pyarrow as pa
+
+    charts = {json.loads(c.proto.spec)["title"]["text"]: c.proto for c in at.get("vega_lite_chart")}
+    assert "Memory within a step: DDP" in charts
+    proto = charts["Memory over the run: process RSS (psutil), DDP"]
+    data = [r for d in proto.datasets
+            for r in pa.ipc.open_stream(d.data.data).read_all().to_pandas().to_dict("records")]
+    data = list({(r["device"], r["t_s"]): r for r in data}.values())  # the band and the line share their rows
+    means = {r["device"]: r["mib"] for r in data}
+    assert means == {"cpu:0": 100.0, "cpu:1": 200.0} and sum(r["readings"] for r in data) == 80
+
+
 def test_live_page_shows_full_error(fake_client, app_test):
     err = {"rank": 1, "exception": "RuntimeError: boom", "traceback": "Traceback (most recent)\n"
            "  File \"x.py\", line 1\nRuntimeError: boom"}

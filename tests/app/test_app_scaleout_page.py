@@ -23,8 +23,16 @@ def _texts(spec) -> str:
 
 
 def test_scaleout_page_draws_predictions_on_recorded_runs(real_client, app_test):
+    from recorded import CONFIG
+
+    from workers.store import RunStatus
+
     _, ids = trio(real_client)
-    at = app_test("views/scaleout.py")
+    # a DDP run of the same config at world size 4 that fed nothing into the fit: step 9.6 ms
+    four = real_client.submit({**CONFIG, "mode": "ddp", "world_size": 4})
+    real_client.store.mark_started(four, "test-worker")
+    real_client.store.finish(four, RunStatus.SUCCEEDED, summary={"samples_per_s": 10_000.0, "step_time_s": 0.0096})
+    at = app_test("views/scaleout.py", run=ids["ddp"])
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
     specs = _specs(at)
@@ -33,15 +41,20 @@ def test_scaleout_page_draws_predictions_on_recorded_runs(real_client, app_test)
         "Predicted bucket timeline: DDP at world size 8",
         "Where the star breaks: bytes on the busiest device (predicted)"]
     assert all("predicted" in _texts(s).lower() for s in specs)
-    # the validation table: both recorded runs, measured = their summaries, error in %
-    table = at.dataframe[0].value
-    assert sorted(table["mode"]) == ["ddp", "dp"]
-    for _, row in table.iterrows():
-        summary = real_client.get_run(row["run"])["summary"]
-        assert row["measured samples/s"] == summary["samples_per_s"]
-        expected = 100 * (row["predicted samples/s"] - row["measured samples/s"]) / row["measured samples/s"]
-        assert abs(row["samples/s error %"] - expected) < 1e-9
+    # the validation table: the runs this test stored, the calibration runs marked as such
+    table = at.dataframe[0].value.set_index("run")
+    assert set(table.index) == {ids["dp"], ids["ddp"], four}
+    assert table.loc[four, "fit"] == fso.OUT_OF_SAMPLE
+    assert all(table.loc[ids[m], "fit"].startswith(fso.IN_FIT + " (calibration") for m in ("dp", "ddp"))
+    for rid in (ids["dp"], ids["ddp"]):  # measured = what was stored as the run's summary
+        assert table.loc[rid, "measured samples/s"] == real_client.get_run(rid)["summary"]["samples_per_s"]
+    assert table.loc[four, "measured step (ms)"] == pytest.approx(9.6)
+    # the error reported is the one run outside the fit's, with its count
+    predicted_ms = table.loc[four, "predicted step (ms)"]
+    err = abs(predicted_ms - 9.6) / 9.6 * 100
     notes = " ".join(m.value for m in at.markdown)
+    assert f"out of sample: 1 run(s), step-time error |median| {err:.1f}%, |max| {err:.1f}%" in notes
+    assert "2 run(s) that fed the fit are not counted" in notes
     assert "Inputs and assumptions" in notes and "step, bucket events" in notes
 
 

@@ -67,18 +67,30 @@ def test_ddp_reports_the_bucket_bytes_it_all_reduced_and_derives_the_wire_bytes(
 
 
 @pytest.mark.slow
-def test_bytes_are_what_was_moved_not_the_parameter_formula(models):
-    # a frozen body: DDP all-reduces the head's gradients only (DDP buckets trainable parameters);
-    # DP still broadcasts every parameter but reduces only the gradients that exist
+def test_ddp_all_reduces_only_the_trainable_gradients_of_a_frozen_body(models):
+    # DDP buckets the parameters that require grad only, while the formula's P counts them all
     body, head = (64 * 32 + 32) * 4, (32 * 10 + 10) * 4
     _, ddp = run(model="frozen", mode="ddp", global_batch_size=32, steps=2, eval_every=0, step_delay_s=0)
     for e in ddp.of_type("comm_volume"):
         assert e["allreduce_bytes"] == head and e["sent_bytes"] == head  # n = 2: 2(n-1)/n = 1
-        assert e["theory_sent_bytes"] == body + head  # the formula's P counts the frozen body
+        assert e["theory_sent_bytes"] == body + head
+
+
+def test_dp_reduces_a_frozen_body_as_torch_nn_parallel_does(models, monkeypatch):
+    # torch's Broadcast.backward -> ReduceAddCoalesced reduces a gradient for every broadcast
+    # parameter (autograd materialises zeros for the frozen body's copies): the reference is that
+    # path itself (dp_torch_reference), run on CPU, counting what reaches comm.reduce_add
+    from dp_torch_reference import reduce_bytes_from_device_1
+    from memory_models import Frozen
+
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    torch_bytes, torch_buffers = reduce_bytes_from_device_1(monkeypatch, Frozen(), x, y)
+    assert torch_bytes == (64 * 32 + 32 + 32 * 10 + 10) * 4 == 9_640  # body and head, by hand
     _, dp = run(model="frozen", mode="dp", global_batch_size=32, steps=2, eval_every=0, step_delay_s=0)
-    phases = {(e["phase"], e["device"]): e["nbytes"] for e in dp.of_type("dp_phase") if e["step"] == 1}
-    assert phases[("broadcast", "cpu:1")] == body + head
-    assert phases[("reduce", "cpu:1")] == head
+    phases = {(e["phase"], e["device"]): e for e in dp.of_type("dp_phase") if e["step"] == 1}
+    assert phases[("broadcast", "cpu:1")]["nbytes"] == torch_bytes  # every parameter, both ways
+    assert phases[("reduce", "cpu:1")]["nbytes"] == torch_bytes
+    assert phases[("reduce", "cpu:1")]["copies"] == torch_buffers  # one flat buffer under 10 MiB
 
 
 def test_single_reports_no_replica_verdict():
@@ -107,6 +119,32 @@ def test_a_buffer_rebound_in_forward_is_lost_with_dps_replicas(models):
     assert _train_counting("single", in_place=False, accum=2) == 3 * 2  # every forward counted
     assert _train_counting("dp", in_place=False, accum=2) == 0  # rebound on replicas, thrown away
     assert _train_counting("dp", in_place=True) == 3  # device 0's replica writes the module's tensor
+
+
+def _discard_logs(sink):
+    return [e for e in sink.of_type("log") if "buffers_discarded" in e]
+
+
+def test_dp_says_it_discarded_the_buffer_a_single_device_run_updates(models):
+    # the reference: one device runs the same module and its buffer moves (one per forward)
+    steps = 3
+    assert _train_counting("single", in_place=False, steps=steps) == steps
+    result, sink = run(model="counting", mode="dp", global_batch_size=16, steps=steps, eval_every=1,
+                       step_delay_s=0)
+    (log,) = _discard_logs(sink)  # once, however many steps found it
+    assert log["message"] == "DP discards buffer updates made on replicas: 1 buffer(s)"
+    assert log["buffers"] == ["calls"] and log["step"] == 0
+    assert result.summary["buffers_discarded"] == 1
+    assert [e["buffers_discarded"] for e in sink.of_type("sync")] == [1] * steps
+
+
+def test_dp_reports_no_discard_when_device_0_records_the_same_update(models, monkeypatch):
+    # in place on every replica: device 0's write is the module's and equals device 1's
+    import memory_models
+
+    monkeypatch.setattr(memory_models.Counting.__init__, "__defaults__", (True,))
+    result, sink = run(model="counting", mode="dp", global_batch_size=16, steps=2, eval_every=1, step_delay_s=0)
+    assert _discard_logs(sink) == [] and result.summary["buffers_discarded"] == 0
 
 
 def _rows(sync):

@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 import torch.nn as nn
-from dp_cpu_fakes import broadcast_coalesced, cpu_parallel
+from dp_cpu_fakes import cpu_parallel
 
 from engine.components.training import loss_fn, make_optimizer
 from engine.config import RunConfig
@@ -138,15 +138,28 @@ def test_tied_gpt_broadcasts_each_tensor_once_and_matches_single(monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_replica_checksums_can_disagree(monkeypatch):
-    model = mlp()
+def test_the_check_reads_the_replicas_this_step_built(monkeypatch):
+    # the checksums come from the step's own replicas: a broadcast that delivered other values to
+    # device 1 shows in them (a check on fresh replicas outside the step would not see it)
+    from dp_cpu_fakes import CpuBroadcast
+
+    class Corrupting(CpuBroadcast):
+        @staticmethod
+        def forward(ctx, target_gpus, *inputs):
+            outs = CpuBroadcast.forward(ctx, target_gpus, *inputs)
+            return tuple(o if i < len(inputs) else o.detach().add(1e-3) for i, o in enumerate(outs))
+
+    model, cfg = mlp(), CFG.model_copy(update={"grad_accum_steps": 1, "global_batch_size": 8})
+    data = [[batches(1)[0][0]]]
     with cpu_parallel(monkeypatch):
-        dp = CudaDP(CFG, model, 2, device_type="cpu", clock=HostClock())
-        good = dp.checksums()
-        monkeypatch.setattr(torch.nn.parallel.comm, "broadcast_coalesced",
-                            lambda ts, devs, buffer_size=None: [out if j == 0 else [t + 1e-3 for t in out]
-                                                               for j, out in enumerate(broadcast_coalesced(ts, devs))])
-        bad = dp.checksums()
+        dp = CudaDP(cfg, model, 2, device_type="cpu", clock=HostClock())
+        opt = make_optimizer(cfg, model.parameters())
+        dp.check = True
+        dp.step(iter(data[0]), opt)
+        good = dp.checksums_seen
+        monkeypatch.setattr(torch.nn.parallel._functions, "Broadcast", Corrupting)
+        dp.step(iter(data[0]), opt)
+        bad = dp.checksums_seen
     assert good[0] == good[1]
     assert bad[0] != bad[1]
 
@@ -236,3 +249,46 @@ def test_reduce_is_marked_on_every_device_and_counts_what_device_1_sends():
     assert {(s.phase, s.device) for s in book.resolve(clock.seconds)} == {("reduce", 0), ("reduce", 1)}
     # device 1 sends w's gradient (16 B) and v's, which autograd reduces as zeros (32 B)
     assert traffic.sent == [0, 48] and traffic.recv == [48, 0]
+
+
+def test_a_sampled_step_resets_every_devices_peak_before_its_first_copy(monkeypatch):
+    # torch.cuda.max_memory_allocated is the process's maximum unless reset: the step must reset
+    # each device's peak before any of its work (here: before the broadcast's first copy)
+    from dp_cpu_fakes import CpuBroadcast
+
+    order = []
+
+    class Watching(CpuBroadcast):
+        @staticmethod
+        def forward(ctx, target_gpus, *inputs):
+            order.append("broadcast")
+            return CpuBroadcast.forward(ctx, target_gpus, *inputs)
+
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d: order.append(("reset", d)))
+    model = mlp()
+    with cpu_parallel(monkeypatch):
+        monkeypatch.setattr(torch.nn.parallel._functions, "Broadcast", Watching)
+        dp = CudaDP(CFG, model, 2, device_type="cpu", clock=HostClock())
+        opt = make_optimizer(CFG, model.parameters())
+        dp.step(iter(batches(1)[0]), opt, reset_peaks=True)
+        assert order[:3] == [("reset", 0), ("reset", 1), "broadcast"]
+        order.clear()
+        dp.step(iter(batches(1)[0]), opt)  # a step that is not sampled keeps the allocator's state
+        assert ("reset", 0) not in order and order.count("broadcast") == 2
+
+
+def test_gpu_dp_refuses_a_fault_it_cannot_inject_before_launch(monkeypatch):
+    from engine.components.devices import PreflightError, resolve_plan
+    from engine.config import validate_config
+
+    with pytest.raises(ValueError, match="fault 'raise' is not injected by DP on CUDA"):
+        validate_config(dict(mode="dp", device="cuda", world_size=2, fault="raise", fault_step=0))
+    # device 'auto' picks CUDA at pre-flight, where the same rule refuses it, naming the field
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(PreflightError) as err:
+        resolve_plan(validate_config(dict(mode="dp", world_size=2, fault="diverge", fault_rank=1)))
+    assert err.value.field == "fault" and "fault 'diverge'" in str(err.value)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "fake")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 1})())
+    assert resolve_plan(validate_config(dict(mode="ddp", world_size=2, fault="diverge"))).kind == "cuda"

@@ -50,7 +50,8 @@ def test_fsdp_matches_single(fields):
     torch.testing.assert_close(result.final_params, baseline(**fields), **TOL)
     assert {e["rank"] for e in sink.of_type("step")} == {0, 1}
     curves = {(e["rank"], e["step"]) for e in sink.of_type("fsdp_memory_curve")}
-    assert curves == {(e["rank"], e["step"]) for e in sink.of_type("step") if e.get("memory_curve")}
+    assert curves == {(e["rank"], e["step"]) for e in sink.of_type("step") if e.get("memory_traced")}
+    assert curves == {(e["rank"], e["step"]) for e in sink.of_type("memory")}
     seen = collectives(sink)
     backward_gathers = {u for u, k, p in seen if k == "all_gather" and p == "backward"}
     if fields.get("reshard_after_forward", True):

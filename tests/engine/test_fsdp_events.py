@@ -126,7 +126,10 @@ def test_the_gathered_unit_is_a_transient_peak_in_the_curve(run, shapes, rank):
     assert during["unsharded_params"] >= full_unit
     assert during["tensor_bytes"] - before["tensor_bytes"] >= full_unit
     assert after["unsharded_params"] < full_unit
+    # The ledger sees every storage at every moment of the step; the hook-time points are
+    # samples of some of them, so none can be above its peak, and the gathered unit is in it.
     mem = last_step(sink, "memory", rank)[0]
     curve = last_step(sink, "fsdp_memory_curve", rank)[0]["points"]
-    assert mem["peak_allocated_bytes"] == max(p["tensor_bytes"] for p in curve)
-    assert all(p["rss_bytes"] > 0 for p in curve)
+    assert mem["source"] == "tensors"
+    assert mem["peak_allocated_bytes"] >= max(p["tensor_bytes"] for p in curve)
+    assert mem["peak_allocated_bytes"] - mem["curve"]["tensors"][0][1] >= full_unit

@@ -129,3 +129,13 @@ def test_single_on_cuda_synchronizes_once_per_step(monkeypatch):
     assert len(calls) <= SMALL["steps"], f"{len(calls)} synchronizes in {SMALL['steps']} steps"
     for e in sink.of_type("step"):  # CUDA-event phases inside the host-timed step
         assert 0 < e["forward_s"] + e["backward_s"] + e["optimizer_s"] <= e["step_time_s"]
+
+
+def test_dp_on_cuda_peak_is_the_steps_not_the_processes():
+    # the process's allocator peak is raised far above the run's by a tensor freed before it;
+    # a per-step peak (reset at the sampled step's start) never shows it
+    big = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda:0")  # 256 MiB
+    del big
+    _, sink = run(mode="dp", **SMALL)
+    peaks = [e["peak_allocated_bytes"] for e in sink.of_type("memory") if e["device"] == "cuda:0"]
+    assert peaks and max(peaks) < 64 * 1024 * 1024

@@ -39,15 +39,27 @@ def test_median_interval_brackets_the_median_and_narrows_with_agreement():
 
 
 @pytest.mark.slow
-def test_shared_device_ddp_harness_records_buckets_and_memory_per_rank():
+def test_shared_device_ddp_harness_records_every_gradient_byte_in_its_buckets():
+    """The recording hook's buckets of each step hold every gradient once: their bytes add up to
+    the model's parameters x 4 B (float32), counted here by PyTorch on a model of the harness's
+    config. On CPU the harness measures no memory and says so (no formula called memory)."""
+    from engine.config import RunConfig
+    from engine.data import load_dataset
+    from engine.models import build_model
+
+    cfg = RunConfig(mode="ddp", model="gpt", dataset="text", width=128, depth=4, n_head=4, block_size=64,
+                    world_size=2, global_batch_size=16, bucket_cap_mb=0.25)  # the harness's (gpu_checks)
+    grad_bytes = 4 * sum(p.numel() for p in build_model(cfg, load_dataset(cfg)).parameters() if p.requires_grad)
     out = shared_gpu_ddp(world=2, steps=3, device_kind="cpu")
     assert [r["rank"] for r in out["ranks"]] == [0, 1] and not any("error" in r for r in out["ranks"])
     for r in out["ranks"]:
         assert len(r["steps"]) == 3
-        last = r["steps"][-1]
-        assert len(last["buckets"]) >= 2  # bucket_cap 0.25 MiB on a ~0.8 MiB GPT
-        assert all(0 <= b["ready_s"] <= b["comm_start_s"] <= b["comm_end_s"] for b in last["buckets"])
-        assert last["memory"]["allocated_bytes"] > 0
+        for step in r["steps"]:
+            assert sum(b["nbytes"] for b in step["buckets"]) == grad_bytes
+            assert all(0 <= b["ready_s"] <= b["comm_start_s"] <= b["comm_end_s"] for b in step["buckets"])
+        assert len(r["steps"][-1]["buckets"]) >= 2  # bucket_cap 0.25 MiB on a ~0.8 MiB GPT
+        memory = r["steps"][-1]["memory"]
+        assert memory["allocated_bytes"] is None and memory["source"].startswith("not measured")
     sums = out["ranks"][0]["checksums"]
     assert sums[0] == sums[1]  # both ranks hold the same parameters after the all-reduced steps
 

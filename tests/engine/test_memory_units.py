@@ -144,7 +144,8 @@ def test_which_steps_are_traced(steps, traced):
 def test_ledger_counts_a_sparse_gradient_by_its_indices_and_values_and_retags_it():
     """An nn.Embedding(sparse=True) gradient is a sparse COO tensor (no plain storage): its bytes
     are its int64 indices and its values. Hand-worked: 3 looked-up rows of 4 floats = 48 B of
-    values + 3 x 8 B of indices = 24 B; 72 B in all."""
+    values + 3 x 8 B of indices = 24 B; 72 B in all. Made in backward under the ledger, it is
+    counted there (kind "backward") and once only; retagged, its bytes move to "grads"."""
     led = TensorLedger(1)
     led.begin()
     emb = nn.Embedding(10, 4, sparse=True)
@@ -152,9 +153,102 @@ def test_ledger_counts_a_sparse_gradient_by_its_indices_and_values_and_retags_it
         emb(torch.tensor([1, 5, 7])).sum().backward()
     g = emb.weight.grad
     assert g.layout == torch.sparse_coo
-    before = sum(led.breakdown(0).values())
-    led.add(g, "activations")
+    assert led.kind_of(g) == "backward" and led.breakdown(0) == {"backward": 72}
+    led.add(g, "activations")  # already counted: no second count, no change of kind
+    assert led.breakdown(0) == {"backward": 72}
     led.retag([g], "grads")
-    assert led.kind_of(g) == "grads"
-    assert led.breakdown(0).get("grads", 0) == 72 and sum(led.breakdown(0).values()) - before in (0, 72)
+    assert led.kind_of(g) == "grads" and led.breakdown(0) == {"grads": 72}
+    led.end()
+
+
+def test_ledger_adds_a_sparse_gradient_made_outside_it_by_its_indices_and_values():
+    """The same gradient made before the ledger watched: `add` counts its 72 B (48 values + 24
+    indices), once."""
+    emb = nn.Embedding(10, 4, sparse=True)
+    emb(torch.tensor([1, 5, 7])).sum().backward()
+    led = TensorLedger(1)
+    led.begin()
+    led.add(emb.weight.grad, "grads")
+    led.add(emb.weight.grad, "grads")
+    assert led.breakdown(0) == {"grads": 72}
+    led.end()
+
+
+def test_a_storage_resized_in_place_is_counted_at_each_resize():
+    """FSDP2 frees and re-allocates gathered parameters with `UntypedStorage.resize_`, which no op
+    shows: `resized` re-reads the bytes (hand-worked: 1,000 float32 = 4,000 B)."""
+    led = TensorLedger(1)
+    gathered = torch.empty(1000)
+    gathered.untyped_storage().resize_(0)  # as FSDP2 leaves it between steps
+    led.begin()
+    with LedgerMode(led):
+        led.resized([gathered], "unsharded_params")
+        assert led.totals == [0]  # nothing held yet
+        gathered.untyped_storage().resize_(4000)
+        led.resized([gathered], "unsharded_params")
+        assert led.totals == [4000] and led.breakdown(0) == {"unsharded_params": 4000}
+        gathered.untyped_storage().resize_(0)
+        led.resized([gathered], "unsharded_params")
+        other = torch.empty(500)  # 2,000 B
+        gathered.untyped_storage().resize_(4000)
+        led.resized([gathered], "unsharded_params")
+    assert led.totals == [6000] and led.peaks == [6000]
+    del other
+    gathered.untyped_storage().resize_(0)
+    led.resized([gathered], "unsharded_params")
+    assert led.totals == [0] and led.peaks == [6000]
+    led.end()
+
+
+def test_a_dtensor_is_counted_by_its_local_shard():
+    """What FSDP2's parameters, gradients and optimizer state are (a 1-rank mesh here)."""
+    import os
+
+    import torch.distributed as dist
+    import torch.distributed.nn.functional  # noqa: F401  before any group (see engine.modes.ranks)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    if dist.is_initialized():
+        pytest.skip("a process group exists already")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    from engine.modes.launcher import free_port
+
+    os.environ["MASTER_PORT"] = str(free_port())
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        # rank 0's third of a (300, 10) parameter, as on 3 ranks: 4,000 B local; the DTensor
+        # wrapper itself reports a storage of the global 12,000 B, which nothing allocated
+        d = DTensor.from_local(torch.ones(100, 10), mesh, [Shard(0)], run_check=False,
+                               shape=torch.Size([300, 10]), stride=(10, 1))
+        led = TensorLedger(1)
+        led.begin()
+        led.add_existing([d], "params")
+        assert led.totals == [4000]
+        with LedgerMode(led):
+            twice = d * 2  # a DTensor op: its output's local shard is a new 4,000 B
+        assert led.totals == [8000]
+        del twice
+        assert led.totals == [4000]
+        led.end()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_an_op_writing_into_a_storage_resized_since_it_was_counted_recounts_it():
+    """World size 1: FSDP2 re-allocates with a bare `resize_` and then copies into it (`copy_`),
+    so the op's output is where the ledger learns the new size."""
+    led = TensorLedger(1)
+    led.begin()
+    with LedgerMode(led):
+        buf = torch.zeros(1000)  # 4,000 B
+        buf.untyped_storage().resize_(0)
+        led.resized([buf], "unsharded_params")
+        assert led.totals == [0]
+        buf.untyped_storage().resize_(4000)
+        buf.copy_(torch.ones(1000))  # + the 4,000 B source
+    assert led.totals == [4000] and led.peaks == [8000]
+    del buf
+    assert led.totals == [0]
     led.end()

@@ -55,11 +55,10 @@ def test_the_probe_wins_over_the_buckets():
     assert "probe" in r.link_fit["source"]
 
 
-def test_this_machine_reproduces_the_calibration_run_and_scales_with_the_ring():
+def test_this_machine_scales_the_measured_all_reduce_with_the_ring():
+    # out of sample only: measured at n = 2, predicted at n = 3 (at n = 2 the model gives back its
+    # own inputs, which tests nothing)
     r = measure_run(_ddp_events())
-    at_m = predict_ddp(r, 2, Scenario(fixed_fraction=1.0))
-    assert at_m["comm_exposed_s"] == pytest.approx(1 * MS, rel=1e-6)
-    assert at_m["step_time_s"] == pytest.approx(7 * MS, rel=1e-6)
     # with alpha = 0 each all-reduce grows by 2(n-1)/n: x4/3 at n=3 (and x1.5 time-share on
     # 2 cores); b1: 4*1.5 = 6 ms -> 6 + 1.333*1.5 ms; exposed = 2 ms
     at_3 = predict_ddp(r, 3, Scenario(fixed_fraction=1.0))
@@ -192,3 +191,26 @@ def test_bad_input_is_named():
         predict({"ddp": measure_run(_ddp_events())}, [0], Scenario())
     with pytest.raises(ValueError, match="utilisation"):
         predict({"ddp": measure_run(_ddp_events())}, [2], Scenario(utilisation=0))
+
+
+def test_calibration_keeps_the_steps_the_runs_summary_keeps():
+    """One rule for a run's steady steps (issue 20, item 2): 20 single-device steps, the first 3
+    warm-up, steps 10 and 19 traced (their time includes the instrument: 50 ms). Worked by hand:
+    steps 3-18 but 10 remain, 15 steps; their step times are 10 + s/100 ms, median at step 11
+    (the 8th of 3..9, 11..18) = 10.11 ms. Counting the traced steps would give 16 or 17 and
+    another median; the run's own summary (SummaryBuilder) must say the same."""
+    from engine.summary import SummaryBuilder
+
+    ev = [_started("single", 1)]
+    for s in range(20):
+        traced = s < 3 or s in (10, 19)
+        t = 50 * MS if traced else (10 + s / 100) * MS
+        ev.append(dict(type="step", step=s, rank=0, samples=64, forward_s=t / 2, backward_s=t / 4,
+                       comm_exposed_s=0.0, optimizer_s=t / 8, step_time_s=t, samples_per_s=64 / t,
+                       memory_traced=traced, loss=1.0))
+    r = measure_run(ev)
+    assert r.steps_used == 15 and r.step_time_s == pytest.approx(10.11 * MS)
+    builder = SummaryBuilder()
+    for e in ev:
+        builder.observe(e)
+    assert builder.summary()["step_time_s"] == pytest.approx(r.step_time_s)

@@ -7,7 +7,14 @@ import pytest
 from engine.predict.inputs import RunInputs
 from engine.predict.presets import LINKS, custom_link
 from engine.predict.scaleout import Scenario, cpu_threads, predict_ddp, predict_dp, time_share
-from engine.predict.step_models import bucket_pipeline, exposed_s, hub_copies_s, pipelined_copies_s, ring_allreduce_s
+from engine.predict.step_models import (
+    bucket_pipeline,
+    exposed_s,
+    hub_copies_s,
+    pipelined_copies_s,
+    ring_allreduce_s,
+    tree_allreduce_s,
+)
 
 MS = 1e-3
 
@@ -22,6 +29,32 @@ def test_ring_allreduce_time_by_hand():
     assert ring_allreduce_s(1e6, 1, 10e-6, 1e9) == 0.0
     with pytest.raises(ValueError, match="beta_bytes_per_s"):
         ring_allreduce_s(1e6, 2, 0.0, 0.0)
+
+
+def test_tree_allreduce_time_by_hand():
+    # n = 8: ⌈log2 8⌉ = 3 levels up and 3 down -> 6 α; bandwidth 2·7/8 · 1 MB / 1 GB/s = 1.75 ms
+    assert tree_allreduce_s(1e6, 8, 10e-6, 1e9) == pytest.approx(60e-6 + 1.75e-3)
+    assert ring_allreduce_s(1e6, 8, 10e-6, 1e9) == pytest.approx(140e-6 + 1.75e-3)
+    # n = 5 is not a power of two: ⌈log2 5⌉ = 3; latency alone (0 bytes) at 64 ranks: 12 α vs 126 α
+    assert tree_allreduce_s(0.0, 5, 1.0, 1.0) == 6.0
+    assert tree_allreduce_s(0.0, 64, 1.0, 1.0) == 12.0 and ring_allreduce_s(0.0, 64, 1.0, 1.0) == 126.0
+    assert tree_allreduce_s(1e9, 1, 1.0, 1.0) == 0.0
+    with pytest.raises(ValueError, match="beta_bytes_per_s"):
+        tree_allreduce_s(1.0, 2, 0.0, 0.0)
+
+
+def test_ddp_with_the_tree_model_pays_log_n_latency():
+    """Latency only (β huge): one bucket of each at 16 ranks, α = 10 µs: ring 2·15·10 = 300 µs per
+    bucket, tree 2·4·10 = 80 µs; the last bucket ends backward + its all-reduce."""
+    sc = dict(link=custom_link(10e-6, 1e18))
+    ring = predict_ddp(_ddp_inputs(), 16, Scenario(**sc))
+    tree = predict_ddp(_ddp_inputs(), 16, Scenario(**sc, allreduce_algo="tree"))
+    assert ring["comm_exposed_s"] == pytest.approx(300e-6, rel=1e-6)
+    assert tree["comm_exposed_s"] == pytest.approx(80e-6, rel=1e-6)
+    with pytest.raises(ValueError, match="allreduce_algo"):
+        from engine.predict.scaleout import check_scenario
+
+        check_scenario(Scenario(allreduce_algo="star"))
 
 
 def test_bucket_pipeline_waits_for_the_previous_all_reduce():
@@ -138,11 +171,13 @@ def test_dp_hub_time_on_4_devices_by_hand():
     assert p["device0_bytes"] == pytest.approx(3 * (2e6 + 8e3))
 
 
-def test_dp_on_this_machine_reproduces_the_measured_copies():
-    """At the measured n, this machine's copy rate gives back each hub span."""
-    p = predict_dp(_dp_inputs(), 2, Scenario())
-    assert p["phases"]["broadcast"] == pytest.approx(0.3 * MS)
-    assert p["phases"]["reduce"] == pytest.approx(0.5 * MS)
+def test_dp_on_this_machine_at_4_devices_by_hand():
+    """Out of sample (measured at n = 2, predicted at n = 4) on this machine's link: α = 0, β =
+    the fastest copy, 1 MB in 0.25 ms = 4 GB/s. Broadcast: overhead 0.3 - 0.25 = 0.05 ms, so
+    3 x (0.05 + 0.25) = 0.9 ms; reduce: overhead 0.5 - 0.25 = 0.25 ms, so 3 x (0.25 + 0.25) = 1.5 ms."""
+    p = predict_dp(_dp_inputs(), 4, Scenario())
+    assert p["phases"]["broadcast"] == pytest.approx(0.9 * MS)
+    assert p["phases"]["reduce"] == pytest.approx(1.5 * MS)
 
 
 def test_dp_with_nccl_collectives_sends_the_parameters_once():

@@ -66,22 +66,22 @@ def test_page_latency_takes_the_first_counter_value_that_covers_the_step():
     assert page_latencies_ms(seen, {0: 100, 1: 200, 2: 300, 3: 900}) == [50.0, 500.0, 400.0]
 
 
-def test_memory_samples_per_second_per_device():
-    # training span: first start T-0.5 to last end T+3 = 3.5 s; cpu:0 has 7 plain samples,
-    # cpu:1 two events carrying 5 and 2 samples each (a within-step curve) = 7 as well
+def test_memory_samples_per_second_per_device_count_readings_that_reached_the_stream():
+    # training span: first start T-0.5 to last end T+3 = 3.5 s. cpu:0's readings: 7 inside the span
+    # in two events, 2 before it (the timer starts before training) -> 7 / 3.5 = 2/s; cpu:1: 14 -> 4/s
     events = [_step(k) for k in range(4)]
-    events += [{"type": "memory", "device": "cpu:0"}] * 7
-    events += [{"type": "memory", "device": "cpu:1", "samples": [1] * 5},
-               {"type": "memory", "device": "cpu:1", "samples": [1, 2]}]
+    inside = [T - 0.5 + 0.5 * i for i in range(7)]
+    events += [{"type": "memory_readings", "device": "cpu:0", "reading_ts": [T - 2, T - 1] + inside[:3]},
+               {"type": "memory_readings", "device": "cpu:0", "reading_ts": inside[3:]},
+               {"type": "memory_readings", "device": "cpu:1", "reading_ts": inside + inside}]
+    # a memory event's curve and its sampler count are not readings that reached the stream
+    events += [{"type": "memory", "device": "cpu:0", "curve": {"process": [[0, 1]] * 50},
+                "sampler": {"readings": 400}}]
     got = measured.memory_samples_per_s(events)
-    assert got["span_s"] == 3.5
-    assert got["per_device"] == {"cpu:0": 2.0, "cpu:1": 2.0} and got["min_per_s"] == 2.0
-    assert measured.memory_samples_per_s([{"type": "memory", "device": "cpu:0"}])["min_per_s"] is None
-    # the timed sampler's events count its readings since the last event: 30 + 40 in 3.5 s = 20/s
-    timed = [_step(k) for k in range(4)] + [
-        {"type": "memory", "device": "cpu:0", "curve": {"process": [[0, 1]]}, "sampler": {"readings": r}}
-        for r in (30, 40)]
-    assert measured.memory_samples_per_s(timed)["per_device"] == {"cpu:0": 20.0}
+    assert got["span_s"] == 3.5 and got["samples"] == {"cpu:0": 7, "cpu:1": 14}
+    assert got["per_device"] == {"cpu:0": 2.0, "cpu:1": 4.0} and got["min_per_s"] == 2.0
+    no_steps = [{"type": "memory_readings", "device": "cpu:0", "reading_ts": [T]}]
+    assert measured.memory_samples_per_s(no_steps)["min_per_s"] is None
 
 
 def test_busbw_ratio_by_hand_and_says_why_it_is_missing():

@@ -131,13 +131,17 @@ def test_nvml_check_fails_when_the_reader_is_gone(monkeypatch):
 
 
 def test_memory_rate_counts_the_readings_that_reached_the_stream():
-    """Two traced steps of 0.5 s each; each step's `memory` event carries the timer's 12 readings
-    of that device since the previous event: 24 readings in 1.0 s of training = 24/s, though only
-    2 `memory` events (2/s) arrived."""
+    """Two steps of 0.5 s; the timer's `memory_readings` events list 24 readings of cuda:0 taken in
+    that 1.0 s (and 5 before it, not counted) = 24/s; a `memory` event's own count of readings
+    (`sampler.readings`, which need not have reached the stream) is not counted."""
     events = [dict(type="step", device="cuda:0", start_ts=100.0 + 0.5 * i, step_time_s=0.5) for i in range(2)]
-    events += [dict(type="memory", device="cuda:0", ts=100.5 + 0.5 * i, sampler=dict(readings=12)) for i in range(2)]
+    inside = [100.0 + i / 24 for i in range(24)]
+    events += [dict(type="memory_readings", device="cuda:0", reading_ts=[99.0] * 5 + inside[:12]),
+               dict(type="memory_readings", device="cuda:0", reading_ts=inside[12:])]
+    events += [dict(type="memory", device="cuda:0", ts=100.5, sampler=dict(readings=500))]
     detail, fig = doctor_gpu.check_memory_rate({"parity_events": {"single": events}})
     assert fig["lowest_per_s"] == pytest.approx(24.0) and "at least 24.0" in detail
-    thin = [dict(e, sampler=dict(readings=1)) if e["type"] == "memory" else e for e in events]  # 2/s
+    thin = [dict(e, reading_ts=e["reading_ts"][-1:]) if e["type"] == "memory_readings" else e
+            for e in events]  # 2 readings in 1 s
     with pytest.raises(CheckFailed, match="lowest rate 2.0 samples/s"):
         doctor_gpu.check_memory_rate({"parity_events": {"single": thin}})

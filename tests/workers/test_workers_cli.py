@@ -117,3 +117,20 @@ def test_submit_wait_follows_the_run_to_its_end(redis_client, redis_url):
         res = ddpviz("submit", "--mode", "single", "--world-size", "1", *tiny_flags(),
                      "--fault", "raise", "--fault-step", "0", "--wait", env=env, timeout=90)
         assert res.returncode == 1 and "failed" in res.stdout
+
+
+def test_compare_says_exposed_comm_not_measured_where_the_run_could_not_measure_it(monkeypatch, capsys):
+    """`ddpviz compare`'s line for FSDP on CUDA (summary `comm_exposed_s` null with its note, as
+    `engine.summary` writes it): the words, never a number (issue 20, item 4)."""
+    import engine.harness.compare as harness
+    from engine.result import RunResult
+
+    summaries = {"ddp": {"samples_per_s": 100.0, "comm_exposed_s": 0.0015},
+                 "fsdp": {"samples_per_s": 90.0, "comm_exposed_s": None, "comm_exposed_note": "not measured on CUDA"}}
+    monkeypatch.setattr(harness, "compare", lambda cfg, modes, on_mode: {
+        m: harness.mode_report(RunResult("succeeded", summary=summaries[m]), None) for m in modes})
+    args = build_parser().parse_args(["compare", "--modes", "ddp,fsdp", "--steps", "3"])
+    assert args.handler(args) == 0
+    lines = dict(line.split(maxsplit=1) for line in capsys.readouterr().out.splitlines())
+    assert "exposed comm not measured on CUDA " in lines["fsdp"]
+    assert "exposed comm 1.50 ms " in lines["ddp"]

@@ -47,30 +47,61 @@ def recorded_trio(redis_client):
     return client, _store_trio(client, host=HOST)
 
 
+def _steady_median(mode: str, key: str) -> float:
+    """The median of `key` over a recorded run's steady steps, worked here from the file: 12
+    steps, the first 3 skipped (warm-up); memory-traced steps (the instrument's work) would be
+    left out while half remain, but these recordings traced every step, so steps 3-11 all count;
+    a DDP step's value is the mean over its ranks."""
+    import statistics
+    from collections import defaultdict
+
+    by_step, traced = defaultdict(list), set()
+    for line in (DATA / FILES[mode]).open():
+        e = json.loads(line) if line.strip() else {}
+        if e.get("type") == "step" and e["step"] >= 3:
+            by_step[e["step"]].append(e[key])
+            if e.get("memory_traced"):
+                traced.add(e["step"])
+    assert len(by_step) == 9 and len(traced) == 9
+    return statistics.median(sum(v) / len(v) for v in by_step.values())
+
+
 def test_predict_json_gives_the_reports_numbers(recorded_trio, redis_url):
     client, ids = recorded_trio
-    res = ddpviz("predict", ids["ddp"], "--world-sizes", "1,2,4,8", "--link", "nvlink-h100", "--json",
-                 env=cli_env(redis_url))
+    env = cli_env(redis_url)
+    res = ddpviz("predict", ids["ddp"], "--world-sizes", "1,2,4,8", "--link", "nvlink-h100", "--json", env=env)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
-    page = report(client, ids["ddp"], [1, 2, 4, 8], scenario_from("nvlink-h100"))
-    assert out["predictions"] == json.loads(json.dumps(page["predictions"]))
     assert {(p["mode"], p["world_size"]) for p in out["predictions"]} == \
         {(m, n) for m in ("dp", "ddp") for n in (1, 2, 4, 8)}
     ddp8 = next(p for p in out["predictions"] if p["mode"] == "ddp" and p["world_size"] == 8)
     assert ddp8["link"]["beta_bytes_per_s"] == LINKS["nvlink-h100"].beta_bytes_per_s
-    # validation: the measured side is each run's own summary (medians of its steady steps)
-    measured = {v["mode"]: v["measured_samples_per_s"] for v in out["validation"]}
-    assert measured == {m: client.get_run(ids[m])["summary"]["samples_per_s"] for m in ("dp", "ddp")}
-    assert set(out["calibration"]) == {"single", "dp", "ddp"}
+    # validation: only the runs this test stored, each the calibration set's: all in the fit
+    by_run = {v["run_id"]: v for v in out["validation"]}
+    assert set(by_run) == {ids["dp"], ids["ddp"]} and all(v["in_fit"] for v in by_run.values())
+    assert set(out["calibration_runs"]) == {ids["single"], ids["dp"], ids["ddp"]}
+    assert out["out_of_sample"]["runs"] == 0 and out["out_of_sample"]["in_fit"] == 2
+    assert {m: by_run[ids[m]]["measured_samples_per_s"] for m in ("dp", "ddp")} == \
+        {m: client.get_run(ids[m])["summary"]["samples_per_s"] for m in ("dp", "ddp")}
     assert any("NVLink 4" in line and "nccl-tests" in line for line in out["assumptions"])
-    # the contention term is read from the trio's DDP rank and single baseline, and said
+    # κ from the recorded DDP ranks' and single baseline's optimizer steps, worked from the files
+    # (world size 2 on 2 cores: no time-share, κ = the ratio)
+    kappa = max(1.0, _steady_median("ddp", "optimizer_s") / _steady_median("single", "optimizer_s"))
+    assert out["contention"]["value"] == pytest.approx(kappa, rel=1e-9)
     assert out["contention"]["source"].startswith("optimizer step of DDP rank")
-    cal = out["calibration"]  # world size 2 on 2 cores: no time-share, κ = optimizer ratio
-    assert out["contention"]["value"] == pytest.approx(
-        max(1.0, cal["ddp"]["optimizer_s"] / cal["single"]["optimizer_s"]))
     assert out["scenario"]["contention"] == out["contention"]["value"]
     assert any("κ" in line and out["contention"]["source"] in line for line in out["assumptions"])
+    # a run outside the fit is the one the error is reported on, in the table and the JSON
+    four = client.submit({**CONFIG, "mode": "ddp", "world_size": 4})
+    client.store.mark_started(four, "test-worker")
+    client.store.finish(four, RunStatus.SUCCEEDED, summary={"samples_per_s": 10_000.0, "step_time_s": 0.0096})
+    out = json.loads(ddpviz("predict", ids["ddp"], "--json", env=env).stdout)
+    (v,) = [v for v in out["validation"] if not v["in_fit"]]
+    assert v["run_id"] == four and v["measured_step_time_s"] == 0.0096
+    assert out["out_of_sample"]["runs"] == 1 and out["out_of_sample"]["step_time_error_pct"]["max_abs"] == \
+        pytest.approx(abs(v["predicted_step_time_s"] - 0.0096) / 0.0096 * 100)
+    table = ddpviz("predict", ids["ddp"], env=env).stdout
+    assert "out of sample: 1 run(s)" in table and "in the fit: calibration" in table
 
 
 def test_a_gpu_compute_preset_reports_no_contention_term(redis_client):

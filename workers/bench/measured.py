@@ -1,12 +1,12 @@
 """Figures 5 (memory samples per second per device) and 6 (bucket busbw / probe busbw), computed
 from a run's events.
 
-Memory: a `memory` event from the timed sampler (`engine.measure.memory_sampler`) carries
-`sampler.readings`, the timer's readings of that device since the previous `memory` event, and
-counts as that many; other `memory` events are one sample of one device, unless they carry a list
-of samples in one of `SAMPLE_LIST_FIELDS` (a within-step curve), which then counts as that many. The rate is
-samples over the training span: the first step's start (`start_ts`) to the last step's end
-(`start_ts + step_time_s`), per (host, device).
+Memory: the readings that reached the run's events. Each `memory_readings` event (the memory timer,
+`engine.measure.memory_timer`) lists the timer's readings of one device (`reading_ts`); a reading
+counts once, when it was taken within the training span: the first step's start (`start_ts`) to
+the last step's end (`start_ts + step_time_s`), per (host, device). `memory` events' curves repeat
+readings already published, and their `sampler.readings` count readings whether or not they
+reached the stream, so neither counts. `ddpviz doctor` counts the same (`workers.doctor.gpu`).
 
 Busbw: in-run bucket busbw over the probe's busbw at the same size (`engine.analysis.busbw_vs_probe`,
 the probe interpolated in log size), median over the buckets that ran alone
@@ -18,31 +18,35 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-SAMPLE_LIST_FIELDS = ("samples", "curve")
-
-
-def training_span_s(events: list[dict[str, Any]]) -> float | None:
-    """Seconds from the first step's start to the last step's end, or None without step events."""
+def training_window(events: list[dict[str, Any]]) -> tuple[float, float] | None:
+    """(first step's start, last step's end) in unix seconds, or None without step events."""
     starts, ends = [], []
     for e in events:
         if e.get("type") == "step" and isinstance(e.get("start_ts"), (int, float)):
             starts.append(e["start_ts"])
             ends.append(e["start_ts"] + (e.get("step_time_s") or 0.0))
-    return (max(ends) - min(starts)) if starts else None
+    return (min(starts), max(ends)) if starts else None
+
+
+def training_span_s(events: list[dict[str, Any]]) -> float | None:
+    """Seconds from the first step's start to the last step's end, or None without step events."""
+    window = training_window(events)
+    return window[1] - window[0] if window else None
 
 
 def memory_samples_per_s(events: list[dict[str, Any]]) -> dict[str, Any]:
-    """{per_device: {"host/device": samples per s}, min_per_s, span_s, samples}; rates None
-    when the run has no steps."""
+    """{per_device: {"host/device": readings per s}, min_per_s, span_s, samples}: the memory
+    timer's readings that reached `events` (`memory_readings`), taken within the training span,
+    per second of it; rates None when the run has no steps."""
+    window = training_window(events)
     counts: dict[str, int] = defaultdict(int)
     for e in events:
-        if e.get("type") != "memory":
+        if e.get("type") != "memory_readings":
             continue
         name = f"{e['host']}/{e.get('device')}" if e.get("host") else str(e.get("device"))
-        readings = (e.get("sampler") or {}).get("readings") if isinstance(e.get("sampler"), dict) else None
-        listed = [e[f] for f in SAMPLE_LIST_FIELDS if isinstance(e.get(f), list)]
-        counts[name] += readings if isinstance(readings, int) else len(listed[0]) if listed else 1
-    span = training_span_s(events)
+        counts[name] += sum(1 for t in e.get("reading_ts") or ()
+                            if window is None or window[0] <= t <= window[1])
+    span = window[1] - window[0] if window else None
     if not span or span <= 0:
         return {"per_device": {}, "min_per_s": None, "span_s": span, "samples": dict(counts)}
     rates = {d: round(n / span, 2) for d, n in sorted(counts.items())}

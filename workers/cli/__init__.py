@@ -2,6 +2,7 @@
 
     commands   the parser and the commands that go through Redis: up, worker, submit, train, ...
     local      commands that run the engine here: compare, bench, preview, probe
+    attach     ``ddpviz run -- COMMAND``: watch a training command ddpviz did not write; ``ddpviz upload SPOOL``
     export     ``ddpviz export``: a run's events as JSONL, CSV or a Chrome trace
     predict    ``ddpviz predict RUN_ID``: the Scale-out page's report on the command line
     flags      a command-line flag for every `RunConfig` field, generated

@@ -327,12 +327,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=".ddpviz", help="folder for the embedded Redis' data")
     p.add_argument("--app", help=argparse.SUPPRESS)  # another Streamlit script (tests)
 
+    from workers.cli.attach import register as register_attach
     from workers.cli.local import register
     from workers.cli.predict import register as register_predict
     from workers.doctor.checks import register as register_doctor
 
     register(command, add_run_flags)
     register_predict(command)
+    register_attach(command)
     register_doctor(command)
     return parser
 

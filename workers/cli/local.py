@@ -17,7 +17,7 @@ import sys
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from engine.config import validate_config
-    from engine.harness.compare import ALL_MODES, compare
+    from engine.harness.compare import ALL_MODES, compare, report_verdict
     from workers.cli.flags import run_fields
 
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
@@ -35,9 +35,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
     else:
         for mode, r in report.items():
             sps, up = r["samples_per_s"], r["speedup_vs_single"]
+            exposed = r["step_time_split"].get("comm_exposed_s")
+            exposed = r.get("comm_exposed_note") or ("-" if exposed is None else f"{exposed * 1e3:.2f} ms")
             print(f"{mode:<6} {r['status']:<9} {sps or 0:>10.0f} samples/s  x{up or 0:.2f} vs single  "
+                  f"exposed comm {exposed}  "
                   f"overlap {r['overlap'] if r['overlap'] is not None else '-'}  "
                   f"in sync {r['replicas_in_sync']}  max |Δθ| vs single {r['max_param_diff_vs_single']}")
+            gil = r.get("gil_wait_share") or {}
+            if gil:  # engine.measure.gil: median share of the step each device's threads waited for the GIL
+                print("       waited for the GIL: " + ", ".join(
+                    f"{dev} {'-' if v is None else f'{v:.0%}'}" for dev, v in gil.items()) + " of the step")
+    v = report_verdict(report)
+    if v is not None:  # on stderr with --json, so stdout stays the report
+        print(v.text(), file=sys.stderr if args.json else sys.stdout)
     return 0 if all(r["status"] == "succeeded" for r in report.values()) else 1
 
 

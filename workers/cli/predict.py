@@ -4,8 +4,9 @@
 
 Reads the run and its set through Redis (`workers.scaleout.report`, the page's numbers); prints
 a table of predicted step time, samples/s and scaling efficiency per mode and world size, then
-predicted vs measured for every real run of the same config (error in %), then the inputs and
-assumptions. Exit codes as `ddpviz`: 1 unknown run, 2 a refused setting.
+predicted vs measured for every real run of the same config on the same hardware (error in %;
+each run that fed the fit marked), the error on the runs outside the fit with their count, then the
+inputs and assumptions. Exit codes as `ddpviz`: 1 unknown run, 2 a refused setting.
 """
 
 from __future__ import annotations
@@ -44,10 +45,14 @@ def _print_table(rep: dict) -> None:
               f"{p['samples_per_s']:>11,.0f} {p['efficiency']:>10.0%} {comm * 1e3:>10.3f}  {nbytes:,.0f}")
     if rep["validation"]:
         print("\npredicted vs measured on this machine (this machine's link, measured compute)")
-        print(f"{'RUN':<18} {'MODE':<5} {'N':>3} {'MEASURED/S':>11} {'PREDICTED/S':>12} {'ERROR':>7}")
+        print(f"{'RUN':<18} {'MODE':<5} {'N':>3} {'MEASURED/S':>11} {'PREDICTED/S':>12} {'ERROR':>7}  FIT")
         for v in rep["validation"]:
+            fit = "in the fit: " + v["in_fit_reason"] if v.get("in_fit") else "out of sample"
             print(f"{v['run_id']:<18} {v['mode']:<5} {v['world_size']:>3} {v['measured_samples_per_s']:>11,.0f} "
-                  f"{v['predicted_samples_per_s']:>12,.0f} {v['samples_per_s_error_pct']:>+6.1f}%")
+                  f"{v['predicted_samples_per_s']:>12,.0f} {v['samples_per_s_error_pct']:>+6.1f}%  {fit}")
+    from workers.scaleout_text import out_of_sample_line
+
+    print(out_of_sample_line(rep))
     print("\ninputs and assumptions:")
     for line in rep["assumptions"]:
         print(f"- {line}")
@@ -60,7 +65,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     try:
         sc = scenario_from(args.link, inter_link_key=args.inter_link, devices_per_host=args.devices_per_host,
                            compute_key=args.compute, utilisation=args.utilisation, alpha_s=args.alpha_s,
-                           beta_bytes_per_s=args.beta_bytes_per_s, dp_collectives=args.dp_collectives)
+                           beta_bytes_per_s=args.beta_bytes_per_s, dp_collectives=args.dp_collectives,
+                           allreduce_algo=args.allreduce_algo)
         rep = report(DdpvizClient(url=args.url), args.run_id, args.world_sizes, sc)
     except KeyError as exc:
         print(f"ddpviz: {exc.args[0]}", file=sys.stderr)
@@ -97,4 +103,7 @@ def register(command) -> None:
     p.add_argument("--dp-collectives", choices=["hub", "nccl"], default="hub",
                    help="DP's broadcast/reduce: n-1 copies through device 0 (hub), or NCCL's "
                         "pipelined broadcast/reduce as torch uses on GPUs with NCCL")
+    p.add_argument("--allreduce-algo", choices=["ring", "tree"], default="ring",
+                   help="DDP's all-reduce model (theory): ring, latency 2(n-1)·α, or NCCL's tree, "
+                        "2·ceil(log2 n)·α; the same bandwidth term")
     p.add_argument("--json", action="store_true", help="print the report as JSON (the page's numbers)")

@@ -41,6 +41,8 @@ class StopPoller:
         run_id: the run.
         interval_s: Redis is asked at most this often.
         time_limit_s: the run stops this long after the poller is made (None: never).
+        deadline: `time.monotonic()` at which the run stops instead (its start + the limit, when
+            the poller is made later than the run started).
         writer: a `workers.sink.RedisStreamWriter` whose `problem` stops the run.
 
     Attributes:
@@ -49,10 +51,12 @@ class StopPoller:
     """
 
     def __init__(self, store: Any, run_id: str, interval_s: float = CANCEL_POLL_INTERVAL_S, *,
-                 time_limit_s: float | None = None, writer: Any = None):
+                 time_limit_s: float | None = None, writer: Any = None,
+                 deadline: float | None = None):
         self.store, self.run_id, self.interval_s = store, run_id, interval_s
         self.time_limit_s, self.writer = time_limit_s, writer
-        self.deadline = time.monotonic() + time_limit_s if time_limit_s else None
+        self.deadline = deadline if deadline is not None else (
+            time.monotonic() + time_limit_s if time_limit_s else None)
         self.kind: str | None = None
         self.reason: str | None = None
         self._next_check = 0.0

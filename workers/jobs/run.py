@@ -240,7 +240,12 @@ class StartedRecorder:
 
 def _train(store: RunStore, cfg: Any, run_id: str, workdir: str | Path | None,
            time_limit_s: float, worker_name: str = ""):
-    """Run the engine. Returns (status, error, summary, engine_reported_run_finished)."""
+    """Run the engine. Returns (status, error, summary, engine_reported_run_finished).
+
+    The time limit counts from here, the run's start, not from the end of the imports that
+    follow (torch's take seconds, tens on a busy host).
+    """
+    deadline = time.monotonic() + time_limit_s if time_limit_s else None
     from engine.run import run_training  # imports torch: only in the work-horse
     from workers.sink import run_sink
 
@@ -248,7 +253,7 @@ def _train(store: RunStore, cfg: Any, run_id: str, workdir: str | Path | None,
     sink = StartedRecorder(sink, store, run_id, worker_name or default_worker_name())
     poll_client = fast_fail(store.redis)
     poller = StopPoller(RunStore(poll_client), run_id, CANCEL_POLL_INTERVAL_S,
-                        time_limit_s=time_limit_s, writer=writer)
+                        time_limit_s=time_limit_s, writer=writer, deadline=deadline)
     saved = {k: os.environ.get(k) for k in (RUN_ENV_VAR, "CUDA_VISIBLE_DEVICES")}
     os.environ[RUN_ENV_VAR] = run_id  # marks every process of this run (see workers.host.reaper)
     lease = None

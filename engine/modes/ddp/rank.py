@@ -24,6 +24,7 @@ from engine.components.training import autocast, evaluate, flat_params, loss_fn,
 from engine.config import RunConfig
 from engine.data import BatchPlan, load_dataset
 from engine.measure.clocks import CudaClock, HostClock, StepClock
+from engine.measure.gil import MeteredClock, rank_step_fields
 from engine.measure.memory import param_bytes
 from engine.measure.memory_sampler import model_memory_sampler
 from engine.measure.sync import param_checksum
@@ -62,7 +63,8 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
               static_graph=cfg.static_graph, find_unused_parameters=cfg.find_unused_parameters,
               broadcast_buffers=cfg.broadcast_buffers)
     names = {p.data_ptr(): n for n, p in model.named_parameters()}
-    rec = MemoryBucketRecorder(world, cfg.overlap, names, CudaClock() if device.type == "cuda" else HostClock(),
+    rec = MemoryBucketRecorder(world, cfg.overlap, names,  # its marks read this thread's clocks too
+                               MeteredClock(CudaClock() if device.type == "cuda" else HostClock()),
                                predivided=True)  # the loss is scaled by 1/world below
     selected = selected_hook(cfg)
     if selected is not None:  # fp16/bf16/PowerSGD inside the recording; it averages: no pre-division
@@ -73,7 +75,9 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
     P = param_bytes(model)
     ring = 2 * (world - 1) / world  # ring all-reduce: bytes each rank sends (and receives) per byte
 
-    clock = StepClock(device)  # CUDA events, one synchronize per step (engine.measure.clocks)
+    # CUDA events, one synchronize per step (engine.measure.clocks); each mark also reads this
+    # thread's clocks, for its lock wait (engine.measure.gil)
+    clock = MeteredClock(StepClock(device))
 
     def train_step(step: int) -> dict:
         progress["step"] = step
@@ -113,6 +117,9 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         backward_start = t0 + clock.seconds(m0, micro_marks[-1][1])
         for b in buckets:
             tel.emit("bucket", step=step, **b)
+        last_ready = max((r["ready"] for r in rec.records), key=lambda m: m.clocks.wall_s, default=None)
+        tel.emit("gil", step=step,
+                 **rank_step_fields(micro_marks, (m4, m5), t5 - t0, last_ready, device.type == "cuda"))
         nbytes = sum(b["nbytes"] for b in buckets)  # of the bucket tensors handed to all-reduce
         tel.emit("comm_volume", step=step, allreduce_bytes=nbytes, sent_bytes=int(ring * nbytes),
                  recv_bytes=int(ring * nbytes), volume_source=volume_label(rec),

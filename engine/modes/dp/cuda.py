@@ -16,6 +16,9 @@ device 0. Phases: broadcast, scatter, forward, gather, loss, backward, reduce, o
 CPU (`engine.modes.dp.emulated`); exposed communication = device 0's broadcast + scatter + gather + reduce.
 Bytes: those of the tensors each copy was handed (`engine.modes.dp.book.StarTraffic`), never a
 formula; the formula is reported beside them as theory. One synchronize per step, at its end.
+Lock wait: every mark also reads the calling thread's clocks (`engine.measure.gil.MeteredBook`), so
+each device's forward thread and autograd thread, and the driving thread's phases on device 0,
+report the time they waited for the GIL (host threads: the CUDA events do not see it).
 """
 
 from __future__ import annotations
@@ -28,12 +31,14 @@ from torch.nn.parallel import gather, replicate, scatter
 
 from engine.components.devices import DevicePlan
 from engine.components.loop import drive
-from engine.components.training import autocast, evaluate, loss_fn, make_optimizer
+from engine.components.training import autocast, evaluate, logits_of, loss_fn, make_optimizer, should_eval
 from engine.config import RunConfig
 from engine.data import BatchPlan, Dataset
+from engine.measure.gil import GilMeter, MeteredBook
 from engine.measure.memory import cuda_event, optimizer_state_bytes, param_bytes
+from engine.measure.memory_timer import DeviceProbe, MemoryTimer
 from engine.measure.sync import tensors_checksum
-from engine.measure.telemetry import Telemetry, now, step_fields
+from engine.measure.telemetry import Telemetry, now, should_sample_memory, step_fields
 from engine.modes.dp.book import (
     COMM_PHASES,
     Span,
@@ -44,7 +49,9 @@ from engine.modes.dp.book import (
     theory_star_bytes,
     unique_tensors,
 )
+from engine.modes.dp.comm import tensor_leaves
 from engine.modes.dp.hooks import CudaStreamClock, apply_in_threads, mark_backward, mark_loss_end, mark_reduce
+from engine.modes.dp.state import CHECKED, BufferWatch
 
 COMM_SOURCE = "measured: bytes of the tensors torch.nn.parallel copied"
 PHASE_SOURCE = "cuda events on each device's stream"
@@ -94,6 +101,9 @@ class CudaDP:
         self.device_type = device_type  # "cpu" only in tests, with torch.nn.parallel's copies faked
         self.clock = clock if clock is not None else CudaStreamClock()
         self.param_nbytes = [tensor_nbytes([p]) for p in model.parameters()]
+        self.check = False  # True on check steps: checksums and buffers of the step's own replicas
+        self.checksums_seen: list[list[float]] | None = None
+        self.buffers = BufferWatch()
 
     def micro_step(self, x: torch.Tensor, y: torch.Tensor, micro: int, book: SpanBook,
                    traffic: StarTraffic) -> torch.Tensor:
@@ -108,20 +118,39 @@ class CudaDP:
                                 amp=lambda: autocast(self.cfg, self.device_type), book=book, clock=clock,
                                 micro=micro, devices=ids if self.device_type == "cuda" else None)
         node = broadcast_node(replicas[0])
-        mark_backward(outs, node, book, clock, micro)
+        mark_backward([logits_of(o) for o in outs], node, book, clock, micro)
         mark_reduce(node, n, book, clock, micro, traffic, self.param_nbytes)
         out = _timed(book, clock, "gather", micro, ids, lambda: gather(outs, 0))
-        traffic.to_hub("gather", micro, [tensor_nbytes([o]) for o in outs])
+        traffic.to_hub("gather", micro, [tensor_nbytes(tensor_leaves(o)) for o in outs])  # every tensor
         book.start("loss", 0, micro, clock.mark(0))
         loss = loss_fn(out, y) / self.cfg.grad_accum_steps
         mark_loss_end(out, book, clock, micro, traffic)
         loss.backward()
+        if self.check and micro == 0:
+            self._check(replicas)
         return loss.detach()
 
+    def _check(self, replicas: list[nn.Module]) -> None:
+        """The replicas this step built, after their forward and backward: checksums of each one's
+        parameter copies (replica 0's are device 0's own) and the buffers they changed
+        (`engine.modes.dp.state`). Synchronises: check steps are marked `replica_check`."""
+        with torch.no_grad():
+            self.checksums_seen = [tensors_checksum(replica_params(r)) for r in replicas]
+        self.buffers.observe(self.model, replicas)
+
     def step(self, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
-             opt: torch.optim.Optimizer) -> "StepRecord":
-        """Every micro-batch, then the optimizer on device 0; one synchronize at the end."""
-        book, traffic = SpanBook(), StarTraffic(len(self.ids))
+             opt: torch.optim.Optimizer, *, reset_peaks: bool = False) -> "StepRecord":
+        """Every micro-batch, then the optimizer on device 0; one synchronize at the end.
+
+        Args:
+            reset_peaks: reset every device's allocator peak (`torch.cuda.reset_peak_memory_stats`)
+                before the step, so `max_memory_allocated` read after it is this step's peak
+                (memory-sampled steps), not the process's.
+        """
+        book, traffic = MeteredBook(SpanBook()), StarTraffic(len(self.ids))
+        if reset_peaks:
+            for d in self.ids:
+                torch.cuda.reset_peak_memory_stats(d)
         t0 = now()
         self.clock.begin(self.ids)
         losses = [self.micro_step(x, y, micro, book, traffic) for micro, (x, y) in enumerate(micro_batches)]
@@ -130,15 +159,11 @@ class CudaDP:
         opt.zero_grad(set_to_none=True)
         book.end("optimizer", 0, 0, self.clock.mark(0))
         self.clock.synchronize(self.ids)
-        return StepRecord(t0, now() - t0, float(sum(l.item() for l in losses)),
-                          book.resolve(self.clock.seconds), traffic)
-
-    def checksums(self) -> list[list[float]]:
-        """Checksums of the copies `replicate` makes now, one per device: they differ only if the
-        broadcast does not deliver device 0's parameters."""
-        with torch.no_grad():
-            replicas = replicate(self.model, self.ids, detach=True)
-        return [tensors_checksum(replica_params(r)) for r in replicas]
+        wall = now() - t0
+        gil = GilMeter()
+        book.meter_spans(gil)
+        return StepRecord(t0, wall, float(sum(l.item() for l in losses)),
+                          book.resolve(self.clock.seconds), traffic, gil)
 
 
 class StepRecord(NamedTuple):
@@ -149,6 +174,7 @@ class StepRecord(NamedTuple):
     loss: float
     spans: list[Span]
     traffic: StarTraffic
+    gil: GilMeter | None = None
 
     def measures(self, samples: int) -> dict[str, Any]:
         """The `step` event's fields; each phase summed over the step's micro-steps, on device 0."""
@@ -159,11 +185,16 @@ class StepRecord(NamedTuple):
                            optimizer_s=phase_seconds(self.spans, ("optimizer",)))
 
     def emit(self, tel: Telemetry, step: int, names: Sequence[str], theory: Sequence[int]) -> None:
-        """`dp_phase` per span and `comm_volume` per device (measured bytes beside `theory`)."""
-        for s in self.spans:
+        """`dp_phase` per span, `comm_volume` per device (measured bytes beside `theory`) and
+        `gil` per device (the lock wait of its host threads, `engine.measure.gil`)."""
+        gil = self.gil if self.gil is not None else GilMeter()
+        waits = gil.span_waits([(s.phase, s.device) for s in self.spans])
+        for s, w in zip(self.spans, waits):
             tel.emit("dp_phase", step=step, phase=s.phase, device=names[s.device], start_s=s.start_s,
                      end_s=s.end_s, nbytes=self.traffic.span_nbytes.get((s.phase, s.device, s.micro), 0),
-                     source=PHASE_SOURCE)
+                     source=PHASE_SOURCE, gil_wait_s=w)
+        for i, fields in enumerate(gil.device_fields(len(names), self.step_time_s)):
+            tel.emit("gil", step=step, device=names[i], **fields)
         for i, name in enumerate(names):
             tel.emit("comm_volume", step=step, device=name, sent_bytes=self.traffic.sent[i],
                      recv_bytes=self.traffic.recv[i], theory_sent_bytes=theory[i],
@@ -186,9 +217,10 @@ def train_dp_cuda(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Modul
             yield ds.x_train[idx].to(dev0), ds.y_train[idx].to(dev0)
 
     def train_step(step: int) -> dict:
-        rec = dp.step(micro_batches(step), opt)
+        dp.check = should_eval(cfg, step)
+        rec = dp.step(micro_batches(step), opt, reset_peaks=should_sample_memory(step, cfg.steps))
         rec.emit(tel, step, plan.names, theory)
-        return rec.measures(cfg.global_batch_size)
+        return rec.measures(cfg.global_batch_size) | ({"replica_check": True} if dp.check else {})
 
     def memory(step: int) -> None:
         for i in dp.ids:
@@ -196,9 +228,17 @@ def train_dp_cuda(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Modul
             tel.emit("memory", step=step, device=plan.names[i], **cuda_event(torch.device(f"cuda:{i}"), extra))
 
     def check_sync(step: int) -> None:
-        sums = dp.checksums()
-        tel.emit("sync", step=step, checksums=sums, in_sync=all(s == sums[0] for s in sums))
+        sums, dp.checksums_seen = dp.checksums_seen, None
+        if sums is not None:
+            dp.buffers.report(tel, step)
+            tel.emit("sync", step=step, checksums=sums, in_sync=all(s == sums[0] for s in sums),
+                     checked=CHECKED, replicas_rebuilt_each_step=True, buffers_discarded=dp.buffers.count)
 
-    drive(cfg, tel, train_step, should_stop=should_stop, memory=memory, check_sync=check_sync,
-          evaluate=lambda: evaluate(model, ds, dev0))
+    timer = MemoryTimer(tel, [DeviceProbe(name, ledger_index=None, cuda_index=i, process_shared=True)
+                              for i, name in enumerate(plan.names)])  # memory_readings, 20/s per GPU
+    try:
+        drive(cfg, tel, train_step, should_stop=should_stop, memory=memory, check_sync=check_sync,
+              evaluate=lambda: evaluate(model, ds, dev0))
+    finally:
+        timer.close()
     return model

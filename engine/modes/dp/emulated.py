@@ -28,19 +28,21 @@ from engine.components.training import (
     autocast,
     cpu_device_threads,
     evaluate,
-    logits_of,
     loss_fn,
     make_optimizer,
     should_eval,
 )
 from engine.config import RunConfig
 from engine.data import BatchPlan, Dataset
+from engine.measure.gil import GilMeter, Measured, ThreadClocks, Span
 from engine.measure.ledger import LedgerMode, TensorLedger
 from engine.measure.memory import optimizer_state_tensors, param_bytes, tensor_bytes
 from engine.measure.memory_sampler import DeviceProbe, MemorySampler
 from engine.measure.sync import tensors_checksum
 from engine.measure.telemetry import Telemetry, now, step_fields
+from engine.modes.dp.comm import Copy, Gathered, gather_outputs, grads_for_replicas, reduce_add_coalesced
 from engine.modes.dp.replicate import Replicas, replicate_cpu
+from engine.modes.dp.state import CHECKED, BufferWatch
 
 
 class PhaseLog:
@@ -49,9 +51,28 @@ class PhaseLog:
     def __init__(self, t0: float):
         self.t0 = t0
         self.spans: list[tuple[str, int, float, float, int]] = []
+        self.copies: dict[tuple[str, int], int] = {}  # (phase, device) -> buffers that crossed
+
+    def add_copies(self, phase: str, copies: list[Copy], hub_start: float) -> None:
+        """One span per device for its copies in `phase` (first start to last end, their bytes
+        and count), and device 0's span from `hub_start` to now with every byte and copy."""
+        for j in sorted({c.device for c in copies}):
+            mine = [c for c in copies if c.device == j]
+            self.add(phase, j, min(c.start for c in mine), max(c.end for c in mine), sum(c.nbytes for c in mine))
+            self.copies[(phase, j)] = self.copies.get((phase, j), 0) + len(mine)
+        self.add(phase, 0, hub_start, now(), sum(c.nbytes for c in copies))
+        self.copies[(phase, 0)] = self.copies.get((phase, 0), 0) + len(copies)
 
     def add(self, phase: str, device: int, start: float, end: float, nbytes: int = 0) -> None:
         self.spans.append((phase, device, start - self.t0, end - self.t0, nbytes))
+
+    def rebound(self, phase: str, device: int, first: int, start: float, end: float) -> None:
+        """Set the start and end (perf_counter s) of the `(phase, device)` span logged at index
+        `first` or later."""
+        for k in range(first, len(self.spans)):
+            p, d, _, _, nb = self.spans[k]
+            if (p, d) == (phase, device):
+                self.spans[k] = (p, d, start - self.t0, end - self.t0, nb)
 
     def total(self, phases: tuple[str, ...], device: int = 0) -> float:
         return sum(e - s for p, d, s, e, _ in self.spans if d == device and p in phases)
@@ -63,6 +84,8 @@ class EmulatedDP:
     `sent`/`recv` count, per device and step, the bytes of every tensor copied between device 0
     and that device (broadcast, scatter, gather, the output gradients, reduce), measured on the
     copies themselves. `ledger` (when tracing) attributes each copy to the device receiving it.
+    `gil` measures, per phase span, the lock wait of the thread that ran it (`engine.measure.gil`):
+    each device's forward and backward in its pool thread, device 0's other phases in the caller's.
     """
 
     COMM_PHASES = ("broadcast", "scatter", "gather", "reduce")
@@ -72,9 +95,24 @@ class EmulatedDP:
         self.pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="dp-device")
         self.sent = [0] * n
         self.recv = [0] * n
-        self.checksums: list[list[float]] | None = None  # replicas as built, on check steps
+        self.checksums: list[list[float]] | None = None  # the replicas as they computed, on check steps
         self.last_log: PhaseLog | None = None
         self.check_span: tuple[float, float] | None = None  # the checksums' own time, this step
+        self.buffers = BufferWatch()  # buffer updates the replicas made and DP discards
+        self.gil = GilMeter()
+
+    def _hub(self, phase: str, fn: Callable[[], object], log: PhaseLog):
+        """Run device 0's serial phase `fn` on this (the driving) thread, its lock wait measured.
+
+        Device 0's span of the phase is set to the meter's own boundaries, so the wait measured
+        over it always falls inside it (the thread can wait for the GIL between the meter's
+        reading and the phase's first clock read)."""
+        first = len(log.spans)
+        with Measured() as m:
+            out = fn()
+        self.gil.add(phase, 0, m.span)
+        log.rebound(phase, 0, first, m.span.begin.wall_s, m.span.end.wall_s)
+        return out
 
     def _on(self, device: int, kind: str):
         """Attribute what this thread creates to `device` as `kind`, while memory is traced."""
@@ -86,29 +124,27 @@ class EmulatedDP:
         self.recv[dst] += nbytes
 
     def _broadcast(self, log: PhaseLog) -> Replicas:
-        """`replicate`: new replica modules; devices 1..n-1 receive copies (bytes measured)."""
+        """`replicate`: new replica modules; devices 1..n-1 receive the flat buffers of
+    `broadcast_coalesced` (bytes and copies measured)."""
         t_all = now()
         led = self.ledger if self.ledger is not None and self.ledger.active else None
         reps = replicate_cpu(self.master, self.n, led)
-        for j in range(1, self.n):
-            mine = [(s, e) for d, s, e in reps.spans if d == j]
-            log.add("broadcast", j, min(s for s, _ in mine), max(e for _, e in mine), reps.copied_bytes[j])
-            self._move(0, j, reps.copied_bytes[j])
-        log.add("broadcast", 0, t_all, now(), sum(reps.copied_bytes))
+        log.add_copies("broadcast", reps.copies, t_all)
+        for c in reps.copies:
+            self._move(0, c.device, c.nbytes)
         return reps
 
     def _scatter(self, x: torch.Tensor, log: PhaseLog) -> list[torch.Tensor]:
         """`chunk` the batch; device 0 keeps a view, the others get copies."""
         t_all = now()
-        chunks = list(x.chunk(self.n))
+        chunks, copies = list(x.chunk(self.n)), []
         for i in range(1, self.n):
             t = now()
             with self._on(i, "inputs"):
                 chunks[i] = chunks[i].clone()
-            nb = tensor_bytes([chunks[i]])
-            log.add("scatter", i, t, now(), nb)
-            self._move(0, i, nb)
-        log.add("scatter", 0, t_all, now(), tensor_bytes(chunks[1:]))
+            copies.append(Copy(i, t, now(), tensor_bytes([chunks[i]])))
+            self._move(0, i, copies[-1].nbytes)
+        log.add_copies("scatter", copies, t_all)
         return chunks
 
     def _in_threads(self, phase: str, fn: Callable[[int], torch.Tensor | None], log: PhaseLog):
@@ -116,10 +152,12 @@ class EmulatedDP:
         led = self.ledger if self.ledger is not None and self.ledger.active else None
 
         def timed(i):
-            t = now()
+            a = ThreadClocks.read()
             with LedgerMode(led, device=i) if led is not None else nullcontext():
                 r = fn(i)
-            return r, t, now()
+            b = ThreadClocks.read()
+            self.gil.add(phase, i, Span(a, b))
+            return r, a.wall_s, b.wall_s
         results = list(self.pool.map(timed, range(self.n)))
         for i, (_, t, e) in enumerate(results):
             log.add(phase, i, t, e)
@@ -129,66 +167,61 @@ class EmulatedDP:
         def fwd(i):
             maybe_fail(self.cfg, i, step)  # a failing device thread fails the whole DP process
             with autocast(self.cfg, "cpu"):
-                return logits_of(reps.modules[i](chunks[i]))  # gather moves the logits only
+                return reps.modules[i](chunks[i])  # the whole output: gather moves every tensor
         return self._in_threads("forward", fwd, log)
 
-    def _gather(self, outs, log) -> torch.Tensor:
-        """Outputs copied into one tensor on device 0 (`comm.gather`), detached so each replica
-        keeps its own graph; device 0's own part is a local copy."""
+    def _gather(self, outs, log) -> Gathered:
+        """Every tensor of the outputs concatenated on device 0 (`scatter_gather.gather`,
+        `engine.modes.dp.comm.gather_outputs`), detached so each replica keeps its own graph;
+        device 0's own part is a local copy."""
         t_all = now()
-        rows = [o.shape[0] for o in outs]
-        with self._on(0, "gathered_outputs"):
-            gathered = torch.empty((sum(rows),) + tuple(outs[0].shape[1:]), dtype=outs[0].dtype)
-            start = 0
-            for i, o in enumerate(outs):
-                t = now()
-                gathered[start:start + rows[i]].copy_(o.detach())
-                start += rows[i]
-                if i > 0:
-                    nb = tensor_bytes([o])
-                    log.add("gather", i, t, now(), nb)
-                    self._move(i, 0, nb)
-        log.add("gather", 0, t_all, now(), tensor_bytes(outs[1:]))
-        return gathered.requires_grad_()
+        led = self.ledger if self.ledger is not None and self.ledger.active else None
+        g = gather_outputs(outs, ledger=led)
+        log.add_copies("gather", g.copies, t_all)
+        for c in g.copies:
+            self._move(c.device, 0, c.nbytes)
+        return g
 
-    def _backward(self, reps: Replicas, outs, grad: torch.Tensor, log) -> None:
-        """Scatter d(loss)/d(outputs) back and run each replica's backward in its thread."""
-        grads = list(grad.chunk(self.n))
+    def _backward(self, reps: Replicas, g: Gathered, log) -> None:
+        """Scatter d(loss)/d(outputs) back (each output tensor the loss reached) and run each
+        replica's backward in its thread."""
+        per = grads_for_replicas(g, self.n)
         for i in range(1, self.n):
             with self._on(i, "grad_outputs"):
-                grads[i] = grads[i].clone()
-            self._move(0, i, tensor_bytes([grads[i]]))
+                per[i] = (per[i][0], [t.clone() for t in per[i][1]])
+            self._move(0, i, tensor_bytes(per[i][1]))
 
         def bwd(i):
-            outs[i].backward(grads[i])
+            torch.autograd.backward(per[i][0], per[i][1])
             if self.ledger is not None and self.ledger.active:
                 self.ledger.retag((p.grad for p in reps.params[i]), "grads")
         self._in_threads("backward", bwd, log)
 
     def _reduce(self, reps: Replicas, log) -> None:
-        """Sum every replica's gradients onto device 0 (copy, then add), then drop them."""
+        """`ReduceAddCoalesced`: every replica's gradient of every parameter (zeros where it got
+        none: frozen or unused), in 10 MiB flat buffers, summed onto device 0. A parameter that
+        requires grad gets the sum (zeros if no replica used it, as in torch); a frozen one's is
+        dropped, as `Broadcast.backward` returns it for an input that needs none."""
         master = reps.params[0]
-        t_all, total = now(), 0
-        for i in range(1, self.n):
-            t = now()
-            nb = 0
-            for m, r in zip(master, reps.params[i]):
-                if r.grad is None:
-                    continue
-                with self._on(0, "grad_copies"):
-                    g = r.grad.clone()  # the copy that crosses the link to device 0
-                nb += tensor_bytes([g])
-                if m.grad is None:
-                    m.grad = g
-                    if self.ledger is not None and self.ledger.active:
-                        self.ledger.retag([g], "grads")
-                else:
-                    m.grad.add_(g)
+        t_all = now()
+        led = self.ledger if self.ledger is not None and self.ledger.active else None
+        sums, copies = reduce_add_coalesced([[r.grad for r in reps.params[j]] for j in range(1, self.n)],
+                                            master, ledger=led)
+        for m, total in zip(master, sums):
+            if not m.requires_grad or total is None:
+                continue
+            if m.grad is None:
+                m.grad = total
+                if led is not None:
+                    led.retag([total], "grads")
+            else:
+                m.grad.add_(total)
+        for j in range(1, self.n):
+            for r in reps.params[j]:
                 r.grad = None
-            log.add("reduce", i, t, now(), nb)
-            self._move(i, 0, nb)
-            total += nb
-        log.add("reduce", 0, t_all, now(), total)
+        log.add_copies("reduce", copies, t_all)
+        for c in copies:
+            self._move(c.device, 0, c.nbytes)
 
     def _diverge(self, reps: Replicas, step: int, micro: int) -> None:
         """`fault=diverge`: nudge replica `fault_rank`'s weights for this step only (rank 0's are
@@ -199,25 +232,33 @@ class EmulatedDP:
                 for p in reps.params[cfg.fault_rank]:
                     p.add_(DIVERGE_NUDGE)
 
+    def _check(self, reps: Replicas) -> None:
+        """On check steps, after forward and backward: each replica's parameters as it computed
+        with them (this step's broadcast copies; a write after the copy, `fault=diverge` or an
+        in-place write in forward, would show) against device 0's, and the buffers the replicas
+        changed that DP will discard (`engine.modes.dp.state`). Timed as the instrument's own."""
+        t = now()
+        with self.ledger.paused() if self.ledger is not None else nullcontext():
+            self.checksums = [tensors_checksum(ps) for ps in reps.params]
+            self.buffers.observe(self.master, reps.modules)
+        self.check_span = (t, now())
+
     def micro_step(self, x, y, log: PhaseLog, accum: int, step: int, micro: int) -> float:
         """One micro-batch through all phases but the optimizer; returns its loss."""
-        reps = self._broadcast(log)
+        reps = self._hub("broadcast", lambda: self._broadcast(log), log)
         self._diverge(reps, step, micro)
-        if micro == 0 and should_eval(self.cfg, step):  # what each replica computes with
-            t = now()
-            with self.ledger.paused() if self.ledger is not None else nullcontext():
-                self.checksums = [tensors_checksum(ps) for ps in reps.params]
-            self.check_span = (t, now())
-        chunks = self._scatter(x, log)
+        chunks = self._hub("scatter", lambda: self._scatter(x, log), log)
         outs = self._forward(reps, chunks, log, step)
-        gathered = self._gather(outs, log)
-        t = now()
-        with self._on(0, "loss"):
-            loss = loss_fn(gathered, y) / accum
+        gathered = self._hub("gather", lambda: self._gather(outs, log), log)
+        with Measured() as m, self._on(0, "loss"):
+            loss = loss_fn(gathered.output, y) / accum
             loss.backward()  # only d(loss)/d(gathered), on device 0
-        log.add("loss", 0, t, now())
-        self._backward(reps, outs, gathered.grad, log)
-        self._reduce(reps, log)
+        self.gil.add("loss", 0, m.span)
+        log.add("loss", 0, m.span.begin.wall_s, m.span.end.wall_s)
+        self._backward(reps, gathered, log)
+        if micro == 0 and should_eval(self.cfg, step):
+            self._check(reps)
+        self._hub("reduce", lambda: self._reduce(reps, log), log)
         return loss.item()
 
 
@@ -239,21 +280,26 @@ def train_dp(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Module, te
         t0 = now()
         log = PhaseLog(t0)
         dp.sent, dp.recv, dp.check_span = [0] * n, [0] * n, None
+        dp.gil.begin_step()
         loss = 0.0
         for micro in range(cfg.grad_accum_steps):
             idx = batches.global_indices(step * cfg.grad_accum_steps + micro)
             with dp._on(0, "inputs"):
                 x, y = ds.x_train[idx], ds.y_train[idx]
             loss += dp.micro_step(x, y, log, cfg.grad_accum_steps, step, micro)
-        t = now()
-        with dp._on(0, "optimizer"):
+        with Measured() as m, dp._on(0, "optimizer"):
             opt.step()
             opt.zero_grad(set_to_none=True)
-        log.add("optimizer", 0, t, now())
+        dp.gil.add("optimizer", 0, m.span)
+        log.add("optimizer", 0, m.span.begin.wall_s, m.span.end.wall_s)
         t_end = now()
         dp.last_log = log
-        for phase, dev, s, e, nb in log.spans:
-            tel.emit("dp_phase", step=step, phase=phase, device=plan.names[dev], start_s=s, end_s=e, nbytes=nb)
+        waits = dp.gil.span_waits([(phase, dev) for phase, dev, *_ in log.spans])
+        for (phase, dev, s, e, nb), w in zip(log.spans, waits):
+            tel.emit("dp_phase", step=step, phase=phase, device=plan.names[dev], start_s=s, end_s=e, nbytes=nb,
+                     copies=log.copies.get((phase, dev), 0), gil_wait_s=w)
+        for i, fields in enumerate(dp.gil.device_fields(n, t_end - t0)):
+            tel.emit("gil", step=step, device=plan.names[i], **fields)
         for i in range(n):
             theory = (P * (n - 1) if i == 0 else P) * cfg.grad_accum_steps
             tel.emit("comm_volume", step=step, device=plan.names[i], sent_bytes=dp.sent[i],
@@ -273,9 +319,9 @@ def train_dp(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Module, te
     def check_sync(step: int) -> None:
         sums, dp.checksums = dp.checksums, None
         if sums is not None:
+            dp.buffers.report(tel, step)
             tel.emit("sync", step=step, checksums=sums, in_sync=all(s == sums[0] for s in sums),
-                     checked="replicas as built by this step's broadcast, before forward",
-                     replicas_rebuilt_each_step=True)
+                     checked=CHECKED, replicas_rebuilt_each_step=True, buffers_discarded=dp.buffers.count)
 
     probes = [DeviceProbe(name, ledger_index=i, process_shared=True) for i, name in enumerate(plan.names)]
     def phases_of(i: int):  # the step's own spans on device i, in perf_counter seconds

@@ -9,9 +9,10 @@ device a copy), and each replica's attributes are set to its device's tensors. N
 between steps, so whatever a forward does to a replica (a rebound buffer, a drifted weight) is
 gone at the next step.
 
-Here the same structure, with CPU copies made while the ledger attributes them to the receiving
-device. One difference, named: real replicas hold non-leaf tensors (autograd's `Broadcast` sums
-their gradients onto device 0 inside backward); here the copies are leaves that keep their own
+Here the same structure, with CPU copies made as `comm.broadcast_coalesced` makes them (10 MiB flat
+buffers, `engine.modes.dp.comm`) while the ledger attributes them to the receiving device. One
+difference, named: real replicas hold non-leaf tensors (autograd's `Broadcast` sums their
+gradients onto device 0 inside backward); here the copies are leaves that keep their own
 `.grad`, and `EmulatedDP` reduces them onto device 0 in a timed phase of its own, so the reduce is
 measured rather than hidden in backward.
 """
@@ -19,15 +20,13 @@ measured rather than hidden in backward.
 from __future__ import annotations
 
 from collections import OrderedDict
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
 from engine.measure.ledger import TensorLedger
-from engine.measure.memory import tensor_bytes
-from engine.measure.telemetry import now
+from engine.modes.dp.comm import Copy, broadcast_coalesced
 
 
 @dataclass
@@ -38,59 +37,62 @@ class Replicas:
         modules: replica j's top module (device j), new objects this step.
         params: params[j][k] is replica j's tensor of device 0's k-th parameter
             (`network.parameters()` order, a tied tensor once); params[0] are device 0's own.
-        copied_bytes: bytes copied to each device (0 for device 0: it keeps its tensors).
-        spans: (device, start, end) perf_counter seconds of each device's copy.
+        copies: each flat buffer copied from device 0 to a device (`engine.modes.dp.comm.Copy`:
+            device, perf_counter start and end, bytes); device 0 keeps its tensors and gets none.
     """
 
     modules: list[nn.Module]
     params: list[list[torch.Tensor]]
-    copied_bytes: list[int]
-    spans: list[tuple[int, float, float]]
+    copies: list[Copy]
 
-
-def _copies(tensors: list[torch.Tensor], n: int, ledger: TensorLedger | None, kind: str,
-            leaf_grad: bool, spans: list, nbytes: list[int]) -> list[list[torch.Tensor]]:
-    """Device 0 keeps `tensors`; devices 1..n-1 each get fresh copies (timed, counted)."""
-    out = [list(tensors)]
-    for j in range(1, n):
-        t = now()
-        with torch.no_grad(), (ledger.working_for(j, kind) if ledger else nullcontext()):
-            copies = [x.detach().clone() for x in tensors]
-        if leaf_grad:
-            copies = [c.requires_grad_(x.requires_grad) for c, x in zip(copies, tensors)]
-        spans.append((j, t, now()))
-        nbytes[j] += tensor_bytes(copies)
-        out.append(copies)
-    return out
+    def copied_bytes(self, device: int) -> int:
+        """Bytes copied to `device` in this broadcast."""
+        return sum(c.nbytes for c in self.copies if c.device == device)
 
 
 def replicate_cpu(network: nn.Module, n: int, ledger: TensorLedger | None = None) -> Replicas:
     """Build `n` replicas of `network` (see the module docstring); replica 0 aliases device 0's
-    parameters and buffers, replicas 1..n-1 own copies (parameters: leaves that require grad)."""
-    spans: list[tuple[int, float, float]] = []
-    nbytes = [0] * n
+    parameters and buffers, replicas 1..n-1 own copies (parameters: leaves that require grad as
+    device 0's do), broadcast in 10 MiB flat buffers (`engine.modes.dp.comm.broadcast_coalesced`):
+    the parameters in one call, the buffers that require grad in a second and the others in a
+    third, as `replicate` does."""
     params = list(network.parameters())
-    param_copies = _copies(params, n, ledger, "params", True, spans, nbytes)
+    param_copies, copies = broadcast_coalesced(params, n, ledger=ledger, kind="params",
+                                               leaf=lambda k: params[k].requires_grad)
     buffers = list(network.buffers())
-    buffer_copies = _copies(buffers, n, ledger, "buffers", False, spans, nbytes)
+    buffer_copies: list[list[torch.Tensor]] = [[None] * len(buffers) for _ in range(n)]  # type: ignore[list-item]
+    for group in ([k for k, b in enumerate(buffers) if b.requires_grad],
+                  [k for k, b in enumerate(buffers) if not b.requires_grad]):
+        out, made = broadcast_coalesced([buffers[k] for k in group], n, ledger=ledger, kind="buffers")
+        copies += made
+        for j in range(n):
+            for k, t in zip(group, out[j]):
+                buffer_copies[j][k] = t
+    return Replicas(modules=_wire(network, n, params, param_copies, buffers, buffer_copies),
+                    params=param_copies, copies=copies)
+
+
+def _wire(network: nn.Module, n: int, params: list, param_copies: list, buffers: list,
+          buffer_copies: list) -> list[nn.Module]:
+    """New module objects per device, holding that device's tensors (replicate.py's loops)."""
     p_idx = {id(p): k for k, p in enumerate(params)}
     b_idx = {id(b): k for k, b in enumerate(buffers)}
     modules = list(network.modules())
     m_idx = {id(m): i for i, m in enumerate(modules)}
-    copies: list[list[nn.Module]] = [[] for _ in range(n)]
+    module_copies: list[list[nn.Module]] = [[] for _ in range(n)]
     for m in modules:
         for j in range(n):
             replica = m._replicate_for_data_parallel()
             replica._former_parameters = OrderedDict()
-            copies[j].append(replica)
+            module_copies[j].append(replica)
     for i, m in enumerate(modules):
         for j in range(n):
-            replica = copies[j][i]
+            replica = module_copies[j][i]
             for key, child in m._modules.items():
                 if child is None:
                     replica._modules[key] = None
                 else:
-                    setattr(replica, key, copies[j][m_idx[id(child)]])
+                    setattr(replica, key, module_copies[j][m_idx[id(child)]])
             for key, p in m._parameters.items():
                 if p is None:
                     replica._parameters[key] = None
@@ -102,5 +104,4 @@ def replicate_cpu(network: nn.Module, n: int, ledger: TensorLedger | None = None
                 replica._former_parameters[key] = t
             for key, b in m._buffers.items():
                 replica._buffers[key] = None if b is None else buffer_copies[j][b_idx[id(b)]]
-    return Replicas(modules=[copies[j][0] for j in range(n)], params=param_copies,
-                    copied_bytes=nbytes, spans=spans)
+    return [module_copies[j][0] for j in range(n)]

@@ -1,8 +1,15 @@
-"""What an FSDP rank holds, read from tensors that exist at the moment of a sample.
+"""What an FSDP rank holds: the measured peak (the ledger) and the within-step curve by kind.
 
-`fsdp_memory_sample(probe)` is the one entry point: it returns the bytes this rank holds right
-now, by kind, each summed over the storages of tensors that really exist (deduplicated by
-storage, so a tied or viewed tensor counts once), plus the process's resident memory (psutil):
+The peak — `fsdp_memory_sampler` — is measured as DDP's is: on traced steps
+(`engine.measure.memory_sampler.should_trace_memory`) the live-tensor ledger sees every storage
+the rank creates over the whole step, forward, backward and `opt.step` (AdamW's temporaries
+too), plus the gathered parameters FSDP2 allocates and frees by resizing storage in place
+(`resize_hooks`); the `memory` event carries its exact maximum.
+
+The curve by kind — `FsdpMemoryProbe`, on the same traced steps — samples at FSDP's hooks
+(collective start/end, after each unit's pre-forward, forward/backward/optimizer ends) the bytes
+this rank holds then, by kind, each summed over the storages of tensors that really exist
+(deduplicated by storage, so a tied or viewed tensor counts once), plus the process's RSS:
 
 - `sharded_params`: the local shards of the parameters (DTensor local storages, padded);
 - `unsharded_params`: storages of parameters a unit has all-gathered and not yet resharded (FSDP2
@@ -12,26 +19,30 @@ storage, so a tied or viewed tensor counts once), plus the process's resident me
 - `optimizer_state`: tensors in the optimizer's state (their local shards);
 - `comm_buffers`: the flat all-gather outputs and reduce-scatter inputs FSDP2 handed to the
   recording collectives and still holds;
-- `activations`: tensors autograd saved for backward that are still alive (on sampled steps);
+- `activations`: tensors autograd saved for backward that are still alive;
 - `buffers`: module buffers.
 
-`FsdpMemoryProbe.curve` samples at points inside a step (collective start/end, after each unit's
-pre-forward, forward/backward/optimizer ends), so the within-step curve shows each unit's
-transient unsharded parameters. When a timer-based sampler exists, it can call
-`fsdp_memory_sample` from its thread (reads only).
+It shows what each unit's gathered parameters add and when; it is a sample at those points, so
+its highest point can miss what lives between them (backward's and the optimizer's temporaries):
+the peak is the ledger's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn as nn
 
-from engine.measure.telemetry import now
+from engine.config import RunConfig
+from engine.measure.ledger import TensorLedger
+from engine.measure.memory import optimizer_state_tensors
+from engine.measure.memory_sampler import DeviceProbe, MemorySampler, phase_hooks
+from engine.measure.telemetry import Telemetry, now
 
-SOURCE = "tensors (storages alive on this rank) + process RSS (psutil)"
+CURVE_SOURCE = "tensors alive at FSDP's hooks (storages on this rank) + process RSS (psutil)"
 KINDS = ("sharded_params", "unsharded_params", "sharded_grads", "unsharded_grads", "optimizer_state",
          "comm_buffers", "activations", "buffers")
 
@@ -102,8 +113,6 @@ class FsdpMemoryProbe:
     def begin(self) -> None:
         """Start a sampled step's curve (times from now)."""
         self.active, self.origin, self.points, self.comm = True, now(), [], []
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
 
     def note_comm_buffer(self, t: torch.Tensor) -> None:
         if self.active:
@@ -156,25 +165,69 @@ def fsdp_memory_sample(probe: FsdpMemoryProbe) -> dict[str, Any]:
     return out
 
 
-def memory_fields(points: list[dict[str, Any]], device: torch.device) -> dict[str, Any]:
-    """The `memory` event of a sampled step from its curve: the peak point.
+def fsdp_params(units: list[tuple[str, nn.Module]]) -> list[Any]:
+    """FSDP2's `FSDPParam` of every unit (private: `FSDPModule._get_fsdp_state()._fsdp_param_group`,
+    torch 2.13's layout); [] where this torch lays it out otherwise."""
+    out = []
+    for _, mod in units:
+        try:
+            group = mod._get_fsdp_state()._fsdp_param_group
+        except AttributeError:
+            return []
+        out += list(group.fsdp_params) if group is not None else []
+    return out
 
-    `breakdown` is the peak point's bytes by kind and `allocated_bytes` their sum (as for
-    `engine.measure.memory.accounted_event`, allocated = the breakdown's total), which is also
-    `peak_allocated_bytes`, the largest tensor total among the points (CUDA: the allocator's
-    figures, `max_memory_allocated` since the step began). `end_of_step_bytes`: the last point's
-    total, what the rank keeps between steps (its shards and optimizer state).
+
+@contextlib.contextmanager
+def resize_hooks(ledger: TensorLedger, params: list[Any]) -> Iterator[None]:
+    """While a traced step runs, tell `ledger` of each storage FSDP2 re-allocates or frees by
+    resizing it in place (`FSDPParam.alloc_all_gather_outputs`, `free_unsharded_param`), which
+    no aten op shows; filed as "unsharded_params". Removed after the step."""
+    for fp in params:
+        def alloc(fp=fp, inner=fp.alloc_all_gather_outputs):
+            inner()
+            ledger.resized(fp.all_gather_outputs, "unsharded_params")
+
+        def free(fp=fp, inner=fp.free_unsharded_param):
+            inner()
+            ledger.resized([*fp.all_gather_outputs, *getattr(fp, "_unsharded_inner_tensors", [])],
+                           "unsharded_params")
+        fp.alloc_all_gather_outputs, fp.free_unsharded_param = alloc, free
+    try:
+        yield
+    finally:
+        for fp in params:
+            del fp.alloc_all_gather_outputs, fp.free_unsharded_param  # back to the class's methods
+
+
+def fsdp_memory_sampler(cfg: RunConfig, tel: Telemetry, model: nn.Module, opt: torch.optim.Optimizer,
+                        device: torch.device, units: list[tuple[str, nn.Module]],
+                        phases_of: Callable[[int], list[tuple[str, float, float]]]) -> MemorySampler:
+    """The memory sampler of one FSDP rank, DDP's (`engine.measure.memory_sampler`): the timer, and on
+    traced steps the live-tensor ledger over the whole step — forward, backward, `opt.step` — so
+    the `memory` event's peak is the exact maximum of the bytes of the storages this rank holds.
+
+    At a traced step's start the ledger counts the local shards of the parameters, their gradients,
+    the optimizer state, buffers and any gathered parameters still held; during it every op's
+    outputs (DTensors by their local shard) and the gathered parameters FSDP2 resizes in place
+    (`resize_hooks`). `phases_of(0)` gives the step's measured forward, backward and optimizer
+    spans (perf_counter s).
     """
-    peak = max(points, key=lambda p: p["tensor_bytes"])
-    last = points[-1]
-    fields = dict(allocated_bytes=peak["tensor_bytes"], reserved_bytes=None, used_bytes=None,
-                  source=SOURCE, breakdown={k: int(peak[k]) for k in KINDS},
-                  peak_allocated_bytes=peak["tensor_bytes"], peak_label=peak["label"],
-                  end_of_step_bytes=last["tensor_bytes"], rss_bytes=last["rss_bytes"],
-                  peak_rss_bytes=max(p["rss_bytes"] for p in points))
-    if device.type == "cuda":
-        fields.update(allocated_bytes=int(torch.cuda.memory_allocated(device)),
-                      reserved_bytes=int(torch.cuda.memory_reserved(device)),
-                      peak_allocated_bytes=int(torch.cuda.max_memory_allocated(device)),
-                      source="cuda allocator (torch.cuda); breakdown from tensors")
-    return fields
+    ledger = TensorLedger(1, device_type=device.type)
+    params = fsdp_params(units)
+
+    def existing():
+        return [(0, "params", model.parameters()), (0, "buffers", model.buffers()),
+                (0, "grads", [p.grad for p in model.parameters()]),
+                (0, "optimizer_state", optimizer_state_tensors(opt)),
+                (0, "unsharded_params", [t for fp in params for t in fp.all_gather_outputs])]
+
+    @contextlib.contextmanager
+    def hooks():
+        with phase_hooks(ledger, model, opt), resize_hooks(ledger, params):
+            yield
+
+    probe = DeviceProbe(tel.device, ledger_index=0,
+                        cuda_index=(device.index or 0) if device.type == "cuda" else None)
+    return MemorySampler(tel, [probe], cfg.steps, ledger=ledger, existing=existing, hooks=hooks,
+                         phases_of=phases_of)

@@ -11,8 +11,9 @@ PyTorch FSDP2 docs). The root keeps FSDP2's default: not resharded after forward
 Data, loss and optimizer are DDP's (`BatchPlan` shards via `DistributedSampler`), so after k
 SGD steps the gathered parameters equal `mode=single`'s. Events: `step` (the split counts time
 inside collectives as exposed comm: on CPU every FSDP2 collective blocks the training thread),
-`fsdp_collective` and `comm_volume` on sampled steps (`engine.modes.fsdp.collectives`), `memory` and
-`fsdp_memory_curve` on sampled steps (`engine.modes.fsdp.memory`), `eval` from rank 0.
+`fsdp_collective` and `comm_volume` on sampled steps (`engine.modes.fsdp.collectives`), `memory`
+(the live-tensor ledger over the whole step) and `fsdp_memory_curve` on traced steps
+(`engine.modes.fsdp.memory`), `eval` from rank 0.
 
 Files in the launcher's workdir are DDP's: `local<L>.json`, `local<L>.jsonl`, `local<L>.error.json`
 and rank 0's `final_params.pt` (the full parameters, gathered).
@@ -34,7 +35,7 @@ from engine.measure.clocks import CudaClock, HostClock
 from engine.measure.telemetry import Telemetry
 from engine.models import build_model
 from engine.modes.fsdp.collectives import CollectiveLog, install_recorders
-from engine.modes.fsdp.memory import FsdpMemoryProbe
+from engine.modes.fsdp.memory import FsdpMemoryProbe, fsdp_memory_sampler
 from engine.modes.fsdp.step import StepRunner
 from engine.modes.fsdp.units import ROOT, fsdp_preview, shard_order, unit_modules
 from engine.modes.ranks import init_rank, progress, run_rank
@@ -108,7 +109,12 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         if rank == 0:
             tel.emit("eval", step=step, val_loss=val_loss, val_accuracy=val_acc)
 
-    drive(cfg, tel, runner.train_step, check_sync=evaluate_all_ranks)
+    sampler = fsdp_memory_sampler(cfg, tel, model, opt, device, units, lambda _i: runner.last_phases)
+    runner.ledger = sampler.ledger
+    try:
+        drive(cfg, tel, sampler.wrap(runner.train_step), check_sync=evaluate_all_ranks)
+    finally:
+        sampler.close()
     final = full_params(model)
     if rank == 0:
         torch.save(final, wd / "final_params.pt")

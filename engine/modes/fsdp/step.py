@@ -3,15 +3,19 @@
 Every step: forward and backward through the FSDP2 model, optimizer step on the local shards,
 the collectives' spans kept by `CollectiveLog` (a few clock marks per collective), and the
 `step` event. Sampled steps (`sample_step`: steps 0-2, every max(10, steps // 20)-th and the
-last, so about 20 per run) also emit every `fsdp_collective`, the `comm_volume`, the within-step
-memory curve and the `memory` event; only they pay for the memory reads, which sit inside the
-step (the step event says `memory_curve: true`).
+last, so about 20 per run) also emit every `fsdp_collective` and the `comm_volume`, after the
+step's clock stops. Memory is traced on DDP's traced steps (`should_trace_memory`, by the
+sampler `engine.modes.fsdp.memory.fsdp_memory_sampler` wrapped around `train_step`): the ledger
+over the whole step gives the `memory` event, and the hook-time curve by kind
+(`FsdpMemoryProbe`) the `fsdp_memory_curve`. Those steps say `memory_traced: true`, and the
+summary's medians leave them out, as DDP's.
 
 Step split (CPU): FSDP2 issues gloo collectives with ``async_op=False`` on the training thread,
 so time inside them is not compute: `forward_s` and `backward_s` are the wall time of each pass
 minus the union of the collective spans in it, and `comm_exposed_s` is that union. On CUDA the
 collectives run on FSDP2's comm streams and the host clock cannot tell exposed from hidden time:
-`comm_exposed_s` is 0 and the step says `comm_exposed_measured: false`.
+`comm_exposed_s` is null (not measured), `forward_s`/`backward_s` are the passes' wall times, and
+the step says `comm_exposed_measured: false`.
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ from engine.config import RunConfig
 from engine.data import BatchPlan, Dataset
 from engine.measure.telemetry import Telemetry, now, step_fields, wall_ts
 from engine.modes.fsdp.collectives import CollectiveLog, exposed_comm_s, theory_bytes, volume_fields
-from engine.modes.fsdp.memory import FsdpMemoryProbe, memory_fields
+from engine.measure.ledger import TensorLedger
+from engine.measure.memory_sampler import should_trace_memory
+from engine.modes.fsdp.memory import CURVE_SOURCE, FsdpMemoryProbe
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
@@ -59,6 +65,8 @@ class StepRunner:
         self.formula = f"{gathers + 1}(n−1)/n·P" if cfg.grad_accum_steps == 1 else \
             f"({gathers} all-gathers + 1 reduce-scatter)·(n−1)/n·P"
         self.host_clock = device.type == "cpu"
+        self.ledger: TensorLedger | None = None  # the memory sampler's, set by the rank
+        self.last_phases: list[tuple[str, float, float]] = []  # the last step's spans, perf_counter s
         for name, mod in units:  # after FSDP2's own pre-forward: the unit is unsharded here
             mod.register_forward_pre_hook(lambda *_a, _n=name: self.probe.point(f"unsharded {_n}", "forward"))
         log.on_open = self._on_open
@@ -66,6 +74,8 @@ class StepRunner:
 
     def _on_open(self, rec: dict, full: torch.Tensor) -> None:
         self.probe.note_comm_buffer(full)
+        if self.ledger is not None and self.ledger.active:
+            self.ledger.retag([full], "comm_buffers")
         self.probe.point(f"{rec['kind']} start {rec['unit']}", rec["phase"])
 
     def _sync(self) -> None:
@@ -98,13 +108,16 @@ class StepRunner:
     def train_step(self, step: int) -> dict[str, Any]:
         self.progress["step"] = step
         sampled = sample_step(step, self.cfg.steps)
-        if sampled:
+        traced = should_trace_memory(step, self.cfg.steps)
+        if traced:
             self.probe.begin()
             self.probe.point("step start", "forward")
         t0 = now()
         self.log.begin_step()
         spans: list[tuple[str, float, float]] = []
-        loss = sum(self._micro(step, m, sampled, spans) for m in range(self.cfg.grad_accum_steps))
+        loss = sum(self._micro(step, m, traced, spans) for m in range(self.cfg.grad_accum_steps))
+        if self.ledger is not None and self.ledger.active:  # FSDP2 sets the reduced shards as .grad
+            self.ledger.retag([p.grad for p in self.model.parameters()], "grads")
         self.probe.point("backward end", "backward")
         t4 = now()
         self.opt.step()
@@ -116,16 +129,19 @@ class StepRunner:
         records = self.log.resolved()
         fwd = sum(b - a for p, a, b in spans if p == "forward")
         bwd = sum(b - a for p, a, b in spans if p == "backward")
+        self.last_phases = spans + [("optimizer", t4, t5)]
+        # CPU: the union of the blocking collectives' spans. CUDA: not measured (None), see above.
         exp_f, exp_b = (exposed_comm_s(records, "forward"), exposed_comm_s(records, "backward")) \
             if self.host_clock else (0.0, 0.0)
         extra: dict[str, Any] = dict(backward_start_ts=wall_ts(spans[-1][1]), comm_exposed_measured=self.host_clock)
         if sampled:
-            extra.update(memory_curve=True,
-                         phase_spans=[dict(phase=p, start_s=a - t0, end_s=b - t0) for p, a, b in spans])
+            extra.update(phase_spans=[dict(phase=p, start_s=a - t0, end_s=b - t0) for p, a, b in spans])
             self._emit_comm(step, records)
-            self._emit_memory(step)
+        if traced:
+            self._emit_curve(step)
         return step_fields(start=t0, loss=loss, samples=self.cfg.global_batch_size, step_time_s=t5 - t0,
-                           forward_s=fwd - exp_f, backward_s=bwd - exp_b, comm_exposed_s=exp_f + exp_b,
+                           forward_s=fwd - exp_f, backward_s=bwd - exp_b,
+                           comm_exposed_s=exp_f + exp_b if self.host_clock else None,
                            optimizer_s=t5 - t4, **extra)
 
     def _emit_comm(self, step: int, records: list[dict[str, Any]]) -> None:
@@ -137,10 +153,9 @@ class StepRunner:
         self.tel.emit("comm_volume", step=step,
                       **volume_fields(records, self.backend, self.world, self.theory, self.formula))
 
-    def _emit_memory(self, step: int) -> None:
-        """The sampled step's curve and its peak as a `memory` event."""
+    def _emit_curve(self, step: int) -> None:
+        """The traced step's curve by kind, sampled at FSDP's hooks (its peak is the ledger's, in
+        the sampler's `memory` event)."""
         points = self.probe.end()
-        if not points:
-            return
-        self.tel.emit("fsdp_memory_curve", step=step, points=points, source="tensors + psutil RSS")
-        self.tel.emit("memory", step=step, **memory_fields(points, self.device))
+        if points:
+            self.tel.emit("fsdp_memory_curve", step=step, points=points, source=CURVE_SOURCE)

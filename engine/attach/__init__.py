@@ -1,0 +1,80 @@
+"""Attach: instrument a training script ddpviz did not launch (`ddpviz run -- torchrun ... train.py`).
+
+The launcher (`workers.cli.attach`) runs the user's command with `startup/` first on PYTHONPATH
+and the run's variables in the environment (`env`); `startup/sitecustomize.py` runs in every
+Python process the command starts and calls `install` in the training processes. `install`
+patches what the script will build, when it builds it, and emits the same events a launched run
+does (docs/events.md) into this process's spool file, which the launcher forwards to Redis.
+
+    env       the variables the launcher sets and the hook reads; who is instrumented (no torch)
+    startup/  sitecustomize.py: the start-up hook (a sys.path folder, not a package)
+    session   one instrumented process: identity from torchrun's env, its event file, the fail-open guard
+    ddp       each DistributedDataParallel: the comm hook (wrapping the script's), forward, no_sync
+    comm      `timed_comm_hook`, the one function DDP calls per bucket, and the all_reduce tap
+    steps     steps from the optimizer step hooks: the step split, loss, samples, micro-steps
+    started   `run_started` of an attached run (rank 0)
+    memory    the memory sampler and live-tensor ledger on sampled steps
+    errors    the failing rank's exception into torchrun's error file
+
+Fail open: every hook runs under `Session.guard`; an error switches that part off, is said once,
+and training goes on. Nothing here touches the network.
+"""
+
+from __future__ import annotations
+
+_SESSION = None
+
+
+def install():
+    """Instrument this process (idempotent). Returns the `engine.attach.session.Session`."""
+    global _SESSION
+    if _SESSION is not None:
+        return _SESSION
+    import atexit
+    import functools
+
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    from engine.attach.ddp import patch_ddp
+    from engine.attach.errors import install_excepthook
+    from engine.attach.memory import MemoryWatch
+    from engine.attach.session import Session
+    from engine.attach.started import StartedEmitter
+    from engine.attach.steps import StepTracker
+
+    s = _SESSION = Session()
+    tracker = StepTracker(s)
+    started = StartedEmitter(s, tracker)
+    memory = MemoryWatch(s, tracker)
+
+    def on_step(step: int, fields: dict) -> None:
+        s.guard("run_started", started.on_step, step, fields)
+
+    tracker.on_step = on_step
+    tracker.memory = memory
+    patch_ddp(s, tracker)
+
+    backward = torch.Tensor.backward
+
+    @functools.wraps(backward)
+    def tensor_backward(self, *args, **kwargs):
+        m = s.guard("steps", tracker.backward_start, self)
+        try:
+            return backward(self, *args, **kwargs)
+        finally:
+            if m is not None:
+                s.guard("steps", tracker.backward_end, m)
+
+    torch.Tensor.backward = tensor_backward
+    register_optimizer_step_pre_hook(lambda opt, a, k: s.guard("steps", tracker.optimizer_start, opt))
+    register_optimizer_step_post_hook(lambda opt, a, k: s.guard("steps", tracker.optimizer_end, opt))
+    install_excepthook(s.rank)
+
+    def at_exit() -> None:
+        s.guard("run_started", started.at_exit)
+        s.guard("memory", memory.close)
+        s.close()
+
+    atexit.register(at_exit)
+    return s

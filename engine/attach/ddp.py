@@ -1,0 +1,198 @@
+"""Each `DistributedDataParallel` the script builds, watched from the moment it is built.
+
+`patch_ddp` wraps `DistributedDataParallel.__init__` (the class attribute, so every DDP built
+after start-up is seen, however the script imported it) and `register_comm_hook`:
+
+- after DDP's own constructor, `Watch` registers `engine.attach.comm.timed_comm_hook` and a
+  forward pre-hook and hook on the DDP module (forward time, the batch it sees, and whether DDP
+  will all-reduce this forward's backward: `require_backward_grad_sync`, which `no_sync()` turns
+  off, and grad mode, the two conditions DDP's forward checks before `prepare_for_backward`);
+- a later `ddp.register_comm_hook(state, hook)` by the script is kept, not passed to DDP (which
+  takes one hook only): `timed_comm_hook` calls it for every bucket, so training is what the
+  script's hook makes it and the buckets are still timed. A built-in hook
+  (`_register_builtin_comm_hook`, ALLREDUCE or FP16_COMPRESS) is run as its Python twin in
+  `default_hooks` (the same operations), since DDP cannot take it beside ours.
+
+The bucket layout comes from the hook itself: the parameters of each `GradBucket` DDP hands over
+(the initial layout on the first synced backward, the rebuilt one after DDP's rebuild, which
+`Reducer::rebuild_buckets` does once, in the forward after the first synced backward).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from engine.attach.comm import HookState, tap_all_reduce, timed_comm_hook
+from engine.attach.session import Session
+from engine.measure.clocks import CudaClock, HostClock
+from engine.modes.ddp.comm_hook import BucketRecorder
+
+LAYOUT_BACKWARDS = 3  # synced backwards whose layouts are kept for run_started (DDP rebuilds once, in the 2nd)
+
+
+def _layout(records: list[dict], names: dict[int, tuple[str, ...]]) -> list[dict[str, Any]]:
+    return [dict(bucket_index=r["bucket_index"], nbytes=r["bucket_nbytes"],
+                 num_params=len(names.get(r["bucket_index"], ())),
+                 param_names=list(names.get(r["bucket_index"], ())), sparse=False)
+            for r in sorted(records, key=lambda r: r["bucket_index"])]
+
+
+class Watch:
+    """The instrumentation of one DDP (see the module docstring)."""
+
+    def __init__(self, session: Session, tracker: Any, ddp: DDP, register: Any):
+        self.s, self.tracker, self.ddp = session, tracker, ddp
+        device = next((p.device for p in ddp.module.parameters()), torch.device("cpu"))
+        self.device = device
+        session.set_device(device.type, device.index)
+        self.world_size = dist.get_world_size(ddp.process_group)
+        names = {p.data_ptr(): n for n, p in ddp.module.named_parameters()}
+        clock = CudaClock() if device.type == "cuda" else HostClock()
+        rec = BucketRecorder(self.world_size, True, names, clock, group=ddp.process_group, predivided=True)
+        self.state = HookState(rec, session.guard, self.world_size)
+        self.layouts: list[list[dict]] = []  # the layout of each of the first synced backwards
+        self.deferred: list[tuple[int, list[dict], Any]] = []  # CUDA: (step, records, origin) not yet complete
+        self.param_bytes = sum(p.numel() * p.element_size() for p in ddp.module.parameters() if p.requires_grad)
+        tap_all_reduce()
+        register(ddp, self.state, timed_comm_hook)
+        ddp.register_forward_pre_hook(self._pre, with_kwargs=True)
+        ddp.register_forward_hook(self._post)
+        ddp._ddpviz_watch = self
+
+    def _pre(self, module: DDP, args: tuple, kwargs: dict) -> None:
+        synced = bool(module.require_backward_grad_sync and torch.is_grad_enabled())
+        self.s.guard("steps", self.tracker.forward_start, self, synced, _samples(args, kwargs))
+
+    def _post(self, module: DDP, args: tuple, output: Any) -> None:
+        self.s.guard("steps", self.tracker.forward_end)
+
+    def begin_backward(self) -> None:
+        self.s.guard("bucket timing", self.state.recorder.begin_backward)
+
+    def buckets(self, step: int) -> list[dict[str, Any]]:
+        """Emit the `bucket` and `comm_volume` events of the synced backward of `step`; returns
+        its bucket records (seconds from that backward's start).
+
+        On CUDA the marks are events on the stream, readable only once they completed: they are
+        kept and emitted at a later step's end when `Event.query()` says they have (never a
+        synchronize, so the script's stream is not stalled); then this returns [] and the step's
+        exposed comm is not measured (`comm_exposed_measured` false)."""
+        if "bucket timing" in self.s.disabled:
+            return []
+        rec = self.state.recorder
+        if self.device.type != "cuda":
+            return self._emit(step, rec.resolved())
+        self.deferred.append((step, rec.records, rec.origin))
+        while self.deferred and _completed(self.deferred[0]):
+            st, records, origin = self.deferred.pop(0)
+            saved = rec.records, rec.origin
+            rec.records, rec.origin = records, origin
+            try:
+                resolved = rec.resolved()
+            finally:
+                rec.records, rec.origin = saved
+            self._emit(st, resolved)
+        return []
+
+    def _emit(self, step: int, out: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if len(self.layouts) < LAYOUT_BACKWARDS:
+            self.layouts.append(_layout(out, self.state.recorder.layout))
+        for b in out:
+            self.s.emit("bucket", step=step, **b)
+        n, ring = self.world_size, 2 * (self.world_size - 1) / self.world_size
+        nbytes = sum(b["nbytes"] for b in out)
+        self.s.emit("comm_volume", step=step, allreduce_bytes=nbytes, sent_bytes=int(ring * nbytes),
+                    recv_bytes=int(ring * nbytes), volume_source="derived (ring all-reduce)",
+                    allreduce_bytes_source=out[0]["nbytes_source"] if out else None,
+                    theory_sent_bytes=int(ring * self.param_bytes),
+                    theory_recv_bytes=int(ring * self.param_bytes), world_size=n)
+        return out
+
+    def preview(self) -> dict[str, Any]:
+        """`run_started`'s `bucket_preview`, from the buckets DDP handed the hook."""
+        ddp = self.ddp
+        cap = int(ddp.bucket_bytes_cap)
+        first = dist._DEFAULT_FIRST_BUCKET_BYTES if getattr(ddp, "bucket_bytes_cap_default", False) else cap
+        return dict(initial=self.layouts[0] if self.layouts else [],
+                    rebuilt=self.layouts[-1] if self.layouts else [],
+                    first_bucket_cap_bytes=first, bucket_cap_bytes=cap,
+                    source="measured: the GradBuckets DDP handed the comm hook (first and latest synced backward)")
+
+
+def _completed(item: tuple[int, list[dict], Any]) -> bool:
+    _, records, origin = item
+    marks = [origin] + [r[k] for r in records for k in ("ready", "comm_start", "comm_end") if k in r]
+    return all(m.query() for m in marks if m is not None) and all("comm_end" in r for r in records)
+
+
+def _samples(args: tuple, kwargs: dict) -> int:
+    from engine.attach.steps import batch_samples
+
+    return batch_samples(args, kwargs)
+
+
+def patch_ddp(session: Session, tracker: Any) -> None:
+    """Wrap `DDP.__init__` and `DDP.register_comm_hook` (see the module docstring)."""
+    init, register = DDP.__init__, DDP.register_comm_hook
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        watch = session.guard("ddp", Watch, session, tracker, self, register)
+        if watch is not None:
+            tracker.watches.append(watch)
+
+    @functools.wraps(register)
+    def register_comm_hook(self, state, hook):
+        watch = getattr(self, "_ddpviz_watch", None)
+        if watch is None or watch.state.user_hook is not None:
+            return register(self, state, hook)  # not watched, or a second hook: DDP says what it says
+        watch.state.user_state, watch.state.user_hook = state, hook
+        return None
+
+    builtin = DDP._register_builtin_comm_hook
+
+    @functools.wraps(builtin)
+    def _register_builtin_comm_hook(self, comm_hook_type):
+        # DDP takes one hook; ours is in place, so a built-in one runs as its Python twin
+        # (torch.distributed.algorithms.ddp_comm_hooks.default_hooks: the same ops)
+        watch = getattr(self, "_ddpviz_watch", None)
+        twin = _python_twin(comm_hook_type)
+        if watch is None or watch.state.user_hook is not None or twin is None:
+            return builtin(self, comm_hook_type)
+        watch.state.user_state, watch.state.user_hook = self.process_group, twin
+        return None
+
+    DDP.__init__ = __init__
+    DDP.register_comm_hook = register_comm_hook
+    _note_data_parallel(session)
+    DDP._register_builtin_comm_hook = _register_builtin_comm_hook
+
+
+def _note_data_parallel(session: Session) -> None:
+    """`nn.DataParallel` is not instrumented yet: its run says so, once (on CPU DataParallel runs
+    the module unwrapped, torch/nn/parallel/data_parallel.py, so there is nothing of DP to record)."""
+    dp_init = torch.nn.DataParallel.__init__
+
+    @functools.wraps(dp_init)
+    def __init__(self, *args, **kwargs):
+        dp_init(self, *args, **kwargs)
+        session.guard("data parallel", session.emit, "log", level="info", message=(
+            "nn.DataParallel on CPU runs the module unwrapped: no DP phases to record"
+            if not self.device_ids else
+            "nn.DataParallel's replicate/scatter/gather/reduce phases are not recorded in attached runs "
+            "yet; steps come from the optimizer"))
+
+    torch.nn.DataParallel.__init__ = __init__
+
+
+def _python_twin(comm_hook_type: Any):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    return {dist.BuiltinCommHookType.ALLREDUCE: default_hooks.allreduce_hook,
+            dist.BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook}.get(comm_hook_type)

@@ -1,0 +1,108 @@
+"""`run_started` of an attached run: what rank 0 can tell of the script's run.
+
+Emitted by rank 0 once its second step has ended (so the bucket preview holds the layout after
+DDP's rebuild), or at exit when the script ran fewer steps. Fields are those of a launched run
+(docs/events.md) where the script's run has them, else null, plus `attached: true`, `command`
+(the command `ddpviz run` ran), `script` (the training script's file), `nnodes`, `node`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from engine.attach.session import Session
+from engine.config import SCHEMA_VERSION
+
+COMMAND_ENV = "DDPVIZ_ATTACH_COMMAND"  # JSON list: the command line `ddpviz run` started
+MIB = 1024 * 1024
+
+
+def script_name() -> str | None:
+    """The file the training process runs (sys.argv[0]), or `-m module`'s file."""
+    arg0 = sys.argv[0] if sys.argv else ""
+    return os.path.basename(arg0) if arg0 and arg0 != "-c" else None
+
+
+def started_fields(s: Session, watch: Any, first_step: dict | None) -> dict[str, Any]:
+    """The `run_started` fields (see the module docstring). `watch`: the first DDP's
+    `engine.attach.ddp.Watch`, or None; `first_step`: the fields of step 0's event, or None."""
+    try:
+        command = json.loads(os.environ.get(COMMAND_ENV, "null"))
+    except ValueError:
+        command = None
+    kind = watch.device.type if watch is not None else "cpu"
+    backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else None
+    first = first_step or {}
+    per_rank = first.get("samples", 0) // max(1, s.world_size) // max(1, first.get("micro_steps", 1))
+    names = ([f"cuda:{r % s.local_world_size}" for r in range(s.world_size)] if kind == "cuda"
+             else [f"cpu:{r}" for r in range(s.world_size)])
+    devices = [dict(name=n, kind=kind, total_memory_bytes=(
+        torch.cuda.get_device_properties(watch.device).total_memory if kind == "cuda" else None))
+        for n in names]
+    model = watch.ddp.module if watch is not None else None
+    params = [p for p in model.parameters()] if model is not None else []
+    ddp = watch.ddp if watch is not None else None
+    config = dict(mode="ddp" if watch is not None else "single", world_size=s.world_size,
+                  steps=None, model=type(model).__name__ if model is not None else None,
+                  dataset=None, device=kind, backend=backend, global_batch_size=(first_step or {}).get("samples"),
+                  bucket_cap_mb=(ddp.bucket_bytes_cap / MIB) if ddp is not None else None, overlap=True,
+                  gradient_as_bucket_view=getattr(ddp, "gradient_as_bucket_view", None),
+                  static_graph=getattr(ddp, "static_graph", None),
+                  find_unused_parameters=getattr(ddp, "find_unused_parameters", None),
+                  broadcast_buffers=getattr(ddp, "broadcast_buffers", None),
+                  comm_hook=_hook_name(watch), attached=True)
+    out = dict(schema_version=SCHEMA_VERSION, config=config, mode=config["mode"], world_size=s.world_size,
+               backend=backend, devices=devices, device_names=names, emulated=False,
+               torch_version=torch.__version__, host=s.hostname, hostname=socket.gethostname(),
+               dataset_name=None, param_count=sum(p.numel() for p in params),
+               grad_bytes=sum(p.numel() * p.element_size() for p in params if p.requires_grad),
+               micro_batch_per_device=per_rank or None, host_cpu_count=os.cpu_count(),
+               cpu_threads_per_device=torch.get_num_threads() if kind == "cpu" else None,
+               sampler=None, train_samples=None, val_samples=None,
+               attached=True, command=command, script=script_name(),
+               nnodes=max(1, s.world_size // max(1, s.local_world_size)), node=s.node)
+    if watch is not None:
+        out["bucket_preview"] = watch.preview()
+    return out
+
+
+def _hook_name(watch: Any) -> str | None:
+    if watch is None:
+        return None
+    hook = watch.state.user_hook
+    return getattr(hook, "__qualname__", repr(hook)) if hook is not None else None
+
+
+class StartedEmitter:
+    """Emits `run_started` once, from rank 0: after step 1, or from `at_exit`."""
+
+    AFTER_STEP = 1
+
+    def __init__(self, s: Session, tracker: Any):
+        self.s, self.tracker = s, tracker
+        self.done = s.rank != 0
+        self.first_step: dict | None = None
+
+    def on_step(self, step: int, fields: dict) -> None:
+        if step == 0:
+            self.first_step = fields
+        if step >= self.AFTER_STEP:
+            self.emit()
+
+    def emit(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        watch = self.tracker.watches[0] if self.tracker.watches else None
+        self.s.emit("run_started", **started_fields(self.s, watch, self.first_step))
+
+    def at_exit(self) -> None:
+        if self.tracker.step > 0 or self.tracker.watches:
+            self.emit()

@@ -1,0 +1,77 @@
+"""Bytes are called what their events say they are (issue 20, item 9): Live and Compare name a
+volume from its `volume_source` alone, "unlabelled" when it has none (never "measured"), and every
+kind a chart draws has its own legend entry (FSDP's derived bytes included).
+
+The reference is the source strings the engine writes, copied here by hand from
+engine/modes/dp/emulated.py, dp/cuda.py, ddp/rank.py and fsdp/collectives.py."""
+
+import pytest
+
+from app.charts import compare as charts_compare
+from app.charts import steps as charts_steps
+from app.frames import compare as fc
+from app.frames import steps as fsteps
+
+SOURCES = {  # volume_source as the engine writes it -> the label both pages must show
+    "measured": "measured",
+    "measured: bytes of the tensors torch.nn.parallel copied": "measured",
+    "derived (ring all-reduce)": "derived (ring all-reduce)",
+    "derived (collective bytes x wire factor): measured tensor bytes of every all-gather and "
+    "reduce-scatter x the backend's wire factor per rank": "derived (collective bytes x wire factor)",
+    None: "unlabelled (older run)",
+}
+
+
+def _volume(mode, source, device="cpu:0", rank=0, sent=1 << 20):
+    e = {"type": "comm_volume", "run_id": "r", "step": 3, "device": device, "rank": rank,
+         "sent_bytes": sent, "recv_bytes": sent, "theory_sent_bytes": sent, "theory_recv_bytes": sent}
+    if source is not None:
+        e["volume_source"] = source
+    return e
+
+
+def _view(mode, events):
+    return fc.RunView(label=mode, record={"config": {"mode": mode, "world_size": 2}},
+                      events={"comm_volume": events})
+
+
+@pytest.mark.parametrize("mode", ["dp", "ddp", "fsdp"])
+@pytest.mark.parametrize("source", list(SOURCES))
+def test_live_and_compare_name_a_volume_by_its_source_whatever_the_mode(mode, source):
+    ev = _volume(mode, source)
+    live = set(fsteps.comm_volume_frame([ev])["source"])
+    compare = fc.bytes_frame([_view(mode, [ev])])
+    compare = set(compare.loc[compare["which"] != "theory", "which"])
+    assert live == compare == {SOURCES[source]}
+
+
+def test_a_volume_without_source_is_never_called_measured_on_compare():
+    row = fc.compare_frame([_view("dp", [_volume("dp", None)])]).iloc[0]
+    assert row["bytes_source"] == "unlabelled (older run)"
+    row = fc.compare_frame([_view("dp", [_volume("dp", "measured")])]).iloc[0]
+    assert row["bytes_source"] == "measured"
+
+
+def _legend_domain(spec):
+    colours = [layer["encoding"]["color"] for layer in [spec] + spec.get("layer", [])
+               if "color" in layer.get("encoding", {})]
+    (colour,) = colours
+    return colour["scale"]["domain"], colour["scale"]["range"]
+
+
+@pytest.mark.parametrize("source", list(SOURCES))
+def test_every_kind_the_live_bytes_chart_draws_has_a_legend_entry_and_colour(source):
+    frame = fsteps.comm_volume_frame([_volume("fsdp", source, "cuda:0", 0),
+                                      _volume("fsdp", source, "cuda:1", 1)])
+    spec = charts_steps.comm_volume_chart(frame).to_dict()
+    drawn = {r["which"] for r in next(iter(spec["datasets"].values()))}
+    domain, colours = _legend_domain(spec)
+    assert drawn == {SOURCES[source], "theory"} and set(domain) == drawn
+    assert len(colours) == len(domain) and len(set(colours)) == len(colours)
+
+
+def test_live_and_compare_colour_each_kind_the_same():
+    evs = [_volume("fsdp", s, f"cpu:{i}", i) for i, s in enumerate(SOURCES)]
+    live = dict(zip(*_legend_domain(charts_steps.comm_volume_chart(fsteps.comm_volume_frame(evs)).to_dict())))
+    compare = dict(zip(*_legend_domain(charts_compare.bytes_chart(fc.bytes_frame([_view("fsdp", evs)])).to_dict())))
+    assert set(live) == set(SOURCES.values()) | {"theory"} and live == compare

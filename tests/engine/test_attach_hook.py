@@ -1,0 +1,144 @@
+"""The attach start-up hook: who is instrumented, the child's PYTHONPATH, and chaining to the
+sitecustomize that would have run without ddpviz (issue 24, item 1)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from engine.attach.env import (RUN_ID_ENV, SOLO_ENV, SPOOL_ENV, STARTUP_DIR, child_environment,
+                               should_instrument)
+
+REPO = Path(__file__).resolve().parents[2]
+RUN = {RUN_ID_ENV: "abc", SPOOL_ENV: "/tmp/spool"}
+
+
+def test_only_torchrun_workers_or_the_launchers_own_child_are_instrumented():
+    assert should_instrument({**RUN, "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"})
+    assert not should_instrument({**RUN})  # torchrun's agent: no RANK of its own
+    assert not should_instrument({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})  # not a run
+    assert should_instrument({**RUN, SOLO_ENV: "42"}, parent_pid=42)
+    assert not should_instrument({**RUN, SOLO_ENV: "42"}, parent_pid=7)  # a grandchild
+    assert not should_instrument({**RUN, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                                  "DDPVIZ_ATTACH_OFF": "1"})
+
+
+def test_the_startup_folder_goes_first_and_ddpviz_last_on_pythonpath(tmp_path):
+    env = child_environment({"PYTHONPATH": "/user/a:/user/b"}, "abc", tmp_path, "redis://x", REPO)
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(STARTUP_DIR), "/user/a", "/user/b", str(REPO)]
+    assert env[RUN_ID_ENV] == "abc" and env[SPOOL_ENV] == str(tmp_path)
+
+
+def _python(code: str, pythonpath: list[str], **env: str) -> subprocess.CompletedProcess:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("DDPVIZ_ATTACH")}
+    e.update(env, PYTHONPATH=os.pathsep.join(pythonpath))
+    return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=60)
+
+
+def test_the_users_own_sitecustomize_still_runs(tmp_path):
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "sitecustomize.py").write_text("import builtins\nbuiltins.USER_SITE_RAN = True\n")
+    out = _python("import builtins, sys; print(getattr(builtins, 'USER_SITE_RAN', False), 'torch' in sys.modules)",
+                  [str(STARTUP_DIR), str(user), str(REPO)])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "False"]  # chained; not a run: torch not even imported
+
+
+def test_a_broken_instrumentation_says_one_line_and_the_program_runs(tmp_path):
+    # a run's environment with a spool the hook cannot write into: install fails, the program runs
+    out = _python("print('program ran')", [str(STARTUP_DIR), str(REPO)], **{
+        RUN_ID_ENV: "abc", SPOOL_ENV: "/proc/forbidden", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "program ran"
+    assert out.stderr.count("ddpviz: instrumentation off in this process") == 1
+
+
+BUILTIN = """
+import json, os, sys, torch, torch.distributed as dist, torch.nn as nn
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
+ddp = nn.parallel.DistributedDataParallel(model)
+ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+for _ in range(3):
+    ddp(torch.randn(8, 16)).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+torch.save([p.detach() for p in model.parameters()], sys.argv[1])
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_builtin_comm_hook_runs_as_its_python_twin_with_the_same_result(tmp_path):
+    import json
+
+    import torch
+
+
+    script = tmp_path / "train.py"
+    script.write_text(BUILTIN)
+    rank_env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+
+    def run(out: str, pythonpath: list[str], **env: str):
+        e = {k: v for k, v in os.environ.items() if not k.startswith("DDPVIZ_ATTACH")}
+        e.update(rank_env)
+        e.update(env, MASTER_PORT=str(_free_port()), PYTHONPATH=os.pathsep.join(pythonpath))
+        return subprocess.run([sys.executable, str(script), str(tmp_path / out)], env=e,
+                              capture_output=True, text=True, timeout=300)
+
+    plain = run("plain.pt", [str(REPO)])
+    assert plain.returncode == 0, plain.stderr
+    spool = tmp_path / "spool"
+    att = run("att.pt", [str(STARTUP_DIR), str(REPO)], **{RUN_ID_ENV: "r", SPOOL_ENV: str(spool)})
+    assert att.returncode == 0, att.stderr
+    a, b = torch.load(tmp_path / "att.pt"), torch.load(tmp_path / "plain.pt")
+    assert all(torch.equal(x, y) for x, y in zip(a, b))  # DDP's C++ fp16 hook and its Python twin agree
+    events = [json.loads(line) for f in spool.glob("events-*.jsonl") for line in f.read_text().splitlines()]
+    buckets = [e for e in events if e["type"] == "bucket"]
+    assert len([e for e in events if e["type"] == "step"]) == 3
+    assert buckets and all(e["nbytes"] * 2 == e["bucket_nbytes"] for e in buckets)  # fp16 on the wire
+
+
+NO_DDP = """
+import sys, torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.DataParallel(nn.Linear(8, 1))  # on CPU: the module itself
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(4):
+    loss = nn.functional.mse_loss(model(torch.randn(16, 8)), torch.zeros(16, 1))
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_a_script_without_ddp_still_gets_its_steps_and_a_dataparallel_note(tmp_path):
+    import json
+
+    script = tmp_path / "train.py"
+    script.write_text(NO_DDP)
+    spool = tmp_path / "spool"
+    e = {k: v for k, v in os.environ.items() if not k.startswith("DDPVIZ_ATTACH")}
+    e.update({RUN_ID_ENV: "r", SPOOL_ENV: str(spool), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+              "PYTHONPATH": os.pathsep.join([str(STARTUP_DIR), str(REPO)])})
+    out = subprocess.run([sys.executable, str(script)], env=e, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    events = [json.loads(line) for f in spool.glob("events-*.jsonl") for line in f.read_text().splitlines()]
+    steps = [e for e in events if e["type"] == "step"]
+    assert [e["step"] for e in steps] == [0, 1, 2, 3]  # the script's four optimizer steps
+    assert all(e["micro_steps"] == 1 and e["no_sync_micro_steps"] == 0 and e["loss"] > 0 for e in steps)
+    notes = [e["message"] for e in events if e["type"] == "log"]
+    assert notes == ["nn.DataParallel on CPU runs the module unwrapped: no DP phases to record"]
+    started = [e for e in events if e["type"] == "run_started"]
+    assert len(started) == 1 and started[0]["mode"] == "single"

@@ -1,0 +1,71 @@
+"""FSDP's step split where the host clock cannot see the comm streams (CUDA), run on CPU (issue 20, item 4).
+
+The branch is chosen by `StepRunner.host_clock` (False on CUDA); a spawned one-rank gloo process
+builds a real FSDP2 model and runner and flips it, the fake. The step must then report exposed
+comm as null with `comm_exposed_measured: false` — not a measured-looking 0 — and its forward and
+backward as the passes' whole wall times (nothing subtracted), by the step's own `phase_spans`.
+"""
+
+import os
+
+import pytest
+
+pytestmark = pytest.mark.slow
+FIELDS = dict(mode="fsdp", model="mlp", width=32, depth=2, world_size=1, global_batch_size=32, steps=4,
+              optimizer="adamw", lr=1e-3, eval_every=0, step_delay_s=0)
+
+
+def _worker(_i, store_path, q):
+    import torch
+    import torch.distributed as dist
+
+    from engine.config import RunConfig
+    from engine.data import load_dataset
+    from engine.events import ListSink
+    from engine.measure.clocks import HostClock
+    from engine.measure.telemetry import Telemetry
+    from engine.models import build_model
+    from engine.modes.fsdp.collectives import CollectiveLog, install_recorders
+    from engine.modes.fsdp.memory import FsdpMemoryProbe
+    from engine.modes.fsdp.rank import shard_model
+    from engine.modes.fsdp.step import StepRunner
+    from engine.components.training import make_optimizer
+
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=0, world_size=1)
+    cfg = RunConfig(**FIELDS)
+    ds, device = load_dataset(cfg), torch.device("cpu")
+    model = build_model(cfg, ds)
+    units = shard_model(model, cfg, device)
+    log = CollectiveLog(HostClock())
+    install_recorders(units, log)
+    opt = make_optimizer(cfg, model.parameters())
+    sink = ListSink()
+    tel = Telemetry(sink, "fake-cuda")
+    runner = StepRunner(cfg, 0, 1, "gloo", device, ds, model, units, opt, log, FsdpMemoryProbe(model, opt, device),
+                        tel, {})
+    runner.host_clock = False  # what a CUDA device sets: collectives on FSDP2's streams
+    q.put([runner.train_step(step) for step in range(cfg.steps)])
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def steps(tmp_path_factory):
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.SimpleQueue()
+    store = os.path.join(tmp_path_factory.mktemp("pg"), "store")
+    mp.start_processes(_worker, args=(store, q), nprocs=1, join=True, start_method="spawn")
+    return q.get()
+
+
+def test_exposed_comm_is_null_and_said_not_measured(steps):
+    for s in steps:
+        assert s["comm_exposed_s"] is None and s["comm_exposed_measured"] is False
+
+
+def test_forward_and_backward_are_the_passes_whole_wall_times(steps):
+    for s in (s for s in steps if s.get("phase_spans")):
+        spans = {p["phase"]: p["end_s"] - p["start_s"] for p in s["phase_spans"]}
+        assert s["forward_s"] == pytest.approx(spans["forward"], rel=1e-9)
+        assert s["backward_s"] == pytest.approx(spans["backward"], rel=1e-9)

@@ -1,0 +1,49 @@
+"""DDP's ranks measured with the same GIL meter as DP's device threads (engine/modes/ddp/rank.py,
+engine.measure.gil.rank_step_fields), and the figure carried into the summary and `compare`.
+
+A rank is a process with one training thread: nothing else in it runs Python for long (the event
+flusher and memory timer wake briefly), so its lock wait is near 0 whatever the load; its wait for
+the all-reduce (blocked after the last bucket is ready) is measured apart, as `other_wait_s`.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from test_gil_meter import linux_only
+
+from engine.config import RunConfig
+from engine.events import ListSink
+from engine.run import run_training
+
+
+@linux_only
+def test_ddp_ranks_report_their_training_threads_wait_apart_from_the_all_reduce():
+    sink = ListSink()
+    cfg = RunConfig(mode="ddp", world_size=2, width=16, depth=16, steps=8, eval_every=0, step_delay_s=0,
+                    overlap=False, probe=False)
+    result = run_training(cfg, sink, "gil-ddp")
+    assert result.status == "succeeded", result.error
+    gil = sink.of_type("gil")
+    assert sorted((e["rank"], e["step"]) for e in gil) == [(r, s) for r in (0, 1) for s in range(8)]
+    for e in gil:
+        assert 0.0 <= e["gil_wait_share"] <= 1.0 and e["other_wait_s"] >= 0.0
+        assert "DDP rank" in e["source"] and e["source"].startswith("measured")
+    # overlap off: the last bucket's hook runs every all-reduce and the thread blocks in them
+    assert sum(e["other_wait_s"] for e in gil) > 0
+    shares = result.summary["gil_wait_share"]
+    assert set(shares) == {"cpu:0", "cpu:1"}
+    assert all(v is not None and v < 0.2 for v in shares.values()), shares
+    assert "DDP rank" in result.summary["gil_source"]
+
+
+def test_compare_reports_each_devices_gil_share():
+    from engine.harness.compare import mode_report
+
+    run = SimpleNamespace(status="succeeded", error=None, final_params=None,
+                          summary={"samples_per_s": 100.0, "gil_wait_share": {"cpu:0": 0.3, "cpu:1": 0.25},
+                                   "gil_source": "measured: x"})
+    report = mode_report(run, None)
+    assert report["gil_wait_share"] == {"cpu:0": 0.3, "cpu:1": 0.25}
+    assert report["gil_source"] == "measured: x"

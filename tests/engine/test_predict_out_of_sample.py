@@ -1,0 +1,46 @@
+"""Which real runs can test the predictor (issue 20, item 2), worked by hand: the runs that fed
+the fit and, when a single baseline set κ and f, world size 1 are in sample; the error reported is
+only the other runs', with their count."""
+
+import pytest
+
+from engine.predict.validation import BASELINE, CALIBRATION, in_sample, out_of_sample, validate
+
+
+def _m(run_id, mode, n, step_s):
+    return dict(run_id=run_id, mode=mode, world_size=n, step_time_s=step_s, samples_per_s=96 / step_s)
+
+
+PRED = [dict(mode=m, world_size=n, step_time_s=s, samples_per_s=96 / s)
+        for m, n, s in (("dp", 1, 0.010), ("ddp", 1, 0.010), ("dp", 2, 0.008), ("ddp", 2, 0.006),
+                        ("dp", 4, 0.009), ("ddp", 4, 0.004))]
+MEASURED = [_m("fit-dp", "dp", 2, 0.008), _m("fit-ddp", "ddp", 2, 0.006), _m("ddp1", "ddp", 1, 0.010),
+            _m("dp4", "dp", 4, 0.0075), _m("ddp4", "ddp", 4, 0.005)]
+
+
+def test_fit_runs_and_the_baselines_world_size_are_in_sample():
+    got = in_sample(MEASURED, {"fit-dp", "fit-ddp", "fit-single"}, baseline_fitted=True)
+    assert got == {"fit-dp": CALIBRATION, "fit-ddp": CALIBRATION, "ddp1": BASELINE}
+    # without a baseline that set κ and f, world size 1 is a prediction like any other
+    assert in_sample(MEASURED, {"fit-dp", "fit-ddp"}, baseline_fitted=False) == {
+        "fit-dp": CALIBRATION, "fit-ddp": CALIBRATION}
+
+
+def test_the_error_reported_is_the_out_of_sample_runs_only_with_their_count():
+    rows = validate(PRED, MEASURED, in_sample(MEASURED, {"fit-dp", "fit-ddp"}, baseline_fitted=True))
+    assert [(v["run_id"], v["in_fit"]) for v in rows] == [
+        ("fit-dp", True), ("fit-ddp", True), ("ddp1", True), ("dp4", False), ("ddp4", False)]
+    oos = out_of_sample(rows)
+    # dp4: predicted 9 ms vs 7.5 ms measured = +20%; ddp4: 4 ms vs 5 ms = -20%
+    assert oos["runs"] == 2 and oos["in_fit"] == 3
+    assert oos["step_time_error_pct"]["max_abs"] == pytest.approx(20.0)
+    assert oos["step_time_error_pct"]["median_abs"] == pytest.approx(20.0)
+    # samples/s: 96/9ms vs 96/7.5ms = -16.7%; 96/4ms vs 96/5ms = +25%
+    assert oos["samples_per_s_error_pct"]["max_abs"] == pytest.approx(25.0)
+    assert oos["samples_per_s_error_pct"]["median_abs"] == pytest.approx((25.0 + 100 / 6) / 2)
+
+
+def test_only_fit_runs_leave_nothing_to_report():
+    rows = validate(PRED, MEASURED[:2], in_sample(MEASURED[:2], {"fit-dp", "fit-ddp"}, True))
+    oos = out_of_sample(rows)
+    assert oos["runs"] == 0 and oos["in_fit"] == 2 and oos["step_time_error_pct"]["max_abs"] is None

@@ -1,0 +1,72 @@
+"""Helpers for the `ddpviz run` tests: torchrun commands for the example scripts, reading the
+scripts' own reports, and the attached run's events."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from wtools import REPO, cli_env, ddpviz_argv
+
+from workers.connection import free_port
+
+EXAMPLES = REPO / "examples" / "attach"
+
+
+def torchrun(script: str, *args: str, nproc: int = 2) -> list[str]:
+    """``python -m torch.distributed.run --nproc-per-node N --master-port P examples/attach/SCRIPT ARGS``."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+            "--master-port", str(free_port()), str(EXAMPLES / script), *args]
+
+
+def run_plain(cmd: list[str], report: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    """The command without ddpviz, with the script's TRAIN_REPORT on."""
+    env = cli_env(None, TRAIN_REPORT=str(report))
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def run_attached(cmd: list[str], redis_url: str, report: Path, spool: Path, *extra: str,
+                 timeout: float = 600, **env_extra: str) -> tuple[subprocess.CompletedProcess, str]:
+    """``ddpviz run --spool SPOOL -- CMD``; returns the process and the run id it printed."""
+    env = cli_env(redis_url, TRAIN_REPORT=str(report), **env_extra)
+    proc = subprocess.run([*ddpviz_argv(), "run", "--spool", str(spool), *extra, "--", *cmd], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    return proc, run_id_of(proc.stderr)
+
+
+def run_id_in(line: str) -> str | None:
+    """The run id in a line `ddpviz run` printed, or None."""
+    m = re.search(r"ddpviz: run ([0-9a-f]{16})", line)
+    return m.group(1) if m else None
+
+
+def run_id_of(stderr: str) -> str:
+    m = re.search(r"ddpviz: run ([0-9a-f]{16})", stderr)
+    assert m, f"no run id in the output:\n{stderr[-3000:]}"
+    return m.group(1)
+
+
+def reports(report: Path, nproc: int = 2) -> list[dict]:
+    """The script's own report of each rank (TRAIN_REPORT)."""
+    return [json.loads(Path(str(report).replace(".json", f".rank{r}.json")).read_text()) for r in range(nproc)]
+
+
+def params(report: Path, rank: int = 0) -> dict[str, torch.Tensor]:
+    return torch.load(str(report).replace(".json", f".rank{rank}.pt"))
+
+
+def by_rank(events: list[dict], type_: str) -> dict[int, list[dict]]:
+    out: dict[int, list[dict]] = defaultdict(list)
+    for e in events:
+        if e["type"] == type_:
+            out[e["rank"]].append(e)
+    return out
+
+
+def ints(csv: str) -> list[int]:
+    return [int(v) for v in csv.split(",") if v.strip()]

@@ -1,0 +1,122 @@
+"""How an attached run ends: a failing rank (its exception from torchrun's error file), a cancel
+from the CLI (the command's process group stopped, no process left), and Redis stopped mid-run
+(the script goes on and exits 0; `ddpviz upload` stores every step) (issue 24, items 1, 3)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import pytest
+from attach_tools import by_rank, reports, run_attached, run_id_in, torchrun
+from wtools import cli_env, ddpviz, ddpviz_argv, wait_for
+
+from workers.client import DdpvizClient
+from workers.connection import EmbeddedRedis, connect
+from workers.history import read_all_events
+
+pytestmark = pytest.mark.slow
+
+FAILING = """
+import torch, torch.distributed as dist, torch.nn as nn
+dist.init_process_group("gloo")
+model = nn.parallel.DistributedDataParallel(nn.Linear(4, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(6):
+    if step == 3 and dist.get_rank() == 1:
+        raise ValueError("bad batch at step 3")
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+"""
+
+ENDLESS = """
+import time, torch, torch.distributed as dist, torch.nn as nn
+dist.init_process_group("gloo")
+model = nn.parallel.DistributedDataParallel(nn.Linear(4, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+while True:
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    time.sleep(0.05)
+"""
+
+
+@pytest.fixture
+def client(redis_client):
+    return DdpvizClient(redis=redis_client)
+
+
+def _script(tmp_path, text: str):
+    path = tmp_path / "train.py"
+    path.write_text(text)
+    cmd = torchrun("train_regression.py")
+    cmd[-1] = str(path)
+    return cmd
+
+
+def test_a_failing_rank_fails_the_run_with_its_exception(tmp_path, redis_url, client):
+    proc, run_id = run_attached(_script(tmp_path, FAILING), redis_url, tmp_path / "r.json", tmp_path / "spool")
+    assert proc.returncode != 0
+    rec = client.get_run(run_id)
+    assert rec["status"] == "failed"
+    err = rec["error"]
+    assert err["rank"] == 1 and err["exception"] == "ValueError: bad batch at step 3"
+    assert "raise ValueError" in err["traceback"] and err["exit_code"] == proc.returncode
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_cancel_stops_the_commands_process_group_and_leaves_no_process(tmp_path, redis_url, client):
+    spool = tmp_path / "spool"
+    proc = subprocess.Popen([*ddpviz_argv(), "run", "--spool", str(spool), "--", *_script(tmp_path, ENDLESS)],
+                            env=cli_env(redis_url), stderr=subprocess.PIPE, text=True)
+    try:
+        run_id = wait_for(lambda: run_id_in(proc.stderr.readline()), 60, "the run id")
+        wait_for(lambda: len(by_rank(read_all_events(client, run_id), "step")[1]) >= 3, 240, "three steps")
+        pids = [int(p.stem.split("pid")[1]) for p in spool.glob("events-*.jsonl")]
+        assert client.cancel(run_id) == "canceled"
+        assert proc.wait(timeout=60) != 0
+        assert client.get_run(run_id)["status"] == "canceled"
+        assert len(pids) == 2 and not any(_alive(p) for p in pids)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+
+
+def test_redis_stopped_mid_run_the_script_exits_0_and_upload_stores_every_step(tmp_path):
+    server = EmbeddedRedis(tmp_path / "redis").start()
+    spool, report = tmp_path / "spool", tmp_path / "r.json"
+    cmd = torchrun("train_regression.py", "--epochs", "6", "--accum", "2")
+    env = cli_env(server.url, TRAIN_REPORT=str(report))
+    proc = subprocess.Popen([*ddpviz_argv(), "run", "--spool", str(spool), "--", *cmd], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        run_id = wait_for(lambda: run_id_in(proc.stderr.readline()), 60, "the run id")
+        client = DdpvizClient(url=server.url)
+        wait_for(lambda: any(e["type"] == "step" for e in client.tail_events(run_id, 20)), 240, "a stored step")
+        server.stop()
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+        assert err.count("training goes on, events are kept in") == 1
+        assert f"ddpviz upload {spool}" in err
+        server = EmbeddedRedis(server.data_dir, port=server.port).start()
+        up = ddpviz("upload", str(spool), "--url", server.url, env=cli_env(server.url))
+        assert up.returncode == 0, up.stderr
+        client = DdpvizClient(redis=connect(server.url))
+        rec = client.get_run(run_id)
+        assert rec["status"] == "succeeded"
+        mine = reports(report)
+        steps = by_rank(read_all_events(client, run_id), "step")
+        for rank in (0, 1):
+            assert sorted(e["step"] for e in steps[rank]) == list(range(mine[rank]["steps"]))  # each once
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        server.stop()

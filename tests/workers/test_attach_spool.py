@@ -1,0 +1,72 @@
+"""The spool of an attached run: events sent once each, in order, `run_started` first, resumed
+from `sent.json` after a stop, and the run's ending (issue 24, item 3)."""
+
+from __future__ import annotations
+
+import json
+
+from workers.cli.attach import create_record, failure, record_ending
+from workers.client import DdpvizClient
+from workers.spool import SpoolForwarder
+from workers.store import RunStore
+
+
+def _line(**e) -> str:
+    return json.dumps({"run_id": "r1", "ts": 0.0, **e}) + "\n"
+
+
+def _step(rank: int, step: int) -> str:
+    return _line(type="step", rank=rank, step=step, device=f"cpu:{rank}", loss=1.0, samples=8,
+                 step_time_s=0.1, forward_s=0.01, backward_s=0.02, comm_exposed_s=0.0, optimizer_s=0.01)
+
+
+def test_events_are_sent_once_with_run_started_first_and_resume_after_a_stop(tmp_path, redis_client):
+    store = RunStore(redis_client)
+    create_record(store, "r1", ["torchrun", "train.py"], "x")
+    r0, r1 = tmp_path / "events-rank0-pid1.jsonl", tmp_path / "events-rank1-pid2.jsonl"
+    r0.write_text(_step(0, 0) + _step(0, 1) + _line(type="run_started", rank=0, config={"world_size": 2}))
+    r1.write_text(_step(1, 0) + '{"type": "step", "ran')  # a line still being written
+    fwd = SpoolForwarder(tmp_path, "r1", store)
+    assert fwd.pump()
+    client = DdpvizClient(redis=redis_client)
+    events, _ = client.read_events("r1")
+    assert events[0]["type"] == "run_started"
+    assert sorted((e["rank"], e["step"]) for e in events if e["type"] == "step") == [(0, 0), (0, 1), (1, 0)]
+    assert client.get_run("r1")["config"]["world_size"] == 2
+    assert client.get_run("r1")["config"]["command"] == ["torchrun", "train.py"]
+    # the unfinished line completes; a new forwarder (a restarted `ddpviz upload`) sends only what is new
+    with open(r1, "w") as fh:
+        fh.write(_step(1, 0) + _step(1, 1))
+    with open(r0, "a") as fh:
+        fh.write(_step(0, 2))
+    again = SpoolForwarder(tmp_path, "r1", store)
+    assert again.pump(final=True)
+    events, _ = client.read_events("r1")
+    steps = sorted((e["rank"], e["step"]) for e in events if e["type"] == "step")
+    assert steps == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+    assert [e["type"] for e in events].count("run_started") == 1
+    assert again.summary()["steps_done"] == 3  # the summary sees every event, sent before or now
+    assert record_ending(store, "r1", {"status": "succeeded", "error": None})
+    rec = client.get_run("r1")
+    assert rec["status"] == "succeeded" and rec["config"]["steps"] == 3
+
+
+def test_nothing_is_sent_or_lost_while_redis_is_away(tmp_path, redis_client):
+    (tmp_path / "events-rank0-pid1.jsonl").write_text(_line(type="run_started", rank=0) + _step(0, 0))
+    fwd = SpoolForwarder(tmp_path, "r2", None)  # no Redis
+    assert not fwd.pump()
+    assert fwd.pending and not (tmp_path / "sent.json").exists()
+    store = RunStore(redis_client)
+    create_record(store, "r2", None, None)
+    fwd.connect(store)
+    assert fwd.pump()
+    assert [e["type"] for e in DdpvizClient(redis=redis_client).read_events("r2")[0]] == ["run_started", "step"]
+
+
+def test_the_failing_ranks_exception_comes_from_torchruns_error_file(tmp_path):
+    (tmp_path / "error.json").write_text(json.dumps({"message": {
+        "message": "ValueError: bad batch", "extraInfo": {"py_callstack": "Traceback ...", "rank": 1}},
+        "errorCode": 1}))
+    err = failure(tmp_path, 1)
+    assert (err["rank"], err["exception"], err["traceback"]) == (1, "ValueError: bad batch", "Traceback ...")
+    assert failure(tmp_path / "none", 3)["exception"].endswith("exited with code 3")

@@ -1,0 +1,388 @@
+"""``ddpviz run [--name NAME] [--url REDIS] -- COMMAND...`` and ``ddpviz upload SPOOL``.
+
+`run` watches a training command ddpviz did not write: it creates a run record (status started,
+`config.attached` true), prints the run id and where to watch it, and runs COMMAND with its
+output and exit code passed through unchanged. Every Python process COMMAND starts imports
+`engine/attach/startup/sitecustomize.py` (first on PYTHONPATH); the training processes among
+them (torchrun's workers) instrument themselves and write their events into the run's spool
+folder, which this process forwards to Redis (`workers.spool`).
+
+Status: ``succeeded`` when COMMAND exits 0; ``failed`` otherwise, with the failing rank's
+exception and traceback from torchrun's error file (TORCHELASTIC_ERROR_FILE, `engine.attach.errors`);
+``canceled`` when the run is canceled from the app or ``ddpviz cancel`` (COMMAND's process group
+gets SIGTERM, then SIGKILL after `KILL_AFTER_S`; no process is left), or when `ddpviz run` itself
+gets SIGINT (Ctrl-C), SIGTERM or SIGHUP, which it passes on to COMMAND's process group.
+
+Fail open: Redis unreachable at start or lost mid-run changes nothing for COMMAND; one line
+says so, events stay in the spool and are sent when Redis answers again, or later with
+``ddpviz upload SPOOL``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from workers.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_REFUSED
+
+PUMP_INTERVAL_S = 0.1  # events are forwarded this often
+CANCEL_POLL_S = 0.5  # the cancel flag is read this often
+RECONNECT_S = 2.0  # a lost Redis is tried again this often
+KILL_AFTER_S = 5.0  # a canceled command gets SIGTERM, then SIGKILL this long after
+FINAL_SEND_S = 5.0  # at the end, how long to keep trying to store what is left
+APP_URL = "http://127.0.0.1:8501"  # `ddpviz up`'s default address of the app
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding engine/, workers/
+
+
+def _say(message: str) -> None:
+    print(f"ddpviz: {message}", file=sys.stderr, flush=True)
+
+
+def _store(url: str | None):
+    """A `RunStore` on a client that fails fast (never stalls the loop), or None."""
+    from workers.connection import connect
+    from workers.store import RunStore
+
+    try:
+        return RunStore(connect(url, retry_attempts=0, socket_timeout_s=2.0))
+    except Exception:
+        return None
+
+
+def _is_torchrun(cmd: list[str]) -> bool:
+    return os.path.basename(cmd[0]) == "torchrun" or "torch.distributed.run" in cmd or \
+        "torch.distributed.launch" in cmd
+
+
+def _child_env(run_id: str, spool: Path, url: str | None, cmd: list[str]) -> dict[str, str]:
+    from engine.attach.env import SOLO_ENV, child_environment
+    from engine.attach.started import COMMAND_ENV
+
+    env = child_environment(os.environ, run_id, spool, url, PACKAGE_ROOT)
+    env[COMMAND_ENV] = json.dumps(cmd)
+    env["TORCHELASTIC_ERROR_FILE"] = str(spool / "error.json")
+    if not _is_torchrun(cmd):
+        env[SOLO_ENV] = str(os.getpid())
+    return env
+
+
+def failure(spool: Path, exit_code: int) -> dict[str, Any]:
+    """The run's error: the first failing rank's exception and traceback from torchrun's error
+    file, else the exit code."""
+    from workers.spool import read_json
+    from workers.store import make_error
+
+    doc = read_json(spool / "error.json") or {}
+    msg = doc.get("message")
+    if isinstance(msg, dict):
+        extra = msg.get("extraInfo") or {}
+        err = make_error(msg.get("message") or f"exit code {exit_code}", extra.get("py_callstack"),
+                         rank=extra.get("rank"), stage="training")
+    elif isinstance(msg, str):
+        err = make_error(msg, None, stage="training")
+    else:
+        err = make_error(f"CommandFailed: the command exited with code {exit_code}", None, stage="training")
+    err["exit_code"] = exit_code
+    return err
+
+
+class Launch:
+    """One `ddpviz run`: the command's process group, the forwarder, the run record."""
+
+    def __init__(self, run_id: str, spool: Path, url: str | None, cmd: list[str], label: str | None,
+                 joined: bool = False):
+        from workers.spool import SpoolForwarder
+
+        self.joined = joined  # another launcher (node 0 of a --nnodes run) created the run and ends it
+        self.run_id, self.spool, self.url, self.cmd, self.label = run_id, spool, url, cmd, label
+        self.store = _store(url)
+        self.forwarder = SpoolForwarder(spool, run_id, self.store)
+        self.canceled: str | None = None
+        self.said_down = False
+        self.proc: subprocess.Popen | None = None
+
+    def create(self) -> None:
+        create_record(self.store, self.run_id, self.cmd, self.label)
+
+    def redis_down(self, why: Any) -> None:
+        if not self.said_down:
+            self.said_down = True
+            _say(f"Redis unreachable ({why}); training goes on, events are kept in {self.spool} and "
+                 f"sent when Redis answers (or: ddpviz upload {self.spool})")
+
+    def signal_group(self, sig: int) -> None:
+        """Signal COMMAND's process group; with SIGKILL also the group of every instrumented process
+        still alive (torchrun starts each worker in a session of its own, which a signal to
+        torchrun's group does not reach; torchrun passes SIGTERM and SIGINT on itself)."""
+        groups = [self.proc.pid] + (self.instrumented_pids() if sig == signal.SIGKILL else [])
+        for pgid in groups:
+            try:
+                os.killpg(pgid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def instrumented_pids(self) -> list[int]:
+        """Pids named by the spool's event files whose process still carries this run's id (a pid
+        reused by another process does not)."""
+        from engine.attach.env import RUN_ID_ENV
+
+        mark = f"{RUN_ID_ENV}={self.run_id}".encode()
+        out = []
+        for path in self.spool.glob("events-rank*-pid*.jsonl"):
+            try:
+                pid = int(path.stem.rsplit("pid", 1)[1])
+                if mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    out.append(pid)
+            except (ValueError, OSError):
+                continue
+        return out
+
+    def check_cancel(self) -> None:
+        if self.store is None or self.canceled:
+            return
+        try:
+            reason = self.store.cancel_reason(self.run_id)
+        except (redis.RedisError, OSError):
+            return
+        if reason:
+            self.canceled = reason
+            _say(f"run {self.run_id} canceled ({reason}); stopping the command")
+            self.signal_group(signal.SIGTERM)
+            self.kill_at = time.monotonic() + KILL_AFTER_S
+
+    def pump(self) -> None:
+        """Forward new events; reconnect to a lost Redis now and then."""
+        if self.store is None and time.monotonic() >= self.next_connect:
+            self.next_connect = time.monotonic() + RECONNECT_S
+            self.store = _store(self.url)
+            if self.store is not None:
+                try:
+                    if not self.store.exists(self.run_id):
+                        self.create()
+                    self.forwarder.connect(self.store)
+                    if self.said_down:
+                        _say(f"Redis answers again; sending the events kept in {self.spool}")
+                        self.said_down = False
+                except (redis.RedisError, OSError):
+                    self.store = None
+        self.forwarder.pump()
+        if self.forwarder.redis_error is not None:
+            self.redis_down(self.forwarder.redis_error)
+            self.store = None
+            self.forwarder.connect(None)
+
+    def run(self) -> int:
+        """Run the command to its end; returns its exit code (128 + N when killed by signal N)."""
+        self.next_connect = time.monotonic() + RECONNECT_S
+        self.kill_at: float | None = None
+        env = _child_env(self.run_id, self.spool, self.url, self.cmd)
+        try:
+            self.proc = subprocess.Popen(self.cmd, env=env, start_new_session=True)
+        except OSError as exc:
+            _say(f"cannot start {self.cmd[0]!r}: {exc}")
+            return 127
+        def forward(sig: int, frame: Any) -> None:  # Ctrl-C or a kill of `ddpviz run` reaches the command
+            self.signal_group(sig)
+            if not self.canceled:
+                self.canceled = f"{signal.Signals(sig).name} sent to ddpviz run"
+                self.kill_at = time.monotonic() + KILL_AFTER_S
+
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        next_cancel = 0.0
+        try:
+            while self.proc.poll() is None:
+                try:
+                    self.pump()
+                except Exception as exc:  # forwarding is ours; the command is the user's
+                    self.redis_down(exc)
+                if time.monotonic() >= next_cancel:
+                    next_cancel = time.monotonic() + CANCEL_POLL_S
+                    self.check_cancel()
+                if self.kill_at is not None and time.monotonic() >= self.kill_at:
+                    self.signal_group(signal.SIGKILL)
+                time.sleep(PUMP_INTERVAL_S)
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+        self.signal_group(signal.SIGKILL)  # nothing of the command outlives it
+        rc = self.proc.returncode
+        return 128 - rc if rc < 0 else rc
+
+    def record(self, ending: dict) -> None:
+        """Record the ending; a joined launcher records only a failure (node 0's ends the run)."""
+        if not self.joined or ending["status"] == "failed":
+            record_ending(self.store, self.run_id, ending)
+        else:
+            refresh_summary(self.store, self.run_id)
+
+    def finish(self, exit_code: int) -> bool:
+        """Send what is left and record how the run ended. False when Redis is away (then
+        `ending.json` keeps the ending for `ddpviz upload`)."""
+        from workers.spool import _write_json
+
+        if self.canceled:
+            ending = dict(status="canceled", error={"rank": None, "exception": f"Canceled: {self.canceled}; "
+                          "the command's process group was signalled", "traceback": None}, exit_code=exit_code)
+        elif exit_code == 0:
+            ending = dict(status="succeeded", error=None, exit_code=0)
+        else:
+            ending = dict(status="failed", error=failure(self.spool, exit_code), exit_code=exit_code)
+        _write_json(self.spool / "ending.json", ending)
+        deadline = time.monotonic() + FINAL_SEND_S
+        while True:
+            if self.store is None:
+                self.next_connect = 0.0
+            try:
+                self.pump()
+                if self.store is not None and self.forwarder.pump(final=True):
+                    self.record(ending)
+                    return True
+            except (redis.RedisError, OSError) as exc:
+                self.redis_down(exc)
+                self.store = None
+            if time.monotonic() >= deadline:
+                _say(f"Redis unreachable; the run's events are kept in {self.spool}: send them with "
+                     f"`ddpviz upload {self.spool}`")
+                return False
+            time.sleep(0.2)
+
+
+def create_record(store: Any, run_id: str, cmd: list[str] | None, label: str | None) -> None:
+    """A started run record for an attached run: no worker (nothing to judge lost by heartbeats),
+    config ``{mode, attached, command}`` until rank 0's `run_started` brings the rest."""
+    from workers import keys
+    from workers.store import RunStatus
+
+    store.create(run_id, {"mode": "ddp", "attached": True, "command": cmd}, label=label)
+    store.transition(run_id, RunStatus.STARTED, allowed_from=[RunStatus.QUEUED],
+                     fields={"started_at": repr(time.time())},
+                     also=lambda pipe: pipe.sadd(keys.STARTED, run_id))
+
+
+def stream_summary(store: Any, run_id: str) -> dict[str, Any]:
+    """The run's summary from every event in its stream (every node's, for `--join`ed launchers)."""
+    from engine.summary import SummaryBuilder
+    from workers.client import DdpvizClient
+    from workers.history import read_all_events
+
+    builder = SummaryBuilder()
+    for event in read_all_events(DdpvizClient(redis=store.redis), run_id):
+        builder.observe(event)
+    return builder.summary()
+
+
+def refresh_summary(store: Any, run_id: str) -> None:
+    """Rebuild an ended run's summary from its stream (a joined node's last events came after
+    node 0 recorded the ending)."""
+    from workers import keys
+    from workers.store import TERMINAL
+
+    rec = store.get(run_id) or {}
+    if rec.get("status") in {s.value for s in TERMINAL}:
+        summary = stream_summary(store, run_id)
+        config = {**(rec.get("config") or {}), "steps": summary.get("steps_done")}
+        store.redis.hset(keys.run(run_id), mapping={"summary": json.dumps(summary), "config": json.dumps(config)})
+
+
+def record_ending(store: Any, run_id: str, ending: dict) -> bool:
+    """Set the run's terminal status, error and summary (from its stream, with a `run_finished`
+    event), and its config's step count. True if this call ended it."""
+    from workers import keys
+    from workers.store import RunStatus
+
+    summary = stream_summary(store, run_id)
+    rec = store.get(run_id) or {}
+    config = dict(rec.get("config") or {})
+    config["steps"] = summary.get("steps_done")
+    store.redis.hset(keys.run(run_id), "config", json.dumps(config))
+    return store.finish(run_id, RunStatus(ending["status"]), error=ending["error"], summary=summary,
+                        append_event=True, allowed_from=[RunStatus.STARTED, RunStatus.QUEUED])
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from workers.connection import redact, redis_url
+    from workers.store import new_run_id
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        _say("refused: give the command to run after `--` (e.g. ddpviz run -- torchrun --nproc-per-node 2 train.py)")
+        return EXIT_REFUSED
+    run_id = args.join or new_run_id()
+    url = args.url or redis_url()
+    default = run_id if not args.join else f"{run_id}-{socket.gethostname()}-{os.getpid()}"
+    spool = Path(args.spool or Path(".ddpviz") / "spool" / default).resolve()
+    spool.mkdir(parents=True, exist_ok=True)
+    from workers.spool import _write_json
+
+    _write_json(spool / "meta.json", dict(run_id=run_id, command=cmd, label=args.name, joined=bool(args.join),
+                                          host=socket.gethostname(), created_at=time.time()))
+    launch = Launch(run_id, spool, url, cmd, args.name, joined=bool(args.join))
+    if launch.store is not None:
+        try:
+            if not launch.store.exists(run_id):
+                launch.create()
+        except (redis.RedisError, OSError) as exc:
+            launch.store = None
+            launch.forwarder.connect(None)
+            launch.redis_down(exc)
+    else:
+        launch.redis_down(f"cannot reach {redact(url)}")
+    _say(f"run {run_id}: watch it in the app ({APP_URL}, Live) or `ddpviz runs`; spool {spool}")
+    code = launch.run()
+    launch.finish(code)
+    return code
+
+
+def cmd_upload(args: argparse.Namespace) -> int:
+    """Send a spool's events that are not yet stored, and record the run's ending."""
+    from workers.spool import SpoolForwarder, read_json
+
+    spool = Path(args.spool)
+    meta = read_json(spool / "meta.json")
+    if not meta or "run_id" not in meta:
+        _say(f"refused: {spool} is not a ddpviz spool folder (no meta.json with a run_id)")
+        return EXIT_REFUSED
+    store = _store(args.url)
+    if store is None:
+        from workers.connection import connect
+
+        connect(args.url)  # raises RedisUnavailable, which names the URL
+    run_id = meta["run_id"]
+    if not store.exists(run_id):
+        create_record(store, run_id, meta.get("command"), meta.get("label"))
+    fwd = SpoolForwarder(spool, run_id, store)
+    if not fwd.pump(final=True):
+        _say(f"could not store every event: {fwd.redis_error}")
+        return EXIT_FAILED
+    ending = read_json(spool / "ending.json")
+    if ending and (not meta.get("joined") or ending["status"] == "failed"):
+        record_ending(store, run_id, ending)
+    elif ending:
+        refresh_summary(store, run_id)
+    print(run_id)
+    return EXIT_OK
+
+
+def register(command) -> None:
+    """Add `run` and `upload` to the ddpviz parser (`command` as in `workers.cli.commands`)."""
+    p = command("run", cmd_run, "run a training command (e.g. torchrun ... train.py) and watch it live")
+    p.add_argument("--name", default=None, help="the run's label in the app")
+    p.add_argument("--spool", default=None, metavar="DIR",
+                   help="folder for the run's events (default .ddpviz/spool/RUN_ID)")
+    p.add_argument("--join", default=None, metavar="RUN_ID",
+                   help="add this node's ranks to a run another `ddpviz run` started (torchrun --nnodes)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run")
+    p = command("upload", cmd_upload, "send an attached run's spooled events to Redis")
+    p.add_argument("spool", metavar="SPOOL")

@@ -1,0 +1,150 @@
+"""The spool of an attached run: the folder its processes write their events into, and sending
+those events to the run's Redis stream (`ddpviz run` while the command runs; `ddpviz upload
+SPOOL` afterwards, when Redis was away).
+
+Files in a spool folder:
+
+| file | written by | holds |
+|---|---|---|
+| ``events-rank{R}-pid{P}.jsonl`` | each instrumented process (`engine.attach.session`) | its events, one JSON per line |
+| ``meta.json`` | `ddpviz run` at start | ``{run_id, command, label, host, created_at}`` |
+| ``sent.json`` | the forwarder | bytes of each events file already stored in Redis, and whether `run_started` was |
+| ``ending.json`` | `ddpviz run` at the end | ``{status, error, exit_code}``, for `ddpviz upload` to record |
+| ``error.json`` | torchrun (TORCHELASTIC_ERROR_FILE) | the failing rank's exception |
+
+Nothing is lost while Redis is away: what is not yet stored stays in the files, and `sent.json`
+says where each file's unsent part begins. A chunk is stored whole or not at all
+(`workers.sink.RedisStreamWriter`); a chunk whose reply was lost may be stored twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from engine.events import decode_json
+from engine.summary import SummaryBuilder
+from workers import keys
+from workers.sink import WRITE_CHUNK, RedisStreamWriter
+from workers.store import RunStore
+
+HOLD_FOR_STARTED_S = 60.0  # events wait this long for rank 0's run_started, so it is stored first
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class SpoolForwarder:
+    """Reads the spool's event files and stores their events in the run's stream.
+
+    Args:
+        spool: the folder.
+        run_id: the run.
+        store: a `RunStore`, or None while Redis is unreachable (`connect` later).
+
+    `pump()` reads what is new and sends it; `builder` has observed every event of every file
+    (the run's summary), sent or not.
+    """
+
+    def __init__(self, spool: Path, run_id: str, store: RunStore | None = None):
+        self.spool, self.run_id, self.store = Path(spool), run_id, store
+        sent = read_json(self.spool / "sent.json") or {}
+        self.sent: dict[str, int] = dict(sent.get("offsets", {}))
+        self.started_sent = bool(sent.get("started_sent"))
+        self.read_at: dict[str, int] = {}  # bytes of each file read so far
+        self.pending: list[tuple[str, int, dict]] = []  # (file, end offset, event), in file order
+        self.started: dict | None = None
+        self.builder = SummaryBuilder()
+        self.first_pending_at: float | None = None
+        self.redis_error: BaseException | None = None
+
+    def connect(self, store: RunStore | None) -> None:
+        self.store = store
+
+    def _read(self) -> None:
+        for path in sorted(self.spool.glob("events-*.jsonl")):
+            name = path.name
+            pos = self.read_at.get(name, 0)  # the first byte not yet read as a whole line
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(pos)
+                    lines = fh.read().split(b"\n")[:-1]  # the last piece is an unfinished line (or empty)
+            except OSError:
+                continue
+            for line in lines:
+                pos += len(line) + 1
+                if not line.strip():
+                    continue
+                event = decode_json(line)
+                self.builder.observe(event)
+                if event.get("type") == "run_started":
+                    self.started = event
+                    if self.started_sent:
+                        continue
+                if pos > self.sent.get(name, 0):
+                    self.pending.append((name, pos, event))
+            self.read_at[name] = pos
+
+    def pump(self, final: bool = False, now: float | None = None) -> bool:
+        """Read new events and store them. True when nothing is left to store."""
+        import time
+
+        self._read()
+        now = time.monotonic() if now is None else now
+        if self.pending and self.first_pending_at is None:
+            self.first_pending_at = now
+        if self.store is None:
+            return not self.pending
+        if not self.started_sent and self.started is None and not final and \
+                now - (self.first_pending_at or now) < HOLD_FOR_STARTED_S:
+            return not self.pending  # hold everything until rank 0's run_started is here
+        try:
+            self._send()
+        except (redis.RedisError, OSError) as exc:
+            self.redis_error = exc
+            return False
+        self.redis_error = None
+        return not self.pending
+
+    def _send(self) -> None:
+        if self.started is not None and not self.started_sent:
+            self._store_started(self.started)
+            self.pending = [p for p in self.pending if p[2] is not self.started]
+        writer = RedisStreamWriter(self.store.redis, self.run_id, self.store.stream_maxlen)
+        while self.pending:
+            chunk = self.pending[:WRITE_CHUNK]
+            writer._write_chunk([e for _, _, e in chunk])
+            del self.pending[:len(chunk)]
+            for name, end, _ in chunk:
+                self.sent[name] = max(self.sent.get(name, 0), end)
+            self._save()
+
+    def _store_started(self, event: dict) -> None:
+        writer = RedisStreamWriter(self.store.redis, self.run_id, self.store.stream_maxlen)
+        writer._write_chunk([event])
+        self.store.save_started(self.run_id, event)
+        rec = self.store.get(self.run_id) or {}
+        config = {**(rec.get("config") or {}), **(event.get("config") or {})}
+        self.store.redis.hset(keys.run(self.run_id), "config", json.dumps(config))
+        self.started_sent = True
+        self._save()
+
+    def _save(self) -> None:
+        _write_json(self.spool / "sent.json", {"offsets": self.sent, "started_sent": self.started_sent})
+
+    def summary(self) -> dict[str, Any]:
+        return self.builder.summary()
