@@ -13,13 +13,14 @@ from engine.config import BUILTIN_MODELS, FSDP_FIELDS, ConfigError, RunConfig, p
 
 # (title, fields) of the form's three columns, then the "advanced" expander.
 COLUMNS: list[tuple[str, list[str]]] = [
-    ("Strategy", ["mode", "world_size", "bucket_cap_mb", "overlap", "reshard_after_forward"]),
+    ("Strategy", ["mode", "world_size", "bucket_cap_mb", "overlap", "comm_hook", "reshard_after_forward"]),
     ("Model and data", ["model", "dataset", "width", "depth"]),
     ("Training", ["global_batch_size", "steps", "lr", "optimizer", "seed", "step_delay_s"]),
 ]
 ADVANCED = ["gradient_as_bucket_view", "static_graph", "find_unused_parameters", "broadcast_buffers",
             "grad_accum_steps", "amp", "fsdp_param_dtype", "fsdp_reduce_dtype", "device", "backend",
-            "nnodes", "n_head", "block_size", "eval_every", "probe"]
+            "nnodes", "n_head", "block_size", "eval_every", "probe", "matrix_approximation_rank",
+            "start_powerSGD_iter"]
 FAULTS = ["fault", "fault_rank", "fault_step", "collective_timeout_s"]
 
 HELP = {
@@ -36,6 +37,12 @@ HELP = {
     "bucket_cap_mb": "DDP gradient bucket size cap, MiB (PyTorch default 25)",
     "overlap": "DDP: all-reduce each bucket as soon as it is ready; off defers every "
                "all-reduce until the last bucket is ready",
+    "comm_hook": "DDP gradient compression, a PyTorch comm hook inside ddpviz's bucket timing: fp16/bf16 "
+                 "cast each bucket for the all-reduce (half the bytes; bf16 needs NCCL: PyTorch refuses "
+                 "it on gloo), powersgd sends low-rank factors. Bytes are counted on what the hook "
+                 "sends; overlap must be on",
+    "matrix_approximation_rank": "PowerSGD: rank r of each gradient matrix's factors (comm_hook powersgd)",
+    "start_powerSGD_iter": "PowerSGD: plain all-reduce before this iteration, > 1 (comm_hook powersgd)",
     "model": "built-in model (or an installed ddpviz.models plugin)",
     "dataset": "digits/synthetic for mlp and cnn; text/synthetic for gpt",
     "width": "mlp hidden units, cnn channels, gpt embedding size",

@@ -15,6 +15,7 @@ SCHEMA_VERSION = 1  # version of the event schema, carried in `run_started`
 
 BUILTIN_MODELS = ("mlp", "cnn", "gpt")
 FSDP_FIELDS = ("reshard_after_forward", "fsdp_param_dtype", "fsdp_reduce_dtype")  # mode fsdp only
+COMM_HOOK_FIELDS = ("comm_hook", "matrix_approximation_rank", "start_powerSGD_iter")  # mode ddp only
 DATASETS = ("digits", "text", "synthetic")
 # Which datasets each built-in model trains on (the first is the default).
 MODEL_DATASETS: dict[str, tuple[str, ...]] = {
@@ -63,6 +64,12 @@ class RunConfig(BaseModel):
     static_graph: bool = False
     find_unused_parameters: bool = False
     broadcast_buffers: bool = True  # DDP: rank 0's buffers (e.g. BatchNorm statistics) sent to all before each forward
+    # DDP gradient compression: a PyTorch comm hook run inside ddpviz's bucket recording
+    # (engine/modes/ddp/comm_hooks.py): fp16/bf16 cast each bucket for the all-reduce (half the
+    # bytes), powersgd sends low-rank factors (Vogels et al. 2019, torch's powerSGD_hook)
+    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = "none"
+    matrix_approximation_rank: int = Field(1, ge=1, le=64)  # PowerSGD: rank r of each gradient matrix's factors
+    start_powerSGD_iter: int = Field(2, ge=2, le=1_000_000)  # PowerSGD: plain all-reduce before this iteration (> 1: PyTorch's rule with error feedback)
     grad_accum_steps: int = Field(1, ge=1, le=1024)  # micro-batches per optimizer step
     amp: bool = False  # bf16 autocast
     # FSDP (mode fsdp) knobs, named as in torch.distributed.fsdp.fully_shard / MixedPrecisionPolicy.
@@ -130,6 +137,7 @@ def cross_field_errors(cfg: RunConfig) -> list[tuple[str, str]]:
         if cfg.device == "cuda" and (msg := dp_cuda_fault_error(cfg)):
             errs.append(("fault", msg))
     errs += _fsdp_errors(cfg)
+    errs += _comm_hook_errors(cfg)
     if cfg.backend == "nccl" and cfg.device == "cpu":
         errs.append(("backend", "backend 'nccl' needs device 'cuda' (use 'gloo' on CPU)"))
     return errs
@@ -160,6 +168,29 @@ def _fsdp_errors(cfg: RunConfig) -> list[tuple[str, str]]:
     elif cfg.amp and cfg.fsdp_param_dtype == "bfloat16":
         errs.append(("amp", "amp (bf16 autocast) and fsdp_param_dtype 'bfloat16' both cast the compute "
                             "to bf16; use one (fsdp_param_dtype also halves the all-gather bytes)"))
+    return errs
+
+
+def _comm_hook_errors(cfg: RunConfig) -> list[tuple[str, str]]:
+    """A comm hook is DDP's (DistributedDataParallel.register_comm_hook), runs with overlap on,
+    bf16 needs NCCL; the PowerSGD knobs need comm_hook 'powersgd'. (A backend 'auto' that resolves
+    to gloo is refused in pre-flight, `engine.modes.ddp.comm_hooks.check_comm_hook`.)"""
+    errs: list[tuple[str, str]] = []
+    if cfg.comm_hook != "none":
+        if cfg.mode != "ddp":
+            errs.append(("comm_hook", f"comm_hook '{cfg.comm_hook}' needs mode 'ddp' (DistributedDataParallel's "
+                                      f"register_comm_hook; got mode '{cfg.mode}')"))
+        if not cfg.overlap:
+            errs.append(("overlap", f"overlap=false defers ddpviz's own all-reduces; comm_hook "
+                                    f"'{cfg.comm_hook}' launches its collectives itself: use overlap=true"))
+        if cfg.comm_hook == "bf16" and (cfg.backend == "gloo" or cfg.device == "cpu"):
+            errs.append(("comm_hook", "comm_hook 'bf16' needs backend 'nccl' on CUDA: PyTorch refuses "
+                                      "bf16_compress_hook on gloo; use 'fp16' or 'powersgd'"))
+    if cfg.comm_hook != "powersgd":
+        defaults = RunConfig.model_fields
+        for name in ("matrix_approximation_rank", "start_powerSGD_iter"):
+            if getattr(cfg, name) != defaults[name].default:
+                errs.append((name, f"{name} needs comm_hook 'powersgd' (got comm_hook '{cfg.comm_hook}')"))
     return errs
 
 

@@ -114,6 +114,15 @@ def load_dataset(cfg: RunConfig) -> Dataset:
     return Dataset("synthetic", *_split(x, y, 0), in_dim=SYNTHETIC_FEATURES, n_classes=SYNTHETIC_CLASSES)
 
 
+class BatchPlanError(ValueError):
+    """The dataset cannot give every rank a micro-batch; `field` names the RunConfig field to change
+    (`world_size` when the ranks outnumber the training samples, else `global_batch_size`)."""
+
+    def __init__(self, field_name: str, message: str):
+        self.field = field_name
+        super().__init__(message)
+
+
 class BatchPlan:
     """Which training samples rank `r` uses at micro-step `m`, via `DistributedSampler`.
 
@@ -125,14 +134,25 @@ class BatchPlan:
 
     Policy for a dataset that does not divide evenly: `drop_last=True` on the sampler and on the
     batches, so every rank runs the same number of steps and no collective waits for a missing rank.
+
+    Raises:
+        BatchPlanError: a rank would get no full micro-batch. Field `world_size` when there are
+            fewer training samples than ranks (no global_batch_size can help: `DistributedSampler`
+            with drop_last gives each rank len(dataset) // world_size = 0 samples), else
+            `global_batch_size`.
     """
 
     def __init__(self, n_samples: int, world_size: int, micro_batch: int, seed: int):
         self.n_samples, self.world_size, self.micro_batch, self.seed = n_samples, world_size, micro_batch, seed
         self.per_rank = n_samples // world_size  # DistributedSampler(drop_last=True) shard size
         self.batches_per_epoch = self.per_rank // micro_batch
+        if self.per_rank < 1:
+            raise BatchPlanError("world_size", f"world_size ({world_size}) is larger than the dataset's "
+                                 f"{n_samples} training samples: DistributedSampler (drop_last) gives each "
+                                 f"rank len(dataset) // world_size = 0 samples; use world_size <= {n_samples} "
+                                 f"or more training samples")
         if self.batches_per_epoch < 1:
-            raise ValueError(f"global_batch_size is too large for the dataset: each rank gets "
+            raise BatchPlanError("global_batch_size", f"global_batch_size is too large for the dataset: each rank gets "
                              f"{self.per_rank} training samples but needs {micro_batch} per micro-step")
         self._cache: dict[tuple[int, int], list[int]] = {}
 

@@ -70,11 +70,50 @@ def decode_json(raw: bytes | str) -> Any:
     return orjson.loads(raw)
 
 
+NONFINITE_SUFFIX = "_nonfinite"  # `loss: null, loss_nonfinite: "nan"` (docs/events.md, "Non-finite values")
+
+
+def nonfinite_name(value: float) -> str:
+    """``"nan"``, ``"inf"`` or ``"-inf"``: how a non-finite float is named beside its null."""
+    return "nan" if value != value else ("inf" if value > 0 else "-inf")
+
+
+def mark_nonfinite(fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` with each NaN/±inf float value (at the top level or in a nested dict) replaced by
+    None and named in a sibling ``<key>_nonfinite`` (`nonfinite_name`); `fields` itself when there
+    is none. Values inside lists become null on encoding (`encode_json`) without a name.
+
+    Strict JSON has no NaN (browsers and `json.loads(strict)` consumers reject it), and a bare null
+    would read as "not measured": the sibling says what the value was.
+    """
+    out = None
+    for k, v in fields.items():
+        c = v.__class__
+        if c is float:
+            if v - v == 0:  # finite (NaN - NaN and inf - inf are NaN)
+                continue
+            new, extra = None, {f"{k}{NONFINITE_SUFFIX}": nonfinite_name(v)}
+        elif c is dict:
+            new = mark_nonfinite(v)
+            if new is v:
+                continue
+            extra = {}
+        else:
+            continue
+        if out is None:
+            out = dict(fields)
+        out[k] = new
+        out.update(extra)
+    return fields if out is None else out
+
+
 def make_event(type_: str, run_id: str, **fields: Any) -> dict[str, Any]:
-    """Build one event: ``{"type", "run_id", "ts", **fields}`` (ts in unix seconds)."""
+    """Build one event: ``{"type", "run_id", "ts", **fields}`` (ts in unix seconds), non-finite
+    floats marked (`mark_nonfinite`), so every consumer reads the same event whether it came
+    through JSON or not."""
     if type_ not in EVENT_TYPES:
         raise ValueError(f"event type must be one of {EVENT_TYPES} (got {type_!r})")
-    return {"type": type_, "run_id": run_id, "ts": time.time(), **fields}
+    return {"type": type_, "run_id": run_id, "ts": time.time(), **mark_nonfinite(fields)}
 
 
 class RawEvent(dict):

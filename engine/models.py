@@ -147,13 +147,18 @@ def build_model(cfg: RunConfig, ds) -> nn.Module:
 
     Raises:
         KeyError: the name is neither built in nor a registered `ddpviz.models` plugin.
+        TypeError: a plugin's `build(cfg)` returned something other than an `nn.Module` (every mode
+            calls `.to`, `.parameters()` and `.train()` on it), naming what it returned.
     """
     torch.manual_seed(cfg.seed)
     if cfg.model in ("mlp", "cnn", "gpt"):
         return _build_builtin(cfg, ds)
     from engine.plugins import load_plugin
 
-    return load_plugin(cfg.model).build(cfg)
+    model = load_plugin(cfg.model).build(cfg)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"build() must return an nn.Module (got {type(model).__name__})")
+    return model
 
 
 def param_count(model: nn.Module) -> int:

@@ -122,6 +122,10 @@ def execute(cfg: RunConfig, sink: EventSink, run_id: str, *,
             from engine.modes.fsdp.units import check_fsdp
 
             check_fsdp(cfg, plan, model)
+        if cfg.mode == "ddp":
+            from engine.modes.ddp.comm_hooks import check_comm_hook
+
+            check_comm_hook(cfg, plan.backend)
         started = _started_fields(cfg, plan, model, ds, node.host_label if node else None)
         out.emit(make_event("run_started", run_id, rank=0, device=plan.names[0], **started))
         if workdir is None:
@@ -134,13 +138,22 @@ def execute(cfg: RunConfig, sink: EventSink, run_id: str, *,
     except Exception as exc:
         result.status, result.error = "failed", _failure(exc, stage)
     finally:
-        result.summary = builder.summary()
+        result.summary = _summary(builder)
         result.summary["wall_time_s"] = time.time() - t0
         out.emit(make_event("run_finished", run_id, rank=0, status=result.status,
                             error=result.error, summary=result.summary))
         if tmp is not None:
             tmp.cleanup()
     return result
+
+
+def _summary(builder: SummaryBuilder) -> dict[str, Any]:
+    """The run's summary; should building it fail, what can be said (`summary_error`), so that
+    `run_finished` is written whatever the events held."""
+    try:
+        return builder.summary()
+    except Exception as exc:  # a bug in the summary must not lose the run's ending
+        return {"steps_done": len(builder.steps.get(0, {})), "summary_error": f"{type(exc).__name__}: {exc}"}
 
 
 def _dispatch(cfg, plan: DevicePlan, ds, model, out, run_id, should_stop, workdir: Path, node=None):

@@ -27,6 +27,8 @@ import statistics
 from collections import defaultdict
 from typing import Any, Iterable, Sequence
 
+from engine.events import NONFINITE_SUFFIX, nonfinite_name
+
 WARMUP_STEPS = 3  # first steps a median skips (fewer for short runs): caches, bucket rebuild
 INSTRUMENT_FLAGS = ("memory_traced", "replica_check")  # a step that carries the instrument's own work
 STEP_PARTS = ("step_time_s", "forward_s", "backward_s", "comm_exposed_s", "optimizer_s")
@@ -56,7 +58,8 @@ def run_steps(step_events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     Each row: step, samples (max over ranks), the mean over ranks of `STEP_PARTS` (seconds; None
     where a rank reported None: not measured, see `COMM_NOT_MEASURED`),
     samples_per_s (samples / mean step time; None when that is 0), loss (mean over ranks: each
-    rank's loss is the mean over its own shard), instrument (any rank's step carried memory tracing
+    rank's loss is the mean over its own shard; None with `loss_nonfinite` "nan"/"inf"/"-inf"
+    when any rank's was non-finite, `engine.events.mark_nonfinite`), instrument (any rank's step carried memory tracing
     or a replica check), ranks (how many ranks reported it).
     """
     by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
@@ -69,13 +72,30 @@ def run_steps(step_events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         for k in STEP_PARTS:  # a part some rank could not measure (None) is None for the step
             vals = [e.get(k, 0.0) for e in evs]
             row[k] = None if any(v is None for v in vals) else sum(vals) / len(vals)
-        losses = [e["loss"] for e in evs if e.get("loss") is not None]
-        row["loss"] = sum(losses) / len(losses) if losses else None
+        row["loss"], bad = mean_loss(evs, "loss")
+        if bad:
+            row["loss_nonfinite"] = bad
         row["samples_per_s"] = row["samples"] / row["step_time_s"] if row["step_time_s"] > 0 else None
         row["instrument"] = any(bool(e.get(f)) for e in evs for f in INSTRUMENT_FLAGS)
         row["ranks"] = len(evs)
         rows.append(row)
     return rows
+
+
+def mean_loss(events: Sequence[dict[str, Any]], key: str) -> tuple[float | None, str | None]:
+    """(mean of `key` over `events`, None) — or (None, "nan"/"inf"/"-inf") when any event's value
+    is non-finite (a float NaN/inf, or null with `<key>_nonfinite`): the mean of a NaN is NaN, never
+    the mean of the other ranks. (None, None) when no event has a value."""
+    vals, bad = [], None
+    for e in events:
+        v, named = e.get(key), e.get(key + NONFINITE_SUFFIX)
+        if named or (isinstance(v, float) and v - v != 0):
+            bad = named or nonfinite_name(v)
+        elif v is not None:
+            vals.append(v)
+    if bad:
+        return None, bad
+    return (sum(vals) / len(vals) if vals else None), None
 
 
 def steady_positions(instrumented: Sequence[bool]) -> list[int]:
@@ -119,7 +139,8 @@ class SummaryBuilder:
         if t == "step":
             self.steps[e.get("rank", 0)][e["step"]] = e
         elif t == "bucket" and e.get("rank", 0) == 0:
-            self.bucket_spans[e["step"]].append((e["comm_start_s"], e["comm_end_s"]))
+            if e.get("comm_start_s") is not None and e.get("comm_end_s") is not None:
+                self.bucket_spans[e["step"]].append((e["comm_start_s"], e["comm_end_s"]))
         elif t == "memory":
             dev, peak = e["device"], e.get("peak_allocated_bytes")
             peak = peak if peak is not None else e.get("allocated_bytes")
@@ -155,8 +176,8 @@ class SummaryBuilder:
             spans = self.bucket_spans.get(e["step"])
             if spans:
                 total += interval_union_s(spans)
-                exposed += min(e["comm_exposed_s"], interval_union_s(spans))
-            elif e["comm_exposed_s"] > 0:  # DP: every copy is on the critical path
+                exposed += min(e.get("comm_exposed_s") or 0.0, interval_union_s(spans))
+            elif (e.get("comm_exposed_s") or 0.0) > 0:  # DP: every copy is on the critical path
                 total += e["comm_exposed_s"]
                 exposed += e["comm_exposed_s"]
         return None if total <= 0 else max(0.0, 1.0 - exposed / total)
@@ -192,8 +213,9 @@ class SummaryBuilder:
         # loss is the mean over ranks of their last step's loss.
         last = [self.steps[r][max(self.steps[r])] for r in self.steps if self.steps[r]]
         final_step = max((e["step"] for e in last), default=None)
-        finals = [e["loss"] for e in last if e["step"] == final_step]
-        out["final_loss"] = sum(finals) / len(finals) if finals else None
+        out["final_loss"], bad = mean_loss([e for e in last if e["step"] == final_step], "loss")
+        if bad:
+            out["final_loss_nonfinite"] = bad
         out["overlap"] = self.overlap()
         if out["comm_exposed_s"] is None and any(e.get("comm_exposed_measured") is False for e in last):
             out["comm_exposed_note"] = COMM_NOT_MEASURED
@@ -203,8 +225,10 @@ class SummaryBuilder:
             out["memory_imbalance"] = max(self.peak.values()) / lo if lo else None
             out["memory_source"] = ", ".join(sorted(self.memory_sources))
         out["bytes_per_device"] = dict(sorted(self.volume.items()))
-        out["val_loss"] = self.last_eval["val_loss"] if self.last_eval else None
-        out["val_accuracy"] = self.last_eval["val_accuracy"] if self.last_eval else None
+        for k in ("val_loss", "val_accuracy"):
+            out[k], bad = mean_loss([self.last_eval] if self.last_eval else [], k)
+            if bad:
+                out[k + "_nonfinite"] = bad
         out["replicas_in_sync"] = self.sync["in_sync"] if self.sync else None
         out["param_checksums"] = self.sync["checksums"] if self.sync else None
         out["events_lost"] = self.events_lost

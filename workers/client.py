@@ -20,7 +20,7 @@ from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from engine.config import validate_config
+from engine.config import COMM_HOOK_FIELDS, validate_config
 from workers import keys
 from workers.connection import connect
 from workers.heartbeat import read_workers
@@ -76,7 +76,7 @@ class DdpvizClient:
 
     def submit_pair(self, config: dict[str, Any], *, label: str | None = None,
                     timeout_s: float | None = None) -> tuple[str, str]:
-        """Submit `config` twice, as mode=dp and mode=ddp, sharing a group id (and the time limit
+        """Submit `config` twice, as mode=dp (without the DDP-only comm hook fields) and mode=ddp, sharing a group id (and the time limit
         `timeout_s`, see `submit`). Both are validated before either is stored.
 
         Args:
@@ -89,7 +89,8 @@ class DdpvizClient:
         Raises:
             engine.config.ConfigError: either variant breaks a rule.
         """
-        dp, ddp = self._submit_many([({**config, "mode": "dp"}, member_label(label, "DP")),
+        dp_config = {k: v for k, v in config.items() if k not in COMM_HOOK_FIELDS}
+        dp, ddp = self._submit_many([({**dp_config, "mode": "dp"}, member_label(label, "DP")),
                                      ({**config, "mode": "ddp"}, member_label(label, "DDP"))],
                                     uuid.uuid4().hex[:12], timeout_s=timeout_s)
         return dp, ddp

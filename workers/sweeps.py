@@ -25,7 +25,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Iterable
 
-from engine.config import FSDP_FIELDS, ConfigError, validate_config
+from engine.config import COMM_HOOK_FIELDS, FSDP_FIELDS, ConfigError, validate_config
 
 SWEEP_KINDS = ("world_size", "bucket_cap_mb", "overlap", "shape")
 SWEEP_PREFIX = "sweep-"
@@ -58,10 +58,11 @@ def member_label(label: str | None, member: str) -> str:
 
 def trio_configs(config: dict[str, Any], label: str | None = None) -> list[tuple[dict[str, Any], str]]:
     """(config, label) of the single, DP, DDP and FSDP runs of `config` (its `mode` is ignored;
-    the FSDP-only fields reach the FSDP run only); with a `label` X the runs are "X · single",
-    "X · DP", "X · DDP", "X · FSDP"."""
-    base = {k: v for k, v in config.items() if k not in FSDP_FIELDS}
-    return [({**(config if m == "fsdp" else base), "mode": m}, member_label(label, name)) for m, name in
+    the FSDP-only fields reach the FSDP run only, the comm hook fields the DDP run only); with a
+    `label` X the runs are "X · single", "X · DP", "X · DDP", "X · FSDP"."""
+    only = {"fsdp": FSDP_FIELDS, "ddp": COMM_HOOK_FIELDS}
+    return [({**{k: v for k, v in config.items() if not any(k in f for o, f in only.items() if o != m)},
+              "mode": m}, member_label(label, name)) for m, name in
             (("single", "single"), ("dp", "DP"), ("ddp", "DDP"), ("fsdp", "FSDP"))]
 
 

@@ -6,17 +6,37 @@ optional callbacks; `drive` does the rest, so single, DP and each DDP rank repor
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Callable
 
 from engine.components.training import should_eval
 from engine.config import RunConfig
+from engine.events import nonfinite_name
 from engine.measure.telemetry import Telemetry, should_sample_memory
 from engine.measure.turns import gate_from_env
 
 
 class Canceled(Exception):
     """The run was asked to stop (`should_stop()` returned True)."""
+
+
+class NonFiniteLoss(ArithmeticError):
+    """A step's loss is NaN or ±inf (message "loss is nan" / "loss is inf"); `.step` is that step.
+
+    Plain PyTorch trains on silently (every later parameter is NaN); the run fails at the first
+    such step instead, in every mode, after that step's event is emitted.
+    """
+
+
+def check_loss(fields: dict[str, Any], step: int) -> None:
+    """Raise `NonFiniteLoss` when the step's `loss` (this rank's, or DP/single's global one) is
+    NaN or ±inf (`engine.events.mark_nonfinite` names it the same way in the event)."""
+    loss = fields.get("loss")
+    if isinstance(loss, float) and not math.isfinite(loss):
+        exc = NonFiniteLoss(f"loss is {nonfinite_name(loss)} at step {step}")
+        exc.step = step
+        raise exc
 
 
 def drive(cfg: RunConfig, tel: Telemetry, train_step: Callable[[int], dict[str, Any]], *,
@@ -29,6 +49,7 @@ def drive(cfg: RunConfig, tel: Telemetry, train_step: Callable[[int], dict[str, 
 
     Raises:
         Canceled: when `should_stop()` turns True between steps.
+        NonFiniteLoss: a step's loss is NaN or ±inf (its `step` event is emitted first).
         Exception: whatever a step raised, with `.step` set to that step (for the run's error).
     """
     step = first_step
@@ -45,6 +66,7 @@ def drive(cfg: RunConfig, tel: Telemetry, train_step: Callable[[int], dict[str, 
                 exc.step = step
             raise
         tel.emit("step", step=step, **fields)
+        check_loss(fields, step)
         if memory is not None and should_sample_memory(step, cfg.steps):
             memory(step)
         if should_eval(cfg, step):

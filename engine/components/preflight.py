@@ -13,6 +13,7 @@ forked, so single and DP runs, which train this very module, start exactly where
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Iterator
 
 import torch
@@ -21,7 +22,7 @@ import torch.nn as nn
 from engine.components.devices import PreflightError
 from engine.components.training import OUTPUT_RULE, logits_of, loss_fn
 from engine.config import RunConfig
-from engine.data import BatchPlan
+from engine.data import BatchPlan, BatchPlanError
 
 
 def probe_batch(cfg: RunConfig, ds) -> tuple[torch.Tensor, torch.Tensor]:
@@ -29,12 +30,13 @@ def probe_batch(cfg: RunConfig, ds) -> tuple[torch.Tensor, torch.Tensor]:
     DDP), or the whole global micro-batch for `mode=single` (one device gets all of it).
 
     Raises:
-        PreflightError: the dataset is too small for one such batch (field global_batch_size).
+        PreflightError: the dataset is too small for one such batch (the field `BatchPlanError`
+            names: world_size when the ranks outnumber the training samples, else global_batch_size).
     """
     try:
         plan = BatchPlan(len(ds), cfg.world_size, cfg.micro_batch_per_device, cfg.seed)
-    except ValueError as exc:
-        raise PreflightError("global_batch_size", str(exc)) from None
+    except BatchPlanError as exc:
+        raise PreflightError(exc.field, str(exc)) from None
     idx = plan.global_indices(0) if cfg.mode == "single" else plan.rank_indices(0, 0)
     return ds.x_train[idx], ds.y_train[idx]
 
@@ -120,15 +122,61 @@ def probe_output(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
             raise
 
 
+def check_validation_split(ds) -> None:
+    """A run evaluates on the validation split (every `eval_every` steps and at the end), so the
+    split must hold samples: an empty one would give a made-up loss and accuracy.
+
+    Raises:
+        PreflightError: field ``dataset``, naming the dataset and its 0 validation samples.
+    """
+    if len(ds.x_val) == 0:
+        raise PreflightError("dataset", f"dataset '{ds.name}' has 0 validation samples: every run "
+                             f"evaluates on the validation split (eval_every and at the end); give "
+                             f"the dataset a validation split (Dataset.x_val, y_val)")
+
+
+def compiled_modules(model: nn.Module) -> list[str]:
+    """Names of the `torch.compile`d modules (`OptimizedModule`) in `model` (`""` for the model
+    itself). Without torch._dynamo imported nothing can have been compiled, so it is not imported."""
+    dynamo = sys.modules.get("torch._dynamo.eval_frame")
+    if dynamo is None:
+        return []
+    return [name for name, m in model.named_modules() if isinstance(m, dynamo.OptimizedModule)]
+
+
+def check_dp_replicable(cfg: RunConfig, model: nn.Module) -> None:
+    """DP builds new replicas of the model every step (`torch.nn.parallel.replicate`, and ddpviz's
+    CPU emulation of it); neither can copy a compiled module. `replicate` calls
+    `Module._replicate_for_data_parallel` on every module, which sets the replica's
+    `_parameters = {}`; an `OptimizedModule` forwards that assignment to the module it wraps
+    (torch/_dynamo/eval_frame.py, `OptimizedModule.__setattr__`), so device 0's own module loses
+    its parameters.
+
+    Raises:
+        PreflightError: field ``mode``, with mode dp and a compiled module, offering DDP.
+    """
+    compiled = compiled_modules(model) if cfg.mode == "dp" else []
+    if compiled:
+        where = ", ".join(repr(n) if n else "the model itself" for n in compiled[:4])
+        raise PreflightError("mode", f"mode 'dp' cannot train a torch.compile'd model ({where} compiled): "
+                             f"torch.nn.parallel.replicate cannot copy compiled modules (its "
+                             f"_replicate_for_data_parallel empties the replica's parameters, which a "
+                             f"compiled module passes on to device 0's original); use mode 'ddp', which "
+                             f"runs compiled models")
+
+
 def check_model(cfg: RunConfig, model: nn.Module, ds) -> None:
     """Refuse models DP/DDP cannot train as configured.
 
     Raises:
-        PreflightError: no trainable parameters; a zero-size parameter; SyncBatchNorm with DP or on
+        PreflightError: an empty validation split (`check_validation_split`); a compiled model
+            with DP (`check_dp_replicable`); no trainable parameters; a zero-size parameter; SyncBatchNorm with DP or on
             CPU; an output without logits where `logits_of` looks; labels outside the model's
             outputs; a parameter that never receives a gradient when DDP, as configured, does not
             tolerate one (`ddp_tolerates_unused`: it would wait forever for its bucket).
     """
+    check_validation_split(ds)
+    check_dp_replicable(cfg, model)
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not params:
         raise PreflightError("model", f"model '{cfg.model}' has no trainable parameters")

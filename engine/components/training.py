@@ -74,7 +74,14 @@ def autocast(cfg: RunConfig, device_type: str):
 
 @torch.no_grad()
 def evaluate(model: nn.Module, ds: Dataset, device: torch.device) -> tuple[float, float]:
-    """Validation (mean loss, accuracy in [0, 1]) over the whole held-out split."""
+    """Validation (mean loss, accuracy in [0, 1]) over the whole held-out split.
+
+    Raises:
+        ValueError: the split is empty (pre-flight refuses such a dataset first,
+            `engine.components.preflight.check_validation_split`): no number is made up.
+    """
+    if len(ds.x_val) == 0:
+        raise ValueError(f"dataset '{ds.name}' has 0 validation samples")
     was_training = model.training
     model.eval()
     total_loss, correct, count = 0.0, 0, 0
@@ -86,7 +93,7 @@ def evaluate(model: nn.Module, ds: Dataset, device: torch.device) -> tuple[float
         correct += (logits.argmax(-1) == y).sum().item()
         count += n
     model.train(was_training)
-    return total_loss / max(count, 1), correct / max(count, 1)
+    return total_loss / count, correct / count
 
 
 @torch.no_grad()

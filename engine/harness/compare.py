@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from engine.config import FSDP_FIELDS, RunConfig
+from engine.config import COMM_HOOK_FIELDS, FSDP_FIELDS, RunConfig
 from engine.events import EventSink, ListSink
 from engine.run import RunResult, run_training
 
@@ -50,10 +50,13 @@ def report_verdict(report: dict[str, dict[str, Any]]):
 
 
 def mode_config(cfg: RunConfig, mode: str) -> RunConfig:
-    """`cfg` as `mode`; the FSDP-only knobs go back to their defaults for the other modes."""
+    """`cfg` as `mode`; the FSDP-only knobs go back to their defaults for the other modes, and the
+    DDP-only comm hook knobs for modes other than ddp."""
     update: dict[str, Any] = {"mode": mode}
     if mode != "fsdp":
         update.update({k: RunConfig.model_fields[k].default for k in FSDP_FIELDS})
+    if mode != "ddp":
+        update.update({k: RunConfig.model_fields[k].default for k in COMM_HOOK_FIELDS})
     return RunConfig(**{**cfg.model_dump(), **update})
 
 

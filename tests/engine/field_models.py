@@ -96,6 +96,69 @@ def _no_data(cfg):
     raise FileNotFoundError("letters.npz: the plugin's data is missing")
 
 
+# -- issue 25 ("turn 3") -----------------------------------------------------------------------------
+
+BAD_STEP = 3  # the step whose global batch holds the bad sample
+BAD_RANK = 1  # the rank (DDP, FSDP) whose shard holds it at that step
+
+
+def bad_sample_data(cfg, kind: str) -> Dataset:
+    """16 features, 10 classes; one training sample spoiled, the first that rank `BAD_RANK` trains
+    on at step `BAD_STEP` (by the run's own `BatchPlan`, so single, DP and DDP meet it at that step):
+    NaN features (`kind="nan"`, the loss is NaN), or features ±3e38 with label 0 for `ScaledLogits`
+    (`kind="inf"`, cross-entropy overflows float32 to inf)."""
+    from engine.data import BatchPlan
+
+    ds = random_data(f"bad-{kind}", 16, 10)
+    plan = BatchPlan(len(ds), cfg.world_size, cfg.micro_batch_per_device, cfg.seed)
+    i = int(plan.rank_indices(BAD_STEP * cfg.grad_accum_steps, min(BAD_RANK, cfg.world_size - 1))[0])
+    if kind == "nan":
+        ds.x_train[i] = float("nan")
+    else:
+        ds.x_train[i] = 0.0
+        ds.x_train[i, 0], ds.x_train[i, 1], ds.y_train[i] = -3e38, 3e38, 0
+    return ds
+
+
+class ScaledLogits(nn.Module):
+    """logits = x[:, :10] + Linear(16, 10)(x): a ±3e38 input reaches the logits (|Linear| < 1.5e38)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 10)
+
+    def forward(self, x):
+        return x[:, :10] + self.lin(x)
+
+
+def no_validation(cfg) -> Dataset:
+    """Digits with an empty validation split (0 samples)."""
+    ds = digits(cfg)
+    return Dataset("digits-noval", ds.x_train, ds.y_train, ds.x_val[:0], ds.y_val[:0], ds.in_dim, ds.n_classes)
+
+
+def compiled_mlp(cfg) -> nn.Module:
+    """An MLP through `torch.compile` (eager backend: no compiler toolchain needed)."""
+    return torch.compile(nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10)), backend="eager")
+
+
+def big_inputs(cfg) -> Dataset:
+    """Digits scaled by 1e7: gradients of ~1e6, finite in float32, beyond float16's 65504."""
+    ds = digits(cfg)
+    return Dataset("digits-1e7", ds.x_train * 1e7, ds.y_train, ds.x_val * 1e7, ds.y_val, ds.in_dim, ds.n_classes)
+
+
+bigx = ModelPlugin(build=lambda cfg: nn.Linear(64, 10), dataset=big_inputs, description="inputs x 1e7")
+nanat3 = ModelPlugin(build=lambda cfg: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 10)),
+                     dataset=lambda cfg: bad_sample_data(cfg, "nan"), description="a NaN sample at step 3")
+infat3 = ModelPlugin(build=lambda cfg: ScaledLogits(), dataset=lambda cfg: bad_sample_data(cfg, "inf"),
+                     description="an overflowing sample at step 3")
+noval = ModelPlugin(build=lambda cfg: Outputs("tuple"), dataset=no_validation, description="no validation split")
+compiled = ModelPlugin(build=compiled_mlp, dataset=digits, description="torch.compile'd MLP")
+tiny3 = ModelPlugin(build=lambda cfg: nn.Linear(16, 10), dataset=lambda cfg: random_data("tiny3", 16, 10, n=4),
+                    description="3 training samples")
+dictbuild = ModelPlugin(build=lambda cfg: {"model": nn.Linear(64, 10)}, dataset=digits,
+                        description="build() returns a dict")
 twoheads = ModelPlugin(build=lambda cfg: TwoHeads(), dataset=digits, description="two heads, one returned")
 bnhalves = ModelPlugin(build=lambda cfg: BatchNormHalves(),
                        dataset=lambda cfg: random_data("halves16", 16, 10), description="BatchNorm per half")
@@ -110,7 +173,7 @@ boom = ModelPlugin(build=_boom, dataset=digits)
 nodata = ModelPlugin(build=lambda cfg: TwoHeads(), dataset=_no_data)
 
 NAMES = ("twoheads", "bnhalves", "dictout", "tupleout", "scoresout", "letters27", "sparseemb", "boom",
-         "nodata")
+         "nodata", "nanat3", "infat3", "noval", "compiled", "tiny3", "dictbuild", "bigx")
 
 
 def install(root: Path) -> None:

@@ -2,10 +2,12 @@
 model, the data and the batch plan.
 
 Two gloo processes wrap `build_model(cfg, ds)` in `DistributedDataParallel` with the config's
-`static_graph`, `find_unused_parameters` and `bucket_cap_mb`, PyTorch's default all-reduce (no
-hook), and train with `torch.optim.SGD(lr)` on each rank's `BatchPlan` shard with a plain
+`static_graph`, `find_unused_parameters` and `bucket_cap_mb`, PyTorch's default all-reduce or the
+PyTorch hook `cfg.comm_hook` names (its all-reduced bytes counted per step), and train with `torch.optim.SGD(lr)` on each rank's `BatchPlan` shard with a plain
 `F.cross_entropy` on the model's logits. Rank 0 reports its final parameters,
-`_get_ddp_logging_data()` and whether both ranks ended with equal parameters.
+`_get_ddp_logging_data()`, whether both ranks ended with equal parameters every rank's loss
+per step (`losses[rank][step]`), the bytes a hook handed to all-reduce (`wire_bytes[rank][step]`)
+and whether the averaged gradients were finite (`grads_finite[rank][step]`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,34 @@ def _logits(out):
     return out[0] if isinstance(out, tuple) else out
 
 
+_ORIGINAL_ALL_REDUCE = dist.all_reduce
+
+
+def _register_hook(ddp, cfg) -> list[int]:
+    """Register PyTorch's own hook for `cfg.comm_hook` (none: DDP's built-in all-reduce) and count,
+    per step, the bytes of the tensors it hands to `dist.all_reduce` (the returned list; the caller
+    appends a 0 per step). DDP's built-in all-reduce runs in C++ and is not counted."""
+    wire: list[int] = []
+    if cfg.comm_hook == "none":
+        return wire
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if cfg.comm_hook == "powersgd":
+        ddp.register_comm_hook(powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=cfg.matrix_approximation_rank,
+                                                           start_powerSGD_iter=cfg.start_powerSGD_iter),
+                               powerSGD_hook.powerSGD_hook)
+    else:
+        ddp.register_comm_hook(None, {"fp16": default_hooks.fp16_compress_hook,
+                                      "bf16": default_hooks.bf16_compress_hook}[cfg.comm_hook])
+
+    def counting(tensor, *args, **kwargs):
+        wire[-1] += tensor.numel() * tensor.element_size()
+        return _ORIGINAL_ALL_REDUCE(tensor, *args, **kwargs)
+
+    dist.all_reduce = counting
+    return wire
+
+
 def _worker(rank, world, port, cfg_dict, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -42,19 +72,31 @@ def _worker(rank, world, port, cfg_dict, out):
     cap = None if cfg.bucket_cap_mb == 25.0 else cfg.bucket_cap_mb
     ddp = DDP(model, static_graph=cfg.static_graph, find_unused_parameters=cfg.find_unused_parameters,
               bucket_cap_mb=cap)
+    wire = _register_hook(ddp, cfg)
     opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr)
     plan = BatchPlan(len(ds), world, cfg.micro_batch_per_device, cfg.seed)
+    losses, finite = [], []
     for step in range(cfg.steps):
         idx = plan.rank_indices(step, rank)
         logits = _logits(ddp(ds.x_train[idx]))
-        F.cross_entropy(logits.reshape(-1, logits.size(-1)), ds.y_train[idx].reshape(-1)).backward()
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), ds.y_train[idx].reshape(-1))
+        wire.append(0)
+        loss.backward()
+        losses.append(loss.item())
+        finite.append(all(bool(torch.isfinite(p.grad).all()) for p in model.parameters() if p.grad is not None))
         opt.step()
         opt.zero_grad(set_to_none=True)
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     every = [torch.zeros_like(flat) for _ in range(world)]
     dist.all_gather(every, flat)
+    dist.all_reduce = _ORIGINAL_ALL_REDUCE
+    every_losses, every_wire, every_finite = [None] * world, [None] * world, [None] * world
+    dist.all_gather_object(every_losses, losses)
+    dist.all_gather_object(every_wire, wire)
+    dist.all_gather_object(every_finite, finite)
     if rank == 0:
         out.put(dict(params=flat.tolist(), in_sync=all(torch.equal(every[0], e) for e in every),
+                     losses=every_losses, wire_bytes=every_wire, grads_finite=every_finite,
                      logging=dict(ddp._get_ddp_logging_data())))  # plain values: the child exits
     dist.barrier()
     dist.destroy_process_group()

@@ -57,7 +57,7 @@ def summary_line(run_id: str, status: str, summary: dict[str, Any] | None,
     line = (f"run {run_id} {status}: {s.get('steps_done', '-')} steps, "
             f"{_num(s.get('samples_per_s'), '.0f')} samples/s, "
             f"step {_num((s.get('step_time_s') or 0) * 1e3 if s.get('step_time_s') is not None else None, '.1f')} ms, "
-            f"final loss {_num(s.get('final_loss'), '.4f')}, "
+            f"final loss {s.get('final_loss_nonfinite') or _num(s.get('final_loss'), '.4f')}, "
             f"val acc {_num(s.get('val_accuracy'), '.3f')}, "
             f"wall {_num(s.get('wall_time_s'), '.1f')} s")
     if error and error.get("exception"):

@@ -16,6 +16,9 @@ DDP calls hooks in bucket-index order as buckets become ready during backward
 With `overlap=False` every all-reduce is deferred until the last bucket is ready: the hook returns
 futures it completes later, showing on the same model what overlap buys.
 
+Another hook (fp16, PowerSGD, a user's) runs inside this one's timing when composed
+(`engine.modes.ddp.comm_hooks.compose`, which sets `inner`).
+
 Times are seconds from the step's backward start (`BucketRecorder.begin_backward`). On CPU they
 are host clock readings; on CUDA, events recorded on the current stream (resolved after the step).
 
@@ -67,6 +70,7 @@ class BucketRecorder:
         self.pending: list[tuple[torch.Tensor, dict, torch.futures.Future]] = []
         self.layout: dict[int, tuple[str, ...]] = {}  # bucket index -> parameter names last seen
         self.origin: Any = None
+        self.inner = None  # a composed comm hook (`engine.modes.ddp.comm_hooks.compose`), run per bucket
 
     def begin_backward(self) -> None:
         """Call right before the backward whose buckets should be recorded."""
@@ -104,6 +108,8 @@ class BucketRecorder:
 
     def hook(self, bucket: dist.GradBucket) -> torch.futures.Future:
         rec = self._record(bucket)
+        if self.inner is not None:
+            return self.inner(bucket, rec)
         buf = bucket.buffer()
         if self.overlap:
             return self._launch(buf, rec)
@@ -124,7 +130,8 @@ class BucketRecorder:
         """This step's records with times in seconds from backward start (call after the step)."""
         out = []
         for r in self.records:
-            e = {k: v for k, v in r.items() if k not in ("ready", "comm_start", "comm_end")}
+            e = {k: (bool(v) if isinstance(v, torch.Tensor) else v) for k, v in r.items()
+                 if k not in ("ready", "comm_start", "comm_end")}
             for k, key in (("ready", "ready_s"), ("comm_start", "comm_start_s"), ("comm_end", "comm_end_s")):
                 e[key] = self.clock.seconds(self.origin, r[k]) if k in r else None
             out.append(e)

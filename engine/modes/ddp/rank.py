@@ -32,6 +32,7 @@ from engine.measure.telemetry import Telemetry, now, step_fields, wall_ts
 from engine.models import build_model
 from engine.modes.ddp.buckets import ddp_bucket_cap_arg
 from engine.modes.ddp.comm_hook import recording_hook
+from engine.modes.ddp.comm_hooks import compose, selected_hook, volume_label
 from engine.modes.ddp.memory import BufferProbe, MemoryBucketRecorder, keep_before_traced
 from engine.modes.ranks import init_rank, progress, run_rank
 
@@ -65,6 +66,9 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
     rec = MemoryBucketRecorder(world, cfg.overlap, names,  # its marks read this thread's clocks too
                                MeteredClock(CudaClock() if device.type == "cuda" else HostClock()),
                                predivided=True)  # the loss is scaled by 1/world below
+    selected = selected_hook(cfg)
+    if selected is not None:  # fp16/bf16/PowerSGD inside the recording; it averages: no pre-division
+        compose(rec, *selected)
     ddp.register_comm_hook(rec, recording_hook)
     opt = make_optimizer(cfg, ddp.parameters())
     plan = BatchPlan(len(ds), world, cfg.micro_batch_per_device, cfg.seed)
@@ -94,7 +98,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
                     rec.begin_backward()
                 # gradient pre-division (engine.modes.ddp.comm_hook): the gradients reach DDP's buckets already
                 # divided by world_size, so the hook's all-reduce (sum) gives the mean, no pass over them
-                (loss / world if world > 1 else loss).backward()
+                (loss / world if world > 1 and rec.predivided else loss).backward()
                 micro_marks.append((m1, m2, clock.mark()))
             losses.append(loss.detach())
         m4 = clock.mark()
@@ -118,7 +122,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
                  **rank_step_fields(micro_marks, (m4, m5), t5 - t0, last_ready, device.type == "cuda"))
         nbytes = sum(b["nbytes"] for b in buckets)  # of the bucket tensors handed to all-reduce
         tel.emit("comm_volume", step=step, allreduce_bytes=nbytes, sent_bytes=int(ring * nbytes),
-                 recv_bytes=int(ring * nbytes), volume_source="derived (ring all-reduce)",
+                 recv_bytes=int(ring * nbytes), volume_source=volume_label(rec),
                  theory_sent_bytes=int(ring * P), theory_recv_bytes=int(ring * P))
         return step_fields(start=t0, backward_start_ts=wall_ts(backward_start), loss=sum(float(v) for v in losses),
                            samples=cfg.global_batch_size, step_time_s=t5 - t0,
