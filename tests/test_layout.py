@@ -39,7 +39,7 @@ PREDICT = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts)
 
 
 @pytest.mark.parametrize("module", ["engine.config", "engine.analysis", "engine.export", "engine.stages",
-                                    "engine.result", "engine.run", "engine.summary", "workers.client",
+                                    "engine.result", "engine.run", "engine.summary", "engine.verdict", "workers.client",
                                     "workers.scaleout", *PREDICT])
 def test_modules_the_app_loads_do_not_import_torch(module):
     code = f"import sys, {module}; print('torch' in sys.modules)"
@@ -158,7 +158,7 @@ def test_pure_folders_import_nothing_they_must_not(folder, banned):
 
 def test_pages_import_only_torch_free_engine_modules():
     allowed = {"engine.config", "engine.analysis", "engine.export", "engine.stages", "engine.summary",
-               "engine.result"}
+               "engine.result", "engine.verdict"}
     allowed |= {m for m in PREDICT}
     bad = {}
     for path in _modules_under(ROOT / "app"):

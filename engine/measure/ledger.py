@@ -139,7 +139,10 @@ class TensorLedger:
         except (RuntimeError, NotImplementedError):  # sparse, nested, meta: no plain storage
             return
         key = id(st)
-        if key in self._entries:
+        entry = self._entries.get(key)
+        if entry is not None:
+            if entry[2] != st.nbytes():  # resized in place since it was counted (FSDP2 at world size 1)
+                self.resized([t], entry[1])
             return
         nbytes = st.nbytes()
         if nbytes == 0:

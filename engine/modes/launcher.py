@@ -135,12 +135,25 @@ def kill_fork_server() -> bool:
     from multiprocessing import forkserver
 
     pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
-    if not pid:
-        return False
+    if not pid or pid in _FORK_SERVERS_KILLED or not _is_live_child(pid):
+        return False  # once each: a killed server's pid, once reaped, may belong to anyone
+    _FORK_SERVERS_KILLED.add(pid)
     with contextlib.suppress(OSError):
         os.kill(pid, signal.SIGKILL)
         return True
     return False
+
+
+_FORK_SERVERS_KILLED: set[int] = set()
+
+
+def _is_live_child(pid: int) -> bool:
+    """`pid` is a live (not zombie) child of this process, by /proc/<pid>/stat (Linux)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[0] != "Z" and int(fields[1]) == os.getpid()
 
 
 RankFollower = _Follower  # the bench drives the real forwarding path with stand-in ranks

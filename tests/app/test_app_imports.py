@@ -12,7 +12,7 @@ APP_MODULES = sorted(".".join(p.relative_to(APP_DIR.parent).with_suffix("").part
                      for p in APP_DIR.rglob("*.py")
                      if p.stem != "__init__" and p.parent.name != "views")  # pages: scripts, see test_layout
 TORCH_FREE_ENGINE = {"engine", "engine.config", "engine.analysis", "engine.export",
-                     "engine.events", "engine.stages", "engine.summary", "engine.result"}  # events: through workers.store (history, sweeps)
+                     "engine.events", "engine.stages", "engine.summary", "engine.result", "engine.verdict"}  # events: through workers.store (history, sweeps)
 
 
 def _loaded_after(mods: list[str]) -> set[str]:

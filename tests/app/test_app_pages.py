@@ -28,7 +28,7 @@ def test_launch_page_renders_with_defaults(fake_client, app_test):
     assert at.title[0].value == "Launch a run"
     assert at.number_input(key="cfg_world_size").value == 2
     assert at.selectbox(key="cfg_mode").value == "ddp"
-    assert at.number_input(key="cfg_bucket_cap_mb").value == 25.0
+    assert at.number_input(key="cfg_bucket_cap_mb").value == 0.1
 
 
 def test_world_size_zero_shows_error_and_submits_nothing(fake_client, app_test):

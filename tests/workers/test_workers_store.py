@@ -90,7 +90,8 @@ def test_stream_stores_strict_json(redis_client):
     raw = redis_client.xrange(keys.events("r1"))[0][1][b"e"].decode()
     assert "NaN" not in raw and "Infinity" not in raw
     event = json.loads(raw)
-    assert event["loss"] is None and event["x"] == {"y": None}
+    assert event["loss"] is None and event["loss_nonfinite"] == "nan"  # engine.events: null + a marker
+    assert event["x"] == {"y": None, "y_nonfinite": "inf"}
 
 
 def test_stream_is_trimmed_approximately(redis_client):
