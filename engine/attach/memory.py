@@ -9,13 +9,12 @@ Built at the first step of the first watched DDP (its module and device are then
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterator
+from typing import Any
 
 from engine.attach.session import Session
 from engine.measure.ledger import TensorLedger
 from engine.measure.memory import optimizer_state_tensors
-from engine.measure.memory_sampler import DeviceProbe, MemorySampler, should_trace_memory
+from engine.measure.memory_sampler import DeviceProbe, MemorySampler, phase_hooks, should_trace_memory
 
 # What should_trace_memory is told the run's length is: steps 0-2 and every 200th. A traced step costs
 # ~3x an untraced one (engine.measure.memory_sampler), so 1 in 200 adds ~1% to a long run's time.
@@ -82,18 +81,7 @@ class MemoryWatch:
             self.sampler.close()
 
 
-@contextlib.contextmanager
-def _phase_hooks(ledger: TensorLedger, model: Any) -> Iterator[None]:
+def _phase_hooks(ledger: TensorLedger, model: Any):
     """`engine.measure.memory_sampler.phase_hooks` without an optimizer handle (the script's is
     known only once it steps; `MemoryWatch.optimizer_seen` names what the optimizer makes)."""
-    ledger.set_kind(None)
-    handles = [model.register_forward_pre_hook(lambda m, a: ledger.set_kind(None)),
-               model.register_forward_hook(lambda m, a, o: ledger.set_kind("loss"))]
-    handles += [p.register_post_accumulate_grad_hook(lambda p: ledger.retag([p.grad], "grads"))
-                for p in model.parameters() if p.requires_grad]
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-        ledger.set_kind(None)
+    return phase_hooks(ledger, model, None, first_kind=None)

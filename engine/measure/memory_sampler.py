@@ -226,8 +226,8 @@ def downsample(points: list, max_points: int) -> list[list[float]]:
 
 
 @contextlib.contextmanager
-def phase_hooks(ledger: TensorLedger, model: torch.nn.Module, opt: torch.optim.Optimizer
-                ) -> Iterator[None]:
+def phase_hooks(ledger: TensorLedger, model: torch.nn.Module, opt: torch.optim.Optimizer | None,
+                first_kind: str | None = "inputs") -> Iterator[None]:
     """Name what a single-device step creates (DDP ranks, single): "inputs" until the forward
     starts, "activations" in it, "loss" after it, "backward" in backward (autograd's own state),
     "grads" once a gradient lands in `.grad`, "optimizer" in `opt.step`. Installed only for a

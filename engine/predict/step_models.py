@@ -28,6 +28,15 @@ import math
 from typing import Callable, Sequence
 
 
+def _nothing_to_exchange(n: int, beta_bytes_per_s: float) -> bool:
+    """True for n = 1; raises ValueError for n < 1 or beta <= 0 (the all-reduce models' checks)."""
+    if n < 1:
+        raise ValueError(f"world_size must be >= 1 (got {n})")
+    if not beta_bytes_per_s > 0:
+        raise ValueError(f"beta_bytes_per_s must be > 0 (got {beta_bytes_per_s})")
+    return n == 1
+
+
 def ring_allreduce_s(nbytes: float, n: int, alpha_s: float, beta_bytes_per_s: float) -> float:
     """Ring all-reduce time of `nbytes` over `n` ranks: 2(n−1)·α + 2(n−1)/n · nbytes/β (s).
 
@@ -36,11 +45,7 @@ def ring_allreduce_s(nbytes: float, n: int, alpha_s: float, beta_bytes_per_s: fl
     Raises:
         ValueError: n < 1 or beta <= 0.
     """
-    if n < 1:
-        raise ValueError(f"world_size must be >= 1 (got {n})")
-    if not beta_bytes_per_s > 0:
-        raise ValueError(f"beta_bytes_per_s must be > 0 (got {beta_bytes_per_s})")
-    if n == 1:
+    if _nothing_to_exchange(n, beta_bytes_per_s):
         return 0.0
     return 2 * (n - 1) * alpha_s + 2 * (n - 1) / n * nbytes / beta_bytes_per_s
 
@@ -61,11 +66,7 @@ def tree_allreduce_s(nbytes: float, n: int, alpha_s: float, beta_bytes_per_s: fl
     Raises:
         ValueError: n < 1 or beta <= 0.
     """
-    if n < 1:
-        raise ValueError(f"world_size must be >= 1 (got {n})")
-    if not beta_bytes_per_s > 0:
-        raise ValueError(f"beta_bytes_per_s must be > 0 (got {beta_bytes_per_s})")
-    if n == 1:
+    if _nothing_to_exchange(n, beta_bytes_per_s):
         return 0.0
     return 2 * math.ceil(math.log2(n)) * alpha_s + 2 * (n - 1) / n * nbytes / beta_bytes_per_s
 
