@@ -5,8 +5,6 @@ Red with prctl(PR_SET_PDEATHSIG) in engine/modes/fork_server.py: run b's rank ex
 from __future__ import annotations
 
 import threading
-import time
-
 import pytest
 
 from engine.config import RunConfig
@@ -29,12 +27,20 @@ class Quiet:
 def test_a_run_outlives_the_thread_that_started_the_fork_server(tmp_path):
     res = {}
 
-    def first():  # starts the server, ends while the second run trains
-        res["a"] = run_training(RunConfig(**BASE, steps=5), Quiet(), "a", workdir=tmp_path / "a")
+    a_started = threading.Event()
+
+    class Marks(Quiet):
+        def emit(self, e):
+            if e.get("type") == "step":
+                a_started.set()
+
+    def first():  # starts the server; its thread ends while the second run trains
+        res["a"] = run_training(RunConfig(**BASE, steps=20, step_delay_s=0.05), Marks(), "a",
+                                workdir=tmp_path / "a")
 
     def second():
-        time.sleep(0.5)
-        res["b"] = run_training(RunConfig(**BASE, steps=150, step_delay_s=0.02), Quiet(), "b",
+        a_started.wait(120)  # the server is up: the second run's ranks come from it
+        res["b"] = run_training(RunConfig(**BASE, steps=300, step_delay_s=0.02), Quiet(), "b",
                                 workdir=tmp_path / "b")
 
     threads = [threading.Thread(target=first), threading.Thread(target=second)]
