@@ -1,5 +1,6 @@
 """A failing, killed, hanging or canceled rank ends the run in an explained state, no process left."""
 
+import os
 import time
 
 import psutil
@@ -21,13 +22,24 @@ def _baseline():
     BEFORE.update(p.pid for p in psutil.Process().children(recursive=True))
 
 
+# multiprocessing's own helpers, which live as long as this process: the resource tracker and the
+# rank fork server (engine.modes.ranks; its ranks are what must be gone)
+_OWN = ("resource_tracker", "multiprocessing.forkserver")
+
+
+def _own_helper(p: psutil.Process) -> bool:
+    """A direct child running one of `_OWN` (ranks forked from the fork server share its command
+    line, but are its children, not ours)."""
+    return p.ppid() == os.getpid() and any(k in " ".join(p.cmdline()) for k in _OWN)
+
+
 def children_alive():
     """Processes this test module started (directly or not) that are still running."""
     alive = []
     for p in psutil.Process().children(recursive=True):
         try:
             if (p.pid not in BEFORE and p.status() != psutil.STATUS_ZOMBIE
-                    and "resource_tracker" not in " ".join(p.cmdline())):
+                    and not _own_helper(p)):
                 alive.append(p)
         except psutil.NoSuchProcess:
             pass
