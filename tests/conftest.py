@@ -14,7 +14,10 @@ import pytest
 
 import workers  # noqa: F401  first, so RQ's keys get the ddpviz: prefix in every test module
 
-TEST_DB = int(os.environ.get("DDPVIZ_TEST_REDIS_DB", "15"))  # dedicated, flushed by tests
+# Dedicated, flushed by tests; one per pytest-xdist worker (gw0 → 15, gw1 → 14, ...), so workers
+# sharing one $REDIS_URL never flush each other's keys.
+_XDIST_INDEX = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+TEST_DB = int(os.environ.get("DDPVIZ_TEST_REDIS_DB", "15")) - _XDIST_INDEX
 
 
 def with_db(url: str, db: int) -> str:

@@ -231,11 +231,13 @@ def phase_hooks(ledger: TensorLedger, model: torch.nn.Module, opt: torch.optim.O
     """Name what a single-device step creates (DDP ranks, single): "inputs" until the forward
     starts, "activations" in it, "loss" after it, "backward" in backward (autograd's own state),
     "grads" once a gradient lands in `.grad`, "optimizer" in `opt.step`. Installed only for a
-    traced step and removed after it."""
-    ledger.set_kind("inputs")
+    traced step and removed after it. `opt=None` (an attached script's optimizer, not known ahead)
+    leaves "optimizer" to the caller; `first_kind` is what the step's first tensors are called."""
+    ledger.set_kind(first_kind)
     handles = [model.register_forward_pre_hook(lambda m, a: ledger.set_kind(None)),
-               model.register_forward_hook(lambda m, a, o: ledger.set_kind("loss")),
-               opt.register_step_pre_hook(lambda o, a, k: ledger.set_kind("optimizer"))]
+               model.register_forward_hook(lambda m, a, o: ledger.set_kind("loss"))]
+    if opt is not None:
+        handles.append(opt.register_step_pre_hook(lambda o, a, k: ledger.set_kind("optimizer")))
     handles += [p.register_post_accumulate_grad_hook(lambda p: ledger.retag([p.grad], "grads"))
                 for p in model.parameters() if p.requires_grad]
     try:

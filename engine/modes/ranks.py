@@ -146,9 +146,9 @@ def run_rank(train: TrainRank, cfg_dict: dict, run_id: str, workdir: str, backen
     `local<L>.error.json` (atomically) and raised again, so the elastic agent sees the rank fail.
     """
     if env is not None:
-        agent = {k: v for k, v in os.environ.items() if k not in env and _from_agent(k)}
+        merged = rank_environ(dict(os.environ), env)
         os.environ.clear()
-        os.environ.update({**env, **agent})
+        os.environ.update(merged)
     die_with_parent()
     rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     wd = Path(workdir)
@@ -177,7 +177,24 @@ _AGENT_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RA
 
 def _from_agent(name: str) -> bool:
     """A variable torch's elastic agent sets for each rank (torch/distributed/elastic/agent)."""
-    return name in _AGENT_VARS or name.startswith(("TORCHELASTIC_", "TORCH_NCCL_", "NCCL_"))
+    return name in _AGENT_VARS or name.startswith("TORCHELASTIC_")
+
+
+def rank_environ(forked: dict[str, str], launcher: dict[str, str]) -> dict[str, str]:
+    """A rank's environment: the launcher's (`launcher`, the process that started the run now),
+    with the elastic agent's per-rank variables taken from `forked` (the rank's environment as
+    forked: the fork server's, frozen when it started, plus what the agent set for this rank).
+
+    The agent's variables always win: a MASTER_PORT (or RANK...) left in the launcher's own
+    environment, by a shell or an earlier in-process process group, must never point a rank at
+    another run's store. NCCL_/TORCH_NCCL_ variables come from the launcher when it has them
+    (the user's settings), else from the agent. Source: torch/distributed/elastic/agent/server/
+    local_elastic_agent.py `_start_workers` (the variables set per worker).
+    """
+    agent = {k: v for k, v in forked.items() if _from_agent(k)}
+    nccl = {k: v for k, v in forked.items() if k.startswith(("NCCL_", "TORCH_NCCL_")) and k not in launcher}
+    base = {k: v for k, v in launcher.items() if not _from_agent(k)}
+    return {**base, **nccl, **agent}
 
 
 def write_lost(workdir: Path, local_rank: int, lost: dict) -> None:

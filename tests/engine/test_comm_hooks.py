@@ -104,8 +104,6 @@ def test_bf16_on_gloo_is_refused_before_launch_quoting_torch():
 @pytest.mark.slow
 def test_torch_itself_refuses_bf16_hook_on_gloo():
     """The quoted words are PyTorch's: DDP's register_comm_hook on a gloo group."""
-    import os
-
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -114,8 +112,9 @@ def test_torch_itself_refuses_bf16_hook_on_gloo():
     from engine.modes.launcher import free_port
     from engine.modes.ranks import join_process_group
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    join_process_group("gloo", rank=0, world_size=1)
+    # the store's address in the call, not in os.environ: a MASTER_PORT left there would outlive
+    # this test in the process (tests/engine/test_rank_environ.py)
+    join_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         ddp = DDP(torch.nn.Linear(2, 2))
         with pytest.raises(TypeError, match=TORCH_BF16_REFUSAL.replace("+", r"\+")):
@@ -139,8 +138,6 @@ def test_comm_hook_settings_that_cannot_run_name_their_field(fields, field):
 def test_composing_with_a_users_own_hook_counts_what_it_hands_to_all_reduce():
     """The wrapper another hook (a user's) goes through: one gloo rank, a hook that all-reduces a
     quarter of the bucket in fp16 (bytes 1/8 of the bucket's) and restores it."""
-    import os
-
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -155,8 +152,9 @@ def test_composing_with_a_users_own_hook_counts_what_it_hands_to_all_reduce():
         fut = dist.all_reduce(part, async_op=True).get_future()
         return fut.then(lambda f: buf)
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    join_process_group("gloo", rank=0, world_size=1)
+    # the store's address in the call, not in os.environ: a MASTER_PORT left there would outlive
+    # this test in the process (tests/engine/test_rank_environ.py)
+    join_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         model = torch.nn.Linear(16, 16)
         ddp = DDP(model)

@@ -202,8 +202,6 @@ def test_a_storage_resized_in_place_is_counted_at_each_resize():
 
 def test_a_dtensor_is_counted_by_its_local_shard():
     """What FSDP2's parameters, gradients and optimizer state are (a 1-rank mesh here)."""
-    import os
-
     import torch.distributed as dist
     import torch.distributed.nn.functional  # noqa: F401  before any group (see engine.modes.ranks)
     from torch.distributed.device_mesh import init_device_mesh
@@ -211,11 +209,10 @@ def test_a_dtensor_is_counted_by_its_local_shard():
 
     if dist.is_initialized():
         pytest.skip("a process group exists already")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     from engine.modes.launcher import free_port
 
-    os.environ["MASTER_PORT"] = str(free_port())
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    # the store's address in the call, not in os.environ (tests/engine/test_rank_environ.py)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         mesh = init_device_mesh("cpu", (1,))
         # rank 0's third of a (300, 10) parameter, as on 3 ranks: 4,000 B local; the DTensor
