@@ -67,12 +67,8 @@ def _worker(rank, world, port, cfg_dict, steps, out):
 
 def reference_run(cfg: RunConfig, steps: int = 3) -> dict:
     """Run the reference on 2 ranks; returns rank 0's bucket sizes, gradients and recorded bytes."""
-    import torch.multiprocessing as mp
+    from ref_procs import run_reference
 
     from engine.modes.launcher import free_port
 
-    ctx = mp.get_context("spawn")
-    q = ctx.SimpleQueue()
-    mp.start_processes(_worker, args=(2, free_port(), cfg.to_json_dict(), steps, q), nprocs=2,
-                       join=True, start_method="spawn")
-    return q.get()
+    return run_reference(_worker, (2, free_port(), cfg.to_json_dict(), steps), nprocs=2, results=1)[0]

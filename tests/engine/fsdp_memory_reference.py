@@ -83,13 +83,9 @@ def _worker(rank, world, port, cfg_dict, tmp, out):
 
 def allocator_peaks(cfg: RunConfig, tmp: str) -> dict[int, list[int]]:
     """rank -> each step's peak bytes (see module docstring); `cfg` must be an mlp on CPU."""
-    import torch.multiprocessing as mp
+    from ref_procs import run_reference
 
     from engine.modes.launcher import free_port
 
-    ctx = mp.get_context("spawn")
-    q = ctx.SimpleQueue()
-    mp.start_processes(_worker, args=(cfg.world_size, free_port(), cfg.to_json_dict(), tmp, q),
-                       nprocs=cfg.world_size, join=True, start_method="spawn")
-    got = dict(q.get() for _ in range(cfg.world_size))
-    return got
+    return dict(run_reference(_worker, (cfg.world_size, free_port(), cfg.to_json_dict(), tmp),
+                              nprocs=cfg.world_size, results=cfg.world_size))

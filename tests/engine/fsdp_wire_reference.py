@@ -26,7 +26,7 @@ def _lo_bytes() -> int:
     return psutil.net_io_counters(pernic=True)["lo"].bytes_sent
 
 
-def _worker(rank, world, port, out):
+def _worker(rank, world, port, out, _q):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     full, shard = torch.ones(NUMEL), torch.ones(NUMEL // world)
@@ -48,9 +48,9 @@ def _worker(rank, world, port, out):
 
 def loopback_bytes(world: int, out: str) -> dict[str, int]:
     """Loopback bytes (all ranks together) of one all-gather and one reduce-scatter of NUMEL fp32."""
-    import torch.multiprocessing as mp
+    from ref_procs import run_reference
 
     from engine.modes.launcher import free_port
 
-    mp.spawn(_worker, args=(world, free_port(), out), nprocs=world)
+    run_reference(_worker, (world, free_port(), out), nprocs=world)
     return torch.load(out)

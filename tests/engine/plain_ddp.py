@@ -105,14 +105,10 @@ def _worker(rank, world, port, cfg_dict, out):
 
 def plain_ddp(cfg: RunConfig) -> dict:
     """Train `cfg` (cfg.steps steps, 2 ranks) with plain DDP; rank 0's report (see module doc)."""
-    import torch.multiprocessing as mp
+    from ref_procs import run_reference
 
     from engine.modes.launcher import free_port
 
     assert cfg.world_size == 2 and cfg.grad_accum_steps == 1 and cfg.optimizer == "sgd"
-    ctx = mp.get_context("spawn")
-    q = ctx.SimpleQueue()
-    mp.start_processes(_worker, args=(2, free_port(), cfg.to_json_dict(), q), nprocs=2, join=True,
-                       start_method="spawn")
-    report = q.get()
+    (report,) = run_reference(_worker, (2, free_port(), cfg.to_json_dict()), nprocs=2, results=1)
     return {**report, "params": torch.tensor(report["params"])}

@@ -50,13 +50,10 @@ def _worker(_i, store_path, q):
 
 @pytest.fixture(scope="module")
 def steps(tmp_path_factory):
-    import torch.multiprocessing as mp
+    from ref_procs import run_reference
 
-    ctx = mp.get_context("spawn")
-    q = ctx.SimpleQueue()
     store = os.path.join(tmp_path_factory.mktemp("pg"), "store")
-    mp.start_processes(_worker, args=(store, q), nprocs=1, join=True, start_method="spawn")
-    return q.get()
+    return run_reference(_worker, (store,), nprocs=1, results=1)[0]
 
 
 def test_exposed_comm_is_null_and_said_not_measured(steps):
