@@ -84,10 +84,9 @@ class StepTracker:
         self.micro: list[dict] = []
         self.losses: list[torch.Tensor] = []
         self.samples = 0
-        self.opt_t0: float | None = None
-        self.optimizer_s = 0.0  # explicit steps: the optimizer steps that ended in this step
+        self.opt_t0: float | None = None  # the running (outermost) optimizer step's start
+        self.optimizer_s = 0.0  # explicit steps: Σ the optimizer steps' own time in this step
         self.fwd_depth = 0  # > 1 inside a watched forward called from another's
-        self.opt_seen = False  # an optimizer step began in this step
 
     # -- forward (called by engine.attach.ddp) --------------------------------------------------
     def forward_start(self, watch: Any, synced: bool, samples: int) -> None:
@@ -137,20 +136,24 @@ class StepTracker:
         if self.memory is not None and opt is not None:
             self.s.guard("memory", self.memory.optimizer_seen, opt)
         self.opt_depth += 1
-        if self.opt_depth == 1 and self.opt_t0 is None and (self.micro or self.explicit):
+        if self.opt_depth == 1:
             self.opt_t0 = now()
-            self.opt_seen = True
 
     def optimizer_end(self, opt: Any = None) -> None:
+        """At an outermost optimizer step's end. Its own time runs from its start, or from the end
+        of the last backward it ran itself (a closure, `opt.step(closure)`: LBFGS, Lightning's
+        automatic optimization), to now. Hook rule: it ends the step if a backward came before or
+        inside it; an optimizer step after no backward (a second optimizer in the iteration) ends none."""
         self.opt_depth = max(0, self.opt_depth - 1)
         if self.opt_depth or self.opt_t0 is None:
             return
-        end = now()
+        end, t0 = now(), self.opt_t0
+        self.opt_t0 = None
+        own_start = max([t0] + [m["t1"] for m in self.micro if "t1" in m and m["t0"] >= t0])
         if self.explicit:  # the step ends at explicit_step; this optimizer's time is part of it
-            self.optimizer_s += end - self.opt_t0
-            self.opt_t0 = None
-            return
-        if self.micro:
+            self.optimizer_s += end - own_start
+        elif self.micro:
+            self.optimizer_s = end - own_start
             self._end_step(end)
 
     # -- explicit steps (engine.attach.api, the public ddpviz.step) -------------------------------
@@ -165,7 +168,7 @@ class StepTracker:
         end = now()
         if not self.explicit:
             self.explicit = True
-            begun = self.start is not None or self.micro or self.opt_seen or self.fwd_t0 is not None
+            begun = self.start is not None or bool(self.micro)
             if self.step > 0 and not begun:
                 return False
         if self.start is None:
@@ -203,7 +206,7 @@ class StepTracker:
             extra["backward_start_ts"] = wall_ts(backward_start)
             extra["comm_exposed_measured"] = bool(buckets)  # CUDA: bucket times come later (ddp.Watch.buckets)
         bwd -= exposed
-        opt_s = self.optimizer_s if self.explicit else end - self.opt_t0
+        opt_s = self.optimizer_s
         step_time = end - self.start
         if loss is not None:
             loss = float(loss)  # a tensor is read here, as the losses backward() saw are

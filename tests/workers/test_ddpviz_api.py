@@ -120,8 +120,8 @@ def test_outside_ddpviz_run_watch_and_step_say_one_line_and_leave_training_bitwi
 
 # A process of an attached run that the start-up hook does not instrument (no torchrun variables,
 # not the launcher's own child, as behind a shell script), training a model that is no DDP, with one
-# optimizer and ddpviz.step() at each iteration's end (the first call comes after the optimizer
-# ended step 0). A loss of the wrong shape is said once and left out.
+# optimizer stepped with a closure and ddpviz.step() at each iteration's end (the first call comes
+# after the optimizer ended step 0). A loss of the wrong shape is said once and left out.
 LATE = """
 import json, sys, torch, torch.nn as nn
 import ddpviz
@@ -131,10 +131,14 @@ opt = torch.optim.SGD(model.parameters(), lr=0.1)
 w = ddpviz.watch(model, opt, name="late")
 for i in range(4):
     x = torch.randn(12, 8)
-    loss = nn.functional.mse_loss(model(x), torch.zeros(12, 1))
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
+
+    def closure():  # the forward and backward run inside the optimizer step (as LBFGS, Lightning do)
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), torch.zeros(12, 1))
+        loss.backward()
+        return loss
+
+    loss = opt.step(closure)
     ddpviz.step(samples=10, loss=torch.zeros(2) if i == 2 else loss)
 w.flush()
 print(json.dumps(dict(recording=w.recording, run_id=w.run_id, rank=w.rank)))
@@ -155,6 +159,7 @@ def test_watch_installs_late_records_a_plain_model_and_step_switches_without_cou
     # step 0 ended at the optimizer step, before ddpviz.step was first called: samples from the batch
     # the watched model's forward received
     assert (first["step_source"], first["samples"], first["samples_source"]) == ("optimizer", 12, SAMPLES_SOURCE)
+    assert 0 < first["optimizer_s"] < first["step_time_s"] - first["forward_s"]  # the closure's passes are not in it
     assert [(e["step_source"], e["samples"]) for e in rest] == [("explicit", 10)] * 3
     assert rest[1]["loss"] > 0  # the bad loss was left out: the loss backward() saw instead
     assert all(e["forward_s"] > 0 and e["micro_steps"] == 1 for e in steps)
