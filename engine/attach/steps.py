@@ -87,6 +87,7 @@ class StepTracker:
         self.opt_t0: float | None = None  # the running (outermost) optimizer step's start
         self.optimizer_s = 0.0  # explicit steps: Σ the optimizer steps' own time in this step
         self.fwd_depth = 0  # > 1 inside a watched forward called from another's
+        self.given: tuple[int | None, Any] = (None, None)  # (samples, loss) given to explicit_step
 
     # -- forward (called by engine.attach.ddp) --------------------------------------------------
     def forward_start(self, watch: Any, synced: bool, samples: int) -> None:
@@ -175,12 +176,13 @@ class StepTracker:
             self.start = self.prev_end if self.prev_end is not None else end
         if self.opt_t0 is not None:  # called from inside an optimizer step: its time so far counts
             self.optimizer_s += end - self.opt_t0
-        self._end_step(end, samples=samples, loss=loss)
+        self.given = (samples, loss)
+        self._end_step(end)
         return True
 
-    def _end_step(self, end: float, samples: int | None = None, loss: Any = None) -> None:
+    def _end_step(self, end: float) -> None:
         try:
-            self._emit_step(end, samples, loss)
+            self._emit_step(end)
         finally:
             if self.memory is not None and self.memory._open is not None:  # the step failed to close it
                 try:  # whatever is switched off: a traced step left open would slow every step after it
@@ -191,7 +193,8 @@ class StepTracker:
             self.step += 1
             self._fresh()
 
-    def _emit_step(self, end: float, samples: int | None = None, loss: Any = None) -> None:
+    def _emit_step(self, end: float) -> None:
+        samples, loss = self.given
         step, micro = self.step, [m for m in self.micro if "t1" in m]
         synced = [m for m in micro if m["synced"]]
         bwd = sum(m["t1"] - m["t0"] for m in micro)
