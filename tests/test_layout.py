@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = {
     "engine": {"app", "workers", "redis", "rq", "streamlit", "altair"},
     "workers": {"app", "streamlit", "altair"},
+    # the public package runs inside the user's training processes, which never talk to Redis
+    "ddpviz": {"app", "workers", "redis", "rq", "streamlit", "altair"},
 }
 
 
@@ -49,7 +51,7 @@ def test_modules_the_app_loads_do_not_import_torch(module):
 
 # -- no import cycles inside a package (docs/architecture.md) --------------------------------------
 
-PACKAGES = ("app", "workers", "engine")
+PACKAGES = ("app", "workers", "engine", "ddpviz")
 
 
 def module_name(path: Path) -> str:

@@ -139,7 +139,10 @@ class SpoolForwarder:
         self.store.save_started(self.run_id, event)
         rec = self.store.get(self.run_id) or {}
         config = {**(rec.get("config") or {}), **(event.get("config") or {})}
-        self.store.redis.hset(keys.run(self.run_id), "config", json.dumps(config))
+        fields = {"config": json.dumps(config)}
+        if event.get("label") and not rec.get("label"):  # ddpviz.watch(name=...); `ddpviz run --name` wins
+            fields["label"] = str(event["label"])
+        self.store.redis.hset(keys.run(self.run_id), mapping=fields)
         self.started_sent = True
         self._save()
 

@@ -11,7 +11,8 @@ does (docs/events.md) into this process's spool file, which the launcher forward
     session   one instrumented process: identity from torchrun's env, its event file, the fail-open guard
     ddp       each DistributedDataParallel: the comm hook (wrapping the script's), forward, no_sync
     comm      `timed_comm_hook`, the one function DDP calls per bucket, and the all_reduce tap
-    steps     steps from the optimizer step hooks: the step split, loss, samples, micro-steps
+    steps     steps from the optimizer step hooks or explicit calls: the step split, loss, samples, micro-steps
+    api       what the public `ddpviz` package (watch, step) calls: a model registered by hand, explicit steps
     started   `run_started` of an attached run (rank 0)
     memory    the memory sampler and live-tensor ledger on sampled steps
     errors    the failing rank's exception into torchrun's error file
@@ -23,13 +24,41 @@ and training goes on. Nothing here touches the network.
 from __future__ import annotations
 
 _SESSION = None
+_FAILED: BaseException | None = None  # why install failed (it is not tried twice: it may have patched half)
 
 
-def install():
-    """Instrument this process (idempotent). Returns the `engine.attach.session.Session`."""
-    global _SESSION
+def installed():
+    """This process's `engine.attach.session.Session`, or None before `install`."""
+    return _SESSION
+
+
+def install(env=None):
+    """Instrument this process (idempotent). Returns the `engine.attach.session.Session`, which
+    also holds `tracker` (`steps.StepTracker`), `started` and `memory`.
+
+    `env`: the variables the session reads its identity from (default: os.environ); the first
+    call's are kept.
+
+    Raises:
+        KeyError: `env` lacks the run's variables (`engine.attach.env.RUN_ID_ENV`, `SPOOL_ENV`).
+        OSError: the spool folder cannot be written.
+        RuntimeError: an earlier call failed (its exception is the cause).
+    """
+    global _SESSION, _FAILED
     if _SESSION is not None:
         return _SESSION
+    if _FAILED is not None:
+        raise RuntimeError(f"ddpviz instrumentation failed earlier in this process "
+                           f"({type(_FAILED).__name__}: {_FAILED})") from _FAILED
+    try:
+        _SESSION = _install(env)
+    except Exception as exc:
+        _FAILED = exc
+        raise
+    return _SESSION
+
+
+def _install(env):
     import atexit
     import functools
 
@@ -43,10 +72,11 @@ def install():
     from engine.attach.started import StartedEmitter
     from engine.attach.steps import StepTracker
 
-    s = _SESSION = Session()
+    s = Session(env)
     tracker = StepTracker(s)
     started = StartedEmitter(s, tracker)
     memory = MemoryWatch(s, tracker)
+    s.tracker, s.started, s.memory = tracker, started, memory
 
     def on_step(step: int, fields: dict) -> None:
         s.guard("run_started", started.on_step, step, fields)

@@ -1,7 +1,8 @@
 """Each `DistributedDataParallel` the script builds, watched from the moment it is built.
 
 `patch_ddp` wraps `DistributedDataParallel.__init__` (the class attribute, so every DDP built
-after start-up is seen, however the script imported it) and `register_comm_hook`:
+after start-up is seen, however the script imported it) and `register_comm_hook`; `watch_ddp`
+watches one DDP built before that (`ddpviz.watch(ddp)` in a process instrumented late):
 
 - after DDP's own constructor, `Watch` registers `engine.attach.comm.timed_comm_hook` and a
   forward pre-hook and hook on the DDP module (forward time, the batch it sees, and whether DDP
@@ -61,8 +62,13 @@ class Watch:
         tap_all_reduce()
         register(ddp, self.state, timed_comm_hook)
         ddp.register_forward_pre_hook(self._pre, with_kwargs=True)
-        ddp.register_forward_hook(self._post)
+        ddp.register_forward_hook(self._post, always_call=True)  # a forward that raised still ends
         ddp._ddpviz_watch = self
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The module the DDP wraps (the script's model)."""
+        return self.ddp.module
 
     def _pre(self, module: DDP, args: tuple, kwargs: dict) -> None:
         synced = bool(module.require_backward_grad_sync and torch.is_grad_enabled())
@@ -136,6 +142,34 @@ def _samples(args: tuple, kwargs: dict) -> int:
     return batch_samples(args, kwargs)
 
 
+_REGISTER = DDP.register_comm_hook  # DDP's own, before patch_ddp wraps it
+
+
+class HookTaken(RuntimeError):
+    """A DDP that got its comm hook before ddpviz saw it: DDP takes one hook only, so its buckets
+    cannot be timed."""
+
+
+def watch_ddp(session: Session, tracker: Any, ddp: DDP) -> Watch | None:
+    """The `Watch` of `ddp`: the one it has, or a new one (None when the "ddp" part is off).
+
+    Raises:
+        HookTaken: `ddp` already has a comm hook that ddpviz did not wrap (registered before
+            `install`); DDP refuses a second one (torch/nn/parallel/distributed.py,
+            `register_comm_hook`: "can only be registered once").
+    """
+    watch = getattr(ddp, "_ddpviz_watch", None)
+    if watch is not None:
+        return watch
+    if getattr(ddp, "_comm_hooks", None):
+        raise HookTaken("this DistributedDataParallel got a comm hook before ddpviz was installed; "
+                        "its buckets are not timed (start the script with `ddpviz run` to have them)")
+    watch = session.guard("ddp", Watch, session, tracker, ddp, _REGISTER)
+    if watch is not None:
+        tracker.watches.append(watch)
+    return watch
+
+
 def patch_ddp(session: Session, tracker: Any) -> None:
     """Wrap `DDP.__init__` and `DDP.register_comm_hook` (see the module docstring)."""
     init, register = DDP.__init__, DDP.register_comm_hook
@@ -143,9 +177,10 @@ def patch_ddp(session: Session, tracker: Any) -> None:
     @functools.wraps(init)
     def __init__(self, *args, **kwargs):
         init(self, *args, **kwargs)
-        watch = session.guard("ddp", Watch, session, tracker, self, register)
-        if watch is not None:
-            tracker.watches.append(watch)
+        try:
+            watch_ddp(session, tracker, self)
+        except HookTaken as exc:  # e.g. DDP(mixed_precision=...) registers its own upcast hook
+            session.note(f"rank {session.rank}: {exc}")
 
     @functools.wraps(register)
     def register_comm_hook(self, state, hook):

@@ -4,7 +4,8 @@ sampled steps (`should_trace_memory` with `STEPS_HINT`, since the script's step 
 known ahead: steps 0-2 and every 200th) the ledger traces every tensor storage from the step's
 first forward to its optimizer step's end. Those steps' `step` events carry `memory_traced`.
 
-Built at the first step of the first watched DDP (its module and device are then known).
+Built at the first step of the first watched module (a DDP, or a model `ddpviz.watch()` registered):
+its module and device are then known.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class MemoryWatch:
         self.model = None
 
     def _build(self, watch: Any) -> None:
-        model, device = watch.ddp.module, watch.device
+        model, device = watch.module, watch.device
         self.model = model
         ledger = TensorLedger(1, device_type=device.type)
 

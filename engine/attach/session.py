@@ -32,6 +32,9 @@ class Session:
         rank, local_rank, world_size, node (torchrun's GROUP_RANK), local_world_size: from the env.
         tel: `Telemetry` writing this process's events (device set once a model is wrapped).
         disabled: names of instrumentation parts switched off after an error (`guard`).
+        label: the run's name given to `ddpviz.watch()` (rank 0's is the run's), or None.
+        tracker, started, memory: the process's `StepTracker`, `StartedEmitter`, `MemoryWatch`
+            (set by `engine.attach.install`).
     """
 
     def __init__(self, env: dict[str, str] | None = None, sink=None):
@@ -48,7 +51,10 @@ class Session:
             self.spool / f"events-rank{self.rank}-pid{os.getpid()}.jsonl")
         self.tel = Telemetry(self.sink, self.run_id, rank=self.rank, device=f"cpu:{self.rank}",
                              host=self.hostname)
+        self.tracker = self.started = self.memory = None  # set by engine.attach.install
+        self.label: str | None = None  # the run's name from ddpviz.watch(name=...), in run_started
         self.disabled: set[str] = set()
+        self._noted: set[str] = set()
         self._lock = threading.Lock()
 
     def set_device(self, kind: str, index: int | None) -> None:
@@ -69,6 +75,18 @@ class Session:
         except Exception as exc:
             self.disable(part, exc)
             return None
+
+    def note(self, message: str, level: str = "warning") -> None:
+        """Say `message` once in this process: a line on stderr and a `log` event."""
+        with self._lock:
+            if message in self._noted:
+                return
+            self._noted.add(message)
+        print(f"ddpviz: {message}", file=sys.stderr, flush=True)
+        try:
+            self.emit("log", level=level, message=message)
+        except Exception:
+            pass
 
     def disable(self, part: str, exc: BaseException) -> None:
         """Switch `part` off and say so once."""

@@ -3,7 +3,8 @@
 Emitted by rank 0 once its second step has ended (so the bucket preview holds the layout after
 DDP's rebuild), or at exit when the script ran fewer steps. Fields are those of a launched run
 (docs/events.md) where the script's run has them, else null, plus `attached: true`, `command`
-(the command `ddpviz run` ran), `script` (the training script's file), `nnodes`, `node`.
+(the command `ddpviz run` ran), `script` (the training script's file), `nnodes`, `node`, and
+`label` (the `name` given to `ddpviz.watch()`, else null).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def script_name() -> str | None:
 
 def started_fields(s: Session, watch: Any, first_step: dict | None) -> dict[str, Any]:
     """The `run_started` fields (see the module docstring). `watch`: the first DDP's
-    `engine.attach.ddp.Watch`, or None; `first_step`: the fields of step 0's event, or None."""
+    `engine.attach.ddp.Watch`, else the first model `ddpviz.watch()` registered
+    (`engine.attach.api.ModuleWatch`), or None; `first_step`: the fields of step 0's event, or None."""
     try:
         command = json.loads(os.environ.get(COMMAND_ENV, "null"))
     except ValueError:
@@ -46,10 +48,10 @@ def started_fields(s: Session, watch: Any, first_step: dict | None) -> dict[str,
     devices = [dict(name=n, kind=kind, total_memory_bytes=(
         torch.cuda.get_device_properties(watch.device).total_memory if kind == "cuda" else None))
         for n in names]
-    model = watch.ddp.module if watch is not None else None
+    model = watch.module if watch is not None else None
     params = [p for p in model.parameters()] if model is not None else []
-    ddp = watch.ddp if watch is not None else None
-    config = dict(mode="ddp" if watch is not None else "single", world_size=s.world_size,
+    ddp = getattr(watch, "ddp", None)
+    config = dict(mode="ddp" if ddp is not None else "single", world_size=s.world_size,
                   steps=None, model=type(model).__name__ if model is not None else None,
                   dataset=None, device=kind, backend=backend, global_batch_size=(first_step or {}).get("samples"),
                   bucket_cap_mb=(ddp.bucket_bytes_cap / MIB) if ddp is not None else None, overlap=True,
@@ -67,14 +69,15 @@ def started_fields(s: Session, watch: Any, first_step: dict | None) -> dict[str,
                cpu_threads_per_device=torch.get_num_threads() if kind == "cpu" else None,
                sampler=None, train_samples=None, val_samples=None,
                attached=True, command=command, script=script_name(),
-               nnodes=max(1, s.world_size // max(1, s.local_world_size)), node=s.node)
-    if watch is not None:
+               nnodes=max(1, s.world_size // max(1, s.local_world_size)), node=s.node,
+               label=s.label)
+    if ddp is not None:
         out["bucket_preview"] = watch.preview()
     return out
 
 
 def _hook_name(watch: Any) -> str | None:
-    if watch is None:
+    if getattr(watch, "ddp", None) is None:
         return None
     hook = watch.state.user_hook
     return getattr(hook, "__qualname__", repr(hook)) if hook is not None else None
@@ -100,7 +103,8 @@ class StartedEmitter:
         if self.done:
             return
         self.done = True
-        watch = self.tracker.watches[0] if self.tracker.watches else None
+        watches = self.tracker.watches or self.tracker.modules
+        watch = watches[0] if watches else None
         self.s.emit("run_started", **started_fields(self.s, watch, self.first_step))
 
     def at_exit(self) -> None:

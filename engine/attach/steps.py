@@ -2,10 +2,19 @@
 backward (`Tensor.backward`), the optimizer step (PyTorch's global optimizer step hooks,
 `torch.optim.optimizer.register_optimizer_step_pre_hook` / `..._post_hook`).
 
-A step ends when an optimizer step returns after at least one backward since the previous
-step; its index counts those optimizer steps from 0 (a second optimizer stepped in the same
-iteration adds no step; an optimizer that wraps another, e.g. ZeroRedundancyOptimizer, counts
-once). Its events (docs/events.md, "attached runs"):
+Where a step ends, one rule per process (`step_source` in each step event says which):
+
+- "optimizer" (the default): when an optimizer step returns after at least one backward since
+  the previous step; the index counts those optimizer steps from 0 (a second optimizer stepped in
+  the same iteration adds no step; an optimizer that wraps another, e.g.
+  ZeroRedundancyOptimizer, counts once);
+- "explicit": at each `explicit_step` call (the public `ddpviz.step()`), from the process's first
+  call on, or from its start after `use_explicit_steps` (`ddpviz.watch(..., steps="explicit")`).
+  Optimizer steps then end no step; their time is summed into `optimizer_s`. A first call that
+  comes right after an optimizer-ended step, with nothing of the next step begun, switches the rule
+  and ends no step (that step is already written); otherwise it ends the step it is in.
+
+Its events (docs/events.md, "attached runs"):
 
 - `step`: `step_time_s` from the previous step's end (step 0: its first forward's start) to this
   one's, so the script's data loading and its own code are inside it, as `other_s`;
@@ -32,6 +41,8 @@ from engine.attach.session import Session
 from engine.measure.telemetry import now, step_fields, wall_ts
 
 SAMPLES_SOURCE = "batch dimension of the first tensor the DDP module received, summed over micro-steps, x world_size"
+EXPLICIT_SAMPLES_SOURCE = "ddpviz.step(samples=...) of this rank, x world_size"
+STEP_SOURCES = {False: "optimizer", True: "explicit"}  # by StepTracker.explicit
 
 
 def batch_samples(args: tuple, kwargs: dict) -> int:
@@ -50,16 +61,19 @@ def batch_samples(args: tuple, kwargs: dict) -> int:
 
 
 class StepTracker:
-    """Builds the step events of one process. `watches` are the `engine.attach.ddp.Watch`es."""
+    """Builds the step events of one process. `watches` are the `engine.attach.ddp.Watch`es,
+    `modules` the `engine.attach.api.ModuleWatch`es."""
 
     def __init__(self, session: Session, on_step: Callable[[int, dict], None] | None = None):
         self.s = session
         self.on_step = on_step  # called after each step's events (run_started, memory)
         self.watches: list[Any] = []
+        self.modules: list[Any] = []  # engine.attach.api.ModuleWatch: models registered by ddpviz.watch()
         self.memory: Any = None  # engine.attach.memory.MemoryWatch, set by install
         self.step = 0
         self.prev_end: float | None = None
         self.opt_depth = 0
+        self.explicit = False  # steps end at explicit_step only (see the module docstring)
         self._fresh()
 
     def _fresh(self) -> None:
@@ -70,10 +84,16 @@ class StepTracker:
         self.micro: list[dict] = []
         self.losses: list[torch.Tensor] = []
         self.samples = 0
-        self.opt_t0: float | None = None
+        self.opt_t0: float | None = None  # the running (outermost) optimizer step's start
+        self.optimizer_s = 0.0  # explicit steps: Σ the optimizer steps' own time in this step
+        self.fwd_depth = 0  # > 1 inside a watched forward called from another's
+        self.given: tuple[int | None, Any] = (None, None)  # (samples, loss) given to explicit_step
 
     # -- forward (called by engine.attach.ddp) --------------------------------------------------
     def forward_start(self, watch: Any, synced: bool, samples: int) -> None:
+        self.fwd_depth += 1
+        if self.fwd_depth > 1:  # e.g. the watched module a watched DDP wraps: counted once, outside
+            return
         t = now()
         if self.start is None:
             self.start = self.prev_end if self.prev_end is not None else t
@@ -83,6 +103,9 @@ class StepTracker:
         self.samples += samples
 
     def forward_end(self) -> None:
+        self.fwd_depth = max(0, self.fwd_depth - 1)
+        if self.fwd_depth:
+            return
         if self.fwd_t0 is not None:
             self.forward_s += now() - self.fwd_t0
             self.fwd_t0 = None
@@ -114,14 +137,50 @@ class StepTracker:
         if self.memory is not None and opt is not None:
             self.s.guard("memory", self.memory.optimizer_seen, opt)
         self.opt_depth += 1
-        if self.opt_depth == 1 and self.opt_t0 is None and self.micro:
+        if self.opt_depth == 1:
             self.opt_t0 = now()
 
     def optimizer_end(self, opt: Any = None) -> None:
+        """At an outermost optimizer step's end. Its own time runs from its start, or from the end
+        of the last backward it ran itself (a closure, `opt.step(closure)`: LBFGS, Lightning's
+        automatic optimization), to now. Hook rule: it ends the step if a backward came before or
+        inside it; an optimizer step after no backward (a second optimizer in the iteration) ends none."""
         self.opt_depth = max(0, self.opt_depth - 1)
-        if self.opt_depth or not self.micro or self.opt_t0 is None:
+        if self.opt_depth or self.opt_t0 is None:
             return
+        end, t0 = now(), self.opt_t0
+        self.opt_t0 = None
+        own_start = max([t0] + [m["t1"] for m in self.micro if "t1" in m and m["t0"] >= t0])
+        if self.explicit:  # the step ends at explicit_step; this optimizer's time is part of it
+            self.optimizer_s += end - own_start
+        elif self.micro:
+            self.optimizer_s = end - own_start
+            self._end_step(end)
+
+    # -- explicit steps (engine.attach.api, the public ddpviz.step) -------------------------------
+    def use_explicit_steps(self) -> None:
+        """From now on only `explicit_step` ends steps."""
+        self.explicit = True
+
+    def explicit_step(self, samples: int | None = None, loss: Any = None) -> bool:
+        """End the current step here (see the module docstring). `samples`: this rank's samples
+        in the step; `loss`: a float or a one-element tensor (read when the event is written).
+        Returns False for the first call that only switched the rule (no step ended)."""
         end = now()
+        if not self.explicit:
+            self.explicit = True
+            begun = self.start is not None or bool(self.micro)
+            if self.step > 0 and not begun:
+                return False
+        if self.start is None:
+            self.start = self.prev_end if self.prev_end is not None else end
+        if self.opt_t0 is not None:  # called from inside an optimizer step: its time so far counts
+            self.optimizer_s += end - self.opt_t0
+        self.given = (samples, loss)
+        self._end_step(end)
+        return True
+
+    def _end_step(self, end: float) -> None:
         try:
             self._emit_step(end)
         finally:
@@ -135,6 +194,7 @@ class StepTracker:
             self._fresh()
 
     def _emit_step(self, end: float) -> None:
+        samples, loss = self.given
         step, micro = self.step, [m for m in self.micro if "t1" in m]
         synced = [m for m in micro if m["synced"]]
         bwd = sum(m["t1"] - m["t0"] for m in micro)
@@ -149,19 +209,27 @@ class StepTracker:
             extra["backward_start_ts"] = wall_ts(backward_start)
             extra["comm_exposed_measured"] = bool(buckets)  # CUDA: bucket times come later (ddp.Watch.buckets)
         bwd -= exposed
-        opt_s = end - self.opt_t0
+        opt_s = self.optimizer_s
         step_time = end - self.start
-        loss = float(sum(float(v) for v in self.losses)) if self.losses else None
-        samples = self.samples * self.s.world_size
+        if loss is not None:
+            loss = float(loss)  # a tensor is read here, as the losses backward() saw are
+        elif self.losses:
+            loss = float(sum(float(v) for v in self.losses))
+        source = EXPLICIT_SAMPLES_SOURCE if samples is not None else SAMPLES_SOURCE
+        samples = (self.samples if samples is None else samples) * self.s.world_size
         fields = step_fields(start=self.start, loss=loss, samples=samples, step_time_s=step_time,
                              forward_s=self.forward_s, backward_s=bwd, comm_exposed_s=exposed,
                              optimizer_s=opt_s, **extra)
         fields.update(other_s=max(0.0, step_time - self.forward_s - bwd - exposed - opt_s),
                       micro_steps=len(micro),
-                      no_sync_micro_steps=sum(1 for m in micro if m["watch"] is not None and not m["synced"]),
-                      samples_source=SAMPLES_SOURCE)
+                      no_sync_micro_steps=sum(1 for m in micro if _is_ddp(m["watch"]) and not m["synced"]),
+                      samples_source=source, step_source=STEP_SOURCES[self.explicit])
         if self.memory is not None:
             self.s.guard("memory", self.memory.step_end, fields)
         self.s.emit("step", step=step, **fields)
         if self.on_step is not None:
             self.on_step(step, fields)
+
+
+def _is_ddp(watch: Any) -> bool:
+    return getattr(watch, "ddp", None) is not None
