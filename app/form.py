@@ -1,7 +1,8 @@
-"""The Launch form's fields, defaults and validation, without widgets (pure, testable).
+"""The Launch form's fields, defaults, actions and validation, without widgets (pure, testable).
 
-Defaults come from `engine.config.RunConfig`; validation is `engine.config.validate_config`, so
-the form refuses exactly what a worker would, with the same ``(field, message)`` pairs.
+Defaults come from `engine.config.RunConfig`, overlaid with a named `engine.config.PRESETS` entry;
+validation is `engine.config.validate_config`, so the form refuses exactly what a worker would,
+with the same ``(field, message)`` pairs.
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from __future__ import annotations
 import typing
 from typing import Any
 
-from engine.config import BUILTIN_MODELS, FSDP_FIELDS, ConfigError, RunConfig, plugin_model_names, validate_config
+from engine.config import (BUILTIN_MODELS, FSDP_FIELDS, PRESETS, ConfigError, RunConfig, plugin_model_names,
+                           validate_config)
 
 # (title, fields) of the form's three columns, then the "advanced" expander.
 COLUMNS: list[tuple[str, list[str]]] = [
@@ -23,10 +25,34 @@ ADVANCED = ["gradient_as_bucket_view", "static_graph", "find_unused_parameters",
             "start_powerSGD_iter"]
 FAULTS = ["fault", "fault_rank", "fault_step", "collective_timeout_s"]
 
+# What one press of the form's button launches, first the default (the pair the README starts
+# with): the choice above the form, and the button's text.
+ACTIONS: dict[str, str] = {
+    "pair": "DP and DDP (side by side)",
+    "trio": "single, DP, DDP and FSDP (to compare)",
+    "one": "one run",
+}
+SUBMIT_TEXT: dict[str, str] = {
+    "pair": "Launch DP and DDP",
+    "trio": "Launch single, DP, DDP and FSDP",
+    "one": "Launch one run",
+}
+# Fields an action sets itself or drops, so the form does not show them: the pair and the set
+# give each run its own mode; the pair's DP and DDP take no FSDP-only field (`pair_values`).
+IGNORED: dict[str, tuple[str, ...]] = {
+    "pair": ("mode", *FSDP_FIELDS),
+    "trio": ("mode",),
+    "one": (),
+}
+PRESET_NAMES: dict[str, str] = {
+    "default": "Default (shows buckets overlapping backward)",
+    "tiny": "Tiny (fast smoke test)",
+}
+
 HELP = {
     "mode": "dp: one process, a thread per device; ddp: a process per rank, each with a whole "
             "replica; fsdp: a process per rank, each holding 1/world_size of every parameter "
-            "(FSDP2 fully_shard); single: one device (the baseline). Ignored by 'Launch DP and DDP'.",
+            "(FSDP2 fully_shard); single: one device (the baseline)",
     "world_size": "devices (DP) or rank processes (DDP, FSDP), >= 1",
     "reshard_after_forward": "FSDP: free each unit's gathered parameters after its forward and "
                              "all-gather them again for backward (less memory, 3(n−1)/n·P bytes "
@@ -73,9 +99,14 @@ HELP = {
 }
 
 
-def defaults() -> dict[str, Any]:
-    """Every RunConfig field's default, by name."""
-    return {name: f.default for name, f in RunConfig.model_fields.items()}
+def defaults(preset: str = "default") -> dict[str, Any]:
+    """Every RunConfig field's default, by name, with `preset`'s values (`engine.config.PRESETS`)
+    over them.
+
+    Raises:
+        KeyError: `preset` is not a key of `PRESETS`.
+    """
+    return {**{name: f.default for name, f in RunConfig.model_fields.items()}, **PRESETS[preset]}
 
 
 def choices(field: str) -> list[str] | None:
@@ -98,8 +129,13 @@ def kind(field: str) -> str:
 
 
 def form_fields() -> list[str]:
-    """Every field the form shows, in order."""
+    """Every field the form can show, in order."""
     return [f for _, fields in COLUMNS for f in fields] + ADVANCED + FAULTS
+
+
+def shown(fields: list[str], action: str) -> list[str]:
+    """`fields` less those `action` ("pair", "trio" or "one") ignores (`IGNORED`), in order."""
+    return [f for f in fields if f not in IGNORED[action]]
 
 
 def validation_errors(values: dict[str, Any]) -> list[tuple[str, str]]:

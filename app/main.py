@@ -7,6 +7,8 @@ then run that file directly, bypassing this router and its page config.
 
 import streamlit as st
 
+from app.navigation import note_page
+
 st.set_page_config(page_title="ddpviz", layout="wide")
 page = st.navigation({
     "Run": [
@@ -27,4 +29,5 @@ page = st.navigation({
         st.Page("views/cluster.py", title="Cluster", icon=":material/dns:"),
     ],
 })
+note_page(st.session_state, page.url_path)  # lets a page tell an arrival from a rerun
 page.run()

@@ -23,6 +23,14 @@ MODEL_DATASETS: dict[str, tuple[str, ...]] = {
     "cnn": ("digits", "synthetic"),
     "gpt": ("text", "synthetic"),
 }
+# Named starting points (the Launch form's "Preset"): the RunConfig fields each one changes from
+# the defaults. "tiny" is the former defaults (mlp 128×3, global batch 64, PyTorch's 25 MiB bucket
+# cap; README "What to expect on a 2-core laptop"): fast, but its 170 KB of gradients fit one
+# bucket, so DDP has nothing to overlap with backward.
+PRESETS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "tiny": {"width": 128, "depth": 3, "global_batch_size": 64, "bucket_cap_mb": 25.0},
+}
 
 
 class ConfigError(ValueError):
@@ -50,8 +58,8 @@ class RunConfig(BaseModel):
     model: str = Field("mlp", min_length=1, max_length=64)  # a built-in or a `ddpviz.models` plugin
     # Defaults chosen by measurement on a 2-core CPU (README "The default pair"): a narrow, deep
     # MLP, where the per-op Python work DP's threads queue for (the GIL), device 0's serial work and
-    # the per-step replica rebuild decide DP vs DDP. The former defaults (faster, one bucket):
-    # --width 128 --depth 3 --global-batch-size 64 --bucket-cap-mb 25.
+    # the per-step replica rebuild decide DP vs DDP. The former defaults (faster, one bucket) are
+    # PRESETS["tiny"]: --width 128 --depth 3 --global-batch-size 64 --bucket-cap-mb 25.
     width: int = Field(64, ge=1, le=8192)  # mlp hidden units, cnn channels, gpt n_embd
     depth: int = Field(8, ge=1, le=48)  # mlp hidden layers, cnn conv blocks, gpt n_layer
     n_head: int = Field(4, ge=1, le=64)  # gpt attention heads (width % n_head == 0)

@@ -47,6 +47,7 @@ def sweep_kind(group: str | None) -> str | None:
 
 
 TRIO_MODES = ("single", "dp", "ddp", "fsdp")  # the Compare set: one device and the three strategies
+MEMBER_NAMES = {"single": "single", "dp": "DP", "ddp": "DDP", "fsdp": "FSDP"}  # a mode as labels name it
 
 
 def member_label(label: str | None, member: str) -> str:
@@ -62,8 +63,7 @@ def trio_configs(config: dict[str, Any], label: str | None = None) -> list[tuple
     `label` X the runs are "X · single", "X · DP", "X · DDP", "X · FSDP"."""
     only = {"fsdp": FSDP_FIELDS, "ddp": COMM_HOOK_FIELDS}
     return [({**{k: v for k, v in config.items() if not any(k in f for o, f in only.items() if o != m)},
-              "mode": m}, member_label(label, name)) for m, name in
-            (("single", "single"), ("dp", "DP"), ("ddp", "DDP"), ("fsdp", "FSDP"))]
+              "mode": m}, member_label(label, MEMBER_NAMES[m])) for m in TRIO_MODES]
 
 
 def sweep_configs(base: dict[str, Any], kind: str,

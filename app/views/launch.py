@@ -1,9 +1,11 @@
-"""Launch page: a form for one RunConfig, validated before anything is submitted.
+"""Launch page: what to launch, a preset, then a form for one RunConfig, validated before anything
+is submitted.
 
-"Launch" submits one run; "Launch DP and DDP with this config" submits the same config twice
-(mode dp and mode ddp, one group) so the Live page can put them side by side; "Launch single,
-DP, DDP and FSDP" adds the one-device baseline and the sharded run (`workers.sweeps.submit_trio`)
-for the Compare page.
+"What to launch" picks the form's one button: DP and DDP of the same config (one group, the
+default: the Live page puts them side by side), single, DP, DDP and FSDP (`workers.sweeps.submit_trio`,
+for the Compare page), or one run of the form's `mode`. The form shows only the fields the choice
+uses (`app.form.IGNORED`). "Preset" refills the form from `engine.config.PRESETS`. After a launch a
+banner names each run's id and mode; it is gone when the reader comes back from another page.
 """
 
 from __future__ import annotations
@@ -14,46 +16,66 @@ import streamlit as st
 
 from app import form
 from app.connection import get_client
+from app.navigation import forget_on_arrival
 from app.widgets import field_widget, show_errors
 from engine.config import ConfigError
-from workers.sweeps import submit_trio
+from workers.sweeps import MEMBER_NAMES, submit_trio
 
 LIVE_PAGE = "views/live.py"
 COMPARE_PAGE = "views/compare.py"
 
 
-def config_form() -> tuple[dict[str, Any], str, str | None]:
-    """Draw the form; returns (field values, label, which button was pressed or None)."""
-    defaults, values = form.defaults(), {}
+def refill_form() -> None:
+    """on_change of "Preset": every field back to the chosen preset's value (written to the
+    widgets' session state, which a keyed widget's new default would not change)."""
+    for field, value in form.defaults(st.session_state["launch_preset"]).items():
+        st.session_state[f"cfg_{field}"] = value
+
+
+def choose() -> tuple[str, str]:
+    """The two choices above the form: (action, preset)."""
+    left, right = st.columns(2)
+    with left:
+        action = st.segmented_control("What to launch", list(form.ACTIONS), default="pair",
+                                      format_func=form.ACTIONS.get, required=True, key="launch_what")
+    with right:
+        preset = st.segmented_control("Preset", list(form.PRESET_NAMES), default="default",
+                                      format_func=form.PRESET_NAMES.get, required=True,
+                                      key="launch_preset", on_change=refill_form)
+    if preset == "tiny":
+        st.caption("Tiny is the former default (mlp 128×3, global batch 64, 25 MiB buckets): fast, "
+                   "but its gradients fit one bucket, so DDP has nothing to overlap with backward.")
+    return action, preset
+
+
+def config_form(action: str, preset: str) -> tuple[dict[str, Any], str, bool]:
+    """Draw the form for `action` ("pair", "trio" or "one") with `preset`'s defaults; returns
+    (every field's value, those not shown at their defaults; the label; whether the button was
+    pressed)."""
+    defaults = form.defaults(preset)
+    values = dict(defaults)  # the fields the action ignores keep their defaults
     with st.form("launch"):
         for col, (title, fields) in zip(st.columns(len(form.COLUMNS)), form.COLUMNS):
             with col:
                 st.markdown(f"**{title}**")
-                for f in fields:
+                for f in form.shown(fields, action):
                     values[f] = field_widget(f, defaults[f])
         for title, fields in (("Advanced", form.ADVANCED), ("Fault injection", form.FAULTS)):
             with st.expander(title):
                 cols = st.columns(2)
-                for i, f in enumerate(fields):
+                for i, f in enumerate(form.shown(fields, action)):
                     with cols[i % 2]:
                         values[f] = field_widget(f, defaults[f])
         label = st.text_input("label (optional)", key="cfg_label",
                               help="name shown in legends; default '<mode> ×<world_size> · <id>'. "
-                                   "With the pair or trio buttons each run is named 'label · DP' etc.")
-        left, middle, right = st.columns(3)
-        one = left.form_submit_button("Launch", type="primary", key="launch_one",
-                                      width="stretch")
-        pair = middle.form_submit_button("Launch DP and DDP with this config", key="launch_pair",
-                                         width="stretch")
-        trio = right.form_submit_button("Launch single, DP, DDP and FSDP (to compare)",
-                                        key="launch_trio", width="stretch")
-    action = "one" if one else "pair" if pair else "trio" if trio else None
-    return values, label.strip(), action
+                                   "Of a pair or set each run is named 'label · DP' etc.")
+        go = st.form_submit_button(form.SUBMIT_TEXT[action], type="primary", key=f"launch_{action}")
+    return values, label.strip(), go
 
 
-def submit(client, values: dict[str, Any], label: str, action: str) -> list[str] | None:
-    """Validate, then submit one run, a DP/DDP pair or the single/DP/DDP/FSDP set; returns the run ids
-    (None if refused).
+def submit(client, values: dict[str, Any], label: str, action: str) -> dict[str, str] | None:
+    """Validate, then submit one run, a DP/DDP pair or the single/DP/DDP/FSDP set; returns
+    {run_id: mode} in launch order (None if refused).
 
     Validation runs first, so a bad form never reaches Redis (nor needs it)."""
     config = form.pair_values(values) if action == "pair" else form.set_values(values) \
@@ -67,12 +89,12 @@ def submit(client, values: dict[str, Any], label: str, action: str) -> list[str]
         return None
     try:
         if action == "pair":  # a label names the set: "X · DP", "X · DDP"
-            return list(client.submit_pair(config, label=label or None))
+            return dict(zip(client.submit_pair(config, label=label or None), ("dp", "ddp")))
         if action == "trio":
             group, ids = submit_trio(client, config, label=label or None)
             st.session_state["focus_group"] = group
-            return list(ids.values())
-        return [client.submit(config, label=label or None)]
+            return {run_id: mode for mode, run_id in ids.items()}
+        return {client.submit(config, label=label or None): config["mode"]}
     except ConfigError as exc:  # the worker side knows more (e.g. installed model plugins)
         show_errors(exc.errors)
     except Exception as exc:  # Redis went away between ping and submit
@@ -80,13 +102,19 @@ def submit(client, values: dict[str, Any], label: str, action: str) -> list[str]
     return None
 
 
+def launched_text(launched: dict[str, str]) -> str:
+    """The banner's line: each run id with its mode, e.g. "Launched 2 runs: `ab12` DP, `cd34` DDP"."""
+    runs = ", ".join(f"`{run_id}` {MEMBER_NAMES.get(mode, mode)}" for run_id, mode in launched.items())
+    return f"Launched {len(launched)} run{'s' if len(launched) > 1 else ''}: {runs}"
+
+
 def launched_panel() -> None:
-    """After a launch: the ids and a way to the Live page."""
-    ids = st.session_state.get("launched")
-    if not ids:
+    """After a launch (this visit of the page): which run is which, and the ways to Live and Compare."""
+    launched = st.session_state.get("launched")
+    if not launched:
         return
-    st.success(f"Launched {len(ids)} run(s): " + ", ".join(f"`{i}`" for i in ids),
-               icon=":material/rocket_launch:")
+    ids = list(launched)
+    st.success(launched_text(launched), icon=":material/rocket_launch:")
     live = ids[-2:]  # Live shows two runs: of a compare set, DDP and FSDP
     st.page_link(LIVE_PAGE, label="Watch them live", icon=":material/monitoring:",
                  query_params={"runs": ",".join(live)})
@@ -100,11 +128,13 @@ st.caption("Same model, same global batch: DataParallel (one process, threads, d
            "bookkeeping) vs DistributedDataParallel (one process per rank, bucketed all-reduce "
            "overlapping backward) vs fully sharded data parallel (FSDP2: each rank holds 1/n of the "
            "model and gathers each block when it needs it).")
+forget_on_arrival(st.session_state, ("launched",))  # the banner belongs to the visit that launched
 client = get_client()  # None after a banner when Redis is down; the form still validates
-values, label, action = config_form()
-if action:
-    ids = submit(client, values, label, action)
-    if ids:
-        st.session_state["launched"] = ids
-        st.session_state["live_runs"] = ids[-2:]
+action, preset = choose()
+values, label, go = config_form(action, preset)
+if go:
+    launched = submit(client, values, label, action)
+    if launched:
+        st.session_state["launched"] = launched  # {run_id: mode}
+        st.session_state["live_runs"] = list(launched)[-2:]
 launched_panel()
