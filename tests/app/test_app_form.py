@@ -33,3 +33,13 @@ def test_pair_values_keep_config_but_mode_and_the_fsdp_fields():
                                                     "fsdp_reduce_dtype")}
     assert form.pair_values(v) == {**kept, "mode": "ddp"}
     assert form.validation_errors(form.pair_values(v)) == []
+
+
+def test_every_preset_is_a_valid_config_that_changes_what_it_names():
+    from engine.config import PRESETS
+
+    base = form.defaults()
+    assert set(PRESETS) == set(form.PRESET_NAMES) and PRESETS["default"] == {}
+    for name, changes in PRESETS.items():
+        assert form.validation_errors(form.defaults(name)) == [], name
+        assert all(base[k] != v for k, v in changes.items()), name  # no entry repeats a default

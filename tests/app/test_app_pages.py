@@ -27,14 +27,15 @@ def test_launch_page_renders_with_defaults(fake_client, app_test):
     assert not at.exception
     assert at.title[0].value == "Launch a run"
     assert at.number_input(key="cfg_world_size").value == 2
-    assert at.selectbox(key="cfg_mode").value == "ddp"
     assert at.number_input(key="cfg_bucket_cap_mb").value == 0.1
+    at.segmented_control(key="launch_what").set_value("one").run()
+    assert at.selectbox(key="cfg_mode").value == "ddp"
 
 
 def test_world_size_zero_shows_error_and_submits_nothing(fake_client, app_test):
     at = app_test()
     at.number_input(key="cfg_world_size").set_value(0)
-    at.button(key="launch_one").click().run()
+    at.button(key="launch_pair").click().run()
     assert not at.exception
     errors = "\n".join(e.value for e in at.error)
     assert "world_size" in errors and "must be >= 1" in errors
@@ -52,6 +53,7 @@ def test_cross_field_error_names_field(fake_client, app_test):
 
 def test_launch_one_and_pair(fake_client, app_test):
     at = app_test()
+    at.segmented_control(key="launch_what").set_value("one").run()
     at.number_input(key="cfg_steps").set_value(5)
     at.text_input(key="cfg_label").input("mine")
     at.button(key="launch_one").click().run()
@@ -59,10 +61,11 @@ def test_launch_one_and_pair(fake_client, app_test):
     assert fake_client.submitted[0]["steps"] == 5
     (rid,) = at.session_state["launched"]
     assert fake_client.runs[rid]["label"] == "mine"
+    at.segmented_control(key="launch_what").set_value("pair").run()
     at.button(key="launch_pair").click().run()
     assert [c["mode"] for c in fake_client.submitted[1:]] == ["dp", "ddp"]
     assert len(at.session_state["live_runs"]) == 2
-    assert "Launched 2 run(s)" in _texts(at)
+    assert "Launched 2 runs" in _texts(at)
 
 
 def test_redis_down_shows_banner_without_password(fake_client, app_test, monkeypatch):

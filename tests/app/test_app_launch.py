@@ -1,0 +1,106 @@
+"""The Launch page (issue 21, Launch): the primary button is the DP/DDP pair the README starts with,
+the form shows only the fields the chosen action uses, the Tiny preset is the former defaults, and
+the banner names each run's mode and is gone after the reader visits another page.
+
+AppTest on the in-memory client (tests/app/conftest.py); the references are the README's text, the
+former defaults as the README states them and the modes the client stored for each run.
+"""
+
+from pathlib import Path
+
+from app import form, navigation
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+FSDP_ONLY = {"reshard_after_forward", "fsdp_param_dtype", "fsdp_reduce_dtype"}
+# README "What to expect on a 2-core laptop": "The former default Launch pair (mlp 128×3, batch 64,
+# 25 MiB buckets)"
+FORMER_DEFAULTS = {"model": "mlp", "width": 128, "depth": 3, "global_batch_size": 64, "bucket_cap_mb": 25.0}
+
+
+def _field_keys(at) -> set[str]:
+    """The RunConfig fields the form shows (field_widget keys them ``cfg_<field>``)."""
+    widgets = [*at.selectbox, *at.number_input, *at.checkbox]
+    return {w.key[len("cfg_"):] for w in widgets if w.key and w.key.startswith("cfg_")}
+
+
+def _launch_buttons(at) -> list:
+    return [b for b in at.button if b.key and b.key.startswith("launch_")]
+
+
+def test_the_primary_button_launches_the_pair_the_readme_names(fake_client, app_test):
+    at = app_test()
+    assert not at.exception
+    assert at.segmented_control(key="launch_what").value == "pair"
+    (button,) = _launch_buttons(at)  # one button, the primary one
+    assert button.proto.type == "primary" and button.key == "launch_pair"
+    assert f"press **{button.label}**" in README  # "make demo" tells a new user to press this one
+    button.click().run()
+    assert not at.exception
+    assert [c["mode"] for c in fake_client.submitted] == ["dp", "ddp"]
+    assert len({r["group"] for r in fake_client.runs.values()}) == 1
+
+
+def test_the_form_hides_the_fields_the_action_ignores(fake_client, app_test):
+    at = app_test()
+    every = set(form.form_fields())
+    assert _field_keys(at) == every - {"mode"} - FSDP_ONLY  # the pair sets the mode; DP and DDP take no FSDP field
+    at.segmented_control(key="launch_what").set_value("trio").run()
+    assert _field_keys(at) == every - {"mode"}  # the set sets the mode; its FSDP run takes the FSDP fields
+    assert [b.label for b in _launch_buttons(at)] == ["Launch single, DP, DDP and FSDP"]
+    at.segmented_control(key="launch_what").set_value("one").run()
+    assert _field_keys(at) == every
+    (button,) = _launch_buttons(at)
+    assert button.proto.type == "primary" and button.label == "Launch one run"
+    at.selectbox(key="cfg_mode").set_value("dp")
+    button.click().run()
+    assert not at.exception and [c["mode"] for c in fake_client.submitted] == ["dp"]
+
+
+def test_the_tiny_preset_fills_the_form_with_the_former_defaults(fake_client, app_test):
+    at = app_test()
+    at.number_input(key="cfg_width").set_value(7)
+    at.number_input(key="cfg_steps").set_value(11)
+    at.segmented_control(key="launch_preset").set_value("tiny").run()
+    assert not at.exception
+    shown = {f: at.number_input(key=f"cfg_{f}").value for f in ("width", "depth", "global_batch_size",
+                                                                 "bucket_cap_mb", "steps")}
+    assert shown == {**{k: v for k, v in FORMER_DEFAULTS.items() if k != "model"},
+                     "steps": form.defaults()["steps"]}  # every field refilled, not only the preset's
+    assert at.selectbox(key="cfg_model").value == "mlp"
+    at.button(key="launch_pair").click().run()
+    for config in fake_client.submitted:
+        assert {k: config[k] for k in FORMER_DEFAULTS} == FORMER_DEFAULTS
+    at.segmented_control(key="launch_preset").set_value("default").run()
+    assert (at.number_input(key="cfg_width").value, at.number_input(key="cfg_bucket_cap_mb").value) == (64, 0.1)
+
+
+def test_the_banner_names_each_runs_mode_and_clears_after_another_page(fake_client, app_test):
+    at = app_test()
+    at.segmented_control(key="launch_what").set_value("trio").run()
+    at.button(key="launch_trio").click().run()
+    assert not at.exception
+    names = {"single": "single", "dp": "DP", "ddp": "DDP", "fsdp": "FSDP"}
+    by_mode = {r["config"]["mode"]: run_id for run_id, r in fake_client.runs.items()}
+    banner = at.success[0].value
+    assert banner == "Launched 4 runs: " + ", ".join(f"`{by_mode[m]}` {names[m]}" for m in names)
+    assert [p.proto.label for p in at.get("page_link")] == ["Watch them live", "Compare them"]
+    at.segmented_control(key="launch_what").set_value("pair").run()  # a rerun of the page keeps it
+    assert at.success[0].value == banner
+    at.switch_page("views/runs.py").run()
+    at.switch_page("views/launch.py").run()
+    assert not at.exception
+    assert not at.success and not at.get("page_link")
+
+
+def test_arrived_tells_a_rerun_from_a_page_change():
+    state = {"launched": {"a": "dp"}}
+    navigation.note_page(state, "")  # first run: an arrival
+    assert navigation.arrived(state)
+    navigation.note_page(state, "")  # the same page again: a rerun
+    assert not navigation.arrived(state)
+    navigation.forget_on_arrival(state, ("launched",))
+    assert state["launched"] == {"a": "dp"}
+    navigation.note_page(state, "live")
+    navigation.note_page(state, "")
+    navigation.forget_on_arrival(state, ("launched",))
+    assert "launched" not in state
