@@ -2,7 +2,7 @@
 ``.venv/bin/python tests/app/default_pair_tries.py [N]``.
 
 Starts the stack (embedded Redis, one worker, Streamlit), and each try opens the Launch page in
-headless Chromium, clicks "Launch DP and DDP with this config" with every default, follows
+headless Chromium, clicks "Launch DP and DDP" (the default action) with every default, follows
 "Watch them live" and keeps the Live page open until both runs have finished. Then it reads DP's
 and DDP's samples/s from the runs' own summaries and the Live page's text: either DDP is ahead,
 or the page must say in one sentence why DP is ahead or level here ("DP is ahead here ...",
@@ -51,7 +51,7 @@ def one_try(stack, client, browser, k: int) -> dict:
     page = browser.new_page(viewport={"width": 1500, "height": 1100})
     page.goto(stack.url)
     page.get_by_role("heading", name="Launch a run").wait_for(timeout=60_000)
-    page.get_by_role("button", name="Launch DP and DDP with this config").click()
+    page.get_by_role("button", name="Launch DP and DDP", exact=True).click()
     page.get_by_role("link", name="Watch them live").click()
     page.get_by_role("heading", name="Live").wait_for(timeout=60_000)
     deadline = time.monotonic() + 900

@@ -87,7 +87,7 @@ def main() -> None:
         box = page.locator('input[aria-label="world_size"]')
         box.fill("0")
         box.press("Tab")
-        page.get_by_role("button", name="Launch", exact=True).click()
+        page.get_by_role("button", name="Launch DP and DDP", exact=True).click()
         page.get_by_text("Not launched").wait_for()
         _settle(page)
         shoot(page, "launch-error", 1300)

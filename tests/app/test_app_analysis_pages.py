@@ -54,6 +54,7 @@ def test_compare_page_launches_a_trio(real_client, app_test):
 
 def test_launch_page_trio_button(fake_client, app_test):
     at = app_test()
+    at.segmented_control(key="launch_what").set_value("trio").run()
     at.button(key="launch_trio").click().run()
     assert not at.exception
     assert [c["mode"] for c in fake_client.submitted] == ["single", "dp", "ddp", "fsdp"]

@@ -80,6 +80,7 @@ def test_the_launch_forms_label_names_the_pair_and_the_trio(real_client, app_tes
     assert not at.exception
     labels = [real_client.get_run(r)["label"] for r in at.session_state["launched"]]
     assert labels == ["X · DP", "X · DDP"]
+    at.segmented_control(key="launch_what").set_value("trio").run()
     at.button(key="launch_trio").click().run()
     labels = [real_client.get_run(r)["label"] for r in at.session_state["launched"]]
     assert labels == ["X · single", "X · DP", "X · DDP", "X · FSDP"]

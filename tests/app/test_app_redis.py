@@ -20,6 +20,7 @@ def test_launch_pair_through_redis(real_client, app_test):
 
 def test_world_size_zero_reaches_no_redis(real_client, app_test):
     at = app_test()
+    at.segmented_control(key="launch_what").set_value("one").run()
     at.number_input(key="cfg_world_size").set_value(0)
     at.button(key="launch_one").click().run()
     assert "world_size must be >= 1" in at.error[0].value
