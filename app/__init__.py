@@ -10,5 +10,6 @@ The map of this folder:
     runsets     the set of runs the analysis pages look at      form, widgets   the Launch form
     explain     sentences beside the numbers                    exports   downloads of a run
     connection, outage    the one Redis client, and the banner when Redis is away
+    navigation  which page the previous script run drew (an arrival vs a rerun)
     bench_app   figure 4 and the app half of figure 8 of ``ddpviz bench``
 """
