@@ -147,9 +147,10 @@ class MemoryTimer:
 def readings_fields(rows: list[tuple[float, dict[str, int]]], process_shared: bool,
                     interval_s: float) -> dict[str, Any]:
     """A `memory_readings` event's fields from `(now() time, {source: bytes})` readings:
-    `reading_ts` (unix s of each reading), `bytes` ({source: one value per reading, null where that
+    `reading_ts` (unix s of each reading, to the µs: the timer and a traced step's own `tick` can read
+    within 0.1 ms of each other), `bytes` ({source: one value per reading, null where that
     reading lacked the source}, `TIMER_SOURCES` only), `interval_s`, `process_shared`, `source`."""
     sources = [s for s in TIMER_SOURCES if any(s in r for _, r in rows)]
-    return dict(reading_ts=[round(wall_ts(t), 4) for t, _ in rows],
+    return dict(reading_ts=[round(wall_ts(t), 6) for t, _ in rows],
                 bytes={s: [r.get(s) for _, r in rows] for s in sources},
                 interval_s=interval_s, process_shared=process_shared, source=READINGS_SOURCE)

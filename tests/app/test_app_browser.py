@@ -33,7 +33,7 @@ def test_launch_ddp_and_watch_it_finish(tmp_path):
             page = browser.new_page(viewport={"width": 1400, "height": 1100})
             page.goto(stack.url)
             page.get_by_role("heading", name="Launch a run").wait_for(timeout=30_000)
-            page.get_by_role("button", name="one run", exact=True).click()  # "What to launch"
+            page.get_by_role("radio", name="one run", exact=True).click()  # "What to launch"
             page.get_by_role("button", name="Launch one run", exact=True).wait_for(timeout=30_000)
             _fill(page, "steps", "20")
             _fill(page, "bucket_cap_mb", "0.05")  # several buckets even for the small mlp

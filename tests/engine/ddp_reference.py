@@ -6,7 +6,6 @@ ddpviz's recording hook — train both on the same shard, and report PyTorch's o
 the default hook's and from one device's gradient on the whole global batch.
 """
 
-import os
 
 import torch
 import torch.distributed as dist
@@ -24,8 +23,9 @@ from engine.modes.ddp.comm_hook import BucketRecorder, recording_hook
 
 
 def _worker(rank, world, port, cfg_dict, steps, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from ref_procs import join_gloo
+
+    join_gloo(rank, world, port)
     cfg = RunConfig(**cfg_dict)
     ds = load_dataset(cfg)
     plan = BatchPlan(len(ds), world, cfg.micro_batch_per_device, cfg.seed)

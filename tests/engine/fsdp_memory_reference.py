@@ -1,6 +1,6 @@
 """Independent reference for an FSDP rank's peak memory: PyTorch's own CPU allocator, not ddpviz's ledger.
 
-Two spawned gloo processes shard `build_model(cfg, ds)` with plain `fully_shard` (each hidden
+Two gloo processes shard `build_model(cfg, ds)` with plain `fully_shard` (each hidden
 layer, then the root: FSDP2's defaults), and train with `torch.optim.AdamW(lr)` on each rank's
 `BatchPlan` shard with `F.cross_entropy`. Each step runs under `torch.profiler` with
 `profile_memory=True`: c10's CPU allocator reports every allocation and free made on the training
@@ -25,8 +25,7 @@ import torch.distributed.nn.functional  # noqa: F401,E402
 import torch.nn.functional as F
 
 from engine.config import RunConfig
-from engine.data import BatchPlan, load_dataset
-from engine.models import build_model
+from engine.data import BatchPlan
 
 
 def _alive_bytes(tensors) -> int:
@@ -53,12 +52,9 @@ def _worker(rank, world, port, cfg_dict, tmp, out):
     from torch.distributed.fsdp import fully_shard
     from torch.profiler import ProfilerActivity, profile
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    cfg = RunConfig(**cfg_dict)
-    ds = load_dataset(cfg)
-    model = build_model(cfg, ds)
+    from ref_procs import gloo_model
+
+    cfg, ds, model = gloo_model(rank, world, port, cfg_dict)
     for layer in model.hidden:
         fully_shard(layer)
     fully_shard(model)

@@ -7,7 +7,6 @@ reads how many bytes crossed the loopback interface (`psutil.net_io_counters`, f
 runs several times and its smallest count is kept.
 """
 
-import os
 import time
 
 import psutil
@@ -27,8 +26,9 @@ def _lo_bytes() -> int:
 
 
 def _worker(rank, world, port, out, _q):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from ref_procs import join_gloo
+
+    join_gloo(rank, world, port)
     full, shard = torch.ones(NUMEL), torch.ones(NUMEL // world)
     ops = {"all_gather": lambda: dist.all_gather_into_tensor(full, shard),
            "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full, op=dist.ReduceOp.AVG)}

@@ -12,7 +12,6 @@ and whether the averaged gradients were finite (`grads_finite[rank][step]`).
 
 from __future__ import annotations
 
-import os
 
 import torch
 import torch.distributed as dist
@@ -24,8 +23,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from engine.config import RunConfig
-from engine.data import BatchPlan, load_dataset
-from engine.models import build_model
+from engine.data import BatchPlan
 
 
 def _logits(out):
@@ -63,12 +61,9 @@ def _register_hook(ddp, cfg) -> list[int]:
 
 
 def _worker(rank, world, port, cfg_dict, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    cfg = RunConfig(**cfg_dict)
-    ds = load_dataset(cfg)
-    model = build_model(cfg, ds)
+    from ref_procs import gloo_model
+
+    cfg, ds, model = gloo_model(rank, world, port, cfg_dict)
     cap = None if cfg.bucket_cap_mb == 25.0 else cfg.bucket_cap_mb
     ddp = DDP(model, static_graph=cfg.static_graph, find_unused_parameters=cfg.find_unused_parameters,
               bucket_cap_mb=cap)

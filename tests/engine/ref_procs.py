@@ -57,3 +57,27 @@ def run_reference(fn: Callable, args: tuple, nprocs: int, results: int = 0,
     while len(got) < results:
         got.append(q.get(timeout=10))
     return got
+
+
+def join_gloo(rank: int, world: int, port: int, threads: int | None = None) -> None:
+    """In a reference process: join a `world`-rank gloo group whose store rank 0 serves on
+    127.0.0.1:`port` (given in the call, not in os.environ), optionally with `threads` intra-op threads."""
+    import torch
+    import torch.distributed as dist
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+
+
+def gloo_model(rank: int, world: int, port: int, cfg_dict: dict):
+    """`join_gloo` with one thread, then the config's dataset and a freshly built model (the
+    plugin's `build_model`, seeded as ddpviz seeds it): returns (cfg, dataset, model)."""
+    from engine.config import RunConfig
+    from engine.data import load_dataset
+    from engine.models import build_model
+
+    join_gloo(rank, world, port, threads=1)
+    cfg = RunConfig(**cfg_dict)
+    ds = load_dataset(cfg)
+    return cfg, ds, build_model(cfg, ds)

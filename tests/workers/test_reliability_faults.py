@@ -50,6 +50,15 @@ def first_steps(client: DdpvizClient, run_id: str, timeout_s: float = 90) -> Non
     wait_for(stepping, timeout_s, "the first DDP step")
 
 
+def no_process_left(run_id: str, within_s: float = 10) -> None:
+    """No process of the run within `within_s`: ranks die from their parent-death signal once the
+    fork server has seen its launcher go (engine.modes.fork_server, <= 0.1 s), and a loaded machine
+    takes a moment to deliver and act on it (CI saw a rank still there right at the run's end)."""
+    t0 = time.time()
+    wait_for(lambda: run_pids(run_id) == [], within_s, "no process of the run")
+    record("run_end_to_no_process_s", time.time() - t0, "s")
+
+
 def step_ts(client: DdpvizClient, run_id: str, rank: int, step: int) -> float:
     events, _ = client.read_events(run_id, count=100_000)
     return max(e["ts"] for e in events if e["type"] == "step" and e["rank"] == rank
@@ -71,7 +80,7 @@ def test_a_rank_that_raises_fails_the_run_within_10_s_with_its_traceback(client,
     record("raise_to_failed_s", rec["finished_at"] - fault_at, "s")
     assert rec["finished_at"] - fault_at < 10
     assert client.tail_events(run_id, 1)[0]["status"] == "failed"
-    assert run_pids(run_id) == []
+    no_process_left(run_id)
 
 
 def test_a_hung_rank_ends_the_run_at_the_collective_timeout_naming_rank_and_step(client, redis_url):
@@ -87,9 +96,7 @@ def test_a_hung_rank_ends_the_run_at_the_collective_timeout_naming_rank_and_step
     hang_at = step_ts(client, run_id, 1, 2) + cfg["step_delay_s"]
     record("hang_to_failed_s", rec["finished_at"] - hang_at, "s")
     assert rec["finished_at"] - hang_at < cfg["collective_timeout_s"] + 15
-    # the hung rank's parent-death signal reaches it once the fork server has seen its launcher go
-    # (engine.modes.fork_server, <= 0.1 s), so allow the kernel that moment
-    wait_for(lambda: run_pids(run_id) == [], 10, "no process of the run")
+    no_process_left(run_id)
 
 
 def test_a_killed_worker_takes_its_ranks_along_and_the_run_is_lost_then_requeued(
@@ -124,7 +131,8 @@ def test_a_killed_worker_takes_its_ranks_along_and_the_run_is_lost_then_requeued
             assert client.get_run(run_id)["requeued_as"] == new_id
             wait_for(lambda: client.get_run(new_id)["worker"] == "watcher", 30, "the copy to start")
             assert client.cancel(new_id) == "canceled"
-    assert run_pids(run_id) == [] and run_pids(new_id) == []
+    no_process_left(run_id)
+    no_process_left(new_id)
     res = ddpviz("requeue", "nope", env=cli_env(redis_url))
     assert res.returncode == 1 and "no run" in res.stderr
 
@@ -142,7 +150,7 @@ def test_the_run_time_limit_fails_the_run_and_kills_every_rank(client, redis_url
     assert f"time limit of {limit_s} s" in rec["error"]["exception"]
     record("time_limit_overrun_s", rec["finished_at"] - rec["started_at"] - limit_s, "s")
     assert rec["finished_at"] - rec["started_at"] < limit_s + 10
-    assert run_pids(run_id) == []
+    no_process_left(run_id)
 
 
 def test_rqs_job_timeout_backstop_also_kills_the_ranks(client, redis_client, redis_url):
@@ -160,7 +168,7 @@ def test_rqs_job_timeout_backstop_also_kills_the_ranks(client, redis_client, red
         assert proc.wait(30) == 0
     assert rec["status"] == "failed" and "JobTimeoutException" in rec["error"]["exception"], rec
     record("rq_job_timeout_overrun_s", rec["finished_at"] - rec["started_at"] - 10, "s")
-    wait_for(lambda: run_pids(run_id) == [], 10, "no process of the run")
+    no_process_left(run_id)
 
 
 def test_two_ddp_runs_at_once_on_one_host_use_their_own_ports(client, redis_url):
