@@ -153,9 +153,7 @@ def link(key: str) -> LinkPreset:
     Raises:
         ValueError: no such preset (the message lists the known keys).
     """
-    if key not in LINKS:
-        raise ValueError(f"link must be one of {', '.join([THIS_MACHINE, *LINKS])} (got {key!r})")
-    return LINKS[key]
+    return _named(LINKS, "link", key, THIS_MACHINE)
 
 
 def custom_link(alpha_s: float, beta_bytes_per_s: float, between_hosts: bool = False) -> LinkPreset:
@@ -178,6 +176,11 @@ def compute(key: str) -> ComputePreset:
     Raises:
         ValueError: no such preset (the message lists the known keys).
     """
-    if key not in COMPUTES:
-        raise ValueError(f"compute must be one of {', '.join([AS_MEASURED, *COMPUTES])} (got {key!r})")
-    return COMPUTES[key]
+    return _named(COMPUTES, "compute", key, AS_MEASURED)
+
+
+def _named(table: dict, field: str, key: str, measured_key: str):
+    """`table[key]`, or a ValueError naming `field` and every key it accepts (the measured one first)."""
+    if key not in table:
+        raise ValueError(f"{field} must be one of {', '.join([measured_key, *table])} (got {key!r})")
+    return table[key]

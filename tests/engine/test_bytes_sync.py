@@ -8,40 +8,22 @@ replicas which are destroyed after forward", while "in-place updates to the para
 buffers on device[0] will be recorded").
 """
 
-import sys
-from pathlib import Path
-
 import pytest
+import runs
 import torch
 
 from engine.components.devices import resolve_plan
-from engine.config import RunConfig, validate_config
+from engine.config import RunConfig
 from engine.data import load_dataset
 from engine.events import ListSink
 from engine.measure.telemetry import Telemetry
-from engine.run import run_training
 
-HERE = Path(__file__).parent
 SMALL = dict(model="mlp", width=32, depth=2, global_batch_size=32, steps=3, eval_every=0, step_delay_s=0)
 P_SMALL = (64 * 32 + 32 + 32 * 32 + 32 + 32 * 10 + 10) * 4  # 13,864 B of parameters (= gradients)
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("site")
-    sys.path[:0] = [str(root), str(HERE)]
-    import memory_models as mm
-    mm.installed(root)
-    yield mm
-    sys.path.remove(str(root))
-    sys.path.remove(str(HERE))
-
-
 def run(**fields):
-    sink = ListSink()
-    result = run_training(validate_config(fields), sink, "b")
-    assert result.status == "succeeded", result.error
-    return result, sink
+    return runs.train(fields, "b")
 
 
 def test_dp_counts_every_copy_device_0_makes_by_its_tensors():

@@ -8,11 +8,10 @@ ulps per step; rtol 1e-5 / atol 1e-6 is ~100x that after 5 steps of lr 0.1 on O(
 """
 
 import pytest
+import runs
 import torch
 
 from engine.config import RunConfig
-from engine.events import ListSink
-from engine.run import run_training
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 SMALL = dict(width=32, depth=2, global_batch_size=32, steps=5, lr=0.1, optimizer="sgd", eval_every=0)
@@ -21,10 +20,7 @@ GPT_SMALL = dict(model="gpt", dataset="text", width=32, depth=1, n_head=2, block
 
 
 def train(**fields):
-    sink = ListSink()
-    result = run_training(RunConfig(**fields), sink, "test")
-    assert result.status == "succeeded", result.error
-    return result, sink
+    return runs.train(RunConfig(**fields))
 
 
 def baseline(**fields):

@@ -11,24 +11,17 @@ case's own arithmetic.
 
 from __future__ import annotations
 
-import field_models
 import pytest
+import runs
 import torch
 import torch.nn.functional as F
 
 from engine.config import RunConfig, validate_config
-from engine.events import ListSink
-from engine.run import run_training
 
 FAST = dict(world_size=2, global_batch_size=16, eval_every=0, step_delay_s=0.0, lr=0.1, optimizer="sgd")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def plugins(tmp_path_factory):
-    root = tmp_path_factory.mktemp("field-site")
-    field_models.install(root)
-    yield
-    field_models.uninstall(root)
+pytestmark = pytest.mark.usefixtures("field_plugins")
 
 
 def cfg_of(model: str, **fields) -> RunConfig:
@@ -36,8 +29,7 @@ def cfg_of(model: str, **fields) -> RunConfig:
 
 
 def run(cfg: RunConfig) -> tuple:
-    sink = ListSink()
-    return run_training(cfg, sink, f"{cfg.model}-{cfg.mode}"), sink
+    return runs.train(cfg, f"{cfg.model}-{cfg.mode}", must_succeed=False)
 
 
 # -- 1, 2: the pre-flight follows what DDP accepts, on a real micro-batch --------------------------

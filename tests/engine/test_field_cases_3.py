@@ -15,24 +15,19 @@ import math
 
 import field_models
 import pytest
+import runs
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from engine.config import RunConfig, validate_config
-from engine.events import ListSink, encode_json
-from engine.run import run_training
+from engine.events import encode_json
 
 FAST = dict(world_size=2, global_batch_size=16, eval_every=0, step_delay_s=0.0, lr=0.1, optimizer="sgd",
             probe=False)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def plugins(tmp_path_factory):
-    root = tmp_path_factory.mktemp("field-site-3")
-    field_models.install(root)
-    yield
-    field_models.uninstall(root)
+pytestmark = pytest.mark.usefixtures("field_plugins")
 
 
 def cfg_of(model: str, **fields) -> RunConfig:
@@ -40,8 +35,7 @@ def cfg_of(model: str, **fields) -> RunConfig:
 
 
 def run(cfg: RunConfig) -> tuple:
-    sink = ListSink()
-    return run_training(cfg, sink, f"{cfg.model}-{cfg.mode}"), sink
+    return runs.train(cfg, f"{cfg.model}-{cfg.mode}", must_succeed=False)
 
 
 # -- 1: a non-finite loss ---------------------------------------------------------------------------

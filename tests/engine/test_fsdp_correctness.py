@@ -8,11 +8,10 @@ so float32 rounding differs by a few ulps, as in DDP.
 """
 
 import pytest
+import runs
 import torch
 
 from engine.config import RunConfig
-from engine.events import ListSink
-from engine.run import run_training
 
 pytestmark = pytest.mark.slow
 TOL = dict(rtol=1e-5, atol=1e-6)
@@ -23,10 +22,7 @@ FSDP_ONLY = ("reshard_after_forward", "fsdp_param_dtype", "fsdp_reduce_dtype")
 
 
 def train(**fields):
-    sink = ListSink()
-    result = run_training(RunConfig(**fields), sink, "test")
-    assert result.status == "succeeded", result.error
-    return result, sink
+    return runs.train(RunConfig(**fields))
 
 
 def baseline(**fields):

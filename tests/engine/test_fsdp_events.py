@@ -8,12 +8,11 @@ One run: mlp 64 -> 32 -> 32 -> 10 on 3 ranks with AdamW, so every weight's rows 
 import math
 
 import pytest
+import runs
 
 from engine.config import RunConfig
 from engine.data import load_dataset
-from engine.events import ListSink
 from engine.models import build_model
-from engine.run import run_training
 
 pytestmark = pytest.mark.slow
 N = 3
@@ -24,10 +23,7 @@ UNITS = {"hidden.0": "hidden.0.", "hidden.1": "hidden.1.", "root": "head."}
 
 @pytest.fixture(scope="module")
 def run():
-    sink = ListSink()
-    result = run_training(RunConfig(**FIELDS), sink, "events")
-    assert result.status == "succeeded", result.error
-    return result, sink
+    return runs.train(RunConfig(**FIELDS), "events")
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import pytest
+import runs
 import torch
 
 from engine.config import RunConfig
@@ -22,10 +23,7 @@ SMALL = dict(model="mlp", width=32, depth=2, global_batch_size=32, steps=5, lr=0
 
 
 def train(**fields):
-    sink = ListSink()
-    result = run_training(RunConfig(**fields), sink, "knobs")
-    assert result.status == "succeeded", result.error
-    return result, sink
+    return runs.train(RunConfig(**fields), "knobs")
 
 
 def padded_fp32_bytes(model, prefix, n=2):

@@ -8,6 +8,7 @@ samples it replaced reported 7.4-8.4 MiB against the allocator's ~10.4 MiB.
 """
 
 import pytest
+import runs
 
 from engine.config import RunConfig
 from engine.events import ListSink
@@ -21,10 +22,7 @@ FIELDS = dict(mode="fsdp", model="mlp", width=512, depth=3, world_size=2, global
 
 @pytest.fixture(scope="module")
 def run():
-    sink = ListSink()
-    result = run_training(RunConfig(**FIELDS), sink, "fsdp-peak")
-    assert result.status == "succeeded", result.error
-    return sink
+    return runs.train(RunConfig(**FIELDS), "fsdp-peak")[1]
 
 
 def test_fsdp_peak_per_rank_is_the_allocators_peak_over_the_whole_step(run, tmp_path):

@@ -7,29 +7,14 @@ DP and DDP work (DDP keeps gradients and, without gradient_as_bucket_view, a buc
 torch/nn/parallel/distributed.py docs).
 """
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from engine.config import validate_config
 from engine.events import ListSink
 from engine.run import run_training
 
-HERE = Path(__file__).parent
 P_WIDE = (64 * 64 + 64 + 64 * 20_000 + 20_000) * 4  # parameter (and gradient) bytes
 LOGITS_BYTES = 64 * 20_000 * 4  # the global batch's logits
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("site")
-    sys.path[:0] = [str(root), str(HERE)]
-    import memory_models as mm
-    mm.installed(root)
-    yield mm
-    sys.path.remove(str(root))
-    sys.path.remove(str(HERE))
 
 
 def run(**fields):

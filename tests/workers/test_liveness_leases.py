@@ -133,6 +133,25 @@ def test_leases_never_share_a_gpu_and_expire_when_not_refreshed(redis_client):
     assert DeviceLease(redis_client, "h1", "run-c").try_acquire(gpus, 3) == gpus
 
 
+def test_a_run_that_lost_its_lease_neither_refreshes_nor_frees_the_new_holders(redis_client):
+    """A lease that expired and was taken by another run belongs to that run: the old holder's
+    refresh leaves its TTL alone and its release leaves the key (checked with Redis's own PTTL/GET)."""
+    old = DeviceLease(redis_client, "h1", "run-old", ttl_s=0.3)
+    assert old.try_acquire(["GPU-a"], 1) == ["GPU-a"]
+    time.sleep(0.4)  # expired: never refreshed
+    new = DeviceLease(redis_client, "h1", "run-new", ttl_s=60)
+    assert new.try_acquire(["GPU-a"], 1) == ["GPU-a"]
+    key = keys.device_lease("h1", "GPU-a")
+    redis_client.pexpire(key, 10_000)
+    old._refresh()
+    assert 5_000 < redis_client.pttl(key) <= 10_000  # the old run did not shorten it to its 0.3 s TTL
+    assert redis_client.get(key) == b"run-new"
+    old.release()
+    assert redis_client.get(key) == b"run-new"
+    new.release()
+    assert redis_client.get(key) is None
+
+
 def test_two_runs_wanting_all_gpus_take_turns(client, monkeypatch):
     """Two jobs on one host with 2 GPUs, each wanting both: the second waits (and says so) until
     the first releases them, then runs with exactly those GPUs visible."""

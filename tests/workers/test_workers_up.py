@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import urllib.request
@@ -63,35 +64,9 @@ def test_up_serves_the_app_and_sigterm_leaves_nothing_behind(tmp_path):
     assert not _healthy(port)
 
 
-def test_up_stops_a_running_ddp_run_and_its_ranks(tmp_path):
-    app = tmp_path / "tiny_app.py"
-    app.write_text("import streamlit as st\nst.write('ddpviz test app')\n")
-    port = free_port()
-    up = _start_up(tmp_path, port, "--app", str(app))
-    family: set[int] = set()
-    try:
-        url = wait_for(lambda: (tmp_path / ".ddpviz" / "redis.url").is_file()
-                       and (tmp_path / ".ddpviz" / "redis.url").read_text().strip(), 30, "Redis")
-        client = DdpvizClient(url=url)
-        run_id = client.submit({**TINY, "mode": "ddp", "world_size": 2, "steps": 2000,
-                                "step_delay_s": 0.05})
-        wait_for(lambda: any(e["type"] == "step" for e in client.tail_events(run_id, 50)), 60,
-                 "the first DDP step")
-        wait_for(lambda: _healthy(port), 45, "the app")
-        family = set(descendants(up.pid))
-        assert len(family) >= 5  # redis, worker, work-horse, 2 ranks, streamlit
-        client.redis.close()
-    finally:
-        _stop_and_check(up, family)
-    # Redis is gone with `up`; its data came back for a look at how the run ended
-    from workers.connection import EmbeddedRedis
-
-    with EmbeddedRedis(tmp_path / ".ddpviz" / "redis") as server:
-        rec = DdpvizClient(url=server.url).get_run(run_id)
-    assert rec["status"] == "canceled" and "shutting down" in rec["error"]["exception"]
-
-
-def test_up_restarts_a_killed_worker(tmp_path):
+def test_up_restarts_a_killed_worker_and_sigterm_stops_a_running_ddp_run_and_its_ranks(tmp_path):
+    """A SIGKILLed worker is restarted (its heartbeat comes back under a new pid), the restarted worker
+    runs a DDP job, and SIGTERM to `up` cancels that run and leaves none of its processes."""
     app = tmp_path / "tiny_app.py"
     app.write_text("import streamlit as st\nst.write('ddpviz test app')\n")
     port = free_port()
@@ -102,13 +77,23 @@ def test_up_restarts_a_killed_worker(tmp_path):
                        and (tmp_path / ".ddpviz" / "redis.url").read_text().strip(), 30, "Redis")
         client = DdpvizClient(url=url)
         first = wait_for(client.workers, 30, "the worker's heartbeat")[0]
-        import os
         os.kill(first["pid"], signal.SIGKILL)
         wait_for(lambda: any(w["pid"] != first["pid"] and w["name"].endswith("-restart1")
                              for w in client.workers()), 45, "the restarted worker's heartbeat")
-        run_id = client.submit({**TINY, "mode": "single", "world_size": 1, "steps": 2})
-        wait_for(lambda: client.get_run(run_id)["status"] == "succeeded", 60, "a run on the new worker")
+        run_id = client.submit({**TINY, "mode": "ddp", "world_size": 2, "steps": 2000,
+                                "step_delay_s": 0.05})
+        wait_for(lambda: any(e["type"] == "step" for e in client.tail_events(run_id, 50)), 60,
+                 "the first DDP step on the restarted worker")
+        wait_for(lambda: _healthy(port), 45, "the app")
         family = set(descendants(up.pid))
+        assert len(family) >= 5  # redis, worker, work-horse, 2 ranks, streamlit
+        client.redis.close()
     finally:
         out = _stop_and_check(up, family)
     assert "worker-1 exited (code -9); restarting it" in out
+    # Redis is gone with `up`; its data came back for a look at how the run ended
+    from workers.connection import EmbeddedRedis
+
+    with EmbeddedRedis(tmp_path / ".ddpviz" / "redis") as server:
+        rec = DdpvizClient(url=server.url).get_run(run_id)
+    assert rec["status"] == "canceled" and "shutting down" in rec["error"]["exception"]

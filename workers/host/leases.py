@@ -104,19 +104,26 @@ class DeviceLease:
 
     def _refresh(self) -> None:
         for d in self.held:
-            key = keys.device_lease(self.host, d)
-            with self.connection.pipeline(transaction=True) as pipe:
-                try:
-                    pipe.watch(key)
-                    if pipe.get(key) == self.run_id.encode():
-                        pipe.multi()
-                        pipe.pexpire(key, self.ttl_ms)
-                        pipe.execute()
-                    else:
-                        pipe.unwatch()
-                        log.warning("run %s: lost its lease of GPU %s", self.run_id, d)
-                except redis.WatchError:
-                    pass
+            try:
+                if not self._if_ours(d, lambda pipe, key: pipe.pexpire(key, self.ttl_ms)):
+                    log.warning("run %s: lost its lease of GPU %s", self.run_id, d)
+            except redis.WatchError:
+                pass
+
+    def _if_ours(self, device: str, action) -> bool:
+        """Run `action(pipe, key)` on device's lease in one transaction if this run still holds it
+        (WATCH, GET, MULTI, EXEC: redis.io/docs/latest/develop/interact/transactions). Returns
+        whether it did. Raises redis.WatchError when another client wrote the key meanwhile."""
+        key = keys.device_lease(self.host, device)
+        with self.connection.pipeline(transaction=True) as pipe:
+            pipe.watch(key)
+            if pipe.get(key) != self.run_id.encode():
+                pipe.unwatch()
+                return False
+            pipe.multi()
+            action(pipe, key)
+            pipe.execute()
+            return True
 
     def _loop(self) -> None:
         while not self._stop.wait(self.refresh_s):
@@ -135,16 +142,8 @@ class DeviceLease:
         if self._thread is not None:
             self._thread.join(timeout=self.refresh_s + 1)
         for d in self.held:
-            key = keys.device_lease(self.host, d)
-            with self.connection.pipeline(transaction=True) as pipe:
-                try:
-                    pipe.watch(key)
-                    if pipe.get(key) == self.run_id.encode():
-                        pipe.multi()
-                        pipe.delete(key)
-                        pipe.execute()
-                    else:
-                        pipe.unwatch()
-                except (redis.WatchError, redis.RedisError) as exc:
-                    log.warning("run %s: could not free GPU %s (%s); its lease expires", self.run_id, d, exc)
+            try:
+                self._if_ours(d, lambda pipe, key: pipe.delete(key))
+            except (redis.WatchError, redis.RedisError) as exc:
+                log.warning("run %s: could not free GPU %s (%s); its lease expires", self.run_id, d, exc)
         self.held = []

@@ -130,22 +130,21 @@ class StarTraffic:
     def from_hub(self, phase: str | None, micro: int, per_device: Sequence[int]) -> None:
         """Copies from the hub: `per_device[j]` bytes arrived on device j (the hub's entry is
         ignored: it keeps its own tensors)."""
-        self._check(per_device)
-        moved = [0 if j == self.hub else nb for j, nb in enumerate(per_device)]
-        total = sum(moved)
-        for j, nb in enumerate(moved):
-            self.recv[j] += nb
-        self.sent[self.hub] += total
-        self._spans(phase, micro, moved, total)
+        self._move(phase, micro, per_device, spokes=self.recv, hub=self.sent)
 
     def to_hub(self, phase: str | None, micro: int, per_device: Sequence[int]) -> None:
         """Copies into the hub: `per_device[j]` bytes left device j (the hub's entry is ignored)."""
+        self._move(phase, micro, per_device, spokes=self.sent, hub=self.recv)
+
+    def _move(self, phase: str | None, micro: int, per_device: Sequence[int], spokes: list[int],
+              hub: list[int]) -> None:
+        """Count one star copy: each spoke's bytes into `spokes[j]`, their sum into `hub[self.hub]`."""
         self._check(per_device)
         moved = [0 if j == self.hub else nb for j, nb in enumerate(per_device)]
         total = sum(moved)
         for j, nb in enumerate(moved):
-            self.sent[j] += nb
-        self.recv[self.hub] += total
+            spokes[j] += nb
+        hub[self.hub] += total
         self._spans(phase, micro, moved, total)
 
 

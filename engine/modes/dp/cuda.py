@@ -51,7 +51,7 @@ from engine.modes.dp.book import (
 )
 from engine.modes.dp.comm import tensor_leaves
 from engine.modes.dp.hooks import CudaStreamClock, apply_in_threads, mark_backward, mark_loss_end, mark_reduce
-from engine.modes.dp.state import CHECKED, BufferWatch
+from engine.modes.dp.state import BufferWatch
 
 COMM_SOURCE = "measured: bytes of the tensors torch.nn.parallel copied"
 PHASE_SOURCE = "cuda events on each device's stream"
@@ -229,10 +229,7 @@ def train_dp_cuda(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Modul
 
     def check_sync(step: int) -> None:
         sums, dp.checksums_seen = dp.checksums_seen, None
-        if sums is not None:
-            dp.buffers.report(tel, step)
-            tel.emit("sync", step=step, checksums=sums, in_sync=all(s == sums[0] for s in sums),
-                     checked=CHECKED, replicas_rebuilt_each_step=True, buffers_discarded=dp.buffers.count)
+        dp.buffers.emit_sync(tel, step, sums)
 
     timer = MemoryTimer(tel, [DeviceProbe(name, ledger_index=None, cuda_index=i, process_shared=True)
                               for i, name in enumerate(plan.names)])  # memory_readings, 20/s per GPU

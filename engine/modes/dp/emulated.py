@@ -42,7 +42,7 @@ from engine.measure.sync import tensors_checksum
 from engine.measure.telemetry import Telemetry, now, step_fields
 from engine.modes.dp.comm import Copy, Gathered, gather_outputs, grads_for_replicas, reduce_add_coalesced
 from engine.modes.dp.replicate import Replicas, replicate_cpu
-from engine.modes.dp.state import CHECKED, BufferWatch
+from engine.modes.dp.state import BufferWatch
 
 
 class PhaseLog:
@@ -318,10 +318,7 @@ def train_dp(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Module, te
 
     def check_sync(step: int) -> None:
         sums, dp.checksums = dp.checksums, None
-        if sums is not None:
-            dp.buffers.report(tel, step)
-            tel.emit("sync", step=step, checksums=sums, in_sync=all(s == sums[0] for s in sums),
-                     checked=CHECKED, replicas_rebuilt_each_step=True, buffers_discarded=dp.buffers.count)
+        dp.buffers.emit_sync(tel, step, sums)
 
     probes = [DeviceProbe(name, ledger_index=i, process_shared=True) for i, name in enumerate(plan.names)]
     def phases_of(i: int):  # the step's own spans on device i, in perf_counter seconds

@@ -69,3 +69,14 @@ class BufferWatch:
             tel.emit("log", step=step, level="warning", message=LOG_MESSAGE.format(n=self.count),
                      buffers_discarded=self.count, buffers=list(self.names),
                      source="measured: each replica's buffers after its forward against device 0's module")
+
+    def emit_sync(self, tel: Telemetry, step: int, sums: list[float] | None) -> None:
+        """The step's `sync` event from each replica's parameter checksum (`sums`, one per device,
+        taken after its forward; None on unchecked steps: nothing is emitted), with the discarded
+        buffers found so far. DP rebuilds its replicas from device 0 every step
+        (torch/nn/parallel/data_parallel.py: `replicate` in `forward`)."""
+        if sums is None:
+            return
+        self.report(tel, step)
+        tel.emit("sync", step=step, checksums=sums, in_sync=all(s == sums[0] for s in sums),
+                 checked=CHECKED, replicas_rebuilt_each_step=True, buffers_discarded=self.count)
