@@ -84,7 +84,7 @@ def test_gpt_width_256_peak_per_rank_is_below_what_any_ddp_rank_must_hold():
     # A DDP rank holds the full parameters, full gradients and (AdamW) two full moments at the end
     # of a step: 4 P, counted from the model, whatever else it holds. FSDP's measured peak per
     # rank, transient gathers and activations included, must stay below it.
-    fields = dict(model="gpt", dataset="text", width=256, depth=2, n_head=4, block_size=32,
+    fields = dict(model="gpt", dataset="synthetic", width=256, depth=2, n_head=4, block_size=32,
                   global_batch_size=8, steps=2, optimizer="adamw", lr=1e-3, eval_every=0, step_delay_s=0)
     result, sink = train(mode="fsdp", **fields)
     cfg = RunConfig(mode="ddp", **fields)
