@@ -10,6 +10,8 @@ does (docs/events.md) into this process's spool file, which the launcher forward
     startup/  sitecustomize.py: the start-up hook (a sys.path folder, not a package)
     session   one instrumented process: identity from torchrun's env, its event file, the fail-open guard
     ddp       each DistributedDataParallel: the comm hook (wrapping the script's), forward, no_sync
+    fsdp      each FSDP2 module (fully_shard): its forward, the units' all-gathers and reduce-scatters
+    imports   a callback after a module's first import (FSDP2 is patched only if the script imports it)
     comm      `timed_comm_hook`, the one function DDP calls per bucket, and the all_reduce tap
     steps     steps from the optimizer step hooks or explicit calls: the step split, loss, samples, micro-steps
     api       what the public `ddpviz` package (watch, step) calls: a model registered by hand, explicit steps
@@ -66,6 +68,7 @@ def _install(env):
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     from engine.attach.ddp import patch_ddp
+    from engine.attach.fsdp import patch_fsdp
     from engine.attach.errors import install_excepthook
     from engine.attach.memory import MemoryWatch
     from engine.attach.session import Session
@@ -84,6 +87,7 @@ def _install(env):
     tracker.on_step = on_step
     tracker.memory = memory
     patch_ddp(s, tracker)
+    patch_fsdp(s, tracker)
 
     backward = torch.Tensor.backward
 
@@ -102,6 +106,7 @@ def _install(env):
     install_excepthook(s.rank)
 
     def at_exit() -> None:
+        s.guard("steps", tracker.close)
         s.guard("run_started", started.at_exit)
         s.guard("memory", memory.close)
         s.close()
