@@ -128,7 +128,9 @@ class StepTracker:
         self.start: float | None = None
         self.forward_s = 0.0
         self.fwd_t0: float | None = None
-        self.pending: tuple[Any, bool] | None = None  # (watch, synced) of the forward awaiting its backward
+        # (watch, synced) of each watched forward awaiting its backward, one per watch, in order: a
+        # GAN's D(G(z)) runs two DDPs' forwards before one backward, which reduces both
+        self.pending: list[tuple[Any, bool]] = []
         self.micro: list[dict] = []
         self.losses: list[torch.Tensor] = []
         self.samples = 0
@@ -147,7 +149,8 @@ class StepTracker:
             self.start = self.prev_end if self.prev_end is not None else t
             if self.memory is not None:
                 self.s.guard("memory", self.memory.step_start, self.step, watch)
-        self.fwd_t0, self.pending = t, (watch, synced)
+        self.fwd_t0 = t
+        self.pending = [p for p in self.pending if p[0] is not watch] + [(watch, synced)]
         self.samples += samples
 
     def forward_end(self) -> None:
@@ -160,20 +163,21 @@ class StepTracker:
 
     # -- backward (Tensor.backward) -------------------------------------------------------------
     def backward_start(self, loss: torch.Tensor) -> dict | None:
-        if self.pending is None:
+        if not self.pending:
             if self.watches:  # a DDP script: a backward after no DDP forward is no micro-step of it
                 return None
             watch, synced = None, False  # no DDP in this process (one device, nn.DataParallel): the loss's backward
         else:
-            watch, synced = self.pending
-            self.pending = None
-        if watch is not None:
-            watch.begin_backward(synced)
+            watch, synced = self.pending[-1]
+        others, self.pending = self.pending[:-1], []
+        for w, sy in others + [(watch, synced)]:
+            if w is not None:
+                w.begin_backward(sy)
         if loss.numel() == 1:
             self.losses.append(loss.detach())
         if self.start is None:
             self.start = now()
-        m = dict(watch=watch, synced=synced, t0=now())
+        m = dict(watch=watch, synced=synced, t0=now(), others=others)
         self.micro.append(m)
         return m
 
@@ -247,8 +251,9 @@ class StepTracker:
         bwd = sum(m["t1"] - m["t0"] for m in micro)
         exposed_fwd = exposed_bwd = 0.0
         extra: dict[str, Any] = {}
-        for watch in dict.fromkeys(m["watch"] for m in micro if m["watch"] is not None):
-            f, b, more = watch.comm_split(step, [m for m in micro if m["watch"] is watch])
+        views = [v for m in micro for v in [dict(m, watch=w, synced=sy) for w, sy in m["others"]] + [m]]
+        for watch in dict.fromkeys(v["watch"] for v in views if v["watch"] is not None):
+            f, b, more = watch.comm_split(step, [v for v in views if v["watch"] is watch])
             exposed_fwd, exposed_bwd = exposed_fwd + f, exposed_bwd + b
             extra.update(more)
         bwd -= exposed_bwd
