@@ -10,6 +10,7 @@ does (docs/events.md) into this process's spool file, which the launcher forward
     startup/  sitecustomize.py: the start-up hook (a sys.path folder, not a package)
     session   one instrumented process: identity from torchrun's env, its event file, the fail-open guard
     ddp       each DistributedDataParallel: the comm hook (wrapping the script's), forward, no_sync
+    dp        each nn.DataParallel: on CUDA its broadcast/scatter/forward/gather/loss/backward/reduce phases
     fsdp      each FSDP2 module (fully_shard): its forward, the units' all-gathers and reduce-scatters
     imports   a callback after a module's first import (FSDP2 is patched only if the script imports it)
     probe     `ddpviz run --probe`: the all-reduce probe on the script's process group after its last step
@@ -70,6 +71,7 @@ def _install(env):
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     from engine.attach.ddp import patch_ddp
+    from engine.attach.dp import patch_data_parallel
     from engine.attach.fsdp import patch_fsdp
     from engine.attach.errors import install_excepthook
     from engine.attach.env import PROBE_ENV
@@ -92,6 +94,7 @@ def _install(env):
     tracker.memory = memory
     patch_ddp(s, tracker)
     patch_fsdp(s, tracker)
+    patch_data_parallel(s, tracker)
 
     backward = torch.Tensor.backward
 

@@ -225,25 +225,7 @@ def patch_ddp(session: Session, tracker: Any) -> None:
 
     DDP.__init__ = __init__
     DDP.register_comm_hook = register_comm_hook
-    _note_data_parallel(session)
     DDP._register_builtin_comm_hook = _register_builtin_comm_hook
-
-
-def _note_data_parallel(session: Session) -> None:
-    """`nn.DataParallel` is not instrumented yet: its run says so, once (on CPU DataParallel runs
-    the module unwrapped, torch/nn/parallel/data_parallel.py, so there is nothing of DP to record)."""
-    dp_init = torch.nn.DataParallel.__init__
-
-    @functools.wraps(dp_init)
-    def __init__(self, *args, **kwargs):
-        dp_init(self, *args, **kwargs)
-        session.guard("data parallel", session.emit, "log", level="info", message=(
-            "nn.DataParallel on CPU runs the module unwrapped: no DP phases to record"
-            if not self.device_ids else
-            "nn.DataParallel's replicate/scatter/gather/reduce phases are not recorded in attached runs "
-            "yet; steps come from the optimizer"))
-
-    torch.nn.DataParallel.__init__ = __init__
 
 
 def _python_twin(comm_hook_type: Any):

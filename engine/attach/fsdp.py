@@ -131,6 +131,9 @@ class FsdpWatch:
         if not self.log.recording or not self.units or "fsdp collectives" in self.s.disabled \
                 or self.log_step != step:
             return 0.0, 0.0, extra
+        return self.s.guard("fsdp collectives", self._split, step, extra) or (0.0, 0.0, extra)
+
+    def _split(self, step: int, extra: dict[str, Any]) -> tuple[float, float, dict[str, Any]]:
         sampled = sample_step(step, STEPS_HINT)
         if isinstance(self.log.clock, HostClock):
             records = self.log.resolved()
