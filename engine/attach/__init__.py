@@ -10,6 +10,10 @@ does (docs/events.md) into this process's spool file, which the launcher forward
     startup/  sitecustomize.py: the start-up hook (a sys.path folder, not a package)
     session   one instrumented process: identity from torchrun's env, its event file, the fail-open guard
     ddp       each DistributedDataParallel: the comm hook (wrapping the script's), forward, no_sync
+    dp        each nn.DataParallel: on CUDA its broadcast/scatter/forward/gather/loss/backward/reduce phases
+    fsdp      each FSDP2 module (fully_shard): its forward, the units' all-gathers and reduce-scatters
+    imports   a callback after a module's first import (FSDP2 is patched only if the script imports it)
+    probe     `ddpviz run --probe`: the all-reduce probe on the script's process group after its last step
     comm      `timed_comm_hook`, the one function DDP calls per bucket, and the all_reduce tap
     steps     steps from the optimizer step hooks or explicit calls: the step split, loss, samples, micro-steps
     api       what the public `ddpviz` package (watch, step) calls: a model registered by hand, explicit steps
@@ -61,13 +65,18 @@ def install(env=None):
 def _install(env):
     import atexit
     import functools
+    import os
 
     import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     from engine.attach.ddp import patch_ddp
+    from engine.attach.dp import patch_data_parallel
+    from engine.attach.fsdp import patch_fsdp
     from engine.attach.errors import install_excepthook
+    from engine.attach.env import PROBE_ENV
     from engine.attach.memory import MemoryWatch
+    from engine.attach.probe import ProbeAtEnd
     from engine.attach.session import Session
     from engine.attach.started import StartedEmitter
     from engine.attach.steps import StepTracker
@@ -84,6 +93,8 @@ def _install(env):
     tracker.on_step = on_step
     tracker.memory = memory
     patch_ddp(s, tracker)
+    patch_fsdp(s, tracker)
+    patch_data_parallel(s, tracker)
 
     backward = torch.Tensor.backward
 
@@ -100,8 +111,15 @@ def _install(env):
     register_optimizer_step_pre_hook(lambda opt, a, k: s.guard("steps", tracker.optimizer_start, opt))
     register_optimizer_step_post_hook(lambda opt, a, k: s.guard("steps", tracker.optimizer_end, opt))
     install_excepthook(s.rank)
+    probe = None
+    if (os.environ if env is None else env).get(PROBE_ENV) == "1":
+        probe = ProbeAtEnd(s, tracker)
+        probe.install()
 
     def at_exit() -> None:
+        if probe is not None:
+            s.guard("probe", probe.at_exit)
+        s.guard("steps", tracker.close)
         s.guard("run_started", started.at_exit)
         s.guard("memory", memory.close)
         s.close()

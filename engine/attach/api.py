@@ -69,6 +69,12 @@ class ModuleWatch:
     def _post(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
         self.s.guard("steps", self.tracker.forward_end)
 
+    def begin_backward(self, synced: bool) -> None:
+        pass  # nothing of its backward is recorded
+
+    def comm_split(self, step: int, micros: list[dict]) -> tuple[float, float, dict]:
+        return 0.0, 0.0, {}  # no collectives seen: none exposed
+
 
 def watch_model(s: Session, model: torch.nn.Module) -> None:
     """Register `model` (see the module docstring); a model already watched (itself, or as the
@@ -115,6 +121,8 @@ def step(s: Session, samples: Any = None, loss: Any = None) -> None:
 def flush(s: Session) -> None:
     """Emit `run_started` if it is due (rank 0, a step done or a DDP watched) and write every
     buffered event to this process's spool file now."""
+    if s.tracker is not None:
+        s.guard("steps", s.tracker.send_steps)
     if s.started is not None:
         s.guard("run_started", s.started.at_exit)
     flush_sink = getattr(s.sink, "flush", None)

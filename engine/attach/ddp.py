@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from engine.attach.comm import HookState, tap_all_reduce, timed_comm_hook
 from engine.attach.session import Session
 from engine.measure.clocks import CudaClock, HostClock
+from engine.measure.telemetry import wall_ts
 from engine.modes.ddp.comm_hook import BucketRecorder
 
 LAYOUT_BACKWARDS = 3  # synced backwards whose layouts are kept for run_started (DDP rebuilds once, in the 2nd)
@@ -44,7 +45,10 @@ def _layout(records: list[dict], names: dict[int, tuple[str, ...]]) -> list[dict
 
 
 class Watch:
-    """The instrumentation of one DDP (see the module docstring)."""
+    """The instrumentation of one DDP (see the module docstring); a watch of the step tracker
+    (`engine.attach.steps`: `begin_backward`, `comm_split`)."""
+
+    reduces_gradients = True  # a backward of its forward all-reduces, unless no_sync() said not to
 
     def __init__(self, session: Session, tracker: Any, ddp: DDP, register: Any):
         self.s, self.tracker, self.ddp = session, tracker, ddp
@@ -77,8 +81,24 @@ class Watch:
     def _post(self, module: DDP, args: tuple, output: Any) -> None:
         self.s.guard("steps", self.tracker.forward_end)
 
-    def begin_backward(self) -> None:
-        self.s.guard("bucket timing", self.state.recorder.begin_backward)
+    def begin_backward(self, synced: bool) -> None:
+        if synced:
+            self.s.guard("bucket timing", self.state.recorder.begin_backward)
+
+    def comm_split(self, step: int, micros: list[dict]) -> tuple[float, float, dict[str, Any]]:
+        """(exposed comm in forward, in backward, the step's extra fields) of this DDP in `step`,
+        whose backwards were `micros`: its last synced backward's time after its last bucket
+        was ready (what the all-reduce added); emits that backward's buckets (`buckets`)."""
+        synced = [m for m in micros if m["synced"]]
+        if not synced:
+            return 0.0, 0.0, {}
+        last = synced[-1]
+        buckets = self.buckets(step)
+        last_bwd = last["t1"] - last["t0"]
+        ready = max((b["ready_s"] for b in buckets if b.get("ready_s") is not None), default=last_bwd)
+        # CUDA: bucket times come later (`buckets`), so the exposed comm is not measured
+        return 0.0, max(0.0, last_bwd - ready), dict(backward_start_ts=wall_ts(last["t0"]),
+                                                     comm_exposed_measured=bool(buckets))
 
     def buckets(self, step: int) -> list[dict[str, Any]]:
         """Emit the `bucket` and `comm_volume` events of the synced backward of `step`; returns
@@ -205,25 +225,7 @@ def patch_ddp(session: Session, tracker: Any) -> None:
 
     DDP.__init__ = __init__
     DDP.register_comm_hook = register_comm_hook
-    _note_data_parallel(session)
     DDP._register_builtin_comm_hook = _register_builtin_comm_hook
-
-
-def _note_data_parallel(session: Session) -> None:
-    """`nn.DataParallel` is not instrumented yet: its run says so, once (on CPU DataParallel runs
-    the module unwrapped, torch/nn/parallel/data_parallel.py, so there is nothing of DP to record)."""
-    dp_init = torch.nn.DataParallel.__init__
-
-    @functools.wraps(dp_init)
-    def __init__(self, *args, **kwargs):
-        dp_init(self, *args, **kwargs)
-        session.guard("data parallel", session.emit, "log", level="info", message=(
-            "nn.DataParallel on CPU runs the module unwrapped: no DP phases to record"
-            if not self.device_ids else
-            "nn.DataParallel's replicate/scatter/gather/reduce phases are not recorded in attached runs "
-            "yet; steps come from the optimizer"))
-
-    torch.nn.DataParallel.__init__ = __init__
 
 
 def _python_twin(comm_hook_type: Any):

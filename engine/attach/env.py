@@ -20,6 +20,7 @@ RUN_ID_ENV = "DDPVIZ_ATTACH_RUN_ID"  # the run the events belong to
 SPOOL_ENV = "DDPVIZ_ATTACH_SPOOL"  # folder each process writes its events into (the launcher forwards them)
 URL_ENV = "DDPVIZ_ATTACH_URL"  # the Redis URL the launcher sends them to (for reference; processes never connect)
 SOLO_ENV = "DDPVIZ_ATTACH_PARENT_PID"  # the launcher's pid, set when its child is itself the training process
+PROBE_ENV = "DDPVIZ_ATTACH_PROBE"  # "1" (`ddpviz run --probe`): the all-reduce probe after the last step
 OFF_ENV = "DDPVIZ_ATTACH_OFF"  # "1": the hook does nothing (a user's escape hatch)
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 STARTUP_DIR = Path(__file__).resolve().parent / "startup"  # holds sitecustomize.py, first on PYTHONPATH

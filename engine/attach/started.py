@@ -33,7 +33,8 @@ def script_name() -> str | None:
 
 def started_fields(s: Session, watch: Any, first_step: dict | None) -> dict[str, Any]:
     """The `run_started` fields (see the module docstring). `watch`: the first DDP's
-    `engine.attach.ddp.Watch`, else the first model `ddpviz.watch()` registered
+    `engine.attach.ddp.Watch` or the `engine.attach.fsdp.FsdpWatch` (mode "fsdp", with
+    `fsdp_units`), else the first model `ddpviz.watch()` registered
     (`engine.attach.api.ModuleWatch`), or None; `first_step`: the fields of step 0's event, or None."""
     try:
         command = json.loads(os.environ.get(COMMAND_ENV, "null"))
@@ -51,7 +52,9 @@ def started_fields(s: Session, watch: Any, first_step: dict | None) -> dict[str,
     model = watch.module if watch is not None else None
     params = [p for p in model.parameters()] if model is not None else []
     ddp = getattr(watch, "ddp", None)
-    config = dict(mode="ddp" if ddp is not None else "single", world_size=s.world_size,
+    own = watch.started_fields() if hasattr(watch, "started_fields") else {}  # FSDP2: mode, fsdp_units
+    mode = own.pop("mode", None) or ("ddp" if ddp is not None else "single")
+    config = dict(mode=mode, world_size=s.world_size,
                   steps=None, model=type(model).__name__ if model is not None else None,
                   dataset=None, device=kind, backend=backend, global_batch_size=(first_step or {}).get("samples"),
                   bucket_cap_mb=(ddp.bucket_bytes_cap / MIB) if ddp is not None else None, overlap=True,
@@ -73,6 +76,7 @@ def started_fields(s: Session, watch: Any, first_step: dict | None) -> dict[str,
                label=s.label)
     if ddp is not None:
         out["bucket_preview"] = watch.preview()
+    out.update(own)
     return out
 
 

@@ -21,7 +21,8 @@ Its events (docs/events.md, "attached runs"):
   `forward_s` (Σ the wrapped module's forward calls), `backward_s` (Σ `backward()` calls, less
   the exposed comm), `comm_exposed_s` (the synced backward's time after its last bucket was
   ready: what the all-reduce added), `optimizer_s`; `loss` = Σ of the scalar tensors
-  `backward()` was called on; `samples` = the batch dimension of the first tensor the wrapped
+  `backward()` was called on (on CUDA read once it reached the host, `LossReading`: the step's
+  event may then be written a step later); `samples` = the batch dimension of the first tensor the wrapped
   module received, Σ over micro-steps, × world_size (`samples_source` says so);
   `micro_steps`, `no_sync_micro_steps` (backwards whose forward ran under `no_sync()` /
   `require_backward_grad_sync = False`: DDP all-reduced nothing in them); in a process without a
@@ -38,7 +39,7 @@ from typing import Any, Callable
 import torch
 
 from engine.attach.session import Session
-from engine.measure.telemetry import now, step_fields, wall_ts
+from engine.measure.telemetry import now, step_fields
 
 SAMPLES_SOURCE = "batch dimension of the first tensor the DDP module received, summed over micro-steps, x world_size"
 EXPLICIT_SAMPLES_SOURCE = "ddpviz.step(samples=...) of this rank, x world_size"
@@ -60,9 +61,55 @@ def batch_samples(args: tuple, kwargs: dict) -> int:
     return 0
 
 
+class LossReading:
+    """A step's loss on its way to the host, read without stalling the GPU.
+
+    `values`: the scalar tensors backward() was called on (or the one given to `explicit_step`),
+    or floats. The loss is their sum, in float64 on the host. CPU tensors and floats are read at
+    once. CUDA tensors are not: `float()` (as `.item()`) would synchronise the script's stream on
+    every step; instead they are copied, in float64, into pinned host memory by an asynchronous
+    copy queued behind the step's work, and read once a CUDA event after the copy has completed
+    (`ready`, `Event.query()`: no synchronize), so a step's event may go out a step or two later.
+    """
+
+    def __init__(self, values: list[Any]):
+        self.value: float | None = None
+        self._host: torch.Tensor | None = None
+        self._event: Any = None
+        tensors = [v for v in values if isinstance(v, torch.Tensor)]
+        device = tensors[0].device if tensors else None
+        if device is not None and device.type == "cuda" and len(tensors) == len(values) \
+                and all(t.device == device for t in tensors):
+            with torch.cuda.device(device):
+                src = torch.stack([t.detach().reshape(()).to(torch.float64) for t in tensors])
+                self._host = torch.empty(src.shape, dtype=torch.float64, pin_memory=True)
+                self._host.copy_(src, non_blocking=True)
+                self._event = torch.cuda.Event()
+                self._event.record()
+        elif values:
+            self.value = float(sum(float(v) for v in values))
+
+    def ready(self) -> bool:
+        return self._event is None or bool(self._event.query())
+
+    def read(self) -> float | None:
+        """The loss (waits for the copy if it is not `ready`)."""
+        if self._event is not None:
+            self._event.synchronize()
+            self.value, self._event = float(sum(self._host.tolist())), None
+        return self.value
+
+
 class StepTracker:
-    """Builds the step events of one process. `watches` are the `engine.attach.ddp.Watch`es,
-    `modules` the `engine.attach.api.ModuleWatch`es."""
+    """Builds the step events of one process. `watches` are the `engine.attach.ddp.Watch`es
+    and the `engine.attach.fsdp.FsdpWatch`, `modules` the `engine.attach.api.ModuleWatch`es.
+
+    A watch feeds `forward_start(watch, synced, samples)` / `forward_end()` from its forward
+    hooks and has `begin_backward(synced)` (called as a backward of its forward starts) and
+    `comm_split(step, micros) -> (exposed_fwd_s, exposed_bwd_s, extra_fields)` (called once at
+    the end of a step it ran in, with its micro-steps; it emits its own comm events there).
+    `reduces_gradients` (class attribute, default False) marks DDP and FSDP2, whose unsynced
+    micro-steps count as `no_sync_micro_steps`."""
 
     def __init__(self, session: Session, on_step: Callable[[int, dict], None] | None = None):
         self.s = session
@@ -74,13 +121,16 @@ class StepTracker:
         self.prev_end: float | None = None
         self.opt_depth = 0
         self.explicit = False  # steps end at explicit_step only (see the module docstring)
+        self.unsent: list[tuple[int, dict, LossReading]] = []  # ended steps whose loss is still on the GPU
         self._fresh()
 
     def _fresh(self) -> None:
         self.start: float | None = None
         self.forward_s = 0.0
         self.fwd_t0: float | None = None
-        self.pending: tuple[Any, bool] | None = None  # (watch, synced) of the forward awaiting its backward
+        # (watch, synced) of each watched forward awaiting its backward, one per watch, in order: a
+        # GAN's D(G(z)) runs two DDPs' forwards before one backward, which reduces both
+        self.pending: list[tuple[Any, bool]] = []
         self.micro: list[dict] = []
         self.losses: list[torch.Tensor] = []
         self.samples = 0
@@ -99,7 +149,8 @@ class StepTracker:
             self.start = self.prev_end if self.prev_end is not None else t
             if self.memory is not None:
                 self.s.guard("memory", self.memory.step_start, self.step, watch)
-        self.fwd_t0, self.pending = t, (watch, synced)
+        self.fwd_t0 = t
+        self.pending = [p for p in self.pending if p[0] is not watch] + [(watch, synced)]
         self.samples += samples
 
     def forward_end(self) -> None:
@@ -112,20 +163,21 @@ class StepTracker:
 
     # -- backward (Tensor.backward) -------------------------------------------------------------
     def backward_start(self, loss: torch.Tensor) -> dict | None:
-        if self.pending is None:
+        if not self.pending:
             if self.watches:  # a DDP script: a backward after no DDP forward is no micro-step of it
                 return None
             watch, synced = None, False  # no DDP in this process (one device, nn.DataParallel): the loss's backward
         else:
-            watch, synced = self.pending
-            self.pending = None
-        if synced:
-            watch.begin_backward()
+            watch, synced = self.pending[-1]
+        others, self.pending = self.pending[:-1], []
+        for w, sy in others + [(watch, synced)]:
+            if w is not None:
+                w.begin_backward(sy)
         if loss.numel() == 1:
             self.losses.append(loss.detach())
         if self.start is None:
             self.start = now()
-        m = dict(watch=watch, synced=synced, t0=now())
+        m = dict(watch=watch, synced=synced, t0=now(), others=others)
         self.micro.append(m)
         return m
 
@@ -196,40 +248,48 @@ class StepTracker:
     def _emit_step(self, end: float) -> None:
         samples, loss = self.given
         step, micro = self.step, [m for m in self.micro if "t1" in m]
-        synced = [m for m in micro if m["synced"]]
         bwd = sum(m["t1"] - m["t0"] for m in micro)
-        exposed, backward_start, extra = 0.0, None, {}
-        if synced:
-            last = synced[-1]
-            buckets = last["watch"].buckets(step)
-            last_bwd = last["t1"] - last["t0"]
-            ready = max((b["ready_s"] for b in buckets if b.get("ready_s") is not None), default=last_bwd)
-            exposed = max(0.0, last_bwd - ready)
-            backward_start = last["t0"]
-            extra["backward_start_ts"] = wall_ts(backward_start)
-            extra["comm_exposed_measured"] = bool(buckets)  # CUDA: bucket times come later (ddp.Watch.buckets)
-        bwd -= exposed
+        exposed_fwd = exposed_bwd = 0.0
+        extra: dict[str, Any] = {}
+        views = [v for m in micro for v in [dict(m, watch=w, synced=sy) for w, sy in m["others"]] + [m]]
+        for watch in dict.fromkeys(v["watch"] for v in views if v["watch"] is not None):
+            f, b, more = watch.comm_split(step, [v for v in views if v["watch"] is watch])
+            exposed_fwd, exposed_bwd = exposed_fwd + f, exposed_bwd + b
+            extra.update(more)
+        bwd -= exposed_bwd
+        forward_s, exposed = self.forward_s - exposed_fwd, exposed_fwd + exposed_bwd
         opt_s = self.optimizer_s
         step_time = end - self.start
-        if loss is not None:
-            loss = float(loss)  # a tensor is read here, as the losses backward() saw are
-        elif self.losses:
-            loss = float(sum(float(v) for v in self.losses))
+        reading = LossReading([loss] if loss is not None else self.losses)
         source = EXPLICIT_SAMPLES_SOURCE if samples is not None else SAMPLES_SOURCE
         samples = (self.samples if samples is None else samples) * self.s.world_size
-        fields = step_fields(start=self.start, loss=loss, samples=samples, step_time_s=step_time,
-                             forward_s=self.forward_s, backward_s=bwd, comm_exposed_s=exposed,
+        fields = step_fields(start=self.start, loss=None, samples=samples, step_time_s=step_time,
+                             forward_s=forward_s, backward_s=bwd, comm_exposed_s=exposed,
                              optimizer_s=opt_s, **extra)
-        fields.update(other_s=max(0.0, step_time - self.forward_s - bwd - exposed - opt_s),
+        fields.update(other_s=max(0.0, step_time - forward_s - bwd - exposed - opt_s),
                       micro_steps=len(micro),
-                      no_sync_micro_steps=sum(1 for m in micro if _is_ddp(m["watch"]) and not m["synced"]),
+                      no_sync_micro_steps=sum(1 for m in micro if _syncs(m["watch"]) and not m["synced"]),
                       samples_source=source, step_source=STEP_SOURCES[self.explicit])
         if self.memory is not None:
             self.s.guard("memory", self.memory.step_end, fields)
-        self.s.emit("step", step=step, **fields)
+        self.unsent.append((step, fields, reading))
+        self.send_steps()
         if self.on_step is not None:
             self.on_step(step, fields)
 
+    def send_steps(self, wait: bool = False) -> None:
+        """Emit the ended steps whose loss has reached the host, in step order (`wait`: all of
+        them, waiting for their losses: at exit)."""
+        while self.unsent and (wait or self.unsent[0][2].ready()):
+            step, fields, reading = self.unsent.pop(0)
+            fields["loss"] = reading.read()
+            self.s.emit("step", step=step, **fields)
 
-def _is_ddp(watch: Any) -> bool:
-    return getattr(watch, "ddp", None) is not None
+    def close(self) -> None:
+        """At exit: every step still waiting for its loss is emitted."""
+        self.send_steps(wait=True)
+
+
+def _syncs(watch: Any) -> bool:
+    """A watch whose backward reduces gradients unless the script skips it (DDP, FSDP2)."""
+    return bool(getattr(watch, "reduces_gradients", False))

@@ -142,3 +142,44 @@ def test_a_script_without_ddp_still_gets_its_steps_and_a_dataparallel_note(tmp_p
     assert notes == ["nn.DataParallel on CPU runs the module unwrapped: no DP phases to record"]
     started = [e for e in events if e["type"] == "run_started"]
     assert len(started) == 1 and started[0]["mode"] == "single"
+
+
+TWO_DDPS = """
+import torch, torch.distributed as dist, torch.nn as nn
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+gen, disc = nn.Sequential(), nn.Sequential()
+gen.add_module("gen", nn.Linear(4, 8))
+disc.add_module("disc", nn.Linear(8, 1))
+G, D = nn.parallel.DistributedDataParallel(gen), nn.parallel.DistributedDataParallel(disc)
+opt = torch.optim.SGD(list(G.parameters()) + list(D.parameters()), lr=0.1)
+for step in range(3):
+    D(G(torch.randn(16, 4))).pow(2).mean().backward()  # two DDP forwards, one backward reducing both
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_two_ddps_before_one_backward_both_get_their_buckets(tmp_path):
+    """A GAN's D(G(z)).backward(): each DDP's buckets are recorded in every step (before, only the
+    last DDP's forward was seen; the other's bucket records grew, never emitted)."""
+    import json
+
+    script = tmp_path / "train.py"
+    script.write_text(TWO_DDPS)
+    spool = tmp_path / "spool"
+    e = {k: v for k, v in os.environ.items() if not k.startswith("DDPVIZ_ATTACH")}
+    e.update({RUN_ID_ENV: "r", SPOOL_ENV: str(spool), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+              "PYTHONPATH": os.pathsep.join([str(STARTUP_DIR), str(REPO)])})
+    out = subprocess.run([sys.executable, str(script)], env=e, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "instrumentation off" not in out.stderr, out.stderr
+    events = [json.loads(line) for f in spool.glob("events-*.jsonl") for line in f.read_text().splitlines()]
+    buckets = [e for e in events if e["type"] == "bucket"]
+    grad_bytes = (4 * 8 + 8 + 8 * 1 + 1) * 4  # both models' fp32 gradients
+    for step in range(3):
+        assert sum(b["nbytes"] for b in buckets if b["step"] == step) == grad_bytes, step
+    names = {n for b in buckets for n in b.get("param_names", [])}
+    assert names == {"gen.weight", "gen.bias", "disc.weight", "disc.bias"}
+    assert [e["micro_steps"] for e in events if e["type"] == "step"] == [1, 1, 1]

@@ -29,12 +29,12 @@ def client(redis_url):
 
 @pytest.fixture(scope="module")
 def regression(tmp_path_factory, redis_url, client):
-    """train_regression.py (DataLoader, MSE, no_sync accumulation) attached and plain."""
+    """train_regression.py (DataLoader, MSE, no_sync accumulation) attached (with `--probe`) and plain."""
     tmp = tmp_path_factory.mktemp("regression")
     cmd = torchrun("train_regression.py", "--epochs", "1", "--accum", "2")
     plain = run_plain(cmd, tmp / "plain.json")
     assert plain.returncode == 0, plain.stderr[-3000:]
-    proc, run_id = run_attached(cmd, redis_url, tmp / "att.json", tmp / "spool", "--name", "regression")
+    proc, run_id = run_attached(cmd, redis_url, tmp / "att.json", tmp / "spool", "--name", "regression", "--probe")
     return dict(tmp=tmp, proc=proc, run_id=run_id, events=read_all_events(client, run_id),
                 record=client.get_run(run_id))
 
@@ -88,6 +88,22 @@ def test_buckets_match_ddps_own_logging_data(regression):
     assert [b["nbytes"] for b in preview["initial"]] == ints(log0["bucket_sizes"])
     assert [b["nbytes"] for b in preview["rebuilt"]] == ints(log0["rebuilt_bucket_sizes"])
     assert preview["bucket_cap_bytes"] == log0["bucket_cap_bytes"]
+
+
+def test_probe_after_the_last_step_covers_the_runs_bucket_sizes(regression):
+    """`--probe`: one `allreduce_probe` from rank 0, after every step, on the script's own group
+    (world size 2, gloo), whose sizes span DDP's own bucket sizes (`_get_ddp_logging_data()`)."""
+    events = regression["events"]
+    probes = [e for e in events if e["type"] == "allreduce_probe"]
+    assert len(probes) == 1 and probes[0]["rank"] == 0
+    probe = probes[0]
+    assert probe["world_size"] == 2 and probe["backend"] == "gloo"
+    sizes = [p["nbytes"] for p in probe["points"]]
+    assert sizes == sorted(sizes) and all(p["time_s"] > 0 for p in probe["points"])
+    mine = reports(regression["tmp"] / "att.json")
+    buckets = ints(mine[0]["ddp_logging"]["rebuilt_bucket_sizes"]) + ints(mine[0]["ddp_logging"]["bucket_sizes"])
+    assert sizes[0] <= min(buckets) and sizes[-1] >= max(buckets), (sizes, buckets)
+    assert probe["ts"] > max(e["ts"] for e in events if e["type"] == "step")  # after both ranks' last step
 
 
 def test_trained_parameters_are_bitwise_those_of_the_script_without_ddpviz(regression):

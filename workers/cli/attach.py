@@ -64,13 +64,15 @@ def _is_torchrun(cmd: list[str]) -> bool:
         "torch.distributed.launch" in cmd
 
 
-def _child_env(run_id: str, spool: Path, url: str | None, cmd: list[str]) -> dict[str, str]:
-    from engine.attach.env import SOLO_ENV, child_environment
+def _child_env(run_id: str, spool: Path, url: str | None, cmd: list[str], probe: bool = False) -> dict[str, str]:
+    from engine.attach.env import PROBE_ENV, SOLO_ENV, child_environment
     from engine.attach.started import COMMAND_ENV
 
     env = child_environment(os.environ, run_id, spool, url, PACKAGE_ROOT)
     env[COMMAND_ENV] = json.dumps(cmd)
     env["TORCHELASTIC_ERROR_FILE"] = str(spool / "error.json")
+    if probe:
+        env[PROBE_ENV] = "1"
     if not _is_torchrun(cmd):
         env[SOLO_ENV] = str(os.getpid())
     return env
@@ -100,9 +102,10 @@ class Launch:
     """One `ddpviz run`: the command's process group, the forwarder, the run record."""
 
     def __init__(self, run_id: str, spool: Path, url: str | None, cmd: list[str], label: str | None,
-                 joined: bool = False):
+                 joined: bool = False, probe: bool = False):
         from workers.spool import SpoolForwarder
 
+        self.probe = probe  # --probe: the all-reduce probe after the script's last step
         self.joined = joined  # another launcher (node 0 of a --nnodes run) created the run and ends it
         self.run_id, self.spool, self.url, self.cmd, self.label = run_id, spool, url, cmd, label
         self.store = _store(url)
@@ -185,7 +188,7 @@ class Launch:
         """Run the command to its end; returns its exit code (128 + N when killed by signal N)."""
         self.next_connect = time.monotonic() + RECONNECT_S
         self.kill_at: float | None = None
-        env = _child_env(self.run_id, self.spool, self.url, self.cmd)
+        env = _child_env(self.run_id, self.spool, self.url, self.cmd, self.probe)
         try:
             self.proc = subprocess.Popen(self.cmd, env=env, start_new_session=True)
         except OSError as exc:
@@ -328,7 +331,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     _write_json(spool / "meta.json", dict(run_id=run_id, command=cmd, label=args.name, joined=bool(args.join),
                                           host=socket.gethostname(), created_at=time.time()))
-    launch = Launch(run_id, spool, url, cmd, args.name, joined=bool(args.join))
+    launch = Launch(run_id, spool, url, cmd, args.name, joined=bool(args.join), probe=args.probe)
     if launch.store is not None:
         try:
             if not launch.store.exists(run_id):
@@ -383,6 +386,9 @@ def register(command) -> None:
                    help="folder for the run's events (default .ddpviz/spool/RUN_ID)")
     p.add_argument("--join", default=None, metavar="RUN_ID",
                    help="add this node's ranks to a run another `ddpviz run` started (torchrun --nnodes)")
+    p.add_argument("--probe", action="store_true",
+                   help="after the script's last step, time all-reduces of the run's bucket sizes on its own "
+                        "process group (the all-reduce probe, for Theory); every rank must reach the end")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run")
     p = command("upload", cmd_upload, "send an attached run's spooled events to Redis")
     p.add_argument("spool", metavar="SPOOL")

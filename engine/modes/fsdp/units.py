@@ -71,30 +71,35 @@ def padded_numel(shape: tuple[int, ...], world_size: int) -> int:
 
 
 def unit_layout(model: nn.Module, cfg: RunConfig) -> list[dict[str, Any]]:
-    """Per unit (root last): name, param_names, numel, and the bytes FSDP2 will move and hold.
+    """Per unit (root last) of `model` under `unit_modules`' policy: see `layout_of`."""
+    return layout_of(model, unit_modules(model), cfg.world_size, _DTYPE_BYTES[cfg.fsdp_param_dtype],
+                     _DTYPE_BYTES[cfg.fsdp_reduce_dtype])
 
-    `gather_bytes`: the all-gather output of the unit (all ranks' padded shards) in
-    `fsdp_param_dtype`; `reduce_bytes`: the reduce-scatter input in `fsdp_reduce_dtype`;
+
+def layout_of(model: nn.Module, units: list[tuple[str, nn.Module]], world_size: int,
+              gather_dtype_bytes: int, reduce_dtype_bytes: int) -> list[dict[str, Any]]:
+    """Per unit (`units`, the non-root ones, then the root): name, param_names, numel, and the
+    bytes FSDP2 will move and hold. Works on the model before or after `fully_shard` (a sharded
+    parameter, a DTensor, has the full shape).
+
+    `gather_bytes`: the all-gather output of the unit (all ranks' padded shards) in the
+    parameter dtype; `reduce_bytes`: the reduce-scatter input in the reduce dtype;
     `shard_bytes`: one rank's fp32 shard of the unit's parameters (what it keeps between steps).
     """
-    n = cfg.world_size
-    units = unit_modules(model)
     params = dict(model.named_parameters())
-    out = []
-    for name, names in managed_params(model, units).items():
-        if name == ROOT:
-            continue
-        out.append(_unit_entry(name, names, params, n, cfg))
-    out.append(_unit_entry(ROOT, managed_params(model, units)[ROOT], params, n, cfg))
+    managed = managed_params(model, units)
+    out = [_unit_entry(name, managed[name], params, world_size, gather_dtype_bytes, reduce_dtype_bytes)
+           for name, _ in units]
+    out.append(_unit_entry(ROOT, managed[ROOT], params, world_size, gather_dtype_bytes, reduce_dtype_bytes))
     return [u for u in out if u["numel"] > 0]
 
 
-def _unit_entry(name: str, names: list[str], params: dict, n: int, cfg: RunConfig) -> dict[str, Any]:
+def _unit_entry(name: str, names: list[str], params: dict, n: int, gather_dtype_bytes: int,
+                reduce_dtype_bytes: int) -> dict[str, Any]:
     numel = sum(params[p].numel() for p in names)
     padded = sum(padded_numel(tuple(params[p].shape), n) for p in names)
     return dict(unit=name, param_names=names, numel=numel, padded_numel=padded,
-                gather_bytes=padded * _DTYPE_BYTES[cfg.fsdp_param_dtype],
-                reduce_bytes=padded * _DTYPE_BYTES[cfg.fsdp_reduce_dtype],
+                gather_bytes=padded * gather_dtype_bytes, reduce_bytes=padded * reduce_dtype_bytes,
                 shard_bytes=padded // n * 4)
 
 
