@@ -35,6 +35,7 @@ RUNS = PREFIX + "runs"
 WORKERS = PREFIX + "workers"
 STARTED = PREFIX + "started"
 RETENTION = PREFIX + "retention"
+APP_URL = PREFIX + "app_url"  # where `ddpviz up` serves the app (a string; gone when `up` stops)
 
 EVENT_FIELD = b"e"  # the single stream field holding an event's JSON
 

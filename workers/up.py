@@ -94,12 +94,29 @@ def run_up(host: str = "127.0.0.1", port: int = 8501, n_workers: int = 1,
         app_child = Child("app", app_command(app_path, host, port), env).start()
         children.append(app_child)
         shown = "127.0.0.1" if host == "0.0.0.0" else host
+        app_url = f"http://{shown}:{port}"
+        _publish_app_url(url, app_url)
         print(f"ddpviz up: Redis {redact(url)}{' (embedded)' if server else ''}, "
-              f"{n_workers} worker(s); app at http://{shown}:{port}  (Ctrl-C stops everything)",
+              f"{n_workers} worker(s); app at {app_url}  (Ctrl-C stops everything)",
               flush=True)
         return _supervise(stop, app_child, workers, server, port, children)
     finally:
         _shutdown(children, token, server, url_file)
+
+
+def _publish_app_url(url: str, app_url: str) -> None:
+    """Tell other commands on this Redis (`ddpviz run`) where the app is: key `keys.APP_URL`,
+    refreshed by each `up` that starts; a stale one only misdirects a printed hint."""
+    from workers import keys
+
+    try:
+        r = connect(url)
+        try:
+            r.set(keys.APP_URL, app_url)
+        finally:
+            r.close()
+    except Exception as exc:  # noqa: BLE001  the demo runs without it; `ddpviz run` says "the app"
+        print(f"ddpviz up: could not record the app's address in Redis ({exc})", file=sys.stderr)
 
 
 def _supervise(stop: threading.Event, app_child: Child, workers: list[Child],

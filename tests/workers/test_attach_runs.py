@@ -12,6 +12,7 @@ import pytest
 import torch
 from attach_tools import by_rank, ints, params, reports, run_attached, run_plain, torchrun
 
+from workers import keys
 from workers.client import DdpvizClient
 from workers.connection import connect
 from workers.history import read_all_events
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.slow
 def client(redis_url):
     c = connect(redis_url)
     c.flushdb()
+    c.set(keys.APP_URL, "http://127.0.0.1:8599")  # as a `ddpviz up --port 8599` on this Redis records it
     yield DdpvizClient(redis=c)
     c.flushdb()
 
@@ -43,6 +45,7 @@ def test_an_attached_run_succeeds_and_passes_output_and_exit_code_through(regres
     proc, rec = regression["proc"], regression["record"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "loss" in proc.stdout  # the script's own lines reach our stdout
+    assert "watch it in the app (http://127.0.0.1:8599, Live)" in proc.stderr  # where `up` said it is
     assert rec["status"] == "succeeded"
     assert rec["label"] == "regression"
     assert rec["config"]["attached"] is True and rec["config"]["world_size"] == 2

@@ -3,8 +3,12 @@ job). Each expected value is worked out by hand in the test."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
+from workers import keys
 from workers.bench import measured, report
 from workers.bench.browser import page_latencies_ms
 from workers.bench.flood import account, lag_ms, per_second_rates
@@ -204,3 +208,42 @@ def test_bench_overhead_compares_the_same_work_and_reports_the_ratio_of_its_roun
     lo, hi = row["ratio_interval_90"]
     assert min(ratios) <= lo <= row["ratio"] <= hi <= max(ratios)
     assert row["met"] == (row["ratio"] <= 1.10)
+
+
+def test_attach_cost_reads_the_scripts_own_printed_times_and_judges_their_medians(redis_client, monkeypatch,
+                                                                                   tmp_path):
+    """Figure 9 by hand: the times come from the script's lines (first two of a run left out), the
+    ratio is median(attached) / median(plain), and an attached turn that left no attached run in
+    Redis is an error, not a ratio of two plain runs."""
+    from workers.bench import attach_cost as A
+    from workers.client import DdpvizClient
+
+    out = "\n".join(f"epoch 0 step {5 * k} loss 1.2345 {ms} ms" for k, ms in enumerate([99, 98, 10, 12, 11], 1))
+    assert A.printed_ms("noise\n" + out + "\nmore") == [10.0, 12.0, 11.0]
+    assert report.verdict("9", {"ratio": 1.03, "target": 1.03}) is True
+    assert report.verdict("9", {"ratio": 1.031, "target": 1.03}) is False
+
+    def record(run_id: str, steps: int) -> None:  # what `ddpviz run` leaves for a finished attached run
+        redis_client.hset(keys.run(run_id), mapping={
+            "run_id": run_id, "status": "succeeded", "config": json.dumps({"attached": True}),
+            "summary": json.dumps({"steps_done": steps}), "created_at": "0"})
+
+    def turns_of(run_id: str):
+        seq = iter([{"attached": False, "ms": [10.0, 10.0, 11.0], "run_id": None, "script_steps": 20},
+                    {"attached": True, "ms": [10.2, 10.4, 10.3], "run_id": run_id, "script_steps": 20}])
+        monkeypatch.setattr(A, "_turn", lambda *a, **k: next(seq))
+
+    monkeypatch.setattr(A, "EXAMPLE", Path(__file__))  # any file: `_turn` is replaced
+    turns_of("a" * 16)
+    with pytest.raises(RuntimeError, match="no succeeded attached run"):  # nothing in Redis
+        A.measure_attach_cost(redis_client, "redis://unused", tmp_path, rounds=1)
+    record("b" * 16, 15)
+    turns_of("b" * 16)
+    with pytest.raises(RuntimeError, match="holds 15 steps"):  # fewer steps than the script printed
+        A.measure_attach_cost(redis_client, "redis://unused", tmp_path, rounds=1)
+    record("c" * 16, 20)
+    turns_of("c" * 16)
+    fig = A.measure_attach_cost(redis_client, "redis://unused", tmp_path, rounds=1)
+    # medians by hand: plain [10, 10, 11] -> 10; attached [10.2, 10.4, 10.3] -> 10.3
+    assert (fig["plain_median_ms"], fig["attached_median_ms"], fig["ratio"]) == (10.0, 10.3, 1.03)
+    assert fig["met"] is True and fig["ratio_per_round"] == [1.03]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from wtools import TINY, alive, cli_env, ddpviz_argv, descendants, wait_for
 
+from workers import keys
 from workers.client import DdpvizClient
 from workers.connection import free_port
 from workers.up import default_app_path
@@ -54,6 +55,8 @@ def test_up_serves_the_app_and_sigterm_leaves_nothing_behind(tmp_path):
         assert url.startswith("redis://127.0.0.1:")
         client = DdpvizClient(url=url)
         wait_for(client.workers, 20, "the worker's heartbeat")
+        # where `ddpviz run` sends people: the address this `up` serves the app at
+        assert client.redis.get(keys.APP_URL) == f"http://127.0.0.1:{port}".encode()
         family = set(descendants(up.pid))
         assert len(family) >= 3  # redis-server, worker, streamlit
     finally:

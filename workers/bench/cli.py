@@ -1,4 +1,4 @@
-"""`ddpviz bench`: measure the eight figures and write them as JSON plus a Markdown table.
+"""`ddpviz bench`: measure the nine figures and write them as JSON plus a Markdown table.
 
 One command makes the whole record: ``ddpviz bench --out docs/bench/cpu-2core.json`` writes the
 JSON there and the table next to it (``cpu-2core.md``). ``--quick`` measures less (shorter runs
@@ -19,7 +19,7 @@ from typing import Any
 from workers.bench import figures as F
 from workers.bench import report
 
-ALL = ("1", "2", "3", "4", "5", "6", "7", "8")
+ALL = ("1", "2", "3", "4", "5", "6", "7", "8", "9")
 
 
 def _say(message: str) -> None:
@@ -62,6 +62,12 @@ def run_bench(plan: F.Plan, only: tuple[str, ...] = ALL) -> dict[str, Any]:
             figs["8"] = F.run_figure("8", lambda: F.figure_8(
                 F.redis_per_1000_steps(redis, runs, plan.latency_steps), app,
                 F.redis_growth(server.url, plan, events)), _say)
+        if "9" in only:
+            from workers.bench.attach_cost import measure_attach_cost
+
+            _say(f"attach cost: {plan.attach_rounds} rounds of the example script, plain and attached ...")
+            figs["9"] = F.run_figure("9", lambda: measure_attach_cost(
+                redis, server.url, work, plan.attach_rounds, plan.attach_epochs), _say)
     finally:
         server.stop()
     record["figures"] = {k: figs[k] for k in ALL if k in figs}
@@ -158,7 +164,7 @@ def register(command) -> None:
     """Add `bench` to the `ddpviz` parser (`command` as in workers.cli.commands.build_parser)."""
     from workers.bench.throughput import BENCH_CONFIGS
 
-    p = command("bench", cmd_bench, "measure ddpviz's eight performance figures; JSON + Markdown",
+    p = command("bench", cmd_bench, "measure ddpviz's nine performance figures; JSON + Markdown",
                 redis=False)
     p.add_argument("--quick", action="store_true", help="shorter runs and flood (about 2 minutes)")
     p.add_argument("--overhead", action="store_true",
@@ -170,6 +176,6 @@ def register(command) -> None:
                    "next to it (FILE.md); default: JSON to stdout")
     p.add_argument("--md", metavar="FILE.md", help="write the Markdown table here instead")
     p.add_argument("--figures", nargs="*", choices=ALL, metavar="N",
-                   help="measure only these figures (1-8; default all)")
+                   help="measure only these figures (1-9; default all)")
     p.add_argument("--only", nargs="*", choices=list(BENCH_CONFIGS),
                    help="figure 7: these throughput configs only")

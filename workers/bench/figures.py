@@ -1,4 +1,4 @@
-"""The eight figures, each a function of the bench's Redis and its `Plan` (full or quick).
+"""The nine figures (figure 9 in `workers.bench.attach_cost`), each a function of the bench's Redis and its `Plan` (full or quick).
 
 Each returns a dict for the record (see `workers.bench.report`); `run_figure` turns an exception
 into the figure's `error`, so one failing figure never hides the others.
@@ -43,6 +43,8 @@ class Plan:
     world_sizes: tuple[int, ...] = (1, 2, 4)
     growth_runs: int = 30  # figure 8: runs stored to watch Redis grow
     keep_runs: int = 10
+    attach_rounds: int = 5  # figure 9: rounds of one plain and one attached run of the example script
+    attach_epochs: int = 40  # figure 9: the script's epochs per run (8 optimizer steps each)
 
     @classmethod
     def quick_plan(cls) -> "Plan":
@@ -50,7 +52,7 @@ class Plan:
                    feed_steps=20, feed_interval_s=0.25,
                    overhead_configs=[dict(model="mlp", width=128, depth=3, global_batch_size=64, block_steps=20)],
                    overhead_rounds=5, throughput_names=("mlp-digits",), throughput_steps=30,
-                   world_sizes=(2,), growth_runs=12, keep_runs=4)
+                   world_sizes=(2,), growth_runs=12, keep_runs=4, attach_rounds=1, attach_epochs=5)
 
 
 def run_figure(key: str, fn: Callable[[], dict[str, Any]], say: Callable[[str], None]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ TARGETS = {
     "6": ">= 0.9 on NCCL (gloo: reported)",
     "7": "reported (no target)",
     "8": "reported (no target); Redis flat with retention",
+    "9": "attached / plain median iteration time <= 1.03, by the script's own clock",
 }
 TITLES = {
     "1": "Event latency, rank to Redis",
@@ -35,6 +36,7 @@ TITLES = {
     "6": "Bucket busbw / probe busbw",
     "7": "samples/s and scaling efficiency",
     "8": "Footprint",
+    "9": "Attach cost (`ddpviz run -- torchrun ...`)",
 }
 MAX_BACKLOG_MS = 1000  # figure 3: the most an event may trail its emit (one second of events)
 OVERHEAD_TARGETS = {("mlp", 128, 3): 1.10, ("mlp", 1024, 6): 1.03}
@@ -99,6 +101,9 @@ def verdict(key: str, fig: dict[str, Any]) -> bool | None:
         rate = (fig.get("memory_samples_per_s") or {}).get("min_per_s")
         ratios = [o.get("met") for o in fig.get("overhead", [])]
         return _all(None if rate is None else rate >= 10, *ratios) if ratios else None
+    if key == "9":
+        ratio = fig.get("ratio")
+        return None if ratio is None else ratio <= fig.get("target", 1.03)
     if key == "6":
         ratio, backend = fig.get("ratio"), fig.get("backend")
         return None if ratio is None or backend != "nccl" else ratio >= 0.9
@@ -173,6 +178,12 @@ def _summary(key: str, f: dict[str, Any]) -> str:
                 f"start); Redis +{g.get('bytes_per_run_no_retention', 0) / 2 ** 20:.2f} MiB per run "
                 f"without retention, {g.get('with_retention_mib')} MiB after {g.get('runs')} runs with "
                 f"keep_runs={g.get('keep_runs')}")
+    if key == "9":
+        return (f"{_num(f.get('ratio'), '.3f')}x: median {_num(f.get('attached_median_ms'), '.2f')} ms attached, "
+                f"{_num(f.get('plain_median_ms'), '.2f')} ms plain ({f.get('n_attached')} / {f.get('n_plain')} "
+                f"printed times, {f.get('rounds')} rounds taking turns; per round "
+                + ", ".join(f"{r:.3f}" for r in f.get("ratio_per_round", [])) + f"); {f.get('script')} "
+                f"--hidden {f.get('hidden')}, 2 ranks on {f.get('backend')}")
     return ""
 
 

@@ -40,7 +40,7 @@ CANCEL_POLL_S = 0.5  # the cancel flag is read this often
 RECONNECT_S = 2.0  # a lost Redis is tried again this often
 KILL_AFTER_S = 5.0  # a canceled command gets SIGTERM, then SIGKILL this long after
 FINAL_SEND_S = 5.0  # at the end, how long to keep trying to store what is left
-APP_URL = "http://127.0.0.1:8501"  # `ddpviz up`'s default address of the app
+APP_URL_UNKNOWN = "`ddpviz up` prints its address"  # no `up` recorded one on this Redis
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding engine/, workers/
 
 
@@ -116,6 +116,17 @@ class Launch:
 
     def create(self) -> None:
         create_record(self.store, self.run_id, self.cmd, self.label)
+
+    def app_url(self) -> str:
+        """Where the app is: the address `ddpviz up` recorded on this Redis (`keys.APP_URL`), else
+        a hint to look at `up`'s output."""
+        from workers import keys
+
+        try:
+            raw = self.store.redis.get(keys.APP_URL) if self.store is not None else None
+        except (redis.RedisError, OSError):
+            raw = None
+        return raw.decode() if raw else APP_URL_UNKNOWN
 
     def redis_down(self, why: Any) -> None:
         if not self.said_down:
@@ -342,7 +353,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             launch.redis_down(exc)
     else:
         launch.redis_down(f"cannot reach {redact(url)}")
-    _say(f"run {run_id}: watch it in the app ({APP_URL}, Live) or `ddpviz runs`; spool {spool}")
+    _say(f"run {run_id}: watch it in the app ({launch.app_url()}, Live) or `ddpviz runs`; spool {spool}")
     code = launch.run()
     launch.finish(code)
     return code

@@ -1,0 +1,110 @@
+"""Figure 9: what attaching costs a script, by the script's own clock.
+
+The same unmodified script (examples/attach/train_regression.py: a DataLoader, MSE, `no_sync()`
+accumulation, DDP on gloo) runs under ``torchrun --nproc-per-node 2`` plain and under
+``ddpviz run -- torchrun ...``, taking turns (plain first in even rounds, attached first in odd
+ones, so a slow drift of the machine weighs on both sides alike). The script prints the time of
+its optimizer step's last micro-step every 5 steps, measured with its own `time.perf_counter()`
+(forward, backward with the all-reduce, optimizer step); those printed times are the figure's only
+input. Per side the median of every printed time of every round (the first two printed times of a
+run are left out: torchrun's warm-up), and the ratio attached / plain. Each attached turn must have
+made an attached run in the bench's Redis holding the script's steps, or the figure is an error:
+a ratio of two plain runs would say nothing.
+
+Target (issue 24): median iteration time attached / plain <= 1.03 on a real-sized model (here
+hidden 1024: 2.1 M parameters, 8.5 MB of gradients in 34 buckets of bucket_cap_mb 0.25).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from workers.connection import free_port
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "attach" / "train_regression.py"
+PRINTED = re.compile(r"^epoch \d+ step (\d+) loss \S+ ([0-9.]+) ms$", re.M)
+WARMUP_PRINTS = 2  # printed times left out at the start of each run
+TARGET = 1.03
+
+
+def printed_ms(stdout: str) -> list[float]:
+    """The iteration times (ms) the script printed, in order, less the first WARMUP_PRINTS."""
+    return [float(ms) for _, ms in PRINTED.findall(stdout)][WARMUP_PRINTS:]
+
+
+def _cmd(epochs: int, hidden: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+            str(free_port()), str(EXAMPLE), "--epochs", str(epochs), "--hidden", str(hidden)]
+
+
+def _turn(attached: bool, url: str, work: Path, epochs: int, hidden: int, i: int) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DDPVIZ_ATTACH_OFF")}
+    cmd = _cmd(epochs, hidden)
+    if attached:
+        cmd = [sys.executable, "-m", "workers", "run", "--url", url, "--spool", str(work / f"spool-{i}"),
+               "--name", f"bench attach cost {i}", "--", *cmd]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{'attached' if attached else 'plain'} turn {i} exited {proc.returncode}: "
+                           f"{proc.stderr[-2000:]}")
+    run_id = None
+    if attached:
+        m = re.search(r"ddpviz: run ([0-9a-f]{16})", proc.stderr)
+        if m is None:
+            raise RuntimeError(f"attached turn {i}: `ddpviz run` printed no run id: {proc.stderr[-2000:]}")
+        run_id = m.group(1)
+    return {"attached": attached, "ms": printed_ms(proc.stdout), "run_id": run_id,
+            "script_steps": max((int(s) for s, _ in PRINTED.findall(proc.stdout)), default=0)}
+
+
+def measure_attach_cost(redis, url: str, work: Path, rounds: int = 5, epochs: int = 40,
+                        hidden: int = 1024) -> dict[str, Any]:
+    """Figure 9 (module docstring). `redis`/`url`: the bench's private Redis.
+
+    Raises:
+        RuntimeError: a turn failed, printed no times, or an attached turn left no run holding
+            the script's steps.
+    """
+    from workers.client import DdpvizClient
+
+    if not EXAMPLE.is_file():
+        return {"reason": f"{EXAMPLE} is not here (an installed package without examples/)"}
+    turns = []
+    for r in range(rounds):
+        for attached in ((False, True) if r % 2 == 0 else (True, False)):
+            turns.append(_turn(attached, url, work, epochs, hidden, len(turns)))
+    client = DdpvizClient(redis=redis)
+    for t in turns:
+        if not t["ms"]:
+            raise RuntimeError("a turn printed no iteration times")
+        if t["attached"]:
+            rec = client.get_run(t["run_id"])
+            if rec is None or rec.get("status") != "succeeded" or not rec["config"].get("attached"):
+                raise RuntimeError(f"attached turn left no succeeded attached run ({t['run_id']})")
+            t["run_steps"] = (rec.get("summary") or {}).get("steps_done")
+            if not t["run_steps"] or t["run_steps"] < t["script_steps"]:
+                raise RuntimeError(f"attached run {t['run_id']} holds {t['run_steps']} steps; the script "
+                                   f"printed step {t['script_steps']}")
+    plain = [ms for t in turns if not t["attached"] for ms in t["ms"]]
+    att = [ms for t in turns if t["attached"] for ms in t["ms"]]
+    per_round = []
+    for r in range(rounds):
+        a, b = turns[2 * r], turns[2 * r + 1]
+        p_ms, a_ms = (a, b) if not a["attached"] else (b, a)
+        per_round.append(round(statistics.median(a_ms["ms"]) / statistics.median(p_ms["ms"]), 3))
+    ratio = statistics.median(att) / statistics.median(plain)
+    return {"script": "examples/attach/train_regression.py", "hidden": hidden, "epochs": epochs,
+            "rounds": rounds, "world_size": 2, "backend": "gloo",
+            "source": "measured: the iteration times the script printed with its own clock",
+            "plain_median_ms": round(statistics.median(plain), 3),
+            "attached_median_ms": round(statistics.median(att), 3),
+            "n_plain": len(plain), "n_attached": len(att), "ratio": round(ratio, 4),
+            "ratio_per_round": per_round, "target": TARGET, "met": ratio <= TARGET,
+            "attached_runs": [{"run_id": t["run_id"], "script_steps": t["script_steps"],
+                               "run_steps": t.get("run_steps")} for t in turns if t["attached"]]}
