@@ -55,6 +55,15 @@ def cancel(run_id: str) -> str:
     return f"{PREFIX}cancel:{run_id}"
 
 
+ATTACH_LAUNCHER = "ddpviz-run@"  # worker-name prefix of an attached run's launcher (`ddpviz run`)
+
+
+def attach_launcher(host: str, pid: int) -> str:
+    """The name an attached run's launcher keeps a heartbeat under (`worker(name)`, never in
+    WORKERS: it takes no jobs), so a killed launcher's run is judged lost as a dead worker's is."""
+    return f"{ATTACH_LAUNCHER}{host}:{pid}"
+
+
 def worker(name: str) -> str:
     """Heartbeat hash of one worker."""
     return f"{PREFIX}worker:{name}"

@@ -35,6 +35,12 @@ LOST_GRACE_S = float(HEARTBEAT_TTL_S)  # a run younger than this is never judged
 
 def lost_error(run_id: str, worker: str) -> dict:
     """The error recorded on a lost run: what happened and what to do."""
+    if worker.startswith(keys.ATTACH_LAUNCHER):
+        return make_error(
+            f"LauncherLost: `ddpviz run` ({worker[len(keys.ATTACH_LAUNCHER):]}, host:pid) stopped sending "
+            f"heartbeats (none for {HEARTBEAT_TTL_S} s): it was killed or its host went down. Its command "
+            f"got SIGTERM when it died (parent-death signal); the events it wrote after that are in "
+            f"the run's spool folder: `ddpviz upload SPOOL` sends them")
     return make_error(
         f"WorkerLost: worker {worker!r} stopped sending heartbeats (none for {HEARTBEAT_TTL_S} s) "
         f"while running this run; it was killed or its host went down, and the run's processes "

@@ -1,7 +1,7 @@
 """A process that must not outlive its parent: one home for Linux's parent-death signal.
 
-Used by the rank fork server (`engine.modes.fork_server`), every rank (`engine.modes.ranks`) and
-the worker's work-horse (`workers.worker`). Imports nothing but the standard library, so the fork
+Used by the rank fork server (`engine.modes.fork_server`), every rank (`engine.modes.ranks`),
+the worker's work-horse (`workers.worker`) and the command `ddpviz run` starts (`workers.cli.attach`). Imports nothing but the standard library, so the fork
 server can arm it before it spends seconds importing torch.
 """
 
@@ -16,14 +16,16 @@ PR_SET_PDEATHSIG = 1  # prctl(2)
 PARENT_ENV = "DDPVIZ_FORK_SERVER_PARENT"  # the pid the fork server must die with (set by its launcher)
 
 
-def die_with_parent(parent_pid: int | None = None) -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (prctl(2) PR_SET_PDEATHSIG).
+def die_with_parent(parent_pid: int | None = None, sig: int = signal.SIGKILL) -> None:
+    """Ask Linux to send `sig` (SIGKILL by default) to this process when its parent dies (prctl(2)
+    PR_SET_PDEATHSIG). `ddpviz run` arms SIGTERM in the command it starts: torchrun passes SIGTERM
+    on to its workers and exits, where SIGKILL would leave them running.
 
     The signal is armed only from the call on: a parent that died before it is not seen, so with
     `parent_pid` given the process exits at once (status 1) when its parent is no longer that pid
     (it was re-parented to init or a subreaper). Linux only; elsewhere a no-op. Never raises.
     """
     with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
     if parent_pid is not None and os.getppid() != parent_pid:
         os._exit(1)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 
 import pytest
 from attach_tools import by_rank, reports, run_attached, run_id_in, torchrun
-from wtools import cli_env, ddpviz, ddpviz_argv, wait_for
+from wtools import alive, cli_env, ddpviz, ddpviz_argv, descendants, wait_for
 
 from workers.client import DdpvizClient
 from workers.connection import EmbeddedRedis, connect
@@ -65,14 +66,6 @@ def test_a_failing_rank_fails_the_run_with_its_exception(tmp_path, redis_url, cl
     assert "raise ValueError" in err["traceback"] and err["exit_code"] == proc.returncode
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def test_cancel_stops_the_commands_process_group_and_leaves_no_process(tmp_path, redis_url, client):
     spool = tmp_path / "spool"
     proc = subprocess.Popen([*ddpviz_argv(), "run", "--spool", str(spool), "--", *_script(tmp_path, ENDLESS)],
@@ -84,7 +77,7 @@ def test_cancel_stops_the_commands_process_group_and_leaves_no_process(tmp_path,
         assert client.cancel(run_id) == "canceled"
         assert proc.wait(timeout=60) != 0
         assert client.get_run(run_id)["status"] == "canceled"
-        assert len(pids) == 2 and not any(_alive(p) for p in pids)
+        assert len(pids) == 2 and not any(alive(p) for p in pids)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
@@ -120,3 +113,26 @@ def test_redis_stopped_mid_run_the_script_exits_0_and_upload_stores_every_step(t
         if proc.poll() is None:
             proc.kill()
         server.stop()
+
+
+def test_a_sigkilled_launcher_stops_its_command_and_its_run_is_judged_lost(tmp_path, redis_url, client):
+    """`ddpviz run` killed with SIGKILL can say nothing: its command gets SIGTERM from Linux (the
+    parent-death signal), torchrun stops its ranks, and the launcher's heartbeat expires, so the run
+    is judged lost by the same rule as a dead worker's (workers.liveness), naming the launcher."""
+    spool = tmp_path / "spool"
+    proc = subprocess.Popen([*ddpviz_argv(), "run", "--spool", str(spool), "--", *_script(tmp_path, ENDLESS)],
+                            env=cli_env(redis_url), stderr=subprocess.PIPE, text=True)
+    try:
+        run_id = wait_for(lambda: run_id_in(proc.stderr.readline()), 60, "the run id")
+        wait_for(lambda: len(by_rank(read_all_events(client, run_id), "step")[1]) >= 3, 240, "three steps")
+        family = descendants(proc.pid)  # torchrun's agent and its two ranks
+        assert len(family) >= 3
+        assert client.get_run(run_id)["worker"] == f"ddpviz-run@{socket.gethostname()}:{proc.pid}"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        wait_for(lambda: not any(alive(p) for p in family), 60, "the command's processes to end")
+        rec = wait_for(lambda: (r := client.get_run(run_id))["status"] == "lost" and r, 60, "the run judged lost")
+        assert rec["error"]["exception"].startswith(f"LauncherLost: `ddpviz run` ({socket.gethostname()}:{proc.pid}")
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)

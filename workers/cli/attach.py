@@ -113,9 +113,42 @@ class Launch:
         self.canceled: str | None = None
         self.said_down = False
         self.proc: subprocess.Popen | None = None
+        from workers import keys
+
+        # the heartbeat a worker would keep, so a killed launcher's run is judged lost (workers.liveness)
+        self.launcher = keys.attach_launcher(socket.gethostname(), os.getpid())
+        self.next_beat = 0.0
 
     def create(self) -> None:
-        create_record(self.store, self.run_id, self.cmd, self.label)
+        create_record(self.store, self.run_id, self.cmd, self.label, worker=self.launcher)
+        self.beat()
+
+    def beat(self) -> None:
+        """Refresh this launcher's heartbeat (node 0's launcher only: it owns the record), and take
+        back a run judged lost while Redis was away (`RunStore.revive`). Raises redis errors."""
+        from workers import keys
+        from workers.heartbeat import HEARTBEAT_INTERVAL_S, HEARTBEAT_TTL_S
+        from workers.store import RunStatus
+
+        if self.joined or self.store is None:
+            return
+        self.next_beat = time.monotonic() + HEARTBEAT_INTERVAL_S
+        r = self.store.redis
+        with r.pipeline(transaction=True) as pipe:
+            pipe.hset(keys.worker(self.launcher), mapping={
+                "host": socket.gethostname(), "pid": str(os.getpid()), "kind": "attach",
+                "current_run": self.run_id, "ts": repr(time.time())})
+            pipe.expire(keys.worker(self.launcher), HEARTBEAT_TTL_S)
+            pipe.execute()
+        rec = self.store.get(self.run_id)
+        if rec is not None and rec.get("status") == RunStatus.LOST.value:
+            self.store.revive(self.run_id, self.launcher)
+
+    def end_beat(self) -> None:
+        from workers import keys
+
+        if not self.joined and self.store is not None:
+            self.store.redis.delete(keys.worker(self.launcher))
 
     def app_url(self) -> str:
         """Where the app is: the address `ddpviz up` recorded on this Redis (`keys.APP_URL`), else
@@ -189,6 +222,14 @@ class Launch:
                         self.said_down = False
                 except (redis.RedisError, OSError):
                     self.store = None
+        if self.store is not None and time.monotonic() >= self.next_beat:
+            try:
+                self.beat()
+            except (redis.RedisError, OSError) as exc:
+                self.redis_down(exc)
+                self.store = None
+                self.forwarder.connect(None)
+                return
         self.forwarder.pump()
         if self.forwarder.redis_error is not None:
             self.redis_down(self.forwarder.redis_error)
@@ -201,7 +242,11 @@ class Launch:
         self.kill_at: float | None = None
         env = _child_env(self.run_id, self.spool, self.url, self.cmd, self.probe)
         try:
-            self.proc = subprocess.Popen(self.cmd, env=env, start_new_session=True)
+            from engine.components.lifetime import die_with_parent
+
+            # SIGTERM to the command if this launcher dies, even by SIGKILL: no training outlives it
+            self.proc = subprocess.Popen(self.cmd, env=env, start_new_session=True,
+                                         preexec_fn=lambda: die_with_parent(sig=signal.SIGTERM))
         except OSError as exc:
             _say(f"cannot start {self.cmd[0]!r}: {exc}")
             return 127
@@ -260,6 +305,7 @@ class Launch:
                 self.pump()
                 if self.store is not None and self.forwarder.pump(final=True):
                     self.record(ending)
+                    self.end_beat()
                     return True
             except (redis.RedisError, OSError) as exc:
                 self.redis_down(exc)
@@ -271,15 +317,18 @@ class Launch:
             time.sleep(0.2)
 
 
-def create_record(store: Any, run_id: str, cmd: list[str] | None, label: str | None) -> None:
-    """A started run record for an attached run: no worker (nothing to judge lost by heartbeats),
-    config ``{mode, attached, command}`` until rank 0's `run_started` brings the rest."""
+def create_record(store: Any, run_id: str, cmd: list[str] | None, label: str | None,
+                  worker: str | None = None) -> None:
+    """A started run record for an attached run, config ``{mode, attached, command}`` until rank
+    0's `run_started` brings the rest. `worker`: the launcher's heartbeat name
+    (`keys.attach_launcher`), by which a killed launcher's run is judged lost; None (`ddpviz
+    upload` of a spool) leaves nothing to judge by."""
     from workers import keys
     from workers.store import RunStatus
 
     store.create(run_id, {"mode": "ddp", "attached": True, "command": cmd}, label=label)
     store.transition(run_id, RunStatus.STARTED, allowed_from=[RunStatus.QUEUED],
-                     fields={"started_at": repr(time.time())},
+                     fields={"started_at": repr(time.time()), **({"worker": worker} if worker else {})},
                      also=lambda pipe: pipe.sadd(keys.STARTED, run_id))
 
 
