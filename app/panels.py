@@ -228,7 +228,7 @@ def split_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -
 # ---- memory ---------------------------------------------------------------------------------
 def memory_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
     """Per run, side by side: the latest traced step as it happened (phases, bytes per device,
-    process or GPU; a shared y scale) with the measured peak imbalance, and beside it memory over
+    process or GPU; a shared y scale) with the measured peak imbalance, and under it memory over
     the whole run per device (the memory timer's readings, `memory_readings`)."""
     refresh(client, windows)
     curves = {rid: fm.memory_curve_frame(w.of_type("memory"), labels[rid])
@@ -241,14 +241,12 @@ def memory_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) 
     y_max = max((float(h.max()) for h in held if not h.empty), default=None)
     for col, (rid, curve) in zip(st.columns(len(curves)), curves.items()):
         with col:
-            step_col, run_col = st.columns(2)
-            with step_col:
-                _step_memory(windows[rid], curve, labels[rid], rid, y_max)
-            with run_col:
-                for i, chart in enumerate(charts_memory.memory_over_run_charts(over_run[rid], labels[rid])):
-                    _chart(chart, f"chart_memory_run_{rid}_{i}")
-                if over_run[rid].empty:
-                    _waiting("the memory timer's readings")
+            # one under the other, never a quarter of the page: titles and legends keep their room
+            _step_memory(windows[rid], curve, labels[rid], rid, y_max)
+            for i, chart in enumerate(charts_memory.memory_over_run_charts(over_run[rid], labels[rid])):
+                _chart(chart, f"chart_memory_run_{rid}_{i}")
+            if over_run[rid].empty:
+                _waiting("the memory timer's readings")
 
 
 def _step_memory(w: RunWindow, curve: pd.DataFrame, label: str, rid: str, y_max: float | None) -> None:

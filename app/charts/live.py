@@ -75,7 +75,7 @@ def live_throughput_chart(recent: pd.DataFrame, earlier: pd.DataFrame, runs: lis
         x="step_mid:Q", y="mean:Q", color=colour, opacity=faded, tooltip=tip_bin)
     return alt.layer(dots, line, band, mean).properties(
         width=WIDTH, height=HEIGHT + 90,
-        title=alt.TitleParams("Throughput per step", anchor="start", subtitle=[
+        title=title("Throughput per step", subtitle=[
             f"newest {window_steps} steps: a dot per step (mean over ranks), line = rolling median of "
             f"{SMOOTH_STEPS}",
             "earlier steps: dashed = mean per bin, band = min–max · drag to pan, wheel to zoom, "

@@ -50,7 +50,7 @@ def memory_curve_charts(curve: pd.DataFrame, phases: pd.DataFrame, run: str,
         width=WIDTH, height=_HELD_PX)]
     if not host.empty:
         charts.append(_lines(host, x, "MiB", None, zero=False, axis=alt.Axis(tickMinStep=1, format=",.0f")).properties(
-            title=title("The whole process (RSS) or the whole GPU (NVML)",
+            title=title("The whole process (RSS) or GPU (NVML)",
                         "includes what is not a tensor: the interpreter, libraries, a CUDA context"),
             width=WIDTH, height=_HOST_PX))
     return charts
@@ -67,8 +67,7 @@ def _lines(df: pd.DataFrame, x: alt.X, y_title: str, y_max: float | None, zero: 
         color=alt.Color("device:N", legend=legend("device", orient="top"), scale=CATEGORIES),
         strokeDash=alt.StrokeDash("source_label:N", scale=dashes,
                                   legend=legend("source", orient="top", symbolType="stroke",
-                                                symbolStrokeColor="#444", symbolStrokeWidth=2,
-                                                labelLimit=220)),
+                                                symbolStrokeColor="#444", symbolStrokeWidth=2)),
         detail="source:N",
         tooltip=[alt.Tooltip("device:N"), alt.Tooltip("source_label:N", title="source"),
                  alt.Tooltip("t_ms:Q", title="ms from step start", format=".2f"),
@@ -115,8 +114,8 @@ def memory_over_run_charts(run_memory: pd.DataFrame, run: str) -> list[alt.Layer
         line = alt.Chart(df).mark_line(interpolate="step-after", strokeWidth=2).encode(
             x=x, y="mib:Q", color=colour, tooltip=tip)
         charts.append(alt.layer(band, line).properties(
-            title=title(f"Memory over the run: {SOURCE_LABELS.get(source, source)}, {run}",
-                        f"measured: the memory timer's readings (20/s per device), {TIMER_NOTES[source]}; "
+            title=title(f"Memory over the run: {SOURCE_LABELS.get(source, source)}",
+                        f"{run} · measured: the memory timer's readings (20/s per device), {TIMER_NOTES[source]}; "
                         f"line: mean of each {bin_s:g} s bin, band: its min–max"),
             width=WIDTH, height=_HOST_PX))
     return charts

@@ -66,8 +66,8 @@ def bytes_chart(df: pd.DataFrame) -> alt.Chart:
                         scale=alt.Scale(domain=SERIES[:2], range=["#ff7f0e", "#1f77b4"])),
         tooltip=[alt.Tooltip("series:N", title="what"), alt.Tooltip("world_size:Q", title="devices"),
                  alt.Tooltip("busiest_bytes:Q", title="bytes", format=",.0f")],
-    ).properties(title=title("Where the star breaks: bytes on the busiest device (predicted)",
-                             "DP: device 0 moves (n−1)·P each way; DDP: each rank 2(n−1)/n·P each way"),
+    ).properties(title=title("Where the star breaks (predicted)",
+                             "bytes on the busiest device. DP: device 0 moves (n−1)·P each way; DDP: each rank 2(n−1)/n·P each way"),
                  width=WIDTH, height=HEIGHT + 60)
 
 
@@ -78,5 +78,5 @@ def predicted_timeline(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: p
     chart = bucket_timeline(buckets, backward, exposed, run="predicted")
     n = int(buckets["bucket_index"].max()) + 1 if not buckets.empty else 0
     return chart.properties(title=title(
-        f"Predicted bucket timeline: DDP at world size {world_size}",
+        f"Predicted buckets: DDP at world size {world_size}",
         f"predicted on {link}; {n} bucket(s); orange: exposed comm (predicted)"))

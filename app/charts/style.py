@@ -6,6 +6,8 @@ legend), so heights here are the plot's rows plus room for those.
 
 from __future__ import annotations
 
+import textwrap
+
 import altair as alt
 import pandas as pd
 
@@ -27,12 +29,29 @@ MODE_COLOURS = alt.Scale(domain=["single", "dp", "ddp", "fsdp"],
 
 
 def legend(title: str, orient: str = "right", **kw) -> alt.Legend:
-    """A legend whose labels are never cut (`labelLimit` 0), however narrow the chart."""
-    return alt.Legend(title=title, orient=orient, symbolOpacity=1, **{"labelLimit": 0, **kw})
+    """A legend whose labels and title are never cut (`labelLimit`, `titleLimit` 0), however
+    narrow the chart."""
+    return alt.Legend(title=title, orient=orient, symbolOpacity=1, **{"labelLimit": 0, "titleLimit": 0, **kw})
 
 
-def title(text: str, subtitle: str | None = None) -> alt.TitleParams:
-    return alt.TitleParams(text=text, subtitle=subtitle or "", anchor="start")
+# Vega cuts a title line at its chart's plot width with "…". The narrowest chart a page draws is
+# half a page column at 1024 px (a ~320 px plot); at Vega's 13 px bold title (~7.7 px a character)
+# and 11 px subtitle (~6.5) these many characters fit it, so longer lines are wrapped.
+TITLE_CHARS, SUBTITLE_CHARS = 41, 49
+
+
+def wrap(text: str | list[str] | None, width: int) -> list[str]:
+    """`text` (a string or lines) as lines of at most `width` characters, broken at spaces."""
+    lines = text if isinstance(text, list) else [text or ""]
+    return [part for line in lines for part in (textwrap.wrap(line, width, break_long_words=False) or [""])]
+
+
+def title(text: str, subtitle: str | list[str] | None = None) -> alt.TitleParams:
+    """A chart title anchored at the start, wrapped so no line is cut however narrow the chart
+    (`TITLE_CHARS`, `SUBTITLE_CHARS`); a one-line title stays a string."""
+    lines = wrap(text, TITLE_CHARS)
+    return alt.TitleParams(text=lines[0] if len(lines) == 1 else lines,
+                           subtitle=wrap(subtitle, SUBTITLE_CHARS) if subtitle else "", anchor="start")
 
 
 def rows_height(df: pd.DataFrame, column: str, min_rows: int = 2, row_px: int = ROW_PX) -> int:

@@ -66,4 +66,4 @@ def allreduce_time_chart(frame: pd.DataFrame, *, subtitle: str, mark_n: int | No
         layers.append(alt.Chart(pd.DataFrame({"world_size": [mark_n]})).mark_rule(
             strokeDash=[4, 3], color="#555").encode(x="world_size:Q"))
     return alt.layer(*layers).properties(
-        title=title("Ring vs tree: time of one all-reduce (theory)", subtitle), width=SIZE_PX, height=260)
+        title=title("Ring vs tree: one all-reduce (theory)", subtitle), width=SIZE_PX, height=260)

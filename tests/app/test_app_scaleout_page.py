@@ -38,8 +38,8 @@ def test_scaleout_page_draws_predictions_on_recorded_runs(real_client, app_test)
     specs = _specs(at)
     assert [s["title"]["text"] for s in specs] == [
         "Throughput vs world size (predicted)", "Scaling efficiency (predicted)",
-        "Predicted bucket timeline: DDP at world size 8",
-        "Where the star breaks: bytes on the busiest device (predicted)"]
+        "Predicted buckets: DDP at world size 8",
+        "Where the star breaks (predicted)"]
     assert all("predicted" in _texts(s).lower() for s in specs)
     # the validation table: the runs this test stored, the calibration runs marked as such
     table = at.dataframe[0].value.set_index("run")

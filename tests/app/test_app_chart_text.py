@@ -1,0 +1,167 @@
+"""Every chart the pages draw, walked through its Vega-Lite spec, on recorded real runs: no legend
+label, legend title, axis label or title line is longer than the room Vega gives it (Vega cuts
+it with "…" there), and every chart coloured by mode uses the app's one mode colour map.
+
+Text widths are estimates (the widest of Vega's default font's glyphs at each size: 6.5 px a
+character at 11 px, 7.7 at 13 px bold), so a test failure is a line that would be cut, or close.
+The room: a legend's or axis's `labelLimit` (Vega's defaults 160 and 180 px where unset), a
+legend's `titleLimit` (180 px), and a chart title's plot width, which Vega uses as its limit: the
+narrowest chart the pages draw is half of a page column at 1024 px, so `TITLE_ROOM_PX`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pyarrow as pa
+import pytest
+import redis
+from recorded import CONFIG, overlap_pair, trio
+
+PX_PER_CHAR = {11: 6.5, 13: 7.7}  # Vega's default sans-serif, generous (digits and capitals)
+LEGEND_LABEL_LIMIT, LEGEND_TITLE_LIMIT, AXIS_LABEL_LIMIT = 160, 180, 180  # Vega's defaults (px)
+TITLE_ROOM_PX = 320  # a half-column chart's plot at 1024 px wide, less its y axis
+PAGES = ["views/live.py", "views/compare.py", "views/buckets.py", "views/dp_timeline.py",
+         "views/theory.py", "views/learn.py", "views/scaleout.py", "views/runs.py", "views/sweeps.py",
+         "views/cluster.py"]
+
+
+def _px(text: str, size: int = 11) -> float:
+    return len(str(text)) * PX_PER_CHAR[size]
+
+
+def _table(proto) -> dict[str, list]:
+    """Columns of a Streamlit chart's dataset (Arrow IPC bytes)."""
+    return pa.ipc.open_stream(io.BytesIO(proto.data)).read_all().to_pydict() if proto.data else {}
+
+
+@pytest.fixture(scope="module")
+def specs(redis_url):
+    """(page, spec, {dataset name: columns}) of every chart every page draws, on a recorded
+    single/DP/DDP/FSDP set (DDP with its all-reduce probe) and a DDP overlap on/off pair."""
+    import app.connection
+    from streamlit.testing.v1 import AppTest
+    from conftest import MAIN
+    from workers.client import DdpvizClient
+    from workers.connection import connect
+
+    r = connect(redis_url)
+    r.flushdb()
+    mp = pytest.MonkeyPatch()
+    mp.setenv("REDIS_URL", redis_url)
+    app.connection._client.clear()
+    client = DdpvizClient(redis=r)
+    try:
+        _, ids = trio(client, ddp="ddp-probe")
+        overlap_pair(client)
+        out = []
+        for page in PAGES:
+            query = {"runs": f"{ids['dp']},{ids['ddp']}"} if page.endswith("live.py") else {}
+            at = AppTest.from_file(str(MAIN), default_timeout=60)
+            at.query_params.update(query)
+            at.run()
+            at.switch_page(page).run()
+            assert not at.exception, (page, [e.value for e in at.exception])
+            for c in at.get("vega_lite_chart"):
+                data = {d.name: _table(d.data) for d in c.proto.datasets}
+                if c.proto.data.data:
+                    data[""] = _table(c.proto.data)
+                out.append((page, json.loads(c.proto.spec), data))
+        assert len(out) > 20
+        return out
+    finally:
+        r.flushdb()
+        app.connection._client.clear()
+        mp.undo()
+
+
+def _walk(spec: dict):
+    """Every view (a spec with `encoding`) in a layered/concatenated/faceted spec, with the
+    dataset names it can read."""
+    yield spec
+    for key in ("layer", "hconcat", "vconcat", "concat"):
+        for sub in spec.get(key, []):
+            yield from _walk(sub)
+    if "spec" in spec:
+        yield from _walk(spec["spec"])
+
+
+def _values(field: str, data: dict) -> set:
+    return {v for cols in data.values() for v in cols.get(field, []) if v is not None}
+
+
+def _lines(text) -> list[str]:
+    if text is None:
+        return []
+    return [str(t) for t in text] if isinstance(text, list) else [str(text)]
+
+
+def _cut(specs) -> list[str]:
+    cut = []
+    for page, spec, data in specs:
+        title = spec.get("title") or {}
+        title = {"text": title} if isinstance(title, (str, list)) else title
+        name = " / ".join(_lines(title.get("text")))[:60]
+        limit = title.get("limit") or TITLE_ROOM_PX
+        cut += [f"{page} '{name}': title line '{t}'" for t in _lines(title.get("text")) if _px(t, 13) > limit]
+        cut += [f"{page} '{name}': subtitle line '{t}'" for t in _lines(title.get("subtitle")) if _px(t) > limit]
+        for view in _walk(spec):
+            for channel, enc in (view.get("encoding") or {}).items():
+                if not isinstance(enc, dict):
+                    continue
+                shown = set((enc.get("scale") or {}).get("domain") or []) if isinstance(
+                    (enc.get("scale") or {}).get("domain"), list) else set()
+                if enc.get("type") == "nominal" and "field" in enc:
+                    shown |= _values(enc["field"], data)
+                leg = enc.get("legend", {}) if channel in ("color", "shape", "strokeDash", "size", "opacity") else None
+                if isinstance(leg, dict):
+                    label_limit = leg.get("labelLimit", LEGEND_LABEL_LIMIT) or 1e9
+                    cut += [f"{page} '{name}': {channel} legend label '{v}'" for v in shown
+                            if _px(v) > label_limit]
+                    if leg.get("title") and _px(leg["title"]) > (leg.get("titleLimit", LEGEND_TITLE_LIMIT) or 1e9):
+                        cut += [f"{page} '{name}': legend title '{leg['title']}'"]
+                axis = enc.get("axis", {}) if channel in ("x", "y") else None
+                if axis is not None and enc.get("type") == "nominal":
+                    axis_limit = axis.get("labelLimit", AXIS_LABEL_LIMIT) or 1e9
+                    cut += [f"{page} '{name}': {channel} axis label '{v}'" for v in shown if _px(v) > axis_limit]
+    return sorted(set(cut))
+
+
+def _built() -> list[tuple[str, dict, dict]]:
+    """Charts the recordings do not reach (no thread states, no memory timer in them), built
+    from their frames with run labels as long as a labelled run's (`mlp-deep · DP · c…`)."""
+    from app.charts import dp as charts_dp
+    from app.charts import memory as charts_memory
+    from app.frames import dp as fd
+    from app.frames import memory as fm
+    from app.step_history import ReadingHistory
+
+    label = "mlp-deep · DP · config 3"
+    gil = [{"type": "gil", "step": s, "device": d, "on_cpu_s": 0.004, "gil_wait_s": 0.002,
+            "runnable_s": 0.001, "thread_wait_s": 0.001, "other_wait_s": 0.0}
+           for s in range(3) for d in ("cpu:0", "cpu:1")]
+    h = ReadingHistory(bin_s=1.0)
+    h.add({"type": "memory_readings", "run_id": "r", "device": "cpu:0", "reading_ts": [1e6 + 0.1, 1e6 + 1.2],
+           "bytes": {"process": [700 * 2**20, 710 * 2**20]}, "interval_s": 0.05})
+    charts = [charts_dp.thread_states_chart(fd.thread_states_frame({label: gil, "mlp-deep · DDP": gil})),
+              *charts_memory.memory_over_run_charts(fm.memory_over_run_frame(h.rows(), label, 1e6), label)]
+    out = []
+    for chart in charts:
+        spec = chart.to_dict()
+        data = {name: {k: [row.get(k) for row in rows] for k in (rows[0] if rows else {})}
+                for name, rows in spec.get("datasets", {}).items()}
+        out.append(("built", spec, data))
+    return out
+
+
+def test_no_legend_label_or_title_is_cut(specs):
+    cut = _cut(specs + _built())
+    assert not cut, "\n".join(cut)
+
+
+def test_the_walker_sees_a_cut_legend():
+    spec = {"title": {"text": "short"}, "encoding": {"color": {
+        "field": "run", "type": "nominal", "legend": {"title": "thread state (measured: schedstat)"}}}}
+    data = {"d": {"run": ["DP ×4 · mlp-deep · cpu:0 · a config label this long"]}}
+    assert len(_cut([("p", spec, data)])) == 2
