@@ -215,13 +215,15 @@ def split_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -
     """Stacked median step time (forward, backward, exposed comm, optimizer, other) per run."""
     refresh(client, windows)
     steps = steps_of(windows, labels)
-    split = fsteps.split_frame(steps)
+    split = fsteps.split_frame(steps, {labels[rid]: (w.run or {}).get("config", {}).get("mode")
+                                       for rid, w in windows.items()})
     if split.empty:
         return _waiting("the first step")
     _chart(charts.split_chart(split), "chart_split")
     missing = "".join(f" {run}: {why} (its forward and backward include it)."
                       for run, why in fsteps.unmeasured_parts(steps).items())
-    st.caption("exposed comm: all-reduce time not hidden behind backward; other: data loading "
+    st.caption("exposed comm: all-reduce time not hidden behind backward; DP copies: device 0's "
+               "scatter, gather, reduce and broadcast, copies through one device; other: data loading "
                "and synchronisation. Steps after the first, median over the window." + missing)
 
 

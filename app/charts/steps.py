@@ -14,7 +14,7 @@ from app.charts.style import CATEGORIES, HEIGHT, STEP_X, WIDTH, legend, rows_hei
 from app.frames import steps as fsteps
 from app.frames.steps import SMOOTH_STEPS, SPLIT_PARTS
 
-_SPLIT_COLOURS = ["#1f77b4", "#ff7f0e", "#d62728", "#2ca02c", "#c7c7c7"]
+_SPLIT_COLOURS = dict(zip(SPLIT_PARTS, ["#1f77b4", "#ff7f0e", "#d62728", "#9467bd", "#2ca02c", "#c7c7c7"]))
 
 
 def throughput_curves_chart(steps: pd.DataFrame, runs: list[str] | None = None) -> alt.LayerChart:
@@ -42,13 +42,15 @@ def throughput_curves_chart(steps: pd.DataFrame, runs: list[str] | None = None) 
 
 
 def split_chart(split: pd.DataFrame) -> alt.Chart:
-    """Median step time per run, stacked by part (`app.frames.steps.split_frame` rows), in ms."""
+    """Median step time per run, stacked by part (`app.frames.steps.split_frame` rows), in ms.
+    The legend names the parts present (DP's copies, others' exposed comm)."""
+    shown = [p for p in SPLIT_PARTS if p in set(split["part"])] or SPLIT_PARTS
     return alt.Chart(split).mark_bar(height=alt.RelativeBandSize(0.6)).encode(
         x=alt.X("sum(ms):Q", title="median time per step (ms)", stack="zero"),
         y=alt.Y("run:N", title="run", axis=alt.Axis(labelLimit=0)),  # run names never cut
         color=alt.Color("part:N", legend=legend("part of the step"),
-                        scale=alt.Scale(domain=SPLIT_PARTS, range=_SPLIT_COLOURS),
-                        sort=SPLIT_PARTS),
+                        scale=alt.Scale(domain=shown, range=[_SPLIT_COLOURS[p] for p in shown]),
+                        sort=shown),
         order=alt.Order("order:Q"),
         tooltip=[alt.Tooltip("run:N"), alt.Tooltip("part:N"),
                  alt.Tooltip("ms:Q", title="median (ms)", format=".2f")],

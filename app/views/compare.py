@@ -76,7 +76,7 @@ def body(windows, labels) -> None:
         st.altair_chart(charts_compare.loss_chart(curves), key="cmp_loss")
     left, right = st.columns(2)
     with left:
-        st.altair_chart(charts.split_chart(fsteps.split_frame(curves)), key="cmp_split")
+        st.altair_chart(charts.split_chart(fsteps.split_frame(curves, {v.label: v.mode for v in views})), key="cmp_split")
     with right:
         if table["speedup_vs_single"].notna().any():
             st.altair_chart(charts_compare.speedup_chart(table), key="cmp_speedup")
