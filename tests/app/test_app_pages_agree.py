@@ -48,3 +48,43 @@ def test_dp_copies_are_never_called_exposed_comm(views):
 
     legend = split_chart(split).to_dict()["encoding"]["color"]["scale"]["domain"]
     assert fsteps.DP_COPIES in legend and "exposed comm" not in legend
+
+
+def _step_times(mode: str) -> dict[int, tuple[float, bool]]:
+    """step -> (ms, instrumented) straight from the recording's step events (one rank: DP)."""
+    out = {}
+    for line in (DATA / FILES[mode]).read_text().splitlines():
+        e = json.loads(line)
+        if e["type"] == "step":
+            out[e["step"]] = (e["step_time_s"] * 1e3, bool(e.get("memory_traced") or e.get("replica_check")))
+    return out
+
+
+def test_dp_timeline_opens_on_a_typical_step(views):
+    from app.frames import dp as fd
+
+    dp = views["dp"]
+    phase_steps = fd.dp_steps(dp.of_type("dp_phase"))
+    times = _step_times("dp")  # every step of this recording was memory-traced; 11 also checked replicas
+    steady = sorted(times)[3:]  # 12 steps: a quarter are warm-up
+    median = sorted(times[s][0] for s in steady)[len(steady) // 2]
+    want = min(steady, key=lambda s: abs(times[s][0] - median))
+    assert fd.typical_step(phase_steps, dp.of_type("step")) == want
+    assert want != phase_steps[-1] and times[phase_steps[-1]][0] > 1.4 * times[want][0]  # the latest is slow
+    # with the later steps plain (not instrumented), a plain one is chosen, never a traced one
+    plain = [{**e, "memory_traced": False, "replica_check": None} if e["step"] in (8, 9, 10) else e
+             for e in dp.of_type("step")]
+    assert fd.typical_step(phase_steps, plain) in (8, 9, 10)
+    assert fd.instrumented_steps(plain) == set(times) - {8, 9, 10}
+
+
+def test_the_time_every_device_waits():
+    import pandas as pd
+
+    from app.frames import dp as fd
+
+    # device 0 busy 0-4 and 6-9, device 1 busy 3-5: both wait 5-6 only (and nothing after 9)
+    phases = pd.DataFrame({"step": 1, "device": ["cpu:0", "cpu:0", "cpu:1"], "start_ms": [0.0, 6.0, 3.0],
+                           "end_ms": [4.0, 9.0, 5.0]})
+    assert fd.all_idle_ms(phases) == pytest.approx(1.0)
+    assert fd.all_idle_ms(phases.iloc[[0, 1]]) == pytest.approx(2.0)
