@@ -9,7 +9,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from app.charts.buckets import bucket_timeline
+from app.charts.buckets import EXPOSED_NOTE, bucket_timeline
 from app.charts.style import HEIGHT, WIDTH, legend, title
 
 SERIES = ["DP (predicted)", "DDP (predicted)", "DP (measured)", "DDP (measured)"]
@@ -79,4 +79,4 @@ def predicted_timeline(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: p
     n = int(buckets["bucket_index"].max()) + 1 if not buckets.empty else 0
     return chart.properties(title=title(
         f"Predicted buckets: DDP at world size {world_size}",
-        f"predicted on {link}; {n} bucket(s); orange: exposed comm (predicted)"))
+        f"predicted on {link}; {n} bucket(s); {EXPOSED_NOTE} (predicted)"))

@@ -88,3 +88,42 @@ def test_the_time_every_device_waits():
                            "end_ms": [4.0, 9.0, 5.0]})
     assert fd.all_idle_ms(phases) == pytest.approx(1.0)
     assert fd.all_idle_ms(phases.iloc[[0, 1]]) == pytest.approx(2.0)
+
+
+def _hue_word(hex_colour: str) -> str:
+    """A colour's common name from its hue, lightness and saturation (colorsys): the reference
+    the bucket chart's words are checked against."""
+    import colorsys
+
+    r, g, b = (int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5))
+    h, light, s = colorsys.rgb_to_hls(r, g, b)
+    if light < 0.15:
+        return "black"
+    if s < 0.15:
+        return "grey"
+    deg = h * 360
+    return ("red" if deg < 15 or deg >= 345 else "orange" if deg < 45 else "yellow" if deg < 70
+            else "green" if deg < 170 else "blue" if deg < 260 else "purple")
+
+
+def test_bucket_chart_colour_note_matches_the_colours_drawn(views):
+    from app.charts import buckets as cb
+    from app.frames import buckets as fb
+
+    ddp = views["ddp"]
+    events = ddp.of_type("bucket") + ddp.of_type("step")
+    step = fb.bucket_steps(events)[-1]
+    b = fb.with_rank_names(fb.bucket_frame(events, step), {})
+    bw = fb.with_rank_names(fb.backward_frame(events, step), {})
+    ex = fb.with_rank_names(fb.exposed_frame(b, ddp.of_type("step")), {})
+    spec = cb.bucket_timeline(b, bw, ex, run="DDP").to_dict()
+    subtitle = " ".join(spec["title"]["subtitle"])
+    scale = next(layer["encoding"]["color"]["scale"] for layer in spec["layer"])
+    colour = dict(zip(scale["domain"], scale["range"]))
+    for kind, name in cb.COLOUR_NAMES.items():
+        assert _hue_word(colour[kind]) in name, (kind, colour[kind], name)
+    assert f"{cb.COLOUR_NAMES['exposed comm']}: exposed comm" in subtitle
+    # every mark is drawn in its legend swatch's colour: none faded by an opacity below 1
+    for layer in spec["layer"]:
+        mark = layer["mark"] if isinstance(layer["mark"], dict) else {"type": layer["mark"]}
+        assert mark.get("opacity", 1) == 1, layer["mark"]
