@@ -39,8 +39,8 @@ def memory_curve_charts(curve: pd.DataFrame, phases: pd.DataFrame, run: str,
     Pass the same `y_max_mib` to runs shown side by side so their device curves compare."""
     where = curve[curve["source"].isin(DEVICE_SOURCES)]
     host = curve[curve["source"].isin(HOST_SOURCES)]
-    span = nice_ceiling(max([0.0, *curve["t_ms"], *phases.get("end_ms", [])]) or 1.0)
-    x = alt.X("t_ms:Q", title="ms from the step's start", scale=alt.Scale(domain=[0, span]))
+    span = near_ceiling(max([0.0, *curve["t_ms"], *phases.get("end_ms", [])]) or 1.0)
+    x = alt.X("t_ms:Q", title="ms from the step's start", scale=alt.Scale(domain=[0, span], nice=False))
     head = f"Memory within a step: {run}"  # the step is in the caption: a spec without it survives a refresh
     held = _lines(where, x, "bytes held (MiB)", nice_ceiling(y_max_mib))
     if not phases.empty:
@@ -49,16 +49,17 @@ def memory_curve_charts(curve: pd.DataFrame, phases: pd.DataFrame, run: str,
         title=title(head, "bytes each device holds, measured; background: phases of device 0"),
         width=WIDTH, height=_HELD_PX)]
     if not host.empty:
-        charts.append(_lines(host, x, "MiB", None, zero=False, axis=alt.Axis(tickMinStep=1, format=",.0f")).properties(
+        charts.append(_lines(host, x, "MiB", None, domain=mib_domain(host["mib"]), axis=MIB_AXIS).properties(
             title=title("The whole process (RSS) or GPU (NVML)",
                         "includes what is not a tensor: the interpreter, libraries, a CUDA context"),
             width=WIDTH, height=_HOST_PX))
     return charts
 
 
-def _lines(df: pd.DataFrame, x: alt.X, y_title: str, y_max: float | None, zero: bool = True,
-           axis: alt.Axis | None = None) -> alt.Chart:
-    scale = alt.Scale(domain=[0, y_max], nice=True) if y_max else alt.Scale(zero=zero)
+def _lines(df: pd.DataFrame, x: alt.X, y_title: str, y_max: float | None,
+           domain: list[float] | None = None, axis: alt.Axis | None = None) -> alt.Chart:
+    scale = (alt.Scale(domain=[0, y_max], nice=True) if y_max else
+             alt.Scale(domain=domain, nice=False, zero=False) if domain else alt.Scale(zero=True))
     shown = [s for s in _DASH if s in set(df["source_label"])] or list(_DASH)
     dashes = alt.Scale(domain=shown, range=[_DASH[s] for s in shown])
     return alt.Chart(df).mark_line(interpolate="step-after", strokeWidth=2,
@@ -72,6 +73,30 @@ def _lines(df: pd.DataFrame, x: alt.X, y_title: str, y_max: float | None, zero: 
         tooltip=[alt.Tooltip("device:N"), alt.Tooltip("source_label:N", title="source"),
                  alt.Tooltip("t_ms:Q", title="ms from step start", format=".2f"),
                  alt.Tooltip("mib:Q", title="MiB", format=".2f")])
+
+
+MIB_AXIS = alt.Axis(tickMinStep=1, format=",.0f")  # whole MiB: "662", never "662.0312" or bytes
+MIN_SPAN_MIB = 8.0  # a y range at least this wide, so a flat process line still gets a few ticks
+
+
+def mib_domain(mib: pd.Series) -> list[float]:
+    """A y range in whole MiB around `mib` (a process's RSS, a GPU's used memory: large, nearly
+    flat): the data's span plus a tenth each side, at least `MIN_SPAN_MIB`, so the axis shows a few
+    whole-MiB ticks rather than one label or many digits."""
+    lo, hi = float(mib.min()), float(mib.max())
+    half = max((hi - lo) * 0.6, MIN_SPAN_MIB / 2)
+    mid = (lo + hi) / 2
+    return [max(0.0, math.floor(mid - half)), math.ceil(mid + half)]
+
+
+def near_ceiling(x: float) -> float:
+    """The smallest multiple of a fifth of `x`'s power of ten at or above it (43 -> 44, 51 -> 52,
+    120 -> 120): an axis end near the data (at most ~20% past it) that stays put while a live
+    run's next readings land in the same band."""
+    if x <= 0:
+        return x
+    step = 10.0 ** math.floor(math.log10(x)) / 5
+    return math.ceil(x / step - 1e-9) * step
 
 
 def nice_ceiling(mib: float | None) -> float | None:
@@ -103,14 +128,18 @@ def memory_over_run_charts(run_memory: pd.DataFrame, run: str) -> list[alt.Layer
     for source in [s for s in ("cuda", "nvml", "process") if s in set(run_memory["source"])]:
         df = run_memory[run_memory["source"] == source]
         bin_s = float(df["bin_s"].max())
-        x = alt.X("t_s:Q", title="seconds since the run started")
+        # the axis ends at the last reading, not a padded round number
+        x = alt.X("t_s:Q", title="seconds since the run started",
+                  scale=alt.Scale(domain=[0, float(df["t_s"].max()) or 1.0], nice=False))
         colour = alt.Color("device:N", legend=legend("device", orient="top"), scale=CATEGORIES)
         tip = [alt.Tooltip("device:N"), alt.Tooltip("t_s:Q", title="s since start", format=".1f"),
                alt.Tooltip("mib:Q", title="mean MiB", format=",.2f"),
                alt.Tooltip("lo_mib:Q", title="min MiB", format=",.2f"),
                alt.Tooltip("hi_mib:Q", title="max MiB", format=",.2f"), alt.Tooltip("readings:Q")]
         band = alt.Chart(df).mark_area(opacity=0.2, interpolate="step-after").encode(
-            x=x, y=alt.Y("lo_mib:Q", title="MiB", scale=alt.Scale(zero=False)), y2="hi_mib:Q", color=colour)
+            x=x, y=alt.Y("lo_mib:Q", title="MiB", axis=MIB_AXIS,
+                         scale=alt.Scale(domain=mib_domain(pd.concat([df["lo_mib"], df["hi_mib"]])), nice=False)),
+            y2="hi_mib:Q", color=colour)
         line = alt.Chart(df).mark_line(interpolate="step-after", strokeWidth=2).encode(
             x=x, y="mib:Q", color=colour, tooltip=tip)
         charts.append(alt.layer(band, line).properties(

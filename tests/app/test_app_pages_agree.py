@@ -127,3 +127,28 @@ def test_bucket_chart_colour_note_matches_the_colours_drawn(views):
     for layer in spec["layer"]:
         mark = layer["mark"] if isinstance(layer["mark"], dict) else {"type": layer["mark"]}
         assert mark.get("opacity", 1) == 1, layer["mark"]
+
+
+def test_memory_axes_end_near_the_data_and_read_in_whole_mib():
+    from app.charts import memory as cm
+    from app.frames import memory as fm
+    from app.step_history import ReadingHistory
+
+    mib = 2**20
+    h = ReadingHistory(bin_s=1.0)  # a nearly flat process, 662.1-662.4 MiB, readings up to 23.4 s
+    ts = [1e6 + 0.2 + 0.8 * i for i in range(30)]
+    h.add({"type": "memory_readings", "run_id": "r", "device": "cpu:0", "reading_ts": ts,
+           "bytes": {"process": [int((662.1 + 0.01 * i) * mib) for i in range(30)]}, "interval_s": 0.05})
+    spec = cm.memory_over_run_charts(fm.memory_over_run_frame(h.rows(), "DP", 1e6), "DP")[0].to_dict()
+    band, line = spec["layer"]
+    x_end = band["encoding"]["x"]["scale"]["domain"][1]
+    assert 23.0 <= x_end <= 23.5 and band["encoding"]["x"]["scale"]["nice"] is False  # the last bin, not 25
+    y = band["encoding"]["y"]
+    lo, hi = y["scale"]["domain"]
+    assert y["axis"]["format"] == ",.0f" and lo <= 662.1 and hi >= 662.4 and hi - lo >= cm.MIN_SPAN_MIB
+    assert lo == int(lo) and hi == int(hi)  # whole MiB: ticks read "658", "660", ...
+    # one traced step: the time axis ends within a fifth of the last reading (43 ms -> 44, not 50)
+    assert cm.near_ceiling(43.0) == pytest.approx(44.0) and cm.near_ceiling(51.0) == pytest.approx(52.0)
+    assert cm.near_ceiling(120.0) == pytest.approx(120.0) and cm.near_ceiling(10.1) == pytest.approx(12.0)
+    for x in (0.37, 4.2, 43.0, 51.0, 99.9, 1234.0):
+        assert x <= cm.near_ceiling(x) <= 1.2 * x
