@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from app import explain
+from app import explain, runsets
 from app.charts import dp as charts_dp
 from app.charts import live as charts_live
 from app.charts import memory as charts_memory
@@ -158,8 +158,8 @@ def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, st
                    delta_arrow="off")
     earlier = pd.concat([w.history.frame(labels[rid]) for rid, w in windows.items()], ignore_index=True)
     window = max(w.max_steps for w in windows.values())
-    _zoomable(charts_live.live_throughput_chart(steps, earlier, [labels.get(r, r) for r in windows], window),
-              "chart_throughput")
+    _zoomable(charts_live.live_throughput_chart(steps, earlier, [labels.get(r, r) for r in windows], window,
+                                                runsets.modes_of(windows, labels)), "chart_throughput")
     note = ("Median samples/s: measured per step (samples / step time, the mean over ranks), the "
             "median over the steps after the first 3, leaving out the steps that carry the "
             "instrument's own work (memory tracing, DP's replica checksums), as the run's summary does.")
@@ -197,7 +197,8 @@ def accuracy_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]
                       ignore_index=True)
     if evals.empty:
         return _waiting("the first evaluation")
-    _zoomable(charts_live.accuracy_chart(evals, [labels.get(r, r) for r in windows]), "chart_accuracy",
+    _zoomable(charts_live.accuracy_chart(evals, [labels.get(r, r) for r in windows],
+                                         runsets.modes_of(windows, labels)), "chart_accuracy",
               [charts_live.ZOOM])
 
 
@@ -215,8 +216,7 @@ def split_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -
     """Stacked median step time (forward, backward, exposed comm, optimizer, other) per run."""
     refresh(client, windows)
     steps = steps_of(windows, labels)
-    split = fsteps.split_frame(steps, {labels[rid]: (w.run or {}).get("config", {}).get("mode")
-                                       for rid, w in windows.items()})
+    split = fsteps.split_frame(steps, runsets.modes_of(windows, labels))
     if split.empty:
         return _waiting("the first step")
     _chart(charts.split_chart(split), "chart_split")

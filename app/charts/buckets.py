@@ -10,7 +10,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from app.charts.style import CATEGORIES, CHROME_PX, HEIGHT, ROW_PX, STEP_X, WIDTH, legend, title
+from app.charts.style import CHROME_PX, HEIGHT, ROW_PX, STEP_X, WIDTH, legend, run_scale, title
 
 KINDS = ["backward (compute)", "all-reduce (one bucket)", "bucket ready",
          "exposed comm"]  # exposed: after the last bucket was ready
@@ -99,11 +99,12 @@ def bucket_timeline(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: pd.D
         width=WIDTH, height=CHROME_PX + LEGEND_PX + lane_px * max(2, len(lanes)))
 
 
-def exposed_chart(per_step: pd.DataFrame) -> alt.Chart:
-    """Exposed communication per step, one line per run (`app.frames.buckets.exposed_per_step`)."""
+def exposed_chart(per_step: pd.DataFrame, modes: dict[str, str] | None = None) -> alt.Chart:
+    """Exposed communication per step, one line per run (`app.frames.buckets.exposed_per_step`),
+    each in its mode's colour (`modes`: run -> mode)."""
     return alt.Chart(per_step).mark_line(point=alt.OverlayMarkDef(size=16)).encode(
         x=STEP_X, y=alt.Y("exposed_ms:Q", title="exposed comm (ms)"),
-        color=alt.Color("run:N", legend=legend("run"), scale=CATEGORIES),
+        color=alt.Color("run:N", legend=legend("run"), scale=run_scale(list(per_step["run"]), modes)),
         tooltip=[alt.Tooltip("run:N"), alt.Tooltip("step:Q"),
                  alt.Tooltip("exposed_ms:Q", title="exposed (ms)", format=".2f")],
     ).properties(title=title("Exposed communication per step",

@@ -10,10 +10,11 @@ import altair as alt
 import pandas as pd
 
 from app.charts.buckets import EXPOSED_NOTE, bucket_timeline
-from app.charts.style import HEIGHT, WIDTH, legend, title
+from app.charts.style import HEIGHT, MODE_HUES, WIDTH, legend, title
 
 SERIES = ["DP (predicted)", "DDP (predicted)", "DP (measured)", "DDP (measured)"]
-_SERIES = alt.Scale(domain=SERIES, range=["#ff7f0e", "#1f77b4", "#ff7f0e", "#1f77b4"])
+_DP, _DDP = MODE_HUES["dp"][0], MODE_HUES["ddp"][0]  # one colour per mode, every page
+_SERIES = alt.Scale(domain=SERIES, range=[_DP, _DDP, _DP, _DDP])
 _X = alt.X("world_size:Q", title="world size (devices)", scale=alt.Scale(type="log", base=2),
            axis=alt.Axis(values=[1, 2, 4, 8, 16, 32, 64], format="d"))
 
@@ -63,7 +64,7 @@ def bytes_chart(df: pd.DataFrame) -> alt.Chart:
     return alt.Chart(df).mark_line(strokeWidth=2, strokeDash=[6, 3], point=alt.OverlayMarkDef(size=30)).encode(
         x=_X, y=alt.Y("mib:Q", title="MiB per step (sent + received)", scale=alt.Scale(type="log")),
         color=alt.Color("series:N", legend=legend("", orient="bottom"),
-                        scale=alt.Scale(domain=SERIES[:2], range=["#ff7f0e", "#1f77b4"])),
+                        scale=alt.Scale(domain=SERIES[:2], range=[_DP, _DDP])),
         tooltip=[alt.Tooltip("series:N", title="what"), alt.Tooltip("world_size:Q", title="devices"),
                  alt.Tooltip("busiest_bytes:Q", title="bytes", format=",.0f")],
     ).properties(title=title("Where the star breaks (predicted)",

@@ -10,20 +10,22 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from app.charts.style import CATEGORIES, HEIGHT, STEP_X, WIDTH, legend, rows_height, title, volume_scale
+from app.charts.style import HEIGHT, STEP_X, WIDTH, legend, rows_height, run_scale, title, volume_scale
 from app.frames import steps as fsteps
 from app.frames.steps import SMOOTH_STEPS, SPLIT_PARTS
 
 _SPLIT_COLOURS = dict(zip(SPLIT_PARTS, ["#1f77b4", "#ff7f0e", "#d62728", "#9467bd", "#2ca02c", "#c7c7c7"]))
 
 
-def throughput_curves_chart(steps: pd.DataFrame, runs: list[str] | None = None) -> alt.LayerChart:
+def throughput_curves_chart(steps: pd.DataFrame, runs: list[str] | None = None,
+                            modes: dict[str, str] | None = None) -> alt.LayerChart:
     """Samples/s per optimizer step, per run (`app.frames.steps.steps_frame` rows): a faint point per step
     and a line through the rolling median, so noise does not hide the difference.
 
     `runs` fixes the colour of each run (in this order) before all of them have data, so a
-    run keeps its colour when the other one starts reporting."""
-    scale = alt.Scale(domain=runs, scheme="tableau10") if runs else CATEGORIES
+    run keeps its colour when the other one starts reporting; `modes` (run -> mode) colours each
+    run by its mode (`app.charts.style.run_scale`)."""
+    scale = run_scale(runs or list(steps["run"]), modes)
     colour = alt.Color("run:N", legend=legend("run"), scale=scale)
     x = STEP_X
     tip = [alt.Tooltip("run:N"), alt.Tooltip("step:Q"),

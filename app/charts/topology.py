@@ -10,12 +10,13 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from app.charts.style import legend, title
+from app.charts.style import MODE_HUES, legend, title
 from app.frames.topology import ROLES
 
 SIZE_PX = 430  # square plot: a circle must stay a circle
 _ROLE = alt.Color("role:N", legend=legend("node", orient="bottom", direction="vertical"),
-                  scale=alt.Scale(domain=ROLES, range=["#d62728", "#ff7f0e", "#1f77b4"]))
+                  # DP's hub and replicas in DP's colours (the hub its dark shade), DDP's ranks in DDP's
+                  scale=alt.Scale(domain=ROLES, range=[MODE_HUES["dp"][1], MODE_HUES["dp"][0], MODE_HUES["ddp"][0]]))
 _AXIS = dict(axis=None, scale=alt.Scale(domain=[-1.45, 1.45]))
 
 

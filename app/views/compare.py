@@ -63,20 +63,22 @@ def body(windows, labels) -> None:
     headline(table)
     peaks = peak_memory_frame(views)
     if not peaks.empty:
-        st.altair_chart(charts_compare.peak_memory_chart(peaks), key="cmp_memory")
+        st.altair_chart(charts_compare.peak_memory_chart(peaks, {v.label: v.mode for v in views}),
+                        key="cmp_memory")
     rows = side_by_side(table)
     st.dataframe(rows, hide_index=True, key="compare_table", height=36 * (len(rows) + 1) + 4)
     if any((w.started or {}).get("emulated") for w in windows.values()):
         st.caption(explain.EMULATION_NOTE)
     curves = curves_frame(views)
+    modes = {v.label: v.mode for v in views}
     left, right = st.columns(2)
     with left:
-        st.altair_chart(charts.throughput_curves_chart(curves), key="cmp_throughput")
+        st.altair_chart(charts.throughput_curves_chart(curves, modes=modes), key="cmp_throughput")
     with right:
-        st.altair_chart(charts_compare.loss_chart(curves), key="cmp_loss")
+        st.altair_chart(charts_compare.loss_chart(curves, modes), key="cmp_loss")
     left, right = st.columns(2)
     with left:
-        st.altair_chart(charts.split_chart(fsteps.split_frame(curves, {v.label: v.mode for v in views})), key="cmp_split")
+        st.altair_chart(charts.split_chart(fsteps.split_frame(curves, modes)), key="cmp_split")
     with right:
         if table["speedup_vs_single"].notna().any():
             st.altair_chart(charts_compare.speedup_chart(table), key="cmp_speedup")

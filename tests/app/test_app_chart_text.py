@@ -69,7 +69,8 @@ def specs(redis_url):
                     data[""] = _table(c.proto.data)
                 out.append((page, json.loads(c.proto.spec), data))
         assert len(out) > 20
-        return out
+        modes = {r.get("label"): r["config"]["mode"] for r in client.list_runs() if r.get("label")}
+        return out, modes
     finally:
         r.flushdb()
         app.connection._client.clear()
@@ -156,7 +157,7 @@ def _built() -> list[tuple[str, dict, dict]]:
 
 
 def test_no_legend_label_or_title_is_cut(specs):
-    cut = _cut(specs + _built())
+    cut = _cut(specs[0] + _built())
     assert not cut, "\n".join(cut)
 
 
@@ -165,3 +166,43 @@ def test_the_walker_sees_a_cut_legend():
         "field": "run", "type": "nominal", "legend": {"title": "thread state (measured: schedstat)"}}}}
     data = {"d": {"run": ["DP ×4 · mlp-deep · cpu:0 · a config label this long"]}}
     assert len(_cut([("p", spec, data)])) == 2
+
+
+MODE_OF_SERIES = {"DP": "dp", "DDP": "ddp"}  # Scale-out's series: "DP (predicted)", "DDP (measured)"
+
+
+def test_every_chart_colouring_runs_or_modes_uses_the_one_mode_colour_map(specs):
+    """A run is drawn in its mode's colour (a second run of a mode in a shade of it) on every
+    page; a chart colouring by mode uses the same map (`app.charts.style.MODE_HUES`)."""
+    from app.charts.style import MODE_HUES
+
+    pages, modes = specs
+    assert set(modes.values()) == {"single", "dp", "ddp", "fsdp"}
+    checked, wrong = 0, []
+    for page, spec, data in pages:
+        name = str((spec.get("title") or {}).get("text"))
+        for view in _walk(spec):
+            colour = (view.get("encoding") or {}).get("color")
+            if not isinstance(colour, dict) or colour.get("field") not in ("run", "mode", "series"):
+                continue
+            scale = colour.get("scale") or {}
+            values = scale.get("domain") or sorted(_values(colour["field"], data))
+            of = {v: modes.get(v) or (v if v in MODE_HUES else MODE_OF_SERIES.get(str(v).split(" (")[0]))
+                  for v in values}
+            if not any(of.values()):
+                continue  # not runs or modes (the theory page's series)
+            checked += 1
+            if "range" not in scale or not isinstance(scale["range"], list):
+                wrong.append(f"{page} '{name}': {colour['field']} coloured by a scheme, not the mode map")
+                continue
+            firsts: set[str] = set()
+            for value, hue in zip(scale["domain"], scale["range"]):
+                mode = of.get(value)
+                if mode is None:
+                    continue
+                want = MODE_HUES[mode][0] if mode not in firsts and colour["field"] != "series" else None
+                if (want and hue != want) or hue not in MODE_HUES[mode]:
+                    wrong.append(f"{page} '{name}': {value} ({mode}) drawn {hue}")
+                firsts.add(mode)
+    assert checked >= 8, checked
+    assert not wrong, "\n".join(wrong)
