@@ -152,3 +152,12 @@ def test_memory_axes_end_near_the_data_and_read_in_whole_mib():
     assert cm.near_ceiling(120.0) == pytest.approx(120.0) and cm.near_ceiling(10.1) == pytest.approx(12.0)
     for x in (0.37, 4.2, 43.0, 51.0, 99.9, 1234.0):
         assert x <= cm.near_ceiling(x) <= 1.2 * x
+
+
+def test_theory_probe_note_names_the_runs_own_sizes():
+    from app.frames.theory import probe_note
+
+    pts = [{"nbytes": n, "time_s": 1e-4 * (1 + n / 4096), "busbw_bytes_per_s": 1e9} for n in (4096, 8192, 170_000)]
+    text = probe_note({"points": pts, "run_nbytes": [170_000], "backend": "gloo", "iters": 10,
+                       "warmup_iters": 3, "fit": None}, 2)
+    assert "First the run's own bucket sizes (166.016 KiB)" in text
