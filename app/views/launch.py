@@ -89,7 +89,9 @@ def submit(client, values: dict[str, Any], label: str, action: str) -> dict[str,
         return None
     try:
         if action == "pair":  # a label names the set: "X · DP", "X · DDP"
-            return dict(zip(client.submit_pair(config, label=label or None), ("dp", "ddp")))
+            ids = client.submit_pair(config, label=label or None)
+            st.session_state["focus_group"] = (client.get_run(ids[0]) or {}).get("group")  # as the set's
+            return dict(zip(ids, ("dp", "ddp")))
         if action == "trio":
             group, ids = submit_trio(client, config, label=label or None)
             st.session_state["focus_group"] = group

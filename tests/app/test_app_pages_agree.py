@@ -161,3 +161,33 @@ def test_theory_probe_note_names_the_runs_own_sizes():
     text = probe_note({"points": pts, "run_nbytes": [170_000], "backend": "gloo", "iters": 10,
                        "warmup_iters": 3, "fit": None}, 2)
     assert "First the run's own bucket sizes (166.016 KiB)" in text
+
+
+def test_a_launched_pair_becomes_every_pages_run_set(real_client, app_test):
+    """Compare, DP timeline, Theory and Learn visited on an older set, then a pair launched: each
+    page shows the pair's group (the trio button did this already; the pair button now too)."""
+    from recorded import trio
+
+    old, _ = trio(real_client)
+    at = app_test("views/compare.py")
+    assert at.session_state["compare_set"] == old
+    for page in ("views/dp_timeline.py", "views/theory.py"):
+        at.switch_page(page).run()
+    at.switch_page("views/launch.py").run()
+    at.segmented_control(key="launch_what").set_value("pair").run()
+    at.number_input(key="cfg_steps").set_value(2).run()
+    at.button(key="launch_pair").click().run()
+    assert not at.exception
+    pair = {r["group"] for r in real_client.list_runs() if r["group"] != old}
+    assert len(pair) == 1
+    (new,) = pair
+    for page, key in (("views/compare.py", "compare_set"), ("views/dp_timeline.py", "dp_set"),
+                      ("views/theory.py", "theory_set"), ("views/learn.py", "learn_set")):
+        at.switch_page(page).run()
+        assert not at.exception, page
+        assert at.session_state[key] == new, page
+    # a set picked on a page is then kept there, and followed by the others
+    at.selectbox(key="learn_set").set_value(old).run()
+    assert at.session_state["learn_set"] == old
+    at.switch_page("views/compare.py").run()
+    assert at.session_state["compare_set"] == old
