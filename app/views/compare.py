@@ -66,7 +66,8 @@ def body(windows, labels) -> None:
         st.altair_chart(charts_compare.peak_memory_chart(peaks, {v.label: v.mode for v in views}),
                         key="cmp_memory")
     rows = side_by_side(table)
-    st.dataframe(rows, hide_index=True, key="compare_table", height=36 * (len(rows) + 1) + 4)
+    st.dataframe(rows, hide_index=True, key="compare_table", height=36 * (len(rows) + 1) + 4,
+                 column_config={"measure": st.column_config.TextColumn(width="large")})  # never cut
     if any((w.started or {}).get("emulated") for w in windows.values()):
         st.caption(explain.EMULATION_NOTE)
     curves = curves_frame(views)
@@ -113,9 +114,11 @@ def headline(table) -> None:
     for col, (_, row) in zip(st.columns(len(table)), table.iterrows()):
         peak, sps, speed = row["peak_mib_max"], row["samples_per_s"], row["speedup_vs_single"]
         rate = "—" if sps != sps else f"{sps:,.0f} samples/s" + ("" if speed != speed else f", {speed:.2f}× single")
-        col.metric(f"{row['run']}: peak memory per device", "—" if peak != peak else f"{peak:.2f} MiB",
+        # short: a metric's label is cut with "…" at a quarter of a 1280 px page
+        col.metric(f"{row['run']}: peak memory", "—" if peak != peak else f"{peak:.2f} MiB",
                    delta=rate, delta_color="off", delta_arrow="off",
-                   help="the busiest device's peak, measured (see the chart's legend for how)")
+                   help="peak memory per device: the busiest device's peak, measured (see the "
+                        "chart's legend for how)")
 
 
 st.title("Compare")

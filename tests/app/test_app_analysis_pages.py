@@ -31,7 +31,7 @@ def test_compare_page_side_by_side(real_client, app_test):
     assert list(table.columns) == ["measure", "single", "DP", "DDP", "FSDP"]
     speed = table.set_index("measure").loc["speed-up vs single"]
     assert speed["single"] == "1.00×" and speed["DP"].endswith("×") and speed["FSDP"].endswith("×")
-    assert [m.label for m in at.metric] == [f"{r}: peak memory per device" for r in ("single", "DP", "DDP", "FSDP")]
+    assert [m.label for m in at.metric] == [f"{r}: peak memory" for r in ("single", "DP", "DDP", "FSDP")]
     peak = table.set_index("measure").loc["peak memory, busiest device (MiB)"]
     assert float(peak["FSDP"]) < float(peak["DDP"])  # the headline: sharding holds less per rank
     # the same set through a link (?runs=), e.g. from the Runs page

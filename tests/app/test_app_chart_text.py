@@ -6,7 +6,9 @@ Text widths are estimates (the widest of Vega's default font's glyphs at each si
 character at 11 px, 7.7 at 13 px bold), so a test failure is a line that would be cut, or close.
 The room: a legend's or axis's `labelLimit` (Vega's defaults 160 and 180 px where unset), a
 legend's `titleLimit` (180 px), and a chart title's plot width, which Vega uses as its limit: the
-narrowest chart the pages draw is half of a page column at 1024 px, so `TITLE_ROOM_PX`.
+narrowest chart the pages draw is half of a page column at 1024 px, so `TITLE_ROOM_PX`. A legend
+above or below the plot lays its entries side by side (`columns` of them a row): a row must fit
+the chart's width (`ROW_ROOM_PX`, at 1280 px), or its last entries fall off the chart's edge.
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ from recorded import CONFIG, overlap_pair, trio
 PX_PER_CHAR = {11: 6.5, 13: 7.7}  # Vega's default sans-serif, generous (digits and capitals)
 LEGEND_LABEL_LIMIT, LEGEND_TITLE_LIMIT, AXIS_LABEL_LIMIT = 160, 180, 180  # Vega's defaults (px)
 TITLE_ROOM_PX = 320  # a half-column chart's plot at 1024 px wide, less its y axis
+LEGEND_SYMBOL_PX = 26  # a legend entry's symbol and the gaps around it
+ROW_PX_PER_CHAR = 5.6  # a legend label's characters, as measured in the screenshots (10 px labels)
+ROW_ROOM_PX = 380  # a half-column chart's whole width at 1280 px: a legend row may use all of it
+FULL_WIDTH_PX = 760  # the charts the pages draw across the whole column (titles starting so)
+FULL_WIDTH = ("The lock", "DP: step", "Shards, gather, scatter")
 PAGES = ["views/live.py", "views/compare.py", "views/buckets.py", "views/dp_timeline.py",
          "views/theory.py", "views/learn.py", "views/scaleout.py", "views/runs.py", "views/sweeps.py",
          "views/cluster.py"]
@@ -122,6 +129,12 @@ def _cut(specs) -> list[str]:
                             if _px(v) > label_limit]
                     if leg.get("title") and _px(leg["title"]) > (leg.get("titleLimit", LEGEND_TITLE_LIMIT) or 1e9):
                         cut += [f"{page} '{name}': legend title '{leg['title']}'"]
+                    if leg.get("orient") in ("top", "bottom") and leg.get("direction") != "vertical" and shown:
+                        entry = [len(str(v)) * ROW_PX_PER_CHAR + LEGEND_SYMBOL_PX for v in shown]
+                        cols = leg.get("columns") or len(entry)  # Vega sizes each column to its widest
+                        row = sum(max(entry[j::cols]) for j in range(min(cols, len(entry))))
+                        if row > (FULL_WIDTH_PX if name.startswith(FULL_WIDTH) else ROW_ROOM_PX):
+                            cut += [f"{page} '{name}': {channel} legend row of {len(entry)} entries, ~{row:.0f} px"]
                 axis = enc.get("axis", {}) if channel in ("x", "y") else None
                 if axis is not None and enc.get("type") == "nominal":
                     axis_limit = axis.get("labelLimit", AXIS_LABEL_LIMIT) or 1e9
