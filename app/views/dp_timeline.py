@@ -39,6 +39,8 @@ def step_selector(windows) -> int | None:
     first = next(iter(windows.values()), None)
     typical = fd.typical_step(fd.dp_steps(first.of_type("dp_phase")), first.of_type("step")) if first else None
     traced = set().union(*(fd.instrumented_steps(w.of_type("step")) for w in windows.values()))
+    if set(steps) <= traced:  # every step carried the instrument: a note on each says nothing
+        traced = set()
     return pick_step(steps, "dp_step", default=typical, notes={s: "instrumented" for s in traced})
 
 
