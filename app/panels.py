@@ -223,7 +223,8 @@ def split_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -
     missing = "".join(f" {run}: {why} (its forward and backward include it)."
                       for run, why in fsteps.unmeasured_parts(steps).items())
     st.caption("exposed comm: all-reduce time not hidden behind backward; DP copies: device 0's "
-               "scatter, gather, reduce and broadcast, copies through one device; other: data loading "
+               "scatter, gather, reduce and broadcast, copies through one device (not a collective); "
+               "other: data loading "
                "and synchronisation. Steps after the first, median over the window." + missing)
 
 

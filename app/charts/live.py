@@ -96,6 +96,6 @@ def accuracy_chart(accuracy: pd.DataFrame, runs: list[str], modes: dict[str, str
                  alt.Tooltip("val_accuracy:Q", title="accuracy", format=".3f"),
                  alt.Tooltip("val_loss:Q", title="validation loss", format=".4f")],
     ).add_params(zoom).properties(
-        width=WIDTH, height=HEIGHT - 60,
+        width=WIDTH, height=HEIGHT - 40,  # room for a two-line subtitle in a half column
         title=title("Validation accuracy", "share of the held-out split classified right, at every "
                                            "evaluation (eval_every steps and the end); colours as above"))

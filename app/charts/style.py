@@ -62,9 +62,10 @@ def legend(title: str, orient: str = "right", **kw) -> alt.Legend:
 
 
 # Vega cuts a title line at its chart's plot width with "…". The narrowest chart a page draws is
-# half a page column at 1024 px (a ~320 px plot); at Vega's 13 px bold title (~7.7 px a character)
-# and 11 px subtitle (~6.5) these many characters fit it, so longer lines are wrapped.
-TITLE_CHARS, SUBTITLE_CHARS = 41, 49
+# half a page column (a ~320 px plot); at Vega's 13 px bold title (~7.4 px a character) and 11 px
+# subtitle (~5.3, both measured in Chromium screenshots) these many characters fit it, so longer
+# lines are wrapped.
+TITLE_CHARS, SUBTITLE_CHARS = 41, 60
 
 
 def wrap(text: str | list[str] | None, width: int) -> list[str]:

@@ -25,13 +25,14 @@ _STEP_PARTS = {"forward_ms": "forward_s", "backward_ms": "backward_s",
 
 # DP's scatter/gather/reduce/broadcast are copies through device 0, not a collective left exposed:
 # the same field of its step events (`comm_exposed_s`) is named for what it is.
-DP_COPIES = "DP copies (scatter/gather/reduce/broadcast)"
-SPLIT_PARTS = ["forward", "backward", "exposed comm", DP_COPIES, "optimizer", "other"]
+DP_COPIES = "DP copies (scatter/gather/reduce/broadcast)"  # the Compare table's row
+DP_COPIES_PART = "DP copies"  # the step split's part: its legend sits in a third of the Live page
+SPLIT_PARTS = ["forward", "backward", "exposed comm", DP_COPIES_PART, "optimizer", "other"]
 
 
 def comm_part(mode: str | None) -> str:
-    """What a run's `comm_exposed_s` is called: DP's copies, or the others' exposed comm."""
-    return DP_COPIES if mode == "dp" else "exposed comm"
+    """What a run's `comm_exposed_s` is called in the split: DP's copies, or the others' exposed comm."""
+    return DP_COPIES_PART if mode == "dp" else "exposed comm"
 
 
 def steps_frame(events: Iterable[Event], run: str) -> pd.DataFrame:
@@ -69,7 +70,7 @@ def split_frame(steps: pd.DataFrame, modes: dict[str, str] | None = None) -> pd.
     ms, order. `steps` is `steps_frame` output (one or several runs). `other` is the step time the
     four parts do not cover (data loading, synchronisation), clipped at 0. A part a run did not
     measure (FSDP's exposed comm on CUDA) has no row, never a number: `unmeasured_parts` names it.
-    `modes` (run -> mode) names a DP run's communication part `DP_COPIES` (`comm_part`).
+    `modes` (run -> mode) names a DP run's communication part `DP_COPIES_PART` (`comm_part`).
     """
     cols = ["run", "part", "ms", "order"]
     if steps.empty:

@@ -2,8 +2,8 @@
 label, legend title, axis label or title line is longer than the room Vega gives it (Vega cuts
 it with "…" there), and every chart coloured by mode uses the app's one mode colour map.
 
-Text widths are estimates (the widest of Vega's default font's glyphs at each size: 6.5 px a
-character at 11 px, 7.7 at 13 px bold), so a test failure is a line that would be cut, or close.
+Text widths are estimates (generous ones for labels and titles: 6.5 px a character at 11 px, 7.7
+at 13 px bold; a subtitle's 5.3 px as measured), so a failure is a line that would be cut, or close.
 The room: a legend's or axis's `labelLimit` (Vega's defaults 160 and 180 px where unset), a
 legend's `titleLimit` (180 px), and a chart title's plot width, which Vega uses as its limit: the
 narrowest chart the pages draw is half of a page column at 1024 px, so `TITLE_ROOM_PX`. A legend
@@ -22,6 +22,7 @@ import redis
 from recorded import CONFIG, overlap_pair, trio
 
 PX_PER_CHAR = {11: 6.5, 13: 7.7}  # Vega's default sans-serif, generous (digits and capitals)
+SUBTITLE_PX_PER_CHAR = 5.3  # a subtitle line's characters, as measured in Chromium screenshots
 LEGEND_LABEL_LIMIT, LEGEND_TITLE_LIMIT, AXIS_LABEL_LIMIT = 160, 180, 180  # Vega's defaults (px)
 TITLE_ROOM_PX = 320  # a half-column chart's plot at 1024 px wide, less its y axis
 LEGEND_SYMBOL_PX = 26  # a legend entry's symbol and the gaps around it
@@ -113,7 +114,8 @@ def _cut(specs) -> list[str]:
         name = " / ".join(_lines(title.get("text")))[:60]
         limit = title.get("limit") or TITLE_ROOM_PX
         cut += [f"{page} '{name}': title line '{t}'" for t in _lines(title.get("text")) if _px(t, 13) > limit]
-        cut += [f"{page} '{name}': subtitle line '{t}'" for t in _lines(title.get("subtitle")) if _px(t) > limit]
+        cut += [f"{page} '{name}': subtitle line '{t}'" for t in _lines(title.get("subtitle"))
+                if len(t) * SUBTITLE_PX_PER_CHAR > limit]
         for view in _walk(spec):
             for channel, enc in (view.get("encoding") or {}).items():
                 if not isinstance(enc, dict):

@@ -40,14 +40,14 @@ def test_dp_copies_are_never_called_exposed_comm(views):
     assert table.loc[copies, "DDP"] == "—"
     steps = fsteps.steps_frame(dp.of_type("step"), "DP")
     split = fsteps.split_frame(steps, {"DP": "dp"})
-    assert fsteps.DP_COPIES in set(split["part"]) and "exposed comm" not in set(split["part"])
+    assert fsteps.DP_COPIES_PART in set(split["part"]) and "exposed comm" not in set(split["part"])
     ddp_split = fsteps.split_frame(fsteps.steps_frame(ddp.of_type("step"), "DDP"), {"DDP": "ddp"})
-    assert "exposed comm" in set(ddp_split["part"]) and fsteps.DP_COPIES not in set(ddp_split["part"])
+    assert "exposed comm" in set(ddp_split["part"]) and fsteps.DP_COPIES_PART not in set(ddp_split["part"])
     # the chart's legend names only the parts present
     from app.charts.steps import split_chart
 
     legend = split_chart(split).to_dict()["encoding"]["color"]["scale"]["domain"]
-    assert fsteps.DP_COPIES in legend and "exposed comm" not in legend
+    assert fsteps.DP_COPIES_PART in legend and "exposed comm" not in legend
 
 
 def _step_times(mode: str) -> dict[int, tuple[float, bool]]:
