@@ -61,6 +61,13 @@ def specs(redis_url):
     app.connection._client.clear()
     client = DdpvizClient(redis=r)
     try:
+        from recorded import play
+
+        from workers.sweeps import submit_sweep
+
+        sweep = submit_sweep(client, CONFIG, "world_size", [2])  # Sweeps' charts coloured by mode
+        for run in client.list_runs():
+            play(client, run["run_id"], f"real_{run['config']['mode']}_mlp_ws2.jsonl")
         _, ids = trio(client, ddp="ddp-probe")
         overlap_pair(client)
         out = []
@@ -71,11 +78,10 @@ def specs(redis_url):
             at.run()
             at.switch_page(page).run()
             assert not at.exception, (page, [e.value for e in at.exception])
-            for c in at.get("vega_lite_chart"):
-                data = {d.name: _table(d.data) for d in c.proto.datasets}
-                if c.proto.data.data:
-                    data[""] = _table(c.proto.data)
-                out.append((page, json.loads(c.proto.spec), data))
+            out += _charts(page, at)
+            if page.endswith("sweeps.py"):  # the newest sweep is the overlap pair: the other one too
+                at.selectbox(key="sweep_pick").set_value(sweep).run()
+                out += _charts(page, at)
         assert len(out) > 20
         modes = {r.get("label"): r["config"]["mode"] for r in client.list_runs() if r.get("label")}
         return out, modes
@@ -83,6 +89,16 @@ def specs(redis_url):
         r.flushdb()
         app.connection._client.clear()
         mp.undo()
+
+
+def _charts(page: str, at) -> list[tuple[str, dict, dict]]:
+    out = []
+    for c in at.get("vega_lite_chart"):
+        data = {d.name: _table(d.data) for d in c.proto.datasets}
+        if c.proto.data.data:
+            data[""] = _table(c.proto.data)
+        out.append((page, json.loads(c.proto.spec), data))
+    return out
 
 
 def _walk(spec: dict):
@@ -193,7 +209,7 @@ def test_every_chart_colouring_runs_or_modes_uses_the_one_mode_colour_map(specs)
 
     pages, modes = specs
     assert set(modes.values()) == {"single", "dp", "ddp", "fsdp"}
-    checked, wrong = 0, []
+    checked, wrong, seen = 0, [], set()
     for page, spec, data in pages:
         name = str((spec.get("title") or {}).get("text"))
         for view in _walk(spec):
@@ -207,6 +223,7 @@ def test_every_chart_colouring_runs_or_modes_uses_the_one_mode_colour_map(specs)
             if not any(of.values()):
                 continue  # not runs or modes (the theory page's series)
             checked += 1
+            seen.add((page, colour["field"]))
             if "range" not in scale or not isinstance(scale["range"], list):
                 wrong.append(f"{page} '{name}': {colour['field']} coloured by a scheme, not the mode map")
                 continue
@@ -220,4 +237,6 @@ def test_every_chart_colouring_runs_or_modes_uses_the_one_mode_colour_map(specs)
                     wrong.append(f"{page} '{name}': {value} ({mode}) drawn {hue}")
                 firsts.add(mode)
     assert checked >= 8, checked
+    assert {("views/sweeps.py", "mode"), ("views/compare.py", "run"), ("views/live.py", "run"),
+            ("views/scaleout.py", "series"), ("views/buckets.py", "run")} <= seen, seen
     assert not wrong, "\n".join(wrong)
