@@ -50,15 +50,14 @@ def split_chart(split: pd.DataFrame) -> alt.Chart:
     return alt.Chart(split).mark_bar(height=alt.RelativeBandSize(0.6)).encode(
         x=alt.X("sum(ms):Q", title="median time per step (ms)", stack="zero"),
         y=alt.Y("run:N", title="run", axis=alt.Axis(labelLimit=0)),  # run names never cut
-        # legend below: "DP copies (scatter/gather/reduce/broadcast)" on the right left no room for bars
-        color=alt.Color("part:N", legend=legend("part of the step", orient="bottom", columns=1),
+        color=alt.Color("part:N", legend=legend("part of the step"),  # short names: room for the bars
                         scale=alt.Scale(domain=shown, range=[_SPLIT_COLOURS[p] for p in shown]),
                         sort=shown),
         order=alt.Order("order:Q"),
         tooltip=[alt.Tooltip("run:N"), alt.Tooltip("part:N"),
                  alt.Tooltip("ms:Q", title="median (ms)", format=".2f")],
     ).properties(title=title("Step time split", "median ms per step"),
-                 width=WIDTH, height=rows_height(split, "run") + 17 * len(shown) + 24)
+                 width=WIDTH, height=rows_height(split, "run"))
 
 
 def comm_volume_chart(volume: pd.DataFrame) -> alt.Chart:
