@@ -27,11 +27,14 @@ FAULTS = ["fault", "fault_rank", "fault_step", "collective_timeout_s"]
 
 # What one press of the form's button launches, first the default (the pair the README starts
 # with): the choice above the form, and the button's text.
+# Short: a segmented control does not wrap, and a segment past its column is cut (1024 px wide).
 ACTIONS: dict[str, str] = {
-    "pair": "DP and DDP (side by side)",
-    "trio": "single, DP, DDP and FSDP (to compare)",
+    "pair": "DP and DDP",
+    "trio": "single, DP, DDP, FSDP",
     "one": "one run",
 }
+ACTIONS_HELP = ("DP and DDP: the pair, side by side on Live; single, DP, DDP, FSDP: the set to "
+                "compare; one run: any mode")
 SUBMIT_TEXT: dict[str, str] = {
     "pair": "Launch DP and DDP",
     "trio": "Launch single, DP, DDP and FSDP",
@@ -45,9 +48,11 @@ IGNORED: dict[str, tuple[str, ...]] = {
     "one": (),
 }
 PRESET_NAMES: dict[str, str] = {
-    "default": "Default (shows buckets overlapping backward)",
-    "tiny": "Tiny (fast smoke test)",
+    "default": "Default (buckets overlap)",
+    "tiny": "Tiny (smoke test)",
 }
+PRESETS_HELP = ("Default: a model whose gradients fill several buckets, so they overlap backward; "
+                "Tiny: fast, one bucket")
 
 HELP = {
     "mode": "dp: one process, a thread per device; ddp: a process per rank, each with a whole "

@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from app import explain
+from app import explain, runsets
 from app.charts import dp as charts_dp
 from app.charts import live as charts_live
 from app.charts import memory as charts_memory
@@ -158,8 +158,8 @@ def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, st
                    delta_arrow="off")
     earlier = pd.concat([w.history.frame(labels[rid]) for rid, w in windows.items()], ignore_index=True)
     window = max(w.max_steps for w in windows.values())
-    _zoomable(charts_live.live_throughput_chart(steps, earlier, [labels.get(r, r) for r in windows], window),
-              "chart_throughput")
+    _zoomable(charts_live.live_throughput_chart(steps, earlier, [labels.get(r, r) for r in windows], window,
+                                                runsets.modes_of(windows, labels)), "chart_throughput")
     note = ("Median samples/s: measured per step (samples / step time, the mean over ranks), the "
             "median over the steps after the first 3, leaving out the steps that carry the "
             "instrument's own work (memory tracing, DP's replica checksums), as the run's summary does.")
@@ -197,7 +197,8 @@ def accuracy_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]
                       ignore_index=True)
     if evals.empty:
         return _waiting("the first evaluation")
-    _zoomable(charts_live.accuracy_chart(evals, [labels.get(r, r) for r in windows]), "chart_accuracy",
+    _zoomable(charts_live.accuracy_chart(evals, [labels.get(r, r) for r in windows],
+                                         runsets.modes_of(windows, labels)), "chart_accuracy",
               [charts_live.ZOOM])
 
 
@@ -215,20 +216,22 @@ def split_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -
     """Stacked median step time (forward, backward, exposed comm, optimizer, other) per run."""
     refresh(client, windows)
     steps = steps_of(windows, labels)
-    split = fsteps.split_frame(steps)
+    split = fsteps.split_frame(steps, runsets.modes_of(windows, labels))
     if split.empty:
         return _waiting("the first step")
     _chart(charts.split_chart(split), "chart_split")
     missing = "".join(f" {run}: {why} (its forward and backward include it)."
                       for run, why in fsteps.unmeasured_parts(steps).items())
-    st.caption("exposed comm: all-reduce time not hidden behind backward; other: data loading "
+    st.caption("exposed comm: all-reduce time not hidden behind backward; DP copies: device 0's "
+               "scatter, gather, reduce and broadcast, copies through one device (not a collective); "
+               "other: data loading "
                "and synchronisation. Steps after the first, median over the window." + missing)
 
 
 # ---- memory ---------------------------------------------------------------------------------
 def memory_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
     """Per run, side by side: the latest traced step as it happened (phases, bytes per device,
-    process or GPU; a shared y scale) with the measured peak imbalance, and beside it memory over
+    process or GPU; a shared y scale) with the measured peak imbalance, and under it memory over
     the whole run per device (the memory timer's readings, `memory_readings`)."""
     refresh(client, windows)
     curves = {rid: fm.memory_curve_frame(w.of_type("memory"), labels[rid])
@@ -241,14 +244,12 @@ def memory_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) 
     y_max = max((float(h.max()) for h in held if not h.empty), default=None)
     for col, (rid, curve) in zip(st.columns(len(curves)), curves.items()):
         with col:
-            step_col, run_col = st.columns(2)
-            with step_col:
-                _step_memory(windows[rid], curve, labels[rid], rid, y_max)
-            with run_col:
-                for i, chart in enumerate(charts_memory.memory_over_run_charts(over_run[rid], labels[rid])):
-                    _chart(chart, f"chart_memory_run_{rid}_{i}")
-                if over_run[rid].empty:
-                    _waiting("the memory timer's readings")
+            # one under the other, never a quarter of the page: titles and legends keep their room
+            _step_memory(windows[rid], curve, labels[rid], rid, y_max)
+            for i, chart in enumerate(charts_memory.memory_over_run_charts(over_run[rid], labels[rid])):
+                _chart(chart, f"chart_memory_run_{rid}_{i}")
+            if over_run[rid].empty:
+                _waiting("the memory timer's readings")
 
 
 def _step_memory(w: RunWindow, curve: pd.DataFrame, label: str, rid: str, y_max: float | None) -> None:

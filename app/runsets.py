@@ -34,6 +34,12 @@ def mode(run: Run | None) -> str:
     return ((run or {}).get("config") or {}).get("mode", "?")
 
 
+def modes_of(windows: dict, labels: dict[str, str]) -> dict[str, str]:
+    """Run label -> mode of each window's run (`app.window.RunWindow.run`), for the charts'
+    colours (`app.charts.style.run_scale`: one colour per mode on every page)."""
+    return {labels.get(rid, rid): mode(w.run) for rid, w in windows.items()}
+
+
 def groups(runs: list[Run]) -> dict[str, list[Run]]:
     """Runs with a `group`, by group, newest group first; each group's runs single, dp, ddp."""
     out: dict[str, list[Run]] = {}

@@ -42,17 +42,22 @@ def quick_fields(prefix: str, fields: list[str] | None = None, columns: int = 5,
     return values
 
 
-def pick_step(steps: list[int], key: str) -> int | None:
-    """Buttons for `steps`; follows the newest step until the reader picks an older one."""
+def pick_step(steps: list[int], key: str, default: int | None = None,
+              notes: dict[int, str] | None = None) -> int | None:
+    """Buttons for `steps`; follows `default` (the newest step unless given) until the reader
+    picks another one. `notes` adds a word to a step's button (e.g. "traced")."""
     if not steps:
         return None
+    default = default if default in steps else steps[-1]
     latest_key = f"{key}_latest"
     current = st.session_state.get(key)
     if current not in steps or current == st.session_state.get(latest_key):
-        st.session_state[key] = steps[-1]  # at the newest (or nothing picked): keep following
-    st.session_state[latest_key] = steps[-1]
-    return st.segmented_control("step (0 and 1 are kept, then the latest ones)", steps,
-                                key=key, format_func=lambda s: f"step {s}", required=True)
+        st.session_state[key] = default  # at the default (or nothing picked): keep following it
+    st.session_state[latest_key] = default
+    notes = notes or {}
+    return st.segmented_control("step (0 and 1 are kept, then the latest ones)", steps, key=key,
+                                format_func=lambda s: f"step {s}" + (f" ({notes[s]})" if s in notes else ""),
+                                required=True)
 
 
 def show_errors(errors: list[tuple[str, str]]) -> None:

@@ -2,7 +2,7 @@
 
 The timeline has one lane per rank (``rank r @ host`` on multi-host runs) and a sub-row per
 bucket in it: the backward span behind, each bucket's all-reduce bar, a tick when the bucket
-became ready, and the exposed communication (after the last bucket was ready) shaded orange.
+became ready, and the exposed communication (after the last bucket was ready) shaded light orange.
 """
 
 from __future__ import annotations
@@ -10,11 +10,13 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from app.charts.style import CATEGORIES, CHROME_PX, HEIGHT, ROW_PX, STEP_X, WIDTH, legend, title
+from app.charts.style import CHROME_PX, HEIGHT, ROW_PX, STEP_X, WIDTH, legend, run_scale, title
 
 KINDS = ["backward (compute)", "all-reduce (one bucket)", "bucket ready",
          "exposed comm"]  # exposed: after the last bucket was ready
-COLOURS = ["#c6dbef", "#d62728", "#000000", "#ff9f1c"]
+COLOURS = ["#c6dbef", "#d62728", "#000000", "#ffc680"]  # drawn opaque: the legend's swatch is the mark's colour
+COLOUR_NAMES = dict(zip(KINDS, ["pale blue", "red", "black", "light orange"]))  # for the notes
+EXPOSED_NOTE = f"{COLOUR_NAMES[KINDS[3]]}: {KINDS[3]}"  # the subtitle's words for the exposed band
 _KIND = alt.Color("kind:N", legend=legend("", orient="bottom", columns=2),
                   scale=alt.Scale(domain=KINDS, range=COLOURS))
 SUB_ROW_PX = 20  # one bucket's row inside a rank's lane
@@ -70,7 +72,7 @@ def bucket_timeline(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: pd.D
             x=x, x2="end_ms:Q", y=y, y2="y1:Q", color=_KIND,
             tooltip=[alt.Tooltip("lane:N", title="rank"),
                      alt.Tooltip("end_ms:Q", title="backward (ms)", format=".2f")]),
-        alt.Chart(exp.assign(kind=KINDS[3])).mark_rect(opacity=0.45).encode(
+        alt.Chart(exp.assign(kind=KINDS[3])).mark_rect().encode(
             x=x, x2="end_ms:Q", y=y, y2="y1:Q", color=_KIND,
             tooltip=[alt.Tooltip("lane:N", title="rank"),
                      alt.Tooltip("exposed_ms:Q", title="exposed (ms)", format=".2f"),
@@ -90,18 +92,19 @@ def bucket_timeline(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: pd.D
         x=alt.X("ready_ms:Q", scale=scale), y=y, y2="y1:Q", color=_KIND, tooltip=tip))
     lane_px = min(MAX_LANE_PX, max(ROW_PX, SUB_ROW_PX * (n + 1)))
     label = f"{run}: step {step}" if step is not None and not latest else run
-    sub = (f"{n} bucket(s) per rank, a row each; orange: exposed comm" if not latest else
-           "latest complete step: a lane per rank, a row per bucket; orange: exposed comm")
+    sub = (f"{n} bucket(s) per rank, a row each; {EXPOSED_NOTE}" if not latest else
+           f"latest complete step: a lane per rank, a row per bucket; {EXPOSED_NOTE}")
     return alt.layer(*layers).properties(
         title=title(label, sub),
         width=WIDTH, height=CHROME_PX + LEGEND_PX + lane_px * max(2, len(lanes)))
 
 
-def exposed_chart(per_step: pd.DataFrame) -> alt.Chart:
-    """Exposed communication per step, one line per run (`app.frames.buckets.exposed_per_step`)."""
+def exposed_chart(per_step: pd.DataFrame, modes: dict[str, str] | None = None) -> alt.Chart:
+    """Exposed communication per step, one line per run (`app.frames.buckets.exposed_per_step`),
+    each in its mode's colour (`modes`: run -> mode)."""
     return alt.Chart(per_step).mark_line(point=alt.OverlayMarkDef(size=16)).encode(
         x=STEP_X, y=alt.Y("exposed_ms:Q", title="exposed comm (ms)"),
-        color=alt.Color("run:N", legend=legend("run"), scale=CATEGORIES),
+        color=alt.Color("run:N", legend=legend("run"), scale=run_scale(list(per_step["run"]), modes)),
         tooltip=[alt.Tooltip("run:N"), alt.Tooltip("step:Q"),
                  alt.Tooltip("exposed_ms:Q", title="exposed (ms)", format=".2f")],
     ).properties(title=title("Exposed communication per step",

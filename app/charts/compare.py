@@ -1,6 +1,6 @@
 """Chart builders of the Compare page (pure: `DataFrame -> alt.Chart`).
 
-Inputs are `app.frames.compare` outputs. Runs are coloured by run label (`CATEGORIES`), bars of
+Inputs are `app.frames.compare` outputs. Runs are coloured by their mode (`run_scale`), bars of
 measured, derived and formula by a fixed colour scale, so the same run reads the same on every
 chart.
 """
@@ -10,17 +10,17 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from app.charts.style import CATEGORIES, HEIGHT, STEP_X, WIDTH, legend, rows_height, title, volume_scale
+from app.charts.style import HEIGHT, STEP_X, WIDTH, legend, rows_height, run_scale, title, volume_scale
 from app.frames.steps import VOLUME_KINDS as WHICH
 
 
-def loss_chart(steps: pd.DataFrame) -> alt.LayerChart:
+def loss_chart(steps: pd.DataFrame, modes: dict[str, str] | None = None) -> alt.LayerChart:
     """Training loss per optimizer step, one line per run (`app.frames.steps.steps_frame` rows).
 
     Same config and seed: the curves should lie on top of each other, so each run's line is
     drawn thinner than, and above, the one before it: all stay visible where they coincide."""
     runs = list(dict.fromkeys(steps["run"])) or [""]
-    colour = alt.Color("run:N", legend=legend("run"), scale=CATEGORIES)  # same hues as throughput
+    colour = alt.Color("run:N", legend=legend("run"), scale=run_scale(runs, modes))  # as throughput
     tip = [alt.Tooltip("run:N"), alt.Tooltip("step:Q"), alt.Tooltip("loss:Q", format=".4f")]
     y = alt.Y("loss:Q", title="loss (cross-entropy)", scale=alt.Scale(zero=False))
     layers = [alt.Chart(steps[steps["run"] == run]).mark_line(
@@ -36,7 +36,7 @@ def speedup_chart(compare: pd.DataFrame) -> alt.LayerChart:
     """Speed-up over the single-device run per run, with a tick at the ideal (= world size)."""
     df = compare.dropna(subset=["speedup_vs_single"]).assign(ideal=lambda d: d["world_size"])
     y = alt.Y("run:N", title="run", sort=list(df["run"]))
-    colour = alt.Color("run:N", legend=legend("run"), scale=CATEGORIES)
+    colour = alt.Color("run:N", legend=legend("run"), scale=run_scale(list(df["run"]), dict(zip(df["run"], df["mode"]))))
     tip = [alt.Tooltip("run:N"), alt.Tooltip("speedup_vs_single:Q", title="speed-up", format=".2f"),
            alt.Tooltip("ideal:Q", title="ideal (world size)"),
            alt.Tooltip("samples_per_s:Q", title="samples/s", format=",.0f")]
@@ -54,13 +54,13 @@ def speedup_chart(compare: pd.DataFrame) -> alt.LayerChart:
         width=WIDTH, height=rows_height(df, "run"))
 
 
-def peak_memory_chart(peaks: pd.DataFrame) -> alt.Chart:
+def peak_memory_chart(peaks: pd.DataFrame, modes: dict[str, str] | None = None) -> alt.Chart:
     """Peak memory per device, runs one under the other (`app.frames.compare.peak_memory_frame`)."""
     df = peaks.assign(where=peaks["run"] + " · " + peaks["device"])
     return alt.Chart(df).mark_bar(height=alt.RelativeBandSize(0.7)).encode(
         x=alt.X("peak_mib:Q", title="measured peak (MiB)"),
         y=alt.Y("where:N", title="run · device", sort=list(dict.fromkeys(df["where"]))),
-        color=alt.Color("run:N", legend=legend("run"), scale=CATEGORIES),
+        color=alt.Color("run:N", legend=legend("run"), scale=run_scale(list(df["run"]), modes)),
         tooltip=[alt.Tooltip("run:N"), alt.Tooltip("device:N"),
                  alt.Tooltip("peak_mib:Q", title="peak (MiB)", format=".2f")],
     ).properties(title=title("Peak memory per device",

@@ -133,7 +133,7 @@ def thread_states_chart(states: pd.DataFrame) -> alt.Chart:
         tooltip=[alt.Tooltip("device:N"), alt.Tooltip("state:N"),
                  alt.Tooltip("ms:Q", title="median ms per step", format=".3f"),
                  alt.Tooltip("share:Q", title="share of the step", format=".0%")],
-    ).properties(title=title("The lock: what each device's thread did in a typical step",
+    ).properties(title=title("The lock: each device's thread in a step",
                              "DP: one process, a thread per device, one GIL; DDP: a process per "
                              "device, each with its own. Medians over the run's steps."),
                  width=WIDTH, height=max(160, rows_height(states, "device")))

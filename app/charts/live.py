@@ -17,7 +17,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from app.charts.style import CATEGORIES, HEIGHT, title
+from app.charts.style import HEIGHT, run_scale, title
 from app.frames.steps import SMOOTH_STEPS
 
 ZOOM = "zoom_step"  # drag to pan, wheel to zoom the step axis; double-click to reset
@@ -26,8 +26,8 @@ SELECTIONS = [ZOOM, PICK]  # what the throughput chart's panel listens to; accur
 WIDTH = "container"
 
 
-def _colour(runs: list[str]) -> alt.Color:
-    scale = alt.Scale(domain=runs, scheme="tableau10") if runs else CATEGORIES
+def _colour(runs: list[str], modes: dict[str, str] | None) -> alt.Color:
+    scale = run_scale(runs, modes)
     # labelLimit 0: run names are never cut, however narrow the column
     return alt.Color("run:N", scale=scale, legend=alt.Legend(title="run", orient="top", labelLimit=0,
                                                              symbolOpacity=1, columns=2))
@@ -40,7 +40,7 @@ def _params():
 
 
 def live_throughput_chart(recent: pd.DataFrame, earlier: pd.DataFrame, runs: list[str],
-                     window_steps: int) -> alt.LayerChart:
+                          window_steps: int, modes: dict[str, str] | None = None) -> alt.LayerChart:
     """Samples/s per step over the whole run: the newest `window_steps` steps one by one (a dot
     per step, its time the mean over ranks; a line through the rolling median), the steps before them in
     bins (dashed: each bin's mean; band: its min–max).
@@ -50,9 +50,10 @@ def live_throughput_chart(recent: pd.DataFrame, earlier: pd.DataFrame, runs: lis
         earlier: `app.step_history.StepHistory.frame` rows of every run.
         runs: the runs in legend order (fixes each run's colour).
         window_steps: steps a run's window keeps (`RunWindow.max_steps`), for the subtitle.
+        modes: run -> mode, for each run's colour (`app.charts.style.run_scale`).
     """
     zoom, pick, faded = _params()
-    colour = _colour(runs)
+    colour = _colour(runs, modes)
     x = alt.X("step:Q", title="optimizer step", axis=alt.Axis(tickMinStep=1, format="d"))
     y_title = "throughput (samples/s)"
     tip_step = [alt.Tooltip("run:N"), alt.Tooltip("step:Q"),
@@ -75,19 +76,18 @@ def live_throughput_chart(recent: pd.DataFrame, earlier: pd.DataFrame, runs: lis
         x="step_mid:Q", y="mean:Q", color=colour, opacity=faded, tooltip=tip_bin)
     return alt.layer(dots, line, band, mean).properties(
         width=WIDTH, height=HEIGHT + 90,
-        title=alt.TitleParams("Throughput per step", anchor="start", subtitle=[
+        title=title("Throughput per step", subtitle=[
             f"newest {window_steps} steps: a dot per step (mean over ranks), line = rolling median of "
             f"{SMOOTH_STEPS}",
             "earlier steps: dashed = mean per bin, band = min–max · drag to pan, wheel to zoom, "
             "double-click to reset"]))
 
 
-def accuracy_chart(accuracy: pd.DataFrame, runs: list[str]) -> alt.Chart:
+def accuracy_chart(accuracy: pd.DataFrame, runs: list[str], modes: dict[str, str] | None = None) -> alt.Chart:
     """Validation accuracy at each evaluation (`app.frames.steps.eval_frame` rows of every run), 0–1.
     Drawn under the throughput chart, in its colours, so it needs no legend of its own."""
     zoom = alt.selection_interval(bind="scales", encodings=["x"], name=ZOOM)
-    colour = alt.Color("run:N", legend=None,
-                       scale=alt.Scale(domain=runs, scheme="tableau10") if runs else CATEGORIES)
+    colour = alt.Color("run:N", legend=None, scale=run_scale(runs, modes))
     return alt.Chart(accuracy).mark_line(point=alt.OverlayMarkDef(size=30)).encode(
         x=alt.X("step:Q", title="optimizer step", axis=alt.Axis(tickMinStep=1, format="d")),
         y=alt.Y("val_accuracy:Q", title="validation accuracy", scale=alt.Scale(domain=[0, 1])),
@@ -96,6 +96,6 @@ def accuracy_chart(accuracy: pd.DataFrame, runs: list[str]) -> alt.Chart:
                  alt.Tooltip("val_accuracy:Q", title="accuracy", format=".3f"),
                  alt.Tooltip("val_loss:Q", title="validation loss", format=".4f")],
     ).add_params(zoom).properties(
-        width=WIDTH, height=HEIGHT - 60,
+        width=WIDTH, height=HEIGHT - 40,  # room for a two-line subtitle in a half column
         title=title("Validation accuracy", "share of the held-out split classified right, at every "
                                            "evaluation (eval_every steps and the end); colours as above"))

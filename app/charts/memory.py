@@ -27,6 +27,8 @@ _DASH = {SOURCE_LABELS["tensors"]: [1, 0], SOURCE_LABELS["cuda"]: [6, 3],
 _HELD_PX, _HOST_PX = 520, 300
 CHECK = "replica check (instrument)"  # DP's checksums on check steps: the instrument's own time
 _PHASE_COLOUR = dict(zip(DP_PHASES, PHASE_COLOURS)) | {CHECK: "#d9d9d9"}
+_TO_THE_DATA = alt.Scale(nice=False, zero=True)  # a time axis from 0 to the last reading, set by the data
+_STEP_X_TITLE = "ms from the step's start"
 
 
 def memory_curve_charts(curve: pd.DataFrame, phases: pd.DataFrame, run: str,
@@ -39,40 +41,63 @@ def memory_curve_charts(curve: pd.DataFrame, phases: pd.DataFrame, run: str,
     Pass the same `y_max_mib` to runs shown side by side so their device curves compare."""
     where = curve[curve["source"].isin(DEVICE_SOURCES)]
     host = curve[curve["source"].isin(HOST_SOURCES)]
-    span = nice_ceiling(max([0.0, *curve["t_ms"], *phases.get("end_ms", [])]) or 1.0)
-    x = alt.X("t_ms:Q", title="ms from the step's start", scale=alt.Scale(domain=[0, span]))
+    span = max([0.0, *curve["t_ms"], *phases.get("end_ms", [])]) or 1.0
+    # the time axis ends at the step's last reading or phase: the data sets it (nice off), never
+    # the spec, so a live refresh with a longer step keeps the chart's view (and a tooltip on it)
+    x = alt.X("t_ms:Q", title=_STEP_X_TITLE, scale=_TO_THE_DATA)
     head = f"Memory within a step: {run}"  # the step is in the caption: a spec without it survives a refresh
-    held = _lines(where, x, "bytes held (MiB)", nice_ceiling(y_max_mib))
+    y_max = nice_ceiling(y_max_mib)
+    held = _lines(where, x, alt.Y("mib:Q", title="bytes held (MiB)", scale=alt.Scale(
+        domain=[0, y_max], nice=True) if y_max else alt.Scale(zero=True)))
     if not phases.empty:
-        held = alt.layer(_phase_bands(phases, span), held).resolve_scale(color="independent")
+        held = alt.layer(_phase_bands(phases), held).resolve_scale(color="independent")
     charts = [held.properties(
         title=title(head, "bytes each device holds, measured; background: phases of device 0"),
         width=WIDTH, height=_HELD_PX)]
     if not host.empty:
-        charts.append(_lines(host, x, "MiB", None, zero=False, axis=alt.Axis(tickMinStep=1, format=",.0f")).properties(
-            title=title("The whole process (RSS) or the whole GPU (NVML)",
+        y = alt.Y("mib:Q", title="MiB", axis=MIB_AXIS, scale=alt.Scale(nice=False, zero=False))
+        lo, hi = mib_domain(host["mib"])  # whole MiB around a nearly flat line, as data (`_extent`)
+        charts.append(alt.layer(_lines(host, x, y), _extent(x, y, t_ms=[0.0, span], mib=[lo, hi])).properties(
+            title=title("The whole process (RSS) or GPU (NVML)",
                         "includes what is not a tensor: the interpreter, libraries, a CUDA context"),
             width=WIDTH, height=_HOST_PX))
     return charts
 
 
-def _lines(df: pd.DataFrame, x: alt.X, y_title: str, y_max: float | None, zero: bool = True,
-           axis: alt.Axis | None = None) -> alt.Chart:
-    scale = alt.Scale(domain=[0, y_max], nice=True) if y_max else alt.Scale(zero=zero)
+def _extent(x: alt.X, y: alt.Y, **cols: list[float]) -> alt.Chart:
+    """An invisible layer whose two rows stretch the x and y scales to `cols` (same fields as the
+    lines'): the extent travels as data, so the spec, and the live view, stay the same."""
+    return alt.Chart(pd.DataFrame(cols)).mark_point(opacity=0, size=1).encode(x=x, y=y)
+
+
+def _lines(df: pd.DataFrame, x: alt.X, y: alt.Y) -> alt.Chart:
     shown = [s for s in _DASH if s in set(df["source_label"])] or list(_DASH)
     dashes = alt.Scale(domain=shown, range=[_DASH[s] for s in shown])
     return alt.Chart(df).mark_line(interpolate="step-after", strokeWidth=2,
                                    point=alt.OverlayMarkDef(size=6, opacity=0.5)).encode(
-        x=x, y=alt.Y("mib:Q", title=y_title, scale=scale, axis=axis or alt.Axis()),
+        x=x, y=y,
         color=alt.Color("device:N", legend=legend("device", orient="top"), scale=CATEGORIES),
         strokeDash=alt.StrokeDash("source_label:N", scale=dashes,
-                                  legend=legend("source", orient="top", symbolType="stroke",
-                                                symbolStrokeColor="#444", symbolStrokeWidth=2,
-                                                labelLimit=220)),
+                                  legend=legend("source", orient="top", columns=1, symbolType="stroke",
+                                                symbolStrokeColor="#444", symbolStrokeWidth=2)),
         detail="source:N",
         tooltip=[alt.Tooltip("device:N"), alt.Tooltip("source_label:N", title="source"),
                  alt.Tooltip("t_ms:Q", title="ms from step start", format=".2f"),
                  alt.Tooltip("mib:Q", title="MiB", format=".2f")])
+
+
+MIB_AXIS = alt.Axis(tickMinStep=1, format=",.0f")  # whole MiB: "662", never "662.0312" or bytes
+MIN_SPAN_MIB = 8.0  # a y range at least this wide, so a flat process line still gets a few ticks
+
+
+def mib_domain(mib: pd.Series) -> list[float]:
+    """A y range in whole MiB around `mib` (a process's RSS, a GPU's used memory: large, nearly
+    flat): the data's span plus a tenth each side, at least `MIN_SPAN_MIB`, so the axis shows a few
+    whole-MiB ticks rather than one label or many digits."""
+    lo, hi = float(mib.min()), float(mib.max())
+    half = max((hi - lo) * 0.6, MIN_SPAN_MIB / 2)
+    mid = (lo + hi) / 2
+    return [max(0.0, math.floor(mid - half)), math.ceil(mid + half)]
 
 
 def nice_ceiling(mib: float | None) -> float | None:
@@ -85,10 +110,10 @@ def nice_ceiling(mib: float | None) -> float | None:
     return next(m * 10.0 ** e for e in (k, k + 1) for m in (1, 2, 5) if m * 10.0 ** e >= mib)
 
 
-def _phase_bands(phases: pd.DataFrame, span: float) -> alt.Chart:
+def _phase_bands(phases: pd.DataFrame) -> alt.Chart:
     shown = [p for p in _PHASE_COLOUR if p in set(phases["phase"])]
     return alt.Chart(phases).mark_rect(opacity=0.22).encode(
-        x=alt.X("start_ms:Q", scale=alt.Scale(domain=[0, span])), x2="end_ms:Q",
+        x=alt.X("start_ms:Q", scale=_TO_THE_DATA, title=_STEP_X_TITLE), x2="end_ms:Q",
         color=alt.Color("phase:N", legend=legend("phase (background)", orient="bottom", columns=4),
                         scale=alt.Scale(domain=shown, range=[_PHASE_COLOUR[p] for p in shown]),
                         sort=shown),
@@ -104,19 +129,23 @@ def memory_over_run_charts(run_memory: pd.DataFrame, run: str) -> list[alt.Layer
     for source in [s for s in ("cuda", "nvml", "process") if s in set(run_memory["source"])]:
         df = run_memory[run_memory["source"] == source]
         bin_s = float(df["bin_s"].max())
-        x = alt.X("t_s:Q", title="seconds since the run started")
+        # the axis ends at the last reading, not a padded round number: set by the data (nice
+        # off), never the spec, so the live view survives each refresh
+        x = alt.X("t_s:Q", title="seconds since the run started", scale=_TO_THE_DATA)
+        y = alt.Y("lo_mib:Q", title="MiB", axis=MIB_AXIS, scale=alt.Scale(nice=False, zero=False))
+        lo, hi = mib_domain(pd.concat([df["lo_mib"], df["hi_mib"]]))
         colour = alt.Color("device:N", legend=legend("device", orient="top"), scale=CATEGORIES)
         tip = [alt.Tooltip("device:N"), alt.Tooltip("t_s:Q", title="s since start", format=".1f"),
                alt.Tooltip("mib:Q", title="mean MiB", format=",.2f"),
                alt.Tooltip("lo_mib:Q", title="min MiB", format=",.2f"),
                alt.Tooltip("hi_mib:Q", title="max MiB", format=",.2f"), alt.Tooltip("readings:Q")]
         band = alt.Chart(df).mark_area(opacity=0.2, interpolate="step-after").encode(
-            x=x, y=alt.Y("lo_mib:Q", title="MiB", scale=alt.Scale(zero=False)), y2="hi_mib:Q", color=colour)
+            x=x, y=y, y2="hi_mib:Q", color=colour)
         line = alt.Chart(df).mark_line(interpolate="step-after", strokeWidth=2).encode(
             x=x, y="mib:Q", color=colour, tooltip=tip)
-        charts.append(alt.layer(band, line).properties(
-            title=title(f"Memory over the run: {SOURCE_LABELS.get(source, source)}, {run}",
-                        f"measured: the memory timer's readings (20/s per device), {TIMER_NOTES[source]}; "
+        charts.append(alt.layer(band, line, _extent(x, y, t_s=[0.0, 0.0], lo_mib=[lo, hi])).properties(
+            title=title(f"Memory over the run: {SOURCE_LABELS.get(source, source)}",
+                        f"{run} · measured: the memory timer's readings (20/s per device), {TIMER_NOTES[source]}; "
                         f"line: mean of each {bin_s:g} s bin, band: its min–max"),
             width=WIDTH, height=_HOST_PX))
     return charts

@@ -9,11 +9,12 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from app.charts.buckets import bucket_timeline
-from app.charts.style import HEIGHT, WIDTH, legend, title
+from app.charts.buckets import EXPOSED_NOTE, bucket_timeline
+from app.charts.style import HEIGHT, MODE_HUES, WIDTH, legend, title
 
 SERIES = ["DP (predicted)", "DDP (predicted)", "DP (measured)", "DDP (measured)"]
-_SERIES = alt.Scale(domain=SERIES, range=["#ff7f0e", "#1f77b4", "#ff7f0e", "#1f77b4"])
+_DP, _DDP = MODE_HUES["dp"][0], MODE_HUES["ddp"][0]  # one colour per mode, every page
+_SERIES = alt.Scale(domain=SERIES, range=[_DP, _DDP, _DP, _DDP])
 _X = alt.X("world_size:Q", title="world size (devices)", scale=alt.Scale(type="log", base=2),
            axis=alt.Axis(values=[1, 2, 4, 8, 16, 32, 64], format="d"))
 
@@ -63,11 +64,11 @@ def bytes_chart(df: pd.DataFrame) -> alt.Chart:
     return alt.Chart(df).mark_line(strokeWidth=2, strokeDash=[6, 3], point=alt.OverlayMarkDef(size=30)).encode(
         x=_X, y=alt.Y("mib:Q", title="MiB per step (sent + received)", scale=alt.Scale(type="log")),
         color=alt.Color("series:N", legend=legend("", orient="bottom"),
-                        scale=alt.Scale(domain=SERIES[:2], range=["#ff7f0e", "#1f77b4"])),
+                        scale=alt.Scale(domain=SERIES[:2], range=[_DP, _DDP])),
         tooltip=[alt.Tooltip("series:N", title="what"), alt.Tooltip("world_size:Q", title="devices"),
                  alt.Tooltip("busiest_bytes:Q", title="bytes", format=",.0f")],
-    ).properties(title=title("Where the star breaks: bytes on the busiest device (predicted)",
-                             "DP: device 0 moves (n−1)·P each way; DDP: each rank 2(n−1)/n·P each way"),
+    ).properties(title=title("Where the star breaks (predicted)",
+                             "bytes on the busiest device. DP: device 0 moves (n−1)·P each way; DDP: each rank 2(n−1)/n·P each way"),
                  width=WIDTH, height=HEIGHT + 60)
 
 
@@ -78,5 +79,5 @@ def predicted_timeline(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: p
     chart = bucket_timeline(buckets, backward, exposed, run="predicted")
     n = int(buckets["bucket_index"].max()) + 1 if not buckets.empty else 0
     return chart.properties(title=title(
-        f"Predicted bucket timeline: DDP at world size {world_size}",
-        f"predicted on {link}; {n} bucket(s); orange: exposed comm (predicted)"))
+        f"Predicted buckets: DDP at world size {world_size}",
+        f"predicted on {link}; {n} bucket(s); {EXPOSED_NOTE} (predicted)"))

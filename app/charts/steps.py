@@ -10,20 +10,22 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from app.charts.style import CATEGORIES, HEIGHT, STEP_X, WIDTH, legend, rows_height, title, volume_scale
+from app.charts.style import HEIGHT, STEP_X, WIDTH, legend, rows_height, run_scale, title, volume_scale
 from app.frames import steps as fsteps
 from app.frames.steps import SMOOTH_STEPS, SPLIT_PARTS
 
-_SPLIT_COLOURS = ["#1f77b4", "#ff7f0e", "#d62728", "#2ca02c", "#c7c7c7"]
+_SPLIT_COLOURS = dict(zip(SPLIT_PARTS, ["#1f77b4", "#ff7f0e", "#d62728", "#9467bd", "#2ca02c", "#c7c7c7"]))
 
 
-def throughput_curves_chart(steps: pd.DataFrame, runs: list[str] | None = None) -> alt.LayerChart:
+def throughput_curves_chart(steps: pd.DataFrame, runs: list[str] | None = None,
+                            modes: dict[str, str] | None = None) -> alt.LayerChart:
     """Samples/s per optimizer step, per run (`app.frames.steps.steps_frame` rows): a faint point per step
     and a line through the rolling median, so noise does not hide the difference.
 
     `runs` fixes the colour of each run (in this order) before all of them have data, so a
-    run keeps its colour when the other one starts reporting."""
-    scale = alt.Scale(domain=runs, scheme="tableau10") if runs else CATEGORIES
+    run keeps its colour when the other one starts reporting; `modes` (run -> mode) colours each
+    run by its mode (`app.charts.style.run_scale`)."""
+    scale = run_scale(runs or list(steps["run"]), modes)
     colour = alt.Color("run:N", legend=legend("run"), scale=scale)
     x = STEP_X
     tip = [alt.Tooltip("run:N"), alt.Tooltip("step:Q"),
@@ -42,13 +44,15 @@ def throughput_curves_chart(steps: pd.DataFrame, runs: list[str] | None = None) 
 
 
 def split_chart(split: pd.DataFrame) -> alt.Chart:
-    """Median step time per run, stacked by part (`app.frames.steps.split_frame` rows), in ms."""
+    """Median step time per run, stacked by part (`app.frames.steps.split_frame` rows), in ms.
+    The legend names the parts present (DP's copies, others' exposed comm)."""
+    shown = [p for p in SPLIT_PARTS if p in set(split["part"])] or SPLIT_PARTS
     return alt.Chart(split).mark_bar(height=alt.RelativeBandSize(0.6)).encode(
         x=alt.X("sum(ms):Q", title="median time per step (ms)", stack="zero"),
         y=alt.Y("run:N", title="run", axis=alt.Axis(labelLimit=0)),  # run names never cut
-        color=alt.Color("part:N", legend=legend("part of the step"),
-                        scale=alt.Scale(domain=SPLIT_PARTS, range=_SPLIT_COLOURS),
-                        sort=SPLIT_PARTS),
+        color=alt.Color("part:N", legend=legend("part of the step"),  # short names: room for the bars
+                        scale=alt.Scale(domain=shown, range=[_SPLIT_COLOURS[p] for p in shown]),
+                        sort=shown),
         order=alt.Order("order:Q"),
         tooltip=[alt.Tooltip("run:N"), alt.Tooltip("part:N"),
                  alt.Tooltip("ms:Q", title="median (ms)", format=".2f")],

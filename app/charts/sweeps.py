@@ -80,7 +80,7 @@ def shape_gil_chart(shapes: pd.DataFrame) -> alt.LayerChart:
     labels = base.mark_text(align="left", dx=8, fontSize=12).encode(text="shape:N")
     even = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(strokeDash=[5, 4], color="#555").encode(y="y:Q")
     return alt.layer(even, points, labels).properties(
-        title=title("GIL wait and the DDP ÷ DP gap, per model shape",
+        title=title("GIL wait and DDP ÷ DP, per model shape",
                     "one point per shape: DP's measured GIL wait against DDP ÷ DP samples/s; "
                     "dashed: DDP as fast as DP"),
         width=WIDTH, height=HEIGHT)

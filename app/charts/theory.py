@@ -22,7 +22,7 @@ _SUB_MARKS = ("Dashed: fitted models, drawn over every size; filled probe points
 
 def _colour(present: list[str]) -> alt.Color:
     domain = [s for s in SERIES if s in present]
-    return alt.Color("series:N", legend=legend("series", orient="right", labelLimit=360),
+    return alt.Color("series:N", legend=legend("series", orient="right"),
                      scale=alt.Scale(domain=domain, range=[_COLOURS[s] for s in domain]))
 
 

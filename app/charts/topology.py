@@ -10,12 +10,13 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from app.charts.style import legend, title
+from app.charts.style import MODE_HUES, legend, title
 from app.frames.topology import ROLES
 
 SIZE_PX = 430  # square plot: a circle must stay a circle
 _ROLE = alt.Color("role:N", legend=legend("node", orient="bottom", direction="vertical"),
-                  scale=alt.Scale(domain=ROLES, range=["#d62728", "#ff7f0e", "#1f77b4"]))
+                  # DP's hub and replicas in DP's colours (the hub its dark shade), DDP's ranks in DDP's
+                  scale=alt.Scale(domain=ROLES, range=[MODE_HUES["dp"][1], MODE_HUES["dp"][0], MODE_HUES["ddp"][0]]))
 _AXIS = dict(axis=None, scale=alt.Scale(domain=[-1.45, 1.45]))
 
 
@@ -66,4 +67,4 @@ def allreduce_time_chart(frame: pd.DataFrame, *, subtitle: str, mark_n: int | No
         layers.append(alt.Chart(pd.DataFrame({"world_size": [mark_n]})).mark_rule(
             strokeDash=[4, 3], color="#555").encode(x="world_size:Q"))
     return alt.layer(*layers).properties(
-        title=title("Ring vs tree: time of one all-reduce (theory)", subtitle), width=SIZE_PX, height=260)
+        title=title("Ring vs tree: one all-reduce (theory)", subtitle), width=SIZE_PX, height=260)

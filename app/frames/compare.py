@@ -66,7 +66,7 @@ def view_of(window, label: str) -> RunView:
 
 
 COMPARE_COLUMNS = ["run", "mode", "world_size", "status", "samples_per_s", "speedup_vs_single",
-                   "step_time_ms", "forward_ms", "backward_ms", "comm_exposed_ms", "comm_exposed_note",
+                   "step_time_ms", "forward_ms", "backward_ms", "comm_exposed_ms", "dp_copies_ms", "comm_exposed_note",
                    "optimizer_ms", "overlap", "peak_mib_max", "peak_mib_min", "memory_imbalance",
                    "bytes_mib_max", "bytes_source", "theory_mib_max", "replicas_in_sync", "replicas",
                    "final_loss"]
@@ -112,7 +112,9 @@ def _row(v: RunView) -> dict[str, Any]:
         "step_time_ms": pick("step_time_s", "step_time_ms"),
         "forward_ms": pick("forward_s", "forward_ms"),
         "backward_ms": pick("backward_s", "backward_ms"),
-        "comm_exposed_ms": pick("comm_exposed_s", "comm_exposed_ms"),
+        # DP's `comm_exposed_s` is its copies through device 0 (`fsteps.DP_COPIES`), never exposed comm
+        "comm_exposed_ms": float("nan") if v.mode == "dp" else pick("comm_exposed_s", "comm_exposed_ms"),
+        "dp_copies_ms": pick("comm_exposed_s", "comm_exposed_ms") if v.mode == "dp" else float("nan"),
         "comm_exposed_note": s.get("comm_exposed_note") or fsteps.unmeasured_parts(steps).get(v.label),
         "optimizer_ms": pick("optimizer_s", "optimizer_ms"),
         "overlap": s.get("overlap") if v.mode in ("ddp", "fsdp") else None,
@@ -270,6 +272,7 @@ TABLE_ROWS = [  # (row title, column, format)
     ("  forward (ms)", "forward_ms", "{:.2f}"),
     ("  backward (ms)", "backward_ms", "{:.2f}"),
     ("  exposed comm (ms)", "comm_exposed_ms", "{:.2f}"),
+    (f"  {fsteps.DP_COPIES} (ms)", "dp_copies_ms", "{:.2f}"),
     ("  optimizer (ms)", "optimizer_ms", "{:.2f}"),
     ("overlap (1 − exposed / total comm)", "overlap", "{:.0%}"),
     ("peak memory, busiest device (MiB)", "peak_mib_max", "{:.3f}"),

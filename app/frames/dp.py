@@ -18,6 +18,7 @@ import pandas as pd
 from app.frames import base as frames
 from app.frames import dp as fd
 from app.frames.base import Event, latest_complete_step, of_type
+from engine.summary import run_steps, steady_positions
 
 MIN_GAP_MS = 1e-3  # gaps shorter than this are clock noise, not idle time
 
@@ -73,6 +74,44 @@ def idle_summary(phases: pd.DataFrame) -> pd.DataFrame:
         rows.append({"device": device, "busy_ms": span - i, "idle_ms": i,
                      "idle_pct": 100.0 * i / span if span > 0 else 0.0})
     return pd.DataFrame(rows, columns=cols)
+
+
+def all_idle_ms(phases: pd.DataFrame) -> float:
+    """ms of one step in which every device waits: no phase of any device covers them (the
+    main thread between phases: Python, thread hand-offs, an instrumented step's own work).
+    The step spans [0, max end over all devices], as in `idle_frame`."""
+    if phases.empty:
+        return 0.0
+    end, t, idle = float(phases["end_ms"].max()), 0.0, 0.0
+    for a, b in _busy_intervals(phases) + [(end, end)]:
+        if a - t > MIN_GAP_MS:
+            idle += a - t
+        t = max(t, b)
+    return idle
+
+
+def typical_step(phase_steps: list[int], step_events: Iterable[Event]) -> int | None:
+    """The step the DP timeline opens on: of `phase_steps` (those with complete phases), a steady
+    one without the instrument's own work (memory tracing, a replica check: slower than the
+    others; `engine.summary.steady_positions`, the run summary's rule) whose step time is nearest
+    the median of the run's steady steps (where every step was instrumented, of all steady steps).
+    Falls back to the latest step without the instrument's work, then the latest."""
+    if not phase_steps:
+        return None
+    rows = run_steps(of_type(step_events, "step"))
+    steady = [rows[i] for i in steady_positions([bool(r["instrument"]) for r in rows])]
+    pool = [r for r in steady if not r["instrument"]] or steady
+    candidates = [r for r in pool if r["step"] in set(phase_steps)]
+    if candidates:
+        median = float(pd.Series([r["step_time_s"] for r in pool]).median())
+        return min(candidates, key=lambda r: (abs(r["step_time_s"] - median), -r["step"]))["step"]
+    instrumented = {r["step"] for r in rows if r["instrument"]}
+    return next((s for s in reversed(phase_steps) if s not in instrumented), phase_steps[-1])
+
+
+def instrumented_steps(step_events: Iterable[Event]) -> set[int]:
+    """Steps that carried the instrument's own work (memory tracing, a replica check)."""
+    return {r["step"] for r in run_steps(of_type(step_events, "step")) if r["instrument"]}
 
 
 def phase_totals(events: Iterable[dict[str, Any]], steps: list[int]) -> pd.DataFrame:

@@ -23,7 +23,16 @@ _STEP_PARTS = {"forward_ms": "forward_s", "backward_ms": "backward_s",
                "comm_exposed_ms": "comm_exposed_s", "optimizer_ms": "optimizer_s"}
 
 
-SPLIT_PARTS = ["forward", "backward", "exposed comm", "optimizer", "other"]
+# DP's scatter/gather/reduce/broadcast are copies through device 0, not a collective left exposed:
+# the same field of its step events (`comm_exposed_s`) is named for what it is.
+DP_COPIES = "DP copies (scatter/gather/reduce/broadcast)"  # the Compare table's row
+DP_COPIES_PART = "DP copies"  # the step split's part: its legend sits in a third of the Live page
+SPLIT_PARTS = ["forward", "backward", "exposed comm", DP_COPIES_PART, "optimizer", "other"]
+
+
+def comm_part(mode: str | None) -> str:
+    """What a run's `comm_exposed_s` is called in the split: DP's copies, or the others' exposed comm."""
+    return DP_COPIES_PART if mode == "dp" else "exposed comm"
 
 
 def steps_frame(events: Iterable[Event], run: str) -> pd.DataFrame:
@@ -56,11 +65,12 @@ def steady_steps(steps: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if parts else steps
 
 
-def split_frame(steps: pd.DataFrame) -> pd.DataFrame:
+def split_frame(steps: pd.DataFrame, modes: dict[str, str] | None = None) -> pd.DataFrame:
     """Median step-time split per run over its steady steps (`steady_steps`): columns run, part,
     ms, order. `steps` is `steps_frame` output (one or several runs). `other` is the step time the
     four parts do not cover (data loading, synchronisation), clipped at 0. A part a run did not
     measure (FSDP's exposed comm on CUDA) has no row, never a number: `unmeasured_parts` names it.
+    `modes` (run -> mode) names a DP run's communication part `DP_COPIES_PART` (`comm_part`).
     """
     cols = ["run", "part", "ms", "order"]
     if steps.empty:
@@ -70,8 +80,9 @@ def split_frame(steps: pd.DataFrame) -> pd.DataFrame:
         med = df.median(numeric_only=True)
         parts = [med["forward_ms"], med["backward_ms"], med["comm_exposed_ms"], med["optimizer_ms"]]
         parts.append(max(0.0, med["step_time_ms"] - sum(v for v in parts if v == v)))
-        rows += [{"run": run, "part": p, "ms": float(v), "order": i}
-                 for i, (p, v) in enumerate(zip(SPLIT_PARTS, parts)) if v == v]
+        names = ["forward", "backward", comm_part((modes or {}).get(run)), "optimizer", "other"]
+        rows += [{"run": run, "part": p, "ms": float(v), "order": SPLIT_PARTS.index(p)}
+                 for p, v in zip(names, parts) if v == v]
     return pd.DataFrame(rows, columns=cols)
 
 

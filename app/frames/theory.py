@@ -163,6 +163,9 @@ def probe_note(probe: Event, world_size: int) -> str:
     text = (f"**Probe** (measured after training, {probe.get('backend')}, float32): {sizes} "
             f"the median of {probe.get('iters')} all-reduces timed one at a time (a barrier before "
             f"each, after {probe.get('warmup_iters')} warm-up rounds), the slowest rank's.")
+    if probe.get("run_nbytes"):
+        text += (f" First the run's own bucket sizes ({', '.join(_size(b) for b in probe['run_nbytes'])}), "
+                 "so each in-run bucket is compared with the probe at its size.")
     if probe.get("skipped_nbytes"):
         text += (f" Skipped by the {probe.get('budget_s', 0):g} s time budget: "
                  f"{', '.join(_size(b) for b in probe['skipped_nbytes'])}.")

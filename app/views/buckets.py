@@ -136,7 +136,7 @@ def body(windows, labels) -> None:
     per_step = pd.concat([thin(fb.exposed_per_step(w.of_type("step"), labels[rid]), 1000)
                           for rid, w in windows.items()], ignore_index=True)
     if not per_step.empty:
-        st.altair_chart(exposed_chart(per_step), key="bkt_exposed")
+        st.altair_chart(exposed_chart(per_step, runsets.modes_of(windows, labels)), key="bkt_exposed")
     for rid, w in distinct_layouts(windows).items():
         layouts(w, labels[rid])
 

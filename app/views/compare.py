@@ -63,20 +63,23 @@ def body(windows, labels) -> None:
     headline(table)
     peaks = peak_memory_frame(views)
     if not peaks.empty:
-        st.altair_chart(charts_compare.peak_memory_chart(peaks), key="cmp_memory")
+        st.altair_chart(charts_compare.peak_memory_chart(peaks, {v.label: v.mode for v in views}),
+                        key="cmp_memory")
     rows = side_by_side(table)
-    st.dataframe(rows, hide_index=True, key="compare_table", height=36 * (len(rows) + 1) + 4)
+    st.dataframe(rows, hide_index=True, key="compare_table", height=36 * (len(rows) + 1) + 4,
+                 column_config={"measure": st.column_config.TextColumn(width="large")})  # never cut
     if any((w.started or {}).get("emulated") for w in windows.values()):
         st.caption(explain.EMULATION_NOTE)
     curves = curves_frame(views)
+    modes = {v.label: v.mode for v in views}
     left, right = st.columns(2)
     with left:
-        st.altair_chart(charts.throughput_curves_chart(curves), key="cmp_throughput")
+        st.altair_chart(charts.throughput_curves_chart(curves, modes=modes), key="cmp_throughput")
     with right:
-        st.altair_chart(charts_compare.loss_chart(curves), key="cmp_loss")
+        st.altair_chart(charts_compare.loss_chart(curves, modes), key="cmp_loss")
     left, right = st.columns(2)
     with left:
-        st.altair_chart(charts.split_chart(fsteps.split_frame(curves)), key="cmp_split")
+        st.altair_chart(charts.split_chart(fsteps.split_frame(curves, modes)), key="cmp_split")
     with right:
         if table["speedup_vs_single"].notna().any():
             st.altair_chart(charts_compare.speedup_chart(table), key="cmp_speedup")
@@ -111,9 +114,11 @@ def headline(table) -> None:
     for col, (_, row) in zip(st.columns(len(table)), table.iterrows()):
         peak, sps, speed = row["peak_mib_max"], row["samples_per_s"], row["speedup_vs_single"]
         rate = "—" if sps != sps else f"{sps:,.0f} samples/s" + ("" if speed != speed else f", {speed:.2f}× single")
-        col.metric(f"{row['run']}: peak memory per device", "—" if peak != peak else f"{peak:.2f} MiB",
+        # short: a metric's label is cut with "…" at a quarter of a 1280 px page
+        col.metric(f"{row['run']}: peak memory", "—" if peak != peak else f"{peak:.2f} MiB",
                    delta=rate, delta_color="off", delta_arrow="off",
-                   help="the busiest device's peak, measured (see the chart's legend for how)")
+                   help="peak memory per device: the busiest device's peak, measured (see the "
+                        "chart's legend for how)")
 
 
 st.title("Compare")

@@ -33,8 +33,15 @@ def dp_runs(runs: list[dict]) -> list[dict]:
 
 
 def step_selector(windows) -> int | None:
+    """Opens on a typical step of the first run (`fd.typical_step`: never one slowed by the
+    instrument); instrumented steps say so on their button."""
     steps = sorted(set().union(*(fd.dp_steps(w.of_type("dp_phase")) for w in windows.values())))
-    return pick_step(steps, "dp_step")
+    first = next(iter(windows.values()), None)
+    typical = fd.typical_step(fd.dp_steps(first.of_type("dp_phase")), first.of_type("step")) if first else None
+    traced = set().union(*(fd.instrumented_steps(w.of_type("step")) for w in windows.values()))
+    if set(steps) <= traced:  # every step carried the instrument: a note on each says nothing
+        traced = set()
+    return pick_step(steps, "dp_step", default=typical, notes={s: "instrumented" for s in traced})
 
 
 def one_run(w, label: str, step: int) -> None:
@@ -51,9 +58,15 @@ def one_run(w, label: str, step: int) -> None:
         st.caption(gil_caption(gil, step))
     workers = summary[summary["device"] != summary["device"].min()]
     if not workers.empty:
+        span, both = float(phases["end_ms"].max()), fd.all_idle_ms(phases)
+        every = "Both devices" if len(summary) == 2 else "Every device"
         st.caption(f"Devices other than device 0 are idle {workers['idle_pct'].mean():.0f}% of "
                    f"step {step} on average; device 0 "
-                   f"{summary['idle_pct'].iloc[0]:.0f}%."
+                   f"{summary['idle_pct'].iloc[0]:.0f}%. {every} wait {both:.1f} ms "
+                   f"({100 * both / span if span else 0:.0f}% of the step): no phase runs on any "
+                   "device then (the main thread between phases: Python, thread hand-offs"
+                   + (", and this step's instrument work" if step in fd.instrumented_steps(w.of_type("step"))
+                      else "") + ")."
                    + (" DP emulated on virtual CPU devices (real threads, real copies)."
                       if (w.started or {}).get("emulated") else ""))
     totals = fd.phase_totals(w.of_type("dp_phase"), fd.dp_steps(w.of_type("dp_phase")))

@@ -34,14 +34,14 @@ def refill_form() -> None:
 
 def choose() -> tuple[str, str]:
     """The two choices above the form: (action, preset)."""
-    left, right = st.columns(2)
-    with left:
-        action = st.segmented_control("What to launch", list(form.ACTIONS), default="pair",
-                                      format_func=form.ACTIONS.get, required=True, key="launch_what")
-    with right:
-        preset = st.segmented_control("Preset", list(form.PRESET_NAMES), default="default",
-                                      format_func=form.PRESET_NAMES.get, required=True,
-                                      key="launch_preset", on_change=refill_form)
+    # one under the other, each the page's width: a segmented control does not wrap, and in half
+    # a 1024 px page its last segments were cut off
+    action = st.segmented_control("What to launch", list(form.ACTIONS), default="pair",
+                                  format_func=form.ACTIONS.get, required=True, key="launch_what",
+                                  help=form.ACTIONS_HELP)
+    preset = st.segmented_control("Preset", list(form.PRESET_NAMES), default="default",
+                                  format_func=form.PRESET_NAMES.get, required=True,
+                                  key="launch_preset", on_change=refill_form, help=form.PRESETS_HELP)
     if preset == "tiny":
         st.caption("Tiny is the former default (mlp 128×3, global batch 64, 25 MiB buckets): fast, "
                    "but its gradients fit one bucket, so DDP has nothing to overlap with backward.")
@@ -89,7 +89,9 @@ def submit(client, values: dict[str, Any], label: str, action: str) -> dict[str,
         return None
     try:
         if action == "pair":  # a label names the set: "X · DP", "X · DDP"
-            return dict(zip(client.submit_pair(config, label=label or None), ("dp", "ddp")))
+            ids = client.submit_pair(config, label=label or None)
+            st.session_state["focus_group"] = (client.get_run(ids[0]) or {}).get("group")  # as the set's
+            return dict(zip(ids, ("dp", "ddp")))
         if action == "trio":
             group, ids = submit_trio(client, config, label=label or None)
             st.session_state["focus_group"] = group

@@ -24,6 +24,10 @@ from workers.scaleout import report, scenario_from
 from workers.scaleout_text import out_of_sample_line
 
 CUSTOM = "custom"
+DEFAULT_LINK = "pcie4"  # the page opens on a GPU box's link; this machine's is one click away
+THIS_MACHINE_MEANS = ("\"This machine\" is this host as measured: the link's α and β fitted to the "
+                      "run's own all-reduces (gloo over loopback here: its buckets and its probe) "
+                      "and the compute its runs measured.")
 WORLD_SIZES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
 RUNS_SCANNED = 300
 
@@ -61,8 +65,13 @@ def link_controls() -> dict:
     c1, c2, c3, c4 = st.columns([3, 2, 2, 2])
     out: dict = {}
     seed_from_url("so_link", "link", keys)
+    st.session_state.setdefault("so_link", DEFAULT_LINK)
     with c1:
         choice = st.selectbox("Link between devices", keys, key="so_link", format_func=names.get)
+        if choice != THIS_MACHINE:
+            st.button("Use this machine's link", key="so_this_machine", icon=":material/computer:",
+                      on_click=lambda: st.session_state.update(so_link=THIS_MACHINE),
+                      help=THIS_MACHINE_MEANS)
     if choice == CUSTOM:
         with c2:
             out["alpha_s"] = st.number_input("α (µs per ring step)", value=1.0, min_value=0.0,
@@ -183,7 +192,7 @@ def validation_table(rep: dict) -> None:
 st.title("Scale-out")
 st.caption("What would this run do on 8 GPUs, over PCIe or NVLink, or on 2 hosts? A prediction "
            "calibrated on the run you measured; below it, its error on the real runs that fed nothing "
-           "into the fit.")
+           "into the fit. " + THIS_MACHINE_MEANS)
 client = require_client()
 run_id = pick_run(client)
 if run_id is None:

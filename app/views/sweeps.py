@@ -111,8 +111,10 @@ def results(client, sweep_id: str) -> None:
                  column_config={
                      "samples_per_s": st.column_config.NumberColumn("samples/s", format="%.0f"),
                      "step_time_ms": st.column_config.NumberColumn("step (ms)", format="%.2f"),
-                     "comm_exposed_ms": st.column_config.NumberColumn("exposed comm (ms)",
-                                                                      format="%.2f"),
+                     "comm_exposed_ms": st.column_config.NumberColumn(
+                         "exposed comm · DP: copies (ms)", format="%.2f",
+                         help="DDP, FSDP: collective time not hidden behind backward; DP: its "
+                              "scatter/gather/reduce/broadcast, copies through device 0"),
                      "overlap_frac": st.column_config.NumberColumn("overlap", format="percent")})
     active = int(df["status"].isin(ACTIVE).sum())
     if active:

@@ -44,7 +44,7 @@ def main() -> None:
                   f"predicted {v['predicted_samples_per_s']:.0f}/s, {v['samples_per_s_error_pct']:+.1f}%")
         browser = launch_browser(pw)
         page = browser.new_page(viewport=VIEW)
-        page.goto(f"{stack.url}/scaleout?run={ids['ddp']}")
+        page.goto(f"{stack.url}/scaleout?run={ids['ddp']}&link=this-machine")  # it opens on PCIe
         page.get_by_role("heading", name="Scale-out").wait_for()
         _settle(page, charts=4)
         shoot(page, "scaleout")

@@ -100,7 +100,7 @@ def _visit(session, path: str, heading: str, charts: int) -> object:
 
 def test_compare_page(session):
     page = _visit(session, "compare", "Compare", charts=6)
-    assert page.get_by_text("single: peak memory per device").count() == 1
+    assert page.get_by_text("single: peak memory", exact=True).count() == 1
     assert page.locator('[data-testid="stDataFrame"]').count() == 1
 
 

@@ -52,7 +52,8 @@ def test_split_frame_medians_and_other_after_warmup():
     got = dict(zip(split["part"], split["ms"]))
     assert got == pytest.approx({"forward": 6.0, "backward": 10.0, "exposed comm": 9.0,
                                  "optimizer": 4.0, "other": 3.0})
-    assert list(split["order"]) == [0, 1, 2, 3, 4]
+    assert list(split["order"]) == [fsteps.SPLIT_PARTS.index(p) for p in
+                                    ["forward", "backward", "exposed comm", "optimizer", "other"]]
 
 
 def test_split_frame_two_runs():

@@ -134,7 +134,7 @@ def test_sweeps_page_launches_a_shape_sweep_and_draws_it(real_client, app_test):
     at = app_test("views/sweeps.py")
     assert not at.exception
     titles = [json.loads(c.proto.spec)["title"]["text"] for c in at.get("vega_lite_chart")]
-    assert titles == ["GIL wait and the DDP ÷ DP gap, per model shape", "GIL wait per model shape"]
+    assert titles == ["GIL wait and DDP ÷ DP, per model shape", "GIL wait per model shape"]
     assert "gil_wait_share" in at.dataframe[0].value.columns
 
 

@@ -83,7 +83,7 @@ def test_one_chart_per_source_with_device_legend_and_titles():
     specs = [c.to_dict() for c in charts]
     assert len(specs) == 2
     for spec, source in zip(specs, ["cuda allocator", "process RSS (psutil)"]):
-        assert source in spec["title"]["text"] and "measured" in spec["title"]["subtitle"]
+        assert source in spec["title"]["text"] and "measured" in " ".join(spec["title"]["subtitle"])
         line = spec["layer"][1]["encoding"]
         assert line["x"]["title"] == "seconds since the run started" and line["color"]["legend"]["title"] == "device"
         data = next(iter(spec["datasets"].values()))

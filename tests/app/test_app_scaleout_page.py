@@ -38,8 +38,8 @@ def test_scaleout_page_draws_predictions_on_recorded_runs(real_client, app_test)
     specs = _specs(at)
     assert [s["title"]["text"] for s in specs] == [
         "Throughput vs world size (predicted)", "Scaling efficiency (predicted)",
-        "Predicted bucket timeline: DDP at world size 8",
-        "Where the star breaks: bytes on the busiest device (predicted)"]
+        "Predicted buckets: DDP at world size 8",
+        "Where the star breaks (predicted)"]
     assert all("predicted" in _texts(s).lower() for s in specs)
     # the validation table: the runs this test stored, the calibration runs marked as such
     table = at.dataframe[0].value.set_index("run")
@@ -109,3 +109,16 @@ def test_crossover_by_hand():
     rep["predictions"] = [p for p in rep["predictions"] if p["mode"] == "ddp"]
     assert fso.crossover(rep) is None
     assert isinstance(fso.validation_frame({"validation": []}), pd.DataFrame)
+
+
+def test_scaleout_opens_on_a_gpu_link_with_this_machine_one_click_away(real_client, app_test):
+    _, ids = trio(real_client)
+    at = app_test("views/scaleout.py", run=ids["ddp"])
+    assert not at.exception and not at.error
+    assert at.selectbox(key="so_link").value == "pcie4"
+    assert "PCIe 4.0" in _texts(_specs(at)[0])
+    said = " ".join(c.value for c in at.caption)
+    assert '"This machine" is this host as measured' in said and "gloo over loopback" in said
+    at.button(key="so_this_machine").click().run()  # one click
+    assert not at.exception and at.selectbox(key="so_link").value == "this-machine"
+    assert "this machine's link" in _texts(_specs(at)[0])

@@ -20,7 +20,7 @@ PROBE_KEYS = {"type", "run_id", "ts", "rank", "device", "backend", "world_size",
               "warmup_iters", "points", "fit", "source"}
 FIT_KEYS = {"alpha_s", "beta_bytes_per_s", "latency_s", "s_per_byte", "points_used"}
 DDP = dict(mode="ddp", world_size=2, model="mlp", width=32, depth=2, global_batch_size=16, steps=3,
-           eval_every=0, step_delay_s=0.0)
+           eval_every=0, step_delay_s=0.0, bucket_cap_mb=0.005)  # several buckets of ~5 KiB
 
 
 def _model_s(fit, nbytes, n):
@@ -58,6 +58,11 @@ def test_probe_event_once_after_training_and_absent_when_off_or_dp():
     last_end = max(s["start_ts"] + s["step_time_s"] for s in sink.of_type("step"))
     assert probe["ts"] - probe["wall_s"] >= last_end - 0.01  # began after every rank's last step
     assert [e["type"] for e in sink.events][-1] == "run_finished"
+    # the run's own bucket sizes were probed first: every in-run bucket has a probe point of its size
+    last = max(b["step"] for b in sink.of_type("bucket"))
+    sizes = sorted({b["nbytes"] for b in sink.of_type("bucket") if b["step"] == last})
+    assert len(sizes) >= 2 and probe["run_nbytes"] == sizes
+    assert set(sizes) <= {p["nbytes"] for p in probe["points"]}
 
     off = ListSink()
     assert run_training(RunConfig(**DDP, probe=False), off, "q").status == "succeeded"
@@ -66,6 +71,20 @@ def test_probe_event_once_after_training_and_absent_when_off_or_dp():
     dp = ListSink()  # DP has no process group: no probe, whatever the flag says
     assert run_training(RunConfig(**{**DDP, "mode": "dp"}), dp, "r").status == "succeeded"
     assert dp.of_type("allreduce_probe") == []
+
+
+def test_the_runs_sizes_run_first_whatever_the_budget():
+    from engine.modes.ddp.probe import MAX_RUN_SIZES, MIN_SIZES, probe_local, run_sizes
+
+    assert run_sizes([6, 4096, 4096, 0]) == [8, 4096]  # distinct, whole float32 elements
+    many = run_sizes(list(range(4, 4 * 40, 4)))
+    assert len(many) == MAX_RUN_SIZES and many[0] == 4 and many[-1] == 4 * 39
+    # a budget nothing fits: the run's two sizes and the ladder's smallest MIN_SIZES still run
+    ev = probe_local(2, budget_s=1e-6, iters=1, warmup_iters=0, run_nbytes=[170_000, 25_000_002])
+    got = [p["nbytes"] for p in ev["points"]]
+    assert got == sorted([170_000, 25_000_004, *[4096 * 2 ** i for i in range(MIN_SIZES)]])
+    assert ev["run_nbytes"] == [170_000, 25_000_004]
+    assert ev["skipped_nbytes"] == [4096 * 2 ** i for i in range(MIN_SIZES, 15)]
 
 
 def test_probe_refusals_name_the_argument(capsys):

@@ -6,15 +6,18 @@ algbw = bytes / time and busbw = algbw · 2(n−1)/n. This probe does the same o
 group after the last training step, so the link's latency and bandwidth are measured with one
 collective in flight, apart from training:
 
-- sizes: float32 tensors of `min_bytes` × factor^i up to `max_bytes` (default 4 KiB .. 64 MiB, ×2);
+- sizes: first the run's own bucket sizes (`run_nbytes`, at most MAX_RUN_SIZES of them, agreed by
+  the ranks), so every bucket the run all-reduced has a probe point of its size to be compared
+  with; then float32 tensors of `min_bytes` × factor^i up to `max_bytes` (default 4 KiB .. 64 MiB, ×2);
 - pilot and budget: each size, small to large, is piloted with PILOT_CALLS barrier + all-reduce
   calls whose median P estimates a call's cost (one scheduling hiccup on a busy host does not
   move a median). The ranks agree (an all-reduce with MAX) on P and on the time spent so far;
   size s is kept while spent + (w + k) · Σ(P of the kept sizes and s) ≤ `budget_s`. Before
   piloting s, the previous P scaled by s/s_prev is checked the same way (time grows at most in
   proportion to bytes in the ring model t = a + c·bytes, so that bounds it from above), and s is
-  not even piloted when it would not fit. The smallest MIN_SIZES sizes always run (enough for a
-  fit); the sizes trimmed (always the largest) are listed in `skipped_nbytes`.
+  not even piloted when it would not fit. The run's bucket sizes and the smallest MIN_SIZES
+  sizes of the ladder always run (the comparison and enough for a fit); the ladder sizes trimmed
+  (always the largest) are listed in `skipped_nbytes`.
 - rounds: `warmup_iters` untimed rounds, then `iters` timed rounds; each round all-reduces every
   kept size once, in size order. Before each all-reduce every rank passes a barrier, so ranks
   start together and only that all-reduce is in flight (gloo would otherwise run up to two at
@@ -56,6 +59,7 @@ PROBE_WARMUP_ITERS = 3  # untimed rounds (each size once) before the timed ones 
 PROBE_BUDGET_S = 2.0  # seconds the probe may take; larger sizes are skipped past it
 PILOT_CALLS = 3  # calls per size in the pilot that sizes the budget (their median)
 MIN_SIZES = 3  # the smallest sizes always run, whatever the budget: enough for a fit
+MAX_RUN_SIZES = 8  # distinct bucket sizes of the run probed first (spread over them when more)
 PROBE_SOURCE = ("measured: standalone all-reduce on the run's process group after training, "
                 "one collective in flight, median of k (max over ranks)")
 _ELEMENT_BYTES = 4  # float32
@@ -80,6 +84,15 @@ def probe_sizes(min_bytes: int = PROBE_MIN_BYTES, max_bytes: int = PROBE_MAX_BYT
         sizes.append(n)
         n *= factor
     return sizes
+
+
+def run_sizes(nbytes: list[int], limit: int = MAX_RUN_SIZES) -> list[int]:
+    """The run's bucket sizes to probe: distinct, rounded up to whole float32 elements, ascending;
+    at most `limit`, spread evenly over the sorted sizes (the smallest and largest kept)."""
+    sizes = sorted({-(-int(n) // _ELEMENT_BYTES) * _ELEMENT_BYTES for n in nbytes if int(n) > 0})
+    if len(sizes) <= limit:
+        return sizes
+    return sorted({sizes[round(i * (len(sizes) - 1) / (limit - 1))] for i in range(limit)})
 
 
 def check_probe_args(min_bytes: int = PROBE_MIN_BYTES, max_bytes: int = PROBE_MAX_BYTES,
@@ -145,40 +158,51 @@ def _pilot_s(buf: torch.Tensor, group, device: torch.device) -> float:
     return statistics.median(times)
 
 
-def _choose_sizes(sizes: list[int], group, device: torch.device, calls: int, budget_s: float
-                  ) -> tuple[list[torch.Tensor], list[int]]:
-    """Pilot each size (ascending) and keep those that fit the budget (see the module
-    docstring); the first `MIN_SIZES` always run. Returns (a buffer per kept size, the skipped
-    sizes)."""
+def _agree_sizes(sizes: list[int], group, device: torch.device) -> list[int]:
+    """The same list on every rank: element-wise MAX of each rank's `sizes` padded to
+    MAX_RUN_SIZES (DDP's bucket layout is the same on every rank, so this is each rank's list)."""
+    padded = (sizes + [0] * MAX_RUN_SIZES)[:MAX_RUN_SIZES]
+    return sorted({int(v) for v in _agree_max([float(v) for v in padded], group, device) if v > 0})
+
+
+def _choose_sizes(first: list[int], sizes: list[int], group, device: torch.device, calls: int,
+                  budget_s: float) -> tuple[list[torch.Tensor], list[int]]:
+    """Pilot the run's sizes `first`, then each ladder size (ascending), and keep those that fit
+    the budget (see the module docstring); `first` and the first `MIN_SIZES` of the ladder always
+    run. Returns (a buffer per kept size, the skipped ladder sizes)."""
     bufs: list[torch.Tensor] = []
-    pilots: list[float] = []
+    pilots: dict[int, float] = {}
     t0, spent = now(), 0.0
-    for i, nbytes in enumerate(sizes):
-        must = i < MIN_SIZES
-        if pilots and not must:
-            guess = pilots[-1] * nbytes / sizes[i - 1]  # ≥ the pilot to come (time ∝ bytes at most)
-            if spent + PILOT_CALLS * guess + calls * (sum(pilots) + guess) > budget_s:
-                return bufs, sizes[i:]
+    ladder = [s for s in sizes if s not in set(first)]
+    order = [(n, True) for n in first] + [(n, i < MIN_SIZES) for i, n in enumerate(ladder)]
+    for i, (nbytes, must) in enumerate(order):
+        below = [s for s in pilots if s <= nbytes]
+        if below and not must:
+            guess = pilots[max(below)] * nbytes / max(below)  # ≥ the pilot to come (time ∝ bytes at most)
+            if spent + PILOT_CALLS * guess + calls * (sum(pilots.values()) + guess) > budget_s:
+                return bufs, [n for n, _ in order[i:]]
         buf = torch.zeros(nbytes // _ELEMENT_BYTES, dtype=torch.float32, device=device)  # 0+0 stays finite
         pilot, spent = _agree_max([_pilot_s(buf, group, device), now() - t0], group, device)
-        if not must and spent + calls * (sum(pilots) + pilot) > budget_s:
-            return bufs, sizes[i:]
+        if not must and spent + calls * (sum(pilots.values()) + pilot) > budget_s:
+            return bufs, [n for n, _ in order[i:]]
         bufs.append(buf)
-        pilots.append(pilot)
+        pilots[nbytes] = pilot
     return bufs, []
 
 
 def run_probe(group=None, device: torch.device | str = "cpu", *, min_bytes: int = PROBE_MIN_BYTES,
               max_bytes: int = PROBE_MAX_BYTES, factor: int = PROBE_SIZE_FACTOR,
               iters: int = PROBE_ITERS, warmup_iters: int = PROBE_WARMUP_ITERS,
-              budget_s: float = PROBE_BUDGET_S) -> dict[str, Any]:
-    """Time all-reduces of each size on `group` (see the module docstring for the method).
+              budget_s: float = PROBE_BUDGET_S, run_nbytes: list[int] | None = None) -> dict[str, Any]:
+    """Time all-reduces of each size on `group` (see the module docstring for the method);
+    `run_nbytes`: the run's bucket sizes, probed first (`run_sizes`).
 
     A collective: every rank of `group` must call it with the same arguments, with nothing else
     in flight on the group. `device` holds the tensors (the rank's CUDA device under NCCL).
 
-    Returns ``{points: [probe_point...], skipped_nbytes: [...], wall_s, iters, warmup_iters,
-    world_size, budget_s}``; identical on every rank (times are agreed by a MAX all-reduce).
+    Returns ``{points: [probe_point...] (ascending size), skipped_nbytes: [...], run_nbytes (the
+    run's sizes probed), wall_s, iters, warmup_iters, world_size, budget_s}``; identical on every
+    rank (times and the run's sizes are agreed by a MAX all-reduce).
 
     Raises:
         ValueError: a bad argument (`check_probe_args`).
@@ -187,7 +211,9 @@ def run_probe(group=None, device: torch.device | str = "cpu", *, min_bytes: int 
     device = torch.device(device)
     world = dist.get_world_size(group)
     t0 = now()
-    bufs, skipped = _choose_sizes(sizes, group, device, warmup_iters + iters, budget_s)
+    first = _agree_sizes(run_sizes(run_nbytes or []), group, device)
+    bufs, skipped = _choose_sizes(first, sizes, group, device, warmup_iters + iters, budget_s)
+    bufs.sort(key=lambda b: b.numel())  # rounds all-reduce every kept size in size order
     times: list[list[float]] = [[] for _ in bufs]
     for r in range(warmup_iters + iters):
         for buf, ts in zip(bufs, times):
@@ -197,7 +223,7 @@ def run_probe(group=None, device: torch.device | str = "cpu", *, min_bytes: int 
                 ts.append(t)
     *medians, wall_s = _agree_max([statistics.median(ts) for ts in times] + [now() - t0], group, device)
     points = [probe_point(b.numel() * _ELEMENT_BYTES, t, world) for b, t in zip(bufs, medians)]
-    return dict(points=points, skipped_nbytes=skipped, wall_s=wall_s, iters=iters,
+    return dict(points=points, skipped_nbytes=sorted(skipped), run_nbytes=first, wall_s=wall_s, iters=iters,
                 warmup_iters=warmup_iters, world_size=world, budget_s=budget_s)
 
 
@@ -206,7 +232,8 @@ def probe_event_fields(result: dict[str, Any], backend: str) -> dict[str, Any]:
     return dict(backend=backend, world_size=result["world_size"], dtype="float32",
                 iters=result["iters"], warmup_iters=result["warmup_iters"], points=result["points"],
                 fit=probe_fit(result["points"], result["world_size"]), source=PROBE_SOURCE,
-                skipped_nbytes=result["skipped_nbytes"], budget_s=result["budget_s"],
+                skipped_nbytes=result["skipped_nbytes"], run_nbytes=result["run_nbytes"],
+                budget_s=result["budget_s"],
                 wall_s=result["wall_s"])
 
 
@@ -252,7 +279,7 @@ def probe_local(world_size: int = 2, **kwargs: Any) -> dict[str, Any]:
     """
     if world_size < 2:
         raise ValueError(f"world_size must be >= 2 (got {world_size})")
-    check_probe_args(**kwargs)  # refuse bad arguments before any process starts
+    check_probe_args(**{k: v for k, v in kwargs.items() if k != "run_nbytes"})  # refused before any process starts
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -79,6 +79,8 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
     # thread's clocks, for its lock wait (engine.measure.gil)
     clock = MeteredClock(StepClock(device))
 
+    bucket_nbytes: list[int] = []  # of the latest step's buckets
+
     def train_step(step: int) -> dict:
         progress["step"] = step
         t0, m0 = now(), clock.mark()
@@ -117,6 +119,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         backward_start = t0 + clock.seconds(m0, micro_marks[-1][1])
         for b in buckets:
             tel.emit("bucket", step=step, **b)
+        bucket_nbytes[:] = [b["nbytes"] for b in buckets]  # the probe's first sizes, after training
         last_ready = max((r["ready"] for r in rec.records), key=lambda m: m.clocks.wall_s, default=None)
         tel.emit("gil", step=step,
                  **rank_step_fields(micro_marks, (m4, m5), t5 - t0, last_ready, device.type == "cuda"))
@@ -157,6 +160,6 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
     if cfg.probe and world > 1:  # after the last step: in no step time, nothing else in flight
         from engine.modes.ddp.probe import emit_probe  # imported here: this hook stays one block
 
-        emit_probe(tel, device)
+        emit_probe(tel, device, run_nbytes=bucket_nbytes)  # the run's own bucket sizes first
     if rank == 0:
         torch.save(flat_params(model), wd / "final_params.pt")
