@@ -70,3 +70,13 @@ def by_rank(events: list[dict], type_: str) -> dict[int, list[dict]]:
 
 def ints(csv: str) -> list[int]:
     return [int(v) for v in csv.split(",") if v.strip()]
+
+
+def assert_params_bitwise_equal(tmp: Path, ranks=(0, 1)) -> None:
+    """Each rank's final parameters of the attached run (att.json's `.pt`) equal, bit for bit, those
+    of the plain run (plain.json's) of the same script and seed."""
+    for rank in ranks:
+        with_, without = params(tmp / "att.json", rank), params(tmp / "plain.json", rank)
+        assert with_.keys() == without.keys()
+        for name in with_:
+            assert torch.equal(with_[name], without[name]), (rank, name)

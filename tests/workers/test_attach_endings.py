@@ -66,13 +66,23 @@ def test_a_failing_rank_fails_the_run_with_its_exception(tmp_path, redis_url, cl
     assert "raise ValueError" in err["traceback"] and err["exit_code"] == proc.returncode
 
 
-def test_cancel_stops_the_commands_process_group_and_leaves_no_process(tmp_path, redis_url, client):
+def _endless(tmp_path, redis_url, client) -> tuple[subprocess.Popen, str, object]:
+    """`ddpviz run -- torchrun ENDLESS` started, once rank 1 has done three steps: (launcher, run id, spool)."""
     spool = tmp_path / "spool"
     proc = subprocess.Popen([*ddpviz_argv(), "run", "--spool", str(spool), "--", *_script(tmp_path, ENDLESS)],
                             env=cli_env(redis_url), stderr=subprocess.PIPE, text=True)
     try:
         run_id = wait_for(lambda: run_id_in(proc.stderr.readline()), 60, "the run id")
         wait_for(lambda: len(by_rank(read_all_events(client, run_id), "step")[1]) >= 3, 240, "three steps")
+    except BaseException:
+        proc.kill()
+        raise
+    return proc, run_id, spool
+
+
+def test_cancel_stops_the_commands_process_group_and_leaves_no_process(tmp_path, redis_url, client):
+    proc, run_id, spool = _endless(tmp_path, redis_url, client)
+    try:
         pids = [int(p.stem.split("pid")[1]) for p in spool.glob("events-*.jsonl")]
         assert client.cancel(run_id) == "canceled"
         assert proc.wait(timeout=60) != 0
@@ -119,12 +129,8 @@ def test_a_sigkilled_launcher_stops_its_command_and_its_run_is_judged_lost(tmp_p
     """`ddpviz run` killed with SIGKILL can say nothing: its command gets SIGTERM from Linux (the
     parent-death signal), torchrun stops its ranks, and the launcher's heartbeat expires, so the run
     is judged lost by the same rule as a dead worker's (workers.liveness), naming the launcher."""
-    spool = tmp_path / "spool"
-    proc = subprocess.Popen([*ddpviz_argv(), "run", "--spool", str(spool), "--", *_script(tmp_path, ENDLESS)],
-                            env=cli_env(redis_url), stderr=subprocess.PIPE, text=True)
+    proc, run_id, _ = _endless(tmp_path, redis_url, client)
     try:
-        run_id = wait_for(lambda: run_id_in(proc.stderr.readline()), 60, "the run id")
-        wait_for(lambda: len(by_rank(read_all_events(client, run_id), "step")[1]) >= 3, 240, "three steps")
         family = descendants(proc.pid)  # torchrun's agent and its two ranks
         assert len(family) >= 3
         assert client.get_run(run_id)["worker"] == f"ddpviz-run@{socket.gethostname()}:{proc.pid}"

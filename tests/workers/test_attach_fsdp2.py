@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 import pytest
-import torch
-from attach_tools import by_rank, params, reports, run_attached, run_plain, torchrun
+from attach_tools import assert_params_bitwise_equal, by_rank, reports, run_attached, run_plain, torchrun
 
 from workers.client import DdpvizClient
 from workers.connection import connect
@@ -91,9 +90,4 @@ def test_run_started_names_the_units_the_script_sharded(fsdp2):
 
 
 def test_trained_parameters_are_bitwise_those_of_the_script_without_ddpviz(fsdp2):
-    tmp = fsdp2["tmp"]
-    for rank in (0, 1):
-        with_, without = params(tmp / "att.json", rank), params(tmp / "plain.json", rank)
-        assert with_.keys() == without.keys()
-        for name in with_:
-            assert torch.equal(with_[name], without[name]), name
+    assert_params_bitwise_equal(fsdp2["tmp"])

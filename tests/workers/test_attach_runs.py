@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from attach_tools import by_rank, ints, params, reports, run_attached, run_plain, torchrun
+from attach_tools import assert_params_bitwise_equal, by_rank, ints, params, reports, run_attached, run_plain, torchrun
 
 from workers import keys
 from workers.client import DdpvizClient
@@ -110,12 +110,7 @@ def test_probe_after_the_last_step_covers_the_runs_bucket_sizes(regression):
 
 
 def test_trained_parameters_are_bitwise_those_of_the_script_without_ddpviz(regression):
-    tmp = regression["tmp"]
-    for rank in (0, 1):
-        with_, without = params(tmp / "att.json", rank), params(tmp / "plain.json", rank)
-        assert with_.keys() == without.keys()
-        for name in with_:
-            assert torch.equal(with_[name], without[name]), name
+    assert_params_bitwise_equal(regression["tmp"])
 
 
 def test_memory_is_sampled_on_both_ranks(regression):
