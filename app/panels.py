@@ -81,7 +81,7 @@ def _run_status(client, w: RunWindow, label: str) -> None:
              f"{cfg.get('fsdp_param_dtype')}, reduce {cfg.get('fsdp_reduce_dtype')}"
              if cfg.get("mode") == "fsdp" else
              f"bucket cap {cfg.get('bucket_cap_mb')} MiB · overlap {cfg.get('overlap')}")
-    st.caption(f"`{w.run_id}` · {cfg.get('model')} on {dataset_name(w)} · "
+    st.caption(f"`{w.run_id}` · {what_trained(w)} · "
                f"global batch {cfg.get('global_batch_size')} · {knobs}")
     evals = w.of_type("eval")
     if evals:
@@ -115,10 +115,27 @@ def discard_logs(w: RunWindow) -> list[dict[str, Any]]:
     return [e for e in w.of_type("log") if "buffers_discarded" in e]
 
 
-def dataset_name(w: RunWindow) -> str:
+def dataset_name(w: RunWindow) -> str | None:
     """The data the run trained on: the name the dataset gave itself (a plugin brings its own,
     whatever `config.dataset` says), from `run_started`; the config's before that arrives."""
-    return str((w.started or {}).get("dataset_name") or w.config.get("dataset"))
+    name = (w.started or {}).get("dataset_name") or w.config.get("dataset")
+    return None if name is None else str(name)  # None: an attached run's script brings its own data
+
+
+def is_attached(w: RunWindow) -> bool:
+    """A run recorded by `ddpviz run -- torchrun SCRIPT` (its config says `attached`)."""
+    return bool(w.config.get("attached") or (w.started or {}).get("attached"))
+
+
+def what_trained(w: RunWindow) -> str:
+    """"<model> on <dataset>" of a launched run; an attached one has no dataset of ours, so
+    "<model> from <script>" (the script `run_started` names, else the command)."""
+    model = w.config.get("model") or "model not known yet"
+    if is_attached(w):
+        script = (w.started or {}).get("script") or " ".join(w.config.get("command") or []) or "a script"
+        return f"{model} from {script}"
+    data = dataset_name(w)
+    return f"{model} on {data}" if data else str(model)
 
 
 def _show_error(error: dict[str, Any], status: str = "failed") -> None:
@@ -156,7 +173,8 @@ def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, st
         delta = f"{v / others[0][1]:.2f}× {others[0][0]}" if others else None
         col.metric(f"{run}: median samples/s", f"{v:,.0f}", delta=delta, delta_color="off",
                    delta_arrow="off")
-    earlier = pd.concat([w.history.frame(labels[rid]) for rid, w in windows.items()], ignore_index=True)
+    earlier = pd.concat([_segmented(w.history.frame(labels[rid]), w.unread_steps) for rid, w in windows.items()],
+                        ignore_index=True)
     window = max(w.max_steps for w in windows.values())
     _zoomable(charts_live.live_throughput_chart(steps, earlier, [labels.get(r, r) for r in windows], window,
                                                 runsets.modes_of(windows, labels)), "chart_throughput")
@@ -166,7 +184,18 @@ def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, st
     if not earlier.empty:
         note += (f" Steps before the newest {window} are drawn in bins of {int(earlier['bin_steps'].max())} "
                  "steps: each bin's mean samples/s and its min–max.")
+    for rid, w in windows.items():
+        if w.unread_steps:
+            lo, hi = w.unread_steps
+            note += (f" {labels[rid]}: steps {lo}–{hi} were not read (a run opened after it ran is read "
+                     "from its start and its newest events only, to open fast), so the chart is blank there.")
     st.caption(note)
+
+
+def _segmented(bins: pd.DataFrame, unread: tuple[int, int] | None) -> pd.DataFrame:
+    """`bins` with `segment`: 0 before the steps the window never read, 1 after (the dashed line
+    breaks there)."""
+    return bins.assign(segment=(bins["step_lo"] > unread[0]).astype(int) if unread else 0)
 
 
 def verdict_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
@@ -195,11 +224,28 @@ def accuracy_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]
     refresh(client, windows)
     evals = pd.concat([fsteps.eval_frame(w.of_type("eval"), labels[rid]) for rid, w in windows.items()],
                       ignore_index=True)
+    attached = [rid for rid, w in windows.items() if is_attached(w)]
+    if evals.empty and attached:
+        return _script_loss(windows, labels, attached)
     if evals.empty:
         return _waiting("the first evaluation")
     _zoomable(charts_live.accuracy_chart(evals, [labels.get(r, r) for r in windows],
                                          runsets.modes_of(windows, labels)), "chart_accuracy",
               [charts_live.ZOOM])
+
+
+def _script_loss(windows: dict[str, RunWindow], labels: dict[str, str], attached: list[str]) -> None:
+    """An attached run evaluates nothing of ours: its training loss, as its script computed it."""
+    steps = steps_of({rid: windows[rid] for rid in attached}, labels)
+    if not steps.empty and steps["loss"].notna().any():
+        _zoomable(charts_live.loss_chart(steps, [labels.get(r, r) for r in windows],
+                                         runsets.modes_of(windows, labels)), "chart_loss", [charts_live.ZOOM])
+    st.caption(ATTACHED_LOSS_NOTE)
+
+
+ATTACHED_LOSS_NOTE = ("Attached run: the loss is the script's own training loss (what its loss function "
+                      "returned, the mean over ranks, each step); the script runs no validation of ours, so there is "
+                      "no validation accuracy to draw.")
 
 
 def _zoomable(chart, key: str, selections: list[str] = charts_live.SELECTIONS) -> None:
@@ -325,9 +371,9 @@ def _bucket_caption(buckets: pd.DataFrame) -> None:
     bw = r0["algbw_gbps"].dropna()
     med = statistics.median(bw) if len(bw) else float("nan")
     st.caption(f"Step {int(buckets['step'].iloc[0])}: {len(r0)} bucket(s), "
-               f"{r0['nbytes'].sum() / frames.MIB:.2f} MiB of gradients per rank; median all-reduce "
-               f"algbw {med:.3f} GB/s (rank {int(r0['rank'].iloc[0])}). Every step, on the Bucket "
-               f"timeline page.")
+               f"{frames.format_bytes(r0['nbytes'].sum())} of gradients per rank; median all-reduce "
+               f"algbw {frames.format_rate(med * 1e9)} (rank {int(r0['rank'].iloc[0])}). Every step, on "
+               f"the Bucket timeline page.")
 
 
 def all_done(windows: dict[str, RunWindow]) -> bool:

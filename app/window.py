@@ -13,7 +13,8 @@ leave the window are folded into `history` (`app.step_history`), so Live still d
 Opening a long run reads windows, not the whole stream: the first poll reads the stream's head
 (`run_started`, the first steps) and then only its tail, about as many events as the window keeps
 (`max_steps` steps, at the event density the head showed), with the client's `read_tail`; the
-events in between are never read. So opening a run of 100 K events costs about what opening one
+events in between are never read (`unread_steps` says which steps those were, so a chart can
+leave them blank and say so instead of drawing across them). So opening a run of 100 K events costs about what opening one
 of 10 K does (`ddpviz bench`, figure 4).
 """
 
@@ -117,6 +118,7 @@ class RunWindow:
         self.polled_at = 0.0  # time.monotonic() of the last poll
         self.history = StepHistory()  # throughput of the steps dropped from the window, binned
         self.memory_history = ReadingHistory()  # every memory timer reading read, binned by time
+        self.unread_steps: tuple[int, int] | None = None  # (first, last) step `_open` skipped, if any
 
     # ---- reading ---------------------------------------------------------------------------
     def poll(self, client: EventReader, min_interval_s: float = 0.0) -> int:
@@ -169,6 +171,10 @@ class RunWindow:
         steps_seen = len({e["step"] for e in head if isinstance(e.get("step"), int)}) or 1
         want = min(TAIL_MAX_EVENTS, self.batch + len(head) * (self.max_steps + 1) // steps_seen)
         tail, tail_id = read_tail(self.run_id, after_id=self.last_id, count=want)
+        head_steps = [e["step"] for e in head if e.get("type") == "step" and isinstance(e.get("step"), int)]
+        tail_steps = [e["step"] for e in tail if e.get("type") == "step" and isinstance(e.get("step"), int)]
+        if head_steps and tail_steps and min(tail_steps) > max(head_steps) + 1:
+            self.unread_steps = (max(head_steps) + 1, min(tail_steps) - 1)
         self.ingest(tail)
         self.last_id = tail_id or self.last_id
         return len(head) + len(tail), False
