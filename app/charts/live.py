@@ -113,7 +113,7 @@ def loss_chart(steps: pd.DataFrame, runs: list[str], modes: dict[str, str] | Non
     colour = alt.Color("run:N", legend=None, scale=run_scale(runs, modes))
     return alt.Chart(steps.dropna(subset=["loss"])).mark_line(strokeWidth=1.5).encode(
         x=alt.X("step:Q", title="optimizer step", axis=alt.Axis(tickMinStep=1, format="d")),
-        y=alt.Y("loss:Q", title="training loss (the script's)"),
+        y=alt.Y("loss:Q", title="training loss"),  # short: a long title overflows the plot's height
         color=colour,
         tooltip=[alt.Tooltip("run:N"), alt.Tooltip("step:Q"), alt.Tooltip("loss:Q", title="loss", format=".4g")],
     ).add_params(zoom).properties(

@@ -10,11 +10,12 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from app.charts.style import HEIGHT, ROW_PX, STEP_X, WIDTH, legend, rows_height, run_scale, title, volume_scale
+from app.charts.style import HEIGHT, STEP_X, WIDTH, legend, rows_height, run_scale, title, volume_scale
 from app.frames import steps as fsteps
 from app.frames.base import MIB, byte_unit
 from app.frames.steps import SMOOTH_STEPS, SPLIT_PARTS
 
+_SPLIT_ROW_PX, _SPLIT_BAR_PX = 58, 22  # a run's row in the split: its name over its bar
 _SPLIT_COLOURS = dict(zip(SPLIT_PARTS, ["#1f77b4", "#ff7f0e", "#d62728", "#9467bd", "#2ca02c", "#c7c7c7"]))
 
 
@@ -51,7 +52,7 @@ def split_chart(split: pd.DataFrame) -> alt.LayerChart:
     label) never takes the plot's width in a narrow column."""
     shown = [p for p in SPLIT_PARTS if p in set(split["part"])] or SPLIT_PARTS
     y = alt.Y("run:N", title="run", axis=alt.Axis(labels=False, ticks=False), sort=None)
-    bars = alt.Chart(split).mark_bar(height=alt.RelativeBandSize(0.5)).encode(
+    bars = alt.Chart(split).mark_bar(height=_SPLIT_BAR_PX).encode(
         x=alt.X("sum(ms):Q", title="median time per step (ms)", stack="zero"),
         y=y,
         color=alt.Color("part:N", legend=legend("part of the step", orient="bottom", columns=3),
@@ -62,10 +63,11 @@ def split_chart(split: pd.DataFrame) -> alt.LayerChart:
                  alt.Tooltip("ms:Q", title="median (ms)", format=".2f")],
     )
     names = alt.Chart(split).transform_aggregate(total="sum(ms)", groupby=["run"]).mark_text(
-        align="left", baseline="bottom", dx=2, dy=-(ROW_PX // 4) - 1, fontSize=11).encode(
+        align="left", baseline="bottom", dx=1, dy=-(_SPLIT_BAR_PX // 2) - 2, fontSize=11).encode(
         x=alt.datum(0), y=y, text="run:N")
-    return alt.layer(bars, names).properties(title=title("Step time split", "median ms per step"),
-                                             width=WIDTH, height=rows_height(split, "run") + 40)
+    return alt.layer(bars, names).properties(  # + the legend's two rows under the plot
+        title=title("Step time split", "median ms per step"), width=WIDTH,
+        height=rows_height(split, "run", row_px=_SPLIT_ROW_PX) + 70)
 
 
 def comm_volume_chart(volume: pd.DataFrame) -> alt.Chart:
