@@ -187,14 +187,15 @@ def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, st
     for rid, w in windows.items():
         if w.unread_steps:
             lo, hi = w.unread_steps
-            note += (f" {labels[rid]}: steps {lo}–{hi} were not read (a run opened after it ran is read "
-                     "from its start and its newest events only, to open fast), so the chart is blank there.")
+            note += (f" {labels[rid]}: steps {lo}–{hi} are still being read (a run opened after it ran is "
+                     "read from its start and its newest events first, to open fast); the chart leaves them "
+                     "blank until they arrive, within a few refreshes.")
     st.caption(note)
 
 
 def _segmented(bins: pd.DataFrame, unread: tuple[int, int] | None) -> pd.DataFrame:
-    """`bins` with `segment`: 0 before the steps the window never read, 1 after (the dashed line
-    breaks there)."""
+    """`bins` with `segment`: 0 before the steps the window has not read yet, 1 after (the dashed
+    line breaks there)."""
     return bins.assign(segment=(bins["step_lo"] > unread[0]).astype(int) if unread else 0)
 
 
@@ -227,6 +228,9 @@ def accuracy_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]
     attached = [rid for rid, w in windows.items() if is_attached(w)]
     if evals.empty and attached:
         return _script_loss(windows, labels, attached)
+    if evals.empty and all_done(windows):  # over: nothing more will come
+        return st.caption("No validation accuracy: these runs recorded no evaluation (their data has no "
+                          "held-out split, or they ended before their first).")
     if evals.empty:
         return _waiting("the first evaluation")
     _zoomable(charts_live.accuracy_chart(evals, [labels.get(r, r) for r in windows],

@@ -95,42 +95,70 @@ def test_the_step_split_keeps_long_run_names_off_its_y_axis(live):
     assert bars["encoding"]["color"]["legend"]["orient"] == "bottom"
 
 
-def test_a_run_opened_late_says_which_steps_it_did_not_read(real_client, redis_client):
-    """A finished run longer than a window's head + tail: the steps in between are never read
-    (`RunWindow._open`); the window says which, and the throughput chart's dashed line breaks there."""
+def test_a_run_opened_late_reads_the_middle_it_skipped_on_the_next_polls(real_client, redis_client):
+    """A finished run longer than a window's head + tail: the first poll reads only those
+    (`RunWindow._open`) and says which steps it skipped, and the throughput chart's dashed line
+    breaks there instead of drawing across them; the next polls read the middle, so every step
+    of the run ends up drawn once, with its samples/s as the events give it."""
     import eventgen as g
 
     from app.charts.live import live_throughput_chart
     from app.panels import _segmented
+    from app.step_history import step_rates
     from app.window import RunWindow
     from workers.sink import RedisStreamWriter
     from workers.store import RunStatus
 
-    rid = real_client.submit({"mode": "ddp", "world_size": 2, "steps": 1600})
+    n = 1600
+    rid = real_client.submit({"mode": "ddp", "world_size": 2, "steps": n})
     real_client.store.mark_started(rid, "test-worker")
-    events = [g.run_started(rid, "ddp", steps=1600)] + [e for s in range(1600) for e in g.ddp_step(rid, s)]
-    RedisStreamWriter(redis_client, rid).write_batch(events + [g.run_finished(rid, 1600)])
+    events = [g.run_started(rid, "ddp", steps=n)] + [e for s in range(n) for e in g.ddp_step(rid, s)]
+    RedisStreamWriter(redis_client, rid).write_batch(events + [g.run_finished(rid, n)])
     real_client.store.finish(rid, RunStatus.SUCCEEDED, summary={})
     w = RunWindow(rid)
-    while not w.done:
-        w.poll(real_client)
-    steps_read = {e["step"] for e in w.of_type("step")} | {
-        s for b in w.history.bins.values() for s in range(b.first, b.last + 1)}
-    assert w.unread_steps is not None
+    w.poll(real_client)
+    assert w.unread_steps is not None and not w.done
     lo, hi = w.unread_steps
-    assert 0 < lo <= hi < 1600 - w.max_steps
-    assert not steps_read & set(range(lo, hi + 1))  # exactly the steps never read
-    assert set(range(0, lo)) <= steps_read and set(range(hi + 1, 1600)) <= steps_read
+    assert 0 < lo <= hi < n - w.max_steps
+    binned = {s for b in w.history.bins.values() for s in range(b.first, b.last + 1)}
+    assert not (binned | {e["step"] for e in w.of_type("step")}) & set(range(lo, hi + 1))
     earlier = _segmented(w.history.frame("r"), w.unread_steps)
     spec = live_throughput_chart(pd_frame(), earlier, ["r"], w.max_steps).to_dict()
-    mean = spec["layer"][3]
-    assert mean["encoding"]["detail"]["field"] == "segment"
+    assert spec["layer"][3]["encoding"]["detail"]["field"] == "segment"
     rows = list(spec["datasets"].values())[-1]
     assert {r["segment"] for r in rows if r["step_hi"] < lo} == {0}
     assert {r["segment"] for r in rows if r["step_lo"] > hi} == {1}
+    for _ in range(20):
+        if w.done:
+            break
+        w.poll(real_client)
+    assert w.done and w.unread_steps is None
+    window = {e["step"] for e in w.of_type("step")}
+    assert window == set(range(n - w.max_steps, n))
+    # every earlier step folded once: the bins' counts and sums are those of the events' own rates
+    rates = step_rates(e for e in events if e["type"] == "step" and e["step"] < n - w.max_steps)
+    assert sum(b.count for b in w.history.bins.values()) == len(rates) == n - w.max_steps
+    assert sum(b.total for b in w.history.bins.values()) == pytest.approx(sum(rates.values()))
 
 
 def pd_frame():
     from app.frames.steps import steps_frame
 
     return steps_frame([], "r")
+
+
+def test_a_finished_run_without_evaluations_does_not_wait_for_one(real_client, redis_client, app_test):
+    import eventgen as g
+
+    from workers.sink import RedisStreamWriter
+    from workers.store import RunStatus
+
+    rid = real_client.submit({"mode": "ddp", "world_size": 2, "steps": 4})
+    real_client.store.mark_started(rid, "test-worker")
+    events = [e for e in g.full_run(rid, "ddp") if e["type"] != "eval"]
+    RedisStreamWriter(redis_client, rid).write_batch(events)
+    real_client.store.finish(rid, RunStatus.SUCCEEDED, summary={})
+    at = app_test("views/live.py", runs=rid)
+    assert not at.exception, [e.value for e in at.exception]
+    assert not any("first evaluation" in i.value for i in at.info)
+    assert any("recorded no evaluation" in c.value for c in at.caption)
