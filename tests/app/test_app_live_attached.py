@@ -162,3 +162,18 @@ def test_a_finished_run_without_evaluations_does_not_wait_for_one(real_client, r
     assert not at.exception, [e.value for e in at.exception]
     assert not any("first evaluation" in i.value for i in at.info)
     assert any("recorded no evaluation" in c.value for c in at.caption)
+
+
+def test_memory_within_a_step_of_a_tiny_model_is_drawn_in_bytes_not_fractions_of_a_mib():
+    import pandas as pd
+
+    from app.charts.memory import memory_curve_charts
+
+    held_bytes = [0, 168, 420]  # Linear(20, 1): its weights, gradients and a few activations
+    curve = pd.DataFrame({"t_ms": [0.0, 1.0, 2.0], "mib": [b / 2**20 for b in held_bytes], "device": "cpu:0",
+                          "source": "tensors", "source_label": "tensors (live-tensor ledger)", "step": 3})
+    spec = memory_curve_charts(curve, pd.DataFrame(columns=["phase", "start_ms", "end_ms"]), "r",
+                               y_max_mib=420 / 2**20)[0].to_dict()
+    y = spec["encoding"]["y"]
+    assert y["title"] == "bytes held (B)" and y["scale"]["domain"] == [0, 500]
+    assert [r[y["field"]] for r in list(spec["datasets"].values())[0]] == pytest.approx(held_bytes)
