@@ -16,8 +16,9 @@ Opening a long run reads windows, not the whole stream: the first poll reads the
 events in between are read by the polls after it (`max_batches` a poll, as the tail's new events),
 folded straight into `history` and `memory_history` (their steps and readings only), so the whole
 run fills in within a few refreshes; until then `unread_steps` says which steps are missing, so a
-chart leaves them blank and says so instead of drawing across them. So opening a run of 100 K events costs about what opening one
-of 10 K does (`ddpviz bench`, figure 4).
+chart leaves them blank and says so instead of drawing across them. So opening a run of 100 K
+events costs about what opening one of 10 K does (`ddpviz bench`, figure 4); the middle is read
+afterwards, a poll at a time.
 """
 
 from __future__ import annotations
@@ -206,7 +207,8 @@ class RunWindow:
             events, last_id = client.read_events(self.run_id, after_id=gap["after_id"], count=self.batch)
             got += len(events)
             gap["after_id"] = last_id or gap["after_id"]
-            steps = gap.pop("held", []) + [e for e in events if e.get("type") == "step" and isinstance(e.get("step"), int)]
+            steps = gap.pop("held", []) + [e for e in events
+                                           if e.get("type") == "step" and isinstance(e.get("step"), int)]
             for e in events:
                 if e.get("type") == "memory_readings" and max(e.get("reading_ts") or [0]) < gap["below_ts"]:
                     self.memory_history.add(e)

@@ -118,4 +118,5 @@ def loss_chart(steps: pd.DataFrame, runs: list[str], modes: dict[str, str] | Non
         tooltip=[alt.Tooltip("run:N"), alt.Tooltip("step:Q"), alt.Tooltip("loss:Q", title="loss", format=".4g")],
     ).add_params(zoom).properties(
         width=WIDTH, height=HEIGHT - 40,
-        title=title("Training loss", "the script's own loss each step (mean over ranks); no validation; colours as above"))
+        title=title("Training loss",
+                    "the script's own loss each step (mean over ranks); no validation; colours as above"))

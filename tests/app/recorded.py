@@ -48,7 +48,8 @@ def overlap_pair(client) -> tuple[str, dict[bool, str]]:
     return sweep, ids
 
 
-ATTACHED = "real_attached_regression_ws2.jsonl"  # `ddpviz run -- torchrun ... examples/attach/train_regression.py --epochs 1`
+# `ddpviz run -- python -m torch.distributed.run --nproc-per-node 2 examples/attach/train_regression.py --epochs 1`
+ATTACHED = "real_attached_regression_ws2.jsonl"
 
 
 def play_attached(client, run_id: str = "attached0regress") -> str:
