@@ -298,7 +298,9 @@ def memory_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) 
             _step_memory(windows[rid], curve, labels[rid], rid, y_max)
             for i, chart in enumerate(charts_memory.memory_over_run_charts(over_run[rid], labels[rid])):
                 _chart(chart, f"chart_memory_run_{rid}_{i}")
-            if over_run[rid].empty:
+            if over_run[rid].empty and windows[rid].done:  # over: none will come
+                st.caption("No memory timer readings in this run (its events carry none).")
+            elif over_run[rid].empty:
                 _waiting("the memory timer's readings")
 
 
