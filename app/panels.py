@@ -81,8 +81,9 @@ def _run_status(client, w: RunWindow, label: str) -> None:
              f"{cfg.get('fsdp_param_dtype')}, reduce {cfg.get('fsdp_reduce_dtype')}"
              if cfg.get("mode") == "fsdp" else
              f"bucket cap {cfg.get('bucket_cap_mb')} MiB · overlap {cfg.get('overlap')}")
-    st.caption(f"`{w.run_id}` · {what_trained(w)} · "
-               f"global batch {cfg.get('global_batch_size')} · {knobs}")
+    known = cfg.get("global_batch_size") is not None  # an attached run's, once rank 0 has started
+    st.caption(f"`{w.run_id}` · {what_trained(w)}" + (f" · global batch {cfg.get('global_batch_size')} · {knobs}"
+                                                      if known else ""))
     evals = w.of_type("eval")
     if evals:
         last = evals[-1]
@@ -130,12 +131,12 @@ def is_attached(w: RunWindow) -> bool:
 def what_trained(w: RunWindow) -> str:
     """"<model> on <dataset>" of a launched run; an attached one has no dataset of ours, so
     "<model> from <script>" (the script `run_started` names, else the command)."""
-    model = w.config.get("model") or "model not known yet"
+    model = w.config.get("model")
     if is_attached(w):
         script = (w.started or {}).get("script") or " ".join(w.config.get("command") or []) or "a script"
-        return f"{model} from {script}"
+        return f"{model} from {script}" if model else f"attached to {script}, model not known yet"
     data = dataset_name(w)
-    return f"{model} on {data}" if data else str(model)
+    return f"{model} on {data}" if data else str(model or "model not known yet")
 
 
 def _show_error(error: dict[str, Any], status: str = "failed") -> None:

@@ -178,3 +178,15 @@ def test_memory_within_a_step_of_a_tiny_model_is_drawn_in_bytes_not_fractions_of
     y = spec["encoding"]["y"]
     assert y["title"] == "bytes held (B)" and y["scale"]["domain"] == [0, 500]
     assert [r[y["field"]] for r in list(spec["datasets"].values())[0]] == pytest.approx(held_bytes)
+
+
+def test_an_attached_run_before_rank_0_started_names_its_command_without_nones():
+    from app.panels import what_trained
+    from app.window import RunWindow
+
+    w = RunWindow("x")
+    w.run = {"status": "started", "config": {"mode": "ddp", "attached": True, "command": ["torchrun", "t.py"]}}
+    assert what_trained(w) == "attached to torchrun t.py, model not known yet"
+    w.started = {"attached": True, "script": "t.py"}
+    w.run["config"].update(model="Linear", dataset=None)
+    assert what_trained(w) == "Linear from t.py"
