@@ -81,8 +81,9 @@ def _run_status(client, w: RunWindow, label: str) -> None:
              f"{cfg.get('fsdp_param_dtype')}, reduce {cfg.get('fsdp_reduce_dtype')}"
              if cfg.get("mode") == "fsdp" else
              f"bucket cap {cfg.get('bucket_cap_mb')} MiB · overlap {cfg.get('overlap')}")
-    st.caption(f"`{w.run_id}` · {cfg.get('model')} on {dataset_name(w)} · "
-               f"global batch {cfg.get('global_batch_size')} · {knobs}")
+    known = cfg.get("global_batch_size") is not None  # an attached run's, once rank 0 has started
+    st.caption(f"`{w.run_id}` · {what_trained(w)}" + (f" · global batch {cfg.get('global_batch_size')} · {knobs}"
+                                                      if known else ""))
     evals = w.of_type("eval")
     if evals:
         last = evals[-1]
@@ -115,10 +116,27 @@ def discard_logs(w: RunWindow) -> list[dict[str, Any]]:
     return [e for e in w.of_type("log") if "buffers_discarded" in e]
 
 
-def dataset_name(w: RunWindow) -> str:
+def dataset_name(w: RunWindow) -> str | None:
     """The data the run trained on: the name the dataset gave itself (a plugin brings its own,
     whatever `config.dataset` says), from `run_started`; the config's before that arrives."""
-    return str((w.started or {}).get("dataset_name") or w.config.get("dataset"))
+    name = (w.started or {}).get("dataset_name") or w.config.get("dataset")
+    return None if name is None else str(name)  # None: an attached run's script brings its own data
+
+
+def is_attached(w: RunWindow) -> bool:
+    """A run recorded by `ddpviz run -- torchrun SCRIPT` (its config says `attached`)."""
+    return bool(w.config.get("attached") or (w.started or {}).get("attached"))
+
+
+def what_trained(w: RunWindow) -> str:
+    """"<model> on <dataset>" of a launched run; an attached one has no dataset of ours, so
+    "<model> from <script>" (the script `run_started` names, else the command)."""
+    model = w.config.get("model")
+    if is_attached(w):
+        script = (w.started or {}).get("script") or " ".join(w.config.get("command") or []) or "a script"
+        return f"{model} from {script}" if model else f"attached to {script}, model not known yet"
+    data = dataset_name(w)
+    return f"{model} on {data}" if data else str(model or "model not known yet")
 
 
 def _show_error(error: dict[str, Any], status: str = "failed") -> None:
@@ -156,7 +174,8 @@ def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, st
         delta = f"{v / others[0][1]:.2f}× {others[0][0]}" if others else None
         col.metric(f"{run}: median samples/s", f"{v:,.0f}", delta=delta, delta_color="off",
                    delta_arrow="off")
-    earlier = pd.concat([w.history.frame(labels[rid]) for rid, w in windows.items()], ignore_index=True)
+    earlier = pd.concat([_segmented(w.history.frame(labels[rid]), w.unread_steps) for rid, w in windows.items()],
+                        ignore_index=True)
     window = max(w.max_steps for w in windows.values())
     _zoomable(charts_live.live_throughput_chart(steps, earlier, [labels.get(r, r) for r in windows], window,
                                                 runsets.modes_of(windows, labels)), "chart_throughput")
@@ -166,7 +185,19 @@ def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, st
     if not earlier.empty:
         note += (f" Steps before the newest {window} are drawn in bins of {int(earlier['bin_steps'].max())} "
                  "steps: each bin's mean samples/s and its min–max.")
+    for rid, w in windows.items():
+        if w.unread_steps:
+            lo, hi = w.unread_steps
+            note += (f" {labels[rid]}: steps {lo}–{hi} are still being read (a run opened after it ran is "
+                     "read from its start and its newest events first, to open fast); the chart leaves them "
+                     "blank until they arrive, within a few refreshes.")
     st.caption(note)
+
+
+def _segmented(bins: pd.DataFrame, unread: tuple[int, int] | None) -> pd.DataFrame:
+    """`bins` with `segment`: 0 before the steps the window has not read yet, 1 after (the dashed
+    line breaks there)."""
+    return bins.assign(segment=(bins["step_lo"] > unread[0]).astype(int) if unread else 0)
 
 
 def verdict_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
@@ -195,11 +226,31 @@ def accuracy_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]
     refresh(client, windows)
     evals = pd.concat([fsteps.eval_frame(w.of_type("eval"), labels[rid]) for rid, w in windows.items()],
                       ignore_index=True)
+    attached = [rid for rid, w in windows.items() if is_attached(w)]
+    if evals.empty and attached:
+        return _script_loss(windows, labels, attached)
+    if evals.empty and all_done(windows):  # over: nothing more will come
+        return st.caption("No validation accuracy: these runs recorded no evaluation (their data has no "
+                          "held-out split, or they ended before their first).")
     if evals.empty:
         return _waiting("the first evaluation")
     _zoomable(charts_live.accuracy_chart(evals, [labels.get(r, r) for r in windows],
                                          runsets.modes_of(windows, labels)), "chart_accuracy",
               [charts_live.ZOOM])
+
+
+def _script_loss(windows: dict[str, RunWindow], labels: dict[str, str], attached: list[str]) -> None:
+    """An attached run evaluates nothing of ours: its training loss, as its script computed it."""
+    steps = steps_of({rid: windows[rid] for rid in attached}, labels)
+    if not steps.empty and steps["loss"].notna().any():
+        _zoomable(charts_live.loss_chart(steps, [labels.get(r, r) for r in windows],
+                                         runsets.modes_of(windows, labels)), "chart_loss", [charts_live.ZOOM])
+    st.caption(ATTACHED_LOSS_NOTE)
+
+
+ATTACHED_LOSS_NOTE = ("Attached run: the loss is the script's own training loss (what its loss function "
+                      "returned, the mean over ranks, each step); the script runs no validation of ours, so there is "
+                      "no validation accuracy to draw.")
 
 
 def _zoomable(chart, key: str, selections: list[str] = charts_live.SELECTIONS) -> None:
@@ -248,7 +299,9 @@ def memory_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) 
             _step_memory(windows[rid], curve, labels[rid], rid, y_max)
             for i, chart in enumerate(charts_memory.memory_over_run_charts(over_run[rid], labels[rid])):
                 _chart(chart, f"chart_memory_run_{rid}_{i}")
-            if over_run[rid].empty:
+            if over_run[rid].empty and windows[rid].done:  # over: none will come
+                st.caption("No memory timer readings in this run (its events carry none).")
+            elif over_run[rid].empty:
                 _waiting("the memory timer's readings")
 
 
@@ -325,9 +378,9 @@ def _bucket_caption(buckets: pd.DataFrame) -> None:
     bw = r0["algbw_gbps"].dropna()
     med = statistics.median(bw) if len(bw) else float("nan")
     st.caption(f"Step {int(buckets['step'].iloc[0])}: {len(r0)} bucket(s), "
-               f"{r0['nbytes'].sum() / frames.MIB:.2f} MiB of gradients per rank; median all-reduce "
-               f"algbw {med:.3f} GB/s (rank {int(r0['rank'].iloc[0])}). Every step, on the Bucket "
-               f"timeline page.")
+               f"{frames.format_bytes(r0['nbytes'].sum())} of gradients per rank; median all-reduce "
+               f"algbw {frames.format_rate(med * 1e9)} (rank {int(r0['rank'].iloc[0])}). Every step, on "
+               f"the Bucket timeline page.")
 
 
 def all_done(windows: dict[str, RunWindow]) -> bool:

@@ -47,7 +47,8 @@ def live_throughput_chart(recent: pd.DataFrame, earlier: pd.DataFrame, runs: lis
 
     Args:
         recent: `app.frames.steps.steps_frame` rows of every run (its window).
-        earlier: `app.step_history.StepHistory.frame` rows of every run.
+        earlier: `app.step_history.StepHistory.frame` rows of every run; an optional `segment`
+            column splits a run's dashed line where steps between bins were never read.
         runs: the runs in legend order (fixes each run's colour).
         window_steps: steps a run's window keeps (`RunWindow.max_steps`), for the subtitle.
         modes: run -> mode, for each run's colour (`app.charts.style.run_scale`).
@@ -72,8 +73,11 @@ def live_throughput_chart(recent: pd.DataFrame, earlier: pd.DataFrame, runs: lis
         x=x, y="samples_per_s_smooth:Q", color=colour, opacity=faded, tooltip=tip_step)
     band = alt.Chart(earlier).mark_rect(opacity=0.18).encode(
         x="step_lo:Q", x2="step_hi:Q", y="lo:Q", y2="hi:Q", color=colour, tooltip=tip_bin)
+    if "segment" not in earlier:  # no unread steps: one line per run
+        earlier = earlier.assign(segment=0)
     mean = alt.Chart(earlier).mark_line(strokeDash=[5, 3], strokeWidth=1.5).encode(
-        x="step_mid:Q", y="mean:Q", color=colour, opacity=faded, tooltip=tip_bin)
+        x="step_mid:Q", y="mean:Q", color=colour, opacity=faded, tooltip=tip_bin,
+        detail="segment:N")  # never drawn across steps that were not read
     return alt.layer(dots, line, band, mean).properties(
         width=WIDTH, height=HEIGHT + 90,
         title=title("Throughput per step", subtitle=[
@@ -99,3 +103,20 @@ def accuracy_chart(accuracy: pd.DataFrame, runs: list[str], modes: dict[str, str
         width=WIDTH, height=HEIGHT - 40,  # room for a two-line subtitle in a half column
         title=title("Validation accuracy", "share of the held-out split classified right, at every "
                                            "evaluation (eval_every steps and the end); colours as above"))
+
+
+def loss_chart(steps: pd.DataFrame, runs: list[str], modes: dict[str, str] | None = None) -> alt.Chart:
+    """Training loss per step (`app.frames.steps.steps_frame` rows with a `loss`), as the run's
+    script reported it: an attached run's stand-in for the accuracy chart, in the same place and
+    colours (no legend of its own)."""
+    zoom = alt.selection_interval(bind="scales", encodings=["x"], name=ZOOM)
+    colour = alt.Color("run:N", legend=None, scale=run_scale(runs, modes))
+    return alt.Chart(steps.dropna(subset=["loss"])).mark_line(strokeWidth=1.5).encode(
+        x=alt.X("step:Q", title="optimizer step", axis=alt.Axis(tickMinStep=1, format="d")),
+        y=alt.Y("loss:Q", title="training loss"),  # short: a long title overflows the plot's height
+        color=colour,
+        tooltip=[alt.Tooltip("run:N"), alt.Tooltip("step:Q"), alt.Tooltip("loss:Q", title="loss", format=".4g")],
+    ).add_params(zoom).properties(
+        width=WIDTH, height=HEIGHT - 40,
+        title=title("Training loss",
+                    "the script's own loss each step (mean over ranks); no validation; colours as above"))

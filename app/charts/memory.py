@@ -18,6 +18,7 @@ import altair as alt
 import pandas as pd
 
 from app.charts.style import CATEGORIES, PHASE_COLOURS, WIDTH, legend, title
+from app.frames.base import MIB, byte_unit
 from app.frames.dp import DP_PHASES
 from app.frames.memory import DEVICE_SOURCES, HOST_SOURCES, SOURCE_LABELS, TIMER_NOTES
 
@@ -46,9 +47,16 @@ def memory_curve_charts(curve: pd.DataFrame, phases: pd.DataFrame, run: str,
     # the spec, so a live refresh with a longer step keeps the chart's view (and a tooltip on it)
     x = alt.X("t_ms:Q", title=_STEP_X_TITLE, scale=_TO_THE_DATA)
     head = f"Memory within a step: {run}"  # the step is in the caption: a spec without it survives a refresh
-    y_max = nice_ceiling(y_max_mib)
-    held = _lines(where, x, alt.Y("mib:Q", title="bytes held (MiB)", scale=alt.Scale(
-        domain=[0, y_max], nice=True) if y_max else alt.Scale(zero=True)))
+    # the unit the largest value reads best in (a Linear(20, 1) holds KiB, not "0.0004 MiB"), from the
+    # shared y_max so side-by-side runs share it too; MiB keeps the field "mib"
+    top_mib = y_max_mib if y_max_mib else float(where["mib"].max()) if not where.empty else 0.0
+    unit, size = byte_unit(top_mib * MIB)
+    unit, size = ("MiB", MIB) if size > MIB else (unit, size)  # GiB: MiB ticks read fine, as before
+    field = "mib" if size == MIB else "amount"
+    where = where.assign(amount=where["mib"] * MIB / size)
+    y_max = nice_ceiling(y_max_mib * MIB / size if y_max_mib else None)
+    held = _lines(where, x, alt.Y(f"{field}:Q", title=f"bytes held ({unit})", scale=alt.Scale(
+        domain=[0, y_max], nice=True) if y_max else alt.Scale(zero=True)), (field, unit))
     if not phases.empty:
         held = alt.layer(_phase_bands(phases), held).resolve_scale(color="independent")
     charts = [held.properties(
@@ -70,7 +78,7 @@ def _extent(x: alt.X, y: alt.Y, **cols: list[float]) -> alt.Chart:
     return alt.Chart(pd.DataFrame(cols)).mark_point(opacity=0, size=1).encode(x=x, y=y)
 
 
-def _lines(df: pd.DataFrame, x: alt.X, y: alt.Y) -> alt.Chart:
+def _lines(df: pd.DataFrame, x: alt.X, y: alt.Y, tip: tuple[str, str] = ("mib", "MiB")) -> alt.Chart:
     shown = [s for s in _DASH if s in set(df["source_label"])] or list(_DASH)
     dashes = alt.Scale(domain=shown, range=[_DASH[s] for s in shown])
     return alt.Chart(df).mark_line(interpolate="step-after", strokeWidth=2,
@@ -83,7 +91,7 @@ def _lines(df: pd.DataFrame, x: alt.X, y: alt.Y) -> alt.Chart:
         detail="source:N",
         tooltip=[alt.Tooltip("device:N"), alt.Tooltip("source_label:N", title="source"),
                  alt.Tooltip("t_ms:Q", title="ms from step start", format=".2f"),
-                 alt.Tooltip("mib:Q", title="MiB", format=".2f")])
+                 alt.Tooltip(f"{tip[0]}:Q", title=tip[1], format=".2f")])
 
 
 MIB_AXIS = alt.Axis(tickMinStep=1, format=",.0f")  # whole MiB: "662", never "662.0312" or bytes

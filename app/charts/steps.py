@@ -12,8 +12,10 @@ import pandas as pd
 
 from app.charts.style import HEIGHT, STEP_X, WIDTH, legend, rows_height, run_scale, title, volume_scale
 from app.frames import steps as fsteps
+from app.frames.base import MIB, byte_unit
 from app.frames.steps import SMOOTH_STEPS, SPLIT_PARTS
 
+_SPLIT_ROW_PX, _SPLIT_BAR_PX = 58, 22  # a run's row in the split: its name over its bar
 _SPLIT_COLOURS = dict(zip(SPLIT_PARTS, ["#1f77b4", "#ff7f0e", "#d62728", "#9467bd", "#2ca02c", "#c7c7c7"]))
 
 
@@ -43,43 +45,51 @@ def throughput_curves_chart(steps: pd.DataFrame, runs: list[str] | None = None,
                      f"median of {SMOOTH_STEPS} steps"), width=WIDTH, height=HEIGHT)
 
 
-def split_chart(split: pd.DataFrame) -> alt.Chart:
+def split_chart(split: pd.DataFrame) -> alt.LayerChart:
     """Median step time per run, stacked by part (`app.frames.steps.split_frame` rows), in ms.
-    The legend names the parts present (DP's copies, others' exposed comm)."""
+    The legend names the parts present (DP's copies, others' exposed comm), under the plot; each
+    run's name is written above its bar, not on the y axis, so a long name (an attached run's
+    label) never takes the plot's width in a narrow column."""
     shown = [p for p in SPLIT_PARTS if p in set(split["part"])] or SPLIT_PARTS
-    return alt.Chart(split).mark_bar(height=alt.RelativeBandSize(0.6)).encode(
+    y = alt.Y("run:N", title="run", axis=alt.Axis(labels=False, ticks=False), sort=None)
+    bars = alt.Chart(split).mark_bar(height=_SPLIT_BAR_PX).encode(
         x=alt.X("sum(ms):Q", title="median time per step (ms)", stack="zero"),
-        y=alt.Y("run:N", title="run", axis=alt.Axis(labelLimit=0)),  # run names never cut
-        color=alt.Color("part:N", legend=legend("part of the step"),  # short names: room for the bars
+        y=y,
+        color=alt.Color("part:N", legend=legend("part of the step", orient="bottom", columns=3),
                         scale=alt.Scale(domain=shown, range=[_SPLIT_COLOURS[p] for p in shown]),
                         sort=shown),
         order=alt.Order("order:Q"),
         tooltip=[alt.Tooltip("run:N"), alt.Tooltip("part:N"),
                  alt.Tooltip("ms:Q", title="median (ms)", format=".2f")],
-    ).properties(title=title("Step time split", "median ms per step"),
-                 width=WIDTH, height=rows_height(split, "run"))
+    )
+    names = alt.Chart(split).transform_aggregate(total="sum(ms)", groupby=["run"]).mark_text(
+        align="left", baseline="bottom", dx=1, dy=-(_SPLIT_BAR_PX // 2) - 2, fontSize=11).encode(
+        x=alt.datum(0), y=y, text="run:N")
+    return alt.layer(bars, names).properties(  # + the legend's two rows under the plot
+        title=title("Step time split", "median ms per step"), width=WIDTH,
+        height=rows_height(split, "run", row_px=_SPLIT_ROW_PX) + 70)
 
 
 def comm_volume_chart(volume: pd.DataFrame) -> alt.Chart:
-    """MiB each device sent + received in the latest step (measured, derived or unlabelled, as its
+    """Bytes each device sent + received in the latest step, in the unit the largest bar reads best in
+    (`app.frames.base.byte_unit`) (measured, derived or unlabelled, as its
     events say: `app.frames.steps.comm_volume_frame`'s `source`, a legend entry for each) beside
     the theory.
 
     Raises:
         ValueError: a `source` that is none of `app.frames.steps.VOLUME_KINDS`."""
     which = list(volume["source"]) if "source" in volume else [fsteps.UNLABELLED] * len(volume)
-    long = pd.DataFrame({
-        "device": list(volume["device"]) * 2,
-        "which": which + [fsteps.THEORY] * len(volume),
-        "mib": list(volume["sent_mib"] + volume["recv_mib"])
-        + list(volume["theory_sent_mib"] + volume["theory_recv_mib"])})
+    mib = list(volume["sent_mib"] + volume["recv_mib"]) + list(volume["theory_sent_mib"] + volume["theory_recv_mib"])
+    unit, size = byte_unit(max((m for m in mib if m == m), default=0) * MIB)  # B for a tiny model, not 0.0002 MiB
+    long = pd.DataFrame({"device": list(volume["device"]) * 2, "which": which + [fsteps.THEORY] * len(volume),
+                         "mib": mib, "amount": [m * MIB / size for m in mib]})
     scale = volume_scale(long["which"])
     return alt.Chart(long).mark_bar().encode(
-        x=alt.X("mib:Q", title="sent + received per step (MiB)"),
+        x=alt.X("amount:Q", title=f"sent + received per step ({unit})"),
         y=alt.Y("device:N", title="device"),
         yOffset=alt.YOffset("which:N", sort=scale.domain),
         color=alt.Color("which:N", legend=legend("bytes"), scale=scale),
         tooltip=[alt.Tooltip("device:N"), alt.Tooltip("which:N"),
-                 alt.Tooltip("mib:Q", title="MiB", format=".3f")],
+                 alt.Tooltip("amount:Q", title=unit, format=",.3~f")],
     ).properties(title=title("Bytes moved per device", "latest step, beside the theory"),
                  width=WIDTH, height=rows_height(volume, "device") + 20)

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from app.frames.base import MIB, of_type
+from app.frames.base import MIB, format_bytes, of_type
 
 Event = dict[str, Any]
 SOURCE_LABELS = {"tensors": "tensors (live-tensor ledger)",
@@ -89,12 +89,13 @@ def _mib(nbytes: float | None) -> float:
 
 
 def peak_caption(peaks: pd.DataFrame) -> str | None:
-    """"peak X MiB on D; imbalance max/min Y×" over the devices' measured peaks, or None."""
+    """"peak X on D; imbalance max/min Y×" over the devices' measured peaks (X in the unit
+    `app.frames.base.format_bytes` picks), or None."""
     per = peaks.dropna(subset=["peak_mib"]).groupby("device")["peak_mib"].max()
     if len(per) < 2 or per.min() <= 0:
         return None
     src = ", ".join(sorted(SOURCE_LABELS.get(s, s) for s in set(peaks["source"])))
-    return (f"measured peak {per.max():.2f} MiB on {per.idxmax()}; imbalance max/min "
+    return (f"measured peak {format_bytes(per.max() * MIB)} on {per.idxmax()}; imbalance max/min "
             f"{per.max() / per.min():.2f}× ({src}, over the traced steps shown)")
 
 

@@ -66,8 +66,10 @@ def body(windows, labels) -> None:
         st.altair_chart(charts_compare.peak_memory_chart(peaks, {v.label: v.mode for v in views}),
                         key="cmp_memory")
     rows = side_by_side(table)
-    st.dataframe(rows, hide_index=True, key="compare_table", height=36 * (len(rows) + 1) + 4,
-                 column_config={"measure": st.column_config.TextColumn(width="large")})  # never cut
+    # a static table: its cells wrap, so a long value ("rebuilt each step; as computed with: yes",
+    # "unlabelled (older run)") is read whole, never cut at a column's edge as a data grid cuts it
+    indented = rows["measure"].str.replace(r"^  ", "\u2003", regex=True)  # HTML collapses plain spaces
+    st.table(rows.assign(measure=indented), hide_index=True, border="horizontal")
     if any((w.started or {}).get("emulated") for w in windows.values()):
         st.caption(explain.EMULATION_NOTE)
     curves = curves_frame(views)

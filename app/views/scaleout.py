@@ -20,7 +20,7 @@ from app.frames import scaleout as fso
 from app.outage import guarded
 from engine.predict.presets import AS_MEASURED, COMPUTES, DEFAULT_UTILISATION, LINKS, THIS_MACHINE
 from engine.predict.step_models import NCCL_ALGO_NOTE
-from workers.scaleout import report, scenario_from
+from workers.scaleout import calibration_set, report, scenario_from
 from workers.scaleout_text import out_of_sample_line
 
 CUSTOM = "custom"
@@ -33,21 +33,44 @@ RUNS_SCANNED = 300
 
 
 def pick_run(client) -> str | None:
-    """`?run=ID` wins; else a selectbox of finished DP/DDP runs (newest DDP first)."""
+    """`?run=ID` wins; else a selectbox of finished DP/DDP runs: first the DDP runs whose set has
+    a DP run too (DP's predictions come from it), newest first, then DDP runs without one, then DP."""
     runs = [r for r in client.list_runs(limit=RUNS_SCANNED) if r["status"] == "succeeded"
             and (r.get("config") or {}).get("mode") in ("dp", "ddp")
             and (r.get("config") or {}).get("nnodes", 1) == 1]
     if not runs:
         return None
-    ids = [r["run_id"] for r in sorted(runs, key=lambda r: r["config"]["mode"] != "ddp")]
+    paired = {r["run_id"] for r in runs if has_dp_partner(r, runs)}
+    ids = [r["run_id"] for r in sorted(runs, key=lambda r: (r["config"]["mode"] != "ddp", r["run_id"] not in paired))]
     wanted = st.query_params.get("run")
     if wanted in ids and st.session_state.get("so_run") not in ids:
         st.session_state["so_run"] = wanted
     labels = {r["run_id"]: f"{frames.run_label(r, r['run_id'])} — {r['config'].get('model')} "
                            f"×{r['config'].get('world_size')}, batch {r['config'].get('global_batch_size')} "
-                           f"({r['run_id'][:8]})" for r in runs}
+                           f"({r['run_id'][:8]})"
+                           + ("" if r["config"]["mode"] == "dp" or r["run_id"] in paired else " · no DP in its set")
+              for r in runs}
     return st.selectbox("Measured run to calibrate on (its set's DP, DDP and single runs are used)",
                         ids, key="so_run", format_func=labels.get)
+
+
+def has_dp_partner(run: dict, runs: list[dict]) -> bool:
+    """A DDP run whose set (group) holds a finished DP run at its world size, as
+    `workers.scaleout.calibration_set` looks for one."""
+    cfg = run.get("config") or {}
+    return bool(run.get("group")) and any(
+        o.get("group") == run["group"] and (o.get("config") or {}).get("mode") == "dp"
+        and (o.get("config") or {}).get("world_size") == cfg.get("world_size") for o in runs)
+
+
+def no_dp_note(client, run_id: str) -> None:
+    """Say why DP's curves are missing when the chosen run's set has no DP run."""
+    members = calibration_set(client, run_id)
+    if "dp" not in members:
+        st.info("No DP run in this run's set (it was launched without one, e.g. an overlap sweep or a "
+                "run of its own): DP's predictions are calibrated on a measured DP run, so only DDP's are "
+                "drawn. Pick a run of a DP/DDP set above, or launch a DP/DDP pair of this config.",
+                icon=":material/info:")
 
 
 def seed_from_url(key: str, param: str, allowed: list) -> None:
@@ -62,7 +85,7 @@ def link_controls() -> dict:
     keys = [THIS_MACHINE, *[k for k, v in LINKS.items() if not v.between_hosts], CUSTOM]
     names = {THIS_MACHINE: "this machine (fitted to the run)", CUSTOM: "type your own α / β",
              **{k: v.label for k, v in LINKS.items()}}
-    c1, c2, c3, c4 = st.columns([3, 2, 2, 2])
+    c1, c2, c3 = st.columns([3, 3, 2])  # the network's names are long ("InfiniBand NDR 400 Gb/s ...")
     out: dict = {}
     seed_from_url("so_link", "link", keys)
     st.session_state.setdefault("so_link", DEFAULT_LINK)
@@ -73,21 +96,22 @@ def link_controls() -> dict:
                       on_click=lambda: st.session_state.update(so_link=THIS_MACHINE),
                       help=THIS_MACHINE_MEANS)
     if choice == CUSTOM:
-        with c2:
+        a, b, _ = st.columns([3, 3, 2])
+        with a:
             out["alpha_s"] = st.number_input("α (µs per ring step)", value=1.0, min_value=0.0,
                                              key="so_alpha_us") * 1e-6
-        with c3:
+        with b:
             out["beta_bytes_per_s"] = st.number_input("β (GB/s per direction)", value=25.0,
                                                       min_value=0.001, key="so_beta_gbps") * 1e9
     else:
         out["link_key"] = choice
     if choice != THIS_MACHINE:
-        with c4:
+        with c3:
             per_host = st.number_input("devices per host", value=8, min_value=1, step=1, key="so_per_host")
         nets = [k for k, v in LINKS.items() if v.between_hosts]
-        with c2 if choice != CUSTOM else c1:
+        with c2:
             net = st.selectbox("Network between hosts", nets, index=nets.index("ib400"),
-                               key="so_net", format_func=lambda k: LINKS[k].label)
+                               key="so_net", format_func=lambda k: LINKS[k].label.removesuffix(" between hosts"))
         out.update(devices_per_host=int(per_host), inter_link_key=net)
     return out
 
@@ -200,6 +224,7 @@ if run_id is None:
             icon=":material/info:")
     st.page_link("views/launch.py", label="Launch a run", icon=":material/rocket_launch:")
     st.stop()
+no_dp_note(client, run_id)
 kwargs = {**link_controls(), **compute_controls()}
 top = st.select_slider("largest world size", WORLD_SIZES, value=16, key="so_max_n")
 body(client, run_id, kwargs, [n for n in WORLD_SIZES if n <= top])

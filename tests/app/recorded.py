@@ -46,3 +46,26 @@ def overlap_pair(client) -> tuple[str, dict[bool, str]]:
             play(client, r["run_id"], FILES["ddp" if on else "ddp-nooverlap"])
             ids[on] = r["run_id"]
     return sweep, ids
+
+
+# `ddpviz run -- python -m torch.distributed.run --nproc-per-node 2 examples/attach/train_regression.py --epochs 1`
+ATTACHED = "real_attached_regression_ws2.jsonl"
+
+
+def play_attached(client, run_id: str = "attached0regress") -> str:
+    """The recorded attached run (`ATTACHED`) stored as `ddpviz run` stores one: a record made by
+    `workers.cli.attach.create_record`, its events, its `run_started` kept in the record and the
+    config it brings, then its ending. Returns the run id."""
+    from workers import keys
+    from workers.cli.attach import create_record
+
+    with open(DATA / ATTACHED, encoding="utf-8") as fh:
+        events = [{**json.loads(line), "run_id": run_id} for line in fh if line.strip()]
+    started = next(e for e in events if e["type"] == "run_started")
+    create_record(client.store, run_id, started["command"], None)
+    client.store.save_started(run_id, started)
+    RedisStreamWriter(client.redis, run_id).write_batch(events)
+    config = {**started["config"], "command": started["command"], "steps": events[-1]["summary"]["steps_done"]}
+    client.redis.hset(keys.run(run_id), "config", json.dumps(config))
+    client.store.finish(run_id, RunStatus.SUCCEEDED, summary=events[-1].get("summary"))
+    return run_id

@@ -101,7 +101,9 @@ def _visit(session, path: str, heading: str, charts: int) -> object:
 def test_compare_page(session):
     page = _visit(session, "compare", "Compare", charts=6)
     assert page.get_by_text("single: peak memory", exact=True).count() == 1
-    assert page.locator('[data-testid="stDataFrame"]').count() == 1
+    assert page.locator('[data-testid="stTable"]').count() == 1  # cells wrap: no value cut
+    cell = page.get_by_text("rebuilt each step; as computed with: yes", exact=True)
+    assert cell.count() == 1 and cell.bounding_box()["width"] > 0
 
 
 def test_bucket_timeline_overlap_on_and_off(session):
@@ -131,7 +133,9 @@ def test_learn_page(session):
 
 def test_sweeps_page(session):
     page = _visit(session, "sweeps", "Sweeps", charts=2)
-    assert page.locator('[data-testid="stDataFrame"]').count() == 1  # the sweep's runs
+    assert page.locator('[data-testid="stTable"]').count() == 1  # cells wrap: no value cut
+    cell = page.get_by_text("rebuilt each step; as computed with: yes", exact=True)
+    assert cell.count() == 1 and cell.bounding_box()["width"] > 0  # the sweep's runs
     assert page.get_by_text("still queued or running").count() == 0
 
 

@@ -63,8 +63,9 @@ def test_split_chart_stacks_parts_in_order(two_runs):
     spec = _check(charts.split_chart(split), "median time per step (ms)", "run",
                   "part of the step")
     # the parts present, in SPLIT_PARTS order (no DP copies: no run's mode says DP)
-    assert spec["encoding"]["color"]["scale"]["domain"] == ["forward", "backward", "exposed comm", "optimizer", "other"]
-    assert spec["encoding"]["x"]["stack"] == "zero"
+    bars = spec["layer"][0]  # then the run names, written over the bars
+    assert bars["encoding"]["color"]["scale"]["domain"] == ["forward", "backward", "exposed comm", "optimizer", "other"]
+    assert bars["encoding"]["x"]["stack"] == "zero"
 
 
 def test_memory_curve_charts_name_every_source_and_share_the_axes(two_runs):
@@ -121,7 +122,9 @@ def test_dp_phase_chart(two_runs):
 def test_comm_volume_chart_says_measured_or_derived(two_runs):
     dp, ddp = two_runs
     spec = _check(charts.comm_volume_chart(fsteps.comm_volume_frame(dp)),
-                  "sent + received per step (MiB)", "device", "bytes")
+                  "sent + received per step (KiB)", "device", "bytes")  # 240000 B: KiB (app.frames.base.byte_unit)
+    assert {r["which"]: r["amount"] for r in _data(spec)[0] if r["device"] == "cpu:0"} == pytest.approx(
+        {"measured": 240000 / 1024, "theory": 240000 / 1024})
     rows = _data(spec)[0]
     d0 = {r["which"]: r["mib"] for r in rows if r["device"] == "cpu:0"}
     assert d0 == pytest.approx({"measured": 240000 / 2**20, "theory": 240000 / 2**20})

@@ -46,7 +46,7 @@ def test_dp_copies_are_never_called_exposed_comm(views):
     # the chart's legend names only the parts present
     from app.charts.steps import split_chart
 
-    legend = split_chart(split).to_dict()["encoding"]["color"]["scale"]["domain"]
+    legend = split_chart(split).to_dict()["layer"][0]["encoding"]["color"]["scale"]["domain"]
     assert fsteps.DP_COPIES_PART in legend and "exposed comm" not in legend
 
 

@@ -122,3 +122,39 @@ def test_scaleout_opens_on_a_gpu_link_with_this_machine_one_click_away(real_clie
     at.button(key="so_this_machine").click().run()  # one click
     assert not at.exception and at.selectbox(key="so_link").value == "this-machine"
     assert "this machine's link" in _texts(_specs(at)[0])
+
+
+def test_scaleout_defaults_to_a_ddp_run_whose_set_has_dp_and_says_why_dp_is_missing(real_client, app_test):
+    """A DDP overlap on/off sweep stored after a single/DP/DDP/FSDP set: its DDP runs are newer but
+    their set holds no DP run, so DP's predictions would vanish. The page opens on the set's DDP
+    run; picking the overlap-off run says why DP is missing."""
+    from recorded import overlap_pair
+
+    _, ids = trio(real_client)
+    _, pair = overlap_pair(real_client)
+    at = app_test("views/scaleout.py")
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.selectbox(key="so_run").value == ids["ddp"]
+    assert "dp" in _predicted_modes(at) and "ddp" in _predicted_modes(at)
+    assert not any("No DP run in this run's set" in i.value for i in at.info)
+    # the network box (3/8 of a 1280 px page's column, ~250 px of text) shows its whole choice:
+    # the widget's label already says "between hosts"
+    nets = at.selectbox(key="so_net").options
+    assert "InfiniBand NDR 400 Gb/s" in nets and max(len(o) for o in nets) <= 24
+    at.selectbox(key="so_run").set_value(pair[False]).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("No DP run in this run's set" in i.value for i in at.info)
+    assert _predicted_modes(at) == {"ddp"}  # what the note explains
+
+
+def _predicted_modes(at) -> set[str]:
+    """Modes of the throughput chart's predicted rows (its datasets, Arrow IPC)."""
+    import io
+
+    import pyarrow as pa
+
+    chart = next(c for c in at.get("vega_lite_chart")
+                 if json.loads(c.proto.spec)["title"]["text"] == "Throughput vs world size (predicted)")
+    rows = [r for d in chart.proto.datasets if d.data.data
+            for r in pa.ipc.open_stream(io.BytesIO(d.data.data)).read_all().to_pylist()]
+    return {r["mode"] for r in rows if r.get("kind") == "predicted"}
