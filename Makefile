@@ -50,7 +50,7 @@ demo: $(VENV)/.installed
 # Three pytest-xdist workers, a module per worker at a time (module fixtures are built once): on
 # this 2-core machine the suite spends much of its time waiting on rank processes, Redis, Chromium.
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q -n 3 --dist loadscope
+	$(BIN)/python -m pytest -q -n 4 --dist loadscope
 
 # On a CUDA host (.venv built with TORCH_PIN set to a CUDA build): `ddpviz doctor --gpu`, <= 8 minutes.
 # A host with its own torch and no package index: scripts/gpu_wheels.sh, then scripts/gpu_check.sh

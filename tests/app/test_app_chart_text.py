@@ -50,7 +50,7 @@ def specs(redis_url):
     single/DP/DDP/FSDP set (DDP with its all-reduce probe) and a DDP overlap on/off pair."""
     import app.connection
     from streamlit.testing.v1 import AppTest
-    from conftest import MAIN
+    from stack import ROOT
     from workers.client import DdpvizClient
     from workers.connection import connect
 
@@ -73,7 +73,7 @@ def specs(redis_url):
         out = []
         for page in PAGES:
             query = {"runs": f"{ids['dp']},{ids['ddp']}"} if page.endswith("live.py") else {}
-            at = AppTest.from_file(str(MAIN), default_timeout=60)
+            at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=60)
             at.query_params.update(query)
             at.run()
             at.switch_page(page).run()
