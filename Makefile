@@ -47,8 +47,10 @@ dev: $(VENV)/.installed-dev
 demo: $(VENV)/.installed
 	$(BIN)/ddpviz up
 
-# Three pytest-xdist workers, a module per worker at a time (module fixtures are built once): on
-# this 2-core machine the suite spends much of its time waiting on rank processes, Redis, Chromium.
+# Four pytest-xdist workers, a module per worker at a time (module fixtures are built once), the
+# longest modules first (tests/conftest.py): on this 2-core machine the suite spends much of its
+# time waiting on rank processes, Redis, Chromium (a fresh clone, 2026-12-02: 3 workers 544 s,
+# 4 workers 499 s).
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q -n 4 --dist loadscope
 
