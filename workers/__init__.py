@@ -6,6 +6,7 @@ The map of this folder:
     store       run records (one hash per run, an index by time)   keys   every Redis key
     sink        the Redis stream a run writes its events into       connection  URL, client, embedded Redis
     spool       an attached run's event files (``ddpviz run``), sent to its stream now or later
+    attached    an attached run's record: created, ended, its failure from torchrun's error file
     heartbeat, liveness   who serves the queue; runs whose worker died
     retention, history    which old runs go; delete, rerun, read a whole stream
     sweeps      sets of runs launched together         scaleout, scaleout_text   the Scale-out report

@@ -54,10 +54,10 @@ ATTACHED = "real_attached_regression_ws2.jsonl"
 
 def play_attached(client, run_id: str = "attached0regress") -> str:
     """The recorded attached run (`ATTACHED`) stored as `ddpviz run` stores one: a record made by
-    `workers.cli.attach.create_record`, its events, its `run_started` kept in the record and the
+    `workers.attached.create_record`, its events, its `run_started` kept in the record and the
     config it brings, then its ending. Returns the run id."""
     from workers import keys
-    from workers.cli.attach import create_record
+    from workers.attached import create_record
 
     with open(DATA / ATTACHED, encoding="utf-8") as fh:
         events = [{**json.loads(line), "run_id": run_id} for line in fh if line.strip()]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from workers.cli.attach import create_record, failure, record_ending
+from workers.attached import create_record, failure, record_ending
 from workers.client import DdpvizClient
 from workers.spool import SpoolForwarder
 from workers.store import RunStore

@@ -1,0 +1,92 @@
+"""An attached run's record in Redis (`ddpviz run`, `ddpviz upload`): created started, ended with
+its status, error and a summary built from its stream, and its failure read from torchrun's error
+file (torch.distributed.elastic writes the failing rank's exception and traceback to
+TORCHELASTIC_ERROR_FILE, `error.json` in the run's spool folder).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+
+def failure(spool: Path, exit_code: int) -> dict[str, Any]:
+    """The run's error: the first failing rank's exception and traceback from torchrun's error
+    file, else the exit code."""
+    from workers.spool import read_json
+    from workers.store import make_error
+
+    doc = read_json(spool / "error.json") or {}
+    msg = doc.get("message")
+    if isinstance(msg, dict):
+        extra = msg.get("extraInfo") or {}
+        err = make_error(msg.get("message") or f"exit code {exit_code}", extra.get("py_callstack"),
+                         rank=extra.get("rank"), stage="training")
+    elif isinstance(msg, str):
+        err = make_error(msg, None, stage="training")
+    else:
+        err = make_error(f"CommandFailed: the command exited with code {exit_code}", None, stage="training")
+    err["exit_code"] = exit_code
+    return err
+
+
+def create_record(store: Any, run_id: str, cmd: list[str] | None, label: str | None,
+                  worker: str | None = None) -> None:
+    """A started run record for an attached run, config ``{mode, attached, command}`` until rank
+    0's `run_started` brings the rest. `worker`: the launcher's heartbeat name
+    (`keys.attach_launcher`), by which a killed launcher's run is judged lost; None (`ddpviz
+    upload` of a spool) leaves nothing to judge by."""
+    from workers import keys
+    from workers.store import RunStatus
+
+    store.create(run_id, {"mode": "ddp", "attached": True, "command": cmd}, label=label)
+    store.transition(run_id, RunStatus.STARTED, allowed_from=[RunStatus.QUEUED],
+                     fields={"started_at": repr(time.time()), **({"worker": worker} if worker else {})},
+                     also=lambda pipe: pipe.sadd(keys.STARTED, run_id))
+
+
+def stream_summary(store: Any, run_id: str) -> dict[str, Any]:
+    """The run's summary from every event in its stream (every node's, for `--join`ed launchers)."""
+    from engine.summary import SummaryBuilder
+    from workers.client import DdpvizClient
+    from workers.history import read_all_events
+
+    builder = SummaryBuilder()
+    for event in read_all_events(DdpvizClient(redis=store.redis), run_id):
+        builder.observe(event)
+    return builder.summary()
+
+
+def _store_steps(store: Any, run_id: str, rec: dict[str, Any]) -> dict[str, Any]:
+    """The run's summary from its stream; its step count written into the record's config."""
+    from workers import keys
+
+    summary = stream_summary(store, run_id)
+    config = {**(rec.get("config") or {}), "steps": summary.get("steps_done")}
+    store.redis.hset(keys.run(run_id), "config", json.dumps(config))
+    return summary
+
+
+def refresh_summary(store: Any, run_id: str) -> None:
+    """Rebuild an ended run's summary from its stream (a joined node's last events came after
+    node 0 recorded the ending)."""
+    from workers import keys
+    from workers.store import TERMINAL
+
+    rec = store.get(run_id) or {}
+    if rec.get("status") in {s.value for s in TERMINAL}:
+        summary = _store_steps(store, run_id, rec)
+        store.redis.hset(keys.run(run_id), "summary", json.dumps(summary))
+
+
+def record_ending(store: Any, run_id: str, ending: dict) -> bool:
+    """Set the run's terminal status, error and summary (from its stream, with a `run_finished`
+    event), and its config's step count. True if this call ended it."""
+    from workers import keys
+    from workers.store import RunStatus
+
+    summary = _store_steps(store, run_id, store.get(run_id) or {})
+    return store.finish(run_id, RunStatus(ending["status"]), error=ending["error"], summary=summary,
+                        append_event=True, allowed_from=[RunStatus.STARTED, RunStatus.QUEUED])
