@@ -155,7 +155,7 @@ def _shared_setup(rank: int, world: int, init_file: str, cuda: bool) -> dict[str
     from engine.measure.clocks import CudaClock, HostClock
     from engine.models import build_model
     from engine.modes.ddp.comm_hook import BucketRecorder, recording_hook
-    from engine.modes.ranks import join_process_group
+    from engine.modes.ranks import join_process_group, leave_process_group
 
     if cuda:
         torch.cuda.set_device(0)
@@ -209,7 +209,7 @@ def _shared_rank(rank: int, world: int, init_file: str, out_dir: str, steps: int
         every = [torch.zeros_like(mine) for _ in range(world)]
         dist.all_gather(every, mine)
         result["checksums"] = [t.tolist() for t in every]
-        dist.destroy_process_group()
+        leave_process_group()
     except Exception as exc:
         result["error"] = dict(stage=stage, exception=f"{type(exc).__name__}: {exc}")
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result, default=str))

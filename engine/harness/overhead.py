@@ -45,7 +45,7 @@ import torch.distributed as dist
 from engine.config import RunConfig
 from engine.measure.telemetry import now, wall_ts
 from engine.measure.turns import GATE_ENV, TurnController, gate_from_env
-from engine.modes.ranks import join_process_group, start_rank_processes
+from engine.modes.ranks import join_process_group, leave_process_group, start_rank_processes
 
 DEFAULT_BLOCK_STEPS = 50
 BOOTSTRAP_RESAMPLES = 2000
@@ -105,7 +105,7 @@ def _plain_rank(rank: int, cfg_dict: dict, backend: str, device_kind: str, init_
             Path(out_dir, "plain.json").write_text(json.dumps({"step_starts": starts}))
             torch.save(flat_params(model), Path(out_dir, "plain_params.pt"))
     finally:
-        dist.destroy_process_group()
+        leave_process_group()
 
 
 def _ddpviz_run(cfg: RunConfig, run_id: str) -> tuple[list[float], torch.Tensor]:

@@ -103,6 +103,41 @@ def join_process_group(backend: str, **kwargs) -> None:
     dist.init_process_group(backend, **kwargs)
 
 
+def leave_process_group() -> None:
+    """`torch.distributed.destroy_process_group()`, in the one order that cannot deadlock: the
+    engine's one call of it (and the tests' references'). No-op when no group is up.
+
+    The deadlock it avoids (seen as a rank hung at its end, 1 in ~40 two-rank runs on this 2-core
+    machine; gdb showed both threads): `ProcessGroupGloo`'s destructor joins its worker threads
+    (`pt_gloo_runloop`). A worker may still be releasing the last collective's work, whose tensors
+    have Python objects: freeing one takes the GIL (`TensorImpl::decref_pyobject`). The Python
+    handle of a process group releases the GIL before destroying it (pytorch/pytorch#154976), but a
+    `DistributedDataParallel`'s C++ `Reducer` (and its `Logger`) hold the group too and are freed
+    holding the GIL: when `destroy_process_group()` runs while a DDP is alive, the reducer's
+    release is the last, later, and the join waits on a worker that waits on the GIL.
+
+    So: collect garbage, drop the logger, reducer and group handle of every DDP still alive on the
+    default group (its training is over: the group goes; its module and parameters stay), then
+    destroy the group while only `torch.distributed`'s own handles hold it: the group and its
+    threads are gone on return. tests/engine/test_rank_teardown.py checks that with a DDP alive.
+    Not for attached scripts: their objects are theirs.
+    """
+    import gc
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not dist.is_initialized():
+        return
+    gc.collect()
+    world = dist.group.WORLD
+    for obj in gc.get_objects():
+        if isinstance(obj, DistributedDataParallel) and getattr(obj, "process_group", None) is world:
+            for holder in ("logger", "reducer", "process_group"):  # logger → reducer → group
+                obj.__dict__.pop(holder, None)
+    gc.collect()
+    dist.destroy_process_group()
+
+
 def prepare_fork_server() -> str:
     """Name the modules the fork server imports before its first fork; returns `START_METHOD`.
 
@@ -166,9 +201,8 @@ def run_rank(train: TrainRank, cfg_dict: dict, run_id: str, workdir: str, backen
         if sink.unreported_lost:  # the event file failed to the end: say so beside it
             write_lost(wd, local, dict(rank=rank, events_lost=sink.unreported_lost,
                                        error=f"{type(sink.last_error).__name__}: {sink.last_error}"))
-        if dist.is_initialized():
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group()
+        with contextlib.suppress(Exception):
+            leave_process_group()
 
 
 _AGENT_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",

@@ -62,7 +62,6 @@ def _worker(rank, world, port, cfg_dict, steps, out):
                      max_diff_vs_single=diff_single, recorded=[r["nbytes"] for r in rec.resolved()],
                      grad_scale=max(p.grad.abs().max().item() for p in single.parameters())))
     dist.barrier()
-    dist.destroy_process_group()
 
 
 def reference_run(cfg: RunConfig, steps: int = 3) -> dict:

@@ -74,7 +74,6 @@ def _worker(rank, world, port, cfg_dict, tmp, out):
         peaks.append(base + _allocator_peak(path))
     out.put((rank, peaks))
     dist.barrier()
-    dist.destroy_process_group()
 
 
 def allocator_peaks(cfg: RunConfig, tmp: str) -> dict[int, list[int]]:

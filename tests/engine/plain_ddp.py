@@ -95,7 +95,6 @@ def _worker(rank, world, port, cfg_dict, out):
                      losses=every_losses, wire_bytes=every_wire, grads_finite=every_finite,
                      logging=dict(ddp._get_ddp_logging_data())))  # plain values: the child exits
     dist.barrier()
-    dist.destroy_process_group()
 
 
 def plain_ddp(cfg: RunConfig) -> dict:

@@ -6,6 +6,10 @@ CPU each on this 2-core machine). Only the start differs; what runs is the refer
 A reference that hangs (a collective that never completes) must not hang the suite for gloo's
 30-minute default: each process dumps every thread's stack to stderr and exits after `timeout_s`
 (`faulthandler.dump_traceback_later`), so the test fails with the place it hung.
+
+A reference leaves its process group by returning: `_guarded` then calls the engine's
+`leave_process_group` (a reference that destroyed the group itself with its DDP still alive hung 1
+run in ~40 at its end: the deadlock that function's docstring describes).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import queue as queue_mod
 import time
 from typing import Any, Callable
 
-from engine.modes.ranks import start_rank_processes
+from engine.modes.ranks import leave_process_group, start_rank_processes
 
 TIMEOUT_S = 240.0
 
@@ -25,6 +29,7 @@ def _guarded(i: int, fn: Callable, timeout_s: float, *args) -> None:
     faulthandler.dump_traceback_later(timeout_s, exit=True)
     try:
         fn(i, *args)
+        leave_process_group()  # here, once fn's locals (its DDP) are gone: see its docstring
     finally:
         faulthandler.cancel_dump_traceback_later()
 

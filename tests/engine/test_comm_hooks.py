@@ -102,7 +102,7 @@ def test_torch_itself_refuses_bf16_hook_on_gloo():
 
     from engine.modes.ddp.comm_hooks import TORCH_BF16_REFUSAL
     from engine.modes.launcher import free_port
-    from engine.modes.ranks import join_process_group
+    from engine.modes.ranks import join_process_group, leave_process_group
 
     # the store's address in the call, not in os.environ: a MASTER_PORT left there would outlive
     # this test in the process (tests/engine/test_rank_environ.py)
@@ -112,7 +112,7 @@ def test_torch_itself_refuses_bf16_hook_on_gloo():
         with pytest.raises(TypeError, match=TORCH_BF16_REFUSAL.replace("+", r"\+")):
             ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
     finally:
-        dist.destroy_process_group()
+        leave_process_group()
 
 
 @pytest.mark.parametrize("fields,field", [
@@ -136,7 +136,7 @@ def test_composing_with_a_users_own_hook_counts_what_it_hands_to_all_reduce():
     from engine.modes.ddp.comm_hook import BucketRecorder, recording_hook
     from engine.modes.ddp.comm_hooks import compose
     from engine.modes.launcher import free_port
-    from engine.modes.ranks import join_process_group
+    from engine.modes.ranks import join_process_group, leave_process_group
 
     def quarter_hook(state, bucket):
         buf = bucket.buffer()
@@ -162,7 +162,7 @@ def test_composing_with_a_users_own_hook_counts_what_it_hands_to_all_reduce():
         assert (b["comm_hook"], b["wire_dtype"], b["collectives"]) == ("quarter", "float16", 1)
         assert b["compression_ratio"] == 8.0 and b["nonfinite_after_reduce"] is False
     finally:
-        dist.destroy_process_group()
+        leave_process_group()
 
 
 def test_the_cli_flags_carry_the_comm_hook_fields():

@@ -45,7 +45,6 @@ def _worker(_i, store_path, q):
                         tel, {})
     runner.host_clock = False  # what a CUDA device sets: collectives on FSDP2's streams
     q.put([runner.train_step(step) for step in range(cfg.steps)])
-    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

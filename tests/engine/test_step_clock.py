@@ -81,6 +81,7 @@ def test_ddp_rank_settles_once_per_step_and_reads_marks_only_after(monkeypatch, 
     import torch.distributed as dist
 
     import engine.modes.ddp.rank as ddp_rank
+    from engine.modes.ranks import leave_process_group
 
     StrictClock.made = []
     monkeypatch.setattr(ddp_rank, "StepClock", StrictClock)
@@ -93,7 +94,7 @@ def test_ddp_rank_settles_once_per_step_and_reads_marks_only_after(monkeypatch, 
                              sink, "")
     finally:
         if dist.is_initialized():
-            dist.destroy_process_group()
+            leave_process_group()
         torch.set_num_threads(threads)
     (clock,) = StrictClock.made
     assert clock.settles == CFG["steps"]

@@ -49,7 +49,7 @@ import torch.distributed as dist
 
 from engine.analysis import probe_fit, probe_point  # noqa: F401  (pure: re-exported here)
 from engine.measure.telemetry import now
-from engine.modes.ranks import join_process_group, start_rank_processes
+from engine.modes.ranks import join_process_group, leave_process_group, start_rank_processes
 
 PROBE_MIN_BYTES = 4 * 1024  # smallest message, bytes (nccl-tests' -b)
 PROBE_MAX_BYTES = 64 * 1024 * 1024  # largest message, bytes (-e), if the budget allows
@@ -265,7 +265,7 @@ def _local_rank_main(rank: int, world_size: int, port: int, out: str, kwargs: di
         if rank == 0:
             Path(out).write_text(json.dumps(sink.events[0]))
     finally:
-        dist.destroy_process_group()
+        leave_process_group()
 
 
 def probe_local(world_size: int = 2, **kwargs: Any) -> dict[str, Any]:
