@@ -96,7 +96,8 @@ def read_workers(connection: redis.Redis) -> list[dict[str, Any]]:
 
 
 class Heartbeat:
-    """Refreshes a worker's heartbeat hash every `interval_s` seconds from a daemon thread.
+    """Refreshes a worker's heartbeat hash every `interval_s` seconds from a daemon thread
+    (`start`), or once per `beat()` call for a caller with its own loop.
 
     Args:
         connection: a client used only by this thread.
@@ -105,14 +106,17 @@ class Heartbeat:
         devices: from `detect_devices()`.
         gpus: a `workers.host.gpus.GpuMonitor` whose live figures go into every beat (None: none).
         monitor: called after each beat in this thread (`LostRunMonitor.maybe_sweep`).
+        in_worker_set: add `name` to ``ddpviz:workers`` (the queue's workers). False for a
+            `ddpviz run` launcher (`keys.attach_launcher`): it serves no queue, but its run is
+            judged lost by the same rule when its hash expires (`workers.liveness`).
     """
 
     def __init__(self, connection: redis.Redis, name: str,
                  current: Callable[[], tuple[str | None, str]], devices: list[dict[str, Any]],
                  interval_s: float = HEARTBEAT_INTERVAL_S, ttl_s: int = HEARTBEAT_TTL_S,
-                 gpus: Any = None, monitor: Callable[[], Any] | None = None):
+                 gpus: Any = None, monitor: Callable[[], Any] | None = None, in_worker_set: bool = True):
         self.connection, self.name, self.current = connection, name, current
-        self.gpus, self.monitor = gpus, monitor
+        self.gpus, self.monitor, self.in_worker_set = gpus, monitor, in_worker_set
         self.interval_s, self.ttl_s = interval_s, ttl_s
         self.static = {"name": name, "host": socket.gethostname(), "pid": str(os.getpid()),
                        "devices": json.dumps(devices)}
@@ -128,7 +132,8 @@ class Heartbeat:
         pipe.hset(key, mapping={**self.static, "ts": repr(time.time()), "gpus": gpus,
                                 "current_run": run_id or "", "state": state})
         pipe.expire(key, self.ttl_s)
-        pipe.sadd(keys.WORKERS, self.name)
+        if self.in_worker_set:
+            pipe.sadd(keys.WORKERS, self.name)
         pipe.execute()
 
     def _loop(self) -> None:

@@ -99,6 +99,7 @@ class Launch:
         # the heartbeat a worker would keep, so a killed launcher's run is judged lost (workers.liveness)
         self.launcher = keys.attach_launcher(socket.gethostname(), os.getpid())
         self.next_beat = 0.0
+        self.heartbeat = None  # a workers.heartbeat.Heartbeat once the record exists (node 0)
 
     def create(self) -> None:
         create_record(self.store, self.run_id, self.cmd, self.label, worker=self.launcher)
@@ -107,20 +108,16 @@ class Launch:
     def beat(self) -> None:
         """Refresh this launcher's heartbeat (node 0's launcher only: it owns the record), and take
         back a run judged lost while Redis was away (`RunStore.revive`). Raises redis errors."""
-        from workers import keys
-        from workers.heartbeat import HEARTBEAT_INTERVAL_S, HEARTBEAT_TTL_S
+        from workers.heartbeat import HEARTBEAT_INTERVAL_S, Heartbeat
         from workers.store import RunStatus
 
         if self.joined or self.store is None:
             return
+        if self.heartbeat is None:
+            self.heartbeat = Heartbeat(self.store.redis, self.launcher, lambda: (self.run_id, "attach"), devices=[],
+                                       in_worker_set=False)
         self.next_beat = time.monotonic() + HEARTBEAT_INTERVAL_S
-        r = self.store.redis
-        with r.pipeline(transaction=True) as pipe:
-            pipe.hset(keys.worker(self.launcher), mapping={
-                "host": socket.gethostname(), "pid": str(os.getpid()), "kind": "attach",
-                "current_run": self.run_id, "ts": repr(time.time())})
-            pipe.expire(keys.worker(self.launcher), HEARTBEAT_TTL_S)
-            pipe.execute()
+        self.heartbeat.beat()
         rec = self.store.get(self.run_id)
         if rec is not None and rec.get("status") == RunStatus.LOST.value:
             self.store.revive(self.run_id, self.launcher)
