@@ -155,7 +155,7 @@ def _shared_setup(rank: int, world: int, init_file: str, cuda: bool) -> dict[str
     from engine.measure.clocks import CudaClock, HostClock
     from engine.models import build_model
     from engine.modes.ddp.comm_hook import BucketRecorder, recording_hook
-    from engine.modes.ranks import join_process_group, leave_process_group
+    from engine.modes.ranks import join_process_group
 
     if cuda:
         torch.cuda.set_device(0)
@@ -198,6 +198,7 @@ def _shared_rank(rank: int, world: int, init_file: str, out_dir: str, steps: int
     import torch.distributed as dist
 
     from engine.measure.sync import param_checksum
+    from engine.modes.ranks import leave_process_group
 
     cuda, stage = device_kind == "cuda", "init"
     result: dict[str, Any] = dict(rank=rank)

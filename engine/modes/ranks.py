@@ -116,7 +116,7 @@ def leave_process_group() -> None:
     holding the GIL: when `destroy_process_group()` runs while a DDP is alive, the reducer's
     release is the last, later, and the join waits on a worker that waits on the GIL.
 
-    So: collect garbage, drop the logger, reducer and group handle of every DDP still alive on the
+    So: drop the logger, reducer and group handle of every DDP still alive on the
     default group (its training is over: the group goes; its module and parameters stay), then
     destroy the group while only `torch.distributed`'s own handles hold it: the group and its
     threads are gone on return. tests/engine/test_rank_teardown.py checks that with a DDP alive.
@@ -128,13 +128,11 @@ def leave_process_group() -> None:
 
     if not dist.is_initialized():
         return
-    gc.collect()
     world = dist.group.WORLD
-    for obj in gc.get_objects():
-        if isinstance(obj, DistributedDataParallel) and getattr(obj, "process_group", None) is world:
+    for obj in gc.get_objects():  # also those only a reference cycle keeps (no collection needed)
+        if isinstance(obj, DistributedDataParallel) and obj.__dict__.get("process_group") is world:
             for holder in ("logger", "reducer", "process_group"):  # logger → reducer → group
                 obj.__dict__.pop(holder, None)
-    gc.collect()
     dist.destroy_process_group()
 
 
