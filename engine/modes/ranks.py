@@ -130,7 +130,8 @@ def leave_process_group() -> None:
         return
     world = dist.group.WORLD
     for obj in gc.get_objects():  # also those only a reference cycle keeps (no collection needed)
-        if isinstance(obj, DistributedDataParallel) and obj.__dict__.get("process_group") is world:
+        # issubclass of the type: isinstance() on a dead weakref.proxy raises ReferenceError
+        if issubclass(type(obj), DistributedDataParallel) and obj.__dict__.get("process_group") is world:
             for holder in ("logger", "reducer", "process_group"):  # logger → reducer → group
                 obj.__dict__.pop(holder, None)
     dist.destroy_process_group()

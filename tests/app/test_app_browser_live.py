@@ -3,8 +3,11 @@
 A DDP run trains while the test pans the throughput chart's step axis and holds a tooltip on the
 step-time split; after two or more refreshes of every panel (the progress text moved on) the
 pan and the tooltip must still be there. The x-axis strip of the throughput chart is compared
-pixel for pixel: panned, its domain no longer follows the data, so it must not change while new
-steps arrive; reset (what Streamlit does to a zoom nobody listens to), it would.
+pixel by pixel: panned, its domain no longer follows the data, so its labels must not move while
+new steps arrive; reset (what Streamlit does to a zoom nobody listens to), they would. A redraw of
+the same labels may differ in anti-aliasing (a CI run: mean 0.45, max 15 grey levels of 255 between
+two strips showing the same ticks 100 ... 260); a label moved by one pixel or more differs by 3.9 on
+average, a label changed by more: `strip_difference` <= 1.5 passes.
 """
 
 from __future__ import annotations
@@ -30,6 +33,18 @@ def axis_strip(page, chart, path: Path) -> bytes:
     box = chart.bounding_box()
     clip = {"x": box["x"] + 60, "y": box["y"] + box["height"] - 66, "width": box["width"] - 70, "height": 26}
     return page.screenshot(path=str(path), clip=clip)
+
+
+def strip_difference(a: bytes, b: bytes) -> float:
+    """Mean absolute difference of two PNG strips of the same size, in grey levels (0-255)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    x, y = (np.asarray(Image.open(io.BytesIO(png)).convert("L"), dtype=float) for png in (a, b))
+    assert x.shape == y.shape, (x.shape, y.shape)
+    return float(np.abs(x - y).mean())
 
 
 def tooltip(page) -> tuple[bool, str]:
@@ -95,7 +110,8 @@ def test_pan_and_tooltip_survive_live_refreshes(tmp_path):
             after_axis = axis_strip(page, throughput, tmp_path / "axis1.png")
             page.screenshot(path=str(tmp_path / "live.png"), full_page=True)
             assert still, f"the tooltip vanished at a refresh: {trace}"
-            assert after_axis == before_axis, "the pan was reset by a refresh"
+            moved = strip_difference(before_axis, after_axis)
+            assert moved <= 1.5, f"the pan was reset by a refresh (axis strips differ by {moved:.2f} grey levels)"
             assert page.locator('[data-testid="stException"]').count() == 0
         finally:
             browser.close()

@@ -115,17 +115,25 @@ def test_a_stored_config_that_no_longer_validates_fails(client, monkeypatch):
         run_job(client.redis, "missing", worker_name="w1")
 
 
-def test_cancel_poller_asks_redis_at_most_every_interval():
+def test_cancel_poller_asks_redis_at_most_every_interval(monkeypatch):
+    """On a clock the test moves (the machine's clock, under load, let the poller ask twice in
+    0.35 s once): asked every 2 s of 7 s polled every 0.5 s, never in between."""
+    import workers.host.stop as stop
+
+    clock = [1000.0]
+    monkeypatch.setattr(stop.time, "monotonic", lambda: clock[0])
     asked = []
-    store = SimpleNamespace(cancel_reason=lambda run_id: asked.append(1))
-    poll = CancelPoller(store, "r1", interval_s=0.1)
-    t_end = time.monotonic() + 0.35
-    while time.monotonic() < t_end:
+    store = SimpleNamespace(cancel_reason=lambda run_id: asked.append(clock[0] - 1000.0))
+    poll = CancelPoller(store, "r1", interval_s=2.0)
+    for tick in range(15):  # 0 .. 7 s
+        clock[0] = 1000.0 + tick * 0.5
         assert poll() is False
-    assert 3 <= len(asked) <= 5
+    assert asked == [0.0, 2.0, 4.0, 6.0]
     store.cancel_reason = lambda run_id: "stop"
-    time.sleep(0.11)
-    assert poll() is True and poll() is True
+    clock[0] = 1007.5  # not yet due (8 s)
+    assert poll() is False
+    clock[0] = 1008.0
+    assert poll() is True and poll() is True and poll.kind == "cancel"
 
 
 def _job(redis, run_id):
