@@ -353,10 +353,11 @@ def loss_event(events_lost: int, error: BaseException | str | None, run_id: str 
                               "the run's charts and summary miss them")
 
 
-def rank_sink(path: str | os.PathLike[str]) -> BatchingSink:
+def rank_sink(path: str | os.PathLike[str], flush_interval_s: float = RANK_FLUSH_INTERVAL_S) -> BatchingSink:
     """The sink a DDP rank process writes its events through: its own JSONL file, flushed by a
-    background thread every `RANK_FLUSH_INTERVAL_S` (the launcher's follower forwards the file)."""
-    return BatchingSink(JsonlWriter(path), flush_interval_s=RANK_FLUSH_INTERVAL_S)
+    background thread every `flush_interval_s` (default `RANK_FLUSH_INTERVAL_S`; the launcher's
+    follower forwards the file)."""
+    return BatchingSink(JsonlWriter(path), flush_interval_s=flush_interval_s)
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -26,7 +26,7 @@ from typing import Any
 
 import redis
 
-from engine.events import decode_json
+from engine.events import RawEvent, decode_json
 from engine.summary import SummaryBuilder
 from workers import keys
 from workers.sink import WRITE_CHUNK, RedisStreamWriter
@@ -89,7 +89,7 @@ class SpoolForwarder:
                 pos += len(line) + 1
                 if not line.strip():
                     continue
-                event = decode_json(line)
+                event = RawEvent(decode_json(line), line)  # stored as this line: no second encoding
                 self.builder.observe(event)
                 if event.get("type") == "run_started":
                     self.started = event

@@ -23,6 +23,10 @@ SOLO_ENV = "DDPVIZ_ATTACH_PARENT_PID"  # the launcher's pid, set when its child 
 PROBE_ENV = "DDPVIZ_ATTACH_PROBE"  # "1" (`ddpviz run --probe`): the all-reduce probe after the last step
 OFF_ENV = "DDPVIZ_ATTACH_OFF"  # "1": the hook does nothing (a user's escape hatch)
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+# How often the launcher forwards the spool files to Redis; a process's event file is flushed as
+# often (flushing more often would make no event reach Redis sooner, and each flush takes the GIL
+# from the script's training thread).
+PUMP_INTERVAL_S = 0.1
 STARTUP_DIR = Path(__file__).resolve().parent / "startup"  # holds sitecustomize.py, first on PYTHONPATH
 
 

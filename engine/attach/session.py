@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from engine.attach.env import RUN_ID_ENV, SPOOL_ENV
+from engine.attach.env import PUMP_INTERVAL_S, RUN_ID_ENV, SPOOL_ENV
 from engine.events import make_event, rank_sink
 from engine.measure.telemetry import Telemetry
 
@@ -48,7 +48,7 @@ class Session:
         self.node = int(env.get("GROUP_RANK", 0))
         self.hostname = socket.gethostname()
         self.sink = sink if sink is not None else rank_sink(
-            self.spool / f"events-rank{self.rank}-pid{os.getpid()}.jsonl")
+            self.spool / f"events-rank{self.rank}-pid{os.getpid()}.jsonl", flush_interval_s=PUMP_INTERVAL_S)
         self.tel = Telemetry(self.sink, self.run_id, rank=self.rank, device=f"cpu:{self.rank}",
                              host=self.hostname)
         self.tracker = self.started = self.memory = None  # set by engine.attach.install

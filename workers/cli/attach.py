@@ -33,10 +33,10 @@ from typing import Any
 
 import redis
 
+from engine.attach.env import PUMP_INTERVAL_S  # events are forwarded this often
 from workers.attached import create_record, failure, record_ending, refresh_summary
 from workers.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_REFUSED
 
-PUMP_INTERVAL_S = 0.1  # events are forwarded this often
 CANCEL_POLL_S = 0.5  # the cancel flag is read this often
 RECONNECT_S = 2.0  # a lost Redis is tried again this often
 KILL_AFTER_S = 5.0  # a canceled command gets SIGTERM, then SIGKILL this long after
