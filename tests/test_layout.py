@@ -49,6 +49,17 @@ def test_modules_the_app_loads_do_not_import_torch(module):
     assert out.stdout.strip() == "False"
 
 
+def test_ddpviz_run_launches_a_command_without_importing_torch(tmp_path, redis_url):
+    """`ddpviz run`'s launcher needs no torch (its command's processes import it): importing it
+    cost each launch 2-5 s of CPU before the command started (engine.attach.started, for a name)."""
+    code = ("import sys\nfrom workers.cli.commands import main\ntry:\n"
+            f"    main(['run', '--url', {redis_url!r}, '--spool', {str(tmp_path / 'spool')!r}, '--', 'true'])\n"
+            "except SystemExit as e:\n    print('exit', e.code)\n"
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.stdout.split()[-3:] == ["exit", "0", "False"], (out.stdout, out.stderr[-2000:])
+
+
 # -- no import cycles inside a package (docs/architecture.md) --------------------------------------
 
 PACKAGES = ("app", "workers", "engine", "ddpviz")

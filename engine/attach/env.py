@@ -21,6 +21,7 @@ SPOOL_ENV = "DDPVIZ_ATTACH_SPOOL"  # folder each process writes its events into 
 URL_ENV = "DDPVIZ_ATTACH_URL"  # the Redis URL the launcher sends them to (for reference; processes never connect)
 SOLO_ENV = "DDPVIZ_ATTACH_PARENT_PID"  # the launcher's pid, set when its child is itself the training process
 PROBE_ENV = "DDPVIZ_ATTACH_PROBE"  # "1" (`ddpviz run --probe`): the all-reduce probe after the last step
+COMMAND_ENV = "DDPVIZ_ATTACH_COMMAND"  # JSON list: the command line `ddpviz run` started
 OFF_ENV = "DDPVIZ_ATTACH_OFF"  # "1": the hook does nothing (a user's escape hatch)
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 # How often the launcher forwards the spool files to Redis; a process's event file is flushed as

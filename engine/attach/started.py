@@ -18,10 +18,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from engine.attach.env import COMMAND_ENV
 from engine.attach.session import Session
 from engine.config import SCHEMA_VERSION
 
-COMMAND_ENV = "DDPVIZ_ATTACH_COMMAND"  # JSON list: the command line `ddpviz run` started
 MIB = 1024 * 1024
 
 

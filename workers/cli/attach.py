@@ -66,8 +66,7 @@ def _is_torchrun(cmd: list[str]) -> bool:
 
 
 def _child_env(run_id: str, spool: Path, url: str | None, cmd: list[str], probe: bool = False) -> dict[str, str]:
-    from engine.attach.env import PROBE_ENV, SOLO_ENV, child_environment
-    from engine.attach.started import COMMAND_ENV
+    from engine.attach.env import COMMAND_ENV, PROBE_ENV, SOLO_ENV, child_environment
 
     env = child_environment(os.environ, run_id, spool, url, PACKAGE_ROOT)
     env[COMMAND_ENV] = json.dumps(cmd)
