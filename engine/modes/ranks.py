@@ -129,7 +129,13 @@ def leave_process_group() -> None:
     if not dist.is_initialized():
         return
     world = dist.group.WORLD
-    for obj in gc.get_objects():  # also those only a reference cycle keeps (no collection needed)
+    # the DDPs holding the group: found from the group's referrers (a DDP, or its __dict__) rather
+    # than gc.get_objects(), whose list touches every object (in a rank forked from the fork
+    # server: ~19,000 copied pages, 160 ms; get_referrers reads only, ~45 ms a pass)
+    holders = gc.get_referrers(world)
+    dicts = [h for h in holders if isinstance(h, dict) and h.get("process_group") is world]
+    owners = holders + (gc.get_referrers(*dicts) if dicts else [])
+    for obj in owners:
         # issubclass of the type: isinstance() on a dead weakref.proxy raises ReferenceError
         if issubclass(type(obj), DistributedDataParallel) and obj.__dict__.get("process_group") is world:
             for holder in ("logger", "reducer", "process_group"):  # logger → reducer → group
