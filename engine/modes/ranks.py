@@ -9,7 +9,8 @@ hands each the same arguments; `run_rank` is the one bootstrap both modes share:
   `local<L>.error.json` ({rank, step, host, exception, traceback}), written to a temporary name
   and renamed into place, so the launcher, which polls for it, never reads it half-written;
   `local<L>.lost.json` when events were lost and the event file could not say so (`write_lost`);
-- closes the event sink and destroys the process group however the training ends.
+- closes the event sink and leaves the process group however the training ends
+  (`leave_process_group`: the order of teardown that cannot deadlock a gloo rank at its end).
 
 `init_rank` is the shared start of the training itself: the device of this local rank, CPU threads
 per rank, `init_process_group` with the run's collective timeout.
