@@ -51,8 +51,17 @@ demo: $(VENV)/.installed
 # longest modules first (tests/conftest.py): on this 2-core machine the suite spends much of its
 # time waiting on rank processes, Redis, Chromium (a fresh clone, 2026-12-02: 3 workers 544 s,
 # 4 workers 499 s).
+#
+# OMP_NUM_THREADS=1: one intra-op thread in every process the suite starts that does not set its own
+# (the engine sets each run's, engine.components.training.cpu_threads_per_rank; torchrun sets 1 for its
+# workers). Four xdist workers and their subprocesses share 2 cores, and an idle OpenMP thread spins
+# before it sleeps: a small model's 1,500 SGD steps took 4.25 s of CPU with 2 threads, 1.52 s with 1
+# (2026-12-03); test_models + test_correctness 25.1 -> 19.5 s of CPU.
+# The warm-up import writes the bytecode of torch, the app's libraries and ours once, before four
+# workers import them at the same moment and each compiles them itself (a fresh venv has none).
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q -n 4 --dist loadscope
+	$(BIN)/python -c "import torch._dynamo, torch.distributed.fsdp, streamlit, altair, rq, engine.runner, workers.worker"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 4 --dist loadscope
 
 # On a CUDA host (.venv built with TORCH_PIN set to a CUDA build): `ddpviz doctor --gpu`, <= 8 minutes.
 # A host with its own torch and no package index: scripts/gpu_wheels.sh, then scripts/gpu_check.sh

@@ -13,6 +13,7 @@ import pytest
 from attach_tools import by_rank, reports, run_attached, run_id_in, torchrun
 from wtools import alive, cli_env, ddpviz, ddpviz_argv, descendants, wait_for
 
+from workers.cli.attach import LAUNCHER_NICE
 from workers.client import DdpvizClient
 from workers.connection import EmbeddedRedis, connect
 from workers.history import read_all_events
@@ -84,6 +85,10 @@ def test_cancel_stops_the_commands_process_group_and_leaves_no_process(tmp_path,
     proc, run_id, spool = _endless(tmp_path, redis_url, client)
     try:
         pids = [int(p.stem.split("pid")[1]) for p in spool.glob("events-*.jsonl")]
+        # the launcher yields to the training (LAUNCHER_NICE); the ranks keep this process's priority
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, proc.pid) == min(own + LAUNCHER_NICE, 19)
+        assert [os.getpriority(os.PRIO_PROCESS, p) for p in pids] == [own, own]
         assert client.cancel(run_id) == "canceled"
         assert proc.wait(timeout=60) != 0
         assert client.get_run(run_id)["status"] == "canceled"

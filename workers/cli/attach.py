@@ -41,6 +41,11 @@ CANCEL_POLL_S = 0.5  # the cancel flag is read this often
 RECONNECT_S = 2.0  # a lost Redis is tried again this often
 KILL_AFTER_S = 5.0  # a canceled command gets SIGTERM, then SIGKILL this long after
 FINAL_SEND_S = 5.0  # at the end, how long to keep trying to store what is left
+# The launcher's scheduling priority once COMMAND has started (os.nice increment; COMMAND keeps the
+# caller's): on a host whose cores the training fills, forwarding events yields to the ranks and
+# runs in their gaps (waits on the all-reduce, the data loader) instead of taking a core's share
+# from them (issue 24's cost rule). A separate process, so no lock the ranks need is held by it.
+LAUNCHER_NICE = 10
 APP_URL_UNKNOWN = "`ddpviz up` prints its address"  # no `up` recorded one on this Redis
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding engine/, workers/
 
@@ -227,6 +232,10 @@ class Launch:
         except OSError as exc:
             _say(f"cannot start {self.cmd[0]!r}: {exc}")
             return 127
+        try:
+            os.nice(LAUNCHER_NICE)  # after the fork: COMMAND and its children run at the caller's priority
+        except OSError:
+            pass
         def forward(sig: int, frame: Any) -> None:  # Ctrl-C or a kill of `ddpviz run` reaches the command
             self.signal_group(sig)
             if not self.canceled:
