@@ -60,7 +60,7 @@ demo: $(VENV)/.installed
 # The warm-up import writes the bytecode of torch, the app's libraries and ours once, before four
 # workers import them at the same moment and each compiles them itself (a fresh venv has none).
 test: $(VENV)/.installed-dev
-	$(BIN)/python -c "import torch._dynamo, torch.distributed.fsdp, streamlit, altair, rq, engine.runner, workers.worker"
+	$(BIN)/python -c "import workers.worker, engine.runner, torch._dynamo, torch.distributed.fsdp, streamlit, altair"
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 4 --dist loadscope
 
 # On a CUDA host (.venv built with TORCH_PIN set to a CUDA build): `ddpviz doctor --gpu`, <= 8 minutes.
