@@ -120,3 +120,22 @@ def test_overhead_ends_with_the_side_that_failed_and_leaves_no_rank_behind():
             break
         time.sleep(0.5)
     assert not left, f"processes left: {[p.cmdline()[:3] for p in left]}"
+
+
+@pytest.mark.slow
+def test_the_attach_sync_probe_passes_instrumented_ddp_and_fails_one_synchronize_a_step():
+    """`ddpviz doctor --gpu`'s attach_adds_no_sync check, on CPU (gloo): the instrumented process
+    records every step and each step's buckets, and its verdict against the plain loop passes;
+    an instrumentation that synchronised once a step (the probe's `extra_sync`) is named."""
+    from engine.harness.attach_sync import attach_sync_probe, attach_sync_verdict
+
+    plain = attach_sync_probe("cpu", steps=8, instrumented=False)
+    attached = attach_sync_probe("cpu", steps=8)
+    assert plain["step_events"] == 0 and plain["bucket_steps"] == []  # nothing instruments the reference
+    assert attached["step_events"] == 8 and attached["bucket_steps"] == list(range(8))
+    assert attached["bucket_devices"] == ["cpu:0"]
+    ok, why = attach_sync_verdict(plain, attached)
+    assert ok, why
+    broken = attach_sync_probe("cpu", steps=8, extra_sync=True)
+    ok, why = attach_sync_verdict(plain, broken)
+    assert not ok and "5 explicit synchronisation(s) in 5 steady steps" in why, why

@@ -6,7 +6,8 @@ of ~100 M parameters, 10 SGD steps, with `compare`'s parity against single; memo
 second per device in those runs (the bench's count); NVML, directly and through ddpviz's own
 reader, against `torch.cuda.memory_reserved` for the same GPU (by UUID); bf16 autocast inside DP
 replica threads; DDP with 2 ranks sharing cuda:0 over gloo (CUDA-event buckets and
-memory per rank); the overhead of instrumented vs plain DDP; with 2+ GPUs the DP/DDP pair at
+memory per rank); the overhead of instrumented vs plain DDP; an attached DDP on NCCL adds no
+synchronisation to the script's steps (`engine.harness.attach_sync`); with 2+ GPUs the DP/DDP pair at
 world_size = GPU count and device 0's memory hot spot; a DP and a DDP run on the GPU through the
 queue; screenshots of Live and Bucket timeline of those runs. Sized for <= 8 minutes on one GPU.
 """
@@ -46,6 +47,7 @@ def run_gpu_checks(stack, report: Report, out_dir: Path, log: Callable[[str], No
                      ("memory_samples_per_s", lambda: check_memory_rate(state)),
                      ("nvml_vs_allocator", check_nvml), ("bf16_in_dp_replicas", check_amp),
                      ("ddp_2_ranks_one_gpu_gloo", check_shared_gpu), ("overhead_ddp_gpu", check_overhead),
+                     ("attach_adds_no_sync", check_attach_sync),
                      ("multi_gpu_pair", check_multi_gpu),
                      ("gpu_runs_through_queue", lambda: check_queue_runs(stack, state)),
                      ("screenshots", lambda: check_screenshots(stack, state, out_dir))):
@@ -197,6 +199,16 @@ def check_shared_gpu() -> tuple[str, dict[str, Any]]:
             or not in_sync:
         raise CheckFailed("bucket times out of order, too few buckets, no memory, or replicas out of sync", fig)
     return f"2 ranks on cuda:0 over gloo: {summary[0]['buckets_last_step']} CUDA-timed buckets per step, in sync", fig
+
+
+def check_attach_sync() -> tuple[str, dict[str, Any]]:
+    from engine.harness.attach_sync import attach_sync_probe, attach_sync_verdict
+
+    fig = dict(plain=attach_sync_probe("cuda", instrumented=False), attached=attach_sync_probe("cuda"))
+    ok, why = attach_sync_verdict(fig["plain"], fig["attached"])
+    if not ok:
+        raise CheckFailed(why, fig)
+    return f"an attached DDP on NCCL: {why}", fig
 
 
 def check_overhead() -> tuple[str, dict[str, Any]]:
