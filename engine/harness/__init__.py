@@ -4,4 +4,5 @@
     overhead     plain torch DDP against ddpviz's DDP on the same work, taking turns
     interleaved  several ddpviz runs started at once, training in turns
     gpu_checks   the torch side of `ddpviz doctor --gpu`: probes of the CUDA paths
+    attach_sync  `doctor --gpu`'s probe that an attached DDP adds no host-device synchronisation
 """
