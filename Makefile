@@ -59,9 +59,14 @@ demo: $(VENV)/.installed
 # (2026-12-03); test_models + test_correctness 25.1 -> 19.5 s of CPU.
 # The warm-up import writes the bytecode of torch, the app's libraries and ours once, before four
 # workers import them at the same moment and each compiles them itself (a fresh venv has none).
+#
+# Then the `quiet` tests, alone in one process: they judge this machine's real-time behaviour (a
+# thread's GIL wait, the memory timer's latency, the all-reduce probe's fit), which the parallel
+# run's own load distorts (each went red there once: pyproject.toml's markers).
 test: $(VENV)/.installed-dev
 	$(BIN)/python -c "import workers.worker, engine.runner, torch._dynamo, torch.distributed.fsdp, streamlit, altair"
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 4 --dist loadscope
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 4 --dist loadscope -m "not quiet"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:xdist -m quiet
 
 # On a CUDA host (.venv built with TORCH_PIN set to a CUDA build): `ddpviz doctor --gpu`, <= 8 minutes.
 # A host with its own torch and no package index: scripts/gpu_wheels.sh, then scripts/gpu_check.sh

@@ -62,22 +62,23 @@ def redis_client(redis_url):
 
 
 # Seconds each of the slowest modules took in a fresh clone's `make test` (the sum of its tests'
-# `--durations`, 2026-12-02, 3 xdist workers on 2 busy cores). pytest-xdist's `loadscope` hands
+# `--durations`, 2026-12-03, 4 xdist workers on 2 busy cores). pytest-xdist's `loadscope` hands
 # modules out in collection order; collected alphabetically, the slowest (tests/workers) came last
 # and one of them ran alone at the end. Handing out the longest first (LPT scheduling) shortens
 # that tail. Modules not listed keep their order after these. Only the order changes.
 SLOWEST_MODULES_S = {
-    "tests/workers/test_reliability_faults.py": 194, "tests/workers/test_attach_runs.py": 180,
-    "tests/workers/test_workers_multinode.py": 169, "tests/workers/test_workers_cli.py": 115,
-    "tests/workers/test_attach_endings.py": 98, "tests/workers/test_security.py": 95,
-    "tests/workers/test_workers_worker.py": 84, "tests/engine/test_attach_hook.py": 81,
-    "tests/workers/test_doctor.py": 78, "tests/workers/test_reliability_redis.py": 77,
-    "tests/workers/test_ddpviz_api.py": 70, "tests/engine/test_multinode.py": 67,
-    "tests/app/test_app_browser_pages.py": 54, "tests/engine/test_models.py": 53,
-    "tests/workers/test_bad_input.py": 51, "tests/workers/test_doctor_signals.py": 51,
-    "tests/engine/test_fsdp_knobs.py": 50, "tests/workers/test_attach_fail_open.py": 41,
-    "tests/app/test_app_browser_live.py": 36, "tests/workers/test_bench_machinery.py": 32,
-    "tests/app/test_app_browser.py": 31,
+    "tests/workers/test_reliability_faults.py": 124, "tests/workers/test_workers_multinode.py": 118,
+    "tests/engine/test_attach_hook.py": 74, "tests/app/test_app_browser_pages.py": 73,
+    "tests/workers/test_attach_runs.py": 73, "tests/workers/test_attach_endings.py": 63,
+    "tests/workers/test_workers_worker.py": 53, "tests/workers/test_workers_cli.py": 53,
+    "tests/workers/test_security.py": 53, "tests/workers/test_reliability_redis.py": 50,
+    "tests/engine/test_knobs.py": 47, "tests/workers/test_doctor.py": 46,
+    "tests/workers/test_ddpviz_api.py": 46, "tests/workers/test_attach_fail_open.py": 44,
+    "tests/app/test_app_browser_live.py": 40, "tests/engine/test_fsdp_knobs.py": 39,
+    "tests/app/test_app_browser.py": 39, "tests/engine/test_failures.py": 37,
+    "tests/engine/test_correctness.py": 36, "tests/engine/test_fsdp_memory_peak.py": 33,
+    "tests/workers/test_bad_input.py": 32, "tests/deploy/test_compose_run.py": 30,
+    "tests/engine/test_bucket_preview.py": 30, "tests/workers/test_attach_fsdp2.py": 28,
 }
 
 

@@ -6,8 +6,11 @@
 - one thread alone: no wait, also when a busy process pinned to its CPU keeps it waiting for that
   CPU half the time (run-queue wait is not lock wait: the meter must tell them apart).
 
-Bands are wide so a loaded 2-core machine cannot flake them; each can fail when the meter is wrong
-(counting run-queue wait as blocked, counting CPU time as wall, or dropping the blocked time).
+Each band can fail when the meter is wrong (counting run-queue wait as blocked, counting CPU time
+as wall, or dropping the blocked time). The two-thread cases are `quiet`: when other processes
+preempt the thread holding the GIL, the waiting thread is blocked for the holder's run-queue time
+too (4 xdist workers on 2 cores measured an off-queue share of 0.7501 once), so `make test` runs
+them alone, after the parallel run.
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ def switch_interval():
 
 
 @linux_only
+@pytest.mark.quiet
 def test_two_python_threads_each_wait_about_half(switch_interval):
     spans = run_threads(lambda: python_work(WORK_S), 2)
     for s in spans:
@@ -91,6 +95,7 @@ def test_two_python_threads_each_wait_about_half(switch_interval):
 
 
 @linux_only
+@pytest.mark.quiet
 def test_two_threads_in_a_gil_releasing_matmul_do_not_wait():
     torch = pytest.importorskip("torch")
     a = torch.randn(384, 384)

@@ -4,7 +4,11 @@ they are taken — at least 10 per second per device over a run with 0.5 s steps
 
 Counted here from the events themselves (the readings' own timestamps against the steps' own
 start and end), not with the bench's or the doctor's counter; arrival times are stamped by this
-test's sink as each event reaches it."""
+test's sink as each event reaches it.
+
+`quiet`: a reading's lateness is how soon the timer thread gets a CPU and the GIL; with the suite's
+4 xdist workers on 2 cores, one DP batch once arrived 1.08 s after its oldest reading (CI,
+2026-12-03), so `make test` runs these alone, after the parallel run."""
 
 import time
 from collections import defaultdict
@@ -15,6 +19,7 @@ from engine.config import RunConfig
 from engine.events import CallbackSink
 from engine.run import run_training
 
+pytestmark = pytest.mark.quiet
 STEP_S = 0.5
 MIN_PER_S = 10.0  # the issue's floor; the timer reads 20 times a second
 MAX_LATE_S = 1.0

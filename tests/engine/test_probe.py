@@ -27,6 +27,7 @@ def _model_s(fit, nbytes, n):
     return 2 * (n - 1) * fit["alpha_s"] + 2 * (n - 1) / n * nbytes / fit["beta_bytes_per_s"]
 
 
+@pytest.mark.quiet  # the fit judges this link's times: under the suite's load, CI once got no fit
 def test_real_two_rank_gloo_probe_fits_its_own_points(capsys):
     with pytest.raises(SystemExit) as done:
         main(["probe", "--world-size", "2", "--json"])  # the defaults a DDP run uses
@@ -57,6 +58,9 @@ def test_probe_event_once_after_training_and_absent_when_off_or_dp():
     assert probe["source"].startswith("measured: standalone all-reduce")
     last_end = max(s["start_ts"] + s["step_time_s"] for s in sink.of_type("step"))
     assert probe["ts"] - probe["wall_s"] >= last_end - 0.01  # began after every rank's last step
+    # its budget: a tenth of the training it follows, at least 0.25 s (not the standalone 2 s)
+    first_start = min(s["start_ts"] for s in sink.of_type("step"))
+    assert 0.25 <= probe["budget_s"] <= max(0.25, 0.1 * (probe["ts"] - probe["wall_s"] - first_start) + 0.05)
     assert [e["type"] for e in sink.events][-1] == "run_finished"
     # the run's own bucket sizes were probed first: every in-run bucket has a probe point of its size
     last = max(b["step"] for b in sink.of_type("bucket"))
@@ -71,6 +75,15 @@ def test_probe_event_once_after_training_and_absent_when_off_or_dp():
     dp = ListSink()  # DP has no process group: no probe, whatever the flag says
     assert run_training(RunConfig(**{**DDP, "mode": "dp"}), dp, "r").status == "succeeded"
     assert dp.of_type("allreduce_probe") == []
+
+
+def test_a_runs_probe_budget_is_a_tenth_of_its_training_within_a_quarter_second_and_two():
+    from engine.modes.ddp.probe import run_budget_s
+
+    assert run_budget_s(0.3) == 0.25 and run_budget_s(-1.0) == 0.25  # the floor
+    assert run_budget_s(7.0) == pytest.approx(0.7)
+    assert run_budget_s(20.0) == 2.0 and run_budget_s(3600.0) == 2.0  # the standalone probe's budget
+    assert run_budget_s(3600.0, cap_s=5.0) == 5.0
 
 
 def test_the_runs_sizes_run_first_whatever_the_budget():

@@ -17,7 +17,8 @@ collective in flight, apart from training:
   proportion to bytes in the ring model t = a + c·bytes, so that bounds it from above), and s is
   not even piloted when it would not fit. The run's bucket sizes and the smallest MIN_SIZES
   sizes of the ladder always run (the comparison and enough for a fit); the ladder sizes trimmed
-  (always the largest) are listed in `skipped_nbytes`.
+  (always the largest) are listed in `skipped_nbytes`. After a run the budget is a tenth of
+  the training loop's time, from 0.25 s up to the 2 s of `ddpviz probe` (`run_budget_s`).
 - rounds: `warmup_iters` untimed rounds, then `iters` timed rounds; each round all-reduces every
   kept size once, in size order. Before each all-reduce every rank passes a barrier, so ranks
   start together and only that all-reduce is in flight (gloo would otherwise run up to two at
@@ -58,6 +59,8 @@ PROBE_ITERS = 10  # timed all-reduces per size (k; nccl-tests' -n)
 PROBE_WARMUP_ITERS = 3  # untimed rounds (each size once) before the timed ones (w; -w)
 PROBE_BUDGET_S = 2.0  # seconds the probe may take; larger sizes are skipped past it
 PILOT_CALLS = 3  # calls per size in the pilot that sizes the budget (their median)
+PROBE_RUN_SHARE = 0.1  # after a run: the budget is this share of the run's training time ...
+PROBE_MIN_BUDGET_S = 0.25  # ... but never below this (and never above PROBE_BUDGET_S)
 MIN_SIZES = 3  # the smallest sizes always run, whatever the budget: enough for a fit
 MAX_RUN_SIZES = 8  # distinct bucket sizes of the run probed first (spread over them when more)
 PROBE_SOURCE = ("measured: standalone all-reduce on the run's process group after training, "
@@ -190,6 +193,17 @@ def _choose_sizes(first: list[int], sizes: list[int], group, device: torch.devic
     return bufs, []
 
 
+def run_budget_s(train_s: float, cap_s: float = PROBE_BUDGET_S) -> float:
+    """The probe's budget (s) after a run whose training loop took `train_s` wall seconds:
+    PROBE_RUN_SHARE of it, within [PROBE_MIN_BUDGET_S, cap_s].
+
+    Why: at the full 2 s budget the probe of a 4-step smoke run (0.3 s of training on 2 CPU
+    ranks) took six times the training it follows; a run of 20 s or more gets the whole budget.
+    The run's own bucket sizes and the smallest MIN_SIZES ladder sizes run whatever the budget.
+    """
+    return min(cap_s, max(PROBE_MIN_BUDGET_S, PROBE_RUN_SHARE * max(0.0, train_s)))
+
+
 def run_probe(group=None, device: torch.device | str = "cpu", *, min_bytes: int = PROBE_MIN_BYTES,
               max_bytes: int = PROBE_MAX_BYTES, factor: int = PROBE_SIZE_FACTOR,
               iters: int = PROBE_ITERS, warmup_iters: int = PROBE_WARMUP_ITERS,
@@ -197,8 +211,9 @@ def run_probe(group=None, device: torch.device | str = "cpu", *, min_bytes: int 
     """Time all-reduces of each size on `group` (see the module docstring for the method);
     `run_nbytes`: the run's bucket sizes, probed first (`run_sizes`).
 
-    A collective: every rank of `group` must call it with the same arguments, with nothing else
-    in flight on the group. `device` holds the tensors (the rank's CUDA device under NCCL).
+    A collective: every rank of `group` must call it with the same arguments (but `budget_s`:
+    the ranks take the largest one), with nothing else in flight on the group. `device` holds
+    the tensors (the rank's CUDA device under NCCL).
 
     Returns ``{points: [probe_point...] (ascending size), skipped_nbytes: [...], run_nbytes (the
     run's sizes probed), wall_s, iters, warmup_iters, world_size, budget_s}``; identical on every
@@ -212,6 +227,7 @@ def run_probe(group=None, device: torch.device | str = "cpu", *, min_bytes: int 
     world = dist.get_world_size(group)
     t0 = now()
     first = _agree_sizes(run_sizes(run_nbytes or []), group, device)
+    (budget_s,) = _agree_max([budget_s], group, device)  # the size choice must be the same everywhere
     bufs, skipped = _choose_sizes(first, sizes, group, device, warmup_iters + iters, budget_s)
     bufs.sort(key=lambda b: b.numel())  # rounds all-reduce every kept size in size order
     times: list[list[float]] = [[] for _ in bufs]

@@ -153,13 +153,15 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
 
     evaluate_fn = (lambda: evaluate(model, ds, device)) if rank == 0 else None
     step_fn = keep_before_traced(buffer_probe.wrap(train_step, lambda s: should_eval(cfg, s)), rec, cfg.steps)
+    train_start = now()
     try:
         drive(cfg, tel, sampler.wrap(step_fn), check_sync=check_sync, evaluate=evaluate_fn)
     finally:
         sampler.close()
     if cfg.probe and world > 1:  # after the last step: in no step time, nothing else in flight
-        from engine.modes.ddp.probe import emit_probe  # imported here: this hook stays one block
+        from engine.modes.ddp.probe import emit_probe, run_budget_s  # imported here: this hook stays one block
 
-        emit_probe(tel, device, run_nbytes=bucket_nbytes)  # the run's own bucket sizes first
+        # the run's own bucket sizes first; a budget in proportion to the training
+        emit_probe(tel, device, run_nbytes=bucket_nbytes, budget_s=run_budget_s(now() - train_start))
     if rank == 0:
         torch.save(flat_params(model), wd / "final_params.pt")
