@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 APP_DIR = Path(__file__).resolve().parents[2] / "app"
 APP_MODULES = sorted(".".join(p.relative_to(APP_DIR.parent).with_suffix("").parts)
                      for p in APP_DIR.rglob("*.py")
@@ -15,20 +17,32 @@ TORCH_FREE_ENGINE = {"engine", "engine.config", "engine.analysis", "engine.expor
                      "engine.events", "engine.stages", "engine.summary", "engine.result", "engine.verdict"}  # events: through workers.store (history, sweeps)
 
 
-def _loaded_after(mods: list[str]) -> set[str]:
-    code = ("import sys\n" + "".join(f"import {m}\n" for m in mods) +
-            "print(','.join(m for m in sys.modules if m.split('.')[0] in ('torch', 'engine')))\n")
+def _loaded_after(*groups: list[str]) -> list[set[str]]:
+    """The torch and engine modules loaded after importing each group in turn, in one fresh
+    interpreter (one snapshot per group: the app's imports cost seconds, paid once)."""
+    code = "import sys\n"
+    for mods in groups:
+        code += "".join(f"import {m}\n" for m in mods)
+        code += "print(','.join(m for m in sys.modules if m.split('.')[0] in ('torch', 'engine')))\n"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return {m for m in out.stdout.strip().split(",") if m}
+    return [{m for m in line.strip().split(",") if m} for line in out.stdout.splitlines()]
 
 
-def test_app_modules_import_only_torch_free_engine_modules():
-    assert {"app.frames.base", "app.runsets", "app.charts.buckets"} <= set(APP_MODULES)
-    assert _loaded_after(APP_MODULES) <= TORCH_FREE_ENGINE
-
-
-def test_app_with_real_client_loads_no_torch():
+@pytest.fixture(scope="module")
+def loaded() -> tuple[set[str], set[str] | None]:
+    """(after the app's modules, after the app's modules and workers.client or None without it)."""
     if importlib.util.find_spec("workers.client") is None:
+        return _loaded_after(APP_MODULES)[0], None
+    app, with_client = _loaded_after(APP_MODULES, ["workers.client"])
+    return app, with_client
+
+
+def test_app_modules_import_only_torch_free_engine_modules(loaded):
+    assert {"app.frames.base", "app.runsets", "app.charts.buckets"} <= set(APP_MODULES)
+    assert loaded[0] <= TORCH_FREE_ENGINE
+
+
+def test_app_with_real_client_loads_no_torch(loaded):
+    if loaded[1] is None:
         return
-    loaded = _loaded_after(APP_MODULES + ["workers.client"])
-    assert not {m for m in loaded if m.split(".")[0] == "torch"}
+    assert not {m for m in loaded[1] if m.split(".")[0] == "torch"}
