@@ -35,6 +35,19 @@ def ended(client: DdpvizClient, run_id: str, timeout_s: float) -> dict:
                     f"run {run_id} to end")
 
 
+def cmdlines(pids: list[int]) -> list[str]:
+    """`pid: command line` of each pid still there (for a failure's message)."""
+    import psutil
+
+    out = []
+    for pid in pids:
+        try:
+            out.append(f"{pid} (parent {psutil.Process(pid).ppid()}): {' '.join(psutil.Process(pid).cmdline())[:160]}")
+        except psutil.Error:
+            pass
+    return out
+
+
 def run_pids(run_id: str) -> list[int]:
     return [p.pid for p in processes_with_env(RUN_ENV_VAR, run_id)]
 
@@ -140,11 +153,25 @@ def test_a_killed_worker_takes_its_ranks_along_and_the_run_is_lost_then_requeued
 def test_the_run_time_limit_fails_the_run_and_kills_every_rank(client, redis_url):
     limit_s = 12  # counts from the run's start; DDP takes ~8 s to start its ranks on 2 cores
     run_id = client.submit({**DDP, "steps": 5000, "step_delay_s": 0.05}, timeout_s=limit_s)
-    seen: set[int] = set()
+    seen: dict[int, str] = {}  # pid -> command line, of every process of the run sighted
+
+    def sight() -> None:
+        for pid in run_pids(run_id):
+            if pid not in seen:
+                seen[pid] = " ".join(cmdlines([pid]))
+
     with worker_process(redis_url, burst=True) as proc:
-        rec = wait_for(lambda: seen.update(run_pids(run_id))
-                       or ((r := client.get_run(run_id))["status"] in ENDED and r), 60, "the end")
-        wait_for(lambda: not any(alive(p) for p in seen), 5, "every rank to die")
+        rec = wait_for(lambda: sight() or ((r := client.get_run(run_id))["status"] in ENDED and r), 60,
+                       "the end")
+        # the ranks and their fork server are gone when the record says so; multiprocessing's
+        # resource tracker ends with the work-horse, after it (no_process_left below: 10 s; CI once
+        # saw a helper outlive a busy horse's record by more than 5 s)
+        stopped = [p for p, cmd in seen.items() if "resource_tracker" not in cmd]
+        assert stopped, seen
+        try:
+            wait_for(lambda: not any(alive(p) for p in stopped), 5, "every rank to die")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; alive: {cmdlines([p for p in stopped if alive(p)])}") from None
         assert proc.wait(30) == 0
     assert rec["status"] == "failed" and "JobTimeout" in rec["error"]["exception"], rec
     assert f"time limit of {limit_s} s" in rec["error"]["exception"]

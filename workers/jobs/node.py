@@ -32,7 +32,7 @@ from engine.config import ConfigError, validate_config
 from workers.host.reaper import RUN_ENV_VAR
 from workers.jobs.multinode import node_job_id
 from workers.jobs.nodes import POLL_S, NodeState, settle_when_all_report, update_record_hosts
-from workers.jobs.run import CancelPoller, default_worker_name
+from workers.jobs.run import CancelPoller, default_worker_name, stop_fork_server
 from workers.sink import DEFAULT_STREAM_MAXLEN, run_sink
 from workers.store import TERMINAL, RunStatus, RunStore, make_error
 
@@ -292,6 +292,7 @@ def _run_part(store: RunStore, state: NodeState, cfg: Any, run_id: str, index: i
             pass  # the stream's tail is lost; the record still gets the end
         if tmp is not None:
             tmp.cleanup()
+        stop_fork_server()  # as a single-host run's end does (workers.jobs.run)
     return status, error, summary
 
 

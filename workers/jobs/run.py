@@ -280,12 +280,25 @@ def _train(store: RunStore, cfg: Any, run_id: str, workdir: str | Path | None,
         if lease:
             lease.release()
         poll_client.close()
-        # Whatever the ending, no process of the run outlives it: what escaped is reaped now,
-        # this process's own children end with it.
+        # Whatever the ending, no process of the run outlives it: the rank fork server this
+        # work-horse started (it holds the run's environment and torch; no later run uses it) is
+        # killed now rather than when the horse exits, what escaped is reaped now, and this
+        # process's other children (multiprocessing's resource tracker) end with it.
+        stop_fork_server()
         kill_run_processes(run_id, spare_children_of=os.getpid())
     if status is RunStatus.CANCELED:
         status, error = _stop_outcome(poller, error)
     return status, error, summary, reported
+
+
+def stop_fork_server() -> None:
+    """SIGKILL this work-horse's rank fork server, if one runs (`engine.modes.launcher.kill_fork_server`)."""
+    from engine.modes.launcher import kill_fork_server  # torch: the work-horse has it already
+
+    try:
+        kill_fork_server()
+    except Exception as exc:  # the reaper and the server's parent watch remain
+        log.warning("could not stop the rank fork server: %s", exc)
 
 
 def _stop_outcome(poller: StopPoller, error: dict | None) -> tuple[RunStatus, dict]:
