@@ -33,8 +33,7 @@ def loaded() -> tuple[set[str], set[str] | None]:
     """(after the app's modules, after the app's modules and workers.client or None without it)."""
     if importlib.util.find_spec("workers.client") is None:
         return _loaded_after(APP_MODULES)[0], None
-    app, with_client = _loaded_after(APP_MODULES, ["workers.client"])
-    return app, with_client
+    return tuple(_loaded_after(APP_MODULES, ["workers.client"]))
 
 
 def test_app_modules_import_only_torch_free_engine_modules(loaded):

@@ -35,17 +35,14 @@ def ended(client: DdpvizClient, run_id: str, timeout_s: float) -> dict:
                     f"run {run_id} to end")
 
 
-def cmdlines(pids: list[int]) -> list[str]:
-    """`pid: command line` of each pid still there (for a failure's message)."""
+def describe(proc) -> str:
+    """`pid (parent ppid): command line` of a psutil.Process ('' once it is gone)."""
     import psutil
 
-    out = []
-    for pid in pids:
-        try:
-            out.append(f"{pid} (parent {psutil.Process(pid).ppid()}): {' '.join(psutil.Process(pid).cmdline())[:160]}")
-        except psutil.Error:
-            pass
-    return out
+    try:
+        return f"{proc.pid} (parent {proc.ppid()}): {' '.join(proc.cmdline())[:160]}"
+    except psutil.Error:
+        return ""
 
 
 def run_pids(run_id: str) -> list[int]:
@@ -156,9 +153,9 @@ def test_the_run_time_limit_fails_the_run_and_kills_every_rank(client, redis_url
     seen: dict[int, str] = {}  # pid -> command line, of every process of the run sighted
 
     def sight() -> None:
-        for pid in run_pids(run_id):
-            if pid not in seen:
-                seen[pid] = " ".join(cmdlines([pid]))
+        for proc in processes_with_env(RUN_ENV_VAR, run_id):
+            if proc.pid not in seen:
+                seen[proc.pid] = describe(proc)
 
     with worker_process(redis_url, burst=True) as proc:
         rec = wait_for(lambda: sight() or ((r := client.get_run(run_id))["status"] in ENDED and r), 60,
@@ -171,7 +168,7 @@ def test_the_run_time_limit_fails_the_run_and_kills_every_rank(client, redis_url
         try:
             wait_for(lambda: not any(alive(p) for p in stopped), 5, "every rank to die")
         except AssertionError as exc:
-            raise AssertionError(f"{exc}; alive: {cmdlines([p for p in stopped if alive(p)])}") from None
+            raise AssertionError(f"{exc}; alive: {[seen[p] for p in stopped if alive(p)]}") from None
         assert proc.wait(30) == 0
     assert rec["status"] == "failed" and "JobTimeout" in rec["error"]["exception"], rec
     assert f"time limit of {limit_s} s" in rec["error"]["exception"]
