@@ -42,6 +42,9 @@ from workers.liveness import LostRunMonitor
 from workers.store import ACTIVE, RunStatus, RunStore, make_error
 
 log = logging.getLogger("ddpviz.worker")
+# `kill -USR1 PID` makes a worker, or its work-horse (which inherits it), write every thread's
+# stack to its stderr (faulthandler): what a worker that seems stuck is doing, without stopping it.
+STACKS_SIGNAL = signal.SIGUSR1
 
 SHUTDOWN_CANCEL_REASON = "the worker is shutting down"
 _REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
@@ -259,6 +262,7 @@ def run_worker(url: str | None = None, name: str | None = None, burst: bool = Fa
 
     A heartbeat hash (``ddpviz:worker:{name}``: host, pid, devices, ts, current run) is refreshed
     every `workers.heartbeat.HEARTBEAT_INTERVAL_S` seconds while it runs and removed on exit.
+    SIGUSR1 (`STACKS_SIGNAL`) writes every thread's stack to stderr and the worker goes on.
 
     Args:
         url: Redis URL; default `workers.connection.redis_url()`.
@@ -273,6 +277,9 @@ def run_worker(url: str | None = None, name: str | None = None, burst: bool = Fa
         RedisUnavailable: Redis cannot be reached.
         ValueError: another live worker already has this name (from RQ).
     """
+    import faulthandler
+
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)
     warning = exposure_warning(url or redis_url())
     if warning:
         log.warning("ddpviz worker: %s", warning)

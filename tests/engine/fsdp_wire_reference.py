@@ -3,11 +3,10 @@
 Two or three gloo processes run one all-gather and one reduce-scatter of the same
 full-size tensor (the two collectives FSDP2 issues), each alone between barriers, and rank 0
 reads how many bytes crossed the loopback interface (`psutil.net_io_counters`, from
-/proc/net/dev) during each. Other processes' loopback traffic can only add bytes, so each op
+/proc/net/dev) during each: it reads the counter before a barrier that every rank must pass
+before the op, and after a barrier every rank enters only once its op is done. Other processes' loopback traffic can only add bytes, so each op
 runs until two counts agree (see `settled`) and its smallest count is kept.
 """
-
-import time
 
 import psutil
 import torch
@@ -45,8 +44,11 @@ def _worker(rank, world, port, out, _q):
     for round_ in range(MAX_REPEATS):
         for name, op in ops.items():
             dist.barrier()
-            time.sleep(0.05)
             before = _lo_bytes()
+            # No rank starts the op before rank 0 has read `before`: a rank leaving one barrier
+            # early sent its shard into the socket buffers before rank 0's read (CI counted
+            # 41,989,244 of 50,331,648 all-gather bytes at world 3: one 8 MiB shard missing).
+            dist.barrier()
             op()
             dist.barrier()
             counts[name].append(_lo_bytes() - before)

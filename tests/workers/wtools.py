@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -69,27 +70,53 @@ def stop_process(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(grace_s)
+            subprocess.Popen.wait(proc, grace_s)  # the plain wait, also for a WorkerPopen
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait(5)
+            subprocess.Popen.wait(proc, 5)
+
+
+class WorkerPopen(subprocess.Popen):
+    """A ``ddpviz worker`` process whose `wait` that times out fails the test with what the
+    worker was doing: SIGUSR1 makes it and its work-horse write every thread's stack to the log
+    (`workers.worker.STACKS_SIGNAL`), whose tail the failure shows."""
+
+    log_path: Path
+
+    def wait(self, timeout: float | None = None) -> int:
+        try:
+            return super().wait(timeout)
+        except subprocess.TimeoutExpired:
+            for pid in [self.pid, *descendants(self.pid)]:
+                try:
+                    os.kill(pid, signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
+            time.sleep(1.0)
+            raise AssertionError(f"ddpviz worker (pid {self.pid}) still running after {timeout} s; "
+                                 f"its log, with every thread's stack:\n"
+                                 f"{self.log_path.read_text(errors='replace')[-12000:]}") from None
 
 
 @contextmanager
 def worker_process(redis_url: str, *, burst: bool = True, name: str | None = None,
                    log_path: Path | None = None, env: dict[str, str] | None = None):
-    """A ``ddpviz worker`` subprocess on `redis_url` (environment `env`, default `cli_env`);
-    stopped and reaped on exit."""
+    """A ``ddpviz worker`` subprocess on `redis_url` (environment `env`, default `cli_env`),
+    logging to `log_path` (default: a temporary file); stopped and reaped on exit."""
+    import tempfile
+
     args = ["worker"] + (["--burst"] if burst else []) + (["--name", name] if name else [])
-    out = open(log_path, "w") if log_path else subprocess.DEVNULL
-    proc = subprocess.Popen([*ddpviz_argv(), *args], env=env or cli_env(redis_url),
-                            stdout=out, stderr=subprocess.STDOUT)
-    try:
-        yield proc
-    finally:
-        stop_process(proc)
-        if log_path:
-            out.close()
+    with contextlib.ExitStack() as stack:
+        if log_path is None:
+            log_path = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ddpviz-worker-"))) / "log"
+        out = stack.enter_context(open(log_path, "w"))
+        proc = WorkerPopen([*ddpviz_argv(), *args], env=env or cli_env(redis_url),
+                           stdout=out, stderr=subprocess.STDOUT)
+        proc.log_path = log_path
+        try:
+            yield proc
+        finally:
+            stop_process(proc)
 
 
 def alive(pid: int) -> bool:
