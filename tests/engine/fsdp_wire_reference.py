@@ -4,8 +4,9 @@ Two or three gloo processes run one all-gather and one reduce-scatter of the sam
 full-size tensor (the two collectives FSDP2 issues), each alone between barriers, and rank 0
 reads how many bytes crossed the loopback interface (`psutil.net_io_counters`, from
 /proc/net/dev) during each: it reads the counter before a barrier that every rank must pass
-before the op, and after a barrier every rank enters only once its op is done. Other processes' loopback traffic can only add bytes, so each op
-runs until two counts agree (see `settled`) and its smallest count is kept.
+before the op, and again after a barrier that every rank enters only once its op is done.
+Other processes' loopback traffic can only add bytes, so each op runs until two counts agree
+(see `settled`) and its smallest count is kept.
 """
 
 import psutil
