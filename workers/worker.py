@@ -45,6 +45,7 @@ log = logging.getLogger("ddpviz.worker")
 # `kill -USR1 PID` makes a worker, or its work-horse (which inherits it), write every thread's
 # stack to its stderr (faulthandler): what a worker that seems stuck is doing, without stopping it.
 STACKS_SIGNAL = signal.SIGUSR1
+PUBSUB_STOP_WAIT_S = 1.0  # how long a stopping worker waits for RQ's command-channel thread
 
 SHUTDOWN_CANCEL_REASON = "the worker is shutting down"
 _REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
@@ -164,6 +165,33 @@ class DdpvizWorker(Worker):
         with contextlib.suppress(Exception):
             RunStore(self.connection).finish(job_id, RunStatus.FAILED, error=make_error(message),
                                              allowed_from=ACTIVE, append_event=True)
+
+    # -- shutdown is bounded -----------------------------------------------------------------
+
+    def unsubscribe(self) -> None:
+        """RQ's `unsubscribe` (end the command channel's pubsub thread), with the wait bounded.
+
+        RQ runs that thread with ``sleep_time=60`` and, on exit, unsubscribes and then calls the
+        thread's `stop()`. Since redis-py 8.2, `stop()` joins the thread without a bound, and a
+        thread that handled the unsubscribe reply before `stop()` cleared its flag waits in
+        `get_message` for a subscription, up to 60 s: a worker leaving burst mode or a SIGTERM
+        hung that long (seen in `make test`: every thread's stack at 30 s showed
+        `PubSubWorkerThread.stop` joining a thread waiting in `get_message`). The thread is a
+        daemon and reads nothing once unsubscribed, so it is left to end with the process.
+        """
+        thread = self.pubsub_thread
+        if not thread:
+            return
+        self.log.info("Worker %s: unsubscribing from channel %s", self.name, self.pubsub_channel_name)
+        with contextlib.suppress(Exception):
+            self.pubsub.unsubscribe()
+        try:
+            thread.stop(timeout=PUBSUB_STOP_WAIT_S)
+        except TypeError:  # redis-py < 8.2: stop() takes no timeout and does not wait
+            thread.stop()
+        thread.join(timeout=PUBSUB_STOP_WAIT_S)
+        with contextlib.suppress(Exception):
+            self.pubsub.close()
 
     # -- Redis restarts are ridden out -------------------------------------------------------
 

@@ -123,3 +123,25 @@ def test_heartbeat_shows_the_worker_and_sigterm_stops_it(client, redis_url):
         proc.terminate()
         assert proc.wait(20) == 0
     assert client.workers() == []
+
+
+def test_a_worker_stops_at_once_when_rqs_command_thread_already_waits_unsubscribed(redis_url):
+    """The interleaving that hung `ddpviz worker` for 60 s at exit (burst or SIGTERM): RQ's
+    command-channel thread handled the unsubscribe reply before its flag was cleared, and now
+    waits in `get_message` for a subscription (RQ's sleep_time, 60 s), while redis-py >= 8.2's
+    `stop()` joins it without a bound. `unsubscribe` must return at once anyway."""
+    from workers.worker import PUBSUB_STOP_WAIT_S, build_worker
+
+    worker = build_worker(redis_url, name=f"unsub-{os.getpid()}")
+    worker.subscribe()
+    try:
+        worker.pubsub.unsubscribe()  # the reply reaches the thread while it still runs
+        wait_for(lambda: not worker.pubsub.subscribed, 10, "the thread to read the unsubscribe reply")
+        time.sleep(0.3)  # now in get_message, waiting for a subscription
+        assert worker.pubsub_thread.is_alive()
+        done = threading.Event()
+        threading.Thread(target=lambda: (worker.unsubscribe(), done.set()), daemon=True).start()
+        # RQ's own unsubscribe waits out the 60 s; ours waits PUBSUB_STOP_WAIT_S, twice at most
+        assert done.wait(2 * PUBSUB_STOP_WAIT_S + 3), "unsubscribe still waiting on the pubsub thread"
+    finally:
+        worker.connection.close()
