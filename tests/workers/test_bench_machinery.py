@@ -247,3 +247,28 @@ def test_attach_cost_reads_the_scripts_own_printed_times_and_judges_their_median
     # medians by hand: plain [10, 10, 11] -> 10; attached [10.2, 10.4, 10.3] -> 10.3
     assert (fig["plain_median_ms"], fig["attached_median_ms"], fig["ratio"]) == (10.0, 10.3, 1.03)
     assert fig["met"] is True and fig["ratio_per_round"] == [1.03]
+
+
+def test_attach_figure_judges_the_real_sized_config_and_keeps_both(monkeypatch, tmp_path):
+    """Figure 9 holds every configuration; its own ratio and verdict are the real-sized one's. The
+    parameter count it reports is the script's model's, counted by torch."""
+    import torch.nn as nn
+
+    from workers.bench import attach_cost as A
+
+    for h in (1024, 2048):  # the model examples/attach/train_regression.py builds
+        model = nn.Sequential(nn.Linear(32, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(),
+                              nn.Linear(h, 1))
+        assert A.parameters(h) == sum(p.numel() for p in model.parameters())
+    seen = []
+
+    def fake(redis, url, work, rounds, epochs, hidden, bucket_cap_mb):
+        seen.append((hidden, bucket_cap_mb, epochs))
+        return {"ratio": 1.0 + hidden / 1e5, "hidden": hidden, "bucket_cap_mb": bucket_cap_mb}
+
+    monkeypatch.setattr(A, "measure_attach_cost", fake)
+    fig = A.measure_attach_figure(None, "redis://unused", tmp_path, rounds=1, epochs={"real-sized": 3})
+    assert seen == [(2048, 25.0, 3), (1024, 0.25, 40)]  # DDP's default cap for the real-sized run
+    assert fig["judged"] == "real-sized" and fig["ratio"] == fig["configs"]["real-sized"]["ratio"] == 1.02048
+    assert fig["configs"]["many small buckets"]["ratio"] == 1.01024
+    assert "real-sized: " in report._summary("9", fig) and "--bucket-cap-mb 25.0" in report._summary("9", fig)

@@ -63,10 +63,11 @@ def run_bench(plan: F.Plan, only: tuple[str, ...] = ALL) -> dict[str, Any]:
                 F.redis_per_1000_steps(redis, runs, plan.latency_steps), app,
                 F.redis_growth(server.url, plan, events)), _say)
         if "9" in only:
-            from workers.bench.attach_cost import measure_attach_cost
+            from workers.bench.attach_cost import measure_attach_figure
 
-            _say(f"attach cost: {plan.attach_rounds} rounds of the example script, plain and attached ...")
-            figs["9"] = F.run_figure("9", lambda: measure_attach_cost(
+            _say(f"attach cost: {plan.attach_rounds} rounds of the example script per configuration, "
+                 "plain and attached ...")
+            figs["9"] = F.run_figure("9", lambda: measure_attach_figure(
                 redis, server.url, work, plan.attach_rounds, plan.attach_epochs), _say)
     finally:
         server.stop()

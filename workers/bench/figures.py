@@ -44,7 +44,7 @@ class Plan:
     growth_runs: int = 30  # figure 8: runs stored to watch Redis grow
     keep_runs: int = 10
     attach_rounds: int = 5  # figure 9: rounds of one plain and one attached run of the example script
-    attach_epochs: int = 40  # figure 9: the script's epochs per run (8 optimizer steps each)
+    attach_epochs: dict[str, int] | None = None  # figure 9: epochs per configuration (None: attach_cost.CONFIGS')
 
     @classmethod
     def quick_plan(cls) -> "Plan":
@@ -52,7 +52,8 @@ class Plan:
                    feed_steps=20, feed_interval_s=0.25,
                    overhead_configs=[dict(model="mlp", width=128, depth=3, global_batch_size=64, block_steps=20)],
                    overhead_rounds=5, throughput_names=("mlp-digits",), throughput_steps=30,
-                   world_sizes=(2,), growth_runs=12, keep_runs=4, attach_rounds=1, attach_epochs=5)
+                   world_sizes=(2,), growth_runs=12, keep_runs=4, attach_rounds=1,
+                   attach_epochs={"real-sized": 3, "many small buckets": 5})
 
 
 def run_figure(key: str, fn: Callable[[], dict[str, Any]], say: Callable[[str], None]) -> dict[str, Any]:

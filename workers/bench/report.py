@@ -179,11 +179,15 @@ def _summary(key: str, f: dict[str, Any]) -> str:
                 f"without retention, {g.get('with_retention_mib')} MiB after {g.get('runs')} runs with "
                 f"keep_runs={g.get('keep_runs')}")
     if key == "9":
-        return (f"{_num(f.get('ratio'), '.3f')}x: median {_num(f.get('attached_median_ms'), '.2f')} ms attached, "
-                f"{_num(f.get('plain_median_ms'), '.2f')} ms plain ({f.get('n_attached')} / {f.get('n_plain')} "
-                f"printed times, {f.get('rounds')} rounds taking turns; per round "
-                + ", ".join(f"{r:.3f}" for r in f.get("ratio_per_round", [])) + f"); {f.get('script')} "
-                f"--hidden {f.get('hidden')}, 2 ranks on {f.get('backend')}")
+        parts = [(name, c) for name, c in (f.get("configs") or {"": f}).items()]
+        return "; ".join(
+            (f"{name}: " if name else "")
+            + f"{_num(c.get('ratio'), '.3f')}x: median {_num(c.get('attached_median_ms'), '.2f')} ms attached, "
+            f"{_num(c.get('plain_median_ms'), '.2f')} ms plain ({c.get('n_attached')} / {c.get('n_plain')} "
+            f"printed times, {c.get('rounds')} rounds taking turns; per round "
+            + ", ".join(f"{r:.3f}" for r in c.get("ratio_per_round", [])) + f"); {c.get('script')} "
+            f"--hidden {c.get('hidden')} --bucket-cap-mb {c.get('bucket_cap_mb', 0.25)}, 2 ranks on {c.get('backend')}"
+            for name, c in parts) + (f" (judged: {f['judged']})" if f.get("judged") else "")
     return ""
 
 
