@@ -272,3 +272,30 @@ def test_attach_figure_judges_the_real_sized_config_and_keeps_both(monkeypatch, 
     assert fig["judged"] == "real-sized" and fig["ratio"] == fig["configs"]["real-sized"]["ratio"] == 1.02048
     assert fig["configs"]["many small buckets"]["ratio"] == 1.01024
     assert "real-sized: " in report._summary("9", fig) and "--bucket-cap-mb 25.0" in report._summary("9", fig)
+
+
+def test_redis_loss_figure_takes_turns_and_needs_every_step(monkeypatch, tmp_path):
+    """Figure 9's Redis-stopped part by hand: turns alternate (up first in even rounds), the ratio is
+    median(stopped) / median(up), and one turn missing a step makes it unmet whatever the times."""
+    from workers.bench import attach_redis_loss as L
+
+    walls = {False: iter([10.0, 10.4, 9.8]), True: iter([10.5, 10.6, 10.7])}
+    order = []
+
+    def turn(stop, work, epochs, hidden, i, complete=True):
+        order.append(stop)
+        return {"redis": "stopped" if stop else "up", "wall_s": next(walls[stop]), "every_step_once": complete}
+
+    monkeypatch.setattr(L, "_turn", turn)
+    fig = L.measure_redis_loss(tmp_path, rounds=3)
+    assert order == [False, True, True, False, False, True]
+    # medians by hand: up [10.0, 10.4, 9.8] -> 10.0; stopped [10.5, 10.6, 10.7] -> 10.6
+    assert (fig["median_wall_up_s"], fig["median_wall_stopped_s"], fig["ratio"]) == (10.0, 10.6, 1.06)
+    assert fig["met"] is True and fig["every_step_kept"] is True
+    assert report.verdict("9", {"ratio": 1.0, "target": 1.03, "redis_lost": fig}) is True
+    assert report.verdict("9", {"ratio": 1.0, "target": 1.03, "redis_lost": {**fig, "met": False}}) is False
+
+    walls = {False: iter([10.0] * 3), True: iter([10.0] * 3)}
+    monkeypatch.setattr(L, "_turn", lambda *a: turn(*a, complete=a[0] is False))
+    lost = L.measure_redis_loss(tmp_path, rounds=3)
+    assert lost["ratio"] == 1.0 and lost["every_step_kept"] is False and lost["met"] is False

@@ -67,8 +67,11 @@ def run_bench(plan: F.Plan, only: tuple[str, ...] = ALL) -> dict[str, Any]:
 
             _say(f"attach cost: {plan.attach_rounds} rounds of the example script per configuration, "
                  "plain and attached ...")
-            figs["9"] = F.run_figure("9", lambda: measure_attach_figure(
-                redis, server.url, work, plan.attach_rounds, plan.attach_epochs), _say)
+            from workers.bench.attach_redis_loss import measure_redis_loss
+
+            figs["9"] = F.run_figure("9", lambda: {
+                **measure_attach_figure(redis, server.url, work, plan.attach_rounds, plan.attach_epochs),
+                "redis_lost": measure_redis_loss(work, plan.redis_loss_rounds, plan.redis_loss_epochs)}, _say)
     finally:
         server.stop()
     record["figures"] = {k: figs[k] for k in ALL if k in figs}

@@ -45,6 +45,8 @@ class Plan:
     keep_runs: int = 10
     attach_rounds: int = 5  # figure 9: rounds of one plain and one attached run of the example script
     attach_epochs: dict[str, int] | None = None  # figure 9: epochs per configuration (None: attach_cost.CONFIGS')
+    redis_loss_rounds: int = 3  # figure 9: rounds of one attached run with Redis up, one with it stopped mid-run
+    redis_loss_epochs: int = 6  # figure 9: the script's epochs in those runs
 
     @classmethod
     def quick_plan(cls) -> "Plan":
@@ -53,7 +55,8 @@ class Plan:
                    overhead_configs=[dict(model="mlp", width=128, depth=3, global_batch_size=64, block_steps=20)],
                    overhead_rounds=5, throughput_names=("mlp-digits",), throughput_steps=30,
                    world_sizes=(2,), growth_runs=12, keep_runs=4, attach_rounds=1,
-                   attach_epochs={"real-sized": 3, "many small buckets": 5})
+                   attach_epochs={"real-sized": 3, "many small buckets": 5},
+                   redis_loss_rounds=1, redis_loss_epochs=3)
 
 
 def run_figure(key: str, fn: Callable[[], dict[str, Any]], say: Callable[[str], None]) -> dict[str, Any]:

@@ -25,7 +25,8 @@ TARGETS = {
     "6": ">= 0.9 on NCCL (gloo: reported)",
     "7": "reported (no target)",
     "8": "reported (no target); Redis flat with retention",
-    "9": "attached / plain median iteration time <= 1.03, by the script's own clock",
+    "9": "attached / plain median iteration time <= 1.03, by the script's own clock; Redis stopped mid-run: "
+         "wall time <= 1.10x, every step kept",
 }
 TITLES = {
     "1": "Event latency, rank to Redis",
@@ -102,8 +103,9 @@ def verdict(key: str, fig: dict[str, Any]) -> bool | None:
         ratios = [o.get("met") for o in fig.get("overhead", [])]
         return _all(None if rate is None else rate >= 10, *ratios) if ratios else None
     if key == "9":
-        ratio = fig.get("ratio")
-        return None if ratio is None else ratio <= fig.get("target", 1.03)
+        ratio, lost = fig.get("ratio"), fig.get("redis_lost")
+        cost = None if ratio is None else ratio <= fig.get("target", 1.03)
+        return _all(cost, lost.get("met")) if lost is not None else cost
     if key == "6":
         ratio, backend = fig.get("ratio"), fig.get("backend")
         return None if ratio is None or backend != "nccl" else ratio >= 0.9
@@ -187,8 +189,19 @@ def _summary(key: str, f: dict[str, Any]) -> str:
             f"printed times, {c.get('rounds')} rounds taking turns; per round "
             + ", ".join(f"{r:.3f}" for r in c.get("ratio_per_round", [])) + f"); {c.get('script')} "
             f"--hidden {c.get('hidden')} --bucket-cap-mb {c.get('bucket_cap_mb', 0.25)}, 2 ranks on {c.get('backend')}"
-            for name, c in parts) + (f" (judged: {f['judged']})" if f.get("judged") else "")
+            for name, c in parts) + (f" (judged: {f['judged']})" if f.get("judged") else "") + _redis_lost(f)
     return ""
+
+
+def _redis_lost(f: dict[str, Any]) -> str:
+    r = f.get("redis_lost")
+    if not r:
+        return ""
+    if r.get("reason"):
+        return f"; Redis stopped mid-run: not measured ({r['reason']})"
+    return (f"; Redis stopped mid-run: median wall {_num(r.get('median_wall_stopped_s'), '.2f')} s vs "
+            f"{_num(r.get('median_wall_up_s'), '.2f')} s with Redis up, {_num(r.get('ratio'), '.3f')}x "
+            f"(target <= {r.get('target')}), every step kept after upload: {r.get('every_step_kept')}")
 
 
 def markdown(record: dict[str, Any]) -> str:
