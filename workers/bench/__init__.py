@@ -12,7 +12,8 @@ Figures, each measured in one run of the bench, never in a timed test:
 6. in-run bucket busbw / probe busbw (`measured`, through `engine.analysis`)
 7. samples/s of single, DP and DDP and scaling efficiency (`throughput`)
 8. footprint: Redis per 1,000 steps, the app's memory, Redis growth with and without retention
-9. what attaching costs a script, by the script's own printed iteration times (`attach_cost`)
+9. what attaching costs a script, by the script's own printed iteration times (`attach_cost`), and
+   what a Redis stopped mid-run costs it (`attach_redis_loss`)
 
 Layout: the bench is split by concept under `workers/bench/`; `figures` runs each figure and
 `cli` orders them and writes the record (`report`). Imports keep pointing app -> workers ->
