@@ -60,9 +60,23 @@ def _cmd(epochs: int, hidden: int, bucket_cap_mb: float) -> list[str]:
             "--bucket-cap-mb", str(bucket_cap_mb)]
 
 
+RUN_ID_LINE = re.compile(r"ddpviz: run ([0-9a-f]{16})")  # how `ddpviz run` announces its run
+
+
+def run_id_in(text: str) -> str | None:
+    """The run id `ddpviz run` printed in `text`, or None."""
+    m = RUN_ID_LINE.search(text)
+    return m.group(1) if m else None
+
+
+def bench_env() -> dict[str, str]:
+    """This environment less what would point a turn elsewhere (REDIS_URL) or switch attaching off."""
+    return {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DDPVIZ_ATTACH_OFF")}
+
+
 def _turn(attached: bool, url: str, work: Path, epochs: int, hidden: int, bucket_cap_mb: float,
           i: int) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DDPVIZ_ATTACH_OFF")}
+    env = bench_env()
     cmd = _cmd(epochs, hidden, bucket_cap_mb)
     if attached:
         cmd = [sys.executable, "-m", "workers", "run", "--url", url, "--spool", str(work / f"spool-{hidden}-{i}"),
@@ -73,10 +87,9 @@ def _turn(attached: bool, url: str, work: Path, epochs: int, hidden: int, bucket
                            f"{proc.stderr[-2000:]}")
     run_id = None
     if attached:
-        m = re.search(r"ddpviz: run ([0-9a-f]{16})", proc.stderr)
-        if m is None:
+        run_id = run_id_in(proc.stderr)
+        if run_id is None:
             raise RuntimeError(f"attached turn {i}: `ddpviz run` printed no run id: {proc.stderr[-2000:]}")
-        run_id = m.group(1)
     return {"attached": attached, "ms": printed_ms(proc.stdout), "run_id": run_id,
             "script_steps": max((int(s) for s, _ in PRINTED.findall(proc.stdout)), default=0)}
 

@@ -15,7 +15,6 @@ Target (issue 24): median wall time with Redis stopped / with Redis up <= 1.10, 
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -23,17 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workers.bench.attach_cost import EXAMPLE, _cmd
+from workers.bench.attach_cost import EXAMPLE, _cmd, bench_env, run_id_in
 
 TARGET = 1.10
 FIRST_STEP_TIMEOUT_S = 240
-
-
-def _run_id(line: str) -> str | None:
-    import re
-
-    m = re.search(r"ddpviz: run ([0-9a-f]{16})", line)
-    return m.group(1) if m else None
 
 
 def _script_steps(report: Path, nproc: int = 2) -> list[int]:
@@ -59,8 +51,7 @@ def _turn(stop_redis: bool, work: Path, epochs: int, hidden: int, i: int) -> dic
     tmp = work / f"redis-loss-{i}"
     server = EmbeddedRedis(tmp / "redis").start()
     spool, report = tmp / "spool", tmp / "report.json"
-    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DDPVIZ_ATTACH_OFF")}
-    env["TRAIN_REPORT"] = str(report)
+    env = {**bench_env(), "TRAIN_REPORT": str(report)}
     cmd = [sys.executable, "-m", "workers", "run", "--url", server.url, "--spool", str(spool), "--",
            *_cmd(epochs, hidden, 0.25)]
     t0 = time.perf_counter()
@@ -71,7 +62,7 @@ def _turn(stop_redis: bool, work: Path, epochs: int, hidden: int, i: int) -> dic
             line = proc.stderr.readline()
             if not line:
                 raise RuntimeError(f"turn {i}: `ddpviz run` ended before printing its run id")
-            run_id = _run_id(line)
+            run_id = run_id_in(line)
         stopped_after_s = None
         if stop_redis:
             client = DdpvizClient(url=server.url)
