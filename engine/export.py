@@ -113,8 +113,9 @@ def chrome_trace(events: list[dict[str, Any]]) -> dict[str, Any]:
             span(e["phase"], "dp_phase", (_process(e, "dp"), "phases"), base["start_ts"] + e["start_s"],
                  e["end_s"] - e["start_s"], {"nbytes": e.get("nbytes", 0), "step": e["step"]})
         elif t == "bucket" and base.get("backward_start_ts") is not None and e.get("comm_start_s") is not None:
-            span(f"all-reduce bucket {e['bucket_index']}", "bucket",
-                 (_process(e, mode), f"all-reduce, bucket {e['bucket_index']}"),
+            name = (f"DDP {e['ddp_index']} bucket {e['bucket_index']}" if e.get("ddp_index")
+                    else f"bucket {e['bucket_index']}")  # an attached process's second DDP, ...
+            span(f"all-reduce {name}", "bucket", (_process(e, mode), f"all-reduce, {name}"),
                  base["backward_start_ts"] + e["comm_start_s"], e["comm_end_s"] - e["comm_start_s"],
                  {"nbytes": e["nbytes"], "ready_s": e["ready_s"], "step": e["step"]})
         elif t == "fsdp_collective" and e.get("end_s") is not None:

@@ -26,15 +26,15 @@ LEGEND_PX = 70  # the legend below the plot, two rows
 
 def _rows(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: pd.DataFrame, lanes: list[str]
           ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, int]:
-    """Numeric rows: rank lane i spans [i·(B+1), i·(B+1)+B] and bucket j sits in row j of it."""
-    n = max(1, int(buckets["bucket_index"].max()) + 1) if not buckets.empty else 1
+    """Numeric rows: rank lane i spans [i·(B+1), i·(B+1)+B] and the bucket of `row` j sits in row j of it."""
+    n = max(1, int(buckets["row"].max()) + 1) if not buckets.empty else 1
     base = {lane: i * (n + 1) for i, lane in enumerate(lanes)}
 
     def lane_span(df: pd.DataFrame) -> pd.DataFrame:
         y0 = df["lane"].map(base).astype(float)
         return df.assign(y0=y0, y1=y0 + n)
 
-    b = buckets.assign(y0=buckets["lane"].map(base) + buckets["bucket_index"] + 0.15)
+    b = buckets.assign(y0=buckets["lane"].map(base) + buckets["row"] + 0.15)
     b["y1"] = b["y0"] + 0.7
     return lane_span(backward), lane_span(exposed), b, n
 
@@ -78,7 +78,7 @@ def bucket_timeline(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: pd.D
                      alt.Tooltip("exposed_ms:Q", title="exposed (ms)", format=".2f"),
                      alt.Tooltip("reported_ms:Q", title="engine's comm_exposed (ms)",
                                  format=".2f")])]
-    tip = [alt.Tooltip("lane:N", title="rank"), alt.Tooltip("bucket_index:Q", title="bucket"),
+    tip = [alt.Tooltip("lane:N", title="rank"), alt.Tooltip("bucket:N", title="bucket"),
            alt.Tooltip("nbytes:Q", title="bytes", format=","),
            alt.Tooltip("num_params:Q", title="tensors"),
            alt.Tooltip("ready_ms:Q", title="ready (ms)", format=".2f"),
@@ -92,8 +92,10 @@ def bucket_timeline(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: pd.D
         x=alt.X("ready_ms:Q", scale=scale), y=y, y2="y1:Q", color=_KIND, tooltip=tip))
     lane_px = min(MAX_LANE_PX, max(ROW_PX, SUB_ROW_PX * (n + 1)))
     label = f"{run}: step {step}" if step is not None and not latest else run
-    sub = (f"{n} bucket(s) per rank, a row each; {EXPOSED_NOTE}" if not latest else
-           f"latest complete step: a lane per rank, a row per bucket; {EXPOSED_NOTE}")
+    ddps = int(buckets["ddp_index"].nunique()) if not buckets.empty and "ddp_index" in buckets else 1
+    whose = f" of {ddps} DDPs (DDP 0's rows first)" if ddps > 1 else ""
+    sub = (f"{n} bucket(s){whose} per rank, a row each; {EXPOSED_NOTE}" if not latest else
+           f"latest complete step: a lane per rank, a row per bucket{whose}; {EXPOSED_NOTE}")
     return alt.layer(*layers).properties(
         title=title(label, sub),
         width=WIDTH, height=CHROME_PX + LEGEND_PX + lane_px * max(2, len(lanes)))

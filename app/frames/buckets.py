@@ -130,18 +130,23 @@ def layout_captions(preview: dict, capped_from_start: bool = False) -> tuple[str
 def bucket_frame(events: Iterable[Event], step: int | None = None) -> pd.DataFrame:
     """Buckets of one DDP step (default: the latest complete one), times in ms from backward start.
 
-    Columns: step, rank, bucket_index, nbytes, mib, num_params, ready_ms, comm_start_ms,
-    comm_end_ms, comm_ms, algbw_gbps (bytes / all-reduce time, GB/s = 1e9 B/s).
+    Columns: step, rank, ddp_index (which DDP of the process: an attached script may build
+    several, e.g. a GAN's two; 0 when the events do not say), bucket_index, bucket (its name:
+    "3", or "DDP 1 · 3" when the step has buckets of several DDPs), row (the bucket's row in a
+    rank's lane, the same on every rank: DDP by DDP, bucket by bucket), nbytes, mib, num_params,
+    ready_ms, comm_start_ms, comm_end_ms, comm_ms, algbw_gbps (bytes / all-reduce time, GB/s =
+    1e9 B/s).
     """
-    cols = ["step", "rank", "bucket_index", "nbytes", "mib", "num_params", "ready_ms",
-            "comm_start_ms", "comm_end_ms", "comm_ms", "algbw_gbps"]
+    cols = ["step", "rank", "ddp_index", "bucket_index", "bucket", "row", "nbytes", "mib", "num_params",
+            "ready_ms", "comm_start_ms", "comm_end_ms", "comm_ms", "algbw_gbps"]
     events = list(events)
     step = latest_complete_step(events, "bucket") if step is None else step
     evs = [e for e in of_type(events, "bucket") if e["step"] == step]
     if not evs:
         return pd.DataFrame(columns=cols)
     df = pd.DataFrame([{
-        "step": e["step"], "rank": int(e.get("rank", 0)), "bucket_index": int(e["bucket_index"]),
+        "step": e["step"], "rank": int(e.get("rank", 0)), "ddp_index": int(e.get("ddp_index") or 0),
+        "bucket_index": int(e["bucket_index"]),
         "nbytes": int(e.get("nbytes", 0)), "num_params": e.get("num_params"),
         "ready_ms": e["ready_s"] * 1000.0, "comm_start_ms": e["comm_start_s"] * 1000.0,
         "comm_end_ms": e["comm_end_s"] * 1000.0} for e in evs])
@@ -149,7 +154,11 @@ def bucket_frame(events: Iterable[Event], step: int | None = None) -> pd.DataFra
     df["comm_ms"] = df["comm_end_ms"] - df["comm_start_ms"]
     secs = (df["comm_ms"] / 1000.0).where(df["comm_ms"] > 0)
     df["algbw_gbps"] = df["nbytes"] / secs / 1e9
-    return df.sort_values(["rank", "bucket_index"]).reset_index(drop=True)[cols]
+    keys = sorted(set(zip(df["ddp_index"], df["bucket_index"])))
+    several = len({d for d, _ in keys}) > 1
+    df["row"] = [keys.index(k) for k in zip(df["ddp_index"], df["bucket_index"])]
+    df["bucket"] = [f"DDP {d} · {b}" if several else str(b) for d, b in zip(df["ddp_index"], df["bucket_index"])]
+    return df.sort_values(["rank", "row"]).reset_index(drop=True)[cols]
 
 
 def backward_frame(events: Iterable[Event], step: int) -> pd.DataFrame:

@@ -14,6 +14,11 @@ watches one DDP built before that (`ddpviz.watch(ddp)` in a process instrumented
   (`_register_builtin_comm_hook`, ALLREDUCE or FP16_COMPRESS) is run as its Python twin in
   `default_hooks` (the same operations), since DDP cannot take it beside ours.
 
+Several DDPs in one process (a GAN's generator and discriminator): each `Watch` has a `ddp_index`
+(0 for the first DDP the process built, 1 for the next, ...), carried by its `bucket` events, so
+two DDPs' bucket 0 stay apart; the process still writes one `comm_volume` per step (`VolumeBook`:
+the bytes of every DDP that all-reduced in it, summed), as a launched rank does.
+
 The bucket layout comes from the hook itself: the parameters of each `GradBucket` DDP hands over
 (the initial layout on the first synced backward, the rebuilt one after DDP's rebuild, which
 `Reducer::rebuild_buckets` does once, in the forward after the first synced backward).
@@ -44,14 +49,73 @@ def _layout(records: list[dict], names: dict[int, tuple[str, ...]]) -> list[dict
             for r in sorted(records, key=lambda r: r["bucket_index"])]
 
 
+class VolumeBook:
+    """One `comm_volume` event per step for every DDP of the process (docs/events.md: one per
+    device and step). A step's event is written once the step has ended (`close`, from the step
+    tracker) and every DDP that all-reduced in it has handed over its buckets (`add`; on CUDA that
+    comes at a later step's end, when the bucket's CUDA events completed). Bytes: Σ over those
+    DDPs of the bytes their comm hook handed to all-reduce; `sent_bytes`/`recv_bytes` each DDP's
+    bytes × its ring factor 2(n−1)/n, summed; `theory_*`: the same factor × each DDP's gradient
+    bytes, summed; `ddp_count`: how many DDPs the step's bytes came from."""
+
+    def __init__(self, session: Session):
+        self.s = session
+        self.steps: dict[int, dict[str, Any]] = {}  # step -> {expect, got, closed}
+
+    def _entry(self, step: int) -> dict[str, Any]:
+        return self.steps.setdefault(step, dict(expect=set(), got={}, closed=False))
+
+    def expect(self, step: int, watch: "Watch") -> None:
+        """`watch` all-reduced in `step`: its buckets are due before the step's event."""
+        self._entry(step)["expect"].add(watch.ddp_index)
+
+    def add(self, step: int, watch: "Watch", out: list[dict[str, Any]]) -> None:
+        """`watch`'s bucket records of `step` (as emitted)."""
+        self._entry(step)["got"][watch.ddp_index] = (watch, out)
+        self._flush(step)
+
+    def close(self, step: int) -> None:
+        """`step` has ended: no DDP will all-reduce in it any more."""
+        if step in self.steps:
+            self.steps[step]["closed"] = True
+            self._flush(step)
+
+    def _flush(self, step: int) -> None:
+        e = self.steps[step]
+        if not e["closed"] or not e["expect"] <= set(e["got"]):
+            return
+        del self.steps[step]
+        for older in [s for s, o in self.steps.items() if s < step and o["closed"]]:
+            del self.steps[older]  # a DDP whose timing went off since: its buckets will not come
+        parts = [e["got"][i] for i in sorted(e["got"])]
+        sent = theory = nbytes = 0
+        for watch, out in parts:
+            ring = 2 * (watch.world_size - 1) / watch.world_size
+            b = sum(r["nbytes"] for r in out)
+            nbytes, sent, theory = nbytes + b, sent + int(ring * b), theory + int(ring * watch.param_bytes)
+        sources = list(dict.fromkeys(out[0]["nbytes_source"] for _, out in parts if out))
+        self.s.emit("comm_volume", step=step, allreduce_bytes=nbytes, sent_bytes=sent, recv_bytes=sent,
+                    volume_source="derived (ring all-reduce)",
+                    allreduce_bytes_source="; ".join(sources) if sources else None,
+                    theory_sent_bytes=theory, theory_recv_bytes=theory, world_size=parts[0][0].world_size,
+                    ddp_count=len(parts))
+
+
 class Watch:
     """The instrumentation of one DDP (see the module docstring); a watch of the step tracker
     (`engine.attach.steps`: `begin_backward`, `comm_split`)."""
 
     reduces_gradients = True  # a backward of its forward all-reduces, unless no_sync() said not to
+    # its exposed comm is the backward's time after its last bucket was ready: DDPs that reduce in
+    # one backward share that time (engine.attach.steps counts the smallest of theirs once)
+    exposed_after_last_ready = True
 
     def __init__(self, session: Session, tracker: Any, ddp: DDP, register: Any):
         self.s, self.tracker, self.ddp = session, tracker, ddp
+        self.ddp_index = sum(1 for w in tracker.watches if isinstance(w, Watch))  # built before this one
+        if tracker.ddp_volume is None:
+            tracker.ddp_volume = VolumeBook(session)
+        self.volume: VolumeBook = tracker.ddp_volume
         device = next((p.device for p in ddp.module.parameters()), torch.device("cpu"))
         self.device = device
         session.set_device(device.type, device.index)
@@ -101,7 +165,8 @@ class Watch:
                                                      comm_exposed_measured=bool(buckets))
 
     def buckets(self, step: int) -> list[dict[str, Any]]:
-        """Emit the `bucket` and `comm_volume` events of the synced backward of `step`; returns
+        """Emit the `bucket` events of the synced backward of `step` (and hand them to the
+        `VolumeBook`, which writes the step's `comm_volume`); returns
         its bucket records (seconds from that backward's start).
 
         On CUDA the marks are events on the stream, readable only once they completed: they are
@@ -111,6 +176,7 @@ class Watch:
         if "bucket timing" in self.s.disabled:
             return []
         rec = self.state.recorder
+        self.volume.expect(step, self)
         if self.device.type != "cuda":
             return self._emit(step, rec.resolved())
         self.deferred.append((step, rec.records, rec.origin))
@@ -129,14 +195,8 @@ class Watch:
         if len(self.layouts) < LAYOUT_BACKWARDS:
             self.layouts.append(_layout(out, self.state.recorder.layout))
         for b in out:
-            self.s.emit("bucket", step=step, **b)
-        n, ring = self.world_size, 2 * (self.world_size - 1) / self.world_size
-        nbytes = sum(b["nbytes"] for b in out)
-        self.s.emit("comm_volume", step=step, allreduce_bytes=nbytes, sent_bytes=int(ring * nbytes),
-                    recv_bytes=int(ring * nbytes), volume_source="derived (ring all-reduce)",
-                    allreduce_bytes_source=out[0]["nbytes_source"] if out else None,
-                    theory_sent_bytes=int(ring * self.param_bytes),
-                    theory_recv_bytes=int(ring * self.param_bytes), world_size=n)
+            self.s.emit("bucket", step=step, ddp_index=self.ddp_index, **b)
+        self.volume.add(step, self, out)
         return out
 
     def preview(self) -> dict[str, Any]:

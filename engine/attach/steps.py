@@ -117,6 +117,7 @@ class StepTracker:
         self.watches: list[Any] = []
         self.modules: list[Any] = []  # engine.attach.api.ModuleWatch: models registered by ddpviz.watch()
         self.memory: Any = None  # engine.attach.memory.MemoryWatch, set by install
+        self.ddp_volume: Any = None  # engine.attach.ddp.VolumeBook, set by the first DDP watched
         self.step = 0
         self.prev_end: float | None = None
         self.opt_depth = 0
@@ -252,10 +253,22 @@ class StepTracker:
         exposed_fwd = exposed_bwd = 0.0
         extra: dict[str, Any] = {}
         views = [v for m in micro for v in [dict(m, watch=w, synced=sy) for w, sy in m["others"]] + [m]]
+        shared: dict[float, float] = {}  # a synced backward's start -> its exposed comm
         for watch in dict.fromkeys(v["watch"] for v in views if v["watch"] is not None):
-            f, b, more = watch.comm_split(step, [v for v in views if v["watch"] is watch])
-            exposed_fwd, exposed_bwd = exposed_fwd + f, exposed_bwd + b
+            mine = [v for v in views if v["watch"] is watch]
+            f, b, more = watch.comm_split(step, mine)
+            exposed_fwd += f
+            last = [v["t0"] for v in mine if v["synced"]][-1:]
+            if last and getattr(watch, "exposed_after_last_ready", False):
+                # DDPs reducing in one backward (a GAN's D(G(z))): its time after the last bucket of
+                # any of them was ready, i.e. the smallest of their figures, counted once
+                shared[last[0]] = min(b, shared.get(last[0], b))
+            else:
+                exposed_bwd += b
             extra.update(more)
+        exposed_bwd += sum(shared.values())
+        if self.ddp_volume is not None:
+            self.s.guard("bucket timing", self.ddp_volume.close, step)
         bwd -= exposed_bwd
         forward_s, exposed = self.forward_s - exposed_fwd, exposed_fwd + exposed_bwd
         opt_s = self.optimizer_s

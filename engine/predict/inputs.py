@@ -25,6 +25,7 @@ Pure Python (no torch). Every number here is read from the run's events (docs/ev
 
 from __future__ import annotations
 
+import heapq
 import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -118,27 +119,36 @@ def _step_medians(steps: list[Event]) -> dict[str, float]:
 
 
 def bucket_layout(buckets: list[Event]) -> list[dict[str, Any]]:
-    """Per bucket index: bytes, median ready fraction of the backward compute and median
-    all-reduce duration.
+    """Per bucket: bytes, median ready fraction of the backward compute and median all-reduce
+    duration.
 
-    Returns ``[{bucket_index, nbytes, ready_frac, comm_s}]`` in bucket order (the order DDP
-    launches them), from steady steps of every rank.
+    Returns ``[{bucket_index, nbytes, ready_frac, comm_s}]`` in the order the buckets are
+    launched, from steady steps of every rank: bucket order (each DDP launches its buckets in
+    index order), and where a process has several DDPs reducing in one backward (an attached GAN;
+    `ddp_index` on its events), their buckets interleaved by ready fraction (each DDP's in index
+    order), numbered 0, 1, ... in that order.
     """
     by_rank_step: dict[tuple[int, int], list[Event]] = defaultdict(list)
     for b in buckets:
         by_rank_step[(b.get("rank", 0), b["step"])].append(b)
-    fracs: dict[int, list[float]] = defaultdict(list)
-    durs: dict[int, list[float]] = defaultdict(list)
-    nbytes: dict[int, int] = {}
+    fracs: dict[tuple[int, int], list[float]] = defaultdict(list)
+    durs: dict[tuple[int, int], list[float]] = defaultdict(list)
+    nbytes: dict[tuple[int, int], int] = {}
     for group in by_rank_step.values():
         last = max(b["ready_s"] for b in group)
         for b in group:
-            fracs[b["bucket_index"]].append(b["ready_s"] / last if last > 0 else 1.0)
-            nbytes[b["bucket_index"]] = int(b["nbytes"])
+            key = (int(b.get("ddp_index") or 0), int(b["bucket_index"]))
+            fracs[key].append(b["ready_s"] / last if last > 0 else 1.0)
+            nbytes[key] = int(b["nbytes"])
             if b.get("comm_end_s") is not None and b.get("comm_start_s") is not None:
-                durs[b["bucket_index"]].append(b["comm_end_s"] - b["comm_start_s"])
-    return [dict(bucket_index=i, nbytes=nbytes[i], ready_frac=min(1.0, _median(fracs[i])),
-                 comm_s=_median(durs[i])) for i in sorted(fracs)]
+                durs[key].append(b["comm_end_s"] - b["comm_start_s"])
+    per_ddp: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for key in sorted(fracs):
+        per_ddp[key[0]].append(dict(nbytes=nbytes[key], ready_frac=min(1.0, _median(fracs[key])),
+                                    comm_s=_median(durs[key])))
+    merged = heapq.merge(*per_ddp.values(), key=lambda b: b["ready_frac"]) if len(per_ddp) > 1 \
+        else (b for bs in per_ddp.values() for b in bs)
+    return [dict(bucket_index=i, **b) for i, b in enumerate(merged)]
 
 
 def comm_busy_s(buckets: list[Event]) -> float:

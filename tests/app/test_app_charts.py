@@ -111,6 +111,23 @@ def test_live_bucket_timeline_is_the_bucket_pages_design_with_a_stable_title(two
     assert any(t["field"] == "nbytes" for t in comm["tooltip"])  # bytes on hover
 
 
+def test_two_ddps_buckets_get_rows_of_their_own_and_the_subtitle_says_whose():
+    from app.charts.buckets import bucket_timeline
+    from app.frames.buckets import exposed_frame, with_rank_names
+
+    def b(ddp, idx, ready):  # an attached GAN: G's two buckets and D's one, on rank 0
+        return dict(type="bucket", step=2, rank=0, ddp_index=ddp, bucket_index=idx, nbytes=1000, num_params=1,
+                    ready_s=ready, comm_start_s=ready, comm_end_s=ready + 0.001, is_last=(ddp, idx) == (0, 1))
+    events = [b(1, 0, 0.001), b(0, 0, 0.002), b(0, 1, 0.003),
+              dict(type="step", step=2, rank=0, backward_s=0.004, comm_exposed_s=0.001)]
+    buckets, names = fb.bucket_frame(events), {0: "rank 0"}
+    spec = bucket_timeline(with_rank_names(buckets, names), with_rank_names(fb.backward_frame(events, 2), names),
+                           with_rank_names(exposed_frame(buckets, events), names), run="GAN").to_dict()
+    assert " ".join(spec["title"]["subtitle"]).startswith("3 bucket(s) of 2 DDPs (DDP 0's rows first) per rank")
+    rows = {(r["bucket"], r["y0"]) for r in spec["datasets"][spec["layer"][2]["data"]["name"]]}
+    assert rows == {("DDP 0 · 0", 0.15), ("DDP 0 · 1", 1.15), ("DDP 1 · 0", 2.15)}  # three rows, none shared
+
+
 def test_dp_phase_chart(two_runs):
     dp, _ = two_runs
     spec = _check(charts_dp.dp_phase_chart(fd.dp_phase_frame(dp)), "ms from step start",

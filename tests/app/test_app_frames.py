@@ -114,6 +114,22 @@ def test_bucket_frame_ms_and_algbw():
     assert b0["mib"] == pytest.approx(40000 / 2**20)
 
 
+def test_bucket_frame_keeps_two_ddps_buckets_apart_in_rows_of_their_own():
+    # an attached GAN: G's bucket 0 and 1, D's bucket 0, on two ranks, in one backward
+    def b(rank, ddp, idx, ready):
+        return dict(type="bucket", step=4, rank=rank, ddp_index=ddp, bucket_index=idx, nbytes=1000,
+                    num_params=1, ready_s=ready, comm_start_s=ready, comm_end_s=ready + 0.001,
+                    is_last=(ddp, idx) == (0, 1))
+    events = [b(r, d, i, t) for r in (0, 1) for d, i, t in ((1, 0, 0.001), (0, 0, 0.002), (0, 1, 0.003))]
+    df = fb.bucket_frame(events)
+    assert len(df) == 6
+    r0 = df[df["rank"] == 0]
+    assert list(zip(r0["ddp_index"], r0["bucket_index"], r0["row"], r0["bucket"])) == [
+        (0, 0, 0, "DDP 0 · 0"), (0, 1, 1, "DDP 0 · 1"), (1, 0, 2, "DDP 1 · 0")]
+    one = fb.bucket_frame([e for e in events if e["ddp_index"] == 0])  # one DDP: plain names
+    assert list(one[one["rank"] == 0]["bucket"]) == ["0", "1"]
+
+
 def test_backward_frame():
     df = fb.backward_frame(g.ddp_step("r", 3), 3)
     assert df["end_ms"].tolist() == pytest.approx([8.0, 8.0])

@@ -122,6 +122,17 @@ def test_overlapping_bucket_all_reduces_get_tracks_of_their_own():
     assert len({e["pid"] for e in spans}) == 1  # one process: rank 0
 
 
+def test_two_ddps_bucket_0_get_spans_of_their_own_names():
+    """An attached GAN: G's and D's bucket 0 in one step (`ddp_index` 0 and 1)."""
+    events = [{"type": "run_started", "mode": "ddp"},
+              {"type": "step", "rank": 0, "device": "cpu:0", "step": 0, "start_ts": 100.0,
+               "step_time_s": 0.010, "backward_start_ts": 100.001},
+              *({"type": "bucket", "rank": 0, "device": "cpu:0", "step": 0, "ddp_index": d, "bucket_index": 0,
+                 "nbytes": 4, "ready_s": s, "comm_start_s": s, "comm_end_s": s + 0.001} for d, s in ((1, 0.0), (0, 0.002)))]
+    names = sorted(e["name"] for e in chrome_trace(events)["traceEvents"] if e["ph"] == "X" and e["cat"] == "bucket")
+    assert names == ["all-reduce DDP 1 bucket 0", "all-reduce bucket 0"]
+
+
 @pytest.mark.slow
 def test_the_field_case_trace_has_no_partially_overlapping_events():
     sink = ListSink()

@@ -183,3 +183,10 @@ def test_two_ddps_before_one_backward_both_get_their_buckets(tmp_path):
     names = {n for b in buckets for n in b.get("param_names", [])}
     assert names == {"gen.weight", "gen.bias", "disc.weight", "disc.bias"}
     assert [e["micro_steps"] for e in events if e["type"] == "step"] == [1, 1, 1]
+    # each DDP's one bucket is its bucket 0; ddp_index says which: G was built first
+    for step in range(3):
+        assert sorted((b["ddp_index"], b["bucket_index"]) for b in buckets if b["step"] == step) == [(0, 0), (1, 0)]
+    owner = {n: b["ddp_index"] for b in buckets for n in b.get("param_names", [])}
+    assert owner == {"gen.weight": 0, "gen.bias": 0, "disc.weight": 1, "disc.bias": 1}
+    volumes = [e for e in events if e["type"] == "comm_volume"]  # one per step, both DDPs' bytes
+    assert [(v["step"], v["allreduce_bytes"], v["ddp_count"]) for v in volumes] == [(s, grad_bytes, 2) for s in range(3)]

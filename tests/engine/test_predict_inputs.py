@@ -214,3 +214,19 @@ def test_calibration_keeps_the_steps_the_runs_summary_keeps():
     for e in ev:
         builder.observe(e)
     assert builder.summary()["step_time_s"] == pytest.approx(r.step_time_s)
+
+
+def test_bucket_layout_interleaves_two_ddps_buckets_in_launch_order():
+    from engine.predict.inputs import bucket_layout
+
+    # one backward of 10 ms: D (ddp 1) has buckets ready at 2 and 6 ms, G (ddp 0) at 4 and 10 ms.
+    # Launch order: D0 (0.2), G0 (0.4), D1 (0.6), G1 (1.0) by ready fraction of the last (10 ms).
+    def b(ddp, idx, ready, nbytes):
+        return dict(type="bucket", step=3, rank=0, ddp_index=ddp, bucket_index=idx, nbytes=nbytes,
+                    ready_s=ready, comm_start_s=ready, comm_end_s=ready + 0.001)
+    got = bucket_layout([b(0, 0, 0.004, 10), b(0, 1, 0.010, 11), b(1, 0, 0.002, 20), b(1, 1, 0.006, 21)])
+    assert [(x["bucket_index"], x["nbytes"]) for x in got] == [(0, 20), (1, 10), (2, 21), (3, 11)]
+    assert [x["ready_frac"] for x in got] == pytest.approx([0.2, 0.4, 0.6, 1.0])
+    # one DDP: bucket order kept, even where a later bucket was ready first
+    one = bucket_layout([b(0, 0, 0.004, 10), b(0, 1, 0.003, 11), b(0, 2, 0.010, 12)])
+    assert [x["nbytes"] for x in one] == [10, 11, 12]

@@ -268,7 +268,7 @@ def test_attach_figure_judges_the_real_sized_config_and_keeps_both(monkeypatch, 
 
     monkeypatch.setattr(A, "measure_attach_cost", fake)
     fig = A.measure_attach_figure(None, "redis://unused", tmp_path, rounds=1, epochs={"real-sized": 3})
-    assert seen == [(2048, 25.0, 3), (1024, 0.25, 40)]  # DDP's default cap for the real-sized run
+    assert seen == [(2048, 25.0, 3), (1024, 0.25, 20)]  # DDP's default cap for the real-sized run
     assert fig["judged"] == "real-sized" and fig["ratio"] == fig["configs"]["real-sized"]["ratio"] == 1.02048
     assert fig["configs"]["many small buckets"]["ratio"] == 1.01024
     assert "real-sized: " in report._summary("9", fig) and "--bucket-cap-mb 25.0" in report._summary("9", fig)

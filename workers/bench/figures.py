@@ -43,7 +43,7 @@ class Plan:
     world_sizes: tuple[int, ...] = (1, 2, 4)
     growth_runs: int = 30  # figure 8: runs stored to watch Redis grow
     keep_runs: int = 10
-    attach_rounds: int = 5  # figure 9: rounds of one plain and one attached run of the example script
+    attach_rounds: int = 10  # figure 9: rounds of one plain and one attached run of the example script
     attach_epochs: dict[str, int] | None = None  # figure 9: epochs per configuration (None: attach_cost.CONFIGS')
     redis_loss_rounds: int = 3  # figure 9: rounds of one attached run with Redis up, one with it stopped mid-run
     redis_loss_epochs: int = 6  # figure 9: the script's epochs in those runs

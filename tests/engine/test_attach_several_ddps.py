@@ -1,0 +1,110 @@
+"""Several DDPs in one attached process (a GAN's generator and discriminator): the step's exposed
+comm and its one `comm_volume` event (engine/attach/steps.py, engine/attach/ddp.py `VolumeBook`),
+against hand-worked figures. The real two-DDP script is in tests/engine/test_attach_hook.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.attach.comm import BUCKET_BYTES
+from engine.attach.ddp import VolumeBook
+from engine.attach.env import RUN_ID_ENV, SPOOL_ENV
+from engine.attach.session import Session
+from engine.attach.steps import StepTracker
+from engine.events import ListSink
+
+
+class FakeDdpWatch:
+    """What the tracker asks of a DDP watch; its exposed comm in a backward is given."""
+
+    reduces_gradients = True
+    exposed_after_last_ready = True
+
+    def __init__(self, exposed_s: float):
+        self.exposed_s = exposed_s
+
+    def begin_backward(self, synced: bool) -> None:
+        pass
+
+    def comm_split(self, step: int, micros: list[dict]) -> tuple[float, float, dict]:
+        return 0.0, self.exposed_s, {}
+
+
+def _session(tmp_path) -> tuple[Session, ListSink]:
+    sink = ListSink()
+    return Session({RUN_ID_ENV: "r", SPOOL_ENV: str(tmp_path)}, sink=sink), sink
+
+
+def _backward(tracker: StepTracker) -> None:
+    m = tracker.backward_start(torch.tensor(1.0))
+    tracker.backward_end(m)
+
+
+@pytest.mark.parametrize("one_backward, expected_s", [(True, 0.001), (False, 0.008)])
+def test_ddps_reducing_in_one_backward_share_its_exposed_comm(tmp_path, one_backward, expected_s):
+    # G's last bucket is ready 1 ms before its backward ends, D's 7 ms before (D's gradients come
+    # first in backward). In one backward (D(G(z)).backward()) the backward waits 1 ms after the
+    # last bucket of either was ready: 1 ms, not 1 + 7. In two backwards, each adds its own: 8 ms.
+    s, sink = _session(tmp_path)
+    tracker = StepTracker(s)
+    g, d = FakeDdpWatch(0.001), FakeDdpWatch(0.007)
+    for watch in (g, d):
+        tracker.forward_start(watch, True, 4)
+        tracker.forward_end()
+        if not one_backward:
+            _backward(tracker)
+    if one_backward:
+        _backward(tracker)
+    tracker.optimizer_start()
+    tracker.optimizer_end()
+    s.close()
+    (step,) = [e for e in sink.events if e["type"] == "step"]
+    assert step["comm_exposed_s"] == pytest.approx(expected_s)
+    assert step["micro_steps"] == (1 if one_backward else 2)
+
+
+class BookWatch:
+    def __init__(self, ddp_index: int, world_size: int, param_bytes: int):
+        self.ddp_index, self.world_size, self.param_bytes = ddp_index, world_size, param_bytes
+
+
+def _records(*nbytes: int, source: str = BUCKET_BYTES) -> list[dict]:
+    return [dict(nbytes=n, nbytes_source=source) for n in nbytes]
+
+
+@pytest.mark.parametrize("close_first", [False, True])
+def test_one_comm_volume_per_step_sums_every_ddp_that_reduced_in_it(tmp_path, close_first):
+    # 4 ranks (ring factor 2·3/4 = 1.5). DDP 0: buckets of 60 and 40 B, 100 B of gradients. DDP 1
+    # with an fp16 hook: 50 B handed to all-reduce of its 100 B of gradients.
+    s, sink = _session(tmp_path)
+    book = VolumeBook(s)
+    a, b = BookWatch(0, 4, 100), BookWatch(1, 4, 100)
+    book.expect(7, a)
+    book.expect(7, b)
+    if close_first:  # CUDA: the step ends before its buckets' events completed
+        book.close(7)
+    book.add(7, a, _records(60, 40))
+    assert not [e for e in sink.events if e["type"] == "comm_volume"]  # DDP 1's buckets are still due
+    book.add(7, b, _records(50, source="fp16 hook"))
+    if not close_first:
+        assert not [e for e in sink.events if e["type"] == "comm_volume"]  # the step has not ended
+        book.close(7)
+    (v,) = [e for e in sink.events if e["type"] == "comm_volume"]
+    assert (v["step"], v["allreduce_bytes"], v["ddp_count"]) == (7, 150, 2)
+    assert v["sent_bytes"] == v["recv_bytes"] == 150 + 75  # 1.5 × 100 + 1.5 × 50
+    assert v["theory_sent_bytes"] == 150 + 150
+    assert v["allreduce_bytes_source"] == f"{BUCKET_BYTES}; fp16 hook"
+
+
+def test_a_step_where_one_ddp_stayed_in_no_sync_waits_only_for_the_other(tmp_path):
+    s, sink = _session(tmp_path)
+    book = VolumeBook(s)
+    a = BookWatch(0, 2, 100)
+    book.expect(3, a)  # DDP 1 ran under no_sync(): it expects nothing
+    book.add(3, a, _records(100))
+    book.close(3)
+    (v,) = [e for e in sink.events if e["type"] == "comm_volume"]
+    assert (v["allreduce_bytes"], v["sent_bytes"], v["ddp_count"]) == (100, 100, 1)
+    book.close(4)  # a step in which no DDP reduced: no event
+    assert len([e for e in sink.events if e["type"] == "comm_volume"]) == 1
