@@ -11,7 +11,9 @@ all-gathers the unit), and a forward hook after FSDP2's. The outermost sharded m
 forward runs is the root: at its first forward the units are named as `mode=fsdp` names them
 (qualified name in the root, the root ``root``, `engine.modes.fsdp.units`) and each gets the
 recording all-gather and reduce-scatter of `mode=fsdp` (`engine.modes.fsdp.collectives.
-install_recorders`: FSDP2's own default collectives plus a record; training is unchanged). The
+install_recorders`: FSDP2's own default collectives plus a record, or, for a unit the script
+gave its own all-gather or reduce-scatter, that object called unchanged inside a record; training
+is unchanged). The
 root's forward feeds the step tracker like a DDP's: forward time, the batch it sees, and whether
 its backward reduce-scatters (`set_requires_gradient_sync(False)` micro-steps count as no-sync).
 
@@ -96,17 +98,11 @@ class FsdpWatch:
         names = {id(m): n for n, m in root.named_modules()}
         inner = [(names[id(m)], m) for m in self.sharded if m is not root and id(m) in names]
         units = inner + [(ROOT, root)]
-        default_ag, default_rs = _default_collectives()
-
-        def own(m: torch.nn.Module) -> bool:  # the script's collectives, or several groups: not ours to swap
-            groups = _state(m)._fsdp_param_groups
-            return len(groups) > 1 or any(type(g._all_gather_comm) is not default_ag or
-                                          type(g._reduce_scatter_comm) is not default_rs for g in groups)
-
-        custom = [n for n, m in units if own(m)]
+        # several parameter groups (a per-parameter mesh, shard_placement_fn): FSDP2 takes no custom comm there
+        custom = [n for n, m in units if len(_state(m)._fsdp_param_groups) > 1]
         if custom:
-            self.s.note(f"rank {self.s.rank}: FSDP units {custom} have the script's own collectives "
-                        f"(or several parameter groups); theirs are not recorded")
+            self.s.note(f"rank {self.s.rank}: FSDP units {custom} have several parameter groups (FSDP2 takes "
+                        f"no custom collectives there); theirs are not recorded")
         self.units = [(n, m) for n, m in units if n not in custom and _state(m)._fsdp_param_groups]
         why = install_recorders(self.units, self.log)
         if why:
@@ -172,12 +168,6 @@ class FsdpWatch:
 
 def _state(module: torch.nn.Module) -> Any:
     return module._get_fsdp_state()
-
-
-def _default_collectives() -> tuple[type, type]:
-    from engine.modes.fsdp.collectives import _gather_types
-
-    return _gather_types()
 
 
 def _dtype_bytes(root: torch.nn.Module) -> tuple[int, int]:

@@ -7,6 +7,10 @@ pattern). Nothing in it knows ddpviz.
 Runs on CPU with gloo (FSDP2 needs all-gather and reduce-scatter, which gloo has), or on CUDA
 with NCCL when each rank has a GPU.
 
+`--own-all-gather` gives the first block an all-gather of the script's own (FSDP2's
+`set_custom_all_gather`, as a user would to control its memory or its collective), which counts
+its calls per step.
+
 With TRAIN_REPORT=FILE.json in the environment it also writes, at the end, what it counted
 itself (optimizer steps, the loss of each step), each FSDP unit's parameter names and bytes
 (numel x element size, read before sharding), and saves its final full parameters to FILE.json's
@@ -22,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
@@ -51,6 +56,20 @@ class Regressor(nn.Module):
         return self.head(h)
 
 
+class CountingAllGather(AllGather):
+    """The plain all-gather FSDP2 would do (`all_gather_into_tensor`), counting its calls."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, async_op=False):
+        self.calls += 1
+        return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+
+
 def make_data(n: int = 512, features: int = 16) -> TensorDataset:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(n, features, generator=g)
@@ -75,6 +94,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--depth", type=int, default=3)
+    ap.add_argument("--own-all-gather", action="store_true", help="the first block all-gathers with CountingAllGather")
     args = ap.parse_args()
 
     cuda = torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", 1))
@@ -89,13 +109,16 @@ def main() -> None:
     for block in model.blocks:
         fully_shard(block)
     fully_shard(model)
+    own = CountingAllGather() if args.own_all_gather else None
+    if own is not None:
+        model.blocks[0].set_custom_all_gather(own)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     loss_fn = nn.HuberLoss()
     ds = make_data()
     sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=0)
     loader = DataLoader(ds, batch_size=args.batch_size, sampler=sampler, drop_last=True)
 
-    steps, losses, epoch = 0, [], 0
+    steps, losses, epoch, own_calls = 0, [], 0, []
     while steps < args.steps:
         sampler.set_epoch(epoch)
         for x, y in loader:
@@ -107,6 +130,8 @@ def main() -> None:
             opt.zero_grad()
             steps += 1
             losses.append(loss.item())
+            if own is not None:
+                own_calls.append(own.calls - sum(own_calls))  # the first block's all-gathers in this step
             if rank == 0 and steps % 5 == 0:
                 print(f"step {steps} loss {losses[-1]:.4f} {(time.perf_counter() - t0) * 1e3:.1f} ms", flush=True)
             if steps == args.steps:
@@ -118,7 +143,8 @@ def main() -> None:
     if report:
         path = report.replace(".json", f".rank{rank}.json")
         with open(path, "w") as fh:
-            json.dump(dict(rank=rank, steps=steps, losses=losses, units=units, world_size=world), fh)
+            json.dump(dict(rank=rank, steps=steps, losses=losses, units=units, world_size=world,
+                           own_all_gather_calls=own_calls), fh)
         torch.save(full, path.replace(".json", ".pt"))
     dist.destroy_process_group()
 

@@ -3,7 +3,9 @@
 Checked against independent references: the script's own step counter and losses, the bytes of
 each FSDP unit's parameters as the script computed them before sharding (numel x element size;
 the example's dims are even, so FSDP2 pads nothing on 2 ranks), and the same script run without
-ddpviz (same seed: full parameters bitwise equal).
+ddpviz (same seed: full parameters bitwise equal). The script gives its first block an all-gather
+of its own (`--own-all-gather`, FSDP2's `set_custom_all_gather`) that counts its calls: those
+calls are recorded as that block's, named, and counted against the script's own count.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ def fsdp2(tmp_path_factory, redis_url):
     c.flushdb()
     client = DdpvizClient(redis=c)
     tmp = tmp_path_factory.mktemp("fsdp2")
-    cmd = torchrun("train_fsdp2.py", "--steps", str(STEPS))
+    cmd = torchrun("train_fsdp2.py", "--steps", str(STEPS), "--own-all-gather")
     plain = run_plain(cmd, tmp / "plain.json")
     assert plain.returncode == 0, plain.stderr[-3000:]
     proc, run_id = run_attached(cmd, redis_url, tmp / "att.json", tmp / "spool", "--name", "fsdp2")
@@ -72,6 +74,9 @@ def test_each_units_collectives_carry_the_bytes_of_its_parameters(fsdp2):
             expected.update({(u, "all_gather", "backward"): 1 for u in units if u != "root"})
             expected.update({(u, "reduce_scatter", "backward"): 1 for u in units})
             assert count == expected, step
+            own = [e for e in rows if e.get("comm") is not None]  # the script's own all-gather's calls
+            assert {(e["unit"], e["kind"], e["comm"]) for e in own} == {("blocks.0", "all_gather", "CountingAllGather")}
+            assert len(own) == fsdp2["mine"][rank]["own_all_gather_calls"][step] == 2  # forward and backward
             for e in rows:
                 assert e["nbytes"] == units[e["unit"]]["nbytes"], e
                 assert e["shard_nbytes"] * world == e["nbytes"]

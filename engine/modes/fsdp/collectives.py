@@ -124,12 +124,21 @@ class CollectiveLog:
 def install_recorders(units: list[tuple[str, Any]], log: CollectiveLog) -> str | None:
     """Give every FSDP unit (name, FSDPModule) a recording all-gather and reduce-scatter.
 
+    A unit whose comm is FSDP2's default gets `RecordingAllGather` / `RecordingReduceScatter`
+    (the default plus a record). A unit whose comm is the script's own (set with
+    `set_custom_all_gather` / `set_custom_reduce_scatter` before its first forward: an attached
+    run) gets it back inside a recorder that calls it unchanged, its `allocate` too, and notes the
+    call the same way plus ``comm``, the script's class name: the bytes are those of the tensors
+    FSDP2 handed that object (what it sends of them is its own affair). Units with several
+    parameter groups are not given here: FSDP2 refuses custom comms on them.
+
     Returns None, or, where this torch's FSDP2 lacks what the recorders build on (the private
-    default collectives, or the `set_custom_*` hooks), why the collectives go unrecorded: the
-    run trains as plain FSDP2 then, with `log.recording` False, and says so.
+    default collectives and comm interfaces, or the `set_custom_*` hooks), why the collectives go
+    unrecorded: the run trains as plain FSDP2 then, with `log.recording` False, and says so.
     """
     try:
         default_ag, default_rs = _gather_types()
+        from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
     except (ImportError, AttributeError) as exc:
         log.recording = False
         return (f"FSDP collectives not recorded: torch {torch.__version__} has no {PRIVATE_COLLECTIVES}."
@@ -142,16 +151,29 @@ def install_recorders(units: list[tuple[str, Any]], log: CollectiveLog) -> str |
         return (f"FSDP collectives not recorded: torch {torch.__version__}'s FSDPModule has no "
                 f"{' or '.join(lacking)}; the run trains without fsdp_collective and comm_volume events")
 
+    def gather(unit: str, call: Callable, output_tensor, input_tensor, group, async_op, comm: str | None):
+        rec = log.open(unit, "all_gather", output_tensor, input_tensor)
+        if rec is not None and comm is not None:
+            rec["comm"] = comm
+        work = call(output_tensor, input_tensor, group, async_op)
+        log.close(rec, work)
+        return work
+
+    def scatter(unit: str, call: Callable, output_tensor, input_tensor, group, op, async_op, comm: str | None):
+        rec = log.open(unit, "reduce_scatter", input_tensor, output_tensor)
+        if rec is not None and comm is not None:
+            rec["comm"] = comm
+        work = call(output_tensor, input_tensor, group, op, async_op)
+        log.close(rec, work)
+        return work
+
     class RecordingAllGather(default_ag):
         def __init__(self, unit: str):
             super().__init__()
             self.unit = unit
 
         def __call__(self, output_tensor, input_tensor, group, async_op=False):
-            rec = log.open(self.unit, "all_gather", output_tensor, input_tensor)
-            work = super().__call__(output_tensor, input_tensor, group, async_op)
-            log.close(rec, work)
-            return work
+            return gather(self.unit, super().__call__, output_tensor, input_tensor, group, async_op, None)
 
     class RecordingReduceScatter(default_rs):
         def __init__(self, unit: str):
@@ -159,14 +181,38 @@ def install_recorders(units: list[tuple[str, Any]], log: CollectiveLog) -> str |
             self.unit = unit
 
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-            rec = log.open(self.unit, "reduce_scatter", input_tensor, output_tensor)
-            work = super().__call__(output_tensor, input_tensor, group, op, async_op)
-            log.close(rec, work)
-            return work
+            return scatter(self.unit, super().__call__, output_tensor, input_tensor, group, op, async_op, None)
+
+    class ScriptsAllGather(AllGather):  # the script's own, called unchanged
+        def __init__(self, inner: Any, unit: str):
+            self.inner, self.unit = inner, unit
+
+        def allocate(self, size, *, dtype, device):
+            return self.inner.allocate(size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            return gather(self.unit, self.inner, output_tensor, input_tensor, group, async_op,
+                          type(self.inner).__name__)
+
+    class ScriptsReduceScatter(ReduceScatter):
+        def __init__(self, inner: Any, unit: str):
+            self.inner, self.unit = inner, unit
+
+        def allocate(self, size, *, dtype, device):
+            return self.inner.allocate(size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            return scatter(self.unit, self.inner, output_tensor, input_tensor, group, op, async_op,
+                           type(self.inner).__name__)
 
     for name, mod in units:
-        mod.set_custom_all_gather(RecordingAllGather(name))
-        mod.set_custom_reduce_scatter(RecordingReduceScatter(name))
+        groups = mod._get_fsdp_state()._fsdp_param_groups
+        ag = groups[0]._all_gather_comm if groups else None
+        rs = groups[0]._reduce_scatter_comm if groups else None
+        mod.set_custom_all_gather(ScriptsAllGather(ag, name) if ag is not None and type(ag) is not default_ag
+                                  else RecordingAllGather(name))
+        mod.set_custom_reduce_scatter(ScriptsReduceScatter(rs, name) if rs is not None and type(rs) is not default_rs
+                                      else RecordingReduceScatter(name))
     return None
 
 
