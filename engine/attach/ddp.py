@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from engine.attach.comm import HookState, tap_all_reduce, timed_comm_hook
-from engine.attach.session import Session
+from engine.attach.session import DeferredMarks, Session
 from engine.measure.clocks import CudaClock, HostClock
 from engine.measure.telemetry import wall_ts
 from engine.modes.ddp.comm_hook import BucketRecorder
@@ -101,9 +101,11 @@ class VolumeBook:
                     ddp_count=len(parts))
 
 
-class Watch:
+class Watch(DeferredMarks):
     """The instrumentation of one DDP (see the module docstring); a watch of the step tracker
-    (`engine.attach.steps`: `begin_backward`, `comm_split`)."""
+    (`engine.attach.steps`: `begin_backward`, `comm_split`, `drain` at exit)."""
+
+    DEFERRED_PART = "bucket timing"
 
     reduces_gradients = True  # a backward of its forward all-reduces, unless no_sync() said not to
     # its exposed comm is the backward's time after its last bucket was ready: DDPs that reduce in
@@ -180,6 +182,11 @@ class Watch:
         if self.device.type != "cuda":
             return self._emit(step, rec.resolved())
         self.deferred.append((step, rec.records, rec.origin))
+        self._emit_completed()
+        return []
+
+    def _emit_completed(self) -> None:
+        rec = self.state.recorder
         while self.deferred and _completed(self.deferred[0]):
             st, records, origin = self.deferred.pop(0)
             saved = rec.records, rec.origin
@@ -189,7 +196,9 @@ class Watch:
             finally:
                 rec.records, rec.origin = saved
             self._emit(st, resolved)
-        return []
+
+    def _item_marks(self, item: tuple[int, list[dict], Any]) -> list[Any]:
+        return _marks(item)
 
     def _emit(self, step: int, out: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if len(self.layouts) < LAYOUT_BACKWARDS:
@@ -210,10 +219,13 @@ class Watch:
                     source="measured: the GradBuckets DDP handed the comm hook (first and latest synced backward)")
 
 
-def _completed(item: tuple[int, list[dict], Any]) -> bool:
+def _marks(item: tuple[int, list[dict], Any]) -> list[Any]:
     _, records, origin = item
-    marks = [origin] + [r[k] for r in records for k in ("ready", "comm_start", "comm_end") if k in r]
-    return all(m.query() for m in marks if m is not None) and all("comm_end" in r for r in records)
+    return [origin] + [r[k] for r in records for k in ("ready", "comm_start", "comm_end") if k in r]
+
+
+def _completed(item: tuple[int, list[dict], Any]) -> bool:
+    return all(m.query() for m in _marks(item) if m is not None) and all("comm_end" in r for r in item[1])
 
 
 def _samples(args: tuple, kwargs: dict) -> int:

@@ -29,19 +29,20 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
-from engine.attach.session import Session
+from engine.attach.session import DeferredMarks, Session
 
 PART = "data parallel"  # the guard's name for this instrumentation
 CPU_NOTE = "nn.DataParallel on CPU runs the module unwrapped: no DP phases to record"
 HOST_SOURCE = "host clock around each phase (a test's CPU stand-ins for torch.nn.parallel's copies)"
 
 
-class DpWatch:
+class DpWatch(DeferredMarks):
     """The instrumentation of one `nn.DataParallel` with device ids; a watch of the step tracker
     (`engine.attach.steps`). `clock`: makes one step's clock (default
     `engine.modes.dp.hooks.CudaStreamClock` over the DP's device ids)."""
 
     reduces_gradients = False  # DP has no no_sync: every backward reduces
+    DEFERRED_PART = PART
 
     def __init__(self, session: Session, tracker: Any, dp: nn.DataParallel,
                  clock: Callable[[], Any] | None = None):
@@ -164,6 +165,14 @@ class DpWatch:
             return 0.0, 0.0, dict(comm_exposed_measured=False)
         fwd = phase_seconds(spans_now, tuple(p for p in COMM_PHASES if p != "reduce"))
         return fwd, phase_seconds(spans_now, ("reduce",)), dict(comm_exposed_measured=True)
+
+    def _item_marks(self, item: tuple[int, Any, Any, Any]) -> list[Any]:
+        return [m for pair in item[1]._marks.values() for m in pair]
+
+    def _emit_completed(self) -> None:
+        while self.deferred and _completed(self.deferred[0][1]):
+            st, book, traffic, clock = self.deferred.pop(0)
+            self._emit(st, book.resolve(clock.seconds), traffic, clock)
 
     def _emit(self, step: int, spans: list[Any], traffic: Any, clock: Any) -> None:
         from engine.modes.dp.cuda import COMM_SOURCE, PHASE_SOURCE

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from engine.attach.memory import STEPS_HINT
-from engine.attach.session import Session
+from engine.attach.session import DeferredMarks, Session
 from engine.measure.clocks import CudaClock, HostClock
 from engine.measure.telemetry import wall_ts
 from engine.modes.fsdp.collectives import CollectiveLog, exposed_comm_s, install_recorders, theory_bytes, volume_fields
@@ -45,7 +45,7 @@ from engine.modes.fsdp.units import ROOT, layout_of
 STATE_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_state"  # private: where FSDPState lives (torch 2.13)
 
 
-class FsdpWatch:
+class FsdpWatch(DeferredMarks):
     """This process's FSDP2 modules (one watch, whatever the number of units); a watch of the step
     tracker (`engine.attach.steps`).
 
@@ -55,6 +55,7 @@ class FsdpWatch:
     """
 
     reduces_gradients = True  # a backward reduce-scatters unless set_requires_gradient_sync(False)
+    DEFERRED_PART = "fsdp collectives"
 
     def __init__(self, session: Session, tracker: Any, device: torch.device):
         self.s, self.tracker, self.device = session, tracker, device
@@ -139,11 +140,17 @@ class FsdpWatch:
             return exposed_comm_s(records, "forward"), exposed_comm_s(records, "backward"), extra
         if sampled:
             self.deferred.append((step, self.log.records, self.log.origin))
+        self._emit_completed()
+        extra["comm_exposed_measured"] = False
+        return 0.0, 0.0, extra
+
+    def _emit_completed(self) -> None:
         while self.deferred and _completed(self.deferred[0]):
             st, records, origin = self.deferred.pop(0)
             self._emit(st, _resolved(self.log, records, origin))
-        extra["comm_exposed_measured"] = False
-        return 0.0, 0.0, extra
+
+    def _item_marks(self, item: tuple[int, list[dict], Any]) -> list[Any]:
+        return _marks(item)
 
     def _emit(self, step: int, records: list[dict[str, Any]]) -> None:
         clock = "host" if isinstance(self.log.clock, HostClock) else "cuda"
@@ -183,10 +190,13 @@ def _dtype_name(nbytes: int) -> str:
     return {4: "float32", 2: "bfloat16"}.get(nbytes, f"{nbytes} bytes")
 
 
-def _completed(item: tuple[int, list[dict], Any]) -> bool:
+def _marks(item: tuple[int, list[dict], Any]) -> list[Any]:
     _, records, origin = item
-    marks = [origin] + [r[k] for r in records for k in ("start", "end") if k in r]
-    return all(m.query() for m in marks) and all("end" in r for r in records)
+    return [origin] + [r[k] for r in records for k in ("start", "end") if k in r]
+
+
+def _completed(item: tuple[int, list[dict], Any]) -> bool:
+    return all(m.query() for m in _marks(item)) and all("end" in r for r in item[1])
 
 
 def _resolved(log: CollectiveLog, records: list[dict], origin: Any) -> list[dict[str, Any]]:

@@ -108,3 +108,35 @@ class Session:
             self.sink.close()
         except Exception:
             pass
+
+
+class DeferredMarks:
+    """A watch whose CUDA marks of a step are read at a later step's end, once `Event.query()`
+    says they completed (never a synchronize during training). A subclass keeps `deferred` (oldest
+    first), sets `DEFERRED_PART` (its guard's part name) and defines `_item_marks(item)` and
+    `_emit_completed()` (emit and drop the leading items whose marks completed).
+
+    `drain`, at exit (`engine.attach.steps.StepTracker.close`): the last steps' items, which no
+    later step will read, once their marks completed (`engine.measure.clocks.wait_marks`: a wait
+    per pending event, after the script's last step)."""
+
+    DEFERRED_PART = ""
+    s: Session
+    deferred: list
+
+    def _item_marks(self, item: Any) -> Any:
+        raise NotImplementedError
+
+    def _emit_completed(self) -> None:
+        raise NotImplementedError
+
+    def drain(self) -> None:
+        if self.deferred and self.DEFERRED_PART not in self.s.disabled:
+            self.s.guard(self.DEFERRED_PART, self._drain)
+
+    def _drain(self) -> None:
+        from engine.measure.clocks import wait_marks
+
+        for item in self.deferred:
+            wait_marks(self._item_marks(item))
+        self._emit_completed()

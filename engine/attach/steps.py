@@ -299,8 +299,12 @@ class StepTracker:
             self.s.emit("step", step=step, **fields)
 
     def close(self) -> None:
-        """At exit: every step still waiting for its loss is emitted."""
+        """At exit: every step still waiting for its loss is emitted, and each watch's events
+        still waiting for the GPU (`drain`: CUDA events of the last steps) after it."""
         self.send_steps(wait=True)
+        for watch in self.watches:
+            if hasattr(watch, "drain"):
+                watch.drain()
 
 
 def _syncs(watch: Any) -> bool:

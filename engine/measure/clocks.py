@@ -38,6 +38,15 @@ class CudaClock:
         return origin.elapsed_time(mark) / 1e3
 
 
+def wait_marks(marks: Any) -> None:
+    """Wait until each mark can be read: a CUDA event (`CudaClock.mark`) until it completed
+    (`torch.cuda.Event.synchronize`: that event only, not the whole device); host marks and None
+    at once. For the end of a run, when nothing after the last step would read its marks."""
+    for m in marks:
+        if m is not None and hasattr(m, "synchronize"):
+            m.synchronize()
+
+
 class StepClock:
     """Marks inside one training step, read as seconds once the step's work has ended.
 

@@ -67,7 +67,7 @@ class CountingAllGather(AllGather):
 
     def __call__(self, output_tensor, input_tensor, group, async_op=False):
         self.calls += 1
-        return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+        return dist.all_gather_single(output_tensor, input_tensor, group=group, async_op=async_op)
 
 
 def make_data(n: int = 512, features: int = 16) -> TensorDataset:

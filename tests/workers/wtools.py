@@ -42,6 +42,10 @@ def cli_env(redis_url: str | None = None, **extra: str) -> dict[str, str]:
         env["REDIS_URL"] = redis_url
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["DDPVIZ_EXTRA_JOB_FUNCS"] = TEST_JOB_FUNCS  # workers run only allowed functions
+    # a process killed by a fatal signal prints every thread's Python stack: a plain reference rank
+    # twice died of SIGABRT ("terminate called without an active exception") under load, cause not
+    # yet seen (2026-12-04); the next one says where it was
+    env["PYTHONFAULTHANDLER"] = "1"
     env.update(extra)
     return env
 

@@ -1,6 +1,8 @@
-"""Several DDPs in one attached process (a GAN's generator and discriminator): the step's exposed
-comm and its one `comm_volume` event (engine/attach/steps.py, engine/attach/ddp.py `VolumeBook`),
-against hand-worked figures. The real two-DDP script is in tests/engine/test_attach_hook.py."""
+"""An attached DDP's bookkeeping, against hand-worked figures and without processes: several DDPs
+in one process (a GAN's generator and discriminator) — the step's exposed comm and its one
+`comm_volume` (engine/attach/steps.py, engine/attach/ddp.py `VolumeBook`) — and the CUDA path's
+deferred bucket events written at exit, on stand-in events. The real two-DDP script is in
+tests/engine/test_attach_hook.py."""
 
 from __future__ import annotations
 
@@ -108,3 +110,63 @@ def test_a_step_where_one_ddp_stayed_in_no_sync_waits_only_for_the_other(tmp_pat
     assert (v["allreduce_bytes"], v["sent_bytes"], v["ddp_count"]) == (100, 100, 1)
     book.close(4)  # a step in which no DDP reduced: no event
     assert len([e for e in sink.events if e["type"] == "comm_volume"]) == 1
+
+
+class FakeEvent:
+    """A CUDA event stand-in: completes when the test says the GPU got there, or on synchronize."""
+
+    def __init__(self):
+        self.done, self.waits = False, 0
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.waits += 1
+        self.done = True
+
+
+class FakeRecorder:
+    """What `Watch` reads of its `BucketRecorder` on CUDA: this step's records and origin."""
+
+    layout: dict = {}
+
+    def __init__(self):
+        self.records, self.origin = [], None
+
+    def resolved(self) -> list[dict]:
+        return [dict(bucket_index=i, nbytes=r["nbytes"], bucket_nbytes=r["nbytes"], nbytes_source=BUCKET_BYTES, ready_s=0.0,
+                     comm_start_s=0.0, comm_end_s=0.001) for i, r in enumerate(self.records)]
+
+
+def test_the_last_steps_deferred_cuda_buckets_are_written_at_exit_and_none_before_is_waited_for(tmp_path):
+    # A DDP on "cuda" trains 3 steps; the GPU has finished step 0's all-reduce by step 1's end, not
+    # steps 1 and 2's by the end of training. Every step must have its buckets and its comm_volume
+    # once the process exits (`StepTracker.close` drains), and no event is waited for before that.
+    from types import SimpleNamespace
+
+    from engine.attach.ddp import Watch
+
+    s, sink = _session(tmp_path)
+    watch = Watch.__new__(Watch)  # the CUDA bookkeeping alone: no DDP, no GPU
+    watch.s, watch.device, watch.ddp_index, watch.world_size, watch.param_bytes = s, torch.device("cuda", 0), 0, 2, 64
+    watch.state = SimpleNamespace(recorder=FakeRecorder())
+    watch.layouts, watch.deferred, watch.volume = [], [], VolumeBook(s)
+    events: list[FakeEvent] = []
+    for step in range(3):
+        marks = [FakeEvent() for _ in range(4)]
+        events += marks
+        watch.state.recorder.origin = marks[0]
+        watch.state.recorder.records = [dict(nbytes=64, ready=marks[1], comm_start=marks[2], comm_end=marks[3])]
+        if step == 1:
+            for m in events[:4]:
+                m.done = True  # step 0's work has completed on the GPU
+        assert watch.buckets(step) == []
+        watch.volume.close(step)
+    emitted = lambda t: sorted(e["step"] for e in sink.events if e["type"] == t)  # noqa: E731
+    assert emitted("bucket") == emitted("comm_volume") == [0]
+    assert sum(m.waits for m in events) == 0  # training never waited for the GPU
+    tracker = StepTracker(s)
+    tracker.watches.append(watch)
+    tracker.close()
+    assert emitted("bucket") == emitted("comm_volume") == [0, 1, 2]
