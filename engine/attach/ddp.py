@@ -151,6 +151,11 @@ class Watch(DeferredMarks):
         if synced:
             self.s.guard("bucket timing", self.state.recorder.begin_backward)
 
+    def reduced_in_backward(self) -> bool:
+        """Whether DDP handed the comm hook a bucket since `begin_backward` (this backward reached
+        this DDP's graph). With bucket timing off, unknown: taken as yes."""
+        return bool(self.state.recorder.records) or "bucket timing" in self.s.disabled
+
     def comm_split(self, step: int, micros: list[dict]) -> tuple[float, float, dict[str, Any]]:
         """(exposed comm in forward, in backward, the step's extra fields) of this DDP in `step`,
         whose backwards were `micros`: its last synced backward's time after its last bucket

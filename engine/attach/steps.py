@@ -118,6 +118,11 @@ class StepTracker:
         self.modules: list[Any] = []  # engine.attach.api.ModuleWatch: models registered by ddpviz.watch()
         self.memory: Any = None  # engine.attach.memory.MemoryWatch, set by install
         self.ddp_volume: Any = None  # engine.attach.ddp.VolumeBook, set by the first DDP watched
+        # (watch, synced) of each watched forward whose backward has not come yet, one per watch, in
+        # order: a GAN's D(G(z)) runs two DDPs' forwards before one backward, which reduces both; a
+        # DCGAN's `fake = G(z)` is reduced only by the next step's backward (the D step's backward
+        # reaches D alone), so these outlive the step they were made in
+        self.pending: list[tuple[Any, bool]] = []
         self.step = 0
         self.prev_end: float | None = None
         self.opt_depth = 0
@@ -129,9 +134,6 @@ class StepTracker:
         self.start: float | None = None
         self.forward_s = 0.0
         self.fwd_t0: float | None = None
-        # (watch, synced) of each watched forward awaiting its backward, one per watch, in order: a
-        # GAN's D(G(z)) runs two DDPs' forwards before one backward, which reduces both
-        self.pending: list[tuple[Any, bool]] = []
         self.micro: list[dict] = []
         self.losses: list[torch.Tensor] = []
         self.samples = 0
@@ -164,26 +166,30 @@ class StepTracker:
 
     # -- backward (Tensor.backward) -------------------------------------------------------------
     def backward_start(self, loss: torch.Tensor) -> dict | None:
-        if not self.pending:
-            if self.watches:  # a DDP script: a backward after no DDP forward is no micro-step of it
-                return None
-            watch, synced = None, False  # no DDP in this process (one device, nn.DataParallel): the loss's backward
-        else:
-            watch, synced = self.pending[-1]
-        others, self.pending = self.pending[:-1], []
-        for w, sy in others + [(watch, synced)]:
-            if w is not None:
-                w.begin_backward(sy)
+        if not self.pending and self.watches:  # a DDP script: a backward after no DDP forward is no micro-step of it
+            return None
+        candidates = list(self.pending)  # [] with no DDP in this process (one device, nn.DataParallel)
+        for w, sy in candidates:
+            w.begin_backward(sy)
         if loss.numel() == 1:
             self.losses.append(loss.detach())
         if self.start is None:
             self.start = now()
-        m = dict(watch=watch, synced=synced, t0=now(), others=others)
+        m = dict(watch=None, synced=False, t0=now(), candidates=candidates, views=[])
         self.micro.append(m)
         return m
 
     def backward_end(self, m: dict) -> None:
+        """The backward of `m` ended: the pending forwards it reached are its `views` (an unsynced
+        one, whose DDP reduces nothing, is reached by the first backward after it; a synced one by
+        the backward in which its DDP reduced, `reduced_in_backward`); the others stay pending."""
         m["t1"] = now()
+        reached = [(w, sy) for w, sy in m["candidates"]
+                   if not sy or getattr(w, "reduced_in_backward", lambda: True)()]
+        self.pending = [p for p in self.pending if p not in reached]
+        m["views"] = reached
+        if reached:
+            m["watch"], m["synced"] = reached[-1]
 
     # -- optimizer ------------------------------------------------------------------------------
     def optimizer_start(self, opt: Any = None) -> None:
@@ -252,7 +258,7 @@ class StepTracker:
         bwd = sum(m["t1"] - m["t0"] for m in micro)
         exposed_fwd = exposed_bwd = 0.0
         extra: dict[str, Any] = {}
-        views = [v for m in micro for v in [dict(m, watch=w, synced=sy) for w, sy in m["others"]] + [m]]
+        views = [dict(m, watch=w, synced=sy) for m in micro for w, sy in m["views"]]
         shared: dict[float, float] = {}  # a synced backward's start -> its exposed comm
         for watch in dict.fromkeys(v["watch"] for v in views if v["watch"] is not None):
             mine = [v for v in views if v["watch"] is watch]

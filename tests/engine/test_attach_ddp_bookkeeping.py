@@ -66,6 +66,50 @@ def test_ddps_reducing_in_one_backward_share_its_exposed_comm(tmp_path, one_back
     assert step["micro_steps"] == (1 if one_backward else 2)
 
 
+class ReachedDdpWatch(FakeDdpWatch):
+    """A DDP watch that says whether the current backward reached its graph (`reaches`), and counts
+    the steps its comm was split in."""
+
+    def __init__(self, exposed_s: float):
+        super().__init__(exposed_s)
+        self.reaches, self.split_steps = False, []
+
+    def reduced_in_backward(self) -> bool:
+        return self.reaches
+
+    def comm_split(self, step: int, micros: list[dict]) -> tuple[float, float, dict]:
+        self.split_steps.append((step, len(micros)))
+        return super().comm_split(step, micros)
+
+
+def test_a_dcgan_step_pair_gives_each_ddp_the_backward_that_reduced_it(tmp_path):
+    # PyTorch's DCGAN example: fake = G(z); D step: D(fake.detach()).backward(), optD.step(); G step:
+    # D(fake).backward() (reduces D and, through fake, G), optG.step(). G's forward was in the D step;
+    # its reduce is in the G step. Hand-worked: D is split in both steps, G in the G step only (one
+    # backward each), so the D step's exposed comm is D's own 7 ms, not 0 from a G that reduced nothing.
+    s, sink = _session(tmp_path)
+    tracker = StepTracker(s)
+    g, d = ReachedDdpWatch(0.002), ReachedDdpWatch(0.007)
+    tracker.forward_start(g, True, 8)  # fake = G(z)
+    tracker.forward_end()
+    tracker.forward_start(d, True, 8)  # D step
+    tracker.forward_end()
+    d.reaches = True
+    _backward(tracker)
+    tracker.optimizer_start()
+    tracker.optimizer_end()
+    tracker.forward_start(d, True, 8)  # G step: D(fake)
+    tracker.forward_end()
+    g.reaches = True
+    _backward(tracker)
+    tracker.optimizer_start()
+    tracker.optimizer_end()
+    s.close()
+    assert d.split_steps == [(0, 1), (1, 1)] and g.split_steps == [(1, 1)]
+    steps = [e for e in sink.events if e["type"] == "step"]
+    assert [e["comm_exposed_s"] for e in steps] == pytest.approx([0.007, 0.002])  # step 1: one backward, both reduced
+
+
 class BookWatch:
     def __init__(self, ddp_index: int, world_size: int, param_bytes: int):
         self.ddp_index, self.world_size, self.param_bytes = ddp_index, world_size, param_bytes

@@ -160,13 +160,13 @@ for step in range(3):
 """
 
 
-def test_two_ddps_before_one_backward_both_get_their_buckets(tmp_path):
-    """A GAN's D(G(z)).backward(): each DDP's buckets are recorded in every step (before, only the
-    last DDP's forward was seen; the other's bucket records grew, never emitted)."""
+def _one_rank_events(tmp_path, source: str) -> list[dict]:
+    """Run `source` as rank 0 of 1 (gloo) with the start-up hook, as `ddpviz run` starts it; its
+    events, after checking it exited 0 with no instrumentation part switched off."""
     import json
 
     script = tmp_path / "train.py"
-    script.write_text(TWO_DDPS)
+    script.write_text(source)
     spool = tmp_path / "spool"
     e = {k: v for k, v in os.environ.items() if not k.startswith("DDPVIZ_ATTACH")}
     e.update({RUN_ID_ENV: "r", SPOOL_ENV: str(spool), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
@@ -175,7 +175,46 @@ def test_two_ddps_before_one_backward_both_get_their_buckets(tmp_path):
     out = subprocess.run([sys.executable, str(script)], env=e, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "instrumentation off" not in out.stderr, out.stderr
-    events = [json.loads(line) for f in spool.glob("events-*.jsonl") for line in f.read_text().splitlines()]
+    return [json.loads(line) for f in spool.glob("events-*.jsonl") for line in f.read_text().splitlines()]
+
+
+DCGAN = """
+import torch, torch.distributed as dist, torch.nn as nn
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+gen, disc = nn.Sequential(), nn.Sequential()
+gen.add_module("gen", nn.Linear(4, 8))
+disc.add_module("disc", nn.Linear(8, 1))
+G, D = nn.parallel.DistributedDataParallel(gen), nn.parallel.DistributedDataParallel(disc)
+opt_g, opt_d = torch.optim.SGD(G.parameters(), lr=0.1), torch.optim.SGD(D.parameters(), lr=0.1)
+for it in range(2):  # PyTorch's DCGAN example: one G forward, a D step on it detached, then a G step
+    fake = G(torch.randn(16, 4))
+    D(fake.detach()).pow(2).mean().backward()  # reduces D only
+    opt_d.step()
+    opt_d.zero_grad()
+    D(fake).mean().backward()  # reduces D and, through fake, G
+    opt_g.step()
+    opt_g.zero_grad()
+    opt_d.zero_grad()
+"""
+
+
+def test_a_dcgan_loop_gives_the_generator_the_backward_that_reduced_it(tmp_path):
+    """The generator's forward comes a step before its reduce (the D step's optimizer ends that step):
+    its buckets are those of the G step's backward (before, they were never written)."""
+    events = _one_rank_events(tmp_path, DCGAN)
+    g_bytes, d_bytes = (4 * 8 + 8) * 4, (8 * 1 + 1) * 4
+    per_step = {s: sorted(b["ddp_index"] for b in events if b["type"] == "bucket" and b["step"] == s) for s in range(4)}
+    assert per_step == {0: [1], 1: [0, 1], 2: [1], 3: [0, 1]}  # D steps: D's bucket; G steps: both
+    volumes = [(v["step"], v["allreduce_bytes"], v["ddp_count"]) for v in events if v["type"] == "comm_volume"]
+    assert volumes == [(0, d_bytes, 1), (1, g_bytes + d_bytes, 2), (2, d_bytes, 1), (3, g_bytes + d_bytes, 2)]
+    assert [e["step"] for e in events if e["type"] == "step"] == [0, 1, 2, 3]  # two optimizer steps an iteration
+
+
+def test_two_ddps_before_one_backward_both_get_their_buckets(tmp_path):
+    """A GAN's D(G(z)).backward(): each DDP's buckets are recorded in every step (before, only the
+    last DDP's forward was seen; the other's bucket records grew, never emitted)."""
+    events = _one_rank_events(tmp_path, TWO_DDPS)
     buckets = [e for e in events if e["type"] == "bucket"]
     grad_bytes = (4 * 8 + 8 + 8 * 1 + 1) * 4  # both models' fp32 gradients
     for step in range(3):

@@ -113,10 +113,11 @@ def test_redis_stopped_mid_run_the_script_exits_0_and_upload_stores_every_step(t
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err[-3000:]
         assert err.count("training goes on, events are kept in") == 1
-        assert f"ddpviz upload {spool}" in err
+        assert f"ddpviz upload --url {server.url} {spool}" in err  # the run's own Redis, not the default
         server = EmbeddedRedis(server.data_dir, port=server.port).start()
-        up = ddpviz("upload", str(spool), "--url", server.url, env=cli_env(server.url))
+        up = ddpviz("upload", str(spool), env=cli_env(None))  # no --url, no $REDIS_URL: the spool knows
         assert up.returncode == 0, up.stderr
+        assert f"sent to {server.url}" in up.stderr
         client = DdpvizClient(redis=connect(server.url))
         rec = client.get_run(run_id)
         assert rec["status"] == "succeeded"

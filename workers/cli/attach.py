@@ -147,7 +147,7 @@ class Launch:
         if not self.said_down:
             self.said_down = True
             _say(f"Redis unreachable ({why}); training goes on, events are kept in {self.spool} and "
-                 f"sent when Redis answers (or: ddpviz upload {self.spool})")
+                 f"sent when Redis answers (or: {upload_hint(self.spool, self.url)})")
 
     def signal_group(self, sig: int) -> None:
         """Signal COMMAND's process group; with SIGKILL also the group of every instrumented process
@@ -301,9 +301,17 @@ class Launch:
                 self.store = None
             if time.monotonic() >= deadline:
                 _say(f"Redis unreachable; the run's events are kept in {self.spool}: send them with "
-                     f"`ddpviz upload {self.spool}`")
+                     f"`{upload_hint(self.spool, self.url)}`")
                 return False
             time.sleep(0.2)
+
+
+def upload_hint(spool: Path, url: str | None) -> str:
+    """The `ddpviz upload` command that sends `spool` to the run's own Redis (`url`, its password
+    shown as ``***``: `ddpviz upload` without --url also finds it in the spool when it has none)."""
+    from workers.connection import redact
+
+    return f"ddpviz upload --url {redact(url)} {spool}" if url else f"ddpviz upload {spool}"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -323,8 +331,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     spool.mkdir(parents=True, exist_ok=True)
     from workers.spool import _write_json
 
+    # the run's Redis, for `ddpviz upload` (left out when it holds a password: no secret in the spool)
     _write_json(spool / "meta.json", dict(run_id=run_id, command=cmd, label=args.name, joined=bool(args.join),
-                                          host=socket.gethostname(), created_at=time.time()))
+                                          host=socket.gethostname(), created_at=time.time(),
+                                          redis_url=url if redact(url) == url else None))
     launch = Launch(run_id, spool, url, cmd, args.name, joined=bool(args.join), probe=args.probe)
     if launch.store is not None:
         try:
@@ -343,7 +353,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_upload(args: argparse.Namespace) -> int:
-    """Send a spool's events that are not yet stored, and record the run's ending."""
+    """Send a spool's events that are not yet stored, and record the run's ending. Redis: --url,
+    else $REDIS_URL, else the run's own (the spool's meta.json, when it had no password), else
+    the default (`workers.connection.redis_url`)."""
+    from workers.connection import redact, redis_url
     from workers.spool import SpoolForwarder, read_json
 
     spool = Path(args.spool)
@@ -351,11 +364,12 @@ def cmd_upload(args: argparse.Namespace) -> int:
     if not meta or "run_id" not in meta:
         _say(f"refused: {spool} is not a ddpviz spool folder (no meta.json with a run_id)")
         return EXIT_REFUSED
-    store = _store(args.url)
+    url = args.url or os.environ.get("REDIS_URL", "").strip() or meta.get("redis_url") or redis_url()
+    store = _store(url)
     if store is None:
         from workers.connection import connect
 
-        connect(args.url)  # raises RedisUnavailable, which names the URL
+        connect(url)  # raises RedisUnavailable, which names the URL
     run_id = meta["run_id"]
     if not store.exists(run_id):
         create_record(store, run_id, meta.get("command"), meta.get("label"))
@@ -368,6 +382,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
         record_ending(store, run_id, ending)
     elif ending:
         refresh_summary(store, run_id)
+    _say(f"run {run_id}: sent to {redact(url)}")
     print(run_id)
     return EXIT_OK
 
