@@ -76,7 +76,8 @@ class ProbeAtEnd:
         low, high = probe_range(buckets)
         agreed = torch.tensor([-low, high], dtype=torch.float64, device=device)
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX)  # the smallest min, the largest max
-        emit_probe(self.s.tel, device, min_bytes=int(-agreed[0].item()), max_bytes=int(agreed[1].item()))
+        emit_probe(self.s.tel, device, min_bytes=int(-agreed[0].item()), max_bytes=int(agreed[1].item()),
+                   run_nbytes=buckets)  # the run's own bucket sizes first, as a launched run's probe
 
     def _device(self) -> torch.device:
         if dist.get_backend() != "nccl":

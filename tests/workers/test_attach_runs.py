@@ -106,6 +106,9 @@ def test_probe_after_the_last_step_covers_the_runs_bucket_sizes(regression):
     mine = reports(regression["tmp"] / "att.json")
     buckets = ints(mine[0]["ddp_logging"]["rebuilt_bucket_sizes"]) + ints(mine[0]["ddp_logging"]["bucket_sizes"])
     assert sizes[0] <= min(buckets) and sizes[-1] >= max(buckets), (sizes, buckets)
+    rebuilt = ints(mine[0]["ddp_logging"]["rebuilt_bucket_sizes"])  # DDP's own, after its rebuild
+    assert probe["run_nbytes"] and set(probe["run_nbytes"]) <= set(rebuilt), (probe["run_nbytes"], rebuilt)
+    assert {min(rebuilt), max(rebuilt)} <= set(probe["run_nbytes"])  # probed first, smallest and largest kept
     assert probe["ts"] > max(e["ts"] for e in events if e["type"] == "step")  # after both ranks' last step
 
 
