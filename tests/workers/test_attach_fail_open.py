@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from attach_tools import EXAMPLES, by_rank, params, reports
+from attach_tools import EXAMPLES, by_rank, params, reports, run_id_of
 from wtools import cli_env, ddpviz, ddpviz_argv
 
 from workers.client import DdpvizClient
@@ -65,3 +65,17 @@ def test_no_redis_and_a_broken_part_leave_training_unchanged_and_upload_stores_t
     logs = [e["message"] for e in events if e["type"] == "log"]
     assert len(logs) == 1 and "sabotaged step event" in logs[0]
     assert reports(tmp_path / "att.json", nproc=1)[0]["steps"] > 2  # the script went on to its end
+
+
+def test_attaching_switched_off_says_so_and_the_command_runs_unwatched(tmp_path, redis_url, redis_client):
+    """`DDPVIZ_ATTACH_OFF=1 ddpviz run -- CMD`: the command runs as without ddpviz (its exit code
+    passed through), one line says that nothing is instrumented, the run holds no step."""
+    script = [sys.executable, "-c", "import sys; print('trained'); sys.exit(3)"]
+    proc = subprocess.run([*ddpviz_argv(), "run", "--spool", str(tmp_path / "spool"), "--", *script],
+                          env=cli_env(redis_url, DDPVIZ_ATTACH_OFF="1"), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3 and proc.stdout == "trained\n", proc.stderr
+    assert proc.stderr.count("DDPVIZ_ATTACH_OFF=1: no process of the command is instrumented") == 1
+    run_id = run_id_of(proc.stderr)
+    client = DdpvizClient(redis=redis_client)
+    assert client.get_run(run_id)["status"] == "failed"
+    assert not [e for e in read_all_events(client, run_id) if e["type"] == "step"]

@@ -347,6 +347,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         launch.redis_down(f"cannot reach {redact(url)}")
     _say(f"run {run_id}: watch it in the app ({launch.app_url()}, Live) or `ddpviz runs`; spool {spool}")
+    from engine.attach.env import OFF_ENV
+
+    if os.environ.get(OFF_ENV) == "1":
+        _say(f"{OFF_ENV}=1: no process of the command is instrumented; the run records only its command "
+             f"and how it ended")
     code = launch.run()
     launch.finish(code)
     return code
