@@ -166,11 +166,10 @@ def connect(url: str | None = None, *, check: bool = True, retry_attempts: int =
 
 
 def free_port(host: str = EMBEDDED_HOST) -> int:
-    """A TCP port nobody listens on right now (the OS picks it; another process may take it
-    before we bind, which callers retry)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A TCP port nobody listens on right now (`engine.components.ports.free_port`)."""
+    from engine.components.ports import free_port as pick
+
+    return pick(host)
 
 
 class EmbeddedRedis:

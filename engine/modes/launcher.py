@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Callable
 import torch
 
 from engine.components.devices import DevicePlan
+from engine.components.ports import free_port  # noqa: F401 (engine.modes.launcher.free_port: its old home)
 from engine.components.loop import Canceled
 from engine.config import RunConfig
 from engine.events import JsonlTail, loss_event
@@ -43,13 +43,6 @@ class RankFailed(RuntimeError):
     def __init__(self, error: dict):
         self.error = error
         super().__init__(error.get("exception", "rank failed"))
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free right now on `host` (each job gets its own, so concurrent jobs never clash)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 @dataclass(frozen=True)
