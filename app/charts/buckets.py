@@ -90,9 +90,16 @@ def bucket_timeline(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: pd.D
         color=_KIND, tooltip=tip))
     layers.append(alt.Chart(rows.assign(kind=KINDS[2])).mark_rule(strokeWidth=2.5).encode(
         x=alt.X("ready_ms:Q", scale=scale), y=y, y2="y1:Q", color=_KIND, tooltip=tip))
+    ddps = int(buckets["ddp_index"].nunique()) if not buckets.empty and "ddp_index" in buckets else 1
+    if ddps > 1:  # several DDPs in one process (an attached GAN): "DDP k" at the first of its rows
+        first = rows.groupby(["lane", "ddp_index"], as_index=False)["y0"].min()
+        marks = first.assign(y0=first["y0"] + 0.35, start_ms=0.0,
+                             text=[f"DDP {int(k)}" for k in first["ddp_index"]])
+        layers.append(alt.Chart(marks).mark_text(align="left", baseline="middle", dx=3, fontSize=10,
+                                                 color="#333333").encode(
+            x=alt.X("start_ms:Q", scale=scale), y=y, text="text:N"))
     lane_px = min(MAX_LANE_PX, max(ROW_PX, SUB_ROW_PX * (n + 1)))
     label = f"{run}: step {step}" if step is not None and not latest else run
-    ddps = int(buckets["ddp_index"].nunique()) if not buckets.empty and "ddp_index" in buckets else 1
     whose = f" of {ddps} DDPs (DDP 0's rows first)" if ddps > 1 else ""
     sub = (f"{n} bucket(s){whose} per rank, a row each; {EXPOSED_NOTE}" if not latest else
            f"latest complete step: a lane per rank, a row per bucket{whose}; {EXPOSED_NOTE}")

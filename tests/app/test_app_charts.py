@@ -126,6 +126,9 @@ def test_two_ddps_buckets_get_rows_of_their_own_and_the_subtitle_says_whose():
     assert " ".join(spec["title"]["subtitle"]).startswith("3 bucket(s) of 2 DDPs (DDP 0's rows first) per rank")
     rows = {(r["bucket"], r["y0"]) for r in spec["datasets"][spec["layer"][2]["data"]["name"]]}
     assert rows == {("DDP 0 · 0", 0.15), ("DDP 0 · 1", 1.15), ("DDP 1 · 0", 2.15)}  # three rows, none shared
+    (labels,) = [layer for layer in spec["layer"] if layer["mark"].get("type") == "text"]
+    said = {(d["text"], d["y0"]) for d in spec["datasets"][labels["data"]["name"]]}
+    assert said == {("DDP 0", 0.5), ("DDP 1", 2.5)}  # at the middle of each DDP's first row
 
 
 def test_dp_phase_chart(two_runs):
