@@ -25,7 +25,7 @@ def torchrun(script: str, *args: str, nproc: int = 2) -> list[str]:
 
 
 # What a rank printed when it aborted at exit, after training, in a plain reference run (no ddpviz
-# in the process): 4 times on 2026-12-04, 3 of train_fp16_hook.py (a Python comm hook, whose
+# in the process): 3 times on 2026-12-04, 2 of train_fp16_hook.py (a Python comm hook, whose
 # future callbacks run on gloo's threads) and 1 of train_fsdp2.py, each in a loaded suite run; 0 in
 # 211 runs of the same two scripts looped under synthetic CPU load, 0 in the attached runs. The
 # faulthandler dump (PYTHONFAULTHANDLER, tests/workers/wtools.py) shows a thread with no Python
