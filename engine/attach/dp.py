@@ -154,13 +154,7 @@ class DpWatch(DeferredMarks):
 
         self.deferred.append((step, self.book, self.traffic, self.clock))
         self.book = None
-        spans_now = None
-        while self.deferred and _completed(self.deferred[0][1]):
-            st, book, traffic, clock = self.deferred.pop(0)
-            spans = book.resolve(clock.seconds)
-            self._emit(st, spans, traffic, clock)
-            if st == step:
-                spans_now = spans
+        spans_now = self._emit_completed().get(step)
         if spans_now is None or _is_cuda_clock(self.clock):
             return 0.0, 0.0, dict(comm_exposed_measured=False)
         fwd = phase_seconds(spans_now, tuple(p for p in COMM_PHASES if p != "reduce"))
@@ -169,10 +163,14 @@ class DpWatch(DeferredMarks):
     def _item_marks(self, item: tuple[int, Any, Any, Any]) -> list[Any]:
         return [m for pair in item[1]._marks.values() for m in pair]
 
-    def _emit_completed(self) -> None:
+    def _emit_completed(self) -> dict[int, list[Any]]:
+        """Emit the leading deferred steps whose marks completed; returns their spans by step."""
+        done: dict[int, list[Any]] = {}
         while self.deferred and _completed(self.deferred[0][1]):
             st, book, traffic, clock = self.deferred.pop(0)
-            self._emit(st, book.resolve(clock.seconds), traffic, clock)
+            done[st] = book.resolve(clock.seconds)
+            self._emit(st, done[st], traffic, clock)
+        return done
 
     def _emit(self, step: int, spans: list[Any], traffic: Any, clock: Any) -> None:
         from engine.modes.dp.cuda import COMM_SOURCE, PHASE_SOURCE
