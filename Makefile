@@ -64,7 +64,7 @@ demo: $(VENV)/.installed
 # thread's GIL wait, the memory timer's latency, the all-reduce probe's fit), which the parallel
 # run's own load distorts (each went red there once: pyproject.toml's markers).
 test: $(VENV)/.installed-dev
-	$(BIN)/python -c "import workers.worker, engine.runner, torch._dynamo, torch.distributed.fsdp, streamlit, altair"
+	$(BIN)/python -c "import ddpviz.workers.worker, ddpviz.engine.runner, torch._dynamo, torch.distributed.fsdp, streamlit, altair"
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 4 --dist loadscope -m "not quiet"
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:xdist -m quiet
 

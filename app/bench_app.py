@@ -1,7 +1,7 @@
 """Figure 4 (the app's data path) and the app half of figure 8 (its memory), in a fresh process.
 
 `ddpviz bench` (workers.bench) stores synthetic runs of 1 K, 10 K and 100 K events and runs
-``python -m app.bench_app`` on them: workers may not import the app, and a process of its own
+``python -m ddpviz.app.bench_app`` on them: workers may not import the app, and a process of its own
 makes the memory figure the app's alone. For each size and page this opens the page's windows
 as the page does (`app.window.RunWindow`, the analysis pages' `app.runsets` sizes), reads until
 caught up, and builds the page's frames and charts (`frames*` and `charts*` calls as in
@@ -24,22 +24,22 @@ import altair as alt
 import pandas as pd
 import psutil
 
-from app import runsets
-from app.charts import compare as charts_compare
-from app.charts import dp as charts_dp
-from app.charts import live as charts_live
-from app.charts import memory as charts_memory
-from app.charts import steps as charts
-from app.charts.buckets import bucket_timeline, exposed_chart
-from app.charts.theory import bandwidth_chart, time_chart
-from app.frames import buckets as fb
-from app.frames import dp as fd
-from app.frames import memory as fm
-from app.frames import steps as fsteps
-from app.frames import theory as ft
-from app.frames.compare import bytes_frame, compare_frame, curves_frame, peak_memory_frame, side_by_side, thin, view_of
-from app.panels import live_bucket_timeline
-from app.window import RunWindow
+from ddpviz.app import runsets
+from ddpviz.app.charts import compare as charts_compare
+from ddpviz.app.charts import dp as charts_dp
+from ddpviz.app.charts import live as charts_live
+from ddpviz.app.charts import memory as charts_memory
+from ddpviz.app.charts import steps as charts
+from ddpviz.app.charts.buckets import bucket_timeline, exposed_chart
+from ddpviz.app.charts.theory import bandwidth_chart, time_chart
+from ddpviz.app.frames import buckets as fb
+from ddpviz.app.frames import dp as fd
+from ddpviz.app.frames import memory as fm
+from ddpviz.app.frames import steps as fsteps
+from ddpviz.app.frames import theory as ft
+from ddpviz.app.frames.compare import bytes_frame, compare_frame, curves_frame, peak_memory_frame, side_by_side, thin, view_of
+from ddpviz.app.panels import live_bucket_timeline
+from ddpviz.app.window import RunWindow
 
 MIB = 1024 * 1024
 Windows = dict[str, RunWindow]
@@ -238,9 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--redis-url", required=True)
     p.add_argument("--sets", required=True, help='JSON list of {"events": N, "single": id, "dp": id, "ddp": id}')
     args = p.parse_args(argv)
-    from workers.bench.synthetic import step_events
-    from workers.client import DdpvizClient
-    from workers.sink import RedisStreamWriter
+    from ddpviz.workers.bench.synthetic import step_events
+    from ddpviz.workers.client import DdpvizClient
+    from ddpviz.workers.sink import RedisStreamWriter
 
     alt.data_transformers.disable_max_rows()  # Streamlit ships whole frames too
     rss = psutil.Process(os.getpid()).memory_info

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app.outage import retry_until_reachable
-from workers.connection import redact, redis_url
+from ddpviz.app.outage import retry_until_reachable
+from ddpviz.workers.connection import redact, redis_url
 
 
 def redact_url(url: str) -> str:
@@ -17,8 +17,8 @@ def redact_url(url: str) -> str:
 def _client(url: str):
     """One `DdpvizClient` per URL for the whole server. A failed connect raises, and
     `st.cache_resource` does not keep exceptions, so the next rerun tries again."""
-    from workers.client import DdpvizClient
-    from workers.connection import APP_SOCKET_TIMEOUT_S, connect
+    from ddpviz.workers.client import DdpvizClient
+    from ddpviz.workers.connection import APP_SOCKET_TIMEOUT_S, connect
 
     return DdpvizClient(redis=connect(url, retry_attempts=1, socket_timeout_s=APP_SOCKET_TIMEOUT_S))
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.window import TERMINAL
-from engine.summary import SummaryBuilder
-from engine.verdict import Verdict, verdict
+from ddpviz.app.window import TERMINAL
+from ddpviz.engine.summary import SummaryBuilder
+from ddpviz.engine.verdict import Verdict, verdict
 
 EMULATION_NOTE = (
     "DP on CPU is emulated: one process, a thread per virtual device, replicas rebuilt from "

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from engine.export import EXPORT_FORMATS, SAFE_ID, render
-from workers.history import read_all_events
+from ddpviz.engine.export import EXPORT_FORMATS, SAFE_ID, render
+from ddpviz.workers.history import read_all_events
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import typing
 from typing import Any
 
-from engine.config import (BUILTIN_MODELS, FSDP_FIELDS, PRESETS, ConfigError, RunConfig, plugin_model_names,
+from ddpviz.engine.config import (BUILTIN_MODELS, FSDP_FIELDS, PRESETS, ConfigError, RunConfig, plugin_model_names,
                            validate_config)
 
 # (title, fields) of the form's three columns, then the "advanced" expander.

@@ -7,7 +7,7 @@ then run that file directly, bypassing this router and its page config.
 
 import streamlit as st
 
-from app.navigation import note_page
+from ddpviz.app.navigation import note_page
 
 st.set_page_config(page_title="ddpviz", layout="wide")
 page = st.navigation({

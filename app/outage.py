@@ -14,7 +14,7 @@ from typing import Any, Callable
 import redis
 import streamlit as st
 
-from workers.connection import RedisUnavailable, redact, redis_url
+from ddpviz.workers.connection import RedisUnavailable, redact, redis_url
 
 # What a lost server looks like from redis-py: refused/reset sockets, timeouts, our own wrapper.
 REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, RedisUnavailable,

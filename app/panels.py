@@ -12,20 +12,20 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from app import explain, runsets
-from app.charts import dp as charts_dp
-from app.charts import live as charts_live
-from app.charts import memory as charts_memory
-from app.charts import steps as charts
-from app.charts.buckets import bucket_timeline
-from app.frames import base as frames
-from app.frames import buckets as frames_buckets
-from app.frames import dp as fd
-from app.frames import memory as fm
-from app.frames import steps as fsteps
-from app.outage import REDIS_DOWN, show_outage
-from app.window import TERMINAL, RunWindow
-from engine.stages import where_failed
+from ddpviz.app import explain, runsets
+from ddpviz.app.charts import dp as charts_dp
+from ddpviz.app.charts import live as charts_live
+from ddpviz.app.charts import memory as charts_memory
+from ddpviz.app.charts import steps as charts
+from ddpviz.app.charts.buckets import bucket_timeline
+from ddpviz.app.frames import base as frames
+from ddpviz.app.frames import buckets as frames_buckets
+from ddpviz.app.frames import dp as fd
+from ddpviz.app.frames import memory as fm
+from ddpviz.app.frames import steps as fsteps
+from ddpviz.app.outage import REDIS_DOWN, show_outage
+from ddpviz.app.window import TERMINAL, RunWindow
+from ddpviz.engine.stages import where_failed
 
 # Windows shared by several panels are read at most this often: below the status panel's
 # period (app/views/live.STATUS_REFRESH_S), so each of its runs reads what arrived since.
@@ -331,7 +331,7 @@ def detail_panel(client, windows: dict[str, RunWindow], labels: dict[str, str], 
             _chart(live_bucket_timeline(w, buckets), f"chart_buckets_{rid}")
             _bucket_caption(buckets)
     elif w.mode == "fsdp":
-        from app.panels_fsdp import fsdp_detail
+        from ddpviz.app.panels_fsdp import fsdp_detail
 
         fsdp_detail(w, labels[rid], rid)
     elif w.mode == "dp":
@@ -348,7 +348,7 @@ def detail_panel(client, windows: dict[str, RunWindow], labels: dict[str, str], 
     if not volume.empty:
         _chart(charts.comm_volume_chart(volume), f"chart_volume_{rid}")
         if w.mode == "fsdp":
-            from app.panels_fsdp import VOLUME_CAPTION
+            from ddpviz.app.panels_fsdp import VOLUME_CAPTION
 
             st.caption(VOLUME_CAPTION)
         else:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app.charts import fsdp as charts_fsdp
-from app.frames import fsdp as frames_fsdp
-from app.frames.base import MIB
+from ddpviz.app.charts import fsdp as charts_fsdp
+from ddpviz.app.frames import fsdp as frames_fsdp
+from ddpviz.app.frames.base import MIB
 
 VOLUME_CAPTION = ("bytes: measured tensor sizes of every all-gather and reduce-scatter × the backend's "
                   "wire factor per rank (ring all-gather (n−1)/n; reduce-scatter (n−1)/n on NCCL, "

@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 import streamlit as st
 
-from app.frames import base as frames
-from app.outage import REDIS_DOWN, show_outage
-from app.window import RunWindow
+from ddpviz.app.frames import base as frames
+from ddpviz.app.outage import REDIS_DOWN, show_outage
+from ddpviz.app.window import RunWindow
 
 RECENT_STEPS = 8  # newest steps of bucket / dp_phase / comm_volume events kept per run
 FIRST_STEPS = 2  # steps 0 and 1 are kept as well: the initial bucket and the rebuilt layout

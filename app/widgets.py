@@ -6,7 +6,7 @@ from typing import Any
 
 import streamlit as st
 
-from app import form
+from ddpviz.app import form
 
 # The few fields a quick launch asks for; the rest keep RunConfig's defaults.
 QUICK_FIELDS = ["world_size", "model", "dataset", "width", "depth", "global_batch_size", "steps",

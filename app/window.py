@@ -29,8 +29,8 @@ import threading
 import time
 from typing import Any, Iterator, Protocol
 
-from app.step_history import ReadingHistory, StepHistory
-from engine.result import TERMINAL as _TERMINAL
+from ddpviz.app.step_history import ReadingHistory, StepHistory
+from ddpviz.engine.result import TERMINAL as _TERMINAL
 
 TERMINAL = tuple(s.value for s in _TERMINAL)  # lost: its worker stopped beating
 _RECENT_STEPS = {"bucket": 2, "dp_phase": 2, "comm_volume": 2, "fsdp_collective": 2, "fsdp_memory_curve": 2}

@@ -28,7 +28,6 @@ import os
 import sys
 from typing import Any
 
-from engine.attach.env import OFF_ENV, RUN_ID_ENV, SPOOL_ENV
 
 __all__ = ["watch", "step", "Watched"]
 
@@ -57,7 +56,7 @@ class Watched:
         if self._s is None:
             return
         try:
-            from engine.attach.api import flush
+            from ddpviz.engine.attach.api import flush
 
             flush(self._s)
         except Exception:  # fail open
@@ -108,7 +107,7 @@ def watch(model: Any, optimizer: Any = None, name: str | None = None, *, steps: 
     if not s:
         return Watched(None)
     try:
-        from engine.attach import api
+        from ddpviz.engine.attach import api
 
         if steps not in STEP_RULES:
             s.note(f"ddpviz.watch: steps must be one of {STEP_RULES}, got {steps!r}; using 'optimizer'")
@@ -152,7 +151,7 @@ def step(samples: int | None = None, loss: Any = None) -> None:
     if not s:
         return
     try:
-        from engine.attach.api import step as api_step
+        from ddpviz.engine.attach.api import step as api_step
 
         api_step(s, samples, loss)
     except Exception as exc:  # fail open
@@ -164,6 +163,9 @@ def _recording() -> Any:
     global _session
     if _session is not None:
         return _session
+    # imported here, not at the top: `import ddpviz.app` (the web app) must not load the attach code
+    from ddpviz.engine.attach.env import OFF_ENV, RUN_ID_ENV, SPOOL_ENV
+
     env = os.environ
     if not env.get(RUN_ID_ENV) or not env.get(SPOOL_ENV):
         _session = False
@@ -173,7 +175,7 @@ def _recording() -> Any:
         _session = False
         return _session
     try:
-        from engine.attach.api import ensure_installed
+        from ddpviz.engine.attach.api import ensure_installed
 
         _session = ensure_installed()
     except Exception as exc:  # fail open: training goes on unrecorded

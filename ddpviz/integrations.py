@@ -120,7 +120,7 @@ def _build_lightning() -> type:
 def _leading_dim(batch: Any) -> int | None:
     """The leading dimension of the first tensor in `batch` (a tensor, or lists, tuples, dicts of
     them), or None without one."""
-    from engine.attach.steps import batch_samples
+    from ddpviz.engine.attach.steps import batch_samples
 
     return batch_samples((batch,), {}) or None
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch.utils.data.distributed import DistributedSampler
 
-from engine.config import RunConfig
+from ddpviz.engine.config import RunConfig
 
 VAL_FRACTION = 0.15  # share of samples held out for validation
 SYNTHETIC_SAMPLES = 4096
@@ -94,7 +94,7 @@ def _text(block_size: int, seed: int) -> Dataset:
 def load_dataset(cfg: RunConfig) -> Dataset:
     """Load `cfg.dataset` (or a plugin model's own data), split train/validation."""
     if cfg.model not in ("mlp", "cnn", "gpt"):
-        from engine.plugins import load_plugin
+        from ddpviz.engine.plugins import load_plugin
 
         return load_plugin(cfg.model).dataset(cfg)
     if cfg.dataset == "digits":

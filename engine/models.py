@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from engine.config import RunConfig
+from ddpviz.engine.config import RunConfig
 
 
 class MLP(nn.Module):
@@ -153,7 +153,7 @@ def build_model(cfg: RunConfig, ds) -> nn.Module:
     torch.manual_seed(cfg.seed)
     if cfg.model in ("mlp", "cnn", "gpt"):
         return _build_builtin(cfg, ds)
-    from engine.plugins import load_plugin
+    from ddpviz.engine.plugins import load_plugin
 
     model = load_plugin(cfg.model).build(cfg)
     if not isinstance(model, nn.Module):

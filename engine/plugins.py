@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch.nn as nn
 
-from engine.config import RunConfig
+from ddpviz.engine.config import RunConfig
 
 GROUP = "ddpviz.models"
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from engine.config import RunConfig
-from engine.events import EventSink
-from engine.result import RunResult, Status
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.events import EventSink
+from ddpviz.engine.result import RunResult, Status
 
 __all__ = ["RunResult", "Status", "run_training"]
 
@@ -33,6 +33,6 @@ def run_training(cfg: RunConfig, sink: EventSink, run_id: str, *,
         node: `engine.modes.launcher.NodeSpec` — this host's part of a multi-host DDP run (nnodes > 1).
             Every node emits run_started/run_finished for its own ranks; the caller merges them.
     """
-    from engine.runner import execute
+    from ddpviz.engine.runner import execute
 
     return execute(cfg, sink, run_id, should_stop=should_stop, workdir=workdir, node=node)

@@ -17,18 +17,18 @@ from typing import Any, Callable
 
 import torch
 
-from engine.components.devices import DevicePlan, PreflightError, resolve_plan
-from engine.components.loop import Canceled
-from engine.components.preflight import check_model, probe_batch
-from engine.components.training import cpu_threads_per_rank, flat_params
-from engine.config import BUILTIN_MODELS, SCHEMA_VERSION, RunConfig
-from engine.data import load_dataset
-from engine.events import EventSink, make_event
-from engine.measure.sync import param_checksum
-from engine.measure.telemetry import Telemetry
-from engine.models import build_model, grad_bytes, param_count
-from engine.result import RunResult
-from engine.summary import SummaryBuilder
+from ddpviz.engine.components.devices import DevicePlan, PreflightError, resolve_plan
+from ddpviz.engine.components.loop import Canceled
+from ddpviz.engine.components.preflight import check_model, probe_batch
+from ddpviz.engine.components.training import cpu_threads_per_rank, flat_params
+from ddpviz.engine.config import BUILTIN_MODELS, SCHEMA_VERSION, RunConfig
+from ddpviz.engine.data import load_dataset
+from ddpviz.engine.events import EventSink, make_event
+from ddpviz.engine.measure.sync import param_checksum
+from ddpviz.engine.measure.telemetry import Telemetry
+from ddpviz.engine.models import build_model, grad_bytes, param_count
+from ddpviz.engine.result import RunResult
+from ddpviz.engine.summary import SummaryBuilder
 
 
 class _Observed:
@@ -81,11 +81,11 @@ def _started_fields(cfg: RunConfig, plan: DevicePlan, model: torch.nn.Module, ds
     is `hostname`."""
     extra: dict[str, Any] = {}
     if cfg.mode == "ddp":
-        from engine.modes.ddp.buckets import preview_buckets
+        from ddpviz.engine.modes.ddp.buckets import preview_buckets
 
         extra["bucket_preview"] = preview_buckets(cfg, model, *probe_batch(cfg, ds))
     if cfg.mode == "fsdp":
-        from engine.modes.fsdp.units import fsdp_preview
+        from ddpviz.engine.modes.fsdp.units import fsdp_preview
 
         extra["fsdp_units"] = fsdp_preview(cfg, model)
     return dict(extra, schema_version=SCHEMA_VERSION, config=cfg.to_json_dict(), mode=cfg.mode,
@@ -119,11 +119,11 @@ def execute(cfg: RunConfig, sink: EventSink, run_id: str, *,
         stage = "pre-flight"
         check_model(cfg, model, ds)
         if cfg.mode == "fsdp":
-            from engine.modes.fsdp.units import check_fsdp
+            from ddpviz.engine.modes.fsdp.units import check_fsdp
 
             check_fsdp(cfg, plan, model)
         if cfg.mode == "ddp":
-            from engine.modes.ddp.comm_hooks import check_comm_hook
+            from ddpviz.engine.modes.ddp.comm_hooks import check_comm_hook
 
             check_comm_hook(cfg, plan.backend)
         started = _started_fields(cfg, plan, model, ds, node.host_label if node else None)
@@ -159,16 +159,16 @@ def _summary(builder: SummaryBuilder) -> dict[str, Any]:
 def _dispatch(cfg, plan: DevicePlan, ds, model, out, run_id, should_stop, workdir: Path, node=None):
     """Train in the mode asked for; returns the final parameters as a flat CPU tensor."""
     if cfg.mode in ("ddp", "fsdp"):  # one launcher, a rank function per mode
-        from engine.modes.launcher import launch_ranks
+        from ddpviz.engine.modes.launcher import launch_ranks
 
         if cfg.mode == "ddp":
-            from engine.modes.ddp.rank import rank_main
+            from ddpviz.engine.modes.ddp.rank import rank_main
         else:
-            from engine.modes.fsdp.rank import rank_main
+            from ddpviz.engine.modes.fsdp.rank import rank_main
         return launch_ranks(cfg, plan, out, run_id, should_stop, workdir, node, rank_fn=rank_main)
     tel = Telemetry(out, run_id, rank=0, device=plan.names[0])
     if cfg.mode == "single":
-        from engine.modes.single import train_single
+        from ddpviz.engine.modes.single import train_single
 
         trained = train_single(cfg, ds, model, torch.device(plan.names[0] if plan.kind == "cuda" else "cpu"),
                                tel, should_stop)
@@ -176,7 +176,7 @@ def _dispatch(cfg, plan: DevicePlan, ds, model, out, run_id, should_stop, workdi
         tel.emit("sync", step=cfg.steps - 1, checksums=[param_checksum(trained)], in_sync=None,
                  checked="single device: nothing to compare")
     else:
-        from engine.modes.dp.emulated import train_dp
+        from ddpviz.engine.modes.dp.emulated import train_dp
 
         trained = train_dp(cfg, plan, ds, model, tel, should_stop)
     return flat_params(trained)

@@ -27,7 +27,7 @@ import statistics
 from collections import defaultdict
 from typing import Any, Iterable, Sequence
 
-from engine.events import NONFINITE_SUFFIX, nonfinite_name
+from ddpviz.engine.events import NONFINITE_SUFFIX, nonfinite_name
 
 WARMUP_STEPS = 3  # first steps a median skips (fewer for short runs): caches, bucket rebuild
 INSTRUMENT_FLAGS = ("memory_traced", "replica_check")  # a step that carries the instrument's own work

@@ -12,7 +12,7 @@
 #   --cpu-only          `ddpviz doctor` without --gpu: tries this install path where there is no GPU
 #
 # Then: every ddpviz requirement is checked in PY (exit 2 naming what is missing or too old), the
-# NVIDIA driver and torch's CUDA are printed and a mismatch named (python -m workers.doctor.versions;
+# NVIDIA driver and torch's CUDA are printed and a mismatch named (python -m ddpviz.workers.doctor.versions;
 # exit 2 when torch sees no CUDA device), and the doctor runs under `timeout`: SIGTERM at 435 s, its
 # cleanup then stops everything it started, SIGKILL 45 s later. Exit: the doctor's (0 every check
 # passed or was skipped, 1 one failed), 2 when something was missing before it started, 124 too slow.
@@ -87,13 +87,13 @@ if bad:
 print(f"gpu_check: every ddpviz requirement is met in {sys.executable}", file=sys.stderr)
 PYEOF
 
-"$PY" -m workers.doctor.versions
+"$PY" -m ddpviz.workers.doctor.versions
 cuda=$?
 if [ -n "$GPU" ] && [ $cuda -ne 0 ]; then
   echo "gpu_check: torch sees no CUDA device (above: why); nothing run. --cpu-only runs the CPU checks" >&2
   exit 2
 fi
-timeout -k 45 435 "$PY" -m workers doctor $GPU --out "$OUT_DIR"
+timeout -k 45 435 "$PY" -m ddpviz.workers doctor $GPU --out "$OUT_DIR"
 code=$?
 if [ -n "${OUT:-}" ] && [ -d "$OUT_DIR/exports" ]; then  # the device machine returns at most 8 files
   tar czf "$OUT_DIR/exports.tar.gz" -C "$OUT_DIR" exports && rm -rf "$OUT_DIR/exports"

@@ -12,7 +12,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pytest
 
-import workers  # noqa: F401  first, so RQ's keys get the ddpviz: prefix in every test module
+from ddpviz import workers  # noqa: F401  first, so RQ's keys get the ddpviz: prefix in every test module
 
 # Dedicated, flushed by tests; one per pytest-xdist worker (gw0 → 15, gw1 → 14, ...), so workers
 # sharing one $REDIS_URL never flush each other's keys.
@@ -37,7 +37,7 @@ def redis_url(tmp_path_factory):
     if external:
         yield with_db(external, TEST_DB)
         return
-    from workers.connection import EmbeddedRedis
+    from ddpviz.workers.connection import EmbeddedRedis
 
     server = EmbeddedRedis(tmp_path_factory.mktemp("redis"), persist=False).start()
     try:
@@ -49,7 +49,7 @@ def redis_url(tmp_path_factory):
 @pytest.fixture
 def redis_client(redis_url):
     """A client (bytes replies) on the test database, flushed before and after the test."""
-    from workers.connection import connect
+    from ddpviz.workers.connection import connect
 
     client = connect(redis_url)
     assert client.connection_pool.connection_kwargs.get("db", 0) == TEST_DB

@@ -19,13 +19,24 @@ FORBIDDEN = {
 }
 
 
+OURS = ("app", "engine", "workers")  # installed as ddpviz.app, ddpviz.engine, ddpviz.workers (pyproject.toml)
+
+
+def root_of(module: str) -> str:
+    """The folder (or outside package) a dotted import names: ddpviz.engine.x -> engine, torch.nn -> torch."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "ddpviz" and len(parts) > 1 and parts[1] in OURS else parts[0]
+
+
 def imported_roots(path: Path) -> set[str]:
     roots = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            roots |= {a.name.split(".")[0] for a in node.names}
+            roots |= {root_of(a.name) for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            roots.add(node.module.split(".")[0])
+            roots.add(root_of(node.module))
+            if node.module == "ddpviz":  # from ddpviz import engine
+                roots |= {a.name for a in node.names if a.name in OURS}
     return roots
 
 
@@ -36,13 +47,13 @@ def test_imports_point_one_way(package):
     assert {k: v for k, v in bad.items() if v} == {}
 
 
-PREDICT = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts)
+PREDICT = sorted("ddpviz." + ".".join(p.relative_to(ROOT).with_suffix("").parts)
                  for p in (ROOT / "engine" / "predict").glob("*.py") if p.stem != "__init__")
 
 
-@pytest.mark.parametrize("module", ["engine.config", "engine.analysis", "engine.export", "engine.stages",
-                                    "engine.result", "engine.run", "engine.summary", "engine.verdict", "workers.client",
-                                    "workers.scaleout", *PREDICT])
+@pytest.mark.parametrize("module", ["ddpviz.engine.config", "ddpviz.engine.analysis", "ddpviz.engine.export", "ddpviz.engine.stages",
+                                    "ddpviz.engine.result", "ddpviz.engine.run", "ddpviz.engine.summary", "ddpviz.engine.verdict", "ddpviz.workers.client",
+                                    "ddpviz.workers.scaleout", *PREDICT])
 def test_modules_the_app_loads_do_not_import_torch(module):
     code = f"import sys, {module}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
@@ -52,7 +63,7 @@ def test_modules_the_app_loads_do_not_import_torch(module):
 def test_ddpviz_run_launches_a_command_without_importing_torch(tmp_path, redis_url):
     """`ddpviz run`'s launcher needs no torch (its command's processes import it): importing it
     cost each launch 2-5 s of CPU before the command started (engine.attach.started, for a name)."""
-    code = ("import sys\nfrom workers.cli.commands import main\ntry:\n"
+    code = ("import sys\nfrom ddpviz.workers.cli.commands import main\ntry:\n"
             f"    main(['run', '--url', {redis_url!r}, '--spool', {str(tmp_path / 'spool')!r}, '--', 'true'])\n"
             "except SystemExit as e:\n    print('exit', e.code)\n"
             "print('torch' in sys.modules)")
@@ -68,7 +79,7 @@ PACKAGES = ("app", "workers", "engine", "ddpviz")
 def module_name(path: Path) -> str:
     rel = path.relative_to(ROOT).with_suffix("")
     parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
-    return ".".join(parts)
+    return ".".join(parts) if parts[0] == "ddpviz" else "ddpviz." + ".".join(parts)
 
 
 def internal_imports(path: Path, package: str, modules: set[str]) -> set[str]:
@@ -84,13 +95,14 @@ def internal_imports(path: Path, package: str, modules: set[str]) -> set[str]:
             subs = {f"{node.module}.{a.name}" for a in node.names} & modules  # `from workers import keys`
             names = [a for a in node.names if f"{node.module}.{a.name}" not in modules]
             found |= subs | ({node.module} if names else set())
-    return {m for m in found if m in modules and m.split(".")[0] == package}
+    return {m for m in found if m in modules and root_of(m) == package}
 
 
 def import_graph(package: str) -> dict[str, set[str]]:
     files = {module_name(p): p for p in (ROOT / package).rglob("*.py")}
     modules = set(files)
-    return {m: internal_imports(p, package, modules) - {m, package} for m, p in files.items()}
+    top = "ddpviz" if package == "ddpviz" else f"ddpviz.{package}"
+    return {m: internal_imports(p, package, modules) - {m, top} for m, p in files.items()}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -150,7 +162,7 @@ def _modules_under(folder: Path) -> list[Path]:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_no_mode_imports_another_mode(mode):
-    others = {f"engine.modes.{m}" for m in MODES if m != mode}
+    others = {f"ddpviz.engine.modes.{m}" for m in MODES if m != mode}
     bad = {}
     for path in _modules_under(ROOT / "engine" / "modes" / mode):
         tree = ast.parse(path.read_text(), str(path))
@@ -170,15 +182,15 @@ def test_pure_folders_import_nothing_they_must_not(folder, banned):
 
 
 def test_pages_import_only_torch_free_engine_modules():
-    allowed = {"engine.config", "engine.analysis", "engine.export", "engine.stages", "engine.summary",
-               "engine.result", "engine.verdict"}
+    allowed = {"ddpviz.engine.config", "ddpviz.engine.analysis", "ddpviz.engine.export", "ddpviz.engine.stages", "ddpviz.engine.summary",
+               "ddpviz.engine.result", "ddpviz.engine.verdict"}
     allowed |= {m for m in PREDICT}
     bad = {}
     for path in _modules_under(ROOT / "app"):
         tree = ast.parse(path.read_text(), str(path))
         mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
         mods |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        hits = sorted(m for m in mods if m.split(".")[0] == "engine" and m not in allowed)
+        hits = sorted(m for m in mods if root_of(m) == "engine" and m not in allowed)
         if hits:
             bad[str(path.relative_to(ROOT))] = hits
     assert bad == {}

@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import sys
 
-from workers.keys import RQ_KEY_PREFIX
+from ddpviz.workers.keys import RQ_KEY_PREFIX
 
 os.environ["RQ_KEY_PREFIX"] = RQ_KEY_PREFIX
 if "rq.defaults" in sys.modules and sys.modules["rq.defaults"].RQ_KEY_PREFIX != RQ_KEY_PREFIX:

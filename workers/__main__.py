@@ -1,6 +1,6 @@
-"""``python -m workers ...`` is the ``ddpviz`` command."""
+"""``python -m ddpviz.workers ...`` is the ``ddpviz`` command."""
 
-from workers.cli.commands import main
+from ddpviz.workers.cli.commands import main
 
 if __name__ == "__main__":
     main()

@@ -15,8 +15,8 @@ from typing import Any
 def failure(spool: Path, exit_code: int) -> dict[str, Any]:
     """The run's error: the first failing rank's exception and traceback from torchrun's error
     file, else the exit code."""
-    from workers.spool import read_json
-    from workers.store import make_error
+    from ddpviz.workers.spool import read_json
+    from ddpviz.workers.store import make_error
 
     doc = read_json(spool / "error.json") or {}
     msg = doc.get("message")
@@ -38,8 +38,8 @@ def create_record(store: Any, run_id: str, cmd: list[str] | None, label: str | N
     0's `run_started` brings the rest. `worker`: the launcher's heartbeat name
     (`keys.attach_launcher`), by which a killed launcher's run is judged lost; None (`ddpviz
     upload` of a spool) leaves nothing to judge by."""
-    from workers import keys
-    from workers.store import RunStatus
+    from ddpviz.workers import keys
+    from ddpviz.workers.store import RunStatus
 
     store.create(run_id, {"mode": "ddp", "attached": True, "command": cmd}, label=label)
     store.transition(run_id, RunStatus.STARTED, allowed_from=[RunStatus.QUEUED],
@@ -49,9 +49,9 @@ def create_record(store: Any, run_id: str, cmd: list[str] | None, label: str | N
 
 def stream_summary(store: Any, run_id: str) -> dict[str, Any]:
     """The run's summary from every event in its stream (every node's, for `--join`ed launchers)."""
-    from engine.summary import SummaryBuilder
-    from workers.client import DdpvizClient
-    from workers.history import read_all_events
+    from ddpviz.engine.summary import SummaryBuilder
+    from ddpviz.workers.client import DdpvizClient
+    from ddpviz.workers.history import read_all_events
 
     builder = SummaryBuilder()
     for event in read_all_events(DdpvizClient(redis=store.redis), run_id):
@@ -61,7 +61,7 @@ def stream_summary(store: Any, run_id: str) -> dict[str, Any]:
 
 def _store_steps(store: Any, run_id: str, rec: dict[str, Any]) -> dict[str, Any]:
     """The run's summary from its stream; its step count written into the record's config."""
-    from workers import keys
+    from ddpviz.workers import keys
 
     summary = stream_summary(store, run_id)
     config = {**(rec.get("config") or {}), "steps": summary.get("steps_done")}
@@ -72,8 +72,8 @@ def _store_steps(store: Any, run_id: str, rec: dict[str, Any]) -> dict[str, Any]
 def refresh_summary(store: Any, run_id: str) -> None:
     """Rebuild an ended run's summary from its stream (a joined node's last events came after
     node 0 recorded the ending)."""
-    from workers import keys
-    from workers.store import TERMINAL
+    from ddpviz.workers import keys
+    from ddpviz.workers.store import TERMINAL
 
     rec = store.get(run_id) or {}
     if rec.get("status") in {s.value for s in TERMINAL}:
@@ -84,8 +84,8 @@ def refresh_summary(store: Any, run_id: str) -> None:
 def record_ending(store: Any, run_id: str, ending: dict) -> bool:
     """Set the run's terminal status, error and summary (from its stream, with a `run_finished`
     event), and its config's step count. True if this call ended it."""
-    from workers import keys
-    from workers.store import RunStatus
+    from ddpviz.workers import keys
+    from ddpviz.workers.store import RunStatus
 
     summary = _store_steps(store, run_id, store.get(run_id) or {})
     return store.finish(run_id, RunStatus(ending["status"]), error=ending["error"], summary=summary,

@@ -20,15 +20,15 @@ from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from engine.config import COMM_HOOK_FIELDS, validate_config
-from workers import keys
-from workers.connection import connect
-from workers.heartbeat import read_workers
-from workers.jobs.run import JOB_FUNC, STOPPED_CALLBACK, rq_job_timeout
-from workers.liveness import check_records
-from workers.sink import decode_entries
-from workers.store import ACTIVE, TERMINAL, RunStatus, RunStore, make_error, new_run_id
-from workers.sweeps import member_label
+from ddpviz.engine.config import COMM_HOOK_FIELDS, validate_config
+from ddpviz.workers import keys
+from ddpviz.workers.connection import connect
+from ddpviz.workers.heartbeat import read_workers
+from ddpviz.workers.jobs.run import JOB_FUNC, STOPPED_CALLBACK, rq_job_timeout
+from ddpviz.workers.liveness import check_records
+from ddpviz.workers.sink import decode_entries
+from ddpviz.workers.store import ACTIVE, TERMINAL, RunStatus, RunStore, make_error, new_run_id
+from ddpviz.workers.sweeps import member_label
 
 CANCEL_WAIT_S = 3.0  # how long a started run gets to stop by itself before its horse is killed
 CANCEL_POLL_S = 0.1
@@ -69,7 +69,7 @@ class DdpvizClient:
         """
         cfg = validate_config(config)
         if cfg.nnodes > 1:  # one node job per host (workers.jobs.multinode)
-            from workers.jobs.multinode import submit_multinode
+            from ddpviz.workers.jobs.multinode import submit_multinode
 
             return submit_multinode(self.redis, cfg.to_json_dict(), label=label, group=group)
         return self._submit_many([(config, label)], group, timeout_s=timeout_s)[0]
@@ -98,7 +98,7 @@ class DdpvizClient:
     def _submit_many(self, items: list[tuple[dict[str, Any], str | None]], group: str | None, *,
                      timeout_s: float | None = None, requeued_from: str | None = None) -> list[str]:
         if timeout_s is not None and not 0 < timeout_s <= 30 * 24 * 3600:
-            from engine.config import ConfigError
+            from ddpviz.engine.config import ConfigError
 
             raise ConfigError([("timeout_s", f"timeout_s must be > 0 and <= 30 days (got {timeout_s})")])
         configs = [validate_config(cfg).to_json_dict() for cfg, _ in items]
@@ -193,14 +193,14 @@ class DdpvizClient:
 
     def pin(self, run_id: str, pinned: bool = True) -> bool:
         """Pin a run (retention never deletes it) or unpin it. False if there is no such run."""
-        from workers.retention import set_pinned
+        from ddpviz.workers.retention import set_pinned
 
         return set_pinned(self.redis, run_id, pinned)
 
     def retention_policy(self) -> dict[str, Any] | None:
         """The policy workers last published: {keep_runs, keep_days, worker, ts, text}, or None
         when no worker has (see `workers.retention`)."""
-        from workers.retention import read_policy
+        from ddpviz.workers.retention import read_policy
 
         return read_policy(self.redis)
 
@@ -233,7 +233,7 @@ class DdpvizClient:
         return status.value
 
     def _cancel_rq_job(self, run_id: str) -> None:
-        from workers.jobs.multinode import rq_job_ids  # a multi-host run has one job per host
+        from ddpviz.workers.jobs.multinode import rq_job_ids  # a multi-host run has one job per host
 
         for job_id in rq_job_ids(self.redis, run_id):
             try:
@@ -249,7 +249,7 @@ class DdpvizClient:
             if status in TERMINAL:
                 return status.value
             time.sleep(CANCEL_POLL_S)
-        from workers.jobs.multinode import rq_job_ids  # a multi-host run has one job per host
+        from ddpviz.workers.jobs.multinode import rq_job_ids  # a multi-host run has one job per host
 
         for job_id in rq_job_ids(self.redis, run_id):
             try:

@@ -167,7 +167,7 @@ def connect(url: str | None = None, *, check: bool = True, retry_attempts: int =
 
 def free_port(host: str = EMBEDDED_HOST) -> int:
     """A TCP port nobody listens on right now (`engine.components.ports.free_port`)."""
-    from engine.components.ports import free_port as pick
+    from ddpviz.engine.components.ports import free_port as pick
 
     return pick(host)
 

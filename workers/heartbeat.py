@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import redis
 
-from workers import keys
+from ddpviz.workers import keys
 
 log = logging.getLogger("ddpviz.worker")
 

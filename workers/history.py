@@ -13,8 +13,8 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from workers import keys
-from workers.store import ACTIVE
+from ddpviz.workers import keys
+from ddpviz.workers.store import ACTIVE
 
 READ_BATCH = 5000  # events per XRANGE when reading a whole stream
 

@@ -23,9 +23,9 @@ import logging
 import time
 from typing import Any, Callable
 
-from workers import keys
-from workers.heartbeat import HEARTBEAT_INTERVAL_S, HEARTBEAT_TTL_S
-from workers.store import RunStatus, RunStore, make_error
+from ddpviz.workers import keys
+from ddpviz.workers.heartbeat import HEARTBEAT_INTERVAL_S, HEARTBEAT_TTL_S
+from ddpviz.workers.store import RunStatus, RunStore, make_error
 
 log = logging.getLogger("ddpviz.worker")
 

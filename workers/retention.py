@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 import redis
 
-from workers import keys
+from ddpviz.workers import keys
 
 log = logging.getLogger("ddpviz.worker")
 
@@ -140,7 +140,7 @@ def apply_retention(r: redis.Redis, policy: RetentionPolicy, now: float | None =
 
 
 def _delete(r: redis.Redis, run_id: str) -> bool:
-    from workers.keys import rq_job_ids
+    from ddpviz.workers.keys import rq_job_ids
 
     key = keys.run(run_id)
     job_ids = rq_job_ids(r, run_id)  # read before the record (which names node jobs) is gone

@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from engine.predict.inputs import PredictInputError, RunInputs, measure_run
-from engine.predict.presets import AS_MEASURED, THIS_MACHINE, compute, custom_link, link
-from engine.predict.scaleout import Scenario, contention, fixed_fraction, predict
-from engine.predict.validation import in_sample, out_of_sample, validate
-from workers.history import read_all_events
-from workers.scaleout_text import assumptions
+from ddpviz.engine.predict.inputs import PredictInputError, RunInputs, measure_run
+from ddpviz.engine.predict.presets import AS_MEASURED, THIS_MACHINE, compute, custom_link, link
+from ddpviz.engine.predict.scaleout import Scenario, contention, fixed_fraction, predict
+from ddpviz.engine.predict.validation import in_sample, out_of_sample, validate
+from ddpviz.workers.history import read_all_events
+from ddpviz.workers.scaleout_text import assumptions
 
 # Config fields that do not change what one step costs; runs differing only in these (and in
 # world_size and mode) are the same experiment at another scale.

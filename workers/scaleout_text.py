@@ -4,8 +4,8 @@ assumption said as one; and the model's error on the runs outside its fit (`out_
 
 from __future__ import annotations
 
-from engine.predict.inputs import RunInputs
-from engine.predict.scaleout import Scenario, in_run_factor
+from ddpviz.engine.predict.inputs import RunInputs
+from ddpviz.engine.predict.scaleout import Scenario, in_run_factor
 
 
 def _ms(s: float) -> str:

@@ -25,8 +25,8 @@ from typing import Any
 
 import redis
 
-from engine.events import decode_json, encode_json
-from workers import keys
+from ddpviz.engine.events import decode_json, encode_json
+from ddpviz.workers import keys
 
 # Events kept per run. A 150-step DDP run on 2 ranks emits ~2 K events; 100 K keeps every event
 # of runs up to thousands of steps (a long run loses its oldest per-step events, never its tail).
@@ -207,7 +207,7 @@ def run_sink(redis: redis.Redis, run_id: str, maxlen: int = DEFAULT_STREAM_MAXLE
     Returns:
         (`engine.events.BatchingSink` writing every `RUN_FLUSH_INTERVAL_S`, `RedisStreamWriter`).
     """
-    from engine.events import BatchingSink
+    from ddpviz.engine.events import BatchingSink
 
     writer = RedisStreamWriter(redis, run_id, maxlen)
     return BatchingSink(writer, flush_interval_s=RUN_FLUSH_INTERVAL_S), writer

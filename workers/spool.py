@@ -26,11 +26,11 @@ from typing import Any
 
 import redis
 
-from engine.events import RawEvent, decode_json
-from engine.summary import SummaryBuilder
-from workers import keys
-from workers.sink import WRITE_CHUNK, RedisStreamWriter
-from workers.store import RunStore
+from ddpviz.engine.events import RawEvent, decode_json
+from ddpviz.engine.summary import SummaryBuilder
+from ddpviz.workers import keys
+from ddpviz.workers.sink import WRITE_CHUNK, RedisStreamWriter
+from ddpviz.workers.store import RunStore
 
 HOLD_FOR_STARTED_S = 60.0  # events wait this long for rank 0's run_started, so it is stored first
 

@@ -27,10 +27,10 @@ from typing import Any, Callable, Iterable
 
 import redis
 
-from engine.events import make_event
-from engine.result import ACTIVE, TERMINAL, RunStatus
-from workers import keys
-from workers.sink import DEFAULT_STREAM_MAXLEN, add_event
+from ddpviz.engine.events import make_event
+from ddpviz.engine.result import ACTIVE, TERMINAL, RunStatus
+from ddpviz.workers import keys
+from ddpviz.workers.sink import DEFAULT_STREAM_MAXLEN, add_event
 
 CANCEL_FLAG_TTL_S = 24 * 3600  # a cancel request outlives any sensible wait for the job to see it
 

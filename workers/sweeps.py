@@ -25,7 +25,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Iterable
 
-from engine.config import COMM_HOOK_FIELDS, FSDP_FIELDS, ConfigError, validate_config
+from ddpviz.engine.config import COMM_HOOK_FIELDS, FSDP_FIELDS, ConfigError, validate_config
 
 SWEEP_KINDS = ("world_size", "bucket_cap_mb", "overlap", "shape")
 SWEEP_PREFIX = "sweep-"

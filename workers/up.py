@@ -18,8 +18,8 @@ import threading
 import uuid
 from pathlib import Path
 
-from workers.connection import ENV_VAR, URL_FILE, EmbeddedRedis, connect, redact
-from workers.host.procs import UP_TOKEN_ENV, Child, sweep
+from ddpviz.workers.connection import ENV_VAR, URL_FILE, EmbeddedRedis, connect, redact
+from ddpviz.workers.host.procs import UP_TOKEN_ENV, Child, sweep
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 APP_STOP_GRACE_S = 5.0
@@ -28,10 +28,10 @@ POLL_S = 0.5
 
 
 def default_app_path() -> Path:
-    """app/main.py of the installed ``app`` package (found without importing it)."""
-    spec = importlib.util.find_spec("app")
+    """app/main.py of the installed ``ddpviz.app`` package (found without importing it)."""
+    spec = importlib.util.find_spec("ddpviz.app")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the ddpviz 'app' package is not installed")
+        raise FileNotFoundError("the ddpviz.app package is not installed")
     return Path(list(spec.submodule_search_locations)[0]) / "main.py"
 
 
@@ -87,7 +87,7 @@ def run_up(host: str = "127.0.0.1", port: int = 8501, n_workers: int = 1,
         connect(url).close()  # fail early, naming the URL
         env = {**os.environ, ENV_VAR: url, UP_TOKEN_ENV: token, "PYTHONUNBUFFERED": "1"}
         hostname = socket.gethostname()
-        workers = [Child(f"worker-{i + 1}", [sys.executable, "-m", "workers", "worker", "--name",
+        workers = [Child(f"worker-{i + 1}", [sys.executable, "-m", "ddpviz.workers", "worker", "--name",
                                              f"{hostname}-up{os.getpid()}-{i + 1}"], env).start()
                    for i in range(n_workers)]
         children += workers
@@ -107,7 +107,7 @@ def run_up(host: str = "127.0.0.1", port: int = 8501, n_workers: int = 1,
 def _publish_app_url(url: str, app_url: str) -> None:
     """Tell other commands on this Redis (`ddpviz run`) where the app is: key `keys.APP_URL`,
     refreshed by each `up` that starts; a stale one only misdirects a printed hint."""
-    from workers import keys
+    from ddpviz.workers import keys
 
     try:
         r = connect(url)

@@ -31,15 +31,15 @@ from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from engine.components.lifetime import die_with_parent
-from workers import keys
-from workers.connection import WORKER_RETRY_ATTEMPTS, WORKER_RETRY_BACKOFF_CAP_S, connect, exposure_warning, redis_url
-from workers.heartbeat import Heartbeat, detect_devices
-from workers.host.gpus import GpuMonitor
-from workers.jobs.multinode import parse_node_job_id
-from workers.jobs.run import JobRefused, allowed_job_funcs, default_worker_name, on_horse_killed, on_job_exception
-from workers.liveness import LostRunMonitor
-from workers.store import ACTIVE, RunStatus, RunStore, make_error
+from ddpviz.engine.components.lifetime import die_with_parent
+from ddpviz.workers import keys
+from ddpviz.workers.connection import WORKER_RETRY_ATTEMPTS, WORKER_RETRY_BACKOFF_CAP_S, connect, exposure_warning, redis_url
+from ddpviz.workers.heartbeat import Heartbeat, detect_devices
+from ddpviz.workers.host.gpus import GpuMonitor
+from ddpviz.workers.jobs.multinode import parse_node_job_id
+from ddpviz.workers.jobs.run import JobRefused, allowed_job_funcs, default_worker_name, on_horse_killed, on_job_exception
+from ddpviz.workers.liveness import LostRunMonitor
+from ddpviz.workers.store import ACTIVE, RunStatus, RunStore, make_error
 
 log = logging.getLogger("ddpviz.worker")
 # `kill -USR1 PID` makes a worker, or its work-horse (which inherits it), write every thread's
@@ -91,7 +91,7 @@ class DdpvizJob(Job):
         (`workers.jobs.run.LEGACY_JOB_FUNCS`) resolves to the function it names now."""
         from rq.utils import import_attribute
 
-        from workers.jobs.run import LEGACY_JOB_FUNCS
+        from ddpviz.workers.jobs.run import LEGACY_JOB_FUNCS
 
         name = self.func_name
         return None if name is None else import_attribute(LEGACY_JOB_FUNCS.get(name, name))
@@ -281,7 +281,8 @@ def warm_up() -> None:
     before its cancel is watched. Importing torch starts no CUDA context, so forking after it is
     safe (PyTorch's multiprocessing notes); the engine's rank processes come from its fork server.
     """
-    import engine.runner  # noqa: F401
+    import ddpviz.engine.runner  # noqa: F401
+    from ddpviz import engine  # noqa: E402
 
 
 def run_worker(url: str | None = None, name: str | None = None, burst: bool = False,
@@ -317,7 +318,7 @@ def run_worker(url: str | None = None, name: str | None = None, burst: bool = Fa
     heartbeat = Heartbeat(beat_client, worker.name, lambda: _current(worker), detect_devices(),
                           gpus=GpuMonitor(), monitor=monitor.maybe_sweep)
     heartbeat.start()
-    from workers.retention import retain_quietly
+    from ddpviz.workers.retention import retain_quietly
 
     retain_quietly(beat_client, worker.name)
     warm_up()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from app.charts.style import CHROME_PX, HEIGHT, ROW_PX, STEP_X, WIDTH, legend, run_scale, title
+from ddpviz.app.charts.style import CHROME_PX, HEIGHT, ROW_PX, STEP_X, WIDTH, legend, run_scale, title
 
 KINDS = ["backward (compute)", "all-reduce (one bucket)", "bucket ready",
          "exposed comm"]  # exposed: after the last bucket was ready

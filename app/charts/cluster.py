@@ -5,7 +5,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from app.charts.style import MODE_COLOURS, WIDTH, legend, rows_height, title
+from ddpviz.app.charts.style import MODE_COLOURS, WIDTH, legend, rows_height, title
 
 
 def gpu_memory_chart(gpus: pd.DataFrame) -> alt.LayerChart:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from app.charts.style import HEIGHT, STEP_X, WIDTH, legend, rows_height, run_scale, title, volume_scale
-from app.frames.steps import VOLUME_KINDS as WHICH
+from ddpviz.app.charts.style import HEIGHT, STEP_X, WIDTH, legend, rows_height, run_scale, title, volume_scale
+from ddpviz.app.frames.steps import VOLUME_KINDS as WHICH
 
 
 def loss_chart(steps: pd.DataFrame, modes: dict[str, str] | None = None) -> alt.LayerChart:

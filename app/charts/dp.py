@@ -12,8 +12,8 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from app.charts.style import PHASE_COLOURS, WIDTH, legend, rows_height, title
-from app.frames.dp import DP_PHASES, GIL_LANE
+from ddpviz.app.charts.style import PHASE_COLOURS, WIDTH, legend, rows_height, title
+from ddpviz.app.frames.dp import DP_PHASES, GIL_LANE
 
 IDLE = "idle (waiting)"
 GIL = "waiting for the GIL (measured: schedstat)"

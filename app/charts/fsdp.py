@@ -11,8 +11,8 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from app.charts.style import CHROME_PX, HEIGHT, WIDTH, legend, title
-from app.frames.fsdp import KINDS, LANES, MEMORY_KINDS, SHARD_ROLES
+from ddpviz.app.charts.style import CHROME_PX, HEIGHT, WIDTH, legend, title
+from ddpviz.app.frames.fsdp import KINDS, LANES, MEMORY_KINDS, SHARD_ROLES
 
 PASS_KINDS = ["forward pass", "backward pass"]
 _TIMELINE = alt.Scale(domain=PASS_KINDS + KINDS, range=["#dadaeb", "#c6dbef", "#2ca02c", "#98df8a", "#d62728"])

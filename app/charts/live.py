@@ -17,8 +17,8 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from app.charts.style import HEIGHT, run_scale, title
-from app.frames.steps import SMOOTH_STEPS
+from ddpviz.app.charts.style import HEIGHT, run_scale, title
+from ddpviz.app.frames.steps import SMOOTH_STEPS
 
 ZOOM = "zoom_step"  # drag to pan, wheel to zoom the step axis; double-click to reset
 PICK = "pick_run"  # click a run in the legend to bring it forward

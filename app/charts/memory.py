@@ -17,10 +17,10 @@ import math
 import altair as alt
 import pandas as pd
 
-from app.charts.style import CATEGORIES, PHASE_COLOURS, WIDTH, legend, title
-from app.frames.base import MIB, byte_unit
-from app.frames.dp import DP_PHASES
-from app.frames.memory import DEVICE_SOURCES, HOST_SOURCES, SOURCE_LABELS, TIMER_NOTES
+from ddpviz.app.charts.style import CATEGORIES, PHASE_COLOURS, WIDTH, legend, title
+from ddpviz.app.frames.base import MIB, byte_unit
+from ddpviz.app.frames.dp import DP_PHASES
+from ddpviz.app.frames.memory import DEVICE_SOURCES, HOST_SOURCES, SOURCE_LABELS, TIMER_NOTES
 
 _DASH = {SOURCE_LABELS["tensors"]: [1, 0], SOURCE_LABELS["cuda"]: [6, 3],
          SOURCE_LABELS["process"]: [2, 2], SOURCE_LABELS["nvml"]: [8, 2, 2, 2]}

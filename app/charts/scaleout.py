@@ -9,8 +9,8 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from app.charts.buckets import EXPOSED_NOTE, bucket_timeline
-from app.charts.style import HEIGHT, MODE_HUES, WIDTH, legend, title
+from ddpviz.app.charts.buckets import EXPOSED_NOTE, bucket_timeline
+from ddpviz.app.charts.style import HEIGHT, MODE_HUES, WIDTH, legend, title
 
 SERIES = ["DP (predicted)", "DDP (predicted)", "DP (measured)", "DDP (measured)"]
 _DP, _DDP = MODE_HUES["dp"][0], MODE_HUES["ddp"][0]  # one colour per mode, every page

@@ -11,7 +11,7 @@ import textwrap
 import altair as alt
 import pandas as pd
 
-from app.frames import steps as fsteps
+from ddpviz.app.frames import steps as fsteps
 
 WIDTH = "container"
 HEIGHT = 300

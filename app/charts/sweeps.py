@@ -5,7 +5,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from app.charts.style import HEIGHT, MODE_COLOURS, WIDTH, legend, title
+from ddpviz.app.charts.style import HEIGHT, MODE_COLOURS, WIDTH, legend, title
 
 _MODE_RANGE = dict(zip(MODE_COLOURS.domain, MODE_COLOURS.range))  # the app's colour of each mode
 _WHICH = alt.Scale(domain=["step time", "exposed comm"], range=["#1f77b4", "#d62728"])

@@ -10,8 +10,8 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from app.charts.style import HEIGHT, WIDTH, legend, title
-from app.frames.theory import ALONE, FIT_BUCKETS, FIT_PROBE, OVERLAPPED, PROBE_ALG, PROBE_BUS, PROBE_TIME, SERIES
+from ddpviz.app.charts.style import HEIGHT, WIDTH, legend, title
+from ddpviz.app.frames.theory import ALONE, FIT_BUCKETS, FIT_PROBE, OVERLAPPED, PROBE_ALG, PROBE_BUS, PROBE_TIME, SERIES
 
 _COLOURS = {PROBE_BUS: "#1f77b4", PROBE_TIME: "#1f77b4", PROBE_ALG: "#9edae5", ALONE: "#2ca02c",
             OVERLAPPED: "#ff7f0e", FIT_PROBE: "#d62728", FIT_BUCKETS: "#9467bd"}

@@ -10,8 +10,8 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from app.charts.style import MODE_HUES, legend, title
-from app.frames.topology import ROLES
+from ddpviz.app.charts.style import MODE_HUES, legend, title
+from ddpviz.app.frames.topology import ROLES
 
 SIZE_PX = 430  # square plot: a circle must stay a circle
 _ROLE = alt.Color("role:N", legend=legend("node", orient="bottom", direction="vertical"),

@@ -11,8 +11,8 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from app.frames import base as frames
-from app.frames.base import MIB, latest_complete_step, of_type
+from ddpviz.app.frames import base as frames
+from ddpviz.app.frames.base import MIB, latest_complete_step, of_type
 
 Event = dict[str, Any]
 MAX_NAMES = 6  # parameter names listed per bucket row before "… +k more"

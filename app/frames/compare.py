@@ -13,11 +13,11 @@ from typing import Any
 
 import pandas as pd
 
-from app.frames import base as frames
-from app.frames import steps as fsteps
-from app.frames.steps import THEORY, volume_label
-from engine.analysis import theory_bytes
-from engine.summary import COMM_NOT_MEASURED
+from ddpviz.app.frames import base as frames
+from ddpviz.app.frames import steps as fsteps
+from ddpviz.app.frames.steps import THEORY, volume_label
+from ddpviz.engine.analysis import theory_bytes
+from ddpviz.engine.summary import COMM_NOT_MEASURED
 
 MIB = frames.MIB
 

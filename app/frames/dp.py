@@ -15,10 +15,10 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from app.frames import base as frames
-from app.frames import dp as fd
-from app.frames.base import Event, latest_complete_step, of_type
-from engine.summary import run_steps, steady_positions
+from ddpviz.app.frames import base as frames
+from ddpviz.app.frames import dp as fd
+from ddpviz.app.frames.base import Event, latest_complete_step, of_type
+from ddpviz.engine.summary import run_steps, steady_positions
 
 MIN_GAP_MS = 1e-3  # gaps shorter than this are clock noise, not idle time
 

@@ -15,8 +15,8 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from app.frames.base import MIB, of_type
-from app.frames.memory import SOURCE_LABELS
+from ddpviz.app.frames.base import MIB, of_type
+from ddpviz.app.frames.memory import SOURCE_LABELS
 
 Event = dict[str, Any]
 KINDS = ["all-gather (forward)", "all-gather (backward)", "reduce-scatter"]

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from app.frames.base import MIB, format_bytes, of_type
+from ddpviz.app.frames.base import MIB, format_bytes, of_type
 
 Event = dict[str, Any]
 SOURCE_LABELS = {"tensors": "tensors (live-tensor ledger)",

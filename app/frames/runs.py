@@ -7,7 +7,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from engine.stages import where_failed
+from ddpviz.engine.stages import where_failed
 
 RUN_COLUMNS = ["run_id", "label", "mode", "model", "source", "world_size", "status", "samples_per_s",
                "note", "created", "pinned"]

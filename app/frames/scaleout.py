@@ -10,8 +10,8 @@ from typing import Any
 
 import pandas as pd
 
-from app.frames import base as frames
-from app.frames import buckets as fb
+from ddpviz.app.frames import base as frames
+from ddpviz.app.frames import buckets as fb
 
 Report = dict[str, Any]
 PRED_COLUMNS = ["mode", "series", "kind", "world_size", "nnodes", "samples_per_s", "efficiency",

@@ -9,8 +9,8 @@ from typing import Iterable
 
 import pandas as pd
 
-from app.frames.base import Event, mib, of_type
-from engine.summary import COMM_NOT_MEASURED, run_steps, steady_positions
+from ddpviz.app.frames.base import Event, mib, of_type
+from ddpviz.engine.summary import COMM_NOT_MEASURED, run_steps, steady_positions
 
 STEP_COLUMNS = ["run", "step", "samples", "samples_per_s", "samples_per_s_smooth", "step_time_ms",
                 "forward_ms", "backward_ms", "comm_exposed_ms", "optimizer_ms", "loss", "instrument"]

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from workers.sweeps import parse_shape  # one parser for the form and the sweep
+from ddpviz.workers.sweeps import parse_shape  # one parser for the form and the sweep
 
 SWEEP_COLUMNS = ["run_id", "label", "mode", "world_size", "bucket_cap_mb", "overlap", "status",
                  "samples_per_s", "step_time_ms", "comm_exposed_ms", "overlap_frac", "width", "depth",

@@ -20,8 +20,8 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from app.frames import base as frames
-from engine.analysis import (
+from ddpviz.app.frames import base as frames
+from ddpviz.engine.analysis import (
     bucket_bandwidths,
     busbw_vs_probe,
     fit_ring_model,

@@ -22,7 +22,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from app.frames import base as frames
+from ddpviz.app.frames import base as frames
 
 NODE_COLUMNS = ["node", "label", "role", "x", "y"]
 EDGE_COLUMNS = ["link", "x", "y", "x2", "y2", "mx", "my", "ax", "ay", "lx", "ly", "mib", "label",

@@ -12,14 +12,14 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import runsets
-from app.charts.buckets import bucket_timeline, exposed_chart
-from app.connection import require_client
-from app.frames import buckets as fb
-from app.frames.compare import thin
-from app.widgets import pick_step, quick_fields, show_errors
-from engine.config import ConfigError
-from workers.sweeps import submit_sweep
+from ddpviz.app import runsets
+from ddpviz.app.charts.buckets import bucket_timeline, exposed_chart
+from ddpviz.app.connection import require_client
+from ddpviz.app.frames import buckets as fb
+from ddpviz.app.frames.compare import thin
+from ddpviz.app.widgets import pick_step, quick_fields, show_errors
+from ddpviz.engine.config import ConfigError
+from ddpviz.workers.sweeps import submit_sweep
 
 MAX_RUNS = 2
 

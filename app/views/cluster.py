@@ -7,10 +7,10 @@ import time
 
 import streamlit as st
 
-from app.charts import cluster as cc
-from app.connection import require_client
-from app.frames import cluster as fc
-from app.outage import guarded
+from ddpviz.app.charts import cluster as cc
+from ddpviz.app.connection import require_client
+from ddpviz.app.frames import cluster as fc
+from ddpviz.app.outage import guarded
 
 REFRESH_S = 2.0
 STALE_S = 10.0  # a heartbeat older than this is flagged (workers beat every few seconds)

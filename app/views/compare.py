@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import explain, panels, runsets
-from app.charts import compare as charts_compare
-from app.charts import steps as charts
-from app.connection import require_client
-from app.frames import steps as fsteps
-from app.frames.compare import (
+from ddpviz.app import explain, panels, runsets
+from ddpviz.app.charts import compare as charts_compare
+from ddpviz.app.charts import steps as charts
+from ddpviz.app.connection import require_client
+from ddpviz.app.frames import steps as fsteps
+from ddpviz.app.frames.compare import (
     buffers_frame,
     bytes_frame,
     compare_frame,
@@ -24,9 +24,9 @@ from app.frames.compare import (
     side_by_side,
     view_of,
 )
-from app.widgets import quick_fields, show_errors
-from engine.config import ConfigError
-from workers.sweeps import submit_trio
+from ddpviz.app.widgets import quick_fields, show_errors
+from ddpviz.engine.config import ConfigError
+from ddpviz.workers.sweeps import submit_trio
 
 _BUFFER_COLUMNS = {
     "at_forward_start": st.column_config.NumberColumn("Σ at forward start", format="%.6g"),

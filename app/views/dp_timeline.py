@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import runsets
-from app.charts.dp import dp_timeline, phase_totals_chart
-from app.connection import require_client
-from app.frames import dp as fd
-from app.widgets import pick_step
+from ddpviz.app import runsets
+from ddpviz.app.charts.dp import dp_timeline, phase_totals_chart
+from ddpviz.app.connection import require_client
+from ddpviz.app.frames import dp as fd
+from ddpviz.app.widgets import pick_step
 
 MAX_RUNS = 2
 

@@ -14,12 +14,12 @@ from typing import Any
 
 import streamlit as st
 
-from app import form
-from app.connection import get_client
-from app.navigation import forget_on_arrival
-from app.widgets import field_widget, show_errors
-from engine.config import ConfigError
-from workers.sweeps import MEMBER_NAMES, submit_trio
+from ddpviz.app import form
+from ddpviz.app.connection import get_client
+from ddpviz.app.navigation import forget_on_arrival
+from ddpviz.app.widgets import field_widget, show_errors
+from ddpviz.engine.config import ConfigError
+from ddpviz.workers.sweeps import MEMBER_NAMES, submit_trio
 
 LIVE_PAGE = "views/live.py"
 COMPARE_PAGE = "views/compare.py"

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import explain, panels, runsets
-from app.charts.dp import thread_states_chart
-from app.charts.topology import topology_chart
-from app.connection import require_client
-from app.frames import buckets as frames_buckets
-from app.frames import topology as ftop
-from app.frames.dp import thread_states_frame
+from ddpviz.app import explain, panels, runsets
+from ddpviz.app.charts.dp import thread_states_chart
+from ddpviz.app.charts.topology import topology_chart
+from ddpviz.app.connection import require_client
+from ddpviz.app.frames import buckets as frames_buckets
+from ddpviz.app.frames import topology as ftop
+from ddpviz.app.frames.dp import thread_states_frame
 
 STAR_TEXT = """
 **DataParallel: a star.** One process drives every device from threads. Each step device 0
@@ -52,8 +52,8 @@ at a time.
 
 def shards_section(fsdp, labels) -> None:
     """The third picture: one FSDP run's unit, sharded, gathered and scattered."""
-    from app.charts import fsdp as charts_fsdp
-    from app.frames import fsdp as frames_fsdp
+    from ddpviz.app.charts import fsdp as charts_fsdp
+    from ddpviz.app.frames import fsdp as frames_fsdp
 
     st.markdown(SHARD_TEXT)
     for rid, w in fsdp[:1]:
@@ -81,8 +81,8 @@ gradient bytes P by each pattern's formula: **theory**, not a measurement.
 
 def theory_section(windows, labels) -> None:
     """Star, ring and tree at a chosen n, scaled from one run's gradient bytes (theory)."""
-    from app.charts.topology import allreduce_time_chart
-    from engine.predict.step_models import ALLREDUCE_MODELS, NCCL_ALGO_NOTE
+    from ddpviz.app.charts.topology import allreduce_time_chart
+    from ddpviz.engine.predict.step_models import ALLREDUCE_MODELS, NCCL_ALGO_NOTE
 
     run = next(((rid, w) for rid, w in windows.items() if (w.started or {}).get("grad_bytes")), None)
     if run is None:

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import panels
-from app.connection import require_client
-from app.frames import base as frames
-from app.window import RunWindow
+from ddpviz.app import panels
+from ddpviz.app.connection import require_client
+from ddpviz.app.frames import base as frames
+from ddpviz.app.window import RunWindow
 
 REFRESH_S = 1.0  # charts
 STATUS_REFRESH_S = 0.5  # status badge and step counter: cheap (no charts)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import panels, runsets
-from app.connection import require_client
-from app.exports import export_files
-from app.frames import runs as fruns
-from workers.history import RunActive, delete_run, rerun
+from ddpviz.app import panels, runsets
+from ddpviz.app.connection import require_client
+from ddpviz.app.exports import export_files
+from ddpviz.app.frames import runs as fruns
+from ddpviz.workers.history import RunActive, delete_run, rerun
 
 LIVE_PAGE = "views/live.py"
 COMPARE_PAGE = "views/compare.py"

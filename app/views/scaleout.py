@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app.charts import scaleout as cs
-from app.connection import require_client
-from app.frames import base as frames
-from app.frames import scaleout as fso
-from app.outage import guarded
-from engine.predict.presets import AS_MEASURED, COMPUTES, DEFAULT_UTILISATION, LINKS, THIS_MACHINE
-from engine.predict.step_models import NCCL_ALGO_NOTE
-from workers.scaleout import calibration_set, report, scenario_from
-from workers.scaleout_text import out_of_sample_line
+from ddpviz.app.charts import scaleout as cs
+from ddpviz.app.connection import require_client
+from ddpviz.app.frames import base as frames
+from ddpviz.app.frames import scaleout as fso
+from ddpviz.app.outage import guarded
+from ddpviz.engine.predict.presets import AS_MEASURED, COMPUTES, DEFAULT_UTILISATION, LINKS, THIS_MACHINE
+from ddpviz.engine.predict.step_models import NCCL_ALGO_NOTE
+from ddpviz.workers.scaleout import calibration_set, report, scenario_from
+from ddpviz.workers.scaleout_text import out_of_sample_line
 
 CUSTOM = "custom"
 DEFAULT_LINK = "pcie4"  # the page opens on a GPU box's link; this machine's is one click away

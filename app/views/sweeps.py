@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app.charts import sweeps as cs
-from app.connection import require_client
-from app.frames import sweeps as fs
-from app.outage import guarded
-from app.widgets import quick_fields, show_errors
-from engine.config import ConfigError
-from workers.sweeps import list_sweeps, submit_sweep, sweep_kind, sweep_runs
+from ddpviz.app.charts import sweeps as cs
+from ddpviz.app.connection import require_client
+from ddpviz.app.frames import sweeps as fs
+from ddpviz.app.outage import guarded
+from ddpviz.app.widgets import quick_fields, show_errors
+from ddpviz.engine.config import ConfigError
+from ddpviz.workers.sweeps import list_sweeps, submit_sweep, sweep_kind, sweep_runs
 
 REFRESH_S = 2.0
 RUNS_SCANNED = 500  # newest runs searched for sweeps

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import runsets
-from app.charts.compare import bytes_chart
-from app.charts.theory import bandwidth_chart, time_chart
-from app.connection import require_client
-from app.frames import theory as ft
-from app.frames.compare import bytes_frame, view_of
-from app.window import TERMINAL
+from ddpviz.app import runsets
+from ddpviz.app.charts.compare import bytes_chart
+from ddpviz.app.charts.theory import bandwidth_chart, time_chart
+from ddpviz.app.connection import require_client
+from ddpviz.app.frames import theory as ft
+from ddpviz.app.frames.compare import bytes_frame, view_of
+from ddpviz.app.window import TERMINAL
 
 
 def ddp_section(w, label: str) -> None:

@@ -70,16 +70,16 @@ def _install(env):
     import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-    from engine.attach.ddp import patch_ddp
-    from engine.attach.dp import patch_data_parallel
-    from engine.attach.fsdp import patch_fsdp
-    from engine.attach.errors import install_excepthook
-    from engine.attach.env import PROBE_ENV
-    from engine.attach.memory import MemoryWatch
-    from engine.attach.probe import ProbeAtEnd
-    from engine.attach.session import Session
-    from engine.attach.started import StartedEmitter
-    from engine.attach.steps import StepTracker
+    from ddpviz.engine.attach.ddp import patch_ddp
+    from ddpviz.engine.attach.dp import patch_data_parallel
+    from ddpviz.engine.attach.fsdp import patch_fsdp
+    from ddpviz.engine.attach.errors import install_excepthook
+    from ddpviz.engine.attach.env import PROBE_ENV
+    from ddpviz.engine.attach.memory import MemoryWatch
+    from ddpviz.engine.attach.probe import ProbeAtEnd
+    from ddpviz.engine.attach.session import Session
+    from ddpviz.engine.attach.started import StartedEmitter
+    from ddpviz.engine.attach.steps import StepTracker
 
     s = Session(env)
     tracker = StepTracker(s)

@@ -24,8 +24,8 @@ from typing import Any, Iterable
 
 import torch
 
-from engine.attach.session import Session
-from engine.attach.steps import StepTracker, batch_samples
+from ddpviz.engine.attach.session import Session
+from ddpviz.engine.attach.steps import StepTracker, batch_samples
 
 
 def ensure_installed(environ: dict[str, str] | None = None) -> Session:
@@ -34,7 +34,7 @@ def ensure_installed(environ: dict[str, str] | None = None) -> Session:
     Raises:
         KeyError, OSError, RuntimeError: from `engine.attach.install` (the caller fails open).
     """
-    from engine.attach import install, installed
+    from ddpviz.engine.attach import install, installed
 
     s = installed()
     if s is not None:
@@ -81,7 +81,7 @@ def watch_model(s: Session, model: torch.nn.Module) -> None:
     module of a watched DDP) is left as it is."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from engine.attach.ddp import HookTaken, watch_ddp
+    from ddpviz.engine.attach.ddp import HookTaken, watch_ddp
 
     tracker = s.tracker
     if any(w.ddp is model or w.module is model for w in tracker.watches) or \

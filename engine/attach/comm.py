@@ -29,7 +29,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from engine.modes.ddp.comm_hook import BucketRecorder, wire_nbytes
+from ddpviz.engine.modes.ddp.comm_hook import BucketRecorder, wire_nbytes
 
 BUCKET_BYTES = "bucket buffer (DDP's flat gradients, float32 here)"
 HOOK_BYTES = "tensors the script's comm hook handed to torch.distributed.all_reduce"

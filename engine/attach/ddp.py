@@ -33,11 +33,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from engine.attach.comm import HookState, tap_all_reduce, timed_comm_hook
-from engine.attach.session import DeferredMarks, Session
-from engine.measure.clocks import CudaClock, HostClock
-from engine.measure.telemetry import wall_ts
-from engine.modes.ddp.comm_hook import BucketRecorder
+from ddpviz.engine.attach.comm import HookState, tap_all_reduce, timed_comm_hook
+from ddpviz.engine.attach.session import DeferredMarks, Session
+from ddpviz.engine.measure.clocks import CudaClock, HostClock
+from ddpviz.engine.measure.telemetry import wall_ts
+from ddpviz.engine.modes.ddp.comm_hook import BucketRecorder
 
 LAYOUT_BACKWARDS = 3  # synced backwards whose layouts are kept for run_started (DDP rebuilds once, in the 2nd)
 
@@ -234,7 +234,7 @@ def _completed(item: tuple[int, list[dict], Any]) -> bool:
 
 
 def _samples(args: tuple, kwargs: dict) -> int:
-    from engine.attach.steps import batch_samples
+    from ddpviz.engine.attach.steps import batch_samples
 
     return batch_samples(args, kwargs)
 

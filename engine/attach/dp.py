@@ -29,7 +29,7 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
-from engine.attach.session import DeferredMarks, Session
+from ddpviz.engine.attach.session import DeferredMarks, Session
 
 PART = "data parallel"  # the guard's name for this instrumentation
 CPU_NOTE = "nn.DataParallel on CPU runs the module unwrapped: no DP phases to record"
@@ -46,8 +46,8 @@ class DpWatch(DeferredMarks):
 
     def __init__(self, session: Session, tracker: Any, dp: nn.DataParallel,
                  clock: Callable[[], Any] | None = None):
-        from engine.modes.dp.book import tensor_nbytes, theory_star_bytes
-        from engine.modes.dp.hooks import CudaStreamClock
+        from ddpviz.engine.modes.dp.book import tensor_nbytes, theory_star_bytes
+        from ddpviz.engine.modes.dp.hooks import CudaStreamClock
 
         self.s, self.tracker, self.dp = session, tracker, dp
         self.module, self.device = dp.module, dp.src_device_obj
@@ -67,7 +67,7 @@ class DpWatch(DeferredMarks):
 
     # -- the DP module's forward (hooks) ----------------------------------------------------------
     def _pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        from engine.attach.steps import batch_samples
+        from ddpviz.engine.attach.steps import batch_samples
 
         self.s.guard("steps", self.tracker.forward_start, self, False, batch_samples(args, kwargs))
         self.s.guard(PART, self._begin_forward)
@@ -76,7 +76,7 @@ class DpWatch(DeferredMarks):
         self.s.guard("steps", self.tracker.forward_end)
 
     def _begin_forward(self) -> None:
-        from engine.modes.dp.book import SpanBook, StarTraffic
+        from ddpviz.engine.modes.dp.book import SpanBook, StarTraffic
 
         if self.step_of != self.tracker.step:  # the step's first forward: a new book and clock origin
             self.step_of, self.micro = self.tracker.step, 0
@@ -98,16 +98,16 @@ class DpWatch(DeferredMarks):
             self.book.end(phase, d, self.micro, self.clock.mark(d))
 
     def scattered(self, out: Any) -> None:
-        from engine.modes.dp.book import tensor_nbytes
-        from engine.modes.dp.comm import tensor_leaves
+        from ddpviz.engine.modes.dp.book import tensor_nbytes
+        from ddpviz.engine.modes.dp.comm import tensor_leaves
 
         inputs, kwargs = out
         self.traffic.from_hub("scatter", self.micro, [tensor_nbytes(tensor_leaves(list(i)) + tensor_leaves(k))
                                                       for i, k in zip(inputs, kwargs)] + [0] * (self.n - len(inputs)))
 
     def replicated(self, replicas: list[nn.Module]) -> None:
-        from engine.modes.dp.book import tensor_nbytes
-        from engine.modes.dp.cuda import replica_tensors
+        from ddpviz.engine.modes.dp.book import tensor_nbytes
+        from ddpviz.engine.modes.dp.cuda import replica_tensors
 
         self.replicas = replicas
         self.traffic.from_hub("broadcast", self.micro, [tensor_nbytes(replica_tensors(r)) for r in replicas]
@@ -117,9 +117,9 @@ class DpWatch(DeferredMarks):
         """After the replicas' forward: hooks that mark each replica's backward and the reduce."""
         if not torch.is_grad_enabled():
             return
-        from engine.modes.dp.comm import tensor_leaves
-        from engine.modes.dp.cuda import broadcast_node
-        from engine.modes.dp.hooks import mark_backward, mark_reduce
+        from ddpviz.engine.modes.dp.comm import tensor_leaves
+        from ddpviz.engine.modes.dp.cuda import broadcast_node
+        from ddpviz.engine.modes.dp.hooks import mark_backward, mark_reduce
 
         node = broadcast_node(self.replicas[0])
         outs = [next(t for t in tensor_leaves(o) if t.grad_fn is not None) for o in outputs]
@@ -127,9 +127,9 @@ class DpWatch(DeferredMarks):
         mark_reduce(node, len(outputs), self.book, self.clock, self.micro, self.traffic, self.param_nbytes)
 
     def gathered(self, outputs: list[Any], out: Any) -> None:
-        from engine.modes.dp.book import tensor_nbytes
-        from engine.modes.dp.comm import tensor_leaves
-        from engine.modes.dp.hooks import mark_loss_end
+        from ddpviz.engine.modes.dp.book import tensor_nbytes
+        from ddpviz.engine.modes.dp.comm import tensor_leaves
+        from ddpviz.engine.modes.dp.hooks import mark_loss_end
 
         self.traffic.to_hub("gather", self.micro, [tensor_nbytes(tensor_leaves(o)) for o in outputs]
                             + [0] * (self.n - len(outputs)))
@@ -150,7 +150,7 @@ class DpWatch(DeferredMarks):
         return self.s.guard(PART, self._split, step) or (0.0, 0.0, {})
 
     def _split(self, step: int) -> tuple[float, float, dict[str, Any]]:
-        from engine.modes.dp.book import COMM_PHASES, phase_seconds
+        from ddpviz.engine.modes.dp.book import COMM_PHASES, phase_seconds
 
         self.deferred.append((step, self.book, self.traffic, self.clock))
         self.book = None
@@ -173,7 +173,7 @@ class DpWatch(DeferredMarks):
         return done
 
     def _emit(self, step: int, spans: list[Any], traffic: Any, clock: Any) -> None:
-        from engine.modes.dp.cuda import COMM_SOURCE, PHASE_SOURCE
+        from ddpviz.engine.modes.dp.cuda import COMM_SOURCE, PHASE_SOURCE
 
         source = PHASE_SOURCE if _is_cuda_clock(clock) else HOST_SOURCE
         for sp in spans:
@@ -194,7 +194,7 @@ class DpWatch(DeferredMarks):
 
 
 def _is_cuda_clock(clock: Any) -> bool:
-    from engine.modes.dp.hooks import CudaStreamClock
+    from ddpviz.engine.modes.dp.hooks import CudaStreamClock
 
     return isinstance(clock, CudaStreamClock)
 

@@ -34,13 +34,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from engine.attach.memory import STEPS_HINT
-from engine.attach.session import DeferredMarks, Session
-from engine.measure.clocks import CudaClock, HostClock
-from engine.measure.telemetry import wall_ts
-from engine.modes.fsdp.collectives import CollectiveLog, exposed_comm_s, install_recorders, theory_bytes, volume_fields
-from engine.modes.fsdp.step import sample_step
-from engine.modes.fsdp.units import ROOT, layout_of
+from ddpviz.engine.attach.memory import STEPS_HINT
+from ddpviz.engine.attach.session import DeferredMarks, Session
+from ddpviz.engine.measure.clocks import CudaClock, HostClock
+from ddpviz.engine.measure.telemetry import wall_ts
+from ddpviz.engine.modes.fsdp.collectives import CollectiveLog, exposed_comm_s, install_recorders, theory_bytes, volume_fields
+from ddpviz.engine.modes.fsdp.step import sample_step
+from ddpviz.engine.modes.fsdp.units import ROOT, layout_of
 
 STATE_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_state"  # private: where FSDPState lives (torch 2.13)
 
@@ -81,7 +81,7 @@ class FsdpWatch(DeferredMarks):
             self.s.guard("fsdp collectives", self._take_root, module)
         state = _state(module)
         synced = bool(torch.is_grad_enabled() and all(g.reduce_grads for g in state._fsdp_param_groups))
-        from engine.attach.steps import batch_samples
+        from ddpviz.engine.attach.steps import batch_samples
 
         self.s.guard("steps", self.tracker.forward_start, self, synced, batch_samples(args, kwargs))
         if outermost:
@@ -210,7 +210,7 @@ def _resolved(log: CollectiveLog, records: list[dict], origin: Any) -> list[dict
 
 def patch_fsdp(session: Session, tracker: Any) -> None:
     """Wrap `FSDPState.init` now, or when the script first imports FSDP2 (module docstring)."""
-    from engine.attach.imports import after_import
+    from ddpviz.engine.attach.imports import after_import
 
     def patch(mod: Any) -> None:
         state_cls = mod.FSDPState

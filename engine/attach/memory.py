@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.attach.session import Session
-from engine.measure.ledger import TensorLedger
-from engine.measure.memory import optimizer_state_tensors
-from engine.measure.memory_sampler import DeviceProbe, MemorySampler, phase_hooks, should_trace_memory
+from ddpviz.engine.attach.session import Session
+from ddpviz.engine.measure.ledger import TensorLedger
+from ddpviz.engine.measure.memory import optimizer_state_tensors
+from ddpviz.engine.measure.memory_sampler import DeviceProbe, MemorySampler, phase_hooks, should_trace_memory
 
 # What should_trace_memory is told the run's length is: steps 0-2 and every 200th. A traced step costs
 # ~3x an untraced one (engine.measure.memory_sampler), so 1 in 200 adds ~1% to a long run's time.

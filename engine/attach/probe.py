@@ -25,8 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from engine.attach.session import Session
-from engine.modes.ddp.probe import PROBE_MAX_BYTES, PROBE_MIN_BYTES, emit_probe
+from ddpviz.engine.attach.session import Session
+from ddpviz.engine.modes.ddp.probe import PROBE_MAX_BYTES, PROBE_MIN_BYTES, emit_probe
 
 _ELEMENT_BYTES = 4  # the probe all-reduces float32
 

@@ -20,9 +20,9 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from engine.attach.env import PUMP_INTERVAL_S, RUN_ID_ENV, SPOOL_ENV
-from engine.events import make_event, rank_sink
-from engine.measure.telemetry import Telemetry
+from ddpviz.engine.attach.env import PUMP_INTERVAL_S, RUN_ID_ENV, SPOOL_ENV
+from ddpviz.engine.events import make_event, rank_sink
+from ddpviz.engine.measure.telemetry import Telemetry
 
 
 class Session:
@@ -135,7 +135,7 @@ class DeferredMarks:
             self.s.guard(self.DEFERRED_PART, self._drain)
 
     def _drain(self) -> None:
-        from engine.measure.clocks import wait_marks
+        from ddpviz.engine.measure.clocks import wait_marks
 
         for item in self.deferred:
             wait_marks(self._item_marks(item))

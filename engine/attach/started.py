@@ -18,9 +18,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from engine.attach.env import COMMAND_ENV
-from engine.attach.session import Session
-from engine.config import SCHEMA_VERSION
+from ddpviz.engine.attach.env import COMMAND_ENV
+from ddpviz.engine.attach.session import Session
+from ddpviz.engine.config import SCHEMA_VERSION
 
 MIB = 1024 * 1024
 

@@ -38,8 +38,8 @@ from typing import Any, Callable
 
 import torch
 
-from engine.attach.session import Session
-from engine.measure.telemetry import now, step_fields
+from ddpviz.engine.attach.session import Session
+from ddpviz.engine.measure.telemetry import now, step_fields
 
 SAMPLES_SOURCE = "batch dimension of the first tensor the DDP module received, summed over micro-steps, x world_size"
 EXPLICIT_SAMPLES_SOURCE = "ddpviz.step(samples=...) of this rank, x world_size"

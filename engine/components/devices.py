@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from engine.config import RunConfig, dp_cuda_fault_error
+from ddpviz.engine.config import RunConfig, dp_cuda_fault_error
 
 
 class PreflightError(ValueError):

@@ -14,7 +14,7 @@ import os
 import signal
 import time
 
-from engine.config import RunConfig
+from ddpviz.engine.config import RunConfig
 
 HANG_S = 3600.0  # long enough that only the collective timeout (or a cancel) ends it
 

@@ -10,11 +10,11 @@ import math
 import time
 from typing import Any, Callable
 
-from engine.components.training import should_eval
-from engine.config import RunConfig
-from engine.events import nonfinite_name
-from engine.measure.telemetry import Telemetry, should_sample_memory
-from engine.measure.turns import gate_from_env
+from ddpviz.engine.components.training import should_eval
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.events import nonfinite_name
+from ddpviz.engine.measure.telemetry import Telemetry, should_sample_memory
+from ddpviz.engine.measure.turns import gate_from_env
 
 
 class Canceled(Exception):

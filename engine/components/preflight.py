@@ -19,10 +19,10 @@ from typing import Iterator
 import torch
 import torch.nn as nn
 
-from engine.components.devices import PreflightError
-from engine.components.training import OUTPUT_RULE, logits_of, loss_fn
-from engine.config import RunConfig
-from engine.data import BatchPlan, BatchPlanError
+from ddpviz.engine.components.devices import PreflightError
+from ddpviz.engine.components.training import OUTPUT_RULE, logits_of, loss_fn
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.data import BatchPlan, BatchPlanError
 
 
 def probe_batch(cfg: RunConfig, ds) -> tuple[torch.Tensor, torch.Tensor]:

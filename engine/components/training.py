@@ -19,8 +19,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from engine.config import RunConfig
-from engine.data import Dataset
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.data import Dataset
 
 EVAL_BATCH = 512  # samples per validation forward
 

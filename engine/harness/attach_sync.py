@@ -77,8 +77,8 @@ def _rank(i: int, device_kind: str, steps: int, tmp: str, extra_sync: bool, inst
     result: dict[str, Any] = dict(device_kind=device_kind, steps=steps)
     counter = SyncCounter().install()
     try:
-        from engine.attach import install
-        from engine.modes.ranks import join_process_group, leave_process_group
+        from ddpviz.engine.attach import install
+        from ddpviz.engine.modes.ranks import join_process_group, leave_process_group
 
         session = install(env) if instrumented else None
         cuda = device_kind == "cuda"
@@ -140,7 +140,7 @@ def attach_sync_probe(device_kind: str = "cuda", steps: int = 12, extra_sync: bo
     step_events, bucket_steps: [step], bucket_devices: [device]}``, or ``{error}``.
     `extra_sync` adds one synchronize per steady step (a broken instrumentation, for the tests).
     """
-    from engine.modes.ranks import start_rank_processes
+    from ddpviz.engine.modes.ranks import start_rank_processes
 
     with tempfile.TemporaryDirectory(prefix="ddpviz-attach-sync-") as tmp:
         try:

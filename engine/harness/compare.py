@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from engine.config import COMM_HOOK_FIELDS, FSDP_FIELDS, RunConfig
-from engine.events import EventSink, ListSink
-from engine.run import RunResult, run_training
+from ddpviz.engine.config import COMM_HOOK_FIELDS, FSDP_FIELDS, RunConfig
+from ddpviz.engine.events import EventSink, ListSink
+from ddpviz.engine.run import RunResult, run_training
 
 MODES = ("single", "dp", "ddp")  # the default set
 ALL_MODES = ("single", "dp", "ddp", "fsdp")
@@ -40,7 +40,7 @@ def mode_report(result: RunResult, single: RunResult | None) -> dict[str, Any]:
 
 def report_verdict(report: dict[str, dict[str, Any]]):
     """`engine.verdict.verdict` of a comparison's DP and DDP entries (None without both)."""
-    from engine.verdict import verdict
+    from ddpviz.engine.verdict import verdict
 
     def flat(mode: str) -> dict[str, Any] | None:
         r = report.get(mode)

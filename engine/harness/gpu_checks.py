@@ -114,11 +114,11 @@ def amp_in_replicas() -> dict[str, Any]:
     through torch.nn.parallel.parallel_apply on two replicas sharing cuda:0 (two threads)."""
     from torch.nn.parallel import parallel_apply
 
-    from engine.components.training import autocast, make_optimizer
-    from engine.config import RunConfig
-    from engine.modes.dp.book import SpanBook
-    from engine.modes.dp.cuda import CudaDP
-    from engine.modes.dp.hooks import CudaStreamClock, apply_in_threads
+    from ddpviz.engine.components.training import autocast, make_optimizer
+    from ddpviz.engine.config import RunConfig
+    from ddpviz.engine.modes.dp.book import SpanBook
+    from ddpviz.engine.modes.dp.cuda import CudaDP
+    from ddpviz.engine.modes.dp.hooks import CudaStreamClock, apply_in_threads
 
     n = torch.cuda.device_count()
     cfg = RunConfig(mode="dp", world_size=n, amp=True, global_batch_size=8 * n)
@@ -149,13 +149,13 @@ def _shared_setup(rank: int, world: int, init_file: str, cuda: bool) -> dict[str
     """Process group, GPT, DDP with ddpviz's recording hook, optimizer and data plan of one rank."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from engine.components.training import make_optimizer
-    from engine.config import RunConfig
-    from engine.data import BatchPlan, load_dataset
-    from engine.measure.clocks import CudaClock, HostClock
-    from engine.models import build_model
-    from engine.modes.ddp.comm_hook import BucketRecorder, recording_hook
-    from engine.modes.ranks import join_process_group
+    from ddpviz.engine.components.training import make_optimizer
+    from ddpviz.engine.config import RunConfig
+    from ddpviz.engine.data import BatchPlan, load_dataset
+    from ddpviz.engine.measure.clocks import CudaClock, HostClock
+    from ddpviz.engine.models import build_model
+    from ddpviz.engine.modes.ddp.comm_hook import BucketRecorder, recording_hook
+    from ddpviz.engine.modes.ranks import join_process_group
 
     if cuda:
         torch.cuda.set_device(0)
@@ -176,8 +176,8 @@ def _shared_setup(rank: int, world: int, init_file: str, cuda: bool) -> dict[str
 
 def _shared_step(r: dict[str, Any], rank: int, step: int, cuda: bool) -> dict[str, Any]:
     """One step; its buckets (seconds from backward start) and this rank's memory."""
-    from engine.components.training import loss_fn
-    from engine.measure.memory import cuda_event
+    from ddpviz.engine.components.training import loss_fn
+    from ddpviz.engine.measure.memory import cuda_event
 
     idx = r["plan"].rank_indices(step, rank)
     loss = loss_fn(r["ddp"](r["ds"].x_train[idx].to(r["dev"])), r["ds"].y_train[idx].to(r["dev"]))
@@ -197,8 +197,8 @@ def _shared_rank(rank: int, world: int, init_file: str, out_dir: str, steps: int
     """One rank of `shared_gpu_ddp` (`start_rank_processes` target); writes `out_dir/rank<r>.json`."""
     import torch.distributed as dist
 
-    from engine.measure.sync import param_checksum
-    from engine.modes.ranks import leave_process_group
+    from ddpviz.engine.measure.sync import param_checksum
+    from ddpviz.engine.modes.ranks import leave_process_group
 
     cuda, stage = device_kind == "cuda", "init"
     result: dict[str, Any] = dict(rank=rank)
@@ -226,7 +226,7 @@ def shared_gpu_ddp(world: int = 2, steps: int = 4, device_kind: str = "cuda") ->
     (engine/components/devices.py), so this drives its comm hook and memory reader directly.
     `device_kind="cpu"` runs the same harness on CPU (host-clock buckets; memory not measured), for tests.
     """
-    from engine.modes.ranks import start_rank_processes
+    from ddpviz.engine.modes.ranks import start_rank_processes
 
     with tempfile.TemporaryDirectory(prefix="ddpviz-shared-gpu-") as tmp:
         try:

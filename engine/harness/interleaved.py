@@ -16,14 +16,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from engine.config import RunConfig
-from engine.measure.turns import GATE_ENV, TurnController
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.measure.turns import GATE_ENV, TurnController
 
 
 def _child(cfg_dict: dict, run_id: str, out_path: str) -> None:
     """One run in its own process; its events and status written to `out_path` (JSON)."""
-    from engine.events import ListSink
-    from engine.run import run_training
+    from ddpviz.engine.events import ListSink
+    from ddpviz.engine.run import run_training
 
     sink = ListSink()
     result = run_training(RunConfig(**cfg_dict), sink, run_id)

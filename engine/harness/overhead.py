@@ -42,10 +42,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from engine.config import RunConfig
-from engine.measure.telemetry import now, wall_ts
-from engine.measure.turns import GATE_ENV, TurnController, gate_from_env
-from engine.modes.ranks import join_process_group, leave_process_group, start_rank_processes
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.measure.telemetry import now, wall_ts
+from ddpviz.engine.measure.turns import GATE_ENV, TurnController, gate_from_env
+from ddpviz.engine.modes.ranks import join_process_group, leave_process_group, start_rank_processes
 
 DEFAULT_BLOCK_STEPS = 50
 BOOTSTRAP_RESAMPLES = 2000
@@ -57,10 +57,10 @@ def _plain_rank(rank: int, cfg_dict: dict, backend: str, device_kind: str, init_
     environment holds `engine.measure.turns.GATE_ENV`."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from engine.components.training import autocast, cpu_threads_per_rank, flat_params, loss_fn, make_optimizer
-    from engine.data import BatchPlan, load_dataset
-    from engine.models import build_model
-    from engine.modes.ddp.buckets import ddp_bucket_cap_arg
+    from ddpviz.engine.components.training import autocast, cpu_threads_per_rank, flat_params, loss_fn, make_optimizer
+    from ddpviz.engine.data import BatchPlan, load_dataset
+    from ddpviz.engine.models import build_model
+    from ddpviz.engine.modes.ddp.buckets import ddp_bucket_cap_arg
 
     cfg = RunConfig(**cfg_dict)
     world, accum = cfg.world_size, cfg.grad_accum_steps
@@ -114,8 +114,8 @@ def _ddpviz_run(cfg: RunConfig, run_id: str) -> tuple[list[float], torch.Tensor]
     Raises:
         RuntimeError: the run did not succeed (its error included).
     """
-    from engine.events import ListSink
-    from engine.run import run_training
+    from ddpviz.engine.events import ListSink
+    from ddpviz.engine.run import run_training
 
     sink = ListSink()
     result = run_training(cfg, sink, run_id)
@@ -185,7 +185,7 @@ def measure_overhead(cfg: RunConfig, rounds: int = 10, block_steps: int = DEFAUL
         RuntimeError: a side failed (the ddpviz run's error, or the plain rank's).
     """
 
-    from engine.components.devices import resolve_plan
+    from ddpviz.engine.components.devices import resolve_plan
 
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1 (got {rounds})")

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from engine.measure.telemetry import now
+from ddpviz.engine.measure.telemetry import now
 
 
 class HostClock:

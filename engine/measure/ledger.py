@@ -30,7 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_map_only
 
-from engine.measure.telemetry import now
+from ddpviz.engine.measure.telemetry import now
 
 # Kinds a storage is filed under. Existing tensors carry their role; new ones the phase that made
 # them (DP names its phases; DDP/single learn forward and backward from hooks, see `kind_for_new`).

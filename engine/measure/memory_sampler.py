@@ -27,11 +27,11 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 import torch.nn as nn
 
-from engine.config import RunConfig
-from engine.measure.ledger import LedgerMode, TensorLedger
-from engine.measure.memory import NvmlReader, cuda_allocator, optimizer_state_tensors
-from engine.measure.memory_timer import SAMPLE_INTERVAL_S, DeviceProbe, MemoryTimer  # noqa: F401 (re-exported)
-from engine.measure.telemetry import Telemetry, now, wall_ts
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.measure.ledger import LedgerMode, TensorLedger
+from ddpviz.engine.measure.memory import NvmlReader, cuda_allocator, optimizer_state_tensors
+from ddpviz.engine.measure.memory_timer import SAMPLE_INTERVAL_S, DeviceProbe, MemoryTimer  # noqa: F401 (re-exported)
+from ddpviz.engine.measure.telemetry import Telemetry, now, wall_ts
 
 TRACE_STEPS_PER_RUN = 20  # traced steps spread over a run, besides steps 0-2 and the last
 # At least this many steps between two traced steps: a traced step costs ~3x an untraced one

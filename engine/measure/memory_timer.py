@@ -23,8 +23,8 @@ from typing import Any, Callable
 
 import torch
 
-from engine.measure.memory import NvmlReader, process_rss_bytes
-from engine.measure.telemetry import Telemetry, now, wall_ts
+from ddpviz.engine.measure.memory import NvmlReader, process_rss_bytes
+from ddpviz.engine.measure.telemetry import Telemetry, now, wall_ts
 
 SAMPLE_INTERVAL_S = 0.05  # timer period: 20 readings per second per device
 PUBLISH_INTERVAL_S = 0.5  # readings wait at most this long (plus one period) before they are emitted

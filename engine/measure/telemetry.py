@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from engine.events import EventSink, make_event
+from ddpviz.engine.events import EventSink, make_event
 
 
 class Telemetry:

@@ -20,7 +20,7 @@ import os
 import threading
 import time
 
-from engine.components.lifetime import PARENT_ENV
+from ddpviz.engine.components.lifetime import PARENT_ENV
 
 WATCH_INTERVAL_S = 0.1
 

@@ -23,12 +23,12 @@ from typing import Callable
 
 import torch
 
-from engine.components.devices import DevicePlan
-from engine.components.ports import free_port  # noqa: F401 (engine.modes.launcher.free_port: its old home)
-from engine.components.loop import Canceled
-from engine.config import RunConfig
-from engine.events import JsonlTail, loss_event
-from engine.modes.ranks import prepare_fork_server
+from ddpviz.engine.components.devices import DevicePlan
+from ddpviz.engine.components.ports import free_port  # noqa: F401 (engine.modes.launcher.free_port: its old home)
+from ddpviz.engine.components.loop import Canceled
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.events import JsonlTail, loss_event
+from ddpviz.engine.modes.ranks import prepare_fork_server
 
 # How often rank event files are read and should_stop is polled: one hop of an event's way to
 # Redis (see engine.events.RANK_FLUSH_INTERVAL_S). A read of an open file that has not grown is

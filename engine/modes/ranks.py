@@ -47,16 +47,16 @@ import torch.distributed as dist
 # SIGABRT) while the other ranks still finalize. tests/engine/test_rank_teardown.py checks it.
 import torch.distributed.nn.functional  # noqa: F401,E402  (isort: keep after torch.distributed)
 
-from engine.components.lifetime import PARENT_ENV, die_with_parent
-from engine.components.training import cpu_threads_per_rank
-from engine.config import RunConfig
-from engine.events import EventSink, rank_sink
+from ddpviz.engine.components.lifetime import PARENT_ENV, die_with_parent
+from ddpviz.engine.components.training import cpu_threads_per_rank
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.events import EventSink, rank_sink
 
 START_METHOD = "forkserver"  # how the launcher starts rank processes (see the module docstring)
 # imported once by the fork server, before it forks any rank (names that fail to import are skipped)
-FORK_SERVER_PRELOAD = ("engine.modes.fork_server", "torch", "torch.distributed", "torch._dynamo",
-                       "torch.distributed.fsdp", "engine.modes.ranks", "engine.modes.ddp.rank",
-                       "engine.modes.fsdp.rank", "engine.data")
+FORK_SERVER_PRELOAD = ("ddpviz.engine.modes.fork_server", "torch", "torch.distributed", "torch._dynamo",
+                       "torch.distributed.fsdp", "ddpviz.engine.modes.ranks", "ddpviz.engine.modes.ddp.rank",
+                       "ddpviz.engine.modes.fsdp.rank", "ddpviz.engine.data")
 progress: dict[str, int | None] = {"step": None}  # the step this rank is in, for its error report
 
 

@@ -12,14 +12,14 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from engine.components.faults import maybe_fail
-from engine.components.loop import drive
-from engine.components.training import autocast, cpu_device_threads, evaluate, loss_fn, make_optimizer
-from engine.config import RunConfig
-from engine.data import BatchPlan, Dataset
-from engine.measure.clocks import StepClock
-from engine.measure.memory_sampler import model_memory_sampler
-from engine.measure.telemetry import Telemetry, now, step_fields, wall_ts
+from ddpviz.engine.components.faults import maybe_fail
+from ddpviz.engine.components.loop import drive
+from ddpviz.engine.components.training import autocast, cpu_device_threads, evaluate, loss_fn, make_optimizer
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.data import BatchPlan, Dataset
+from ddpviz.engine.measure.clocks import StepClock
+from ddpviz.engine.measure.memory_sampler import model_memory_sampler
+from ddpviz.engine.measure.telemetry import Telemetry, now, step_fields, wall_ts
 
 
 def train_single(cfg: RunConfig, ds: Dataset, model: nn.Module, device: torch.device, tel: Telemetry,

@@ -6,8 +6,8 @@ and docs/predict.md).
 
 from __future__ import annotations
 
-from engine.predict.inputs import RunInputs
-from engine.predict.step_models import time_share
+from ddpviz.engine.predict.inputs import RunInputs
+from ddpviz.engine.predict.step_models import time_share
 
 
 def contention(single: RunInputs | None, run: RunInputs) -> tuple[float, str]:

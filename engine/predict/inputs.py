@@ -31,8 +31,8 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-from engine.analysis import fit_ring_model, ring_factor
-from engine.summary import interval_union_s, run_steps, steady_steps
+from ddpviz.engine.analysis import fit_ring_model, ring_factor
+from ddpviz.engine.summary import interval_union_s, run_steps, steady_steps
 
 Event = dict[str, Any]
 DP_COPY_PHASES = ("broadcast", "scatter", "gather", "reduce")

@@ -48,11 +48,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from engine.analysis import ring_factor
-from engine.predict.calibrate import contention, fixed_fraction, time_share_of
-from engine.predict.inputs import RunInputs
-from engine.predict.presets import AS_MEASURED, DEFAULT_UTILISATION, THIS_MACHINE, ComputePreset, LinkPreset
-from engine.predict.step_models import (
+from ddpviz.engine.analysis import ring_factor
+from ddpviz.engine.predict.calibrate import contention, fixed_fraction, time_share_of
+from ddpviz.engine.predict.inputs import RunInputs
+from ddpviz.engine.predict.presets import AS_MEASURED, DEFAULT_UTILISATION, THIS_MACHINE, ComputePreset, LinkPreset
+from ddpviz.engine.predict.step_models import (
     bucket_pipeline,
     cpu_threads,
     ddp_step,
@@ -64,7 +64,7 @@ from engine.predict.step_models import (
     ring_allreduce_s,
     time_share,
 )
-from engine.predict.validation import in_sample, out_of_sample, validate  # re-exported
+from ddpviz.engine.predict.validation import in_sample, out_of_sample, validate  # re-exported
 
 __all__ = ["Scenario", "predict", "predict_ddp", "predict_dp", "fixed_fraction", "contention", "validate",
            "in_sample", "out_of_sample",

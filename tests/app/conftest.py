@@ -14,7 +14,8 @@ MAIN = Path(__file__).resolve().parents[2] / "app" / "main.py"
 @pytest.fixture
 def fake_client(monkeypatch):
     """A FakeClient the app's `get_client()` returns instead of connecting to Redis."""
-    import app.connection
+    import ddpviz.app.connection
+    from ddpviz import app  # noqa: E402
 
     client = FakeClient()
     monkeypatch.setattr(app.connection, "_client", lambda url: client)
@@ -40,8 +41,9 @@ def app_test():
 def real_client(redis_url, redis_client, monkeypatch):
     """A real `DdpvizClient` on the flushed test database (tests/conftest.py), and the app
     pointed at the same URL."""
-    import app.connection
-    from workers.client import DdpvizClient
+    import ddpviz.app.connection
+    from ddpviz import app  # noqa: E402
+    from ddpviz.workers.client import DdpvizClient
 
     monkeypatch.setenv("REDIS_URL", redis_url)
     app.connection._client.clear()

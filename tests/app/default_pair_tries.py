@@ -85,7 +85,7 @@ def one_try(stack, client, browser, k: int) -> dict:
 def main(n: int) -> None:
     from playwright.sync_api import sync_playwright
 
-    from workers.client import DdpvizClient
+    from ddpviz.workers.client import DdpvizClient
 
     tries = []
     with tempfile.TemporaryDirectory() as tmp, AppStack(Path(tmp)) as stack, sync_playwright() as pw:

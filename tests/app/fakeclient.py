@@ -10,7 +10,7 @@ import time
 import uuid
 from typing import Any
 
-from engine.config import validate_config
+from ddpviz.engine.config import validate_config
 
 
 class FakeClient:
@@ -49,7 +49,7 @@ class FakeClient:
         return self.add_run(uuid.uuid4().hex[:12], config, group=group, label=label)
 
     def submit_pair(self, config: dict[str, Any], *, label: str | None = None) -> tuple[str, str]:
-        from workers.sweeps import member_label
+        from ddpviz.workers.sweeps import member_label
 
         group = uuid.uuid4().hex[:8]
         return (self.submit({**config, "mode": "dp"}, group=group, label=member_label(label, "DP")),

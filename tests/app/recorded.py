@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from workers.sink import RedisStreamWriter
-from workers.store import RunStatus
-from workers.sweeps import submit_sweep, submit_trio
+from ddpviz.workers.sink import RedisStreamWriter
+from ddpviz.workers.store import RunStatus
+from ddpviz.workers.sweeps import submit_sweep, submit_trio
 
 DATA = Path(__file__).parent / "data"
 CONFIG = {"world_size": 2, "steps": 12, "width": 256, "bucket_cap_mb": 0.1, "step_delay_s": 0.0,
@@ -56,8 +56,8 @@ def play_attached(client, run_id: str = "attached0regress") -> str:
     """The recorded attached run (`ATTACHED`) stored as `ddpviz run` stores one: a record made by
     `workers.attached.create_record`, its events, its `run_started` kept in the record and the
     config it brings, then its ending. Returns the run id."""
-    from workers import keys
-    from workers.attached import create_record
+    from ddpviz.workers import keys
+    from ddpviz.workers.attached import create_record
 
     with open(DATA / ATTACHED, encoding="utf-8") as fh:
         events = [{**json.loads(line), "run_id": run_id} for line in fh if line.strip()]

@@ -71,8 +71,8 @@ def visit(page, url: str, heading: str, charts: int, name: str) -> None:
 def main() -> None:
     from playwright.sync_api import sync_playwright
 
-    from workers.client import DdpvizClient
-    from workers.sweeps import submit_sweep, submit_trio, sweep_runs
+    from ddpviz.workers.client import DdpvizClient
+    from ddpviz.workers.sweeps import submit_sweep, submit_trio, sweep_runs
 
     OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp, AppStack(Path(tmp)) as stack, \

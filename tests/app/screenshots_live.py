@@ -27,7 +27,7 @@ VIEW = {"width": 1500, "height": 1000}
 def main() -> None:
     from playwright.sync_api import sync_playwright
 
-    from workers.client import DdpvizClient
+    from ddpviz.workers.client import DdpvizClient
 
     OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp, AppStack(Path(tmp)) as stack, sync_playwright() as pw:

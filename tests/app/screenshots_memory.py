@@ -39,8 +39,8 @@ def main() -> None:
         memory_models.installed(site)
         os.environ["PYTHONPATH"] = os.pathsep.join(
             [str(site), str(engine_tests), os.environ.get("PYTHONPATH", "")])
-        from workers.client import DdpvizClient
-        from workers.sweeps import submit_trio
+        from ddpviz.workers.client import DdpvizClient
+        from ddpviz.workers.sweeps import submit_trio
 
         OUT.mkdir(parents=True, exist_ok=True)
         with AppStack(Path(tmp) / "stack") as stack, sync_playwright() as pw:

@@ -27,8 +27,8 @@ CONFIG = {"steps": 60, "step_delay_s": 0.0, "eval_every": 0}  # the Launch defau
 def main() -> None:
     from playwright.sync_api import sync_playwright
 
-    from workers.client import DdpvizClient
-    from workers.sweeps import submit_sweep, submit_trio, sweep_runs
+    from ddpviz.workers.client import DdpvizClient
+    from ddpviz.workers.sweeps import submit_sweep, submit_trio, sweep_runs
 
     OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp, AppStack(Path(tmp)) as stack, sync_playwright() as pw:

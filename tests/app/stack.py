@@ -41,7 +41,7 @@ class AppStack:
         self.url = ""
 
     def __enter__(self) -> "AppStack":
-        from workers.connection import EmbeddedRedis, free_port
+        from ddpviz.workers.connection import EmbeddedRedis, free_port
 
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self.redis_url is None:
@@ -85,7 +85,7 @@ class AppStack:
 
     def start_redis(self) -> None:
         """Start the embedded server again on the same port and data folder."""
-        from workers.connection import EmbeddedRedis
+        from ddpviz.workers.connection import EmbeddedRedis
 
         self._redis = EmbeddedRedis(self.workdir / "redis", port=self._redis.port,
                                     persist=self.persist).start()

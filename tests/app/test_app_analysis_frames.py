@@ -13,25 +13,25 @@ import eventgen as g
 import pandas as pd
 import pytest
 
-from app.charts import buckets as charts_buckets
-from app.charts import cluster as charts_cluster
-from app.charts import compare as charts_compare
-from app.charts import dp as charts_dp
-from app.charts import sweeps as charts_sweeps
-from app.charts import theory as charts_theory
-from app.charts import topology as charts_topology
-from app.charts.style import MAX_POINTS
-from app.frames import base as frames
-from app.frames import buckets as fb
-from app.frames import cluster as fcl
-from app.frames import compare as fc
-from app.frames import dp as fd
-from app.frames import runs as fruns
-from app.frames import sweeps as fs
-from app.frames import theory as ft
-from app.frames import topology as ftop
-from app.window import RunWindow
-from engine.export import render
+from ddpviz.app.charts import buckets as charts_buckets
+from ddpviz.app.charts import cluster as charts_cluster
+from ddpviz.app.charts import compare as charts_compare
+from ddpviz.app.charts import dp as charts_dp
+from ddpviz.app.charts import sweeps as charts_sweeps
+from ddpviz.app.charts import theory as charts_theory
+from ddpviz.app.charts import topology as charts_topology
+from ddpviz.app.charts.style import MAX_POINTS
+from ddpviz.app.frames import base as frames
+from ddpviz.app.frames import buckets as fb
+from ddpviz.app.frames import cluster as fcl
+from ddpviz.app.frames import compare as fc
+from ddpviz.app.frames import dp as fd
+from ddpviz.app.frames import runs as fruns
+from ddpviz.app.frames import sweeps as fs
+from ddpviz.app.frames import theory as ft
+from ddpviz.app.frames import topology as ftop
+from ddpviz.app.window import RunWindow
+from ddpviz.engine.export import render
 
 DATA = Path(__file__).parent / "data"
 P = 603176  # gradient bytes of the recorded model (run_started.grad_bytes)

@@ -7,8 +7,8 @@ import eventgen as g
 import redis
 from recorded import CONFIG, overlap_pair, play, trio
 
-from workers.heartbeat import Heartbeat
-from workers.sweeps import submit_sweep
+from ddpviz.workers.heartbeat import Heartbeat
+from ddpviz.workers.sweeps import submit_sweep
 
 
 def _titles(at) -> list[str]:
@@ -227,7 +227,7 @@ def test_outage_banner_instead_of_traceback(fake_client, app_test, monkeypatch):
 
 
 def test_runs_page_states_the_retention_policy_and_shows_pins(real_client, app_test):
-    from workers.retention import RetentionPolicy, publish_policy
+    from ddpviz.workers.retention import RetentionPolicy, publish_policy
 
     _, ids = trio(real_client)
     at = app_test("views/runs.py")

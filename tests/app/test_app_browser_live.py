@@ -57,7 +57,7 @@ def test_pan_and_tooltip_survive_live_refreshes(tmp_path):
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)")
     sync_api = pytest.importorskip("playwright.sync_api")
-    from workers.client import DdpvizClient
+    from ddpviz.workers.client import DdpvizClient
 
     with AppStack(tmp_path) as stack, sync_api.sync_playwright() as pw:
         client = DdpvizClient(url=stack.redis_url)

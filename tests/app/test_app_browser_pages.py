@@ -28,7 +28,7 @@ def session(tmp_path_factory):
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)")
     sync_api = pytest.importorskip("playwright.sync_api")
-    from workers.client import DdpvizClient
+    from ddpviz.workers.client import DdpvizClient
 
     tmp = tmp_path_factory.mktemp("browser-pages")
     with AppStack(tmp, persist=True) as stack, sync_api.sync_playwright() as pw:

@@ -48,11 +48,12 @@ def _table(proto) -> dict[str, list]:
 def specs(redis_url):
     """(page, spec, {dataset name: columns}) of every chart every page draws, on a recorded
     single/DP/DDP/FSDP set (DDP with its all-reduce probe) and a DDP overlap on/off pair."""
-    import app.connection
+    import ddpviz.app.connection
+    from ddpviz import app  # noqa: E402
     from streamlit.testing.v1 import AppTest
     from stack import ROOT
-    from workers.client import DdpvizClient
-    from workers.connection import connect
+    from ddpviz.workers.client import DdpvizClient
+    from ddpviz.workers.connection import connect
 
     r = connect(redis_url)
     r.flushdb()
@@ -63,7 +64,7 @@ def specs(redis_url):
     try:
         from recorded import play
 
-        from workers.sweeps import submit_sweep
+        from ddpviz.workers.sweeps import submit_sweep
 
         sweep = submit_sweep(client, CONFIG, "world_size", [2])  # Sweeps' charts coloured by mode
         for run in client.list_runs():
@@ -163,11 +164,11 @@ def _cut(specs) -> list[str]:
 def _built() -> list[tuple[str, dict, dict]]:
     """Charts the recordings do not reach (no thread states, no memory timer in them), built
     from their frames with run labels as long as a labelled run's (`mlp-deep · DP · c…`)."""
-    from app.charts import dp as charts_dp
-    from app.charts import memory as charts_memory
-    from app.frames import dp as fd
-    from app.frames import memory as fm
-    from app.step_history import ReadingHistory
+    from ddpviz.app.charts import dp as charts_dp
+    from ddpviz.app.charts import memory as charts_memory
+    from ddpviz.app.frames import dp as fd
+    from ddpviz.app.frames import memory as fm
+    from ddpviz.app.step_history import ReadingHistory
 
     label = "mlp-deep · DP · config 3"
     gil = [{"type": "gil", "step": s, "device": d, "on_cpu_s": 0.004, "gil_wait_s": 0.002,
@@ -205,7 +206,7 @@ MODE_OF_SERIES = {"DP": "dp", "DDP": "ddp"}  # Scale-out's series: "DP (predicte
 def test_every_chart_colouring_runs_or_modes_uses_the_one_mode_colour_map(specs):
     """A run is drawn in its mode's colour (a second run of a mode in a shade of it) on every
     page; a chart colouring by mode uses the same map (`app.charts.style.MODE_HUES`)."""
-    from app.charts.style import MODE_HUES
+    from ddpviz.app.charts.style import MODE_HUES
 
     pages, modes = specs
     assert set(modes.values()) == {"single", "dp", "ddp", "fsdp"}

@@ -4,13 +4,13 @@ import eventgen as g
 import pandas as pd
 import pytest
 
-from app.charts import dp as charts_dp
-from app.charts import memory as charts_memory
-from app.charts import steps as charts
-from app.frames import buckets as fb
-from app.frames import dp as fd
-from app.frames import memory as fm
-from app.frames import steps as fsteps
+from ddpviz.app.charts import dp as charts_dp
+from ddpviz.app.charts import memory as charts_memory
+from ddpviz.app.charts import steps as charts
+from ddpviz.app.frames import buckets as fb
+from ddpviz.app.frames import dp as fd
+from ddpviz.app.frames import memory as fm
+from ddpviz.app.frames import steps as fsteps
 
 
 def _encodings(spec: dict) -> list[dict]:
@@ -94,8 +94,8 @@ def test_memory_curve_charts_name_every_source_and_share_the_axes(two_runs):
 
 
 def test_live_bucket_timeline_is_the_bucket_pages_design_with_a_stable_title(two_runs):
-    from app.charts.buckets import bucket_timeline
-    from app.frames.buckets import exposed_frame, with_rank_names
+    from ddpviz.app.charts.buckets import bucket_timeline
+    from ddpviz.app.frames.buckets import exposed_frame, with_rank_names
 
     _, ddp = two_runs
     buckets = fb.bucket_frame(ddp)
@@ -112,8 +112,8 @@ def test_live_bucket_timeline_is_the_bucket_pages_design_with_a_stable_title(two
 
 
 def test_two_ddps_buckets_get_rows_of_their_own_and_the_subtitle_says_whose():
-    from app.charts.buckets import bucket_timeline
-    from app.frames.buckets import exposed_frame, with_rank_names
+    from ddpviz.app.charts.buckets import bucket_timeline
+    from ddpviz.app.frames.buckets import exposed_frame, with_rank_names
 
     def b(ddp, idx, ready):  # an attached GAN: G's two buckets and D's one, on rank 0
         return dict(type="bucket", step=2, rank=0, ddp_index=ddp, bucket_index=idx, nbytes=1000, num_params=1,

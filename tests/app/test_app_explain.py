@@ -2,9 +2,9 @@
 
 import pytest
 
-from app import explain
-from app.frames import compare as fc
-from app.window import RunWindow
+from ddpviz.app import explain
+from ddpviz.app.frames import compare as fc
+from ddpviz.app.window import RunWindow
 
 
 def _window(rid, mode, status, created, step_s, samples=64, worker="w1", gil=None, **summary):

@@ -10,10 +10,10 @@ import json
 import eventgen as g
 import pytest
 
-from app.charts import live as charts_live
-from app.frames import steps as fsteps
-from app.step_history import StepHistory, step_rates
-from app.window import RunWindow
+from ddpviz.app.charts import live as charts_live
+from ddpviz.app.frames import steps as fsteps
+from ddpviz.app.step_history import StepHistory, step_rates
+from ddpviz.app.window import RunWindow
 
 
 def specs(at) -> list[dict]:
@@ -225,7 +225,7 @@ def test_live_draws_a_row_per_bucket_like_the_bucket_page(fake_client, app_test)
 # -- 11: the bucket layout captions say what the tables show -----------------------------------------
 
 def test_bucket_layout_captions_count_the_buckets_and_name_the_order():
-    from app.frames.buckets import layout_captions as captions_of
+    from ddpviz.app.frames.buckets import layout_captions as captions_of
 
     two = {"initial": [{"bucket_index": 0}, {"bucket_index": 1}], "rebuilt": [{"bucket_index": 0}],
            "bucket_cap_bytes": 1024, "first_bucket_cap_bytes": 1024}

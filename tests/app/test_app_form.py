@@ -1,7 +1,7 @@
 """The Launch form's pure parts: it covers RunConfig and refuses what validate_config refuses."""
 
-from app import form
-from engine.config import RunConfig
+from ddpviz.app import form
+from ddpviz.engine.config import RunConfig
 
 
 def test_form_shows_every_runconfig_field_once():
@@ -36,7 +36,7 @@ def test_pair_values_keep_config_but_mode_and_the_fsdp_fields():
 
 
 def test_every_preset_is_a_valid_config_that_changes_what_it_names():
-    from engine.config import PRESETS
+    from ddpviz.engine.config import PRESETS
 
     base = form.defaults()
     assert set(PRESETS) == set(form.PRESET_NAMES) and PRESETS["default"] == {}

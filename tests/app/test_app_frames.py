@@ -6,12 +6,12 @@ import eventgen as g
 import pandas as pd
 import pytest
 
-from app.frames import base as frames
-from app.frames import buckets as fb
-from app.frames import dp as fd
-from app.frames import memory as fm
-from app.frames import runs as fruns
-from app.frames import steps as fsteps
+from ddpviz.app.frames import base as frames
+from ddpviz.app.frames import buckets as fb
+from ddpviz.app.frames import dp as fd
+from ddpviz.app.frames import memory as fm
+from ddpviz.app.frames import runs as fruns
+from ddpviz.app.frames import steps as fsteps
 
 
 def test_steps_frame_ddp_takes_the_mean_over_ranks():
@@ -169,7 +169,7 @@ def test_run_label_and_runs_frame():
 
 
 def test_theory_star_ring_and_tree_bytes_and_shape_by_hand():
-    from app.frames import topology as ftop
+    from ddpviz.app.frames import topology as ftop
 
     P = 4 * 2**20  # 4 MiB of gradients
     nodes, edges = ftop.theory_star(8, P)
@@ -190,9 +190,9 @@ def test_theory_star_ring_and_tree_bytes_and_shape_by_hand():
 
 
 def test_allreduce_time_frame_follows_the_two_models():
-    from app.frames import topology as ftop
+    from ddpviz.app.frames import topology as ftop
 
-    from engine.predict.step_models import ALLREDUCE_MODELS
+    from ddpviz.engine.predict.step_models import ALLREDUCE_MODELS
 
     f = ftop.allreduce_time_frame(1e6, 10e-6, 1e9, [2, 8], ALLREDUCE_MODELS)
     got = {(r.world_size, r.model): r.time_ms for r in f.itertuples()}
@@ -202,9 +202,9 @@ def test_allreduce_time_frame_follows_the_two_models():
 
 
 def test_allreduce_time_chart_names_its_axes_legend_and_theory():
-    from app.charts.topology import allreduce_time_chart
-    from app.frames import topology as ftop
-    from engine.predict.step_models import ALLREDUCE_MODELS
+    from ddpviz.app.charts.topology import allreduce_time_chart
+    from ddpviz.app.frames import topology as ftop
+    from ddpviz.engine.predict.step_models import ALLREDUCE_MODELS
 
     f = ftop.allreduce_time_frame(1e6, 10e-6, 1e9, [2, 4, 8], ALLREDUCE_MODELS)
     spec = allreduce_time_chart(f, subtitle="α, β fitted on the probe", mark_n=8).to_dict()

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from app.charts import fsdp as charts_fsdp
-from app.charts.style import MAX_POINTS
-from app.frames import base as frames
-from app.frames import compare as fc
-from app.frames import fsdp as ff
-from app.window import RunWindow
-from workers.sweeps import trio_configs
+from ddpviz.app.charts import fsdp as charts_fsdp
+from ddpviz.app.charts.style import MAX_POINTS
+from ddpviz.app.frames import base as frames
+from ddpviz.app.frames import compare as fc
+from ddpviz.app.frames import fsdp as ff
+from ddpviz.app.window import RunWindow
+from ddpviz.workers.sweeps import trio_configs
 
 DATA = Path(__file__).parent / "data"
 
@@ -146,7 +146,7 @@ def test_a_compare_set_gives_fsdp_fields_to_the_fsdp_run_only():
 
 
 def test_chrome_trace_carries_every_fsdp_collective(fsdp):
-    from engine.export import chrome_trace
+    from ddpviz.engine.export import chrome_trace
 
     spans = [e for e in chrome_trace(fsdp)["traceEvents"] if e.get("cat") == "fsdp"]
     assert len(spans) == len(frames.of_type(fsdp, "fsdp_collective"))
@@ -158,7 +158,7 @@ def test_the_live_memory_chart_draws_fsdps_ledger_curve(fsdp):
     """FSDP's `memory` events carry the ledger's curve over the whole step, as DDP's: it starts
     at the half of the model each rank keeps (n = 2, SGD: no state) and rises by at least a whole
     gathered unit; its highest point is the reported peak."""
-    from app.frames import memory as fm
+    from ddpviz.app.frames import memory as fm
 
     grad_bytes = frames.of_type(fsdp, "run_started")[0]["grad_bytes"]
     curve = fm.memory_curve_frame(fsdp, "FSDP")
@@ -184,10 +184,10 @@ def test_exposed_comm_not_measured_on_cuda_reads_as_text_everywhere(fsdp):
     """FSDP on CUDA writes `comm_exposed_s: null`, `comm_exposed_measured: false` (its step cannot
     see FSDP2's comm streams; tests/engine/test_fsdp_cuda_split.py). The summary, the Live split,
     Compare and `ddpviz compare` must say "not measured on CUDA", never show a number for it."""
-    from app.frames import steps as fsteps
-    from engine.harness.compare import mode_report
-    from engine.result import RunResult
-    from engine.summary import SummaryBuilder
+    from ddpviz.app.frames import steps as fsteps
+    from ddpviz.engine.harness.compare import mode_report
+    from ddpviz.engine.result import RunResult
+    from ddpviz.engine.summary import SummaryBuilder
 
     cuda = [{**e, "comm_exposed_s": None, "comm_exposed_measured": False} if e["type"] == "step" else e
             for e in fsdp if e["type"] != "run_finished"]

@@ -10,8 +10,8 @@ import eventgen as g
 import pytest
 from test_app_analysis_frames import _check_chart
 
-from app.charts import dp as charts_dp
-from app.frames import dp as fd
+from ddpviz.app.charts import dp as charts_dp
+from ddpviz.app.frames import dp as fd
 
 
 def with_gil(events, waits_ms):
@@ -82,8 +82,8 @@ def shape_run(rid, mode, w, d, sps, shares):
 
 
 def test_shape_frame_pairs_dp_and_ddp_per_shape():
-    from app.charts import sweeps as charts_sweeps
-    from app.frames import sweeps as fs
+    from ddpviz.app.charts import sweeps as charts_sweeps
+    from ddpviz.app.frames import sweeps as fs
 
     runs = [shape_run("a", "dp", 16, 16, 1000.0, [0.30, 0.20]),   # DP GIL share: mean 0.25
             shape_run("b", "ddp", 16, 16, 2500.0, [0.0, 0.02]),   # DDP 0.01; DDP ÷ DP = 2.5
@@ -101,8 +101,8 @@ def test_shape_frame_pairs_dp_and_ddp_per_shape():
 
 
 def test_shape_values_parse_and_sweep_submits_a_dp_and_a_ddp_run_per_shape():
-    from app.frames import sweeps as fs
-    from workers.sweeps import sweep_configs
+    from ddpviz.app.frames import sweeps as fs
+    from ddpviz.workers.sweeps import sweep_configs
 
     assert fs.parse_values("16x16, 1024×2", "shape") == [(16, 16), (1024, 2)]
     for bad in ("16", "16x", "0x4", "axb"):
@@ -115,7 +115,7 @@ def test_shape_values_parse_and_sweep_submits_a_dp_and_a_ddp_run_per_shape():
 
 
 def test_sweeps_page_launches_a_shape_sweep_and_draws_it(real_client, app_test):
-    from engine.result import RunStatus
+    from ddpviz.engine.result import RunStatus
 
     at = app_test("views/sweeps.py")
     at.radio(key="sweep_kind").set_value("shape").run()
@@ -139,8 +139,8 @@ def test_sweeps_page_launches_a_shape_sweep_and_draws_it(real_client, app_test):
 
 
 def test_thread_states_are_each_devices_medians_by_hand():
-    from app.charts.dp import thread_states_chart
-    from app.frames.dp import thread_states_frame
+    from ddpviz.app.charts.dp import thread_states_chart
+    from ddpviz.app.frames.dp import thread_states_frame
 
     def gil(step, dev, on, wait, runq, idle):
         return {"type": "gil", "step": step, "device": dev, "on_cpu_s": on, "gil_wait_s": wait,

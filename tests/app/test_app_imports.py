@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 APP_DIR = Path(__file__).resolve().parents[2] / "app"
-APP_MODULES = sorted(".".join(p.relative_to(APP_DIR.parent).with_suffix("").parts)
+APP_MODULES = sorted("ddpviz." + ".".join(p.relative_to(APP_DIR.parent).with_suffix("").parts)
                      for p in APP_DIR.rglob("*.py")
                      if p.stem != "__init__" and p.parent.name != "views")  # pages: scripts, see test_layout
-TORCH_FREE_ENGINE = {"engine", "engine.config", "engine.analysis", "engine.export",
-                     "engine.events", "engine.stages", "engine.summary", "engine.result", "engine.verdict"}  # events: through workers.store (history, sweeps)
+TORCH_FREE_ENGINE = {"ddpviz.engine", "ddpviz.engine.config", "ddpviz.engine.analysis", "ddpviz.engine.export",
+                     "ddpviz.engine.events", "ddpviz.engine.stages", "ddpviz.engine.summary", "ddpviz.engine.result", "ddpviz.engine.verdict"}  # events: through workers.store (history, sweeps)
 
 
 def _loaded_after(*groups: list[str]) -> list[set[str]]:
@@ -23,7 +23,7 @@ def _loaded_after(*groups: list[str]) -> list[set[str]]:
     code = "import sys\n"
     for mods in groups:
         code += "".join(f"import {m}\n" for m in mods)
-        code += "print(','.join(m for m in sys.modules if m.split('.')[0] in ('torch', 'engine')))\n"
+        code += "print(','.join(m for m in sys.modules if m.split('.')[0] in ('torch', 'engine') or m.startswith('ddpviz.engine')))\n"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return [{m for m in line.strip().split(",") if m} for line in out.stdout.splitlines()]
 
@@ -31,13 +31,13 @@ def _loaded_after(*groups: list[str]) -> list[set[str]]:
 @pytest.fixture(scope="module")
 def loaded() -> tuple[set[str], set[str] | None]:
     """(after the app's modules, after the app's modules and workers.client or None without it)."""
-    if importlib.util.find_spec("workers.client") is None:
+    if importlib.util.find_spec("ddpviz.workers.client") is None:
         return _loaded_after(APP_MODULES)[0], None
-    return tuple(_loaded_after(APP_MODULES, ["workers.client"]))
+    return tuple(_loaded_after(APP_MODULES, ["ddpviz.workers.client"]))
 
 
 def test_app_modules_import_only_torch_free_engine_modules(loaded):
-    assert {"app.frames.base", "app.runsets", "app.charts.buckets"} <= set(APP_MODULES)
+    assert {"ddpviz.app.frames.base", "ddpviz.app.runsets", "ddpviz.app.charts.buckets"} <= set(APP_MODULES)
     assert loaded[0] <= TORCH_FREE_ENGINE
 
 

@@ -8,7 +8,7 @@ former defaults as the README states them and the modes the client stored for ea
 
 from pathlib import Path
 
-from app import form, navigation
+from ddpviz.app import form, navigation
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 FSDP_ONLY = {"reshard_after_forward", "fsdp_param_dtype", "fsdp_reduce_dtype"}

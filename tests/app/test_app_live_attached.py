@@ -65,7 +65,7 @@ def test_sizes_read_in_the_unit_that_suits_them(live):
                                          (561156, "548 KiB"), (25 * 2**20, "25.0 MiB"),
                                          (1.2 * 2**30, "1.20 GiB")])
 def test_format_bytes(nbytes, text):
-    from app.frames.base import format_bytes
+    from ddpviz.app.frames.base import format_bytes
 
     assert format_bytes(nbytes) == text
 
@@ -73,8 +73,8 @@ def test_format_bytes(nbytes, text):
 def test_format_rate_and_the_bytes_axis():
     import pandas as pd
 
-    from app.charts.steps import comm_volume_chart
-    from app.frames.base import format_rate
+    from ddpviz.app.charts.steps import comm_volume_chart
+    from ddpviz.app.frames.base import format_rate
 
     assert [format_rate(r) for r in (420e3, 3.5e7, 1.9e9)] == ["420 kB/s", "35.0 MB/s", "1.90 GB/s"]
     tiny = pd.DataFrame({"device": ["cpu:0"], "sent_mib": [84 / 2**20], "recv_mib": [84 / 2**20],
@@ -102,12 +102,12 @@ def test_a_run_opened_late_reads_the_middle_it_skipped_on_the_next_polls(real_cl
     of the run ends up drawn once, with its samples/s as the events give it."""
     import eventgen as g
 
-    from app.charts.live import live_throughput_chart
-    from app.panels import _segmented
-    from app.step_history import step_rates
-    from app.window import RunWindow
-    from workers.sink import RedisStreamWriter
-    from workers.store import RunStatus
+    from ddpviz.app.charts.live import live_throughput_chart
+    from ddpviz.app.panels import _segmented
+    from ddpviz.app.step_history import step_rates
+    from ddpviz.app.window import RunWindow
+    from ddpviz.workers.sink import RedisStreamWriter
+    from ddpviz.workers.store import RunStatus
 
     n = 1600
     rid = real_client.submit({"mode": "ddp", "world_size": 2, "steps": n})
@@ -142,7 +142,7 @@ def test_a_run_opened_late_reads_the_middle_it_skipped_on_the_next_polls(real_cl
 
 
 def pd_frame():
-    from app.frames.steps import steps_frame
+    from ddpviz.app.frames.steps import steps_frame
 
     return steps_frame([], "r")
 
@@ -150,8 +150,8 @@ def pd_frame():
 def test_a_finished_run_without_evaluations_does_not_wait_for_one(real_client, redis_client, app_test):
     import eventgen as g
 
-    from workers.sink import RedisStreamWriter
-    from workers.store import RunStatus
+    from ddpviz.workers.sink import RedisStreamWriter
+    from ddpviz.workers.store import RunStatus
 
     rid = real_client.submit({"mode": "ddp", "world_size": 2, "steps": 4})
     real_client.store.mark_started(rid, "test-worker")
@@ -168,7 +168,7 @@ def test_a_finished_run_without_evaluations_does_not_wait_for_one(real_client, r
 def test_memory_within_a_step_of_a_tiny_model_is_drawn_in_bytes_not_fractions_of_a_mib():
     import pandas as pd
 
-    from app.charts.memory import memory_curve_charts
+    from ddpviz.app.charts.memory import memory_curve_charts
 
     held_bytes = [0, 168, 420]  # Linear(20, 1): its weights, gradients and a few activations
     curve = pd.DataFrame({"t_ms": [0.0, 1.0, 2.0], "mib": [b / 2**20 for b in held_bytes], "device": "cpu:0",
@@ -181,8 +181,8 @@ def test_memory_within_a_step_of_a_tiny_model_is_drawn_in_bytes_not_fractions_of
 
 
 def test_an_attached_run_before_rank_0_started_names_its_command_without_nones():
-    from app.panels import what_trained
-    from app.window import RunWindow
+    from ddpviz.app.panels import what_trained
+    from ddpviz.app.window import RunWindow
 
     w = RunWindow("x")
     w.run = {"status": "started", "config": {"mode": "ddp", "attached": True, "command": ["torchrun", "t.py"]}}

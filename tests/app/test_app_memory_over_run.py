@@ -4,10 +4,10 @@ drawn one chart per source. Values checked against readings worked by hand."""
 
 import pytest
 
-from app.charts import memory as charts_memory
-from app.frames import memory as fm
-from app.step_history import ReadingHistory
-from app.window import RunWindow
+from ddpviz.app.charts import memory as charts_memory
+from ddpviz.app.frames import memory as fm
+from ddpviz.app.step_history import ReadingHistory
+from ddpviz.app.window import RunWindow
 
 MIB = 2**20
 T0 = 1_000_000.0  # the run's start (unix s)

@@ -10,8 +10,8 @@ from collections import defaultdict
 import pytest
 from recorded import DATA, FILES
 
-from app.frames import compare as fc
-from app.frames import steps as fsteps
+from ddpviz.app.frames import compare as fc
+from ddpviz.app.frames import steps as fsteps
 
 
 def _view(mode: str) -> fc.RunView:
@@ -44,7 +44,7 @@ def test_dp_copies_are_never_called_exposed_comm(views):
     ddp_split = fsteps.split_frame(fsteps.steps_frame(ddp.of_type("step"), "DDP"), {"DDP": "ddp"})
     assert "exposed comm" in set(ddp_split["part"]) and fsteps.DP_COPIES_PART not in set(ddp_split["part"])
     # the chart's legend names only the parts present
-    from app.charts.steps import split_chart
+    from ddpviz.app.charts.steps import split_chart
 
     legend = split_chart(split).to_dict()["layer"][0]["encoding"]["color"]["scale"]["domain"]
     assert fsteps.DP_COPIES_PART in legend and "exposed comm" not in legend
@@ -61,7 +61,7 @@ def _step_times(mode: str) -> dict[int, tuple[float, bool]]:
 
 
 def test_dp_timeline_opens_on_a_typical_step(views):
-    from app.frames import dp as fd
+    from ddpviz.app.frames import dp as fd
 
     dp = views["dp"]
     phase_steps = fd.dp_steps(dp.of_type("dp_phase"))
@@ -81,7 +81,7 @@ def test_dp_timeline_opens_on_a_typical_step(views):
 def test_the_time_every_device_waits():
     import pandas as pd
 
-    from app.frames import dp as fd
+    from ddpviz.app.frames import dp as fd
 
     # device 0 busy 0-4 and 6-9, device 1 busy 3-5: both wait 5-6 only (and nothing after 9)
     phases = pd.DataFrame({"step": 1, "device": ["cpu:0", "cpu:0", "cpu:1"], "start_ms": [0.0, 6.0, 3.0],
@@ -107,8 +107,8 @@ def _hue_word(hex_colour: str) -> str:
 
 
 def test_bucket_chart_colour_note_matches_the_colours_drawn(views):
-    from app.charts import buckets as cb
-    from app.frames import buckets as fb
+    from ddpviz.app.charts import buckets as cb
+    from ddpviz.app.frames import buckets as fb
 
     ddp = views["ddp"]
     events = ddp.of_type("bucket") + ddp.of_type("step")
@@ -130,9 +130,9 @@ def test_bucket_chart_colour_note_matches_the_colours_drawn(views):
 
 
 def test_memory_axes_end_near_the_data_and_read_in_whole_mib():
-    from app.charts import memory as cm
-    from app.frames import memory as fm
-    from app.step_history import ReadingHistory
+    from ddpviz.app.charts import memory as cm
+    from ddpviz.app.frames import memory as fm
+    from ddpviz.app.step_history import ReadingHistory
 
     mib = 2**20
     h = ReadingHistory(bin_s=1.0)  # a nearly flat process, 662.1-662.4 MiB, readings up to 23.4 s
@@ -154,7 +154,7 @@ def test_memory_axes_end_near_the_data_and_read_in_whole_mib():
 
 
 def test_theory_probe_note_names_the_runs_own_sizes():
-    from app.frames.theory import probe_note
+    from ddpviz.app.frames.theory import probe_note
 
     pts = [{"nbytes": n, "time_s": 1e-4 * (1 + n / 4096), "busbw_bytes_per_s": 1e9} for n in (4096, 8192, 170_000)]
     text = probe_note({"points": pts, "run_nbytes": [170_000], "backend": "gloo", "iters": 10,

@@ -10,14 +10,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from app.charts import dp as charts_dp
-from app.charts import memory as charts_memory
-from app.charts import steps as charts
-from app.frames import base as frames
-from app.frames import buckets as fb
-from app.frames import dp as fd
-from app.frames import memory as fm
-from app.frames import steps as fsteps
+from ddpviz.app.charts import dp as charts_dp
+from ddpviz.app.charts import memory as charts_memory
+from ddpviz.app.charts import steps as charts
+from ddpviz.app.frames import base as frames
+from ddpviz.app.frames import buckets as fb
+from ddpviz.app.frames import dp as fd
+from ddpviz.app.frames import memory as fm
+from ddpviz.app.frames import steps as fsteps
 
 DATA = Path(__file__).parent / "data"
 

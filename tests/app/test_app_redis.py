@@ -57,7 +57,8 @@ def test_cancel_queued_run_from_live(real_client, app_test):
 
 
 def test_unreachable_redis_banner_with_real_client(app_test, monkeypatch):
-    import app.connection
+    import ddpviz.app.connection
+    from ddpviz import app  # noqa: E402
 
     monkeypatch.setenv("REDIS_URL", "redis://:hunter2@127.0.0.1:1/0")  # nothing listens on port 1
     app.connection._client.clear()

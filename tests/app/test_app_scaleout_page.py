@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 from recorded import trio
 
-from app.charts import scaleout as cs
-from app.frames import scaleout as fso
-from workers.scaleout import report, scenario_from
+from ddpviz.app.charts import scaleout as cs
+from ddpviz.app.frames import scaleout as fso
+from ddpviz.workers.scaleout import report, scenario_from
 
 
 def _specs(at) -> list[dict]:
@@ -25,7 +25,7 @@ def _texts(spec) -> str:
 def test_scaleout_page_draws_predictions_on_recorded_runs(real_client, app_test):
     from recorded import CONFIG
 
-    from workers.store import RunStatus
+    from ddpviz.workers.store import RunStatus
 
     _, ids = trio(real_client)
     # a DDP run of the same config at world size 4 that fed nothing into the fit: step 9.6 ms

@@ -7,10 +7,10 @@ engine/modes/dp/emulated.py, dp/cuda.py, ddp/rank.py and fsdp/collectives.py."""
 
 import pytest
 
-from app.charts import compare as charts_compare
-from app.charts import steps as charts_steps
-from app.frames import compare as fc
-from app.frames import steps as fsteps
+from ddpviz.app.charts import compare as charts_compare
+from ddpviz.app.charts import steps as charts_steps
+from ddpviz.app.frames import compare as fc
+from ddpviz.app.frames import steps as fsteps
 
 SOURCES = {  # volume_source as the engine writes it -> the label both pages must show
     "measured": "measured",

@@ -6,7 +6,7 @@ import threading
 import eventgen as g
 from fakeclient import FakeClient
 
-from app.window import RunWindow, gc_paused
+from ddpviz.app.window import RunWindow, gc_paused
 
 CFG = {"mode": "ddp", "world_size": 2, "steps": 40}
 
@@ -55,7 +55,7 @@ def test_the_collector_comes_back_when_the_last_concurrent_reader_leaves():
     t.join(5)
     assert gc.isenabled()
     # readers that keep overlapping: one leaving after GC_MAX_OFF_S runs a collection
-    import app.window as window
+    import ddpviz.app.window as window
 
     collections = gc.get_stats()[2]["collections"]
     inside.clear()
@@ -127,8 +127,8 @@ def test_min_interval_skips_reads():
 
 
 def _long_run(client, run_id: str, steps: int) -> list[dict]:
-    from workers.sink import RedisStreamWriter
-    from workers.store import RunStore
+    from ddpviz.workers.sink import RedisStreamWriter
+    from ddpviz.workers.store import RunStore
 
     events = g.full_run(run_id, "ddp", steps=steps)
     RunStore(client.redis).create(run_id, {**CFG, "steps": steps})
@@ -189,7 +189,7 @@ class FullReader:
 
 
 def test_a_window_opened_on_a_short_or_running_stream_reads_on_from_the_tail(real_client):
-    from workers.sink import RedisStreamWriter
+    from ddpviz.workers.sink import RedisStreamWriter
 
     events = _long_run(real_client, "r", 3)
     w = RunWindow("r", batch=1000)

@@ -1,6 +1,6 @@
 """The Runs table names attached runs (`ddpviz run`) with their script and host (issue 24)."""
 
-from app.frames import runs as fruns
+from ddpviz.app.frames import runs as fruns
 
 
 def test_an_attached_run_shows_its_script_and_host_and_a_launched_one_says_so():

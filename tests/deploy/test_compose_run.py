@@ -56,7 +56,7 @@ def redis_server_binary() -> str:
 
 
 def free_port() -> int:
-    from workers.connection import free_port as fp
+    from ddpviz.workers.connection import free_port as fp
 
     return fp()
 
@@ -187,7 +187,7 @@ def test_the_compose_services_run_a_dp_ddp_pair(host):
     host.healthy("app", app)
     url = host.env("app")["REDIS_URL"]
     assert url == f"redis://:{host.password}@127.0.0.1:{port}/0"  # the compose URL, rewritten
-    from workers.client import DdpvizClient
+    from ddpviz.workers.client import DdpvizClient
 
     client = DdpvizClient(url=url)
     command = host.service("worker-cpu")["command"]

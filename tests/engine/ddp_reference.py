@@ -15,11 +15,11 @@ import torch.distributed as dist
 import torch.distributed.nn.functional  # noqa: F401,E402
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from engine.components.training import loss_fn
-from engine.config import RunConfig
-from engine.data import BatchPlan, load_dataset
-from engine.models import build_model
-from engine.modes.ddp.comm_hook import BucketRecorder, recording_hook
+from ddpviz.engine.components.training import loss_fn
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.data import BatchPlan, load_dataset
+from ddpviz.engine.models import build_model
+from ddpviz.engine.modes.ddp.comm_hook import BucketRecorder, recording_hook
 
 
 def _worker(rank, world, port, cfg_dict, steps, out):
@@ -68,6 +68,6 @@ def reference_run(cfg: RunConfig, steps: int = 3) -> dict:
     """Run the reference on 2 ranks; returns rank 0's bucket sizes, gradients and recorded bytes."""
     from ref_procs import run_reference
 
-    from engine.modes.launcher import free_port
+    from ddpviz.engine.modes.launcher import free_port
 
     return run_reference(_worker, (2, free_port(), cfg.to_json_dict(), steps), nprocs=2, results=1)[0]

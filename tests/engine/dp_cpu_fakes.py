@@ -20,7 +20,7 @@ import torch
 import torch.nn.parallel._functions as functions
 from torch.nn.parallel import comm
 
-import engine.modes.dp.cuda as dp_cuda
+import ddpviz.engine.modes.dp.cuda as dp_cuda
 
 
 class CpuBroadcast(torch.autograd.Function):

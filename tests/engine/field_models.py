@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from engine.data import Dataset, load_dataset
-from engine.plugins import ModelPlugin
+from ddpviz.engine.data import Dataset, load_dataset
+from ddpviz.engine.plugins import ModelPlugin
 
 HERE = Path(__file__).resolve().parent
 
@@ -107,7 +107,7 @@ def bad_sample_data(cfg, kind: str) -> Dataset:
     on at step `BAD_STEP` (by the run's own `BatchPlan`, so single, DP and DDP meet it at that step):
     NaN features (`kind="nan"`, the loss is NaN), or features ±3e38 with label 0 for `ScaledLogits`
     (`kind="inf"`, cross-entropy overflows float32 to inf)."""
-    from engine.data import BatchPlan
+    from ddpviz.engine.data import BatchPlan
 
     ds = random_data(f"bad-{kind}", 16, 10)
     plan = BatchPlan(len(ds), cfg.world_size, cfg.micro_batch_per_device, cfg.seed)

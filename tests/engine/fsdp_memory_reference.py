@@ -24,8 +24,8 @@ import torch.distributed as dist
 import torch.distributed.nn.functional  # noqa: F401,E402
 import torch.nn.functional as F
 
-from engine.config import RunConfig
-from engine.data import BatchPlan
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.data import BatchPlan
 
 
 def _alive_bytes(tensors) -> int:
@@ -80,7 +80,7 @@ def allocator_peaks(cfg: RunConfig, tmp: str) -> dict[int, list[int]]:
     """rank -> each step's peak bytes (see module docstring); `cfg` must be an mlp on CPU."""
     from ref_procs import run_reference
 
-    from engine.modes.launcher import free_port
+    from ddpviz.engine.modes.launcher import free_port
 
     return dict(run_reference(_worker, (cfg.world_size, free_port(), cfg.to_json_dict(), tmp),
                               nprocs=cfg.world_size, results=cfg.world_size))

@@ -65,7 +65,7 @@ def loopback_bytes(world: int, out: str) -> dict[str, int]:
     """Loopback bytes (all ranks together) of one all-gather and one reduce-scatter of NUMEL fp32."""
     from ref_procs import run_reference
 
-    from engine.modes.launcher import free_port
+    from ddpviz.engine.modes.launcher import free_port
 
     run_reference(_worker, (world, free_port(), out), nprocs=world)
     return torch.load(out)

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from engine.data import Dataset, load_dataset
-from engine.plugins import ModelPlugin
+from ddpviz.engine.data import Dataset, load_dataset
+from ddpviz.engine.plugins import ModelPlugin
 
 WIDE_CLASSES = 20_000
 

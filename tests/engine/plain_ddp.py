@@ -22,8 +22,8 @@ import torch.distributed.nn.functional  # noqa: F401,E402
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from engine.config import RunConfig
-from engine.data import BatchPlan
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.data import BatchPlan
 
 
 def _logits(out):
@@ -101,7 +101,7 @@ def plain_ddp(cfg: RunConfig) -> dict:
     """Train `cfg` (cfg.steps steps, 2 ranks) with plain DDP; rank 0's report (see module doc)."""
     from ref_procs import run_reference
 
-    from engine.modes.launcher import free_port
+    from ddpviz.engine.modes.launcher import free_port
 
     assert cfg.world_size == 2 and cfg.grad_accum_steps == 1 and cfg.optimizer == "sgd"
     (report,) = run_reference(_worker, (2, free_port(), cfg.to_json_dict()), nprocs=2, results=1)

@@ -20,7 +20,7 @@ import queue as queue_mod
 import time
 from typing import Any, Callable
 
-from engine.modes.ranks import leave_process_group, start_rank_processes
+from ddpviz.engine.modes.ranks import leave_process_group, start_rank_processes
 
 TIMEOUT_S = 240.0
 
@@ -78,9 +78,9 @@ def join_gloo(rank: int, world: int, port: int, threads: int | None = None) -> N
 def gloo_model(rank: int, world: int, port: int, cfg_dict: dict):
     """`join_gloo` with one thread, then the config's dataset and a freshly built model (the
     plugin's `build_model`, seeded as ddpviz seeds it): returns (cfg, dataset, model)."""
-    from engine.config import RunConfig
-    from engine.data import load_dataset
-    from engine.models import build_model
+    from ddpviz.engine.config import RunConfig
+    from ddpviz.engine.data import load_dataset
+    from ddpviz.engine.models import build_model
 
     join_gloo(rank, world, port, threads=1)
     cfg = RunConfig(**cfg_dict)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.config import RunConfig, validate_config
-from engine.events import ListSink
-from engine.run import run_training
+from ddpviz.engine.config import RunConfig, validate_config
+from ddpviz.engine.events import ListSink
+from ddpviz.engine.run import run_training
 
 
 def train(cfg: RunConfig | dict[str, Any], run_id: str = "test", must_succeed: bool = True) -> tuple:

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from engine.analysis import bucket_bandwidths, fit_ring_model, predict_ring_s, ring_factor, theory_bytes
-from engine.config import RunConfig
-from engine.events import ListSink
-from engine.export import chrome_trace, export_path, steps_csv, to_jsonl
-from engine.run import run_training
+from ddpviz.engine.analysis import bucket_bandwidths, fit_ring_model, predict_ring_s, ring_factor, theory_bytes
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.events import ListSink
+from ddpviz.engine.export import chrome_trace, export_path, steps_csv, to_jsonl
+from ddpviz.engine.run import run_training
 
 
 def test_busbw_is_algbw_times_the_ring_factor():

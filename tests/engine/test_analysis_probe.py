@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from engine.analysis import (
+from ddpviz.engine.analysis import (
     busbw_vs_probe,
     fit_ring_range,
     fit_ring_times,
@@ -20,7 +20,7 @@ from engine.analysis import (
     probe_point,
     ring_factor,
 )
-from engine.modes.ddp.probe import probe_sizes
+from ddpviz.engine.modes.ddp.probe import probe_sizes
 
 
 def _b(step, rank, idx, start, end, nbytes=1000):

@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.attach.comm import BUCKET_BYTES
-from engine.attach.ddp import VolumeBook
-from engine.attach.env import RUN_ID_ENV, SPOOL_ENV
-from engine.attach.session import Session
-from engine.attach.steps import StepTracker
-from engine.events import ListSink
+from ddpviz.engine.attach.comm import BUCKET_BYTES
+from ddpviz.engine.attach.ddp import VolumeBook
+from ddpviz.engine.attach.env import RUN_ID_ENV, SPOOL_ENV
+from ddpviz.engine.attach.session import Session
+from ddpviz.engine.attach.steps import StepTracker
+from ddpviz.engine.events import ListSink
 
 
 class FakeDdpWatch:
@@ -189,7 +189,7 @@ def test_the_last_steps_deferred_cuda_buckets_are_written_at_exit_and_none_befor
     # once the process exits (`StepTracker.close` drains), and no event is waited for before that.
     from types import SimpleNamespace
 
-    from engine.attach.ddp import Watch
+    from ddpviz.engine.attach.ddp import Watch
 
     s, sink = _session(tmp_path)
     watch = Watch.__new__(Watch)  # the CUDA bookkeeping alone: no DDP, no GPU

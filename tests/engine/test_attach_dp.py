@@ -20,12 +20,12 @@ import torch.nn.parallel._functions as functions
 from dp_cpu_fakes import CpuBroadcast, broadcast_coalesced
 from torch.nn.parallel import comm
 
-from engine.attach.dp import CPU_NOTE, patch_data_parallel, watch_data_parallel
-from engine.attach.env import RUN_ID_ENV, SPOOL_ENV
-from engine.attach.session import Session
-from engine.attach.steps import StepTracker
-from engine.events import ListSink
-from engine.modes.dp.hooks import HostClock
+from ddpviz.engine.attach.dp import CPU_NOTE, patch_data_parallel, watch_data_parallel
+from ddpviz.engine.attach.env import RUN_ID_ENV, SPOOL_ENV
+from ddpviz.engine.attach.session import Session
+from ddpviz.engine.attach.steps import StepTracker
+from ddpviz.engine.events import ListSink
+from ddpviz.engine.modes.dp.hooks import HostClock
 
 data_parallel = importlib.import_module("torch.nn.parallel.data_parallel")  # the attribute is a function
 BATCH, FEATURES, STEPS = 8, 6, 3

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from engine.attach.env import (RUN_ID_ENV, SOLO_ENV, SPOOL_ENV, STARTUP_DIR, child_environment,
+from ddpviz.engine.attach.env import (RUN_ID_ENV, SOLO_ENV, SPOOL_ENV, STARTUP_DIR, child_environment,
                                should_instrument)
 
 REPO = Path(__file__).resolve().parents[2]

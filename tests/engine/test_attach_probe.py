@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.attach.probe import probe_range
-from engine.modes.ddp.probe import PROBE_MAX_BYTES, PROBE_MIN_BYTES, probe_sizes
+from ddpviz.engine.attach.probe import probe_range
+from ddpviz.engine.modes.ddp.probe import PROBE_MAX_BYTES, PROBE_MIN_BYTES, probe_sizes
 
 
 @pytest.mark.parametrize("buckets", [[1028, 262_144], [4, 40], [5_000, 100 * 2**20], [PROBE_MIN_BYTES]])

@@ -2,9 +2,9 @@
 
 import pytest
 
-from engine.config import RunConfig
-from engine.events import ListSink
-from engine.run import run_training
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.events import ListSink
+from ddpviz.engine.run import run_training
 
 pytestmark = pytest.mark.slow
 

@@ -12,11 +12,11 @@ import pytest
 import runs
 import torch
 
-from engine.components.devices import resolve_plan
-from engine.config import RunConfig
-from engine.data import load_dataset
-from engine.events import ListSink
-from engine.measure.telemetry import Telemetry
+from ddpviz.engine.components.devices import resolve_plan
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.data import load_dataset
+from ddpviz.engine.events import ListSink
+from ddpviz.engine.measure.telemetry import Telemetry
 
 SMALL = dict(model="mlp", width=32, depth=2, global_batch_size=32, steps=3, eval_every=0, step_delay_s=0)
 P_SMALL = (64 * 32 + 32 + 32 * 32 + 32 + 32 * 10 + 10) * 4  # 13,864 B of parameters (= gradients)
@@ -85,8 +85,8 @@ def test_single_reports_no_replica_verdict():
 def _train_counting(mode: str, in_place: bool, steps: int = 3, accum: int = 1):
     from memory_models import Counting
 
-    from engine.modes.dp.emulated import train_dp
-    from engine.modes.single import train_single
+    from ddpviz.engine.modes.dp.emulated import train_dp
+    from ddpviz.engine.modes.single import train_single
 
     cfg = RunConfig(mode=mode, steps=steps, global_batch_size=16, grad_accum_steps=accum,
                     eval_every=0, step_delay_s=0)

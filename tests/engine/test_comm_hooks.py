@@ -11,7 +11,7 @@ import pytest
 import runs
 import torch
 
-from engine.config import ConfigError, RunConfig, validate_config
+from ddpviz.engine.config import ConfigError, RunConfig, validate_config
 
 FAST = dict(mode="ddp", world_size=2, global_batch_size=16, eval_every=0, step_delay_s=0.0, lr=0.1,
             optimizer="sgd", probe=False, steps=4)
@@ -80,7 +80,7 @@ def test_fp16_overflow_after_the_reduce_is_flagged_like_plain_ddp_sees_it():
 
 
 def test_bf16_on_gloo_is_refused_before_launch_quoting_torch():
-    from engine.modes.ddp.comm_hooks import TORCH_BF16_REFUSAL
+    from ddpviz.engine.modes.ddp.comm_hooks import TORCH_BF16_REFUSAL
 
     with pytest.raises(ConfigError) as exc:  # backend named: refused by the config itself
         validate_config({**FAST, "comm_hook": "bf16", "backend": "gloo"})
@@ -100,9 +100,9 @@ def test_torch_itself_refuses_bf16_hook_on_gloo():
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from engine.modes.ddp.comm_hooks import TORCH_BF16_REFUSAL
-    from engine.modes.launcher import free_port
-    from engine.modes.ranks import join_process_group, leave_process_group
+    from ddpviz.engine.modes.ddp.comm_hooks import TORCH_BF16_REFUSAL
+    from ddpviz.engine.modes.launcher import free_port
+    from ddpviz.engine.modes.ranks import join_process_group, leave_process_group
 
     # the store's address in the call, not in os.environ: a MASTER_PORT left there would outlive
     # this test in the process (tests/engine/test_rank_environ.py)
@@ -133,10 +133,10 @@ def test_composing_with_a_users_own_hook_counts_what_it_hands_to_all_reduce():
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from engine.modes.ddp.comm_hook import BucketRecorder, recording_hook
-    from engine.modes.ddp.comm_hooks import compose
-    from engine.modes.launcher import free_port
-    from engine.modes.ranks import join_process_group, leave_process_group
+    from ddpviz.engine.modes.ddp.comm_hook import BucketRecorder, recording_hook
+    from ddpviz.engine.modes.ddp.comm_hooks import compose
+    from ddpviz.engine.modes.launcher import free_port
+    from ddpviz.engine.modes.ranks import join_process_group, leave_process_group
 
     def quarter_hook(state, bucket):
         buf = bucket.buffer()
@@ -168,7 +168,7 @@ def test_composing_with_a_users_own_hook_counts_what_it_hands_to_all_reduce():
 def test_the_cli_flags_carry_the_comm_hook_fields():
     import argparse
 
-    from workers.cli.flags import add_run_flags, run_fields
+    from ddpviz.workers.cli.flags import add_run_flags, run_fields
 
     parser = argparse.ArgumentParser()
     add_run_flags(parser)

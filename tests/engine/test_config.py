@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.config import ConfigError, RunConfig, validate_config
+from ddpviz.engine.config import ConfigError, RunConfig, validate_config
 
 
 def refused(**fields) -> dict[str, str]:

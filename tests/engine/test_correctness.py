@@ -11,7 +11,7 @@ import pytest
 import runs
 import torch
 
-from engine.config import RunConfig
+from ddpviz.engine.config import RunConfig
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 SMALL = dict(width=32, depth=2, global_batch_size=32, steps=5, lr=0.1, optimizer="sgd", eval_every=0)

@@ -3,8 +3,8 @@
 import torch
 from torch.utils.data.distributed import DistributedSampler
 
-from engine.config import RunConfig
-from engine.data import BatchPlan, load_dataset
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.data import BatchPlan, load_dataset
 
 
 def test_digits_are_the_real_scikit_learn_digits():
@@ -44,7 +44,7 @@ def test_global_batch_is_the_ranks_shards_in_rank_order_and_epochs_reshuffle():
 def test_digits_are_exactly_what_scikit_learn_loads():
     from sklearn.datasets import load_digits
 
-    from engine.data import _digits_arrays
+    from ddpviz.engine.data import _digits_arrays
 
     x, y = _digits_arrays()
     ref = load_digits()

@@ -3,11 +3,11 @@
 import pytest
 from ddp_reference import reference_run
 
-from engine.config import RunConfig
-from engine.data import load_dataset
-from engine.events import ListSink
-from engine.models import build_model, grad_bytes
-from engine.run import run_training
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.data import load_dataset
+from ddpviz.engine.events import ListSink
+from ddpviz.engine.models import build_model, grad_bytes
+from ddpviz.engine.run import run_training
 
 pytestmark = pytest.mark.slow
 CFG = dict(model="mlp", width=64, depth=3, global_batch_size=32, steps=4, eval_every=0, lr=0.1, optimizer="sgd")

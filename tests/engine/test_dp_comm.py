@@ -15,7 +15,7 @@ import torch.nn as nn
 from torch._utils import _flatten_dense_tensors, _take_tensors
 from torch.nn.parallel import scatter_gather
 
-from engine.modes.dp.comm import (
+from ddpviz.engine.modes.dp.comm import (
     BUFFER_SIZE_BYTES,
     broadcast_coalesced,
     coalesced_chunks,
@@ -132,9 +132,9 @@ class _TwoHeads(nn.Module):
 
 
 def _dp_step(model, x, y, n=2):
-    from engine.config import RunConfig
-    from engine.modes.dp.emulated import EmulatedDP, PhaseLog
-    from engine.measure.telemetry import now
+    from ddpviz.engine.config import RunConfig
+    from ddpviz.engine.modes.dp.emulated import EmulatedDP, PhaseLog
+    from ddpviz.engine.measure.telemetry import now
 
     dp = EmulatedDP(RunConfig(mode="dp", world_size=n, global_batch_size=len(x), eval_every=0), model, n)
     log = PhaseLog(now())

@@ -12,13 +12,13 @@ import torch
 import torch.nn as nn
 from dp_cpu_fakes import cpu_parallel
 
-from engine.components.training import loss_fn, make_optimizer
-from engine.config import RunConfig
-from engine.events import ListSink
-from engine.measure.telemetry import Telemetry
-from engine.modes.dp.book import SpanBook
-from engine.modes.dp.cuda import CudaDP
-from engine.modes.dp.hooks import HostClock, apply_in_threads
+from ddpviz.engine.components.training import loss_fn, make_optimizer
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.events import ListSink
+from ddpviz.engine.measure.telemetry import Telemetry
+from ddpviz.engine.modes.dp.book import SpanBook
+from ddpviz.engine.modes.dp.cuda import CudaDP
+from ddpviz.engine.modes.dp.hooks import HostClock, apply_in_threads
 
 CFG = RunConfig(mode="dp", world_size=2, global_batch_size=16, grad_accum_steps=2, lr=0.1, optimizer="sgd", step_delay_s=0)
 
@@ -106,7 +106,7 @@ def test_events_md_names_the_field_and_value_dp_on_gpu_emits():
     `volume_source` (the GPU test once read a `source` that `comm_volume` never carried)."""
     from pathlib import Path
 
-    from engine.modes.dp.cuda import COMM_SOURCE
+    from ddpviz.engine.modes.dp.cuda import COMM_SOURCE
 
     root = Path(__file__).resolve().parents[2]
     assert f'`volume_source` = `"{COMM_SOURCE}"`' in (root / "docs" / "events.md").read_text()
@@ -116,8 +116,8 @@ def test_events_md_names_the_field_and_value_dp_on_gpu_emits():
 
 
 def test_tied_gpt_broadcasts_each_tensor_once_and_matches_single(monkeypatch):
-    from engine.data import load_dataset
-    from engine.models import build_model
+    from ddpviz.engine.data import load_dataset
+    from ddpviz.engine.models import build_model
 
     cfg = RunConfig(mode="dp", model="gpt", dataset="text", width=32, depth=2, n_head=2, block_size=16,
                     world_size=2, global_batch_size=4, lr=0.01, optimizer="sgd", step_delay_s=0)
@@ -198,9 +198,9 @@ def test_amp_runs_bf16_inside_every_replica_of_the_cuda_dp_step(monkeypatch):
 
 
 def test_amp_runs_bf16_inside_every_replica_of_the_emulated_dp():
-    from engine.components.devices import resolve_plan
-    from engine.data import load_dataset
-    from engine.modes.dp.emulated import train_dp
+    from ddpviz.engine.components.devices import resolve_plan
+    from ddpviz.engine.data import load_dataset
+    from ddpviz.engine.modes.dp.emulated import train_dp
 
     Probe.seen = []
     cfg = RunConfig(mode="dp", world_size=2, amp=True, steps=1, eval_every=0, step_delay_s=0,
@@ -225,7 +225,7 @@ def two_replica_graph():
 
 
 def test_backward_ends_when_that_devices_last_gradient_is_handed_over():
-    from engine.modes.dp.hooks import mark_backward
+    from ddpviz.engine.modes.dp.hooks import mark_backward
 
     (w, v), outs, node = two_replica_graph()
     book, clock = SpanBook(), HostClock()
@@ -238,8 +238,8 @@ def test_backward_ends_when_that_devices_last_gradient_is_handed_over():
 
 
 def test_reduce_is_marked_on_every_device_and_counts_what_device_1_sends():
-    from engine.modes.dp.book import StarTraffic
-    from engine.modes.dp.hooks import mark_reduce
+    from ddpviz.engine.modes.dp.book import StarTraffic
+    from ddpviz.engine.modes.dp.hooks import mark_reduce
 
     _, outs, node = two_replica_graph()
     book, clock, traffic = SpanBook(), HostClock(), StarTraffic(2)
@@ -278,8 +278,8 @@ def test_a_sampled_step_resets_every_devices_peak_before_its_first_copy(monkeypa
 
 
 def test_gpu_dp_refuses_a_fault_it_cannot_inject_before_launch(monkeypatch):
-    from engine.components.devices import PreflightError, resolve_plan
-    from engine.config import validate_config
+    from ddpviz.engine.components.devices import PreflightError, resolve_plan
+    from ddpviz.engine.config import validate_config
 
     with pytest.raises(ValueError, match="fault 'raise' is not injected by DP on CUDA"):
         validate_config(dict(mode="dp", device="cuda", world_size=2, fault="raise", fault_step=0))

@@ -7,8 +7,8 @@ sum and byte count below is worked out by hand in the comments.
 import pytest
 import torch
 
-from engine.modes.dp.book import COMM_PHASES, Span, SpanBook, StarTraffic, phase_seconds, tensor_nbytes
-from engine.modes.dp.book import theory_star_bytes, unique_tensors
+from ddpviz.engine.modes.dp.book import COMM_PHASES, Span, SpanBook, StarTraffic, phase_seconds, tensor_nbytes
+from ddpviz.engine.modes.dp.book import theory_star_bytes, unique_tensors
 
 
 def seconds_from(origins):

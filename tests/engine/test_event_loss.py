@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.events import BatchingSink, JsonlWriter, ListSink, make_event, read_jsonl
-from engine.summary import SummaryBuilder
+from ddpviz.engine.events import BatchingSink, JsonlWriter, ListSink, make_event, read_jsonl
+from ddpviz.engine.summary import SummaryBuilder
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
 
@@ -97,9 +97,9 @@ def test_a_jsonl_writer_that_fails_leaves_no_half_batch_behind(tmp_path):
 
 
 def test_a_rank_whose_event_file_fails_leaves_its_loss_and_the_launcher_reports_it(tmp_path, monkeypatch):
-    from engine.config import RunConfig
-    from engine.modes import ranks
-    from engine.modes.launcher import report_lost
+    from ddpviz.engine.config import RunConfig
+    from ddpviz.engine.modes import ranks
+    from ddpviz.engine.modes.launcher import report_lost
 
     monkeypatch.setattr(ranks, "die_with_parent", lambda: None)  # this is pytest, not a rank process
     monkeypatch.setenv("RANK", "3")

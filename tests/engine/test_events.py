@@ -3,7 +3,7 @@
 import json
 import time
 
-from engine.events import BatchingSink, JsonlTail, JsonlWriter, ListSink, make_event, read_jsonl
+from ddpviz.engine.events import BatchingSink, JsonlTail, JsonlWriter, ListSink, make_event, read_jsonl
 
 
 def test_batching_sink_delivers_everything_in_order_in_batches(tmp_path):
@@ -55,7 +55,7 @@ def test_jsonl_writer_round_trip(tmp_path):
 
 
 def test_jsonl_tail_returns_each_event_with_the_line_it_was_read_from(tmp_path):
-    from engine.events import RawEvent
+    from ddpviz.engine.events import RawEvent
 
     path = tmp_path / "rank0.jsonl"
     w = JsonlWriter(path)
@@ -71,7 +71,7 @@ def test_jsonl_tail_returns_each_event_with_the_line_it_was_read_from(tmp_path):
 
 
 def test_a_raw_event_forgets_its_line_on_any_change():
-    from engine.events import RawEvent
+    from ddpviz.engine.events import RawEvent
 
     changes = [lambda e: e.__setitem__("host", "h"), lambda e: e.update(host="h"),
                lambda e: e.setdefault("host", "h"), lambda e: e.pop("step"),
@@ -89,7 +89,7 @@ def test_a_raw_event_forgets_its_line_on_any_change():
 def test_encode_json_is_strict_json_with_string_keys():
     import numpy as np
 
-    from engine.events import encode_json
+    from ddpviz.engine.events import encode_json
 
     obj = {"loss": float("nan"), "peak": float("inf"), "n": np.int64(3), "x": np.float32(0.5),
            "by_rank": {0: 1, 1: 2}, "s": {1}, "t": (1, 2), "big": 2 ** 70}

@@ -6,9 +6,9 @@ import time
 import psutil
 import pytest
 
-from engine.config import RunConfig
-from engine.events import ListSink
-from engine.run import run_training
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.events import ListSink
+from ddpviz.engine.run import run_training
 
 pytestmark = pytest.mark.slow
 BASE = dict(mode="ddp", width=32, depth=2, global_batch_size=32, steps=40, eval_every=0, step_delay_s=0)
@@ -142,7 +142,7 @@ def test_a_rank_that_raised_and_then_died_of_a_signal_is_reported_by_its_excepti
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-    from engine.modes.launcher import root_cause
+    from ddpviz.engine.modes.launcher import root_cause
 
     own = {"rank": 1, "step": 2, "host": "hostB", "exception": "InjectedFault: injected fault: rank 1 "
            "raised at step 2", "traceback": "Traceback ... maybe_fail"}

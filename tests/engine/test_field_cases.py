@@ -16,7 +16,7 @@ import runs
 import torch
 import torch.nn.functional as F
 
-from engine.config import RunConfig, validate_config
+from ddpviz.engine.config import RunConfig, validate_config
 
 FAST = dict(world_size=2, global_batch_size=16, eval_every=0, step_delay_s=0.0, lr=0.1, optimizer="sgd")
 
@@ -58,9 +58,9 @@ def test_without_static_graph_the_unused_head_is_refused_before_launch():
 
 
 def test_the_probe_is_one_real_micro_batch_and_leaves_the_model_untouched():
-    from engine.components.preflight import check_model, probe_batch
-    from engine.data import load_dataset
-    from engine.models import build_model
+    from ddpviz.engine.components.preflight import check_model, probe_batch
+    from ddpviz.engine.data import load_dataset
+    from ddpviz.engine.models import build_model
 
     cfg = cfg_of("bnhalves", mode="ddp", global_batch_size=32)
     ds = load_dataset(cfg)
@@ -90,7 +90,7 @@ def test_batchnorm_on_each_half_trains_in_sync_like_plain_ddp():
 # -- 3: the stage that failed ---------------------------------------------------------------------
 
 def test_a_plugin_whose_build_raises_fails_at_plugin_build_with_its_traceback():
-    from workers.cli.progress import summary_line
+    from ddpviz.workers.cli.progress import summary_line
 
     result, sink = run(cfg_of("boom", mode="ddp"))
     err = result.error
@@ -109,7 +109,7 @@ def test_a_plugin_whose_data_is_missing_fails_at_dataset():
 
 @pytest.mark.slow
 def test_a_rank_failure_names_the_rank_and_the_step():
-    from workers.cli.progress import summary_line
+    from ddpviz.workers.cli.progress import summary_line
 
     result, _ = run(validate_config(dict(FAST, mode="ddp", width=16, depth=1, steps=6, fault="raise",
                                          fault_rank=1, fault_step=2)))
@@ -139,8 +139,8 @@ def test_dict_and_tuple_outputs_train_in_every_mode_like_single(model):
 
 
 def test_single_with_a_dict_output_equals_plain_torch_on_its_logits():
-    from engine.data import BatchPlan, load_dataset
-    from engine.models import build_model
+    from ddpviz.engine.data import BatchPlan, load_dataset
+    from ddpviz.engine.models import build_model
 
     cfg = cfg_of("dictout", mode="single")
     result, _ = run(cfg)
@@ -182,10 +182,10 @@ def test_labels_beyond_the_logits_are_refused_before_launch(mode):
 # -- 6: sparse gradients -------------------------------------------------------------------------------
 
 def sparse_preview(cfg):
-    from engine.components.preflight import probe_batch
-    from engine.data import load_dataset
-    from engine.models import build_model
-    from engine.modes.ddp.buckets import preview_buckets
+    from ddpviz.engine.components.preflight import probe_batch
+    from ddpviz.engine.data import load_dataset
+    from ddpviz.engine.models import build_model
+    from ddpviz.engine.modes.ddp.buckets import preview_buckets
 
     ds = load_dataset(cfg)
     return preview_buckets(cfg, build_model(cfg, ds), *probe_batch(cfg, ds))

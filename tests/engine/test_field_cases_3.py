@@ -20,8 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from engine.config import RunConfig, validate_config
-from engine.events import encode_json
+from ddpviz.engine.config import RunConfig, validate_config
+from ddpviz.engine.events import encode_json
 
 FAST = dict(world_size=2, global_batch_size=16, eval_every=0, step_delay_s=0.0, lr=0.1, optimizer="sgd",
             probe=False)
@@ -42,8 +42,8 @@ def run(cfg: RunConfig) -> tuple:
 
 def plain_single_losses(cfg: RunConfig) -> list[float]:
     """Plain torch on one device: the global batch of each step, F.cross_entropy, SGD."""
-    from engine.data import BatchPlan, load_dataset
-    from engine.models import build_model
+    from ddpviz.engine.data import BatchPlan, load_dataset
+    from ddpviz.engine.models import build_model
 
     ds = load_dataset(cfg)
     model = build_model(cfg, ds)
@@ -93,7 +93,7 @@ def test_a_nonfinite_loss_fails_at_its_step_like_plain_torch_first_shows_it(mode
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 def test_a_nan_loss_names_the_rank_and_step_plain_ddp_first_shows_it(mode):
     from plain_ddp import plain_ddp
-    from workers.cli.progress import summary_line
+    from ddpviz.workers.cli.progress import summary_line
 
     cfg = cfg_of("nanat3", mode=mode)
     ref = plain_ddp(cfg.model_copy(update={"mode": "ddp"}))
@@ -116,8 +116,8 @@ def test_a_nan_loss_names_the_rank_and_step_plain_ddp_first_shows_it(mode):
 
 
 def test_the_summary_reads_null_and_named_losses_from_json():
-    from engine.events import decode_json, make_event
-    from engine.summary import SummaryBuilder
+    from ddpviz.engine.events import decode_json, make_event
+    from ddpviz.engine.summary import SummaryBuilder
 
     b = SummaryBuilder()
     for rank, loss in ((0, 1.5), (1, float("inf"))):  # through JSON, as a rank's file carries them
@@ -131,7 +131,7 @@ def test_the_summary_reads_null_and_named_losses_from_json():
 
 @pytest.mark.parametrize("mode", ["single", "dp", "ddp", "fsdp"])
 def test_an_empty_validation_split_is_refused_before_launch(mode):
-    from engine.data import load_dataset
+    from ddpviz.engine.data import load_dataset
 
     cfg = cfg_of("noval", mode=mode)
     assert len(load_dataset(cfg).x_val) == 0
@@ -199,7 +199,7 @@ def test_a_too_large_batch_still_names_global_batch_size():
 
 
 def test_a_plugin_build_returning_a_dict_is_named_at_plugin_build():
-    from workers.cli.progress import summary_line
+    from ddpviz.workers.cli.progress import summary_line
 
     with pytest.raises(AttributeError):  # what plain torch code does with it: {}.parameters()
         field_models.dictbuild.build(None).parameters()
@@ -213,7 +213,7 @@ def test_a_plugin_build_returning_a_dict_is_named_at_plugin_build():
 
 
 def test_the_cli_explains_a_nan_loss_without_a_traceback(capsys):
-    from workers.cli import main
+    from ddpviz.workers.cli import main
 
     with pytest.raises(SystemExit) as code:
         main(["train", "--model", "nanat3", "--mode", "single", "--world-size", "2", "--steps", "6",

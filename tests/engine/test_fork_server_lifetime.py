@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 import pytest
 
-from engine.config import RunConfig
-from engine.run import run_training
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.run import run_training
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import pytest
 import runs
 import torch
 
-from engine.config import RunConfig
+from ddpviz.engine.config import RunConfig
 
 pytestmark = pytest.mark.slow
 TOL = dict(rtol=1e-5, atol=1e-6)

@@ -19,17 +19,17 @@ def _worker(_i, store_path, q):
     import torch
     import torch.distributed as dist
 
-    from engine.config import RunConfig
-    from engine.data import load_dataset
-    from engine.events import ListSink
-    from engine.measure.clocks import HostClock
-    from engine.measure.telemetry import Telemetry
-    from engine.models import build_model
-    from engine.modes.fsdp.collectives import CollectiveLog, install_recorders
-    from engine.modes.fsdp.memory import FsdpMemoryProbe
-    from engine.modes.fsdp.rank import shard_model
-    from engine.modes.fsdp.step import StepRunner
-    from engine.components.training import make_optimizer
+    from ddpviz.engine.config import RunConfig
+    from ddpviz.engine.data import load_dataset
+    from ddpviz.engine.events import ListSink
+    from ddpviz.engine.measure.clocks import HostClock
+    from ddpviz.engine.measure.telemetry import Telemetry
+    from ddpviz.engine.models import build_model
+    from ddpviz.engine.modes.fsdp.collectives import CollectiveLog, install_recorders
+    from ddpviz.engine.modes.fsdp.memory import FsdpMemoryProbe
+    from ddpviz.engine.modes.fsdp.rank import shard_model
+    from ddpviz.engine.modes.fsdp.step import StepRunner
+    from ddpviz.engine.components.training import make_optimizer
 
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=0, world_size=1)
     cfg = RunConfig(**FIELDS)

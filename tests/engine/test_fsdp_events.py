@@ -10,9 +10,9 @@ import math
 import pytest
 import runs
 
-from engine.config import RunConfig
-from engine.data import load_dataset
-from engine.models import build_model
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.data import load_dataset
+from ddpviz.engine.models import build_model
 
 pytestmark = pytest.mark.slow
 N = 3

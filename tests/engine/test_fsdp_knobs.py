@@ -12,11 +12,11 @@ import pytest
 import runs
 import torch
 
-from engine.config import RunConfig
-from engine.data import load_dataset
-from engine.events import ListSink
-from engine.models import build_model
-from engine.run import run_training
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.data import load_dataset
+from ddpviz.engine.events import ListSink
+from ddpviz.engine.models import build_model
+from ddpviz.engine.run import run_training
 
 pytestmark = pytest.mark.slow
 SMALL = dict(model="mlp", width=32, depth=2, global_batch_size=32, steps=5, lr=0.1, optimizer="sgd", eval_every=0, step_delay_s=0)
@@ -53,8 +53,8 @@ def one_unit_plugin(tmp_path_factory):
     root = tmp_path_factory.mktemp("fsdp_site")
     (root / "flat_plugin.py").write_text(textwrap.dedent('''
         import torch.nn as nn
-        from engine.data import load_dataset
-        from engine.plugins import ModelPlugin
+        from ddpviz.engine.data import load_dataset
+        from ddpviz.engine.plugins import ModelPlugin
 
         plugin = ModelPlugin(build=lambda cfg: nn.Sequential(nn.Linear(64, 24), nn.ReLU(), nn.Linear(24, 10)),
                              dataset=lambda cfg: load_dataset(cfg.model_copy(update={"model": "mlp"})))
@@ -102,7 +102,7 @@ def test_gpt_width_256_peak_per_rank_is_below_what_any_ddp_rank_must_hold():
 
 
 def test_compare_cli_runs_the_modes_asked_for(capsys):
-    from workers.cli.commands import main
+    from ddpviz.workers.cli.commands import main
 
     with pytest.raises(SystemExit) as info:
         main(["compare", "--json", "--modes", "single,fsdp", "--steps", "3", "--width", "16", "--depth", "1",
@@ -115,7 +115,7 @@ def test_compare_cli_runs_the_modes_asked_for(capsys):
 
 
 def test_compare_cli_refuses_an_unknown_mode(capsys):
-    from workers.cli.commands import main
+    from ddpviz.workers.cli.commands import main
 
     with pytest.raises(SystemExit) as info:
         main(["compare", "--modes", "single,zero3"])

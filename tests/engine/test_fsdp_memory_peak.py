@@ -10,10 +10,10 @@ samples it replaced reported 7.4-8.4 MiB against the allocator's ~10.4 MiB.
 import pytest
 import runs
 
-from engine.config import RunConfig
-from engine.events import ListSink
-from engine.run import run_training
-from engine.summary import SummaryBuilder
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.events import ListSink
+from ddpviz.engine.run import run_training
+from ddpviz.engine.summary import SummaryBuilder
 
 pytestmark = pytest.mark.slow
 FIELDS = dict(mode="fsdp", model="mlp", width=512, depth=3, world_size=2, global_batch_size=1024, steps=4,
@@ -43,7 +43,7 @@ def test_fsdp_peak_per_rank_is_the_allocators_peak_over_the_whole_step(run, tmp_
 
 def test_steps_that_traced_memory_are_left_out_of_the_throughput_medians():
     """Item 7: a step with a `memory` event paid for the tracing; the medians must not use it."""
-    from engine.summary import run_steps, steady_steps
+    from ddpviz.engine.summary import run_steps, steady_steps
 
     sink = ListSink()
     cfg = RunConfig(**{**FIELDS, "width": 16, "depth": 1, "global_batch_size": 32, "steps": 55})

@@ -8,13 +8,13 @@ import pytest
 import torch
 import torch.nn as nn
 
-from engine.components.devices import DevicePlan, PreflightError
-from engine.config import ConfigError, RunConfig, validate_config
-from engine.data import load_dataset
-from engine.harness.compare import mode_config
-from engine.models import build_model
-from engine.modes.fsdp.collectives import theory_bytes, volume_fields, wire_factor
-from engine.modes.fsdp.units import check_fsdp, fsdp_preview, unit_layout, unit_modules
+from ddpviz.engine.components.devices import DevicePlan, PreflightError
+from ddpviz.engine.config import ConfigError, RunConfig, validate_config
+from ddpviz.engine.data import load_dataset
+from ddpviz.engine.harness.compare import mode_config
+from ddpviz.engine.models import build_model
+from ddpviz.engine.modes.fsdp.collectives import theory_bytes, volume_fields, wire_factor
+from ddpviz.engine.modes.fsdp.units import check_fsdp, fsdp_preview, unit_layout, unit_modules
 
 CPU_PLAN = DevicePlan("cpu", ["cpu:0", "cpu:1"], "gloo", emulated=False)
 
@@ -137,8 +137,8 @@ def test_a_torch_without_fsdp2s_private_collectives_trains_unrecorded(monkeypatc
     ImportError in every rank."""
     from types import SimpleNamespace
 
-    import engine.modes.fsdp.collectives as col
-    from engine.modes.fsdp.step import StepRunner
+    import ddpviz.engine.modes.fsdp.collectives as col
+    from ddpviz.engine.modes.fsdp.step import StepRunner
 
     def moved():
         raise ImportError(f"No module named '{col.PRIVATE_COLLECTIVES}'")
@@ -154,7 +154,7 @@ def test_a_torch_without_fsdp2s_private_collectives_trains_unrecorded(monkeypatc
 
 
 def test_an_fsdp_module_without_the_custom_comm_hooks_is_named(monkeypatch):
-    import engine.modes.fsdp.collectives as col
+    import ddpviz.engine.modes.fsdp.collectives as col
 
     monkeypatch.setattr(col, "_gather_types", lambda: (object, object))
     log = col.CollectiveLog()

@@ -8,7 +8,7 @@ reference is what crossed the loopback interface: n ranks x the per-rank bytes.
 import pytest
 from fsdp_wire_reference import NUMEL, loopback_bytes
 
-from engine.modes.fsdp.collectives import wire_factor
+from ddpviz.engine.modes.fsdp.collectives import wire_factor
 
 pytestmark = pytest.mark.slow
 

@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import pytest
 from test_gil_meter import linux_only
 
-from engine.config import RunConfig
-from engine.events import ListSink
-from engine.run import run_training
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.events import ListSink
+from ddpviz.engine.run import run_training
 
 
 @linux_only
@@ -45,7 +45,7 @@ def test_ddp_ranks_report_their_training_threads_wait_apart_from_the_all_reduce(
 
 
 def test_compare_reports_each_devices_gil_share():
-    from engine.harness.compare import mode_report
+    from ddpviz.engine.harness.compare import mode_report
 
     run = SimpleNamespace(status="succeeded", error=None, final_params=None,
                           summary={"samples_per_s": 100.0, "gil_wait_share": {"cpu:0": 0.3, "cpu:1": 0.25},

@@ -21,9 +21,9 @@ import torch.nn as nn
 from dp_cpu_fakes import cpu_parallel
 from test_gil_meter import linux_only, python_work
 
-from engine.config import RunConfig
-from engine.events import ListSink
-from engine.measure.telemetry import Telemetry
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.events import ListSink
+from ddpviz.engine.measure.telemetry import Telemetry
 
 BURN_S = 0.3  # pure-Python seconds in each replica's forward
 
@@ -57,9 +57,9 @@ def off_queue_share(gil_wait_s: float, on_cpu_s: float) -> float:
 @linux_only
 @pytest.mark.quiet
 def test_cuda_path_threads_wait_for_each_other_in_forward(monkeypatch):
-    from engine.components.training import make_optimizer
-    from engine.modes.dp.cuda import CudaDP
-    from engine.modes.dp.hooks import HostClock
+    from ddpviz.engine.components.training import make_optimizer
+    from ddpviz.engine.modes.dp.cuda import CudaDP
+    from ddpviz.engine.modes.dp.hooks import HostClock
 
     cfg = RunConfig(mode="dp", world_size=2, global_batch_size=16, lr=0.1, optimizer="sgd", step_delay_s=0)
     model = Burn()
@@ -88,9 +88,9 @@ def test_cuda_path_threads_wait_for_each_other_in_forward(monkeypatch):
 @linux_only
 @pytest.mark.quiet
 def test_emulated_dp_emits_each_devices_wait_per_step():
-    from engine.components.devices import resolve_plan
-    from engine.data import load_dataset
-    from engine.modes.dp.emulated import train_dp
+    from ddpviz.engine.components.devices import resolve_plan
+    from ddpviz.engine.data import load_dataset
+    from ddpviz.engine.modes.dp.emulated import train_dp
 
     cfg = RunConfig(mode="dp", world_size=2, steps=2, eval_every=0, step_delay_s=0, global_batch_size=16,
                     device="cpu", model="mlp")

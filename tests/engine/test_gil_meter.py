@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from engine.measure.gil import GIL_SOURCE, GilMeter, Measured, Span, ThreadClocks, ThreadReader, span_fields
+from ddpviz.engine.measure.gil import GIL_SOURCE, GilMeter, Measured, Span, ThreadClocks, ThreadReader, span_fields
 
 linux_only = pytest.mark.skipif(not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/schedstat"),
                                 reason="needs /proc/self/task/<tid>/schedstat (Linux)")
@@ -232,7 +232,7 @@ def test_a_reading_is_cheap():
 
 
 def test_summary_takes_each_devices_median_over_the_steady_steps():
-    from engine.summary import SummaryBuilder
+    from ddpviz.engine.summary import SummaryBuilder
 
     b = SummaryBuilder()
     for i in range(12):
@@ -263,8 +263,8 @@ def test_a_forked_child_reads_its_own_thread_not_its_parents():
 
 
 def test_metered_book_keeps_the_first_start_and_reads_frequent_ends_sparingly():
-    from engine.measure.gil import END_READ_EVERY_S, MeteredBook
-    from engine.modes.dp.book import SpanBook
+    from ddpviz.engine.measure.gil import END_READ_EVERY_S, MeteredBook
+    from ddpviz.engine.modes.dp.book import SpanBook
 
     book = MeteredBook(SpanBook())
     book.start("backward", 1, 0, 0.0)

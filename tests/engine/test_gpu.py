@@ -7,9 +7,9 @@ Marked `gpu`; skipped where torch.cuda.is_available() is False (CI and laptops).
 import pytest
 import torch
 
-from engine.config import RunConfig
-from engine.events import ListSink
-from engine.run import run_training
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.events import ListSink
+from ddpviz.engine.run import run_training
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (torch.cuda.is_available() is False)")]
@@ -95,8 +95,8 @@ def test_amp_is_bf16_inside_every_cuda_replica_thread():
 
     import torch.nn as nn
 
-    from engine.modes.dp.book import SpanBook
-    from engine.modes.dp.hooks import CudaStreamClock, apply_in_threads
+    from ddpviz.engine.modes.dp.book import SpanBook
+    from ddpviz.engine.modes.dp.hooks import CudaStreamClock, apply_in_threads
 
     seen = []
 
@@ -111,7 +111,7 @@ def test_amp_is_bf16_inside_every_cuda_replica_thread():
     clock = CudaStreamClock(cuda_index=[0, 0])
     clock.begin([0, 1])
     cfg = RunConfig(amp=True)
-    from engine.components.training import autocast
+    from ddpviz.engine.components.training import autocast
 
     with autocast(cfg, "cuda"):
         apply_in_threads([m, m], [x[:4], x[4:]], device_type="cuda", devices=[0, 0], micro=0,

@@ -4,9 +4,9 @@ against hand-worked values and against each other (engine/harness/gpu_checks.py,
 import os
 import pytest
 
-from engine.config import RunConfig
-from engine.harness.gpu_checks import memory_imbalance, shared_gpu_ddp
-from engine.harness.overhead import block_medians, measure_overhead, median_interval, turn_order
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.harness.gpu_checks import memory_imbalance, shared_gpu_ddp
+from ddpviz.engine.harness.overhead import block_medians, measure_overhead, median_interval, turn_order
 
 
 def test_memory_imbalance_takes_each_devices_peak():
@@ -44,9 +44,9 @@ def test_shared_device_ddp_harness_records_every_gradient_byte_in_its_buckets():
     """The recording hook's buckets of each step hold every gradient once: their bytes add up to
     the model's parameters x 4 B (float32), counted here by PyTorch on a model of the harness's
     config. On CPU the harness measures no memory and says so (no formula called memory)."""
-    from engine.config import RunConfig
-    from engine.data import load_dataset
-    from engine.models import build_model
+    from ddpviz.engine.config import RunConfig
+    from ddpviz.engine.data import load_dataset
+    from ddpviz.engine.models import build_model
 
     cfg = RunConfig(mode="ddp", model="gpt", dataset="text", width=128, depth=4, n_head=4, block_size=64,
                     world_size=2, global_batch_size=16, bucket_cap_mb=0.25)  # the harness's (gpu_checks)
@@ -130,7 +130,7 @@ def test_the_attach_sync_probe_passes_instrumented_ddp_and_fails_one_synchronize
     """`ddpviz doctor --gpu`'s attach_adds_no_sync check, on CPU (gloo): the instrumented process
     records every step and each step's buckets, and its verdict against the plain loop passes;
     an instrumentation that synchronised once a step (the probe's `extra_sync`) is named."""
-    from engine.harness.attach_sync import attach_sync_probe, attach_sync_verdict
+    from ddpviz.engine.harness.attach_sync import attach_sync_probe, attach_sync_verdict
 
     plain = attach_sync_probe("cpu", steps=8, instrumented=False)
     attached = attach_sync_probe("cpu", steps=8)

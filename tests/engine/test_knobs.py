@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from engine.config import RunConfig
-from engine.events import ListSink
-from engine.harness.compare import compare
-from engine.run import run_training
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.events import ListSink
+from ddpviz.engine.harness.compare import compare
+from ddpviz.engine.run import run_training
 
 pytestmark = pytest.mark.slow
 SMALL = dict(model="mlp", width=32, depth=2, global_batch_size=32, steps=4, eval_every=2)

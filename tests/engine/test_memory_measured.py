@@ -9,9 +9,9 @@ torch/nn/parallel/distributed.py docs).
 
 import pytest
 
-from engine.config import validate_config
-from engine.events import ListSink
-from engine.run import run_training
+from ddpviz.engine.config import validate_config
+from ddpviz.engine.events import ListSink
+from ddpviz.engine.run import run_training
 
 P_WIDE = (64 * 64 + 64 + 64 * 20_000 + 20_000) * 4  # parameter (and gradient) bytes
 LOGITS_BYTES = 64 * 20_000 * 4  # the global batch's logits

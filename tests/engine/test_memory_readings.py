@@ -15,9 +15,9 @@ from collections import defaultdict
 
 import pytest
 
-from engine.config import RunConfig
-from engine.events import CallbackSink
-from engine.run import run_training
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.events import CallbackSink
+from ddpviz.engine.run import run_training
 
 pytestmark = pytest.mark.quiet
 STEP_S = 0.5

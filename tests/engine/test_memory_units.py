@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from engine.measure.ledger import LedgerMode, TensorLedger
-from engine.measure.memory import NvmlReader
-from engine.measure.memory_sampler import downsample, should_trace_memory
+from ddpviz.engine.measure.ledger import LedgerMode, TensorLedger
+from ddpviz.engine.measure.memory import NvmlReader
+from ddpviz.engine.measure.memory_sampler import downsample, should_trace_memory
 
 
 def test_ledger_counts_each_threads_storages_on_its_device_and_drops_them_when_freed():
@@ -209,8 +209,8 @@ def test_a_dtensor_is_counted_by_its_local_shard():
 
     if dist.is_initialized():
         pytest.skip("a process group exists already")
-    from engine.modes.launcher import free_port
-    from engine.modes.ranks import leave_process_group
+    from ddpviz.engine.modes.launcher import free_port
+    from ddpviz.engine.modes.ranks import leave_process_group
 
     # the store's address in the call, not in os.environ (tests/engine/test_rank_environ.py)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)

@@ -13,12 +13,12 @@ import math
 import pytest
 import torch
 
-from engine.components.training import loss_fn
-from engine.config import RunConfig
-from engine.data import load_dataset
-from engine.events import ListSink
-from engine.models import build_model
-from engine.run import run_training
+from ddpviz.engine.components.training import loss_fn
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.data import load_dataset
+from ddpviz.engine.events import ListSink
+from ddpviz.engine.models import build_model
+from ddpviz.engine.run import run_training
 
 GPT = dict(model="gpt", dataset="text", width=64, depth=2, n_head=4, block_size=64,
            global_batch_size=32, optimizer="adamw", lr=3e-3, step_delay_s=0.0)

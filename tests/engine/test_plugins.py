@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.config import ConfigError, plugin_model_names, validate_config
-from engine.events import ListSink
-from engine.run import run_training
+from ddpviz.engine.config import ConfigError, plugin_model_names, validate_config
+from ddpviz.engine.events import ListSink
+from ddpviz.engine.run import run_training
 
 EXAMPLE_SRC = Path(__file__).resolve().parents[2] / "examples" / "ddpviz_plugin_example" / "src"
 
@@ -23,8 +23,8 @@ def installed_plugins(tmp_path_factory):
     root = tmp_path_factory.mktemp("site")
     (root / "unused_plugin.py").write_text(textwrap.dedent('''
         import torch.nn as nn
-        from engine.data import load_dataset
-        from engine.plugins import ModelPlugin
+        from ddpviz.engine.data import load_dataset
+        from ddpviz.engine.plugins import ModelPlugin
 
         class WithUnused(nn.Module):
             def __init__(self):

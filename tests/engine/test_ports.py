@@ -3,7 +3,7 @@
 
 import socket
 
-import engine.components.ports as ports
+import ddpviz.engine.components.ports as ports
 
 
 def test_ports_come_from_below_the_ephemeral_range_and_bind():

@@ -2,9 +2,9 @@
 
 import pytest
 
-from engine.predict.inputs import PredictInputError, measure_run
-from engine.predict.presets import compute
-from engine.predict.scaleout import Scenario, contention, fixed_fraction, predict, predict_ddp, predict_dp, validate
+from ddpviz.engine.predict.inputs import PredictInputError, measure_run
+from ddpviz.engine.predict.presets import compute
+from ddpviz.engine.predict.scaleout import Scenario, contention, fixed_fraction, predict, predict_ddp, predict_dp, validate
 
 MS = 1e-3
 
@@ -199,7 +199,7 @@ def test_calibration_keeps_the_steps_the_runs_summary_keeps():
     steps 3-18 but 10 remain, 15 steps; their step times are 10 + s/100 ms, median at step 11
     (the 8th of 3..9, 11..18) = 10.11 ms. Counting the traced steps would give 16 or 17 and
     another median; the run's own summary (SummaryBuilder) must say the same."""
-    from engine.summary import SummaryBuilder
+    from ddpviz.engine.summary import SummaryBuilder
 
     ev = [_started("single", 1)]
     for s in range(20):
@@ -217,7 +217,7 @@ def test_calibration_keeps_the_steps_the_runs_summary_keeps():
 
 
 def test_bucket_layout_interleaves_two_ddps_buckets_in_launch_order():
-    from engine.predict.inputs import bucket_layout
+    from ddpviz.engine.predict.inputs import bucket_layout
 
     # one backward of 10 ms: D (ddp 1) has buckets ready at 2 and 6 ms, G (ddp 0) at 4 and 10 ms.
     # Launch order: D0 (0.2), G0 (0.4), D1 (0.6), G1 (1.0) by ready fraction of the last (10 ms).

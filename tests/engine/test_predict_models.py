@@ -4,10 +4,10 @@ import math
 
 import pytest
 
-from engine.predict.inputs import RunInputs
-from engine.predict.presets import LINKS, custom_link
-from engine.predict.scaleout import Scenario, cpu_threads, predict_ddp, predict_dp, time_share
-from engine.predict.step_models import (
+from ddpviz.engine.predict.inputs import RunInputs
+from ddpviz.engine.predict.presets import LINKS, custom_link
+from ddpviz.engine.predict.scaleout import Scenario, cpu_threads, predict_ddp, predict_dp, time_share
+from ddpviz.engine.predict.step_models import (
     bucket_pipeline,
     exposed_s,
     hub_copies_s,
@@ -52,7 +52,7 @@ def test_ddp_with_the_tree_model_pays_log_n_latency():
     assert ring["comm_exposed_s"] == pytest.approx(300e-6, rel=1e-6)
     assert tree["comm_exposed_s"] == pytest.approx(80e-6, rel=1e-6)
     with pytest.raises(ValueError, match="allreduce_algo"):
-        from engine.predict.scaleout import check_scenario
+        from ddpviz.engine.predict.scaleout import check_scenario
 
         check_scenario(Scenario(allreduce_algo="star"))
 
@@ -128,7 +128,7 @@ def test_ddp_across_hosts_takes_the_slowest_link():
 
 
 def test_ddp_on_a_gpu_preset_uses_six_n_flops():
-    from engine.predict.presets import COMPUTES
+    from ddpviz.engine.predict.presets import COMPUTES
 
     gpu = COMPUTES["h100"]
     p = predict_ddp(_ddp_inputs(), 2, Scenario(link=custom_link(0.0, 1e12), compute=gpu, utilisation=0.5))

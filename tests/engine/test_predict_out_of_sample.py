@@ -4,7 +4,7 @@ only the other runs', with their count."""
 
 import pytest
 
-from engine.predict.validation import BASELINE, CALIBRATION, in_sample, out_of_sample, validate
+from ddpviz.engine.predict.validation import BASELINE, CALIBRATION, in_sample, out_of_sample, validate
 
 
 def _m(run_id, mode, n, step_s):

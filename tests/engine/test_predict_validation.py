@@ -25,10 +25,10 @@ import os
 
 import pytest
 
-from engine.config import RunConfig
-from engine.harness.interleaved import run_in_turns
-from engine.predict.inputs import measure_run
-from engine.predict.scaleout import Scenario, contention, fixed_fraction, predict, validate
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.harness.interleaved import run_in_turns
+from ddpviz.engine.predict.inputs import measure_run
+from ddpviz.engine.predict.scaleout import Scenario, contention, fixed_fraction, predict, validate
 
 FASTEST = 0.5  # share of steady steps kept, the fastest
 TOLERANCE = 0.25  # |predicted - measured| / measured, step time (the bar; aim: 0.10)
@@ -53,7 +53,7 @@ def _parts(r) -> dict[str, float]:
                            "(about 50 s; 7 of 7 tries within 25% on 2026-12-01, docs/predict.md)")
 @pytest.mark.timeout(900)
 def test_prediction_fitted_at_world_size_2_holds_out_of_sample_at_3():
-    from engine.predict.validation import in_sample, out_of_sample
+    from ddpviz.engine.predict.validation import in_sample, out_of_sample
 
     cores, load_before = os.cpu_count() or 1, os.getloadavg()[0]
     got = run_in_turns({f"val-{m}-{n}": RunConfig(mode=m, world_size=n, **CONFIG) for m, n in RUNS}, BLOCK_STEPS)

@@ -10,10 +10,10 @@ import json
 
 import pytest
 
-from engine.config import RunConfig
-from engine.events import ListSink
-from engine.run import run_training
-from workers.cli.commands import main
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.events import ListSink
+from ddpviz.engine.run import run_training
+from ddpviz.workers.cli.commands import main
 
 pytestmark = pytest.mark.slow
 PROBE_KEYS = {"type", "run_id", "ts", "rank", "device", "backend", "world_size", "dtype", "iters",
@@ -78,7 +78,7 @@ def test_probe_event_once_after_training_and_absent_when_off_or_dp():
 
 
 def test_a_runs_probe_budget_is_a_tenth_of_its_training_within_a_quarter_second_and_two():
-    from engine.modes.ddp.probe import run_budget_s
+    from ddpviz.engine.modes.ddp.probe import run_budget_s
 
     assert run_budget_s(0.3) == 0.25 and run_budget_s(-1.0) == 0.25  # the floor
     assert run_budget_s(7.0) == pytest.approx(0.7)
@@ -87,7 +87,7 @@ def test_a_runs_probe_budget_is_a_tenth_of_its_training_within_a_quarter_second_
 
 
 def test_the_runs_sizes_run_first_whatever_the_budget():
-    from engine.modes.ddp.probe import MAX_RUN_SIZES, MIN_SIZES, probe_local, run_sizes
+    from ddpviz.engine.modes.ddp.probe import MAX_RUN_SIZES, MIN_SIZES, probe_local, run_sizes
 
     assert run_sizes([6, 4096, 4096, 0]) == [8, 4096]  # distinct, whole float32 elements
     many = run_sizes(list(range(4, 4 * 40, 4)))

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import RunConfig
-from engine.modes.launcher import free_port
-from engine.modes.ranks import rank_environ
-from engine.run import run_training
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.modes.launcher import free_port
+from ddpviz.engine.modes.ranks import rank_environ
+from ddpviz.engine.run import run_training
 
 FORKED = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
           "MASTER_PORT": "40001", "TORCHELASTIC_RUN_ID": "now", "PATH": "/fork-server-start",

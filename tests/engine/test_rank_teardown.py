@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent("""
     import torch
     import torch.distributed as dist
     if sys.argv[1] == "engine":
-        from engine.modes.ranks import join_process_group, leave_process_group
+        from ddpviz.engine.modes.ranks import join_process_group, leave_process_group
     else:
         join_process_group, leave_process_group = dist.init_process_group, dist.destroy_process_group
     from torch.nn.parallel import DistributedDataParallel as DDP

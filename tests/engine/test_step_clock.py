@@ -13,8 +13,8 @@ import time
 import pytest
 import torch
 
-from engine.config import RunConfig
-from engine.events import ListSink
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.events import ListSink
 
 
 class StrictClock:
@@ -56,8 +56,8 @@ def check_steps(events, steps):
 
 
 def test_single_settles_once_per_step_and_reads_marks_only_after(monkeypatch):
-    import engine.modes.single as single
-    from engine.run import run_training
+    import ddpviz.engine.modes.single as single
+    from ddpviz.engine.run import run_training
 
     StrictClock.made = []
     monkeypatch.setattr(single, "StepClock", StrictClock)
@@ -80,8 +80,8 @@ def test_ddp_rank_settles_once_per_step_and_reads_marks_only_after(monkeypatch, 
     """One gloo rank in this process (world_size 1: DDP, its comm hook and buckets all run)."""
     import torch.distributed as dist
 
-    import engine.modes.ddp.rank as ddp_rank
-    from engine.modes.ranks import leave_process_group
+    import ddpviz.engine.modes.ddp.rank as ddp_rank
+    from ddpviz.engine.modes.ranks import leave_process_group
 
     StrictClock.made = []
     monkeypatch.setattr(ddp_rank, "StepClock", StrictClock)

@@ -7,8 +7,8 @@ import time
 import psutil
 import pytest
 
-from engine.config import RunConfig
-from engine.harness.interleaved import rotated_order, run_in_turns
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.harness.interleaved import rotated_order, run_in_turns
 
 
 def test_rotated_order_starts_each_round_one_run_later():

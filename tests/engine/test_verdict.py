@@ -1,10 +1,10 @@
-"""engine.verdict against hand-worked summaries: who leads, the gap's parts, and their sum."""
+"""ddpviz.engine.verdict against hand-worked summaries: who leads, the gap's parts, and their sum."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.verdict import LEVEL_WITHIN, verdict
+from ddpviz.engine.verdict import LEVEL_WITHIN, verdict
 
 # DP: step 10 ms; device 0 scatter 0.5 + gather 0.3 + loss 0.2 + reduce 1.0 ms, broadcast 0.8 ms;
 # device threads waited for the GIL 1.5 ms (cpu:0) and 0.5 ms (cpu:1): mean 1.0 ms.
@@ -59,7 +59,7 @@ def test_unmeasured_parts_are_absent_not_zero():
 
 
 def test_the_compare_report_gives_the_same_verdict_as_the_summaries():
-    from engine.harness.compare import report_verdict
+    from ddpviz.engine.harness.compare import report_verdict
 
     def entry(s):  # mode_report's shape: the split in a dict of its own
         split = {k: s.get(k) for k in ("step_time_s", "comm_exposed_s")}

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from wtools import REPO, cli_env, ddpviz_argv
 
-from workers.connection import free_port
+from ddpviz.workers.connection import free_port
 
 EXAMPLES = REPO / "examples" / "attach"
 

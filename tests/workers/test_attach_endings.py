@@ -13,10 +13,10 @@ import pytest
 from attach_tools import by_rank, reports, run_attached, run_id_in, torchrun
 from wtools import alive, cli_env, ddpviz, ddpviz_argv, descendants, wait_for
 
-from workers.cli.attach import LAUNCHER_NICE
-from workers.client import DdpvizClient
-from workers.connection import EmbeddedRedis, connect
-from workers.history import read_all_events
+from ddpviz.workers.cli.attach import LAUNCHER_NICE
+from ddpviz.workers.client import DdpvizClient
+from ddpviz.workers.connection import EmbeddedRedis, connect
+from ddpviz.workers.history import read_all_events
 
 pytestmark = pytest.mark.slow
 

@@ -11,15 +11,15 @@ import torch
 from attach_tools import EXAMPLES, by_rank, params, reports, run_id_of
 from wtools import cli_env, ddpviz, ddpviz_argv
 
-from workers.client import DdpvizClient
-from workers.connection import free_port
-from workers.history import read_all_events
+from ddpviz.workers.client import DdpvizClient
+from ddpviz.workers.connection import free_port
+from ddpviz.workers.history import read_all_events
 
 pytestmark = pytest.mark.slow
 
 # A user's own sitecustomize (chained before ddpviz's hook) that breaks ddpviz's step events at step 2.
 SABOTAGE = """
-import engine.attach.steps as steps
+import ddpviz.engine.attach.steps as steps
 _emit = steps.StepTracker._emit_step
 def _broken(self, end):
     if self.step == 2:

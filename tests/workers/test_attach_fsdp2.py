@@ -15,9 +15,9 @@ from collections import Counter, defaultdict
 import pytest
 from attach_tools import assert_params_bitwise_equal, by_rank, reports, run_attached, run_plain, torchrun
 
-from workers.client import DdpvizClient
-from workers.connection import connect
-from workers.history import read_all_events
+from ddpviz.workers.client import DdpvizClient
+from ddpviz.workers.connection import connect
+from ddpviz.workers.history import read_all_events
 
 pytestmark = pytest.mark.slow
 STEPS = 4

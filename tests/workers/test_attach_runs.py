@@ -12,10 +12,10 @@ import pytest
 import torch
 from attach_tools import assert_params_bitwise_equal, by_rank, ints, params, reports, run_attached, run_plain, torchrun
 
-from workers import keys
-from workers.client import DdpvizClient
-from workers.connection import connect
-from workers.history import read_all_events
+from ddpviz.workers import keys
+from ddpviz.workers.client import DdpvizClient
+from ddpviz.workers.connection import connect
+from ddpviz.workers.history import read_all_events
 
 pytestmark = pytest.mark.slow
 
@@ -157,7 +157,7 @@ def test_two_launchers_of_one_nnodes_2_job_make_one_run(tmp_path, redis_url, cli
     from attach_tools import EXAMPLES, run_id_in
     from wtools import cli_env, ddpviz_argv
 
-    from workers.connection import free_port
+    from ddpviz.workers.connection import free_port
 
     tmp = tmp_path
     port = free_port()

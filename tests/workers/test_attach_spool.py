@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
-from workers.attached import create_record, failure, record_ending
-from workers.client import DdpvizClient
-from workers.spool import SpoolForwarder
-from workers.store import RunStore
+from ddpviz.workers.attached import create_record, failure, record_ending
+from ddpviz.workers.client import DdpvizClient
+from ddpviz.workers.spool import SpoolForwarder
+from ddpviz.workers.store import RunStore
 
 
 def _line(**e) -> str:

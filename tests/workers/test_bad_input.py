@@ -19,12 +19,12 @@ from hypothesis import strategies as st
 from wmeasure import record
 from wtools import TINY, cli_env, ddpviz, wait_for, worker_process
 
-from engine.config import ConfigError, RunConfig, validate_config
-from engine.export import export_path
-from workers import keys
-from workers.client import DdpvizClient
-from workers.jobs.run import JOB_FUNC
-from workers.store import new_run_id
+from ddpviz.engine.config import ConfigError, RunConfig, validate_config
+from ddpviz.engine.export import export_path
+from ddpviz.workers import keys
+from ddpviz.workers.client import DdpvizClient
+from ddpviz.workers.jobs.run import JOB_FUNC
+from ddpviz.workers.store import new_run_id
 
 FIELDS = list(RunConfig.model_fields)
 SINGLE = {**TINY, "mode": "single", "world_size": 1}
@@ -128,7 +128,7 @@ def _payloads(marker: Path):
     Bomb.marker = str(marker)
     bomb = zlib.compress(pickle.dumps(Bomb()))
     funcs = st.sampled_from(["os.system", "builtins.eval", "subprocess.call", "shutil.rmtree",
-                             "workers.jobs.run.run_job", "wjobs.nope"]) | st.text(max_size=40)
+                             "ddpviz.workers.jobs.run.run_job", "wjobs.nope"]) | st.text(max_size=40)
     bad_ids = st.one_of(st.integers(), st.floats(), st.none(), st.booleans(),
                         st.lists(st.text(max_size=3), max_size=2),
                         st.text(max_size=300).filter(lambda t: not t.isalnum() or len(t) > 64))

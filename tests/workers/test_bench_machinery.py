@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from workers import keys
-from workers.bench import measured, report
-from workers.bench.browser import page_latencies_ms
-from workers.bench.flood import account, lag_ms, per_second_rates
-from workers.bench.latency import arrival_ms, distribution, step_latencies_ms
+from ddpviz.workers import keys
+from ddpviz.workers.bench import measured, report
+from ddpviz.workers.bench.browser import page_latencies_ms
+from ddpviz.workers.bench.flood import account, lag_ms, per_second_rates
+from ddpviz.workers.bench.latency import arrival_ms, distribution, step_latencies_ms
 
 T = 1_700_000_000.0  # a step ends at T + k (unix s)
 
@@ -133,7 +133,7 @@ def test_growth_exponent():
 
 
 def test_figure_4_verdict_from_the_app_path():
-    from workers.bench.figures import figure_4
+    from ddpviz.workers.bench.figures import figure_4
 
     def stage(read, frames):
         return {"read_ms": read, "frames_ms": frames, "charts_ms": 50.0}
@@ -164,7 +164,7 @@ def test_markdown_has_a_row_per_figure_with_its_target_and_verdict():
 
 
 def test_figure_4_judges_growth_past_the_window_size():
-    from workers.bench.figures import figure_4
+    from ddpviz.workers.bench.figures import figure_4
 
     def at(ms):
         return {"open": {"read_ms": ms, "frames_ms": 0.0, "charts_ms": 0.0},
@@ -200,7 +200,7 @@ def test_bench_overhead_compares_the_same_work_and_reports_the_ratio_of_its_roun
                  timeout=380)
     assert res.returncode == 0, res.stderr[-2000:]
     (row,) = json.loads(out.read_text())["overhead"]
-    assert row["harness"] == "engine.harness.overhead.measure_overhead" and row["target"] == 1.10
+    assert row["harness"] == "ddpviz.engine.harness.overhead.measure_overhead" and row["target"] == 1.10
     assert row["max_param_diff"] < 1e-5
     assert len(row["rounds"]) == 3 and row["block_steps"] == 20 and row["config"]["steps"] == 80
     ratios = [r["ddpviz_median_step_s"] / r["plain_median_step_s"] for r in row["rounds"]]
@@ -215,8 +215,8 @@ def test_attach_cost_reads_the_scripts_own_printed_times_and_judges_their_median
     """Figure 9 by hand: the times come from the script's lines (first two of a run left out), the
     ratio is median(attached) / median(plain), and an attached turn that left no attached run in
     Redis is an error, not a ratio of two plain runs."""
-    from workers.bench import attach_cost as A
-    from workers.client import DdpvizClient
+    from ddpviz.workers.bench import attach_cost as A
+    from ddpviz.workers.client import DdpvizClient
 
     out = "\n".join(f"epoch 0 step {5 * k} loss 1.2345 {ms} ms" for k, ms in enumerate([99, 98, 10, 12, 11], 1))
     assert A.printed_ms("noise\n" + out + "\nmore") == [10.0, 12.0, 11.0]
@@ -254,7 +254,7 @@ def test_attach_figure_judges_the_real_sized_config_and_keeps_both(monkeypatch, 
     parameter count it reports is the script's model's, counted by torch."""
     import torch.nn as nn
 
-    from workers.bench import attach_cost as A
+    from ddpviz.workers.bench import attach_cost as A
 
     for h in (1024, 2048):  # the model examples/attach/train_regression.py builds
         model = nn.Sequential(nn.Linear(32, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(),
@@ -277,7 +277,7 @@ def test_attach_figure_judges_the_real_sized_config_and_keeps_both(monkeypatch, 
 def test_redis_loss_figure_takes_turns_and_needs_every_step(monkeypatch, tmp_path):
     """Figure 9's Redis-stopped part by hand: turns alternate (up first in even rounds), the ratio is
     median(stopped) / median(up), and one turn missing a step makes it unmet whatever the times."""
-    from workers.bench import attach_redis_loss as L
+    from ddpviz.workers.bench import attach_redis_loss as L
 
     walls = {False: iter([10.0, 10.4, 9.8]), True: iter([10.5, 10.6, 10.7])}
     order = []

@@ -26,11 +26,11 @@ import torch
 from attach_tools import EXAMPLES, by_rank, params, reports, run_attached, torchrun
 from wtools import REPO
 
-from engine.attach.env import OFF_ENV, RUN_ID_ENV, SPOOL_ENV
-from engine.attach.steps import EXPLICIT_SAMPLES_SOURCE, SAMPLES_SOURCE
-from workers.client import DdpvizClient
-from workers.connection import connect, free_port
-from workers.history import read_all_events
+from ddpviz.engine.attach.env import OFF_ENV, RUN_ID_ENV, SPOOL_ENV
+from ddpviz.engine.attach.steps import EXPLICIT_SAMPLES_SOURCE, SAMPLES_SOURCE
+from ddpviz.workers.client import DdpvizClient
+from ddpviz.workers.connection import connect, free_port
+from ddpviz.workers.history import read_all_events
 
 pytestmark = pytest.mark.slow
 

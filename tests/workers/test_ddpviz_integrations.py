@@ -16,7 +16,7 @@ import sys
 import pytest
 from wtools import REPO
 
-from engine.attach.env import RUN_ID_ENV, SOLO_ENV, SPOOL_ENV, STARTUP_DIR
+from ddpviz.engine.attach.env import RUN_ID_ENV, SOLO_ENV, SPOOL_ENV, STARTUP_DIR
 
 pytestmark = pytest.mark.slow
 

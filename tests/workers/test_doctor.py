@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from workers.doctor.report import Check, CheckFailed, CheckSkipped, Report, run_check
+from ddpviz.workers.doctor.report import Check, CheckFailed, CheckSkipped, Report, run_check
 
-DDPVIZ = [sys.executable, "-m", "workers"]
+DDPVIZ = [sys.executable, "-m", "ddpviz.workers"]
 
 
 @pytest.mark.slow
@@ -89,7 +89,7 @@ def test_report_fails_on_any_failure_but_not_on_a_skip(tmp_path):
 
 
 def test_exports_read_back_catches_a_short_file(tmp_path):
-    from workers.doctor.checks import _read_back
+    from ddpviz.workers.doctor.checks import _read_back
 
     events = [{"type": "step", "step": i} for i in range(3)] + [{"type": "run_finished"}]
     path = tmp_path / "r.steps.csv"
@@ -105,8 +105,8 @@ def test_cleanup_check_finds_a_process_left_behind(tmp_path):
     script = textwrap.dedent(f"""
         import subprocess, sys
         from pathlib import Path
-        from workers.doctor.checks import DoctorStack, check_cleanup
-        from workers.doctor.report import CheckFailed
+        from ddpviz.workers.doctor.checks import DoctorStack, check_cleanup
+        from ddpviz.workers.doctor.report import CheckFailed
         stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
         work = Path({str(tmp_path / "work")!r}); work.mkdir()
         try:

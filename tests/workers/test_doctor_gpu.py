@@ -6,9 +6,9 @@ the parity/memory pair runs the real `compare` flow on a small CPU config.
 
 import pytest
 
-import engine.harness.gpu_checks as gpu_checks
-import workers.doctor.gpu as doctor_gpu
-from workers.doctor.report import CheckFailed, CheckSkipped
+import ddpviz.engine.harness.gpu_checks as gpu_checks
+import ddpviz.workers.doctor.gpu as doctor_gpu
+from ddpviz.workers.doctor.report import CheckFailed, CheckSkipped
 
 
 def rank(r, buckets, allocated=1000, checksums=((1.0, 2.0), (1.0, 2.0))):
@@ -102,7 +102,7 @@ NVML_FIG = dict(cuda_index=0, uuid="GPU-5e1f", nvml_used_bytes=3 << 30, torch_re
 def test_nvml_check_reads_through_ddpviz_own_reader(monkeypatch):
     import functools
 
-    from engine.measure import memory
+    from ddpviz.engine.measure import memory
 
     monkeypatch.setattr(gpu_checks, "nvml_vs_allocator", lambda i: dict(NVML_FIG))
     real = memory.NvmlReader
@@ -122,7 +122,7 @@ def test_nvml_check_reads_through_ddpviz_own_reader(monkeypatch):
 
 
 def test_nvml_check_fails_when_the_reader_is_gone(monkeypatch):
-    from engine.measure import memory
+    from ddpviz.engine.measure import memory
 
     monkeypatch.setattr(gpu_checks, "nvml_vs_allocator", lambda i: dict(NVML_FIG))
     monkeypatch.delattr(memory, "NvmlReader")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.doctor.report import Interrupted, run_check
+from ddpviz.workers.doctor.report import Interrupted, run_check
 
 ROOT = Path(__file__).resolve().parents[2]
 DDP_CPU = dict(mode="ddp", world_size=2, steps=2, eval_every=0, step_delay_s=0.0, global_batch_size=32, probe=False)
@@ -28,9 +28,9 @@ def _mine(signum, frame):  # a handler that is recognisably the test's
 
 @pytest.mark.slow
 def test_a_check_that_runs_elastic_launch_leaves_the_handlers_as_it_found_them():
-    from engine.config import RunConfig
-    from engine.events import ListSink
-    from engine.run import run_training
+    from ddpviz.engine.config import RunConfig
+    from ddpviz.engine.events import ListSink
+    from ddpviz.engine.run import run_training
 
     before = signal.signal(signal.SIGTERM, _mine)
     try:
@@ -75,11 +75,11 @@ def test_a_stop_signal_a_library_swallowed_still_ends_the_doctor():
 
 SCRIPT = textwrap.dedent("""
     import argparse, sys, time
-    from workers.doctor import checks, gpu
-    from workers.doctor.report import run_check
-    from engine.config import RunConfig
-    from engine.events import ListSink
-    from engine.run import run_training
+    from ddpviz.workers.doctor import checks, gpu
+    from ddpviz.workers.doctor.report import run_check
+    from ddpviz.engine.config import RunConfig
+    from ddpviz.engine.events import ListSink
+    from ddpviz.engine.run import run_training
 
     def fake_gpu_checks(stack, report, out, log):
         def ddp():  # as the parity check does: torch's elastic agent in this (the main) thread

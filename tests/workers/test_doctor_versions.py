@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from workers.doctor.versions import cuda_version_text, describe, mismatch, read_versions
+from ddpviz.workers.doctor.versions import cuda_version_text, describe, mismatch, read_versions
 
 
 def fake_nvml(driver="550.54.15", cuda=12040):

@@ -12,21 +12,23 @@ import types
 import pytest
 from wtools import wait_for
 
-import engine.run
-from engine.events import make_event
-from engine.run import RunResult
-from workers import keys
-from workers.client import DdpvizClient
-from workers.connection import EmbeddedRedis, connect
-from workers.heartbeat import Heartbeat, read_workers
-from workers.host.gpus import GpuMonitor, visible
-from workers.host.leases import DeviceLease, gpus_needed
-from workers.host.reaper import RUN_ENV_VAR
-from workers.host.stop import fast_fail
-from workers.jobs.run import run_job
-from workers.liveness import LOST_GRACE_S, LostRunMonitor
-from workers.sink import RedisStreamWriter
-from workers.store import RunStatus
+import ddpviz.engine.run
+
+from ddpviz import engine  # noqa: E402
+from ddpviz.engine.events import make_event
+from ddpviz.engine.run import RunResult
+from ddpviz.workers import keys
+from ddpviz.workers.client import DdpvizClient
+from ddpviz.workers.connection import EmbeddedRedis, connect
+from ddpviz.workers.heartbeat import Heartbeat, read_workers
+from ddpviz.workers.host.gpus import GpuMonitor, visible
+from ddpviz.workers.host.leases import DeviceLease, gpus_needed
+from ddpviz.workers.host.reaper import RUN_ENV_VAR
+from ddpviz.workers.host.stop import fast_fail
+from ddpviz.workers.jobs.run import run_job
+from ddpviz.workers.liveness import LOST_GRACE_S, LostRunMonitor
+from ddpviz.workers.sink import RedisStreamWriter
+from ddpviz.workers.store import RunStatus
 
 CFG = {"mode": "single", "world_size": 1, "steps": 4}
 

@@ -14,10 +14,10 @@ import pytest
 from wmeasure import record
 from wtools import TINY, alive, cli_env, ddpviz, descendants, wait_for, worker_process
 
-from workers.client import DdpvizClient
-from workers.host.reaper import RUN_ENV_VAR, processes_with_env
-from workers.jobs.run import JOB_FUNC, STOPPED_CALLBACK
-from workers.store import TERMINAL, RunStatus, new_run_id
+from ddpviz.workers.client import DdpvizClient
+from ddpviz.workers.host.reaper import RUN_ENV_VAR, processes_with_env
+from ddpviz.workers.jobs.run import JOB_FUNC, STOPPED_CALLBACK
+from ddpviz.workers.store import TERMINAL, RunStatus, new_run_id
 
 pytestmark = pytest.mark.slow
 

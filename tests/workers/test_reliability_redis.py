@@ -12,16 +12,20 @@ import pytest
 from wmeasure import record
 from wtools import TINY, wait_for, worker_process
 
-import engine.run
-import workers.jobs.run
-import workers.sink
-from engine.events import make_event
-from engine.run import RunResult
-from workers import keys
-from workers.client import DdpvizClient
-from workers.connection import EmbeddedRedis, connect
-from workers.jobs.run import run_job
-from workers.store import TERMINAL
+import ddpviz.engine.run
+
+from ddpviz import engine  # noqa: E402
+import ddpviz.workers.jobs.run
+from ddpviz import workers  # noqa: E402
+import ddpviz.workers.sink
+from ddpviz import workers  # noqa: E402
+from ddpviz.engine.events import make_event
+from ddpviz.engine.run import RunResult
+from ddpviz.workers import keys
+from ddpviz.workers.client import DdpvizClient
+from ddpviz.workers.connection import EmbeddedRedis, connect
+from ddpviz.workers.jobs.run import run_job
+from ddpviz.workers.store import TERMINAL
 
 ENDED = {s.value for s in TERMINAL}
 SINGLE = {**TINY, "mode": "single", "world_size": 1}

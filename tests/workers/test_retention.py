@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import pytest
 
-from workers import keys
-from workers.retention import (
+from ddpviz.workers import keys
+from ddpviz.workers.retention import (
     DAY_S,
     KEEP_DAYS_ENV,
     KEEP_RUNS_ENV,
@@ -30,7 +30,7 @@ from workers.retention import (
     select_prunable,
     set_pinned,
 )
-from workers.store import RunStore
+from ddpviz.workers.store import RunStore
 
 NOW = 1_800_000_000.0
 RUNS = [("a", 20, "succeeded", False), ("b", 10, "succeeded", True), ("c", 5, "started", False),
@@ -108,7 +108,7 @@ def test_published_policy_is_what_the_runs_page_reads(redis_client):
 
 
 def test_worker_refuses_a_bad_keep_runs_before_starting(monkeypatch, capsys):
-    from workers.cli import commands as cli
+    from ddpviz.workers.cli import commands as cli
 
     monkeypatch.setenv(KEEP_RUNS_ENV, "")
     with pytest.raises(SystemExit) as exc:

@@ -1,7 +1,7 @@
 """Runs are the same experiment only on the same hardware (issue 20, item 2): a GPU run is never
 validated against a CPU calibration, nor a gloo run against an NCCL one."""
 
-from workers.scaleout import signature
+from ddpviz.workers.scaleout import signature
 
 CFG = {"model": "mlp", "width": 256, "global_batch_size": 96, "mode": "ddp", "world_size": 2,
        "device": "auto", "backend": "auto"}

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from wtools import TINY, cli_env, ddpviz, worker_process
 
-from engine.config import ConfigError, validate_config
-from workers.connection import CA_CERTS_ENV_VAR, EmbeddedRedis, connect, exposure_warning, free_port, redact
+from ddpviz.engine.config import ConfigError, validate_config
+from ddpviz.workers.connection import CA_CERTS_ENV_VAR, EmbeddedRedis, connect, exposure_warning, free_port, redact
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 SECRET = "S3cr3t-pw-4f7b"
@@ -169,8 +169,10 @@ def test_tls_with_a_private_ca_works_end_to_end_from_the_url_or_the_env(tmp_path
 def test_the_app_never_shows_the_password(tmp_path, monkeypatch):
     from streamlit.testing.v1 import AppTest
 
-    import app.connection
-    from workers.client import DdpvizClient
+    import ddpviz.app.connection
+
+    from ddpviz import app  # noqa: E402
+    from ddpviz.workers.client import DdpvizClient
 
     port = free_port()
     with private_redis(tmp_path / "srv", "--port", str(port), "--requirepass", SECRET):
@@ -219,8 +221,8 @@ def test_the_embedded_redis_binds_loopback_with_protected_mode(tmp_path):
 
 
 def test_up_binds_the_app_to_loopback_unless_told_and_warns_when_told(capsys):
-    from workers.cli.commands import build_parser
-    from workers.up import _warn_if_exposed, app_command
+    from ddpviz.workers.cli.commands import build_parser
+    from ddpviz.workers.up import _warn_if_exposed, app_command
 
     args = build_parser().parse_args(["up"])
     assert args.host == "127.0.0.1"

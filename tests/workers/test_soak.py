@@ -21,18 +21,18 @@ import pytest
 from wmeasure import record
 from wtools import cli_env
 
-from workers import keys
-from workers.client import DdpvizClient
-from workers.connection import EmbeddedRedis
-from workers.sink import DEFAULT_STREAM_MAXLEN
-from workers.store import RunStore
+from ddpviz.workers import keys
+from ddpviz.workers.client import DdpvizClient
+from ddpviz.workers.connection import EmbeddedRedis
+from ddpviz.workers.sink import DEFAULT_STREAM_MAXLEN
+from ddpviz.workers.store import RunStore
 
 PRODUCER = textwrap.dedent("""
     import sys, time
-    import workers
-    from engine.events import BatchingSink, make_event
-    from workers.connection import connect
-    from workers.sink import RedisStreamWriter
+    from ddpviz import workers
+    from ddpviz.engine.events import BatchingSink, make_event
+    from ddpviz.workers.connection import connect
+    from ddpviz.workers.sink import RedisStreamWriter
     url, run_id, maxlen, rate, total = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
     sink = BatchingSink(RedisStreamWriter(connect(url), run_id, maxlen), flush_interval_s=0.05)
     names = [f"layers.{i}.weight" for i in range(8)]
@@ -67,7 +67,7 @@ def soak(tmp_path, events: int, rate: float, maxlen: int) -> dict[str, float]:
     """Flood one run's stream with `events` events at up to `rate` events/s (cap `maxlen`) while
     reading it with a RunWindow; returns the measurements. "Steady" is every sample taken once the
     stream had reached 90% of its cap."""
-    from app.window import RunWindow
+    from ddpviz.app.window import RunWindow
 
     with EmbeddedRedis(tmp_path / "redis", persist=False) as server:
         client = DdpvizClient(url=server.url)

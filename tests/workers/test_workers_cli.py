@@ -7,12 +7,12 @@ import json
 import pytest
 from wtools import TINY, cli_env, ddpviz, worker_process
 
-from engine.config import RunConfig
-from engine.events import read_jsonl
-from workers.cli.commands import build_parser
-from workers.cli.flags import flag_name, run_fields
-from workers.client import DdpvizClient
-from workers.connection import free_port
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.events import read_jsonl
+from ddpviz.workers.cli.commands import build_parser
+from ddpviz.workers.cli.flags import flag_name, run_fields
+from ddpviz.workers.client import DdpvizClient
+from ddpviz.workers.connection import free_port
 
 
 def tiny_flags(**over) -> list[str]:
@@ -122,8 +122,8 @@ def test_submit_wait_follows_the_run_to_its_end(redis_client, redis_url):
 def test_compare_says_exposed_comm_not_measured_where_the_run_could_not_measure_it(monkeypatch, capsys):
     """`ddpviz compare`'s line for FSDP on CUDA (summary `comm_exposed_s` null with its note, as
     `engine.summary` writes it): the words, never a number (issue 20, item 4)."""
-    import engine.harness.compare as harness
-    from engine.result import RunResult
+    import ddpviz.engine.harness.compare as harness
+    from ddpviz.engine.result import RunResult
 
     summaries = {"ddp": {"samples_per_s": 100.0, "comm_exposed_s": 0.0015},
                  "fsdp": {"samples_per_s": 90.0, "comm_exposed_s": None, "comm_exposed_note": "not measured on CUDA"}}

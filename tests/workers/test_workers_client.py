@@ -11,11 +11,11 @@ import pytest
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
-from engine.config import ConfigError
-from workers import keys
-from workers.client import DdpvizClient
-from workers.heartbeat import Heartbeat
-from workers.jobs.run import JOB_FUNC, JOB_TIMEOUT_GRACE_S, JOB_TIMEOUT_S
+from ddpviz.engine.config import ConfigError
+from ddpviz.workers import keys
+from ddpviz.workers.client import DdpvizClient
+from ddpviz.workers.heartbeat import Heartbeat
+from ddpviz.workers.jobs.run import JOB_FUNC, JOB_TIMEOUT_GRACE_S, JOB_TIMEOUT_S
 
 CFG = {"mode": "ddp", "world_size": 2, "steps": 10}
 
@@ -91,7 +91,7 @@ def test_cancel_a_queued_run(client, redis_client):
 def test_cancel_keeps_a_terminal_status_and_refuses_unknown_runs(client):
     run_id = client.submit(CFG)
     client.store.mark_started(run_id, "w")
-    from workers.store import RunStatus
+    from ddpviz.workers.store import RunStatus
 
     client.store.finish(run_id, RunStatus.SUCCEEDED, summary={})
     assert client.cancel(run_id) == "succeeded"

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-import workers  # noqa: F401  (sets RQ's key prefix)
-from workers import keys
-from workers.connection import URL_FILE, EmbeddedRedis, RedisUnavailable, connect, free_port, redact, redis_url
+from ddpviz import workers  # noqa: F401  (sets RQ's key prefix)
+from ddpviz.workers import keys
+from ddpviz.workers.connection import URL_FILE, EmbeddedRedis, RedisUnavailable, connect, free_port, redact, redis_url
 
 
 def test_every_key_is_under_the_prefix():
@@ -22,7 +22,7 @@ def test_every_key_is_under_the_prefix():
 
 
 def test_a_submitted_run_writes_only_ddpviz_keys(redis_client):
-    from workers.client import DdpvizClient
+    from ddpviz.workers.client import DdpvizClient
 
     client = DdpvizClient(redis=redis_client)
     run_id = client.submit({"mode": "single", "world_size": 1, "steps": 3})

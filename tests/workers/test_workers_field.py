@@ -8,10 +8,10 @@ import socket
 import pytest
 from wtools import TINY, cli_env, ddpviz
 
-from workers import keys
-from workers.cli.commands import runs_table
-from workers.client import DdpvizClient
-from workers.sweeps import submit_trio
+from ddpviz.workers import keys
+from ddpviz.workers.cli.commands import runs_table
+from ddpviz.workers.client import DdpvizClient
+from ddpviz.workers.sweeps import submit_trio
 
 
 @pytest.fixture
@@ -68,8 +68,8 @@ def test_runs_table_pads_every_column_to_its_widest_cell():
 @pytest.mark.slow
 def test_a_run_that_overflows_the_stream_cap_keeps_its_metadata(client, redis_client):
     """A DDP run writing ~14 events per step for 40 steps into a stream capped at 100 entries."""
-    from app.window import RunWindow
-    from workers.jobs.run import run_job
+    from ddpviz.app.window import RunWindow
+    from ddpviz.workers.jobs.run import run_job
 
     cfg = {**TINY, "mode": "ddp", "width": 32, "depth": 1, "steps": 40, "step_delay_s": 0,
            "bucket_cap_mb": 0.001}  # 1,048 B: the head (1,320 B) fills bucket 0
@@ -89,10 +89,11 @@ def test_a_run_that_overflows_the_stream_cap_keeps_its_metadata(client, redis_cl
 
 
 def test_the_worker_names_itself_as_host_and_keeps_run_started(client, redis_client, monkeypatch):
-    import engine.run
-    from engine.events import make_event
-    from engine.result import RunResult
-    from workers.jobs.run import run_job
+    import ddpviz.engine.run
+    from ddpviz import engine  # noqa: E402
+    from ddpviz.engine.events import make_event
+    from ddpviz.engine.result import RunResult
+    from ddpviz.workers.jobs.run import run_job
 
     def run_training(cfg, sink, run_id, *, should_stop=None, workdir=None):
         sink.emit(make_event("run_started", run_id, host=None, hostname="machine-1", grad_bytes=123))

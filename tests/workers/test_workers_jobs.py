@@ -10,13 +10,15 @@ from types import SimpleNamespace
 
 import pytest
 
-import engine.run
-from engine.events import make_event
-from engine.run import RunResult
-from workers.client import DdpvizClient
-from workers.host.reaper import RUN_ENV_VAR
-from workers.jobs.run import CancelPoller, on_horse_killed, on_job_exception, on_job_stopped, run_job
-from workers.store import RunStatus
+import ddpviz.engine.run
+
+from ddpviz import engine  # noqa: E402
+from ddpviz.engine.events import make_event
+from ddpviz.engine.run import RunResult
+from ddpviz.workers.client import DdpvizClient
+from ddpviz.workers.host.reaper import RUN_ENV_VAR
+from ddpviz.workers.jobs.run import CancelPoller, on_horse_killed, on_job_exception, on_job_stopped, run_job
+from ddpviz.workers.store import RunStatus
 
 CFG = {"mode": "single", "world_size": 1, "steps": 4}
 
@@ -118,7 +120,7 @@ def test_a_stored_config_that_no_longer_validates_fails(client, monkeypatch):
 def test_cancel_poller_asks_redis_at_most_every_interval(monkeypatch):
     """On a clock the test moves (the machine's clock, under load, let the poller ask twice in
     0.35 s once): asked every 2 s of 7 s polled every 0.5 s, never in between."""
-    import workers.host.stop as stop
+    import ddpviz.workers.host.stop as stop
 
     clock = [1000.0]
     monkeypatch.setattr(stop.time, "monotonic", lambda: clock[0])

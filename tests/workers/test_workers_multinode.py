@@ -9,13 +9,13 @@ from contextlib import ExitStack, contextmanager
 import pytest
 from wtools import TINY, cli_env, ddpviz, wait_for, worker_process
 
-from engine.config import ConfigError
-from workers.client import DdpvizClient
-from workers.heartbeat import Heartbeat
-from workers.host.reaper import RUN_ENV_VAR, processes_with_env
-from workers.jobs.multinode import NotEnoughWorkers, node_job_id, parse_node_job_id, pick_workers
-from workers.jobs.nodes import is_echo, merge_endings
-from workers.store import TERMINAL, RunStatus
+from ddpviz.engine.config import ConfigError
+from ddpviz.workers.client import DdpvizClient
+from ddpviz.workers.heartbeat import Heartbeat
+from ddpviz.workers.host.reaper import RUN_ENV_VAR, processes_with_env
+from ddpviz.workers.jobs.multinode import NotEnoughWorkers, node_job_id, parse_node_job_id, pick_workers
+from ddpviz.workers.jobs.nodes import is_echo, merge_endings
+from ddpviz.workers.store import TERMINAL, RunStatus
 
 HOSTS = ("hostA", "hostB")
 MULTI = {**TINY, "mode": "ddp", "world_size": 2, "nnodes": 2, "steps": 6, "lr": 0.1, "optimizer": "sgd",
@@ -130,9 +130,9 @@ def test_root_cause_is_the_failure_not_the_peer_closed_echo():
 
 @pytest.mark.slow
 def test_a_two_host_run_trains_as_one_ddp_run(client, redis_url, tmp_path):
-    from engine.config import RunConfig
-    from engine.events import ListSink
-    from engine.run import run_training
+    from ddpviz.engine.config import RunConfig
+    from ddpviz.engine.events import ListSink
+    from ddpviz.engine.run import run_training
 
     with two_hosts(client, redis_url, tmp_path):
         run_id = client.submit(MULTI, label="2 hosts")
@@ -211,7 +211,7 @@ def test_cancel_stops_every_host(client, redis_url, tmp_path):
 def test_a_host_whose_worker_vanished_is_the_root_cause(client, redis_client):
     """Settling without DDP: node 0 reported a peer-closed failure, node 1's worker stopped
     beating. The run fails with HostLost on node 1, once, as soon as its heartbeat is gone."""
-    from workers.jobs.nodes import NodeState, settle_when_all_report
+    from ddpviz.workers.jobs.nodes import NodeState, settle_when_all_report
 
     for name in HOSTS:
         Heartbeat(redis_client, name, lambda: (None, "idle"), []).beat()
@@ -252,10 +252,10 @@ def test_stopping_one_hosts_worker_cancels_the_run_on_every_host(client, redis_u
 def test_node_0_merges_every_hosts_plan_and_refuses_mixed_backends(client, redis_client):
     """Node 0's run_started carries every host's devices; hosts that resolved different
     backends (one with GPUs, one without) are refused before any rank starts."""
-    from engine.components.devices import PreflightError
-    from engine.events import make_event
-    from workers.jobs.node import NodeSink
-    from workers.jobs.nodes import NodeState
+    from ddpviz.engine.components.devices import PreflightError
+    from ddpviz.engine.events import make_event
+    from ddpviz.workers.jobs.node import NodeSink
+    from ddpviz.workers.jobs.nodes import NodeState
 
     for name in HOSTS:
         Heartbeat(redis_client, name, lambda: (None, "idle"), []).beat()

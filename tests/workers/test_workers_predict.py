@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from wtools import cli_env, ddpviz
 
-from engine.predict.presets import LINKS
-from workers.scaleout import report, scenario_from
-from workers.sink import RedisStreamWriter
-from workers.store import RunStatus
-from workers.sweeps import submit_trio
+from ddpviz.engine.predict.presets import LINKS
+from ddpviz.workers.scaleout import report, scenario_from
+from ddpviz.workers.sink import RedisStreamWriter
+from ddpviz.workers.store import RunStatus
+from ddpviz.workers.sweeps import submit_trio
 
 DATA = Path(__file__).resolve().parents[1] / "app" / "data"
 CONFIG = {"world_size": 2, "steps": 12, "width": 256, "bucket_cap_mb": 0.1, "step_delay_s": 0.0,
@@ -41,7 +41,7 @@ def _store_trio(client, single_optimizer_scale: float = 1.0, host: dict | None =
 
 @pytest.fixture
 def recorded_trio(redis_client):
-    from workers.client import DdpvizClient
+    from ddpviz.workers.client import DdpvizClient
 
     client = DdpvizClient(redis=redis_client)
     return client, _store_trio(client, host=HOST)
@@ -105,7 +105,7 @@ def test_predict_json_gives_the_reports_numbers(recorded_trio, redis_url):
 
 
 def test_a_gpu_compute_preset_reports_no_contention_term(redis_client):
-    from workers.client import DdpvizClient
+    from ddpviz.workers.client import DdpvizClient
 
     client = DdpvizClient(redis=redis_client)
     ids = _store_trio(client, single_optimizer_scale=0.5,  # the baseline's optimizer step halved: κ ~ 2

@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from engine.events import BatchingSink, make_event
-from workers import keys
-from workers.client import DdpvizClient
-from workers.sink import RedisStreamWriter
-from workers.store import RunStatus, RunStore
+from ddpviz.engine.events import BatchingSink, make_event
+from ddpviz.workers import keys
+from ddpviz.workers.client import DdpvizClient
+from ddpviz.workers.sink import RedisStreamWriter
+from ddpviz.workers.store import RunStatus, RunStore
 
 CFG = {"mode": "single", "world_size": 1, "steps": 3}
 
@@ -119,8 +119,8 @@ def test_read_events_pages_after_the_last_id(redis_client):
 
 
 def test_a_forwarded_rank_line_is_stored_as_is_unless_it_holds_a_nan(tmp_path):
-    from engine.events import JsonlTail, JsonlWriter, RawEvent, encode_json
-    from workers.sink import encode_event
+    from ddpviz.engine.events import JsonlTail, JsonlWriter, RawEvent, encode_json
+    from ddpviz.workers.sink import encode_event
 
     w = JsonlWriter(tmp_path / "r.jsonl")
     w.write_batch([make_event("step", "r1", step=3, loss=0.25, start_ts=1.5)])
@@ -144,7 +144,7 @@ def test_script_and_multi_exec_store_the_same_entries(redis_client):
 
 
 def test_a_server_that_refuses_scripts_gets_multi_exec(redis_client, redis_url):
-    from workers.connection import connect
+    from ddpviz.workers.connection import connect
 
     user, password = "noscript", "pw-for-test"
     redis_client.acl_setuser(user, enabled=True, passwords=[f"+{password}"], keys=["*"],

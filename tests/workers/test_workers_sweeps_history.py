@@ -1,16 +1,16 @@
-"""workers.sweeps (trios and sweeps as groups of runs) and workers.history (delete, re-run, read
+"""ddpviz.workers.sweeps (trios and sweeps as groups of runs) and workers.history (delete, re-run, read
 all, persistence across a Redis restart), against a real Redis."""
 
 import pytest
 
-from engine.config import ConfigError
-from workers import keys
-from workers.client import DdpvizClient
-from workers.connection import EmbeddedRedis, connect
-from workers.history import RunActive, delete_run, read_all_events, rerun
-from workers.sink import RedisStreamWriter
-from workers.store import RunStatus
-from workers.sweeps import MAX_SWEEP_RUNS, list_sweeps, submit_sweep, submit_trio, sweep_kind, sweep_runs
+from ddpviz.engine.config import ConfigError
+from ddpviz.workers import keys
+from ddpviz.workers.client import DdpvizClient
+from ddpviz.workers.connection import EmbeddedRedis, connect
+from ddpviz.workers.history import RunActive, delete_run, read_all_events, rerun
+from ddpviz.workers.sink import RedisStreamWriter
+from ddpviz.workers.store import RunStatus
+from ddpviz.workers.sweeps import MAX_SWEEP_RUNS, list_sweeps, submit_sweep, submit_trio, sweep_kind, sweep_runs
 
 BASE = {"world_size": 2, "steps": 3, "global_batch_size": 64}
 
@@ -94,7 +94,8 @@ def test_rerun_submits_same_config_as_new_run(client):
 
 
 def test_read_all_events_in_batches(client, monkeypatch):
-    import workers.history
+    import ddpviz.workers.history
+    from ddpviz import workers  # noqa: E402
 
     rid = client.submit(BASE)
     events = [{"type": "step", "run_id": rid, "ts": float(i), "step": i} for i in range(23)]

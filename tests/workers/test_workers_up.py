@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from wtools import TINY, alive, cli_env, ddpviz_argv, descendants, wait_for
 
-from workers import keys
-from workers.client import DdpvizClient
-from workers.connection import free_port
-from workers.up import default_app_path
+from ddpviz.workers import keys
+from ddpviz.workers.client import DdpvizClient
+from ddpviz.workers.connection import free_port
+from ddpviz.workers.up import default_app_path
 
 pytestmark = pytest.mark.slow
 
@@ -95,7 +95,7 @@ def test_up_restarts_a_killed_worker_and_sigterm_stops_a_running_ddp_run_and_its
         out = _stop_and_check(up, family)
     assert "worker-1 exited (code -9); restarting it" in out
     # Redis is gone with `up`; its data came back for a look at how the run ended
-    from workers.connection import EmbeddedRedis
+    from ddpviz.workers.connection import EmbeddedRedis
 
     with EmbeddedRedis(tmp_path / ".ddpviz" / "redis") as server:
         rec = DdpvizClient(url=server.url).get_run(run_id)

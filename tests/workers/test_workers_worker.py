@@ -12,10 +12,10 @@ from wjobs import CHILD_PID_KEY
 from wmeasure import record
 from wtools import TINY, alive, descendants, wait_for, worker_process
 
-from workers.client import DdpvizClient
-from workers.host.reaper import RUN_ENV_VAR, processes_with_env
-from workers.jobs.run import JOB_TIMEOUT_S, STOPPED_CALLBACK
-from workers.store import new_run_id
+from ddpviz.workers.client import DdpvizClient
+from ddpviz.workers.host.reaper import RUN_ENV_VAR, processes_with_env
+from ddpviz.workers.jobs.run import JOB_TIMEOUT_S, STOPPED_CALLBACK
+from ddpviz.workers.store import new_run_id
 
 pytestmark = pytest.mark.slow
 
@@ -130,7 +130,7 @@ def test_a_worker_stops_at_once_when_rqs_command_thread_already_waits_unsubscrib
     command-channel thread handled the unsubscribe reply before its flag was cleared, and now
     waits in `get_message` for a subscription (RQ's sleep_time, 60 s), while redis-py >= 8.2's
     `stop()` joins it without a bound. `unsubscribe` must return at once anyway."""
-    from workers.worker import PUBSUB_STOP_WAIT_S, build_worker
+    from ddpviz.workers.worker import PUBSUB_STOP_WAIT_S, build_worker
 
     worker = build_worker(redis_url, name=f"unsub-{os.getpid()}")
     worker.subscribe()

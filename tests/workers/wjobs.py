@@ -13,9 +13,9 @@ import time
 
 from rq import get_current_job
 
-import workers  # noqa: F401  (RQ key prefix)
-from workers.host.reaper import RUN_ENV_VAR
-from workers.store import RunStore
+from ddpviz import workers  # noqa: F401  (RQ key prefix)
+from ddpviz.workers.host.reaper import RUN_ENV_VAR
+from ddpviz.workers.store import RunStore
 
 CHILD_PID_KEY = "ddpviz:test:child:{}"
 

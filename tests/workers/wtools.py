@@ -25,12 +25,12 @@ TEST_JOB_FUNCS = "wjobs.ignore_cancel"  # the stand-in jobs of wjobs.py
 
 
 def ddpviz_argv() -> list[str]:
-    """The installed console script when there is one, else ``python -m workers``."""
+    """The installed console script when there is one, else ``python -m ddpviz.workers``."""
     script = Path(sys.executable).parent / "ddpviz"
     if script.exists():
         return [str(script)]
     found = shutil.which("ddpviz")
-    return [found] if found else [sys.executable, "-m", "workers"]
+    return [found] if found else [sys.executable, "-m", "ddpviz.workers"]
 
 
 def cli_env(redis_url: str | None = None, **extra: str) -> dict[str, str]:

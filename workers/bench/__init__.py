@@ -18,6 +18,6 @@ Figures, each measured in one run of the bench, never in a timed test:
 Layout: the bench is split by concept under `workers/bench/`; `figures` runs each figure and
 `cli` orders them and writes the record (`report`). Imports keep pointing app -> workers ->
 engine: the app-side figures need app code, which workers may not import, so they run as
-``python -m app.bench_app`` (a subprocess fed the run ids, printing JSON) and as the real app
+``python -m ddpviz.app.bench_app`` (a subprocess fed the run ids, printing JSON) and as the real app
 server driven by a browser. A process of its own is also what the app-memory figure needs.
 """

@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from workers.connection import free_port
+from ddpviz.workers.connection import free_port
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "attach" / "train_regression.py"
 PRINTED = re.compile(r"^epoch \d+ step (\d+) loss \S+ ([0-9.]+) ms$", re.M)
@@ -82,7 +82,7 @@ def _turn(attached: bool, url: str, work: Path, epochs: int, hidden: int, bucket
     env = bench_env()
     cmd = _cmd(epochs, hidden, bucket_cap_mb)
     if attached:
-        cmd = [sys.executable, "-m", "workers", "run", "--url", url, "--spool", str(work / f"spool-{hidden}-{i}"),
+        cmd = [sys.executable, "-m", "ddpviz.workers", "run", "--url", url, "--spool", str(work / f"spool-{hidden}-{i}"),
                "--name", f"bench attach cost {i}", "--", *cmd]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
@@ -105,7 +105,7 @@ def measure_attach_cost(redis, url: str, work: Path, rounds: int = 5, epochs: in
         RuntimeError: a turn failed, printed no times, or an attached turn left no run holding
             the script's steps.
     """
-    from workers.client import DdpvizClient
+    from ddpviz.workers.client import DdpvizClient
 
     if not EXAMPLE.is_file():
         return {"reason": f"{EXAMPLE} is not here (an installed package without examples/)"}

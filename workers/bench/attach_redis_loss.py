@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workers.bench.attach_cost import EXAMPLE, _cmd, bench_env, run_id_in
+from ddpviz.workers.bench.attach_cost import EXAMPLE, _cmd, bench_env, run_id_in
 
 TARGET = 1.10
 FIRST_STEP_TIMEOUT_S = 240
@@ -34,9 +34,9 @@ def _script_steps(report: Path, nproc: int = 2) -> list[int]:
 
 
 def _stored_steps(url: str, run_id: str) -> list[list[int]]:
-    from workers.client import DdpvizClient
-    from workers.connection import connect
-    from workers.history import read_all_events
+    from ddpviz.workers.client import DdpvizClient
+    from ddpviz.workers.connection import connect
+    from ddpviz.workers.history import read_all_events
 
     client = DdpvizClient(redis=connect(url))
     events = read_all_events(client, run_id)
@@ -45,14 +45,14 @@ def _stored_steps(url: str, run_id: str) -> list[list[int]]:
 
 def _turn(stop_redis: bool, work: Path, epochs: int, hidden: int, i: int) -> dict[str, Any]:
     """One attached run on its own Redis; with `stop_redis`, Redis stops after the first stored step."""
-    from workers.client import DdpvizClient
-    from workers.connection import EmbeddedRedis
+    from ddpviz.workers.client import DdpvizClient
+    from ddpviz.workers.connection import EmbeddedRedis
 
     tmp = work / f"redis-loss-{i}"
     server = EmbeddedRedis(tmp / "redis").start()
     spool, report = tmp / "spool", tmp / "report.json"
     env = {**bench_env(), "TRAIN_REPORT": str(report)}
-    cmd = [sys.executable, "-m", "workers", "run", "--url", server.url, "--spool", str(spool), "--",
+    cmd = [sys.executable, "-m", "ddpviz.workers", "run", "--url", server.url, "--spool", str(spool), "--",
            *_cmd(epochs, hidden, 0.25)]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -80,7 +80,7 @@ def _turn(stop_redis: bool, work: Path, epochs: int, hidden: int, i: int) -> dic
                                f"{proc.returncode}: {err[-2000:]}")
         if stop_redis:
             server = EmbeddedRedis(server.data_dir, port=server.port).start()
-            up = subprocess.run([sys.executable, "-m", "workers", "upload", str(spool), "--url", server.url],
+            up = subprocess.run([sys.executable, "-m", "ddpviz.workers", "upload", str(spool), "--url", server.url],
                                 env=env, capture_output=True, text=True, timeout=300)
             if up.returncode != 0:
                 raise RuntimeError(f"turn {i}: ddpviz upload exited {up.returncode}: {up.stderr[-2000:]}")

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from workers import keys
+from ddpviz.workers import keys
 
 CHROMIUM = os.environ.get("DDPVIZ_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -60,8 +60,8 @@ def unavailable() -> str | None:
 @contextmanager
 def app_server(redis_url: str, workdir: Path) -> Iterator[tuple[str, int]]:
     """The Streamlit app on a free loopback port; yields (url, pid). Stopped by its process group."""
-    from workers.connection import free_port
-    from workers.up import app_command, default_app_path
+    from ddpviz.workers.connection import free_port
+    from ddpviz.workers.up import app_command, default_app_path
 
     port = free_port()
     log = open(workdir / "streamlit.log", "wb")
@@ -111,8 +111,8 @@ def page_latencies_ms(seen_ms: dict[int, int], step_arrival_ms: dict[int, int]) 
 
 
 def _feed(redis, run_id: str, steps: int, interval_s: float, stop: threading.Event) -> None:
-    from workers.bench.synthetic import step_events
-    from workers.sink import RedisStreamWriter
+    from ddpviz.workers.bench.synthetic import step_events
+    from ddpviz.workers.sink import RedisStreamWriter
 
     writer = RedisStreamWriter(redis, run_id)
     for s in range(steps):
@@ -122,8 +122,8 @@ def _feed(redis, run_id: str, steps: int, interval_s: float, stop: threading.Eve
 
 
 def _step_arrivals(redis, run_id: str) -> dict[int, int]:
-    from workers.bench.latency import arrival_ms
-    from workers.sink import decode_entries
+    from ddpviz.workers.bench.latency import arrival_ms
+    from ddpviz.workers.sink import decode_entries
 
     out: dict[int, int] = {}
     for entry in redis.xrange(keys.events(run_id)):
@@ -138,8 +138,8 @@ def measure_page_latency(redis, url: str, app_pid: int, steps: int, interval_s: 
     import psutil
     from playwright.sync_api import sync_playwright
 
-    from workers.bench.latency import summarize
-    from workers.bench.synthetic import store_open_run
+    from ddpviz.workers.bench.latency import summarize
+    from ddpviz.workers.bench.synthetic import store_open_run
 
     run_id = store_open_run(redis, "ddp", steps, label="feed")
     app = psutil.Process(app_pid)

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workers.bench import figures as F
-from workers.bench import report
+from ddpviz.workers.bench import figures as F
+from ddpviz.workers.bench import report
 
 ALL = ("1", "2", "3", "4", "5", "6", "7", "8", "9")
 
@@ -28,8 +28,8 @@ def _say(message: str) -> None:
 
 def run_bench(plan: F.Plan, only: tuple[str, ...] = ALL) -> dict[str, Any]:
     """Measure the figures in `only`; returns the record (see `workers.bench.report`)."""
-    from workers.bench.runs import bench_heartbeat
-    from workers.connection import EmbeddedRedis, connect
+    from ddpviz.workers.bench.runs import bench_heartbeat
+    from ddpviz.workers.connection import EmbeddedRedis, connect
 
     t0 = time.time()
     record: dict[str, Any] = {"machine": report.machine(), "quick": plan.quick,
@@ -63,11 +63,11 @@ def run_bench(plan: F.Plan, only: tuple[str, ...] = ALL) -> dict[str, Any]:
                 F.redis_per_1000_steps(redis, runs, plan.latency_steps), app,
                 F.redis_growth(server.url, plan, events)), _say)
         if "9" in only:
-            from workers.bench.attach_cost import measure_attach_figure
+            from ddpviz.workers.bench.attach_cost import measure_attach_figure
 
             _say(f"attach cost: {plan.attach_rounds} rounds of the example script per configuration, "
                  "plain and attached ...")
-            from workers.bench.attach_redis_loss import measure_redis_loss
+            from ddpviz.workers.bench.attach_redis_loss import measure_redis_loss
 
             figs["9"] = F.run_figure("9", lambda: {
                 **measure_attach_figure(redis, server.url, work, plan.attach_rounds, plan.attach_epochs),
@@ -82,7 +82,7 @@ def run_bench(plan: F.Plan, only: tuple[str, ...] = ALL) -> dict[str, Any]:
 
 def _app_figures(redis, url: str, plan: F.Plan, only, figs: dict, work: Path) -> dict[str, Any] | None:
     """Figures 2 and 4 (and the app's memory for 8): synthetic sets, the app process, Chromium."""
-    from workers.bench import browser
+    from ddpviz.workers.bench import browser
 
     _say(f"storing synthetic runs of {', '.join(f'{n:,}' for n in plan.app_sizes)} events ...")
     sets = F.store_sets(redis, plan.app_sizes)
@@ -115,7 +115,7 @@ def _app_figures(redis, url: str, plan: F.Plan, only, figs: dict, work: Path) ->
 def cmd_overhead(plan: "F.Plan", rounds: int | None, out: str | None) -> int:
     """`ddpviz bench --overhead`: instrumented / plain DDP step time on the plan's overhead
     configs (`engine.harness.overhead`), each against its target; JSON to stdout or `out`."""
-    from workers.bench.overhead import measure_overhead
+    from ddpviz.workers.bench.overhead import measure_overhead
 
     rows = []
     for cfg in plan.overhead_configs:
@@ -166,7 +166,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def register(command) -> None:
     """Add `bench` to the `ddpviz` parser (`command` as in workers.cli.commands.build_parser)."""
-    from workers.bench.throughput import BENCH_CONFIGS
+    from ddpviz.workers.bench.throughput import BENCH_CONFIGS
 
     p = command("bench", cmd_bench, "measure ddpviz's nine performance figures; JSON + Markdown",
                 redis=False)

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from workers.bench import latency, measured, report
-from workers.bench.runs import DEMO_CONFIG, run_here, stream_bytes, stream_entries
+from ddpviz.workers.bench import latency, measured, report
+from ddpviz.workers.bench.runs import DEMO_CONFIG, run_here, stream_bytes, stream_entries
 
 
 @dataclass
@@ -114,7 +114,7 @@ def redis_per_1000_steps(redis, runs: dict[str, Any], steps: int) -> dict[str, A
 # -- figure 3 -----------------------------------------------------------------------------------
 
 def figure_3(redis, plan: Plan) -> dict[str, Any]:
-    from workers.bench.flood import measure_flood
+    from ddpviz.workers.bench.flood import measure_flood
 
     return measure_flood(redis, plan.flood_rate_per_s, plan.flood_s)
 
@@ -123,19 +123,19 @@ def figure_3(redis, plan: Plan) -> dict[str, Any]:
 
 def store_sets(redis, sizes: tuple[int, ...]) -> list[dict[str, Any]]:
     """A started single/DP/DDP set per size (started, so pages keep polling them)."""
-    from workers.bench.synthetic import store_run
-    from workers.store import RunStatus
+    from ddpviz.workers.bench.synthetic import store_run
+    from ddpviz.workers.store import RunStatus
 
     return [{"events": n, **{m: store_run(redis, m, n, group=f"bench-{n}", status=RunStatus.STARTED)
                              for m in ("single", "dp", "ddp")}} for n in sizes]
 
 
 def app_paths(redis_url: str, sets: list[dict[str, Any]]) -> dict[str, Any]:
-    """`python -m app.bench_app` on the sets (a process of its own: workers do not import app)."""
-    out = subprocess.run([sys.executable, "-m", "app.bench_app", "--redis-url", redis_url,
+    """`python -m ddpviz.app.bench_app` on the sets (a process of its own: workers do not import app)."""
+    out = subprocess.run([sys.executable, "-m", "ddpviz.app.bench_app", "--redis-url", redis_url,
                           "--sets", json.dumps(sets)], capture_output=True, text=True, timeout=900)
     if out.returncode:
-        raise RuntimeError(f"app.bench_app exited with {out.returncode}: {out.stderr[-2000:]}")
+        raise RuntimeError(f"ddpviz.app.bench_app exited with {out.returncode}: {out.stderr[-2000:]}")
     return json.loads(out.stdout)
 
 
@@ -165,7 +165,7 @@ def figure_4(app: dict[str, Any], first_chart: dict[str, Any] | None, first_char
 # -- figure 5 -----------------------------------------------------------------------------------
 
 def figure_5(memory: dict[str, Any], plan: Plan) -> dict[str, Any]:
-    from workers.bench.overhead import emit_cost_us, measure_overhead
+    from ddpviz.workers.bench.overhead import emit_cost_us, measure_overhead
 
     rates = [m for m in memory.values() if m.get("min_per_s") is not None]
     slowest = min(rates, key=lambda m: m["min_per_s"]) if rates else {}
@@ -183,7 +183,7 @@ def figure_5(memory: dict[str, Any], plan: Plan) -> dict[str, Any]:
 # -- figure 7 -----------------------------------------------------------------------------------
 
 def figure_7(plan: Plan, say: Callable[[str], None]) -> dict[str, Any]:
-    from workers.bench.throughput import measure_throughput
+    from ddpviz.workers.bench.throughput import measure_throughput
 
     return measure_throughput(list(plan.throughput_names), plan.throughput_steps,
                               list(plan.world_sizes), say)
@@ -194,9 +194,9 @@ def figure_7(plan: Plan, say: Callable[[str], None]) -> dict[str, Any]:
 def redis_growth(redis_url: str, plan: Plan, events_per_run: int) -> dict[str, Any]:
     """Stores `plan.growth_runs` synthetic DDP runs of `events_per_run` events in a database of
     its own, twice: without retention, then applying keep_runs after each (as workers do)."""
-    from workers.bench.synthetic import store_run
-    from workers.connection import connect
-    from workers.retention import RetentionPolicy, apply_retention
+    from ddpviz.workers.bench.synthetic import store_run
+    from ddpviz.workers.connection import connect
+    from ddpviz.workers.retention import RetentionPolicy, apply_retention
 
     r = connect(redis_url.rsplit("/", 1)[0] + "/3")
     out: dict[str, Any] = {"runs": plan.growth_runs, "keep_runs": plan.keep_runs,

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from workers import keys
+from ddpviz.workers import keys
 
 PACE_TICK_S = 0.01  # the stand-in ranks emit in bursts this often
 STEP_WRAP = 1000  # step numbers wrap here, so the summary builder holds what a 1,000-step run does
@@ -57,7 +57,7 @@ def flood_events(run_id: str, rank: int, seq0: int, n: int, now: float) -> list[
 def flood_rank(workdir: str, local: int, run_id: str, rate_per_s: float, duration_s: float) -> None:
     """A stand-in rank process: emits `rate_per_s` events/s for `duration_s` through the rank's
     own sink, then writes ``flood<local>.json`` = {emitted, first_emit_ts, last_emit_ts}."""
-    from engine.events import rank_sink
+    from ddpviz.engine.events import rank_sink
 
     wd = Path(workdir)
     sink = rank_sink(wd / f"local{local}.jsonl")
@@ -122,7 +122,7 @@ def read_back(redis, run_id: str) -> tuple[list[tuple[int, int]], list[int], lis
     """(rank, seq) of every entry of the run's stream, its arrival ms (the stream id's ms, Redis's
     clock) and the time it was offered (the event's ``ts``, s: when its burst was due at the
     offered rate, on the rank's clock: the same host), oldest first."""
-    from workers.bench.latency import arrival_ms
+    from ddpviz.workers.bench.latency import arrival_ms
 
     pairs, arrivals, emitted, after = [], [], [], "-"
     while True:
@@ -169,9 +169,9 @@ def measure_flood(redis, rate_per_s: float, duration_s: float) -> dict[str, Any]
         drain_s (last arrival after the ranks stopped), redis_bytes_per_event, emitted, stored,
         lost, duplicated, foreign}.
     """
-    from engine.modes.launcher import RankFollower
-    from engine.summary import SummaryBuilder
-    from workers.sink import run_sink
+    from ddpviz.engine.modes.launcher import RankFollower
+    from ddpviz.engine.summary import SummaryBuilder
+    from ddpviz.workers.sink import run_sink
 
     run_id = f"bench-flood-{int(time.time())}"
     redis.delete(keys.events(run_id))

@@ -58,7 +58,7 @@ def busbw_ratio(events: list[dict[str, Any]], world_size: int) -> dict[str, Any]
     """{ratio, ratio_all, buckets_alone, buckets, reason}: median in-run bucket busbw over the
     probe's busbw at the same size, over buckets that ran alone (`ratio`) and over every bucket
     (`ratio_all`); ratio None with the reason when the probe or the buckets are missing."""
-    from engine.analysis import busbw_vs_probe, median_busbw_ratio
+    from ddpviz.engine.analysis import busbw_vs_probe, median_busbw_ratio
 
     probes = [e for e in events if e.get("type") == "allreduce_probe"]
     buckets = [e for e in events if e.get("type") == "bucket"]

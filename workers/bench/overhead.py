@@ -19,14 +19,14 @@ def measure_overhead(config: dict[str, Any], rounds: int) -> dict[str, Any]:
     Raises:
         engine.config.ConfigError: `config` breaks a field's rule (named in the error).
     """
-    from engine.config import validate_config
-    from engine.harness.overhead import DEFAULT_BLOCK_STEPS
-    from engine.harness.overhead import measure_overhead as measure
+    from ddpviz.engine.config import validate_config
+    from ddpviz.engine.harness.overhead import DEFAULT_BLOCK_STEPS
+    from ddpviz.engine.harness.overhead import measure_overhead as measure
 
     config = dict(config)
     block_steps = config.pop("block_steps", DEFAULT_BLOCK_STEPS)
     cfg = validate_config({**config, "mode": "ddp", "step_delay_s": 0.0, "eval_every": 0})
-    return {"harness": "engine.harness.overhead.measure_overhead", **measure(cfg, rounds, block_steps=block_steps)}
+    return {"harness": "ddpviz.engine.harness.overhead.measure_overhead", **measure(cfg, rounds, block_steps=block_steps)}
 
 
 EMIT_EVENTS = 20_000
@@ -34,7 +34,7 @@ EMIT_EVENTS = 20_000
 
 def emit_cost_us() -> float:
     """Microseconds the training loop spends per emitted event (`BatchingSink.emit` + make_event)."""
-    from engine.events import BatchingSink, ListSink, make_event
+    from ddpviz.engine.events import BatchingSink, ListSink, make_event
 
     sink = BatchingSink(ListSink())
     t0 = time.perf_counter()

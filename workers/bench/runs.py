@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from workers import keys
+from ddpviz.workers import keys
 
 READ_CHUNK = 10_000
 BENCH_WORKER = "ddpviz-bench"  # the worker name the bench's runs carry
@@ -27,9 +27,9 @@ def run_here(redis, config: dict[str, Any], label: str, group: str | None = None
     Raises:
         engine.config.ConfigError: `config` breaks a rule.
     """
-    from engine.config import validate_config
-    from workers.jobs.run import run_job
-    from workers.store import RunStore, new_run_id
+    from ddpviz.engine.config import validate_config
+    from ddpviz.workers.jobs.run import run_job
+    from ddpviz.workers.store import RunStore, new_run_id
 
     cfg = validate_config(config)
     run_id = new_run_id()

@@ -14,9 +14,9 @@ import time
 import uuid
 from typing import Any
 
-from workers.bench.runs import BENCH_WORKER
-from workers.sink import RedisStreamWriter
-from workers.store import RunStatus, RunStore
+from ddpviz.workers.bench.runs import BENCH_WORKER
+from ddpviz.workers.sink import RedisStreamWriter
+from ddpviz.workers.store import RunStatus, RunStore
 
 WORLD = 2
 BUCKETS = 3

@@ -29,9 +29,9 @@ SUMMARY_KEYS = ("samples_per_s", "step_time_s", "forward_s", "backward_s", "comm
 
 def one_run(name: str, mode: str, world_size: int = 2, steps: int | None = None) -> dict[str, Any]:
     """Run bench config `name` in `mode` here; its summary's figures and the wall time."""
-    from engine.config import RunConfig
-    from engine.events import ListSink
-    from engine.run import run_training
+    from ddpviz.engine.config import RunConfig
+    from ddpviz.engine.events import ListSink
+    from ddpviz.engine.run import run_training
 
     fields = dict(BENCH_CONFIGS[name], **({"steps": steps} if steps else {}))
     cfg = RunConfig(mode=mode, world_size=world_size, eval_every=0, step_delay_s=0.0, device="cpu",

@@ -10,6 +10,6 @@
     progress   terminal progress for a run, fed by its events
 """
 
-from workers.cli.commands import main
+from ddpviz.workers.cli.commands import main
 
 __all__ = ["main"]

@@ -33,9 +33,9 @@ from typing import Any
 
 import redis
 
-from engine.attach.env import PUMP_INTERVAL_S  # events are forwarded this often
-from workers.attached import create_record, failure, record_ending, refresh_summary
-from workers.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_REFUSED
+from ddpviz.engine.attach.env import PUMP_INTERVAL_S  # events are forwarded this often
+from ddpviz.workers.attached import create_record, failure, record_ending, refresh_summary
+from ddpviz.workers.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_REFUSED
 
 CANCEL_POLL_S = 0.5  # the cancel flag is read this often
 RECONNECT_S = 2.0  # a lost Redis is tried again this often
@@ -56,8 +56,8 @@ def _say(message: str) -> None:
 
 def _store(url: str | None):
     """A `RunStore` on a client that fails fast (never stalls the loop), or None."""
-    from workers.connection import connect
-    from workers.store import RunStore
+    from ddpviz.workers.connection import connect
+    from ddpviz.workers.store import RunStore
 
     try:
         return RunStore(connect(url, retry_attempts=0, socket_timeout_s=2.0))
@@ -71,7 +71,7 @@ def _is_torchrun(cmd: list[str]) -> bool:
 
 
 def _child_env(run_id: str, spool: Path, url: str | None, cmd: list[str], probe: bool = False) -> dict[str, str]:
-    from engine.attach.env import COMMAND_ENV, PROBE_ENV, SOLO_ENV, child_environment
+    from ddpviz.engine.attach.env import COMMAND_ENV, PROBE_ENV, SOLO_ENV, child_environment
 
     env = child_environment(os.environ, run_id, spool, url, PACKAGE_ROOT)
     env[COMMAND_ENV] = json.dumps(cmd)
@@ -88,7 +88,7 @@ class Launch:
 
     def __init__(self, run_id: str, spool: Path, url: str | None, cmd: list[str], label: str | None,
                  joined: bool = False, probe: bool = False):
-        from workers.spool import SpoolForwarder
+        from ddpviz.workers.spool import SpoolForwarder
 
         self.probe = probe  # --probe: the all-reduce probe after the script's last step
         self.joined = joined  # another launcher (node 0 of a --nnodes run) created the run and ends it
@@ -98,7 +98,7 @@ class Launch:
         self.canceled: str | None = None
         self.said_down = False
         self.proc: subprocess.Popen | None = None
-        from workers import keys
+        from ddpviz.workers import keys
 
         # the heartbeat a worker would keep, so a killed launcher's run is judged lost (workers.liveness)
         self.launcher = keys.attach_launcher(socket.gethostname(), os.getpid())
@@ -112,8 +112,8 @@ class Launch:
     def beat(self) -> None:
         """Refresh this launcher's heartbeat (node 0's launcher only: it owns the record), and take
         back a run judged lost while Redis was away (`RunStore.revive`). Raises redis errors."""
-        from workers.heartbeat import HEARTBEAT_INTERVAL_S, Heartbeat
-        from workers.store import RunStatus
+        from ddpviz.workers.heartbeat import HEARTBEAT_INTERVAL_S, Heartbeat
+        from ddpviz.workers.store import RunStatus
 
         if self.joined or self.store is None:
             return
@@ -127,7 +127,7 @@ class Launch:
             self.store.revive(self.run_id, self.launcher)
 
     def end_beat(self) -> None:
-        from workers import keys
+        from ddpviz.workers import keys
 
         if not self.joined and self.store is not None:
             self.store.redis.delete(keys.worker(self.launcher))
@@ -135,7 +135,7 @@ class Launch:
     def app_url(self) -> str:
         """Where the app is: the address `ddpviz up` recorded on this Redis (`keys.APP_URL`), else
         a hint to look at `up`'s output."""
-        from workers import keys
+        from ddpviz.workers import keys
 
         try:
             raw = self.store.redis.get(keys.APP_URL) if self.store is not None else None
@@ -163,7 +163,7 @@ class Launch:
     def instrumented_pids(self) -> list[int]:
         """Pids named by the spool's event files whose process still carries this run's id (a pid
         reused by another process does not)."""
-        from engine.attach.env import RUN_ID_ENV
+        from ddpviz.engine.attach.env import RUN_ID_ENV
 
         mark = f"{RUN_ID_ENV}={self.run_id}".encode()
         out = []
@@ -224,7 +224,7 @@ class Launch:
         self.kill_at: float | None = None
         env = _child_env(self.run_id, self.spool, self.url, self.cmd, self.probe)
         try:
-            from engine.components.lifetime import die_with_parent
+            from ddpviz.engine.components.lifetime import die_with_parent
 
             # SIGTERM to the command if this launcher dies, even by SIGKILL: no training outlives it
             self.proc = subprocess.Popen(self.cmd, env=env, start_new_session=True,
@@ -273,7 +273,7 @@ class Launch:
     def finish(self, exit_code: int) -> bool:
         """Send what is left and record how the run ended. False when Redis is away (then
         `ending.json` keeps the ending for `ddpviz upload`)."""
-        from workers.spool import _write_json
+        from ddpviz.workers.spool import _write_json
 
         if self.canceled:
             ending = dict(status="canceled", error={"rank": None, "exception": f"Canceled: {self.canceled}; "
@@ -309,14 +309,14 @@ class Launch:
 def upload_hint(spool: Path, url: str | None) -> str:
     """The `ddpviz upload` command that sends `spool` to the run's own Redis (`url`, its password
     shown as ``***``: `ddpviz upload` without --url also finds it in the spool when it has none)."""
-    from workers.connection import redact
+    from ddpviz.workers.connection import redact
 
     return f"ddpviz upload --url {redact(url)} {spool}" if url else f"ddpviz upload {spool}"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from workers.connection import redact, redis_url
-    from workers.store import new_run_id
+    from ddpviz.workers.connection import redact, redis_url
+    from ddpviz.workers.store import new_run_id
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -329,7 +329,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     default = run_id if not args.join else f"{run_id}-{socket.gethostname()}-{os.getpid()}"
     spool = Path(args.spool or Path(".ddpviz") / "spool" / default).resolve()
     spool.mkdir(parents=True, exist_ok=True)
-    from workers.spool import _write_json
+    from ddpviz.workers.spool import _write_json
 
     # the run's Redis, for `ddpviz upload` (left out when it holds a password: no secret in the spool)
     _write_json(spool / "meta.json", dict(run_id=run_id, command=cmd, label=args.name, joined=bool(args.join),
@@ -347,7 +347,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         launch.redis_down(f"cannot reach {redact(url)}")
     _say(f"run {run_id}: watch it in the app ({launch.app_url()}, Live) or `ddpviz runs`; spool {spool}")
-    from engine.attach.env import OFF_ENV
+    from ddpviz.engine.attach.env import OFF_ENV
 
     if os.environ.get(OFF_ENV) == "1":
         _say(f"{OFF_ENV}=1: no process of the command is instrumented; the run records only its command "
@@ -361,8 +361,8 @@ def cmd_upload(args: argparse.Namespace) -> int:
     """Send a spool's events that are not yet stored, and record the run's ending. Redis: --url,
     else $REDIS_URL, else the run's own (the spool's meta.json, when it had no password), else
     the default (`workers.connection.redis_url`)."""
-    from workers.connection import redact, redis_url
-    from workers.spool import SpoolForwarder, read_json
+    from ddpviz.workers.connection import redact, redis_url
+    from ddpviz.workers.spool import SpoolForwarder, read_json
 
     spool = Path(args.spool)
     meta = read_json(spool / "meta.json")
@@ -372,7 +372,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
     url = args.url or os.environ.get("REDIS_URL", "").strip() or meta.get("redis_url") or redis_url()
     store = _store(url)
     if store is None:
-        from workers.connection import connect
+        from ddpviz.workers.connection import connect
 
         connect(url)  # raises RedisUnavailable, which names the URL
     run_id = meta["run_id"]

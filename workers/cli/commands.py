@@ -20,9 +20,9 @@ import time
 from datetime import datetime
 from typing import Any, Callable
 
-from engine.export import EXPORT_FORMATS
-from workers.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_REFUSED
-from workers.cli.export import cmd_export
+from ddpviz.engine.export import EXPORT_FORMATS
+from ddpviz.workers.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_REFUSED
+from ddpviz.workers.cli.export import cmd_export
 
 WAIT_POLL_S = 0.25  # `submit --wait` reads new events this often
 
@@ -32,7 +32,7 @@ def _err(message: str) -> None:
 
 
 def _client(args: argparse.Namespace):
-    from workers.client import DdpvizClient
+    from ddpviz.workers.client import DdpvizClient
 
     return DdpvizClient(url=args.url)
 
@@ -41,11 +41,11 @@ def _client(args: argparse.Namespace):
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Run one job in this process (DDP: rank processes on this host); no Redis."""
-    from engine.config import validate_config
-    from engine.events import BatchingSink, CallbackSink, FanoutSink, JsonlWriter
-    from workers.cli.flags import run_fields
-    from workers.cli.progress import RunProgress, summary_line
-    from workers.store import new_run_id
+    from ddpviz.engine.config import validate_config
+    from ddpviz.engine.events import BatchingSink, CallbackSink, FanoutSink, JsonlWriter
+    from ddpviz.workers.cli.flags import run_fields
+    from ddpviz.workers.cli.progress import RunProgress, summary_line
+    from ddpviz.workers.store import new_run_id
 
     cfg = validate_config(run_fields(args))
     run_id = args.run_id or new_run_id()
@@ -63,7 +63,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         _err("stopping the run (Ctrl-C again to abort at once)")
 
     previous = signal.signal(signal.SIGINT, on_sigint)
-    from engine.run import run_training  # loads torch
+    from ddpviz.engine.run import run_training  # loads torch
 
     try:
         result = run_training(cfg, FanoutSink(*sinks), run_id, should_stop=stop.is_set)
@@ -81,8 +81,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     """Validate and enqueue a run (or a DP+DDP pair); optionally follow it to its end."""
-    from engine.config import validate_config
-    from workers.cli.flags import run_fields
+    from ddpviz.engine.config import validate_config
+    from ddpviz.workers.cli.flags import run_fields
 
     fields = run_fields(args)
     for mode in ("dp", "ddp") if args.pair else (None,):  # a refused setting needs no Redis
@@ -105,8 +105,8 @@ def follow(client: Any, run_ids: list[str]) -> int:
     Returns:
         0 if every run finished, else 1.
     """
-    from workers.cli.progress import RunProgress, summary_line
-    from workers.store import TERMINAL
+    from ddpviz.workers.cli.progress import RunProgress, summary_line
+    from ddpviz.workers.store import TERMINAL
 
     records = {rid: client.get_run(rid) for rid in run_ids}
     bars = {rid: RunProgress(rec["config"].get("steps", 0), rec.get("label") or rid, i)
@@ -143,13 +143,13 @@ def follow(client: Any, run_ids: list[str]) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     import os
 
-    from workers.jobs.node import ADVERTISE_ENV, RDZV_PORTS_ENV
-    from workers.worker import run_worker
+    from ddpviz.workers.jobs.node import ADVERTISE_ENV, RDZV_PORTS_ENV
+    from ddpviz.workers.worker import run_worker
 
     for var, value in ((ADVERTISE_ENV, args.advertise_addr), (RDZV_PORTS_ENV, args.rdzv_ports)):
         if value:  # read by this worker's multi-host node jobs (workers.jobs.node)
             os.environ[var] = value
-    from workers.retention import KEEP_DAYS_ENV, KEEP_RUNS_ENV, RetentionError, RetentionPolicy
+    from ddpviz.workers.retention import KEEP_DAYS_ENV, KEEP_RUNS_ENV, RetentionError, RetentionPolicy
 
     for var, value in ((KEEP_RUNS_ENV, args.keep_runs), (KEEP_DAYS_ENV, args.keep_days)):
         if value is not None:  # read by the worker and its work-horses (workers.retention)
@@ -211,7 +211,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from workers.store import TERMINAL
+    from ddpviz.workers.store import TERMINAL
 
     client = _client(args)
     before = client.get_run(args.run_id)
@@ -244,7 +244,7 @@ def cmd_requeue(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from workers.up import run_up
+    from ddpviz.workers.up import run_up
 
     try:
         return run_up(args.host, args.port, args.workers, args.data_dir, args.app)
@@ -256,7 +256,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 # -- parser -----------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    from workers.cli.flags import add_run_flags
+    from ddpviz.workers.cli.flags import add_run_flags
 
     parser = argparse.ArgumentParser(prog="ddpviz", description="Launch real DP and DDP training "
                                      "runs and watch them (https://pytorch.org/docs/stable/notes/ddp.html).")
@@ -327,10 +327,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=".ddpviz", help="folder for the embedded Redis' data")
     p.add_argument("--app", help=argparse.SUPPRESS)  # another Streamlit script (tests)
 
-    from workers.cli.attach import register as register_attach
-    from workers.cli.local import register
-    from workers.cli.predict import register as register_predict
-    from workers.doctor.checks import register as register_doctor
+    from ddpviz.workers.cli.attach import register as register_attach
+    from ddpviz.workers.cli.local import register
+    from ddpviz.workers.cli.predict import register as register_predict
+    from ddpviz.workers.doctor.checks import register as register_doctor
 
     register(command, add_run_flags)
     register_predict(command)
@@ -340,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _refused(exc: Any) -> int:
-    from workers.cli.flags import flag_name
+    from ddpviz.workers.cli.flags import flag_name
 
     for field, message in exc.errors:
         hint = f" [{flag_name(field)}]" if field and field.isidentifier() else ""
@@ -352,8 +352,8 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``ddpviz`` console script; exits with the command's code."""
     import redis
 
-    from engine.config import ConfigError
-    from workers.connection import RedisUnavailable
+    from ddpviz.engine.config import ConfigError
+    from ddpviz.workers.connection import RedisUnavailable
 
     args = build_parser().parse_args(argv)
     try:

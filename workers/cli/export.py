@@ -8,21 +8,21 @@ from __future__ import annotations
 import argparse
 import sys
 
-from workers.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_REFUSED
+from ddpviz.workers.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_REFUSED
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Write the run's events as JSON lines (or its steps as CSV, or a Chrome trace), oldest
     first; with --dir, to ``DIR/<run_id><suffix>`` and never outside DIR
     (`engine.export.export_path`)."""
-    from engine.export import EXPORT_FORMATS, SAFE_ID, export_path, render
+    from ddpviz.engine.export import EXPORT_FORMATS, SAFE_ID, export_path, render
 
     if not SAFE_ID.match(args.run_id):
         _err(f"refused: run_id must be 1-64 letters, digits, '-' or '_' (got {args.run_id[:80]!r})")
         return EXIT_REFUSED
     path = export_path(args.dir, args.run_id, EXPORT_FORMATS[args.format].suffix) if args.dir else args.out
-    from workers.client import DdpvizClient
-    from workers.history import read_all_events
+    from ddpviz.workers.client import DdpvizClient
+    from ddpviz.workers.history import read_all_events
 
     client = DdpvizClient(url=args.url)
     if client.get_run(args.run_id) is None:

@@ -11,7 +11,7 @@ import argparse
 import typing
 from typing import Any
 
-from engine.config import RunConfig
+from ddpviz.engine.config import RunConfig
 
 
 def flag_name(field: str) -> str:

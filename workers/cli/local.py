@@ -16,9 +16,9 @@ import sys
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from engine.config import validate_config
-    from engine.harness.compare import ALL_MODES, compare, report_verdict
-    from workers.cli.flags import run_fields
+    from ddpviz.engine.config import validate_config
+    from ddpviz.engine.harness.compare import ALL_MODES, compare, report_verdict
+    from ddpviz.workers.cli.flags import run_fields
 
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     bad = [m for m in modes if m not in ALL_MODES]
@@ -52,12 +52,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_preview(args: argparse.Namespace) -> int:
-    from engine.components.preflight import probe_batch
-    from engine.config import validate_config
-    from engine.data import load_dataset
-    from engine.models import build_model, grad_bytes, param_count
-    from engine.modes.ddp.buckets import preview_buckets
-    from workers.cli.flags import run_fields
+    from ddpviz.engine.components.preflight import probe_batch
+    from ddpviz.engine.config import validate_config
+    from ddpviz.engine.data import load_dataset
+    from ddpviz.engine.models import build_model, grad_bytes, param_count
+    from ddpviz.engine.modes.ddp.buckets import preview_buckets
+    from ddpviz.workers.cli.flags import run_fields
 
     cfg = validate_config({**run_fields(args), "mode": "ddp"})
     ds = load_dataset(cfg)
@@ -79,7 +79,7 @@ def cmd_preview(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from engine.modes.ddp.probe import probe_local
+    from ddpviz.engine.modes.ddp.probe import probe_local
 
     kwargs = {k: v for k, v in dict(min_bytes=args.min_bytes, max_bytes=args.max_bytes, iters=args.iters,
                                      warmup_iters=args.warmup_iters, budget_s=args.budget_s).items()
@@ -116,7 +116,7 @@ def register(command, add_run_flags) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON, keyed by mode")
     p.add_argument("--modes", default="single,dp,ddp", metavar="M1,M2,...",
                    help="modes to run, comma-separated, from single,dp,ddp,fsdp (default: single,dp,ddp)")
-    from workers.bench.cli import register as register_bench
+    from ddpviz.workers.bench.cli import register as register_bench
 
     register_bench(command)
     p = command("preview", cmd_preview, "show the DDP bucket layout for a config", redis=False)

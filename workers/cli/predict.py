@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 
-from engine.predict.presets import AS_MEASURED, COMPUTES, DEFAULT_UTILISATION, LINKS, THIS_MACHINE
+from ddpviz.engine.predict.presets import AS_MEASURED, COMPUTES, DEFAULT_UTILISATION, LINKS, THIS_MACHINE
 
 
 def parse_world_sizes(text: str) -> list[int]:
@@ -50,7 +50,7 @@ def _print_table(rep: dict) -> None:
             fit = "in the fit: " + v["in_fit_reason"] if v.get("in_fit") else "out of sample"
             print(f"{v['run_id']:<18} {v['mode']:<5} {v['world_size']:>3} {v['measured_samples_per_s']:>11,.0f} "
                   f"{v['predicted_samples_per_s']:>12,.0f} {v['samples_per_s_error_pct']:>+6.1f}%  {fit}")
-    from workers.scaleout_text import out_of_sample_line
+    from ddpviz.workers.scaleout_text import out_of_sample_line
 
     print(out_of_sample_line(rep))
     print("\ninputs and assumptions:")
@@ -59,8 +59,8 @@ def _print_table(rep: dict) -> None:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from workers.client import DdpvizClient
-    from workers.scaleout import report, scenario_from
+    from ddpviz.workers.client import DdpvizClient
+    from ddpviz.workers.scaleout import report, scenario_from
 
     try:
         sc = scenario_from(args.link, inter_link_key=args.inter_link, devices_per_host=args.devices_per_host,

@@ -51,7 +51,7 @@ def summary_line(run_id: str, status: str, summary: dict[str, Any] | None,
     """One line: status, steps, throughput, step time, final loss, accuracy, wall time; and the
     error's exception when there is one, with where it happened (`engine.stages.where_failed`:
     ``error (pre-flight): ...``, ``error (rank 1 at step 2): ...``)."""
-    from engine.stages import where_failed
+    from ddpviz.engine.stages import where_failed
 
     s = summary or {}
     line = (f"run {run_id} {status}: {s.get('steps_done', '-')} steps, "

@@ -31,9 +31,9 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from engine.export import EXPORT_FORMATS
-from workers.doctor.report import CheckFailed, CheckSkipped, Interrupted, Report, run_check, run_figures  # noqa: F401
-from workers.history import read_all_events
+from ddpviz.engine.export import EXPORT_FORMATS
+from ddpviz.workers.doctor.report import CheckFailed, CheckSkipped, Interrupted, Report, run_check, run_figures  # noqa: F401
+from ddpviz.workers.history import read_all_events
 
 PAIR_CONFIG = dict(world_size=2, steps=5, step_delay_s=0.0, eval_every=0, device="cpu", global_batch_size=64)
 WORKER_START_TIMEOUT_S = 60.0
@@ -54,25 +54,25 @@ class DoctorStack:
         self.runs: dict[str, str] = {}  # label -> run id of the runs the doctor submitted
 
     def start_redis(self) -> str:
-        from workers.connection import EmbeddedRedis
+        from ddpviz.workers.connection import EmbeddedRedis
 
         self.server = EmbeddedRedis(self.workdir / "redis", persist=False).start()
         self.url = self.server.url
         return self.url
 
     def client(self):
-        from workers.client import DdpvizClient
+        from ddpviz.workers.client import DdpvizClient
 
         return DdpvizClient(url=self.url)
 
     def start_worker(self) -> float:
         """Start `ddpviz worker` and wait for its heartbeat; returns the seconds that took."""
-        from workers.connection import ENV_VAR
-        from workers.host.procs import UP_TOKEN_ENV, Child
+        from ddpviz.workers.connection import ENV_VAR
+        from ddpviz.workers.host.procs import UP_TOKEN_ENV, Child
 
         env = {**os.environ, ENV_VAR: self.url, UP_TOKEN_ENV: self.token, "PYTHONUNBUFFERED": "1"}
         t0 = time.monotonic()
-        self.worker = Child("worker", [sys.executable, "-m", "workers", "worker", "--name", self.worker_name],
+        self.worker = Child("worker", [sys.executable, "-m", "ddpviz.workers", "worker", "--name", self.worker_name],
                             env, log_path=str(self.workdir / "worker.log")).start()
         client = self.client()
         while time.monotonic() - t0 < WORKER_START_TIMEOUT_S:
@@ -91,7 +91,7 @@ class DoctorStack:
 
     def wait(self, run_ids: list[str], timeout_s: float = RUN_TIMEOUT_S) -> dict[str, dict]:
         """Records of `run_ids` once all have ended (or the time is up: then they are canceled)."""
-        from workers.store import TERMINAL
+        from ddpviz.workers.store import TERMINAL
 
         client, ended = self.client(), {s.value for s in TERMINAL}
         deadline = time.monotonic() + timeout_s
@@ -110,7 +110,7 @@ class DoctorStack:
 
     def stop(self) -> None:
         """Stop the worker (warm, then cold), sweep any process carrying the token, stop Redis."""
-        from workers.host.procs import sweep
+        from ddpviz.workers.host.procs import sweep
 
         if self.worker is not None:
             self.worker.signal_group(signal.SIGTERM)
@@ -122,7 +122,7 @@ class DoctorStack:
 
 
 def check_redis(stack: DoctorStack, url: str | None) -> tuple[str, dict[str, Any]]:
-    from workers.connection import connect, redact
+    from ddpviz.workers.connection import connect, redact
 
     figures: dict[str, Any] = {}
     if url:  # the configured server: reachable, and how fast
@@ -173,7 +173,7 @@ def check_exports(stack: DoctorStack, out_dir: Path) -> tuple[str, dict[str, Any
     for label, rid in stack.runs.items():
         events = read_all_events(client, rid)
         for fmt, spec in EXPORT_FORMATS.items():
-            code = subprocess.run([sys.executable, "-m", "workers", "export", rid, "--dir", str(folder),
+            code = subprocess.run([sys.executable, "-m", "ddpviz.workers", "export", rid, "--dir", str(folder),
                                    "--format", fmt, "--url", stack.url], capture_output=True,
                                   timeout=120).returncode
             path = folder / f"{rid}{spec.suffix}"
@@ -207,8 +207,8 @@ def check_cleanup(stack: DoctorStack) -> tuple[str, dict[str, Any]]:
     """Everything the doctor started is gone and its temporary folder removed."""
     import psutil
 
-    from workers.host.procs import UP_TOKEN_ENV
-    from workers.host.reaper import processes_with_env
+    from ddpviz.workers.host.procs import UP_TOKEN_ENV
+    from ddpviz.workers.host.reaper import processes_with_env
 
     stack.stop()
     shutil.rmtree(stack.workdir, ignore_errors=True)
@@ -262,7 +262,7 @@ def run_doctor(out_dir: str | Path, *, gpu: bool = False, url: str | None = None
             report.add(run_check("dp_ddp_pair", lambda: check_pair(stack), log))
             report.add(run_check("exports", lambda: check_exports(stack, out), log))
             if gpu:
-                from workers.doctor.gpu import run_gpu_checks
+                from ddpviz.workers.doctor.gpu import run_gpu_checks
 
                 run_gpu_checks(stack, report, out, log)
     except Interrupted as exc:  # a stop signal (e.g. `timeout`): keep the check it cut short, then clean up
@@ -281,7 +281,7 @@ def gpu_refusal() -> str | None:
     except Exception as exc:  # torch missing or broken: say so, no traceback
         return f"no CUDA device visible (torch could not be imported: {exc})"
     if not torch.cuda.is_available():
-        from workers.doctor.versions import describe, mismatch, read_versions
+        from ddpviz.workers.doctor.versions import describe, mismatch, read_versions
 
         v = read_versions(torch_mod=torch)
         why = mismatch(v)
@@ -296,7 +296,7 @@ def _exit_on_sigterm(signum, frame) -> None:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """The `ddpviz doctor` command: 0 when every check passed (or was skipped), else 1."""
-    from workers.connection import ENV_VAR
+    from ddpviz.workers.connection import ENV_VAR
 
     if args.gpu:
         why = gpu_refusal()

@@ -21,7 +21,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Callable
 
-from workers.doctor.report import CheckFailed, CheckSkipped, Report, run_check
+from ddpviz.workers.doctor.report import CheckFailed, CheckSkipped, Report, run_check
 
 ROOT = Path(__file__).resolve().parents[2]
 GPT_100M = dict(model="gpt", dataset="text", width=768, depth=14, n_head=12, block_size=256)  # 99.5 M params
@@ -55,9 +55,9 @@ def run_gpu_checks(stack, report: Report, out_dir: Path, log: Callable[[str], No
 
 
 def check_cuda() -> tuple[str, dict[str, Any]]:
-    from engine.harness.gpu_checks import cuda_inventory
+    from ddpviz.engine.harness.gpu_checks import cuda_inventory
 
-    from workers.doctor.versions import describe, mismatch, read_versions
+    from ddpviz.workers.doctor.versions import describe, mismatch, read_versions
 
     inv = cuda_inventory()
     versions = read_versions()
@@ -97,9 +97,9 @@ def check_gpu_tests() -> tuple[str, dict[str, Any]]:
 
 
 def check_parity(state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    from engine.config import RunConfig
-    from engine.events import ListSink
-    from engine.harness.compare import compare
+    from ddpviz.engine.config import RunConfig
+    from ddpviz.engine.events import ListSink
+    from ddpviz.engine.harness.compare import compare
 
     sinks = {m: ListSink() for m in ("single", "dp", "ddp")}
     result = compare(RunConfig(mode="ddp", **{**PARITY, "optimizer": PARITY_OPTIMIZER}), sink_for=lambda m: sinks[m])
@@ -122,7 +122,7 @@ def check_parity(state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 def check_memory_rate(state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """Memory readings that reached the run's events, per second of training, per device: the
     same count as `ddpviz bench`'s figure 5 (`workers.bench.measured.memory_samples_per_s`)."""
-    from workers.bench.measured import memory_samples_per_s
+    from ddpviz.workers.bench.measured import memory_samples_per_s
 
     if "parity_events" not in state:
         raise CheckSkipped("needs the parity runs' events")
@@ -136,7 +136,7 @@ def check_memory_rate(state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 
 def check_nvml() -> tuple[str, dict[str, Any]]:
-    from engine.harness.gpu_checks import nvml_vs_allocator
+    from ddpviz.engine.harness.gpu_checks import nvml_vs_allocator
 
     try:
         fig = nvml_vs_allocator(0)
@@ -144,11 +144,11 @@ def check_nvml() -> tuple[str, dict[str, Any]]:
         raise CheckFailed(str(exc)) from None
     # What ddpviz's own memory events carry for cuda:0 (their `used_bytes`): its reader, not a copy
     # of it. A reader that is gone or reads nothing where NVML answers fails the check.
-    from engine.measure import memory
+    from ddpviz.engine.measure import memory
 
     reader = getattr(memory, "NvmlReader", None)
     if reader is None:
-        raise CheckFailed("engine.measure.memory.NvmlReader is missing: memory events would carry no NVML figure", fig)
+        raise CheckFailed("ddpviz.engine.measure.memory.NvmlReader is missing: memory events would carry no NVML figure", fig)
     fig["engine_nvml_used_bytes"] = reader().used_bytes(0)
     if fig["engine_nvml_used_bytes"] is None:
         raise CheckFailed("ddpviz's NVML reader (engine.measure.memory.NvmlReader) read nothing for cuda:0 "
@@ -162,7 +162,7 @@ def check_nvml() -> tuple[str, dict[str, Any]]:
 
 
 def check_amp() -> tuple[str, dict[str, Any]]:
-    from engine.harness.gpu_checks import amp_in_replicas
+    from ddpviz.engine.harness.gpu_checks import amp_in_replicas
 
     fig = amp_in_replicas()
     ours = {k: v for k, v in fig.items() if k.startswith("ddpviz")}
@@ -174,7 +174,7 @@ def check_amp() -> tuple[str, dict[str, Any]]:
 
 
 def check_shared_gpu() -> tuple[str, dict[str, Any]]:
-    from engine.harness.gpu_checks import shared_gpu_ddp
+    from ddpviz.engine.harness.gpu_checks import shared_gpu_ddp
 
     fig = shared_gpu_ddp(world=2, steps=4)
     errors = [r["error"] for r in fig["ranks"] if "error" in r]
@@ -202,7 +202,7 @@ def check_shared_gpu() -> tuple[str, dict[str, Any]]:
 
 
 def check_attach_sync() -> tuple[str, dict[str, Any]]:
-    from engine.harness.attach_sync import attach_sync_probe, attach_sync_verdict
+    from ddpviz.engine.harness.attach_sync import attach_sync_probe, attach_sync_verdict
 
     fig = dict(plain=attach_sync_probe("cuda", instrumented=False), attached=attach_sync_probe("cuda"))
     ok, why = attach_sync_verdict(fig["plain"], fig["attached"])
@@ -212,8 +212,8 @@ def check_attach_sync() -> tuple[str, dict[str, Any]]:
 
 
 def check_overhead() -> tuple[str, dict[str, Any]]:
-    from engine.config import RunConfig
-    from engine.harness.overhead import measure_overhead
+    from ddpviz.engine.config import RunConfig
+    from ddpviz.engine.harness.overhead import measure_overhead
 
     fig = measure_overhead(RunConfig(mode="ddp", world_size=1, **SMALL_GPT), rounds=6, block_steps=10)
     fig["target_ratio"] = OVERHEAD_RATIO_TARGET
@@ -229,10 +229,10 @@ def check_overhead() -> tuple[str, dict[str, Any]]:
 def check_multi_gpu() -> tuple[str, dict[str, Any]]:
     import torch
 
-    from engine.config import RunConfig
-    from engine.events import ListSink
-    from engine.harness.gpu_checks import memory_imbalance
-    from engine.run import run_training
+    from ddpviz.engine.config import RunConfig
+    from ddpviz.engine.events import ListSink
+    from ddpviz.engine.harness.gpu_checks import memory_imbalance
+    from ddpviz.engine.run import run_training
 
     n = torch.cuda.device_count()
     if n < 2:
@@ -251,7 +251,7 @@ def check_multi_gpu() -> tuple[str, dict[str, Any]]:
 
 
 def check_queue_runs(stack, state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    from workers.doctor.report import run_figures
+    from ddpviz.workers.doctor.report import run_figures
 
     client = stack.client()
     cfg = dict(SMALL_GPT, world_size=1, steps=30, bucket_cap_mb=1.0)
@@ -266,7 +266,7 @@ def check_queue_runs(stack, state: dict[str, Any]) -> tuple[str, dict[str, Any]]
 
 
 def check_screenshots(stack, state: dict[str, Any], out_dir: Path) -> tuple[str, dict[str, Any]]:
-    from workers.doctor.shots import take_screenshots
+    from ddpviz.workers.doctor.shots import take_screenshots
 
     if "queue_runs" not in state:
         raise CheckSkipped("no GPU runs in Redis to show (gpu_runs_through_queue did not pass)")

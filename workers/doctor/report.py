@@ -194,7 +194,7 @@ def _cell(text: str) -> str:
 
 def run_figures(client, rec: dict[str, Any]) -> dict[str, Any]:
     """A finished run's headline figures and its events counted by type."""
-    from workers.history import read_all_events
+    from ddpviz.workers.history import read_all_events
 
     counts: dict[str, int] = {}
     for e in read_all_events(client, rec["run_id"]):

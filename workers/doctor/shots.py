@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from workers.doctor.report import CheckSkipped
+from ddpviz.workers.doctor.report import CheckSkipped
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -36,9 +36,9 @@ def _launch(pw):
 
 
 def _start_app(stack) -> tuple[Any, str]:
-    from workers.connection import ENV_VAR, free_port
-    from workers.host.procs import UP_TOKEN_ENV, Child
-    from workers.up import app_command, default_app_path
+    from ddpviz.workers.connection import ENV_VAR, free_port
+    from ddpviz.workers.host.procs import UP_TOKEN_ENV, Child
+    from ddpviz.workers.up import app_command, default_app_path
 
     port = free_port()
     env = {**os.environ, ENV_VAR: stack.url, UP_TOKEN_ENV: stack.token, "PYTHONUNBUFFERED": "1"}

@@ -13,7 +13,7 @@ PyPI's metadata). NVML (nvidia-ml-py, imported as `pynvml`) gives the driver's v
 (`nvmlSystemGetDriverVersion`) and the newest CUDA it supports (`nvmlSystemGetCudaDriverVersion`,
 an int: 1000 * major + 10 * minor, e.g. 12040 for 12.4).
 
-`python -m workers.doctor.versions` prints both and the mismatch, if any (scripts/gpu_check.sh
+`python -m ddpviz.workers.doctor.versions` prints both and the mismatch, if any (scripts/gpu_check.sh
 runs it first); exit 0 when torch sees a CUDA device, else 3.
 """
 

@@ -14,7 +14,7 @@ import subprocess
 import time
 from collections.abc import Sequence
 
-from workers.host.reaper import processes_with_env, terminate
+from ddpviz.workers.host.reaper import processes_with_env, terminate
 
 UP_TOKEN_ENV = "DDPVIZ_UP_TOKEN"
 STOP_GRACE_S = 5.0  # after SIGTERM, before SIGKILL

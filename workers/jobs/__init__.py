@@ -9,7 +9,7 @@ RQ stores a job's function by name; the names it is given are this package's
 (`workers.jobs.execute_run`, `execute_node`, `on_job_stopped`), re-exported here.
 """
 
-from workers.jobs.node import execute_node
-from workers.jobs.run import execute_run, on_job_stopped
+from ddpviz.workers.jobs.node import execute_node
+from ddpviz.workers.jobs.run import execute_run, on_job_stopped
 
 __all__ = ["execute_node", "execute_run", "on_job_stopped"]

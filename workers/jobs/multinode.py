@@ -19,12 +19,12 @@ import redis
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from engine.config import ConfigError
-from workers import keys
-from workers.heartbeat import read_workers
-from workers.jobs.run import JOB_TIMEOUT_S, NODE_JOB_FUNC, STOPPED_CALLBACK
-from workers.keys import node_job_id, parse_node_job_id, rq_job_ids  # noqa: F401  (defined with the keys)
-from workers.store import RunStore, new_run_id
+from ddpviz.engine.config import ConfigError
+from ddpviz.workers import keys
+from ddpviz.workers.heartbeat import read_workers
+from ddpviz.workers.jobs.run import JOB_TIMEOUT_S, NODE_JOB_FUNC, STOPPED_CALLBACK
+from ddpviz.workers.keys import node_job_id, parse_node_job_id, rq_job_ids  # noqa: F401  (defined with the keys)
+from ddpviz.workers.store import RunStore, new_run_id
 
 RESULT_TTL_S = 24 * 3600
 FAILURE_TTL_S = 7 * 24 * 3600

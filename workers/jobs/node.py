@@ -28,13 +28,13 @@ from typing import Any
 
 import redis
 
-from engine.config import ConfigError, validate_config
-from workers.host.reaper import RUN_ENV_VAR
-from workers.jobs.multinode import node_job_id
-from workers.jobs.nodes import POLL_S, NodeState, settle_when_all_report, update_record_hosts
-from workers.jobs.run import CancelPoller, default_worker_name, stop_fork_server
-from workers.sink import DEFAULT_STREAM_MAXLEN, run_sink
-from workers.store import TERMINAL, RunStatus, RunStore, make_error
+from ddpviz.engine.config import ConfigError, validate_config
+from ddpviz.workers.host.reaper import RUN_ENV_VAR
+from ddpviz.workers.jobs.multinode import node_job_id
+from ddpviz.workers.jobs.nodes import POLL_S, NodeState, settle_when_all_report, update_record_hosts
+from ddpviz.workers.jobs.run import CancelPoller, default_worker_name, stop_fork_server
+from ddpviz.workers.sink import DEFAULT_STREAM_MAXLEN, run_sink
+from ddpviz.workers.store import TERMINAL, RunStatus, RunStore, make_error
 
 ADVERTISE_ENV = "DDPVIZ_ADVERTISE_ADDR"  # set by `ddpviz worker --advertise-addr`
 RDZV_PORTS_ENV = "DDPVIZ_RDZV_PORTS"  # "LOW-HIGH": node 0 serves the rendezvous on a port in it
@@ -144,7 +144,7 @@ class NodeSink:
         plans = self._wait_for_plans()
         backends = {p.get("backend") for p in plans.values()}
         if len(backends) > 1:
-            from engine.components.devices import PreflightError
+            from ddpviz.engine.components.devices import PreflightError
 
             found = ", ".join(f"{self.hosts[i]['worker']}: {p.get('backend')} on {p.get('device_names')}"
                               for i, p in sorted(plans.items()))
@@ -217,7 +217,7 @@ def run_node(connection: redis.Redis, run_id: str, index: int, *, worker_name: s
     else:
         store.transition(run_id, RunStatus.STARTED, allowed_from=[RunStatus.QUEUED],
                          fields={"started_at": repr(time.time())})
-        from workers.heartbeat import set_current_run
+        from ddpviz.workers.heartbeat import set_current_run
 
         set_current_run(connection, worker_name, run_id)
         status, error, summary = _run_part(store, state, cfg, run_id, index, record["hosts"],
@@ -259,8 +259,8 @@ def _endpoint(state: NodeState, store: RunStore, run_id: str, index: int, hosts:
 def _run_part(store: RunStore, state: NodeState, cfg: Any, run_id: str, index: int,
               hosts: list[dict], worker: str, workdir: str | Path | None):
     """Train this node's ranks. Returns (status, error, summary)."""
-    from engine.modes.launcher import NodeSpec
-    from engine.run import run_training  # imports torch: only in the work-horse
+    from ddpviz.engine.modes.launcher import NodeSpec
+    from ddpviz.engine.run import run_training  # imports torch: only in the work-horse
 
     stop = PeerAbort(state, CancelPoller(store, run_id), CancelPoller(store, node_job_id(run_id, index)))
     endpoint, ended = _endpoint(state, store, run_id, index, hosts, stop)

@@ -28,10 +28,10 @@ from typing import Any
 
 import redis
 
-from workers import keys
-from workers.heartbeat import read_workers
-from workers.sink import decode_entries
-from workers.store import ACTIVE, TERMINAL, RunStatus, RunStore, make_error
+from ddpviz.workers import keys
+from ddpviz.workers.heartbeat import read_workers
+from ddpviz.workers.sink import decode_entries
+from ddpviz.workers.store import ACTIVE, TERMINAL, RunStatus, RunStore, make_error
 
 NODES_TTL_S = 7 * 24 * 3600  # the coordination hash outlives any run, then goes
 POLL_S = 0.2
@@ -185,7 +185,7 @@ def stream_summary(connection: redis.Redis, run_id: str, node_summaries: list[di
     """The run's summary from every event in its stream (all hosts' ranks), as one host's engine
     would build it, with devices named ``{host}/{device}`` (every GPU host has a ``cuda:0``);
     ``wall_time_s`` is the longest node's."""
-    from engine.summary import SummaryBuilder  # no torch
+    from ddpviz.engine.summary import SummaryBuilder  # no torch
 
     builder, after = SummaryBuilder(), "0-0"
     while True:

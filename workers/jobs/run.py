@@ -37,22 +37,24 @@ from typing import Any
 
 import redis
 
-from engine.config import ConfigError, validate_config
-from engine.export import SAFE_ID
-from workers import keys
-from workers.host.reaper import RUN_ENV_VAR, kill_run_processes
-from workers.host.stop import CANCEL_POLL_INTERVAL_S, StopPoller, fast_fail
-from workers.store import ACTIVE, RunStatus, RunStore, make_error
+from ddpviz.engine.config import ConfigError, validate_config
+from ddpviz.engine.export import SAFE_ID
+from ddpviz.workers import keys
+from ddpviz.workers.host.reaper import RUN_ENV_VAR, kill_run_processes
+from ddpviz.workers.host.stop import CANCEL_POLL_INTERVAL_S, StopPoller, fast_fail
+from ddpviz.workers.store import ACTIVE, RunStatus, RunStore, make_error
 
 log = logging.getLogger("ddpviz.worker")
 
 # RQ stores a job's function by name: the names are the package's (`workers.jobs`), which
 # re-exports them, so a module moving inside the package never strands a queued job.
-JOB_FUNC = "workers.jobs.execute_run"  # enqueued by name
-STOPPED_CALLBACK = "workers.jobs.on_job_stopped"
-NODE_JOB_FUNC = "workers.jobs.execute_node"
+JOB_FUNC = "ddpviz.workers.jobs.execute_run"  # enqueued by name
+STOPPED_CALLBACK = "ddpviz.workers.jobs.on_job_stopped"
+NODE_JOB_FUNC = "ddpviz.workers.jobs.execute_node"
 # Names queued by an earlier release, still run (for one release) as the function they name now.
-LEGACY_JOB_FUNCS = {"workers.node_job.execute_node": NODE_JOB_FUNC}
+# Before the one import name (ddpviz.workers), jobs were queued as workers.*.
+LEGACY_JOB_FUNCS = {"workers.node_job.execute_node": NODE_JOB_FUNC, "workers.jobs.execute_run": JOB_FUNC,
+                    "workers.jobs.execute_node": NODE_JOB_FUNC}
 # The only functions a worker runs. A deployment adds its own through DDPVIZ_EXTRA_JOB_FUNCS
 # (comma-separated dotted names; the tests use it for stand-in jobs).
 ALLOWED_JOB_FUNCS = (JOB_FUNC, NODE_JOB_FUNC, *LEGACY_JOB_FUNCS)  # + multi-host node jobs
@@ -114,7 +116,7 @@ def execute_run(*args: Any, **kwargs: Any) -> str:
     if job is not None:
         connection, worker = job.connection, job.worker_name or os.environ.get("RQ_WORKER_ID")
     else:  # called directly, outside a worker
-        from workers.connection import connect
+        from ddpviz.workers.connection import connect
 
         connection, worker = connect(), None
     return run_job(connection, run_id, worker_name=worker or default_worker_name())
@@ -158,13 +160,13 @@ def run_job(connection: redis.Redis, run_id: str, *, worker_name: str,
         return store.status(run_id).value
     if not store.mark_started(run_id, worker_name):
         return store.status(run_id).value  # canceled before we got to it
-    from workers.heartbeat import set_current_run
+    from ddpviz.workers.heartbeat import set_current_run
 
     set_current_run(connection, worker_name, run_id)
     status, error, summary, reported = _train(store, cfg, run_id, workdir,
                                               record.get("timeout_s") or JOB_TIMEOUT_S, worker_name)
     final = _record_end(store, run_id, status, error, summary, reported)
-    from workers.retention import retain_quietly
+    from ddpviz.workers.retention import retain_quietly
 
     retain_quietly(connection, worker_name)  # old runs go once this one has ended
     return final
@@ -194,9 +196,9 @@ def _lease_gpus(store: RunStore, cfg: Any, run_id: str, poller: StopPoller, sink
     """
     if cfg.device == "cpu":
         return None
-    from engine.events import make_event
-    from workers.host.gpus import GpuMonitor
-    from workers.host.leases import DeviceLease, gpus_needed
+    from ddpviz.engine.events import make_event
+    from ddpviz.workers.host.gpus import GpuMonitor
+    from ddpviz.workers.host.leases import DeviceLease, gpus_needed
 
     monitor = GpuMonitor()
     gpus = monitor.inventory()
@@ -246,8 +248,8 @@ def _train(store: RunStore, cfg: Any, run_id: str, workdir: str | Path | None,
     follow (torch's take seconds, tens on a busy host).
     """
     deadline = time.monotonic() + time_limit_s if time_limit_s else None
-    from engine.run import run_training  # imports torch: only in the work-horse
-    from workers.sink import run_sink
+    from ddpviz.engine.run import run_training  # imports torch: only in the work-horse
+    from ddpviz.workers.sink import run_sink
 
     sink, writer = run_sink(store.redis, run_id, store.stream_maxlen)
     sink = StartedRecorder(sink, store, run_id, worker_name or default_worker_name())
@@ -293,7 +295,7 @@ def _train(store: RunStore, cfg: Any, run_id: str, workdir: str | Path | None,
 
 def stop_fork_server() -> None:
     """SIGKILL this work-horse's rank fork server, if one runs (`engine.modes.launcher.kill_fork_server`)."""
-    from engine.modes.launcher import kill_fork_server  # torch: the work-horse has it already
+    from ddpviz.engine.modes.launcher import kill_fork_server  # torch: the work-horse has it already
 
     try:
         kill_fork_server()
@@ -324,7 +326,7 @@ def on_job_exception(job: Any, exc_type: type | None, exc_value: BaseException |
     """
     name = exc_type.__name__ if exc_type is not None else "Error"
     if name == "AbandonedJobError":
-        from workers.liveness import lost_error
+        from ddpviz.workers.liveness import lost_error
 
         _settle(job.connection, job.id, RunStatus.LOST, lost_error(job.id, getattr(job, "worker_name", None) or "?"),
                 allowed_from=[RunStatus.STARTED])
@@ -364,7 +366,7 @@ def _settle(connection: redis.Redis, run_id: str, status: RunStatus, error: dict
     if not isinstance(run_id, str) or not SAFE_ID.match(run_id):
         return  # a refused payload with an id no run can have
     try:
-        from workers.jobs.nodes import settle_node_job
+        from ddpviz.workers.jobs.nodes import settle_node_job
 
         if settle_node_job(connection, run_id, status, error):  # a node job of a multi-host run
             return

@@ -38,10 +38,10 @@ def _start() -> None:
         print(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(exc).__name__}: {exc}",
               file=sys.stderr)
     try:
-        from engine.attach.env import should_instrument
+        from ddpviz.engine.attach.env import should_instrument
 
         if should_instrument():
-            from engine.attach import install
+            from ddpviz.engine.attach import install
 
             install()
     except Exception as exc:  # fail open: training starts uninstrumented

@@ -30,9 +30,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from engine.components.training import loss_fn
-from engine.config import RunConfig
-from engine.modes.ddp.comm_hook import wire_nbytes
+from ddpviz.engine.components.training import loss_fn
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.modes.ddp.comm_hook import wire_nbytes
 
 DDP_DEFAULT_BUCKET_CAP_MB = 25.0  # torch.nn.parallel.distributed._DEFAULT_BUCKET_CAP_MB
 MIB = 1024 * 1024
@@ -68,7 +68,7 @@ def probe_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple
     """One probe backward on (x, y): trainable-parameter indices in the order their gradients
     were accumulated (unused ones last, in registration order), and `wire_nbytes` of each
     sparse gradient by index. The model is left as found (`engine.components.preflight.probing`)."""
-    from engine.components.preflight import probing
+    from ddpviz.engine.components.preflight import probing
 
     params = [p for p in model.parameters() if p.requires_grad]
     order: list[int] = []

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from engine.measure.clocks import HostClock
+from ddpviz.engine.measure.clocks import HostClock
 
 LAYOUT_STEPS = 3  # backward passes whose buckets' parameter names are read (DDP rebuilds once, in pass 2)
 

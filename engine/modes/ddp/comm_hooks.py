@@ -45,9 +45,9 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from engine.components.devices import PreflightError
-from engine.config import RunConfig
-from engine.modes.ddp.comm_hook import BucketRecorder, wire_nbytes
+from ddpviz.engine.components.devices import PreflightError
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.modes.ddp.comm_hook import BucketRecorder, wire_nbytes
 
 HOOK_NAMES = {"fp16": "fp16_compress_hook", "bf16": "bf16_compress_hook", "powersgd": "powerSGD_hook"}
 # PyTorch's words when DDP refuses bf16_compress_hook (torch/nn/parallel/distributed.py,

@@ -18,10 +18,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from engine.measure.ledger import TensorLedger
-from engine.measure.memory_sampler import should_trace_memory
-from engine.measure.sync import buffer_checksums
-from engine.modes.ddp.comm_hook import BucketRecorder
+from ddpviz.engine.measure.ledger import TensorLedger
+from ddpviz.engine.measure.memory_sampler import should_trace_memory
+from ddpviz.engine.measure.sync import buffer_checksums
+from ddpviz.engine.modes.ddp.comm_hook import BucketRecorder
 
 
 class MemoryBucketRecorder(BucketRecorder):

@@ -48,9 +48,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from engine.analysis import probe_fit, probe_point  # noqa: F401  (pure: re-exported here)
-from engine.measure.telemetry import now
-from engine.modes.ranks import join_process_group, leave_process_group, start_rank_processes
+from ddpviz.engine.analysis import probe_fit, probe_point  # noqa: F401  (pure: re-exported here)
+from ddpviz.engine.measure.telemetry import now
+from ddpviz.engine.modes.ranks import join_process_group, leave_process_group, start_rank_processes
 
 PROBE_MIN_BYTES = 4 * 1024  # smallest message, bytes (nccl-tests' -b)
 PROBE_MAX_BYTES = 64 * 1024 * 1024  # largest message, bytes (-e), if the budget allows
@@ -268,9 +268,9 @@ def emit_probe(tel, device: torch.device, group=None, **kwargs: Any) -> dict[str
 def _local_rank_main(rank: int, world_size: int, port: int, out: str, kwargs: dict[str, Any]) -> None:
     from datetime import timedelta
 
-    from engine.components.training import cpu_threads_per_rank
-    from engine.events import ListSink
-    from engine.measure.telemetry import Telemetry
+    from ddpviz.engine.components.training import cpu_threads_per_rank
+    from ddpviz.engine.events import ListSink
+    from ddpviz.engine.measure.telemetry import Telemetry
 
     torch.set_num_threads(cpu_threads_per_rank(world_size))
     join_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,

@@ -18,23 +18,23 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from engine.components.faults import maybe_diverge, maybe_fail
-from engine.components.loop import drive
-from engine.components.training import autocast, evaluate, flat_params, loss_fn, make_optimizer, should_eval
-from engine.config import RunConfig
-from engine.data import BatchPlan, load_dataset
-from engine.measure.clocks import CudaClock, HostClock, StepClock
-from engine.measure.gil import MeteredClock, rank_step_fields
-from engine.measure.memory import param_bytes
-from engine.measure.memory_sampler import model_memory_sampler
-from engine.measure.sync import param_checksum
-from engine.measure.telemetry import Telemetry, now, step_fields, wall_ts
-from engine.models import build_model
-from engine.modes.ddp.buckets import ddp_bucket_cap_arg
-from engine.modes.ddp.comm_hook import recording_hook
-from engine.modes.ddp.comm_hooks import compose, selected_hook, volume_label
-from engine.modes.ddp.memory import BufferProbe, MemoryBucketRecorder, keep_before_traced
-from engine.modes.ranks import init_rank, progress, run_rank
+from ddpviz.engine.components.faults import maybe_diverge, maybe_fail
+from ddpviz.engine.components.loop import drive
+from ddpviz.engine.components.training import autocast, evaluate, flat_params, loss_fn, make_optimizer, should_eval
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.data import BatchPlan, load_dataset
+from ddpviz.engine.measure.clocks import CudaClock, HostClock, StepClock
+from ddpviz.engine.measure.gil import MeteredClock, rank_step_fields
+from ddpviz.engine.measure.memory import param_bytes
+from ddpviz.engine.measure.memory_sampler import model_memory_sampler
+from ddpviz.engine.measure.sync import param_checksum
+from ddpviz.engine.measure.telemetry import Telemetry, now, step_fields, wall_ts
+from ddpviz.engine.models import build_model
+from ddpviz.engine.modes.ddp.buckets import ddp_bucket_cap_arg
+from ddpviz.engine.modes.ddp.comm_hook import recording_hook
+from ddpviz.engine.modes.ddp.comm_hooks import compose, selected_hook, volume_label
+from ddpviz.engine.modes.ddp.memory import BufferProbe, MemoryBucketRecorder, keep_before_traced
+from ddpviz.engine.modes.ranks import init_rank, progress, run_rank
 
 
 class ReplicasDiverged(RuntimeError):
@@ -159,7 +159,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
     finally:
         sampler.close()
     if cfg.probe and world > 1:  # after the last step: in no step time, nothing else in flight
-        from engine.modes.ddp.probe import emit_probe, run_budget_s  # imported here: this hook stays one block
+        from ddpviz.engine.modes.ddp.probe import emit_probe, run_budget_s  # imported here: this hook stays one block
 
         # the run's own bucket sizes first; a budget in proportion to the training
         emit_probe(tel, device, run_nbytes=bucket_nbytes, budget_s=run_budget_s(now() - train_start))

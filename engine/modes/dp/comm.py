@@ -33,8 +33,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 import torch
 from torch._utils import _flatten_dense_tensors, _take_tensors, _unflatten_dense_tensors
 
-from engine.measure.ledger import TensorLedger
-from engine.measure.telemetry import now
+from ddpviz.engine.measure.ledger import TensorLedger
+from ddpviz.engine.measure.telemetry import now
 
 BUFFER_SIZE_BYTES = 10 * 1024 * 1024  # comm.broadcast_coalesced / reduce_add_coalesced default, 10 MiB
 

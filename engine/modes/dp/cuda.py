@@ -29,17 +29,17 @@ import torch
 import torch.nn as nn
 from torch.nn.parallel import gather, replicate, scatter
 
-from engine.components.devices import DevicePlan
-from engine.components.loop import drive
-from engine.components.training import autocast, evaluate, logits_of, loss_fn, make_optimizer, should_eval
-from engine.config import RunConfig
-from engine.data import BatchPlan, Dataset
-from engine.measure.gil import GilMeter, MeteredBook
-from engine.measure.memory import cuda_event, optimizer_state_bytes, param_bytes
-from engine.measure.memory_timer import DeviceProbe, MemoryTimer
-from engine.measure.sync import tensors_checksum
-from engine.measure.telemetry import Telemetry, now, should_sample_memory, step_fields
-from engine.modes.dp.book import (
+from ddpviz.engine.components.devices import DevicePlan
+from ddpviz.engine.components.loop import drive
+from ddpviz.engine.components.training import autocast, evaluate, logits_of, loss_fn, make_optimizer, should_eval
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.data import BatchPlan, Dataset
+from ddpviz.engine.measure.gil import GilMeter, MeteredBook
+from ddpviz.engine.measure.memory import cuda_event, optimizer_state_bytes, param_bytes
+from ddpviz.engine.measure.memory_timer import DeviceProbe, MemoryTimer
+from ddpviz.engine.measure.sync import tensors_checksum
+from ddpviz.engine.measure.telemetry import Telemetry, now, should_sample_memory, step_fields
+from ddpviz.engine.modes.dp.book import (
     COMM_PHASES,
     Span,
     SpanBook,
@@ -49,9 +49,9 @@ from engine.modes.dp.book import (
     theory_star_bytes,
     unique_tensors,
 )
-from engine.modes.dp.comm import tensor_leaves
-from engine.modes.dp.hooks import CudaStreamClock, apply_in_threads, mark_backward, mark_loss_end, mark_reduce
-from engine.modes.dp.state import BufferWatch
+from ddpviz.engine.modes.dp.comm import tensor_leaves
+from ddpviz.engine.modes.dp.hooks import CudaStreamClock, apply_in_threads, mark_backward, mark_loss_end, mark_reduce
+from ddpviz.engine.modes.dp.state import BufferWatch
 
 COMM_SOURCE = "measured: bytes of the tensors torch.nn.parallel copied"
 PHASE_SOURCE = "cuda events on each device's stream"

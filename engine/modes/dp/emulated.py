@@ -21,10 +21,10 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from engine.components.devices import DevicePlan
-from engine.components.faults import DIVERGE_NUDGE, maybe_fail
-from engine.components.loop import drive
-from engine.components.training import (
+from ddpviz.engine.components.devices import DevicePlan
+from ddpviz.engine.components.faults import DIVERGE_NUDGE, maybe_fail
+from ddpviz.engine.components.loop import drive
+from ddpviz.engine.components.training import (
     autocast,
     cpu_device_threads,
     evaluate,
@@ -32,17 +32,17 @@ from engine.components.training import (
     make_optimizer,
     should_eval,
 )
-from engine.config import RunConfig
-from engine.data import BatchPlan, Dataset
-from engine.measure.gil import GilMeter, Measured, ThreadClocks, Span
-from engine.measure.ledger import LedgerMode, TensorLedger
-from engine.measure.memory import optimizer_state_tensors, param_bytes, tensor_bytes
-from engine.measure.memory_sampler import DeviceProbe, MemorySampler
-from engine.measure.sync import tensors_checksum
-from engine.measure.telemetry import Telemetry, now, step_fields
-from engine.modes.dp.comm import Copy, Gathered, gather_outputs, grads_for_replicas, reduce_add_coalesced
-from engine.modes.dp.replicate import Replicas, replicate_cpu
-from engine.modes.dp.state import BufferWatch
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.data import BatchPlan, Dataset
+from ddpviz.engine.measure.gil import GilMeter, Measured, ThreadClocks, Span
+from ddpviz.engine.measure.ledger import LedgerMode, TensorLedger
+from ddpviz.engine.measure.memory import optimizer_state_tensors, param_bytes, tensor_bytes
+from ddpviz.engine.measure.memory_sampler import DeviceProbe, MemorySampler
+from ddpviz.engine.measure.sync import tensors_checksum
+from ddpviz.engine.measure.telemetry import Telemetry, now, step_fields
+from ddpviz.engine.modes.dp.comm import Copy, Gathered, gather_outputs, grads_for_replicas, reduce_add_coalesced
+from ddpviz.engine.modes.dp.replicate import Replicas, replicate_cpu
+from ddpviz.engine.modes.dp.state import BufferWatch
 
 
 class PhaseLog:
@@ -266,7 +266,7 @@ def train_dp(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Module, te
              should_stop: Callable[[], bool] | None = None) -> nn.Module:
     """Train with DP on `plan`'s devices; returns the master module (device 0)."""
     if plan.kind == "cuda":
-        from engine.modes.dp.cuda import train_dp_cuda
+        from ddpviz.engine.modes.dp.cuda import train_dp_cuda
 
         return train_dp_cuda(cfg, plan, ds, model, tel, should_stop)
     n = cfg.world_size

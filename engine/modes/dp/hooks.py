@@ -32,8 +32,8 @@ from typing import Any, Callable, ContextManager, Sequence
 import torch
 from torch._utils import ExceptionWrapper
 
-from engine.measure.telemetry import now
-from engine.modes.dp.book import SpanBook, StarTraffic, tensor_nbytes
+from ddpviz.engine.measure.telemetry import now
+from ddpviz.engine.modes.dp.book import SpanBook, StarTraffic, tensor_nbytes
 
 
 class HostClock:

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from engine.measure.ledger import TensorLedger
-from engine.modes.dp.comm import Copy, broadcast_coalesced
+from ddpviz.engine.measure.ledger import TensorLedger
+from ddpviz.engine.modes.dp.comm import Copy, broadcast_coalesced
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Sequence
 import torch
 import torch.nn as nn
 
-from engine.measure.telemetry import Telemetry
+from ddpviz.engine.measure.telemetry import Telemetry
 
 
 def discarded_buffers(master: nn.Module, replicas: Sequence[nn.Module]) -> list[str]:

@@ -28,8 +28,8 @@ from typing import Any, Callable
 
 import torch
 
-from engine.measure.clocks import HostClock
-from engine.summary import interval_union_s
+from ddpviz.engine.measure.clocks import HostClock
+from ddpviz.engine.summary import interval_union_s
 
 SOURCE_HOST = "fsdp2 set_custom_all_gather/set_custom_reduce_scatter; host clock around the blocking call"
 SOURCE_CUDA = "fsdp2 set_custom_all_gather/set_custom_reduce_scatter; CUDA events on FSDP's comm stream"

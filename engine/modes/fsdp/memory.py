@@ -36,11 +36,11 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn as nn
 
-from engine.config import RunConfig
-from engine.measure.ledger import TensorLedger
-from engine.measure.memory import optimizer_state_tensors
-from engine.measure.memory_sampler import DeviceProbe, MemorySampler, phase_hooks
-from engine.measure.telemetry import Telemetry, now
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.measure.ledger import TensorLedger
+from ddpviz.engine.measure.memory import optimizer_state_tensors
+from ddpviz.engine.measure.memory_sampler import DeviceProbe, MemorySampler, phase_hooks
+from ddpviz.engine.measure.telemetry import Telemetry, now
 
 CURVE_SOURCE = "tensors alive at FSDP's hooks (storages on this rank) + process RSS (psutil)"
 KINDS = ("sharded_params", "unsharded_params", "sharded_grads", "unsharded_grads", "optimizer_state",

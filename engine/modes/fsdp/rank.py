@@ -27,18 +27,18 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from engine.components.loop import drive
-from engine.components.training import evaluate, make_optimizer
-from engine.config import RunConfig
-from engine.data import load_dataset
-from engine.measure.clocks import CudaClock, HostClock
-from engine.measure.telemetry import Telemetry
-from engine.models import build_model
-from engine.modes.fsdp.collectives import CollectiveLog, install_recorders
-from engine.modes.fsdp.memory import FsdpMemoryProbe, fsdp_memory_sampler
-from engine.modes.fsdp.step import StepRunner
-from engine.modes.fsdp.units import ROOT, fsdp_preview, shard_order, unit_modules
-from engine.modes.ranks import init_rank, progress, run_rank
+from ddpviz.engine.components.loop import drive
+from ddpviz.engine.components.training import evaluate, make_optimizer
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.data import load_dataset
+from ddpviz.engine.measure.clocks import CudaClock, HostClock
+from ddpviz.engine.measure.telemetry import Telemetry
+from ddpviz.engine.models import build_model
+from ddpviz.engine.modes.fsdp.collectives import CollectiveLog, install_recorders
+from ddpviz.engine.modes.fsdp.memory import FsdpMemoryProbe, fsdp_memory_sampler
+from ddpviz.engine.modes.fsdp.step import StepRunner
+from ddpviz.engine.modes.fsdp.units import ROOT, fsdp_preview, shard_order, unit_modules
+from ddpviz.engine.modes.ranks import init_rank, progress, run_rank
 
 _DTYPES = {"float32": None, "bfloat16": torch.bfloat16}  # None: keep the parameter's own dtype
 

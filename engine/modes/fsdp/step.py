@@ -26,15 +26,15 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from engine.components.faults import maybe_diverge, maybe_fail
-from engine.components.training import autocast, loss_fn
-from engine.config import RunConfig
-from engine.data import BatchPlan, Dataset
-from engine.measure.telemetry import Telemetry, now, step_fields, wall_ts
-from engine.modes.fsdp.collectives import CollectiveLog, exposed_comm_s, theory_bytes, volume_fields
-from engine.measure.ledger import TensorLedger
-from engine.measure.memory_sampler import should_trace_memory
-from engine.modes.fsdp.memory import CURVE_SOURCE, FsdpMemoryProbe
+from ddpviz.engine.components.faults import maybe_diverge, maybe_fail
+from ddpviz.engine.components.training import autocast, loss_fn
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.data import BatchPlan, Dataset
+from ddpviz.engine.measure.telemetry import Telemetry, now, step_fields, wall_ts
+from ddpviz.engine.modes.fsdp.collectives import CollectiveLog, exposed_comm_s, theory_bytes, volume_fields
+from ddpviz.engine.measure.ledger import TensorLedger
+from ddpviz.engine.measure.memory_sampler import should_trace_memory
+from ddpviz.engine.modes.fsdp.memory import CURVE_SOURCE, FsdpMemoryProbe
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 

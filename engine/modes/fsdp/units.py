@@ -18,8 +18,8 @@ from typing import Any
 
 import torch.nn as nn
 
-from engine.components.devices import DevicePlan, PreflightError
-from engine.config import RunConfig
+from ddpviz.engine.components.devices import DevicePlan, PreflightError
+from ddpviz.engine.config import RunConfig
 
 ROOT = "root"  # the name of the root unit in events and previews
 # Backends whose process groups implement reduce_scatter_tensor and all_gather_into_tensor,

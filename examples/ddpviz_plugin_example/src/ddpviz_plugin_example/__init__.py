@@ -2,8 +2,8 @@
 
 import torch.nn as nn
 
-from engine.data import load_dataset
-from engine.plugins import ModelPlugin
+from ddpviz.engine.data import load_dataset
+from ddpviz.engine.plugins import ModelPlugin
 
 
 class ResMLP(nn.Module):
