@@ -125,20 +125,55 @@ def rel_residual(model: Event, nbytes: float, time_s: float) -> float:
     return (predict_ring_s(model, nbytes) - time_s) / time_s
 
 
+def has_bandwidth_signal(fit: Event | None, largest_nbytes: float,
+                         tolerance: float = FIT_TOLERANCE) -> bool:
+    """Whether a fitted line says anything about bandwidth: its byte term at the largest size,
+    c·bytes, is more than `tolerance` of the time it predicts there. Below that, the growth of
+    time with size is within the noise the fit tolerates, and β = 2(n−1)/n / c would be a number
+    read from noise (on a latency plateau c is 0 or nearly so: β infinite or absurd)."""
+    if fit is None or not fit["s_per_byte"] > 0:
+        return False
+    byte_term = fit["s_per_byte"] * largest_nbytes
+    return byte_term > tolerance * (fit["latency_s"] + byte_term)
+
+
+def fit_ring_theil_sen(points: Iterable[tuple[float, float]], world_size: int) -> Event | None:
+    """t = a + c·bytes by Theil-Sen: c = the median of the slopes between every two sizes,
+    a = the median of t − c·bytes, each clamped at 0 (Sen 1968, "Estimates of the regression
+    coefficient based on Kendall's tau"). A third of the points can be wild without moving it,
+    where least squares follows every outlier. Same dict as `fit_ring_times`; None with fewer than
+    two distinct sizes."""
+    pts = sorted((float(x), float(t)) for x, t in points if t is not None and t > 0)
+    slopes = [(tj - ti) / (xj - xi) for k, (xi, ti) in enumerate(pts) for xj, tj in pts[k + 1:] if xj > xi]
+    if not slopes:
+        return None
+    c = max(0.0, statistics.median(slopes))
+    a = max(0.0, statistics.median(t - c * x for x, t in pts))
+    hops = 2 * (world_size - 1)
+    return dict(latency_s=a, s_per_byte=c, alpha_s=a / hops if hops else 0.0,
+                beta_bytes_per_s=ring_factor(world_size) / c if c > 0 else math.inf,
+                points_used=sorted({int(x) for x, _ in pts}), n_points=len(pts))
+
+
 def fit_ring_range(points: Iterable[tuple[float, float]], world_size: int,
                    tolerance: float = FIT_TOLERANCE, min_sizes: int = FIT_MIN_SIZES) -> Event | None:
     """`fit_ring_times` over the widest contiguous range of sizes that one line describes.
 
     For one time per size (a probe: sizes ascending), every contiguous range of at least
     `min_sizes` sizes is fitted; a range qualifies when its line predicts each of its points
-    within `tolerance` (relative). The widest qualifying range wins, ties going to larger sizes.
+    within `tolerance` (relative) and its time grows with size beyond that tolerance
+    (`has_bandwidth_signal`: a flat latency plateau says nothing of β, and before this rule a
+    wide plateau of small sizes won over the sizes that do measure bandwidth, leaving no fit).
+    The widest qualifying range wins, ties going to larger sizes (`method` "range").
     Why a range: a real link is a straight line in bytes only piecewise — caches, protocol
     switches (NCCL's LL/LL128/Simple), eager vs rendezvous sends — and one line forced through
     every size describes none of them. The sizes left out are reported, not hidden.
+    When no range qualifies (noise or outliers everywhere), the Theil-Sen line over every point
+    (`fit_ring_theil_sen`, `method` "theil_sen") with `within_tolerance` False.
 
-    Returns the `fit_ring_times` dict plus `max_rel_residual` (largest |relative residual| over
-    the points used) and `within_tolerance`; when no range qualifies, the fit over every point
-    with `within_tolerance` False. None when even that is undetermined.
+    Returns the fit dict plus `method`, `max_rel_residual` (largest |relative residual| over the
+    points used) and `within_tolerance`. None when undetermined (fewer than two sizes) or when
+    even the robust line shows no growth of time with size (`has_bandwidth_signal` False).
     """
     pts = sorted((float(x), float(t)) for x, t in points if t is not None and t > 0)
     best: tuple[tuple[int, int], Event] | None = None
@@ -147,18 +182,20 @@ def fit_ring_range(points: Iterable[tuple[float, float]], world_size: int,
             fit = fit_ring_times(pts[i:j], world_size)
             if fit is None or max(abs(rel_residual(fit, x, t)) for x, t in pts[i:j]) > tolerance:
                 continue
+            if not has_bandwidth_signal(fit, pts[j - 1][0], tolerance):
+                continue
             if best is None or (j - i, j) > best[0]:
                 best = ((j - i, j), {**fit, "span": (i, j)})
     if best is not None:
         fit = best[1]
         i, j = fit.pop("span")
-        used, ok = pts[i:j], True
+        used, ok, method = pts[i:j], True, "range"
     else:
-        fit, used, ok = fit_ring_times(pts, world_size), pts, False
-        if fit is None:
+        fit, used, ok, method = fit_ring_theil_sen(pts, world_size), pts, False, "theil_sen"
+        if fit is None or not has_bandwidth_signal(fit, pts[-1][0], tolerance):
             return None
     worst = max(abs(rel_residual(fit, x, t)) for x, t in used)
-    return {**fit, "max_rel_residual": worst, "within_tolerance": ok}
+    return {**fit, "method": method, "max_rel_residual": worst, "within_tolerance": ok}
 
 
 def fit_ring_model(buckets: Iterable[Event], world_size: int) -> Event | None:
@@ -182,20 +219,41 @@ def probe_point(nbytes: int, time_s: float, world_size: int) -> dict[str, float]
 
 def probe_fit(points: list[dict[str, Any]], world_size: int) -> dict[str, Any] | None:
     """The ring model t = 2(n−1)·α + 2(n−1)/n · bytes/β fitted to the probe points
-    (`fit_ring_range`: the widest contiguous range of sizes that one line
-    predicts within FIT_TOLERANCE, by relative-error least squares with α, β ≥ 0).
+    (`fit_ring_range`: the widest contiguous range of sizes that one line predicts within
+    FIT_TOLERANCE and whose time grows with size, by relative-error least squares with α, β ≥ 0;
+    else a Theil-Sen line through every point).
 
-    Returns ``{alpha_s, beta_bytes_per_s, latency_s, s_per_byte, points_used, max_rel_residual,
-    tolerance, within_tolerance}`` (points_used: the sizes fitted, bytes; within_tolerance False
-    when no range of FIT_MIN_SIZES sizes fits and every point was used), or None when
-    undetermined (fewer than two sizes) or when time does not grow with size (β infinite).
+    Returns ``{alpha_s, beta_bytes_per_s, latency_s, s_per_byte, points_used, method,
+    max_rel_residual, tolerance, within_tolerance}`` (points_used: the sizes fitted, bytes;
+    method "range" or "theil_sen"; within_tolerance False for "theil_sen"), or None when
+    undetermined (fewer than two sizes) or when time does not grow with size beyond the noise
+    (`probe_no_fit_reason` says why and what to do).
     """
     fit = fit_ring_range(((p["nbytes"], p["time_s"]) for p in points), world_size)
     if fit is None or not math.isfinite(fit["beta_bytes_per_s"]):
         return None
-    keep = ("alpha_s", "beta_bytes_per_s", "latency_s", "s_per_byte", "points_used",
+    keep = ("alpha_s", "beta_bytes_per_s", "latency_s", "s_per_byte", "points_used", "method",
             "max_rel_residual", "within_tolerance")
     return {**{k: fit[k] for k in keep}, "tolerance": FIT_TOLERANCE}
+
+
+def probe_no_fit_reason(points: list[dict[str, Any]]) -> str | None:
+    """Why `probe_fit` gave no line, and what to do; None when it gives one.
+
+    Two cases: fewer than two sizes (a line is undetermined), or times that do not grow with
+    size beyond FIT_TOLERANCE (the link's latency, or the host's noise, hides its bandwidth over
+    the sizes probed — typically a budget that cut the ladder before the bandwidth-bound sizes).
+    """
+    sizes = sorted({p["nbytes"] for p in points if p.get("time_s")})
+    if len(sizes) < 2:
+        return ("not enough sizes: a line needs two or more; probe more sizes "
+                "(ddpviz probe --max-bytes, --budget-s)")
+    if probe_fit(points, 2) is not None:  # the signal test does not depend on world_size
+        return None
+    return (f"not enough signal: the all-reduce time did not grow with size beyond "
+            f"{FIT_TOLERANCE:.0%} from {sizes[0]} to {sizes[-1]} bytes (latency or noise hides the "
+            f"bandwidth); probe larger sizes or more repetitions (ddpviz probe --max-bytes, "
+            f"--budget-s, --iters) on a quieter host")
 
 
 def probe_busbw_at(points: list[Event], nbytes: float) -> float | None:

@@ -105,6 +105,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
         print(f"ring model fitted to {fit['points_used'][0]:,}..{fit['points_used'][-1]:,} B "
               f"({len(fit['points_used'])} sizes, worst miss {fit['max_rel_residual']:.0%}): "
               f"alpha {fit['alpha_s'] * 1e6:.1f} us, beta {fit['beta_bytes_per_s'] / 1e9:.3f} GB/s")
+    else:
+        print(f"no ring model: {event.get('fit_note')}")
     return 0
 
 

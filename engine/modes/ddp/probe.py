@@ -48,7 +48,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ddpviz.engine.analysis import probe_fit, probe_point  # noqa: F401  (pure: re-exported here)
+from ddpviz.engine.analysis import probe_fit, probe_no_fit_reason, probe_point  # noqa: F401  (pure: re-exported here)
 from ddpviz.engine.measure.telemetry import now
 from ddpviz.engine.modes.ranks import join_process_group, leave_process_group, start_rank_processes
 
@@ -244,10 +244,12 @@ def run_probe(group=None, device: torch.device | str = "cpu", *, min_bytes: int 
 
 
 def probe_event_fields(result: dict[str, Any], backend: str) -> dict[str, Any]:
-    """The `allreduce_probe` event's fields (docs/events.md) from a `run_probe` result."""
+    """The `allreduce_probe` event's fields (docs/events.md) from a `run_probe` result; `fit_note`
+    says why `fit` is None and what to do (`probe_no_fit_reason`), None when there is a fit."""
+    fit = probe_fit(result["points"], result["world_size"])
     return dict(backend=backend, world_size=result["world_size"], dtype="float32",
                 iters=result["iters"], warmup_iters=result["warmup_iters"], points=result["points"],
-                fit=probe_fit(result["points"], result["world_size"]), source=PROBE_SOURCE,
+                fit=fit, fit_note=None if fit else probe_no_fit_reason(result["points"]), source=PROBE_SOURCE,
                 skipped_nbytes=result["skipped_nbytes"], run_nbytes=result["run_nbytes"],
                 budget_s=result["budget_s"],
                 wall_s=result["wall_s"])
