@@ -15,6 +15,10 @@ Medians skip warm-up steps (the first `WARMUP_STEPS`, fewer for short runs) and 
 time includes the instrument's own work — memory tracing (`memory_traced`) or DP's replica
 checksums (`replica_check`) — while at least half the steps remain. Peak memory per device is the largest measured `peak_allocated_bytes` of its `memory`
 events (the live-tensor ledger's maximum on CPU, the CUDA allocator's on GPU), never an estimate.
+On CUDA the allocator's peak also holds what libraries keep (cuBLAS workspaces): `memory` events
+that carry `peak_training_bytes` and `library_floor_bytes` (`engine.measure.memory.step_memory_parts`)
+give `peak_training_bytes` / `library_floor_bytes` per device, and `memory_imbalance` is then
+max/min of the training's peaks.
 `events_lost` sums the `events_lost` of the run's `log` events: events a rank's writer dropped
 (`engine.events.BatchingSink`), so a summary built without them says so.
 GIL wait per device is the median of its `gil` events' `gil_wait_share` over the same steady steps
@@ -124,6 +128,8 @@ class SummaryBuilder:
         self.bucket_spans: dict[int, list[tuple[float, float]]] = defaultdict(list)  # rank-0 step -> spans
         self.dp_comm: dict[int, float] = defaultdict(float)
         self.peak: dict[str, int] = {}
+        self.peak_training: dict[str, int] = {}  # device -> largest `peak_training_bytes` (CUDA)
+        self.library_floor: dict[str, int] = {}  # device -> largest `library_floor_bytes` (CUDA)
         self.memory_sources: set[str] = set()
         self.volume: dict[str, dict[str, int]] = {}
         self.last_eval: dict | None = None
@@ -147,6 +153,9 @@ class SummaryBuilder:
             if peak is not None:
                 self.peak[dev] = max(self.peak.get(dev, 0), int(peak))
                 self.memory_sources.add(str(e.get("source")))
+            if e.get("peak_training_bytes") is not None:  # CUDA: the peak less the library's floor
+                self.peak_training[dev] = max(self.peak_training.get(dev, 0), int(e["peak_training_bytes"]))
+                self.library_floor[dev] = max(self.library_floor.get(dev, 0), int(e["library_floor_bytes"]))
         elif t == "comm_volume":
             self.volume[e["device"]] = {k: e.get(k) for k in VOLUME_KEYS if k in e}
         elif t == "eval":
@@ -221,9 +230,15 @@ class SummaryBuilder:
             out["comm_exposed_note"] = COMM_NOT_MEASURED
         out["peak_memory_bytes"] = dict(sorted(self.peak.items()))
         if self.peak:
-            lo = min(self.peak.values())
-            out["memory_imbalance"] = max(self.peak.values()) / lo if lo else None
+            # the training's own peaks where a library's floor was measured (issue 31: four cuBLAS
+            # workspaces on every GPU would make any imbalance look like 1.0x)
+            peaks = self.peak_training if set(self.peak_training) == set(self.peak) else self.peak
+            lo = min(peaks.values())
+            out["memory_imbalance"] = max(peaks.values()) / lo if lo else None
             out["memory_source"] = ", ".join(sorted(self.memory_sources))
+        if self.peak_training:
+            out["peak_training_bytes"] = dict(sorted(self.peak_training.items()))
+            out["library_floor_bytes"] = dict(sorted(self.library_floor.items()))
         out["bytes_per_device"] = dict(sorted(self.volume.items()))
         for k in ("val_loss", "val_accuracy"):
             out[k], bad = mean_loss([self.last_eval] if self.last_eval else [], k)

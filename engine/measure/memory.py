@@ -131,13 +131,77 @@ class NvmlReader:
 _default_nvml = NvmlReader()
 
 
-def cuda_event(device: torch.device, breakdown: dict[str, int] | None = None) -> dict[str, Any]:
+def cuda_event(device: torch.device, breakdown: dict[str, int] | None = None,
+               start: tuple[int, int] | None = None) -> dict[str, Any]:
     """Fields of a one-off `memory` event for a CUDA device (allocator + NVML by UUID).
 
     Kept for `engine.modes.dp.cuda`, which has no `MemorySampler` yet; `source` names where
-    `allocated_bytes` comes from (the CUDA caching allocator)."""
+    `allocated_bytes` comes from (the CUDA caching allocator). `start`: (bytes held at the step's
+    start, bytes of the training's tensors then), when the peak was reset at that start: adds
+    `step_memory_parts` (the library's floor and the training's peak)."""
     idx = device.index or 0
     alloc = cuda_allocator(idx)
-    return dict(allocated_bytes=alloc["allocated"], reserved_bytes=alloc["reserved"],
-                peak_allocated_bytes=alloc["peak"], used_bytes=_default_nvml.used_bytes(idx),
-                source="cuda", breakdown={k: int(v) for k, v in (breakdown or {}).items()})
+    out = dict(allocated_bytes=alloc["allocated"], reserved_bytes=alloc["reserved"],
+               peak_allocated_bytes=alloc["peak"], used_bytes=_default_nvml.used_bytes(idx),
+               source="cuda", breakdown={k: int(v) for k, v in (breakdown or {}).items()})
+    if start is not None:
+        out.update(step_memory_parts(start[0], alloc["peak"], start[1]))
+    return out
+
+
+# ---- a CUDA step's peak, split into the library's floor and the training's own (issue 31) -----
+# The CUDA caching allocator rounds every block up to a multiple of 512 B (kMinBlockSize,
+# c10/cuda/CUDACachingAllocator.cpp), so a tensor of n bytes holds at least that rounded size.
+ALLOCATOR_BLOCK_BYTES = 512
+
+
+def allocator_rounded_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
+    """Bytes the CUDA caching allocator holds for `tensors`: each distinct storage's nbytes rounded
+    up to `ALLOCATOR_BLOCK_BYTES` (views of one storage counted once; None skipped)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t is not None:
+            st = t.untyped_storage()
+            seen[st.data_ptr()] = max(seen.get(st.data_ptr(), 0), st.nbytes())
+    block = ALLOCATOR_BLOCK_BYTES
+    return sum(-(-n // block) * block for n in seen.values())
+
+
+def step_memory_parts(held_at_start_bytes: int, peak_bytes: int, training_at_start_bytes: int) -> dict[str, int]:
+    """Split one device's step peak (CUDA allocator) into the library's floor and the training's part.
+
+    On CUDA the allocator's `memory_allocated` also counts what libraries allocate through it and
+    keep: cuBLAS's workspace per handle and stream (32 MiB each on Hopper in torch 2.11; four of them
+    made DP's per-step peak 137,560,064 B on an H200 for a ~36 KB model, issue 31). Those bytes are
+    held when a step begins and no training tensor accounts for them.
+
+    Args:
+        held_at_start_bytes: `torch.cuda.memory_allocated` at the step's start, read right after
+            `reset_peak_memory_stats` (so the step's peak can be no lower).
+        peak_bytes: `torch.cuda.max_memory_allocated` after the step (its peak since that reset).
+        training_at_start_bytes: bytes the training's own tensors held at that start (parameters,
+            buffers, gradients, optimizer state; `allocator_rounded_bytes`, or the ledger's count).
+
+    Returns:
+        ``held_at_start_bytes``; ``library_floor_bytes`` = held at start − the training's tensors
+        (cuBLAS/cuDNN workspaces, and the allocator's rounding when the ledger's unrounded count is
+        given; 0 when the training's tensors account for everything held); ``step_rise_bytes`` =
+        peak − held at start (what the step itself allocated on top); ``peak_training_bytes`` =
+        peak − floor (the training's peak: its tensors at the start plus the step's rise).
+        The three parts add up: floor + peak_training = peak.
+
+    Raises:
+        ValueError: a negative figure, or a peak below what was held at the start (a peak not reset
+            at the step's start); the message names the field.
+    """
+    for name, v in (("held_at_start_bytes", held_at_start_bytes), ("peak_bytes", peak_bytes),
+                    ("training_at_start_bytes", training_at_start_bytes)):
+        if v is None or v < 0:
+            raise ValueError(f"{name} must be >= 0 (got {v!r})")
+    if peak_bytes < held_at_start_bytes:
+        raise ValueError(f"peak_bytes must be >= held_at_start_bytes ({peak_bytes} < {held_at_start_bytes}): "
+                         "was the peak reset at the step's start?")
+    floor = max(0, held_at_start_bytes - training_at_start_bytes)
+    return dict(held_at_start_bytes=int(held_at_start_bytes), library_floor_bytes=int(floor),
+                step_rise_bytes=int(peak_bytes - held_at_start_bytes),
+                peak_training_bytes=int(peak_bytes - floor))

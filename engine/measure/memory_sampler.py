@@ -29,7 +29,7 @@ import torch.nn as nn
 
 from ddpviz.engine.config import RunConfig
 from ddpviz.engine.measure.ledger import LedgerMode, TensorLedger
-from ddpviz.engine.measure.memory import NvmlReader, cuda_allocator, optimizer_state_tensors
+from ddpviz.engine.measure.memory import NvmlReader, cuda_allocator, optimizer_state_tensors, step_memory_parts
 from ddpviz.engine.measure.memory_timer import SAMPLE_INTERVAL_S, DeviceProbe, MemoryTimer  # noqa: F401 (re-exported)
 from ddpviz.engine.measure.telemetry import Telemetry, now, wall_ts
 
@@ -80,6 +80,7 @@ class MemorySampler:
         self.tel, self.devices, self.steps, self.ledger = tel, devices, steps, ledger
         self.existing, self.hooks, self.interval_s, self.phases_of = existing, hooks, interval_s, phases_of
         self._last_fields: dict[str, Any] = {}
+        self._held_start: dict[str, tuple[int, int]] = {}  # CUDA device -> (allocated, ledger's bytes) at a traced step's start
         self._window_start = now()
         self.timer = MemoryTimer(tel, devices, nvml=nvml, interval_s=interval_s, extra=self._ledger_reading)
         self._lock = self.timer.lock
@@ -146,6 +147,8 @@ class MemorySampler:
         led.begin()
         for dev, kind, tensors in (self.existing() if self.existing else ()):
             led.add_existing(tensors, kind, device=dev)
+        self._held_start = {p.name: (int(torch.cuda.memory_allocated(p.cuda_index)), led.totals[p.ledger_index])
+                            for p in self.devices if p.cuda_index is not None and p.ledger_index is not None}
         return [len(pts) for pts in led.points]
 
     def _emit(self, step: int, t0: float, t1: float, baseline: list[int]) -> None:
@@ -179,6 +182,9 @@ class MemorySampler:
             a = cuda_allocator(p.cuda_index)
             f.update(source="cuda", allocated_bytes=a["allocated"], reserved_bytes=a["reserved"],
                      peak_allocated_bytes=a["peak"])
+            if p.name in self._held_start:  # the library's floor and the training's peak (issue 31)
+                held, training = self._held_start[p.name]
+                f.update(step_memory_parts(held, a["peak"], training))
         if "source" not in f:  # no ledger, no CUDA: the process is all there is
             f.update(source="process", allocated_bytes=last.get("process"),
                      peak_allocated_bytes=max((b for _, b in curve.get("process", [])), default=None))

@@ -133,9 +133,26 @@ def test_single_on_cuda_synchronizes_once_per_step(monkeypatch):
 
 def test_dp_on_cuda_peak_is_the_steps_not_the_processes():
     # the process's allocator peak is raised far above the run's by a tensor freed before it;
-    # a per-step peak (reset at the sampled step's start) never shows it
+    # a per-step peak (reset at the sampled step's start) never shows it. The allocator's peak also
+    # holds the library's floor: cuBLAS's workspace per handle and stream (32 MiB each on Hopper, torch
+    # 2.11), so the H200 measured 137,560,064 B = 4 x 32 MiB + 3.2 MiB for this ~36 KB model (issue 31).
+    # The bound is on the training's part: at least the parameters device 0 holds, at most 16 MiB
+    # (the 3.2 MiB measured, with room; the freed 256 MiB would break it if the peak were not reset).
     big = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda:0")  # 256 MiB
     del big
-    _, sink = run(mode="dp", **SMALL)
-    peaks = [e["peak_allocated_bytes"] for e in sink.of_type("memory") if e["device"] == "cuda:0"]
-    assert peaks and max(peaks) < 64 * 1024 * 1024
+    result, sink = run(mode="dp", **SMALL)
+    mem = [e for e in sink.of_type("memory") if e["device"] == "cuda:0"]
+    assert mem
+    for e in mem:  # the parts add up (engine.measure.memory.step_memory_parts)
+        assert e["library_floor_bytes"] + e["peak_training_bytes"] == e["peak_allocated_bytes"]
+        assert 0 <= e["library_floor_bytes"] <= e["held_at_start_bytes"] <= e["peak_allocated_bytes"]
+    param_bytes = result.final_params.numel() * result.final_params.element_size()
+    assert param_bytes <= max(e["peak_training_bytes"] for e in mem) < 16 * 1024 * 1024
+    # the floor is a library's: it outlives the training, so the allocator's live blocks now
+    # (memory_snapshot, the run's tensors gone) still hold at least the last step's floor
+    import gc
+
+    gc.collect()
+    active = sum(b["size"] for seg in torch.cuda.memory_snapshot() if seg["device"] == 0
+                 for b in seg["blocks"] if b["state"] == "active_allocated")
+    assert mem[-1]["library_floor_bytes"] <= active

@@ -35,7 +35,13 @@ from ddpviz.engine.components.training import autocast, evaluate, logits_of, los
 from ddpviz.engine.config import RunConfig
 from ddpviz.engine.data import BatchPlan, Dataset
 from ddpviz.engine.measure.gil import GilMeter, MeteredBook
-from ddpviz.engine.measure.memory import cuda_event, optimizer_state_bytes, param_bytes
+from ddpviz.engine.measure.memory import (
+    allocator_rounded_bytes,
+    cuda_event,
+    optimizer_state_bytes,
+    optimizer_state_tensors,
+    param_bytes,
+)
 from ddpviz.engine.measure.memory_timer import DeviceProbe, MemoryTimer
 from ddpviz.engine.measure.sync import tensors_checksum
 from ddpviz.engine.measure.telemetry import Telemetry, now, should_sample_memory, step_fields
@@ -104,6 +110,7 @@ class CudaDP:
         self.check = False  # True on check steps: checksums and buffers of the step's own replicas
         self.checksums_seen: list[list[float]] | None = None
         self.buffers = BufferWatch()
+        self.held_at_start: dict[int, tuple[int, int]] = {}  # set on memory-sampled steps (`_held_now`)
 
     def micro_step(self, x: torch.Tensor, y: torch.Tensor, micro: int, book: SpanBook,
                    traffic: StarTraffic) -> torch.Tensor:
@@ -138,6 +145,17 @@ class CudaDP:
             self.checksums_seen = [tensors_checksum(replica_params(r)) for r in replicas]
         self.buffers.observe(self.model, replicas)
 
+    def _held_now(self, opt: torch.optim.Optimizer) -> dict[int, tuple[int, int]]:
+        """Per device: (allocator bytes held now, bytes of the training's own tensors on it now:
+        parameters, buffers, gradients, optimizer state, allocator-rounded). Between steps only
+        device 0 holds training tensors (replicas are rebuilt every step), so whatever the others
+        hold is a library's (their cuBLAS workspaces, made by the replicas' matmuls)."""
+        own = list(self.model.parameters()) + list(self.model.buffers()) + \
+            [p.grad for p in self.model.parameters()] + optimizer_state_tensors(opt)
+        training = {d: 0 for d in self.ids}
+        training[0] = allocator_rounded_bytes([t for t in own if t is not None and t.device.type == "cuda"])
+        return {d: (int(torch.cuda.memory_allocated(d)), training[d]) for d in self.ids}
+
     def step(self, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
              opt: torch.optim.Optimizer, *, reset_peaks: bool = False) -> "StepRecord":
         """Every micro-batch, then the optimizer on device 0; one synchronize at the end.
@@ -151,6 +169,7 @@ class CudaDP:
         if reset_peaks:
             for d in self.ids:
                 torch.cuda.reset_peak_memory_stats(d)
+            self.held_at_start = self._held_now(opt)
         t0 = now()
         self.clock.begin(self.ids)
         losses = [self.micro_step(x, y, micro, book, traffic) for micro, (x, y) in enumerate(micro_batches)]
@@ -225,7 +244,8 @@ def train_dp_cuda(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Modul
     def memory(step: int) -> None:
         for i in dp.ids:
             extra = dict(optimizer_state=optimizer_state_bytes(opt)) if i == 0 else {}
-            tel.emit("memory", step=step, device=plan.names[i], **cuda_event(torch.device(f"cuda:{i}"), extra))
+            tel.emit("memory", step=step, device=plan.names[i],
+                     **cuda_event(torch.device(f"cuda:{i}"), extra, start=dp.held_at_start.get(i)))
 
     def check_sync(step: int) -> None:
         sums, dp.checksums_seen = dp.checksums_seen, None
