@@ -35,11 +35,11 @@ def torchrun(script: str, *args: str, nproc: int = 2) -> list[str]:
 TEARDOWN_ABORT = "terminate called without an active exception"
 
 
-def run_plain(cmd: list[str], report: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_plain(cmd: list[str], report: Path, timeout: float = 600, **env_extra: str) -> subprocess.CompletedProcess:
     """The command without ddpviz, with the script's TRAIN_REPORT on. A reference killed by
     PyTorch's exit-time abort (`TEARDOWN_ABORT`) is run once more on a fresh port, saying so on
     stderr: the reference is the script's training, which that abort comes after."""
-    env = cli_env(None, TRAIN_REPORT=str(report))
+    env = cli_env(None, TRAIN_REPORT=str(report), **env_extra)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0 and TEARDOWN_ABORT in proc.stderr and "--master-port" in cmd:
         print(f"run_plain: the reference aborted at exit ({TEARDOWN_ABORT!r}); running it once more",
