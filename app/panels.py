@@ -20,6 +20,7 @@ from ddpviz.app.charts import steps as charts
 from ddpviz.app.charts.buckets import bucket_timeline
 from ddpviz.app.frames import base as frames
 from ddpviz.app.frames import buckets as frames_buckets
+from ddpviz.app.frames import detail
 from ddpviz.app.frames import dp as fd
 from ddpviz.app.frames import memory as fm
 from ddpviz.app.frames import steps as fsteps
@@ -214,8 +215,11 @@ def show_verdict(windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
     if v is not None and pair is not None:
         names = f"{labels.get(pair[0], pair[0])} vs {labels.get(pair[1], pair[1])}"
         box = st.success if v.leader == "ddp" else st.info
-        box(f"**{explain.verdict_text(v, final)}**  \n({names}; each part measured on the runs, "
-            "\"rest\" derived as what remains)", icon=":material/balance:")
+        box(f"**{explain.verdict_text(v, final)}**  \n({names}; the interval from a block bootstrap of each "
+            "run's per-step samples/s; each part measured once, what no timer covered named \"not measured\")",
+            icon=":material/balance:")
+    elif pair is not None and explain.waiting_text(windows):
+        st.caption(explain.waiting_text(windows))
     note = explain.sequential_note(windows)
     if note:
         st.caption(note)
@@ -324,23 +328,25 @@ def detail_panel(client, windows: dict[str, RunWindow], labels: dict[str, str], 
     w = windows[rid]
     st.markdown(f"##### {labels[rid]}")
     if w.mode == "ddp":
-        buckets = frames_buckets.bucket_frame(w.of_type("bucket"))
+        buckets = frames_buckets.bucket_frame(w.of_type("bucket"),
+                                               detail.typical_detail_step(w.of_type("bucket"), w.of_type("step"), "bucket"))
         if buckets.empty:
             _waiting("bucket events")
         else:
             _chart(live_bucket_timeline(w, buckets), f"chart_buckets_{rid}")
-            _bucket_caption(buckets)
+            _bucket_caption(w, buckets)
     elif w.mode == "fsdp":
         from ddpviz.app.panels_fsdp import fsdp_detail
 
         fsdp_detail(w, labels[rid], rid)
     elif w.mode == "dp":
-        phases = fd.dp_phase_frame(w.of_type("dp_phase"))
+        phases = fd.dp_phase_frame(w.of_type("dp_phase"),
+                                   detail.typical_detail_step(w.of_type("dp_phase"), w.of_type("step"), "dp_phase"))
         if phases.empty:
             _waiting("DP phase events")
         else:
             _chart(charts_dp.dp_phase_chart(phases), f"chart_phases_{rid}")
-            st.caption(f"Step {int(phases['step'].iloc[0])}; every step on the DP timeline page.")
+            st.caption(f"{detail.step_text(int(phases['step'].iloc[0]), w.of_type('step'), w.of_type('dp_phase'))}; every step on the DP timeline page.")
     else:
         st.caption("single device: no communication to show")
         return
@@ -373,11 +379,11 @@ def live_bucket_timeline(w: RunWindow, buckets: pd.DataFrame):
                            latest=True, lanes=list(names.values()))
 
 
-def _bucket_caption(buckets: pd.DataFrame) -> None:
+def _bucket_caption(w: RunWindow, buckets: pd.DataFrame) -> None:
     r0 = buckets[buckets["rank"] == buckets["rank"].min()]
     bw = r0["algbw_gbps"].dropna()
     med = statistics.median(bw) if len(bw) else float("nan")
-    st.caption(f"Step {int(buckets['step'].iloc[0])}: {len(r0)} bucket(s), "
+    st.caption(f"{detail.step_text(int(buckets['step'].iloc[0]), w.of_type('step'), w.of_type('bucket'))}: {len(r0)} bucket(s), "
                f"{frames.format_bytes(r0['nbytes'].sum())} of gradients per rank; median all-reduce "
                f"algbw {frames.format_rate(med * 1e9)} (rank {int(r0['rank'].iloc[0])}). Every step, on "
                f"the Bucket timeline page.")

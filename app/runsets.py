@@ -41,11 +41,13 @@ def modes_of(windows: dict, labels: dict[str, str]) -> dict[str, str]:
 
 
 def groups(runs: list[Run]) -> dict[str, list[Run]]:
-    """Runs with a `group`, by group, newest group first; each group's runs single, dp, ddp."""
+    """Every run in a set, newest set first; each set's runs single, dp, ddp. Runs launched
+    together share their `group`; a run without one (an attached `ddpviz run` or `ddpviz upload`,
+    a run launched alone) is a set of its own, keyed by its run id, so every page's chooser
+    offers it."""
     out: dict[str, list[Run]] = {}
     for r in sorted(runs, key=lambda r: -(r.get("created_at") or 0)):
-        if r.get("group"):
-            out.setdefault(r["group"], []).append(r)
+        out.setdefault(r.get("group") or r["run_id"], []).append(r)
     for members in out.values():
         members.sort(key=sort_key)
     return out
@@ -63,7 +65,7 @@ def set_label(members: list[Run]) -> str:
     cfg = (members[0].get("config") or {}) if members else {}
     created = min((r.get("created_at") or 0) for r in members) if members else 0
     when = dt.datetime.fromtimestamp(created).strftime("%m-%d %H:%M:%S") if created else "?"
-    group = members[0].get("group") or "" if members else ""
+    group = (members[0].get("group") or members[0]["run_id"]) if members else ""
     return (f"{names} — {cfg.get('model')} ×{cfg.get('world_size')}, {cfg.get('steps')} steps "
             f"— {when} ({group[:12]})")
 

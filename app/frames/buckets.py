@@ -56,7 +56,7 @@ def exposed_frame(buckets: pd.DataFrame, steps: Iterable[Event]) -> pd.DataFrame
     if buckets.empty:
         return pd.DataFrame(columns=cols)
     step = int(buckets["step"].iloc[0])
-    reported = {int(e.get("rank", 0)): e.get("comm_exposed_s", 0.0) * 1000.0
+    reported = {int(e.get("rank", 0)): _ms(e.get("comm_exposed_s"))
                 for e in frames.of_type(steps, "step") if e["step"] == step}
     g = buckets.groupby("rank").agg(start_ms=("ready_ms", "max"), end_ms=("comm_end_ms", "max"))
     g = g.reset_index()
@@ -67,11 +67,12 @@ def exposed_frame(buckets: pd.DataFrame, steps: Iterable[Event]) -> pd.DataFrame
 
 
 def exposed_per_step(events: Iterable[Event], run: str) -> pd.DataFrame:
-    """Exposed comm (ms, the slowest rank's) per step, for the overlap on/off comparison."""
-    rows: dict[int, float] = {}
+    """Exposed comm (ms, the slowest rank's) per step, for the overlap on/off comparison; NaN
+    (not measured, never 0) for a step where a rank's `comm_exposed_s` is null."""
+    per_rank: dict[int, list[float]] = {}
     for e in frames.of_type(events, "step"):
-        ms = (e.get("comm_exposed_s") or 0.0) * 1000.0
-        rows[e["step"]] = max(rows.get(e["step"], 0.0), ms)
+        per_rank.setdefault(e["step"], []).append(_ms(e.get("comm_exposed_s")))
+    rows = {s: float("nan") if any(v != v for v in vs) else max(vs) for s, vs in per_rank.items()}
     return pd.DataFrame({"run": run, "step": list(rows), "exposed_ms": list(rows.values())},
                         columns=["run", "step", "exposed_ms"])
 
@@ -135,7 +136,7 @@ def bucket_frame(events: Iterable[Event], step: int | None = None) -> pd.DataFra
     "3", or "DDP 1 · 3" when the step has buckets of several DDPs), row (the bucket's row in a
     rank's lane, the same on every rank: DDP by DDP, bucket by bucket), nbytes, mib, num_params,
     ready_ms, comm_start_ms, comm_end_ms, comm_ms, algbw_gbps (bytes / all-reduce time, GB/s =
-    1e9 B/s).
+    1e9 B/s); the times are NaN (not measured, never 0) where the event's are null.
     """
     cols = ["step", "rank", "ddp_index", "bucket_index", "bucket", "row", "nbytes", "mib", "num_params",
             "ready_ms", "comm_start_ms", "comm_end_ms", "comm_ms", "algbw_gbps"]
@@ -148,8 +149,8 @@ def bucket_frame(events: Iterable[Event], step: int | None = None) -> pd.DataFra
         "step": e["step"], "rank": int(e.get("rank", 0)), "ddp_index": int(e.get("ddp_index") or 0),
         "bucket_index": int(e["bucket_index"]),
         "nbytes": int(e.get("nbytes", 0)), "num_params": e.get("num_params"),
-        "ready_ms": e["ready_s"] * 1000.0, "comm_start_ms": e["comm_start_s"] * 1000.0,
-        "comm_end_ms": e["comm_end_s"] * 1000.0} for e in evs])
+        "ready_ms": _ms(e.get("ready_s")), "comm_start_ms": _ms(e.get("comm_start_s")),
+        "comm_end_ms": _ms(e.get("comm_end_s"))} for e in evs])
     df["mib"] = df["nbytes"] / MIB
     df["comm_ms"] = df["comm_end_ms"] - df["comm_start_ms"]
     secs = (df["comm_ms"] / 1000.0).where(df["comm_ms"] > 0)
@@ -159,6 +160,19 @@ def bucket_frame(events: Iterable[Event], step: int | None = None) -> pd.DataFra
     df["row"] = [keys.index(k) for k in zip(df["ddp_index"], df["bucket_index"])]
     df["bucket"] = [f"DDP {d} · {b}" if several else str(b) for d, b in zip(df["ddp_index"], df["bucket_index"])]
     return df.sort_values(["rank", "row"]).reset_index(drop=True)[cols]
+
+
+def _ms(seconds: float | None) -> float:
+    """Seconds -> ms; NaN for None: a span not measured on that step (an unsampled step's bucket
+    carries bytes and order, its times only when sampled), never 0."""
+    return float("nan") if seconds is None else float(seconds) * 1000.0
+
+
+def measured_steps(events: Iterable[Event]) -> list[int]:
+    """Steps of `bucket_steps` whose every bucket has its times (ready, all-reduce start and end)."""
+    missing = {e["step"] for e in frames.of_type(events, "bucket")
+               if None in (e.get("ready_s"), e.get("comm_start_s"), e.get("comm_end_s"))}
+    return [s for s in bucket_steps(events) if s not in missing]
 
 
 def backward_frame(events: Iterable[Event], step: int) -> pd.DataFrame:

@@ -18,7 +18,8 @@ import pandas as pd
 from ddpviz.app.frames import base as frames
 from ddpviz.app.frames import dp as fd
 from ddpviz.app.frames.base import Event, latest_complete_step, of_type
-from ddpviz.engine.summary import run_steps, steady_positions
+from ddpviz.app.frames import steps as fsteps
+from ddpviz.engine.summary import run_steps
 
 MIN_GAP_MS = 1e-3  # gaps shorter than this are clock noise, not idle time
 
@@ -91,22 +92,10 @@ def all_idle_ms(phases: pd.DataFrame) -> float:
 
 
 def typical_step(phase_steps: list[int], step_events: Iterable[Event]) -> int | None:
-    """The step the DP timeline opens on: of `phase_steps` (those with complete phases), a steady
-    one without the instrument's own work (memory tracing, a replica check: slower than the
-    others; `engine.summary.steady_positions`, the run summary's rule) whose step time is nearest
-    the median of the run's steady steps (where every step was instrumented, of all steady steps).
-    Falls back to the latest step without the instrument's work, then the latest."""
-    if not phase_steps:
-        return None
-    rows = run_steps(of_type(step_events, "step"))
-    steady = [rows[i] for i in steady_positions([bool(r["instrument"]) for r in rows])]
-    pool = [r for r in steady if not r["instrument"]] or steady
-    candidates = [r for r in pool if r["step"] in set(phase_steps)]
-    if candidates:
-        median = float(pd.Series([r["step_time_s"] for r in pool]).median())
-        return min(candidates, key=lambda r: (abs(r["step_time_s"] - median), -r["step"]))["step"]
-    instrumented = {r["step"] for r in rows if r["instrument"]}
-    return next((s for s in reversed(phase_steps) if s not in instrumented), phase_steps[-1])
+    """The step the DP timeline opens on: `app.frames.steps.typical_step` over the steps with
+    complete phases (nearest the median steady step time, never one slowed by the instrument
+    when another is kept)."""
+    return fsteps.typical_step(phase_steps, step_events)
 
 
 def instrumented_steps(step_events: Iterable[Event]) -> set[int]:

@@ -27,7 +27,7 @@ SHARED_PROCESS = "all devices (one process)"
 TIMER_NOTES = {"cuda": "torch.cuda.memory_allocated of each GPU", "nvml": "NVML used memory of each whole GPU",
                "process": "psutil RSS of the process that runs each device (DP's devices share one)"}
 CURVE_COLUMNS = ["run", "step", "device", "source", "source_label", "t_ms", "mib"]
-PEAK_COLUMNS = ["run", "step", "device", "source", "peak_mib", "allocated_mib"]
+PEAK_COLUMNS = ["run", "step", "device", "source", "peak_mib", "allocated_mib", "floor_mib", "training_mib"]
 RUN_MEMORY_COLUMNS = ["run", "device", "source", "source_label", "t_s", "mib", "lo_mib", "hi_mib",
                       "readings", "bin_s"]
 
@@ -76,11 +76,15 @@ def memory_curve_frame(events: Iterable[Event], run: str, step: int | None = Non
 
 
 def memory_peak_frame(events: Iterable[Event], run: str) -> pd.DataFrame:
-    """One row per traced step and device: the measured peak and the bytes held at the step's end."""
+    """One row per traced step and device: the measured peak, the bytes held at the step's end and,
+    on CUDA, the peak's two parts (`library_floor_bytes`: cuBLAS workspaces and the like, held
+    before the step began; `peak_training_bytes`: the rest; NaN where the event has none)."""
     rows = [{"run": run, "step": e.get("step"), "device": e.get("device", "?"),
              "source": e.get("source", "?"),
              "peak_mib": _mib(e.get("peak_allocated_bytes", e.get("allocated_bytes"))),
-             "allocated_mib": _mib(e.get("allocated_bytes"))} for e in of_type(events, "memory")]
+             "allocated_mib": _mib(e.get("allocated_bytes")),
+             "floor_mib": _mib(e.get("library_floor_bytes")),
+             "training_mib": _mib(e.get("peak_training_bytes"))} for e in of_type(events, "memory")]
     return pd.DataFrame(rows, columns=PEAK_COLUMNS)
 
 
@@ -91,10 +95,22 @@ def _mib(nbytes: float | None) -> float:
 def peak_caption(peaks: pd.DataFrame) -> str | None:
     """"peak X on D; imbalance max/min Y×" over the devices' measured peaks (X in the unit
     `app.frames.base.format_bytes` picks), or None."""
+    src = ", ".join(sorted(SOURCE_LABELS.get(s, s) for s in set(peaks["source"])))
+    if peaks["training_mib"].notna().any() and peaks.dropna(subset=["training_mib"])["device"].nunique() \
+            == peaks["device"].nunique():  # CUDA: the library's floor held apart (issue 31)
+        per = peaks.groupby("device")["training_mib"].max()
+        floor = peaks.groupby("device")["floor_mib"].max()
+        if per.min() <= 0:
+            return None
+        imbalance = (f"; imbalance of the training's peaks max/min {per.max() / per.min():.2f}×"
+                     if len(per) > 1 else "")
+        return (f"the training's measured peak {format_bytes(per.max() * MIB)} on {per.idxmax()}, above a "
+                f"library floor of {format_bytes(floor.max() * MIB)} (cuBLAS workspaces and the like, held "
+                f"before the step began: in the allocator's peak, not the training's){imbalance} ({src}, "
+                f"over the traced steps shown)")
     per = peaks.dropna(subset=["peak_mib"]).groupby("device")["peak_mib"].max()
     if len(per) < 2 or per.min() <= 0:
         return None
-    src = ", ".join(sorted(SOURCE_LABELS.get(s, s) for s in set(peaks["source"])))
     return (f"measured peak {format_bytes(per.max() * MIB)} on {per.idxmax()}; imbalance max/min "
             f"{per.max() / per.min():.2f}× ({src}, over the traced steps shown)")
 

@@ -137,3 +137,37 @@ def comm_volume_frame(events: Iterable[Event]) -> pd.DataFrame:
              "source": volume_label(e.get("volume_source"))}
             for e in evs if e["step"] == last]
     return pd.DataFrame(rows, columns=cols).sort_values("device").reset_index(drop=True)
+
+
+# ---- the step a "one step" view opens on (Bucket timeline, Live's detail, DP timeline) ---------
+def typical_step(steps: list[int], step_events: Iterable[Event]) -> int | None:
+    """The step a one-step view opens on: of `steps` (those whose detail events are complete), the
+    one whose step time is nearest the median of the run's steady steps (`steady_positions`, the
+    summary's rule), preferring steps without the instrument's own work (memory tracing, a replica
+    check), then later steps on ties. Never the final step for being the latest: it is a traced one
+    (`engine.measure.memory_sampler.should_trace_memory`), slower than the rest (step 299's exposed
+    comm was 29 ms against a median of 3 ms, issue 33). Without step events: the latest of `steps`.
+    """
+    if not steps:
+        return None
+    rows = [r for r in run_steps(of_type(step_events, "step")) if r.get("step_time_s") is not None]
+    steady = [rows[i] for i in steady_positions([bool(r["instrument"]) for r in rows])]
+    pool = [r for r in steady if not r["instrument"]] or steady
+    by_step = {r["step"]: r for r in rows}
+    candidates = [by_step[s] for s in steps if s in by_step]
+    if not pool or not candidates:
+        return steps[-1]
+    median = float(pd.Series([r["step_time_s"] for r in pool]).median())
+    best = min(candidates, key=lambda r: (bool(r["instrument"]), abs(r["step_time_s"] - median), -r["step"]))
+    return int(best["step"])
+
+
+def step_notes(step_events: Iterable[Event], detail_events: Iterable[Event] = ()) -> dict[int, str]:
+    """A word per step that was not an ordinary one: "instrumented" (its time includes the
+    instrument's own work: memory tracing, a replica check) or "sampled" (its detail events say
+    `sampled` or `instrumented`: full spans measured on that step only)."""
+    notes = {int(r["step"]): "instrumented" for r in run_steps(of_type(step_events, "step")) if r["instrument"]}
+    for e in detail_events:
+        if (e.get("sampled") or e.get("instrumented")) and "step" in e:
+            notes.setdefault(int(e["step"]), "sampled")
+    return notes

@@ -16,6 +16,7 @@ from ddpviz.app import runsets
 from ddpviz.app.charts.buckets import bucket_timeline, exposed_chart
 from ddpviz.app.connection import require_client
 from ddpviz.app.frames import buckets as fb
+from ddpviz.app.frames import steps as fsteps
 from ddpviz.app.frames.compare import thin
 from ddpviz.app.widgets import pick_step, quick_fields, show_errors
 from ddpviz.engine.config import ConfigError
@@ -55,10 +56,27 @@ def ddp_runs(runs: list[dict]) -> list[dict]:
 
 
 def step_selector(windows, key: str = "buckets_step") -> int | None:
-    """Buttons for the kept steps (0, 1 and the latest few); follows the newest step until the
-    reader picks an older one."""
+    """Buttons for the kept steps (0, 1 and the latest few); opens on a typical step of the first
+    run (`fsteps.typical_step`: nearest the median step time, never the traced final step for
+    being the newest) among those with measured spans, until the reader picks another; traced
+    and sampled steps say so on their button."""
     steps = sorted(set().union(*(fb.bucket_steps(w.of_type("bucket")) for w in windows.values())))
-    return pick_step(steps, key)
+    first = next(iter(windows.values()), None)
+    typical = None
+    if first is not None:
+        measured = fb.measured_steps(first.of_type("bucket")) or fb.bucket_steps(first.of_type("bucket"))
+        typical = fsteps.typical_step(measured, first.of_type("step"))
+    notes: dict[int, str] = {}
+    for w in windows.values():
+        notes.update(fsteps.step_notes(w.of_type("step"), w.of_type("bucket")))
+    return pick_step(steps, key, default=typical, notes=notes)
+
+
+def step_word(note: str | None) -> str:
+    """What a step's caption adds for an instrumented or sampled step (`fsteps.step_notes`)."""
+    if note == "instrumented":
+        return " (instrumented: its time includes the instrument's own work)"
+    return f" ({note})" if note else ""
 
 
 def timeline(w, label: str, step: int, x_max: float | None) -> None:
@@ -76,9 +94,12 @@ def timeline(w, label: str, step: int, x_max: float | None) -> None:
                                     run=label, x_max_ms=x_max), key=f"bkt_tl_{w.run_id}")
     cfg = w.config
     r0 = buckets[buckets["rank"] == buckets["rank"].min()]
-    st.caption(f"{len(r0)} bucket(s) · bucket_cap_mb {cfg.get('bucket_cap_mb')} · overlap "
+    note = fsteps.step_notes(w.of_type("step"), events).get(step)
+    exposed_ms = exposed["exposed_ms"].max()
+    st.caption(f"Step {step}{step_word(note)} · "
+               f"{len(r0)} bucket(s) · bucket_cap_mb {cfg.get('bucket_cap_mb')} · overlap "
                f"{'on' if cfg.get('overlap') else 'off'} · exposed comm "
-               f"{exposed['exposed_ms'].max():.2f} ms (slowest rank)")
+               + (f"{exposed_ms:.2f} ms (slowest rank)" if pd.notna(exposed_ms) else "not measured on this step"))
 
 
 def layouts(w, label: str) -> None:

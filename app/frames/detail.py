@@ -1,0 +1,34 @@
+"""Which kept step a one-step view opens on (Live's bucket and DP phase charts), and how it is named.
+
+Pure: lists of events in, a step number or a caption out. The rule is `app.frames.steps.typical_step`
+(nearest the median steady step time; never the traced final step for being the newest), the one
+the Bucket timeline and DP timeline pages open on too.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from ddpviz.app.frames import buckets as fb
+from ddpviz.app.frames import dp as fd
+from ddpviz.app.frames import steps as fsteps
+from ddpviz.app.frames.base import Event
+
+
+def typical_detail_step(detail_events: Iterable[Event], step_events: Iterable[Event], type_: str) -> int | None:
+    """The kept step a one-step chart of `type_` events ("bucket" or "dp_phase") shows: the typical
+    step of those whose events are complete (buckets: with measured spans, when any are)."""
+    events = list(detail_events)
+    if type_ == "bucket":
+        steps = fb.measured_steps(events) or fb.bucket_steps(events)
+    else:
+        steps = fd.dp_steps(events)
+    return fsteps.typical_step(steps, step_events)
+
+
+def step_text(step: int, step_events: Iterable[Event], detail_events: Iterable[Event] = ()) -> str:
+    """"Step 41 (typical: nearest the median step time)", or the word `fsteps.step_notes` gives it."""
+    note = fsteps.step_notes(step_events, detail_events).get(step)
+    if note == "instrumented":
+        return f"Step {step} (instrumented: its time includes the instrument's own work)"
+    return f"Step {step} ({note or 'typical: nearest the median step time'})"

@@ -1,0 +1,114 @@
+"""One-step views open on a typical step, never the traced final one; unmeasured spans stay NaN.
+
+A hand-built 300-step DDP run shaped like the tour's (issue 33): every step 10-12 ms except the traced
+ones (`should_trace_memory`: 0-2, every 50th, the last), 40 ms with `memory_traced`; the final step's
+exposed comm 29 ms against 2 ms. The window keeps bucket events of steps 0, 1 and the newest 8.
+"""
+
+import math
+
+import pytest
+
+from ddpviz.app.frames import buckets as fb
+from ddpviz.app.frames import detail
+from ddpviz.app.frames import dp as fd
+from ddpviz.app.frames import memory as fm
+from ddpviz.app.frames import steps as fsteps
+from ddpviz.app.frames.base import latest_complete_step
+from ddpviz.engine.measure.memory_sampler import should_trace_memory
+
+import eventgen as g
+
+STEPS = 300
+KEPT = [0, 1] + list(range(292, 300))
+
+
+def _step_time(step: int) -> float:
+    return 0.040 if should_trace_memory(step, STEPS) else 0.010 + 0.0002 * (step % 11)  # 10.0-12.0 ms
+
+
+def _ddp_run(null_unsampled: bool = False) -> list[dict]:
+    events = []
+    for step in range(STEPS):
+        traced = should_trace_memory(step, STEPS)
+        for rank in range(2):
+            events.append(dict(type="step", rank=rank, step=step, samples=64, step_time_s=_step_time(step),
+                               forward_s=0.003, backward_s=0.005, optimizer_s=0.001,
+                               comm_exposed_s=0.029 if step == STEPS - 1 else 0.002,
+                               **({"memory_traced": True} if traced else {})))
+            if step not in KEPT:
+                continue
+            sampled = traced or not null_unsampled
+            for b in range(3):
+                ready = 0.001 * (b + 1)
+                end = 0.034 if step == STEPS - 1 and b == 2 else ready + 0.001
+                events.append(dict(type="bucket", rank=rank, step=step, bucket_index=b, nbytes=4096,
+                                   num_params=2, is_last=b == 2, sampled=traced if null_unsampled else None,
+                                   ready_s=ready if sampled else None, comm_start_s=ready if sampled else None,
+                                   comm_end_s=end if sampled else None))
+    return events
+
+
+def _median_steady_step(events) -> int:
+    """The kept plain step nearest the median of the plain steps after warm-up (by hand)."""
+    plain = [s for s in range(3, STEPS) if not should_trace_memory(s, STEPS)]
+    times = sorted(_step_time(s) for s in plain)
+    median = (times[len(times) // 2 - 1] + times[len(times) // 2]) / 2 if len(times) % 2 == 0 else times[len(times) // 2]
+    kept = [s for s in KEPT if s in plain]
+    return min(kept, key=lambda s: (abs(_step_time(s) - median), -s))
+
+
+def test_bucket_view_opens_on_a_typical_step_not_the_traced_final_one():
+    events = _ddp_run()
+    buckets, steps = [e for e in events if e["type"] == "bucket"], [e for e in events if e["type"] == "step"]
+    assert latest_complete_step(buckets, "bucket") == 299  # what the views opened on before
+    chosen = detail.typical_detail_step(buckets, steps, "bucket")
+    assert chosen == _median_steady_step(events) and chosen != 299
+    frame = fb.bucket_frame(buckets, chosen)
+    assert fb.exposed_frame(frame, steps)["exposed_ms"].max() == pytest.approx(1.0)  # not 31 ms
+    assert "instrumented" in detail.step_text(299, steps, buckets)
+    assert "typical" in detail.step_text(chosen, steps, buckets)
+
+
+def test_unsampled_steps_are_not_measured_never_zero():
+    events = _ddp_run(null_unsampled=True)
+    buckets, steps = [e for e in events if e["type"] == "bucket"], [e for e in events if e["type"] == "step"]
+    frame = fb.bucket_frame(buckets, 295)
+    assert len(frame) == 6 and frame[["ready_ms", "comm_start_ms", "comm_end_ms"]].isna().all().all()
+    assert fb.measured_steps(buckets) == [0, 1, 299]  # the sampled ones, with their spans
+    assert fsteps.step_notes(steps, buckets)[299] == "instrumented"
+    nulls = [dict(e, comm_exposed_s=None) if e["step"] == 5 else e for e in steps]
+    per_step = fb.exposed_per_step(nulls, "r").set_index("step")["exposed_ms"]
+    assert math.isnan(per_step[5]) and per_step[6] == pytest.approx(2.0)
+
+
+def test_sampled_flag_alone_marks_a_step():
+    buckets = [dict(type="bucket", rank=0, step=7, bucket_index=0, is_last=True, sampled=True,
+                    ready_s=0.001, comm_start_s=0.001, comm_end_s=0.002)]
+    assert fsteps.step_notes([], buckets) == {7: "sampled"}
+
+
+def test_dp_phase_view_opens_on_a_typical_step():
+    events = []
+    for step in KEPT:
+        evs = g.dp_step("r", step)
+        for e in evs:
+            if e["type"] == "step":
+                e["step_time_s"] = _step_time(step)
+                if should_trace_memory(step, STEPS):
+                    e["memory_traced"] = True
+        events += evs
+    phases, steps = [e for e in events if e["type"] == "dp_phase"], [e for e in events if e["type"] == "step"]
+    assert latest_complete_step(phases, "dp_phase") == 299
+    chosen = detail.typical_detail_step(phases, steps, "dp_phase")
+    assert chosen not in (0, 1, 299) and chosen == fd.typical_step(fd.dp_steps(phases), steps)
+
+
+def test_memory_caption_holds_the_library_floor_apart():
+    mib = 1024 * 1024
+    events = [dict(type="memory", step=3, device=d, source="cuda", peak_allocated_bytes=floor + train,
+                   allocated_bytes=floor, library_floor_bytes=floor, peak_training_bytes=train)
+              for d, floor, train in (("cuda:0", 128 * mib, 3 * mib), ("cuda:1", 64 * mib, 1 * mib))]
+    text = fm.peak_caption(fm.memory_peak_frame(events, "dp"))
+    assert "3.00 MiB on cuda:0" in text and "library floor of 128 MiB" in text
+    assert "max/min 3.00×" in text  # the training's 3 MiB / 1 MiB, not 131 / 65 = 2.02×
