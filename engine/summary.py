@@ -253,4 +253,28 @@ class SummaryBuilder:
         out["gil_wait_s"] = self._median_by_device(self.gil_wait, steady)
         out["gil_source"] = " | ".join(sorted(self.gil_sources)) or None
         out["dp_phase_s"] = self.dp_phase_s(steady)
+        out.update(steady_samples(steady))
+        keep = [self.dp_phase[r["step"]] for r in steady if r["step"] in self.dp_phase]
+        out["dp_phase_mean_s"] = {p: statistics.fmean(by.get(p, 0.0) for by in keep)
+                                  for p in sorted({p for by in keep for p in by})}
         return out
+
+
+def steady_samples(steady: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What the verdict (`engine.verdict`) needs of a run's steady steps (rows of `run_steps`):
+
+    - `steady_samples_per_s`: each steady step's samples/s, in step order (its bootstrap samples);
+    - `steady_mean_s`: the mean over those steps of each of `STEP_PARTS` (seconds; means add up,
+      medians do not), None for a part some step did not measure, and `untimed_s`: the mean of
+      step time minus the timed parts (forward, backward, optimizer and, where measured, exposed
+      comm): the part of the step no timer covered.
+    """
+    rows = [r for r in steady if r.get("samples_per_s") is not None]
+    mean_s: dict[str, float | None] = {}
+    for k in STEP_PARTS:
+        vals = [r.get(k) for r in rows]
+        mean_s[k] = None if not vals or any(v is None for v in vals) else statistics.fmean(vals)
+    if rows:
+        mean_s["untimed_s"] = statistics.fmean(
+            r["step_time_s"] - sum(r.get(k) or 0.0 for k in STEP_PARTS if k != "step_time_s") for r in rows)
+    return {"steady_samples_per_s": [round(r["samples_per_s"], 3) for r in rows], "steady_mean_s": mean_s}

@@ -1,95 +1,140 @@
-"""Who is ahead, DP or DDP, and why: one verdict from two run summaries, for every page and the CLI.
+"""Who is ahead, DP or DDP, by how much, how sure, and why: one verdict from two run summaries,
+for every page and the CLI (`ddpviz compare --json`'s `verdict`).
 
-Torch-free (the app and `ddpviz compare` import it). Inputs are `run_finished` summaries
-(`engine.summary.SummaryBuilder.summary`, or one built the same way from a running run's events),
-so every figure is the summary's: medians over the steady steps (`engine.summary.steady_steps`).
+Torch-free (the app and `ddpviz compare` import it). Inputs are summaries
+(`engine.summary.SummaryBuilder.summary`: a run's `run_finished` summary, or one built the same way
+from a running run's events, "so far"); every figure comes from their steady steps
+(`engine.summary.steady_steps`: warm-up and instrumented steps left out).
 
-The gap between the two step times is split into parts, each measured on the runs:
+The rule (the one place it lives):
 
-- `gil`: DP's device threads waiting for a lock (the GIL) minus DDP's ranks doing the same, mean
-  over devices of the `gil` events' `gil_wait_s` (`engine.measure.gil`: wall − on-CPU − run-queue);
-- `device0`: device 0's serial work DDP does not have: scatter, gather, the loss on the gathered
-  output and the gradient reduce (DP's `dp_phase` spans on device 0; both modes run the optimizer);
-- `rebuild`: DP building its replicas each step (the broadcast phase);
-- `allreduce`: DDP's all-reduce left exposed after backward (`comm_exposed_s`), counted against DDP;
-- `rest`: what remains of the gap (forward/backward compute and untimed time), derived as
-  gap − the parts above, so the parts always sum to the gap.
+- ratio = median samples/s of DDP's steady steps ÷ DP's (the summaries' `samples_per_s`);
+- its 90% interval: a block bootstrap of each run's per-step samples/s
+  (`engine.measure.bootstrap.ratio_interval`, blocks of up to `BLOCK_STEPS` consecutive steps, so
+  the machine's drift over seconds stays inside each resample);
+- DDP ahead when the interval's low end is above 1, DP ahead when its high end is below 1, else
+  **level**: the two are level on this machine, within noise.
 
-References for the mechanisms: PyTorch's DDP notes ("DataParallel is single-process,
-multi-thread ... slower than DDP even on a single machine due to GIL contention across threads,
-per-iteration replicated model, and additional overhead introduced by scattering inputs and
-gathering outputs") and Li et al., "PyTorch Distributed" (VLDB 2020) for bucketed overlap.
+Within one run only: the interval does not hold the machine changing between the two runs (they
+run one after the other); that is what repeating the pair measures (docs/bench/).
+
+The gap between the mean step times (means add up; medians do not) is split into parts, each
+measured once, on device 0 for DP and as the mean over ranks for DDP (the `step` events' fields):
+
+- `compute`: forward + backward, DP's minus DDP's (DP's backward includes the loss on the gathered
+  output on device 0; DDP's excludes the all-reduce left exposed after it);
+- `rebuild`: DP rebuilding its replicas every step (device 0's `broadcast` spans);
+- `device0`: device 0's serial copies DDP does not have (its `scatter`, `gather`, `reduce` spans);
+- `optimizer`: DP's optimizer step minus DDP's;
+- `allreduce`: DDP's all-reduce left exposed after backward (`comm_exposed_s`), against DDP;
+  absent where DDP's exposed comm is not measured (null), its time then inside "not measured";
+- not measured (`not_measured_ms`, never a cause): the time no timer covered, DP's minus DDP's
+  (each run's mean of step time − its timed parts).
+
+The GIL wait is *inside* those parts (a thread waiting for the lock does so within a phase), so it
+is shown beside them, never added to them: `gil_wait_ms` (mean over devices of the `gil` events'
+`gil_wait_s`, `engine.measure.gil`: wall − on-CPU − run-queue).
+
+References: PyTorch's DDP notes ("DataParallel is single-process, multi-thread ... slower than DDP
+even on a single machine due to GIL contention across threads, per-iteration replicated model, and
+additional overhead introduced by scattering inputs and gathering outputs"); Li et al., "PyTorch
+Distributed" (VLDB 2020) for bucketed overlap.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from statistics import mean
+import statistics
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-LEVEL_WITHIN = 1.02  # a samples/s ratio within this of 1 is said to be level, not ahead
+from ddpviz.engine.measure.bootstrap import ratio_interval
+
+LEVEL = 0.90  # the interval's coverage
+BLOCK_STEPS = 10  # at most this many consecutive steps per bootstrap block
+MIN_BLOCKS = 5  # blocks shrink (to 1 step) so a short run still has this many
+MIN_STEADY_STEPS = 6  # fewer steady steps in either run: no verdict yet
 GIL_SMALL_SHARE = 0.02  # a GIL-wait share below this is said to be small
-DEVICE0_PHASES = ("scatter", "gather", "loss", "reduce")
+DEVICE0_PHASES = ("scatter", "gather", "reduce")
 REBUILD_PHASES = ("broadcast",)
 PART_NAMES = {
-    "gil": "DP's device threads waiting for the GIL",
-    "device0": "device 0's serial scatter, gather, loss and reduce",
+    "compute": "forward and backward",
     "rebuild": "rebuilding DP's replicas (broadcast)",
+    "device0": "device 0's serial scatter, gather and reduce",
+    "optimizer": "the optimizer step",
     "allreduce": "DDP's all-reduce left exposed after backward",
-    "rest": "the rest (compute and untimed time, derived)",
 }
+SEPARATE = ("What would separate them: more steps (a longer run narrows the interval), a quieter "
+            "machine, or a bigger model (a wider MLP or CNN), where DP's per-step broadcast and reduce "
+            "through device 0 grow with the parameters while DDP's ring all-reduce splits them.")
+SOURCE = ("measured: ratio of the median samples/s over each run's steady steps; 90% interval from a "
+          "block bootstrap of the per-step samples/s (engine.verdict); parts: means over steady steps")
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """DP vs DDP from their summaries.
+    """DP vs DDP from their summaries (module docstring for every rule).
 
     Attributes:
-        leader: ``"ddp"``, ``"dp"`` or ``"level"`` (ratio within `LEVEL_WITHIN`).
+        leader: "ddp", "dp" or "level" (the interval holds 1).
         ratio: DDP samples/s ÷ DP samples/s (medians over steady steps).
-        dp_step_ms, ddp_step_ms: median step times, ms.
+        interval: (lo, hi), the ratio's `LEVEL` block-bootstrap interval.
+        steps: {"dp": n, "ddp": n} steady steps behind each median.
+        dp_step_ms, ddp_step_ms: mean step times over the steady steps, ms.
         gap_ms: dp_step_ms − ddp_step_ms (positive: DP's step is longer).
-        parts_ms: part -> ms of the gap it explains (`PART_NAMES`; positive lengthens DP's step
-            relative to DDP's; they sum to `gap_ms`). Parts not measured are absent.
-        gil_share: {"dp": max over DP's devices, "ddp": max over DDP's ranks} of the median
-            GIL-wait share of the step (None where not measured).
+        parts_ms: part -> ms of the gap (`PART_NAMES`; positive lengthens DP's step relative to
+            DDP's), each measured once; parts a run did not measure are absent.
+        not_measured_ms: the gap no timer covered (gap − parts; DP's untimed minus DDP's).
+        not_measured_note: what that time holds, in words.
+        gil_wait_ms: {"dp", "ddp"}: mean over devices of the GIL wait per step, ms (inside the
+            parts, not one of them; None where not measured).
+        gil_share: {"dp", "ddp"}: max over devices of the median GIL-wait share of the step.
         overlap: DDP's overlap (1 − exposed/total all-reduce time), None without buckets.
     """
 
     leader: str
     ratio: float
+    interval: tuple[float, float]
     dp_samples_per_s: float
     ddp_samples_per_s: float
+    steps: dict[str, int]
     dp_step_ms: float
     ddp_step_ms: float
     gap_ms: float
     parts_ms: dict[str, float] = field(default_factory=dict)
+    not_measured_ms: float = 0.0
+    not_measured_note: str = ""
+    gil_wait_ms: dict[str, float | None] = field(default_factory=dict)
     gil_share: dict[str, float | None] = field(default_factory=dict)
     overlap: float | None = None
 
     def headline(self) -> str:
-        """One sentence: who is ahead and by how much."""
+        """One sentence: who is ahead, by how much, and the interval."""
+        lo, hi = self.interval
+        n = f"medians over {self.steps['dp']} and {self.steps['ddp']} steady steps"
         if self.leader == "level":
-            return (f"DP and DDP are level here: DDP at {self.ratio:.3f}× DP's samples/s, within "
-                    f"{LEVEL_WITHIN - 1:.0%} (medians over steady steps).")
+            return (f"DP and DDP are level on this machine, within noise: DDP at {self.ratio:.2f}× DP's "
+                    f"samples/s, and the {LEVEL:.0%} interval {lo:.2f}–{hi:.2f}× holds 1 ({n}). {SEPARATE}")
         if self.leader == "ddp":
-            return (f"DDP is ahead: {self.ratio:.2f}× DP's samples/s ({self.ddp_samples_per_s:,.0f} vs "
-                    f"{self.dp_samples_per_s:,.0f}, medians over steady steps).")
-        return (f"DP is ahead here: {1 / self.ratio:.2f}× DDP's samples/s ({self.dp_samples_per_s:,.0f} vs "
-                f"{self.ddp_samples_per_s:,.0f}, medians over steady steps).")
+            return (f"DDP is ahead: {self.ratio:.2f}× DP's samples/s, {LEVEL:.0%} interval {lo:.2f}–{hi:.2f}× "
+                    f"({self.ddp_samples_per_s:,.0f} vs {self.dp_samples_per_s:,.0f}, {n}).")
+        return (f"DP is ahead here: {1 / self.ratio:.2f}× DDP's samples/s, {LEVEL:.0%} interval "
+                f"{1 / hi:.2f}–{1 / lo:.2f}× ({self.dp_samples_per_s:,.0f} vs {self.ddp_samples_per_s:,.0f}, {n}).")
 
     def why(self) -> str:
-        """The gap in measured parts, largest first, and the GIL shares side by side."""
+        """The gap in measured parts, largest first, what was not measured, and the GIL beside them."""
         longer, by = ("DP's", self.gap_ms) if self.gap_ms >= 0 else ("DDP's", -self.gap_ms)
         sign = 1 if self.gap_ms >= 0 else -1
         named = sorted(((sign * v, k) for k, v in self.parts_ms.items()), reverse=True)
-        parts = ", ".join(f"{PART_NAMES[k]} {v:+.2f} ms" for v, k in named if abs(v) >= 0.005)
-        text = f"{longer} step is {by:.2f} ms longer" + (f": {parts}." if parts else ".")
-        dp, ddp = self.gil_share.get("dp"), self.gil_share.get("ddp")
+        parts = "; ".join(f"{PART_NAMES[k]} {v:+.2f} ms" for v, k in named)
+        text = f"{longer} mean step is {by:.2f} ms longer" + (f": {parts}" if parts else "")
+        text += f"; not measured: {sign * self.not_measured_ms:+.2f} ms ({self.not_measured_note})."
+        dp, ddp = self.gil_wait_ms.get("dp"), self.gil_wait_ms.get("ddp")
         if dp is not None:
-            text += (f" DP's device threads waited for the GIL {dp:.0%} of the step"
-                     + (f", DDP's ranks {ddp:.0%}" if ddp is not None else "") + " (measured: schedstat).")
-            if dp < GIL_SMALL_SHARE:
+            text += (f" Inside those parts, not added to them: DP's device threads waited for the GIL "
+                     f"{dp:.2f} ms a step" + (f", DDP's ranks {ddp:.2f} ms" if ddp is not None else "")
+                     + " (measured: schedstat).")
+            share = self.gil_share.get("dp")
+            if share is not None and share < GIL_SMALL_SHARE:
                 text += (" Small here: this model's ops run long enough in kernels that release the"
                          " GIL; narrow, deep models (Sweeps → shape) make it large.")
         if self.overlap is not None:
@@ -102,6 +147,13 @@ class Verdict:
     def text(self) -> str:
         return f"{self.headline()} {self.why()}"
 
+    def to_json(self) -> dict[str, Any]:
+        """`ddpviz compare --json`'s top-level `verdict` (README, "Command line")."""
+        d = asdict(self)
+        del d["leader"], d["ratio"], d["interval"]
+        return {"winner": self.leader, "ratio": self.ratio, "interval": list(self.interval), "level": LEVEL,
+                **d, "text": self.text(), "source": SOURCE}
+
 
 def _f(x: Any) -> float | None:
     try:
@@ -113,7 +165,7 @@ def _f(x: Any) -> float | None:
 
 def _mean_of(d: Any) -> float | None:
     vals = [v for v in (_f(x) for x in (d or {}).values()) if v is not None]
-    return mean(vals) if vals else None
+    return statistics.fmean(vals) if vals else None
 
 
 def _max_of(d: Any) -> float | None:
@@ -121,32 +173,58 @@ def _max_of(d: Any) -> float | None:
     return max(vals) if vals else None
 
 
+def block_for(n: int) -> int:
+    """Bootstrap block length for a run of `n` steady steps: `BLOCK_STEPS`, shorter so that
+    there are at least `MIN_BLOCKS` blocks, never below 1."""
+    return max(1, min(BLOCK_STEPS, n // MIN_BLOCKS))
+
+
+def leader_of(interval: tuple[float, float]) -> str:
+    """"ddp" when the ratio's interval is above 1, "dp" when below, else "level"."""
+    lo, hi = interval
+    return "ddp" if lo > 1 else "dp" if hi < 1 else "level"
+
+
+def gap_parts(dp: dict[str, Any], ddp: dict[str, Any]) -> tuple[dict[str, float], float, str] | None:
+    """(parts_ms, not_measured_ms, its note) of the gap between the mean steps (module docstring);
+    None when either summary lacks `steady_mean_s`."""
+    a, b = dp.get("steady_mean_s") or {}, ddp.get("steady_mean_s") or {}
+    if _f(a.get("step_time_s")) is None or _f(b.get("step_time_s")) is None:
+        return None
+    ms = lambda m, k: (_f(m.get(k)) or 0.0) * 1e3  # noqa: E731  (a part the run did not time: 0, and in untimed)
+    parts = {"compute": ms(a, "forward_s") + ms(a, "backward_s") - ms(b, "forward_s") - ms(b, "backward_s"),
+             "optimizer": ms(a, "optimizer_s") - ms(b, "optimizer_s")}
+    phases = dp.get("dp_phase_mean_s") or {}
+    if phases:
+        parts["rebuild"] = sum(_f(phases.get(p)) or 0.0 for p in REBUILD_PHASES) * 1e3
+        parts["device0"] = sum(_f(phases.get(p)) or 0.0 for p in DEVICE0_PHASES) * 1e3
+    elif _f(a.get("comm_exposed_s")):
+        parts["device0"] = ms(a, "comm_exposed_s")
+    note = "time between the timed phases: Python, data loading, waits"
+    if _f(b.get("comm_exposed_s")) is None:
+        note += "; DDP's exposed all-reduce, not measured on this run, is in it"
+    else:
+        parts["allreduce"] = -ms(b, "comm_exposed_s")
+    return parts, ms(a, "untimed_s") - ms(b, "untimed_s"), note
+
+
 def verdict(dp: dict[str, Any] | None, ddp: dict[str, Any] | None) -> Verdict | None:
-    """The verdict from a DP run's summary and a DDP run's (None if either lacks samples/s or
-    step time: a run that has not reached steady steps yet)."""
+    """The verdict from a DP run's summary and a DDP run's; None until both have
+    `MIN_STEADY_STEPS` steady steps with samples/s (`steady_samples_per_s`) and `steady_mean_s`."""
     if not dp or not ddp:
         return None
-    a, b = _f(dp.get("samples_per_s")), _f(ddp.get("samples_per_s"))
-    ta, tb = _f(dp.get("step_time_s")), _f(ddp.get("step_time_s"))
-    if not a or not b or ta is None or tb is None:
+    xa, xb = dp.get("steady_samples_per_s") or [], ddp.get("steady_samples_per_s") or []
+    split = gap_parts(dp, ddp)
+    if min(len(xa), len(xb)) < MIN_STEADY_STEPS or split is None or min(min(xa), min(xb)) <= 0:
         return None
-    ratio = b / a
-    leader = "level" if max(ratio, 1 / ratio) < LEVEL_WITHIN else ("ddp" if ratio > 1 else "dp")
-    gap = (ta - tb) * 1e3
-    parts: dict[str, float] = {}
-    phases = dp.get("dp_phase_s") or {}
-    if phases:
-        parts["device0"] = sum(_f(phases.get(p)) or 0.0 for p in DEVICE0_PHASES) * 1e3
-        parts["rebuild"] = sum(_f(phases.get(p)) or 0.0 for p in REBUILD_PHASES) * 1e3
-    ga, gb = _mean_of(dp.get("gil_wait_s")), _mean_of(ddp.get("gil_wait_s"))
-    if ga is not None:
-        parts["gil"] = (ga - (gb or 0.0)) * 1e3
-    exposed = _f(ddp.get("comm_exposed_s"))
-    if exposed is not None:
-        parts["allreduce"] = -exposed * 1e3
-    parts["rest"] = gap - sum(parts.values())
-    return Verdict(leader=leader, ratio=ratio, dp_samples_per_s=a, ddp_samples_per_s=b,
-                   dp_step_ms=ta * 1e3, ddp_step_ms=tb * 1e3, gap_ms=gap, parts_ms=parts,
-                   gil_share={"dp": _max_of(dp.get("gil_wait_share")),
-                              "ddp": _max_of(ddp.get("gil_wait_share"))},
+    a, b = statistics.median(xa), statistics.median(xb)
+    lo, hi = ratio_interval(xb, xa, block_for(len(xb)), block_for(len(xa)), level=LEVEL)
+    parts, untimed, note = split
+    ta, tb = dp["steady_mean_s"]["step_time_s"] * 1e3, ddp["steady_mean_s"]["step_time_s"] * 1e3
+    return Verdict(leader=leader_of((lo, hi)), ratio=b / a, interval=(lo, hi), dp_samples_per_s=a,
+                   ddp_samples_per_s=b, steps={"dp": len(xa), "ddp": len(xb)}, dp_step_ms=ta, ddp_step_ms=tb,
+                   gap_ms=ta - tb, parts_ms=parts, not_measured_ms=untimed, not_measured_note=note,
+                   gil_wait_ms={m: (None if g is None else g * 1e3) for m, g in
+                                (("dp", _mean_of(dp.get("gil_wait_s"))), ("ddp", _mean_of(ddp.get("gil_wait_s"))))},
+                   gil_share={"dp": _max_of(dp.get("gil_wait_share")), "ddp": _max_of(ddp.get("gil_wait_share"))},
                    overlap=_f(ddp.get("overlap")))

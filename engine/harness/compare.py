@@ -35,11 +35,15 @@ def mode_report(result: RunResult, single: RunResult | None) -> dict[str, Any]:
                 replicas_in_sync=s.get("replicas_in_sync"), max_param_diff_vs_single=diff,
                 val_accuracy=s.get("val_accuracy"), final_loss=s.get("final_loss"),
                 gil_wait_share=s.get("gil_wait_share"), gil_wait_s=s.get("gil_wait_s"),
-                gil_source=s.get("gil_source"), dp_phase_s=s.get("dp_phase_s"))
+                gil_source=s.get("gil_source"), dp_phase_s=s.get("dp_phase_s"),
+                # what the verdict's interval and parts are computed from (engine.verdict)
+                dp_phase_mean_s=s.get("dp_phase_mean_s"), steady_mean_s=s.get("steady_mean_s"),
+                steady_samples_per_s=s.get("steady_samples_per_s"))
 
 
 def report_verdict(report: dict[str, dict[str, Any]]):
-    """`engine.verdict.verdict` of a comparison's DP and DDP entries (None without both)."""
+    """`engine.verdict.verdict` of a comparison's DP and DDP entries (None without both, or before
+    either has `engine.verdict.MIN_STEADY_STEPS` steady steps)."""
     from ddpviz.engine.verdict import verdict
 
     def flat(mode: str) -> dict[str, Any] | None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import statistics
 import tempfile
 import threading
@@ -43,12 +42,12 @@ import torch
 import torch.distributed as dist
 
 from ddpviz.engine.config import RunConfig
+from ddpviz.engine.measure.bootstrap import block_medians, median_interval
 from ddpviz.engine.measure.telemetry import now, wall_ts
 from ddpviz.engine.measure.turns import GATE_ENV, TurnController, gate_from_env
 from ddpviz.engine.modes.ranks import join_process_group, leave_process_group, start_rank_processes
 
 DEFAULT_BLOCK_STEPS = 50
-BOOTSTRAP_RESAMPLES = 2000
 
 
 def _plain_rank(rank: int, cfg_dict: dict, backend: str, device_kind: str, init_file: str,
@@ -125,43 +124,12 @@ def _ddpviz_run(cfg: RunConfig, run_id: str) -> tuple[list[float], torch.Tensor]
     return [e["start_ts"] for e in steps], result.final_params
 
 
-def block_medians(step_starts: list[float], block_steps: int) -> list[float]:
-    """Median step interval (s) of each block: the intervals between consecutive step starts
-    inside the block, the first one (right after the wait for a turn) dropped.
-
-    Args:
-        step_starts: every step's start time, in step order (len = blocks x block_steps).
-        block_steps: steps per block (>= 4, so each block keeps >= 2 intervals).
-
-    Raises:
-        ValueError: block_steps < 4, or the starts are not a whole number of blocks.
-    """
-    if block_steps < 4:
-        raise ValueError(f"block_steps must be >= 4 (got {block_steps})")
-    if len(step_starts) % block_steps:
-        raise ValueError(f"{len(step_starts)} step starts are not a whole number of {block_steps}-step blocks")
-    out = []
-    for b in range(0, len(step_starts), block_steps):
-        s = step_starts[b:b + block_steps]
-        out.append(statistics.median([t1 - t0 for t0, t1 in zip(s, s[1:])][1:]))
-    return out
-
-
 def turn_order(blocks: int, a: str = "plain", b: str = "ddpviz") -> list[str]:
     """Which side trains each block: a, b, b, a, a, b, ... (ABBA), `blocks` of each."""
     order: list[str] = []
     for k in range(blocks):
         order += [a, b] if k % 2 == 0 else [b, a]
     return order
-
-
-def median_interval(ratios: list[float], level: float = 0.90, seed: int = 0) -> list[float]:
-    """Percentile-bootstrap interval of the median of `ratios` (`BOOTSTRAP_RESAMPLES` resamples)."""
-    rng = random.Random(seed)
-    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(BOOTSTRAP_RESAMPLES))
-    lo = meds[int((1 - level) / 2 * (len(meds) - 1))]
-    hi = meds[int((1 + level) / 2 * (len(meds) - 1))]
-    return [lo, hi]
 
 
 def measure_overhead(cfg: RunConfig, rounds: int = 10, block_steps: int = DEFAULT_BLOCK_STEPS,

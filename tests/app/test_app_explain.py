@@ -31,17 +31,46 @@ def test_the_verdict_is_built_from_each_runs_steady_steps_while_they_run():
                "b": _window("b", "ddp", "started", 2.0, 0.008, worker="w2", gil={"cpu:0": 0.0, "cpu:1": 0.0})}
     v, final = explain.pair_verdict(windows)
     assert not final and v.leader == "ddp" and v.ratio == pytest.approx(1.25)
-    assert v.parts_ms["gil"] == pytest.approx(2.0)  # 20% of 10 ms, minus DDP's 0
+    assert v.interval == pytest.approx((1.25, 1.25))  # every step alike: no spread
+    assert "gil" not in v.parts_ms and v.gil_wait_ms == pytest.approx({"dp": 2.0, "ddp": 0.0})  # 20% of 10 ms
     assert explain.verdict_text(v, final).startswith("So far: DDP is ahead: 1.25×")
     assert explain.sequential_note(windows) is None  # two workers
 
 
+LEVEL_MEAN = {"step_time_s": 0.0128, "forward_s": 0.004, "backward_s": 0.006, "comm_exposed_s": 0.001,
+              "optimizer_s": 0.001, "untimed_s": 0.0008}
+
+
+def level_summary(sps):
+    return {"samples_per_s": sps, "step_time_s": 0.0128, "steady_samples_per_s": [sps] * 10,
+            "steady_mean_s": LEVEL_MEAN}
+
+
 def test_a_finished_runs_summary_wins_over_its_events():
-    windows = {"a": _window("a", "dp", "succeeded", 1.0, 0.010, samples_per_s=5000.0, step_time_s=0.0128),
-               "b": _window("b", "ddp", "succeeded", 2.0, 0.008, samples_per_s=5000.0 * 1.01, step_time_s=0.0127)}
+    # the events say DDP 1.25x; the summaries (equal samples/s every step) say level
+    windows = {"a": _window("a", "dp", "succeeded", 1.0, 0.010, **level_summary(5000.0)),
+               "b": _window("b", "ddp", "succeeded", 2.0, 0.008, **level_summary(5000.0))}
     v, final = explain.pair_verdict(windows)
-    assert final and v.leader == "level"
+    assert final and v.leader == "level" and v.interval == (1.0, 1.0)
     assert not explain.verdict_text(v, final).startswith("So far")
+
+
+def test_a_summary_without_the_samples_takes_them_from_the_events():
+    # written before the summary carried `steady_samples_per_s`: the events' steps give them
+    windows = {"c": _window("c", "dp", "succeeded", 1.0, 0.010, samples_per_s=5000.0, step_time_s=0.0128),
+               "d": _window("d", "ddp", "succeeded", 2.0, 0.008, samples_per_s=5050.0, step_time_s=0.0127)}
+    v, final = explain.pair_verdict(windows)
+    assert final and v.leader == "ddp" and v.ratio == pytest.approx(1.25)
+
+
+def test_live_says_level_within_noise_on_a_level_pair(fake_client, app_test):
+    for rid, mode, t in (("dp1", "dp", 1.0), ("ddp1", "ddp", 2.0)):
+        fake_client.add_run(rid, {"mode": mode, "world_size": 2, "steps": 12}, status="succeeded", group="g1",
+                            summary=level_summary(5000.0), created_at=t, label=mode.upper())
+    at = app_test("views/live.py", runs="dp1,ddp1")
+    assert not at.exception
+    said = [i.value for i in at.info if "level on this machine, within noise" in i.value]
+    assert len(said) == 1 and "What would separate them: more steps" in said[0], [i.value for i in at.info]
 
 
 def test_the_newest_pair_is_judged_and_one_worker_is_said():

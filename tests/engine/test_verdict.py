@@ -1,70 +1,130 @@
-"""ddpviz.engine.verdict against hand-worked summaries: who leads, the gap's parts, and their sum."""
+"""ddpviz.engine.verdict against hand-worked summaries: who leads (the interval rule), the gap's
+parts (each measured once), what is not measured, and `ddpviz compare --json`'s `verdict`."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from ddpviz.engine.verdict import LEVEL_WITHIN, verdict
+from ddpviz.engine.summary import SummaryBuilder
+from ddpviz.engine.verdict import MIN_STEADY_STEPS, verdict
 
-# DP: step 10 ms; device 0 scatter 0.5 + gather 0.3 + loss 0.2 + reduce 1.0 ms, broadcast 0.8 ms;
-# device threads waited for the GIL 1.5 ms (cpu:0) and 0.5 ms (cpu:1): mean 1.0 ms.
-DP = {"samples_per_s": 6400.0, "step_time_s": 0.010, "comm_exposed_s": 0.0026,
-      "dp_phase_s": {"broadcast": 0.0008, "scatter": 0.0005, "gather": 0.0003, "loss": 0.0002,
-                     "reduce": 0.0010, "forward": 0.003, "backward": 0.004, "optimizer": 0.001},
-      "gil_wait_s": {"cpu:0": 0.0015, "cpu:1": 0.0005}, "gil_wait_share": {"cpu:0": 0.15, "cpu:1": 0.05}}
-# DDP: step 8 ms, 0.4 ms of all-reduce exposed, ranks waited 0.1 ms each for a lock.
-DDP = {"samples_per_s": 8000.0, "step_time_s": 0.008, "comm_exposed_s": 0.0004, "overlap": 0.75,
-       "gil_wait_s": {"cpu:0": 0.0001, "cpu:1": 0.0001}, "gil_wait_share": {"cpu:0": 0.0125, "cpu:1": 0.0125}}
+# DP, means over steady steps (ms): step 11.0 = forward 3.0 + backward 4.0 (the loss on device 0
+# included) + copies 2.6 (broadcast 0.8, scatter 0.5, gather 0.3, reduce 1.0) + optimizer 1.0
+# + untimed 0.4. Its device threads waited for the GIL 1.5 ms (cpu:0) and 0.5 ms (cpu:1).
+DP_MEAN = {"step_time_s": 0.011, "forward_s": 0.003, "backward_s": 0.004, "comm_exposed_s": 0.0026,
+           "optimizer_s": 0.001, "untimed_s": 0.0004}
+DP_PHASES = {"broadcast": 0.0008, "scatter": 0.0005, "gather": 0.0003, "reduce": 0.0010, "loss": 0.0002,
+             "forward": 0.003, "backward": 0.0038, "optimizer": 0.001}
+# DDP (ms): step 8.0 = forward 2.5 + backward 3.5 + exposed all-reduce 0.4 + optimizer 1.0 + untimed 0.6.
+DDP_MEAN = {"step_time_s": 0.008, "forward_s": 0.0025, "backward_s": 0.0035, "comm_exposed_s": 0.0004,
+            "optimizer_s": 0.001, "untimed_s": 0.0006}
 
 
-def test_ddp_ahead_with_the_gap_split_by_hand():
-    v = verdict(DP, DDP)
-    assert v.leader == "ddp" and v.ratio == pytest.approx(1.25)
-    assert v.gap_ms == pytest.approx(2.0)
-    # by hand: device0 = 0.5+0.3+0.2+1.0 = 2.0; rebuild 0.8; gil = 1.0 - 0.1 = 0.9; allreduce -0.4
-    assert v.parts_ms["device0"] == pytest.approx(2.0)
-    assert v.parts_ms["rebuild"] == pytest.approx(0.8)
-    assert v.parts_ms["gil"] == pytest.approx(0.9)
-    assert v.parts_ms["allreduce"] == pytest.approx(-0.4)
-    assert v.parts_ms["rest"] == pytest.approx(2.0 - 2.0 - 0.8 - 0.9 + 0.4)
-    assert sum(v.parts_ms.values()) == pytest.approx(v.gap_ms)
-    assert v.gil_share == {"dp": 0.15, "ddp": 0.0125}
+def summaries(dp_sps, ddp_sps, ddp_mean=DDP_MEAN):
+    dp = {"steady_samples_per_s": dp_sps, "steady_mean_s": DP_MEAN, "dp_phase_mean_s": DP_PHASES,
+          "gil_wait_s": {"cpu:0": 0.0015, "cpu:1": 0.0005}, "gil_wait_share": {"cpu:0": 0.15, "cpu:1": 0.05}}
+    ddp = {"steady_samples_per_s": ddp_sps, "steady_mean_s": ddp_mean, "overlap": 0.75,
+           "gil_wait_s": {"cpu:0": 0.0001, "cpu:1": 0.0001}, "gil_wait_share": {"cpu:0": 0.0125, "cpu:1": 0.0125}}
+    return dp, ddp
+
+
+def test_a_clear_ddp_win_and_the_gap_split_by_hand():
+    # every resample's median lies in [100, 110] for DP and [150, 160] for DDP, so the whole
+    # interval lies in [150/110, 160/100] = [1.364, 1.6]; the medians: 155 / 105
+    v = verdict(*summaries([100.0, 110.0] * 10, [150.0, 160.0] * 10))
+    assert v.leader == "ddp" and v.ratio == pytest.approx(155 / 105)
+    assert 150 / 110 <= v.interval[0] <= v.ratio <= v.interval[1] <= 160 / 100
+    assert v.steps == {"dp": 20, "ddp": 20}
+    # by hand: gap 11.0 - 8.0 = 3.0 ms; compute (3+4) - (2.5+3.5) = 1.0; rebuild 0.8; device 0
+    # 0.5+0.3+1.0 = 1.8; optimizer 0; all-reduce -0.4; not measured 0.4 - 0.6 = -0.2
+    assert v.gap_ms == pytest.approx(3.0)
+    assert v.parts_ms == pytest.approx({"compute": 1.0, "rebuild": 0.8, "device0": 1.8, "optimizer": 0.0,
+                                        "allreduce": -0.4})
+    assert v.not_measured_ms == pytest.approx(-0.2)
+    assert "gil" not in v.parts_ms and v.gil_wait_ms == pytest.approx({"dp": 1.0, "ddp": 0.1})
     text = v.text()
-    assert text.startswith("DDP is ahead: 1.25×")
-    assert "GIL 15% of the step, DDP's ranks 1%" in text and "overlapped 75%" in text
+    assert text.startswith("DDP is ahead: 1.48× DP's samples/s, 90% interval")
+    assert "not measured: -0.20 ms" in text and "rest" not in text
+    assert "Inside those parts, not added to them: DP's device threads waited for the GIL 1.00 ms" in text
 
 
-def test_dp_ahead_says_the_copies_are_at_ram_speed_here():
-    v = verdict({**DP, "samples_per_s": 9000.0, "step_time_s": 0.007}, DDP)
-    assert v.leader == "dp" and v.headline().startswith("DP is ahead here: 1.12×")
-    assert "DDP's step is 1.00 ms longer" in v.why() and "RAM speed" in v.why()
+def test_a_clear_dp_win():
+    v = verdict(*summaries([150.0, 160.0] * 10, [100.0, 110.0] * 10))
+    assert v.leader == "dp" and v.interval[1] <= 110 / 150 < 1
+    assert v.headline().startswith("DP is ahead here: 1.48× DDP's samples/s, 90% interval")
 
 
-def test_within_two_percent_is_level_either_way():
-    for dp_rate in (8000.0 / (LEVEL_WITHIN - 0.001), 8000.0 * (LEVEL_WITHIN - 0.001)):
-        assert verdict({**DP, "samples_per_s": dp_rate}, DDP).leader == "level"
-    assert verdict({**DP, "samples_per_s": 8000.0 / (LEVEL_WITHIN + 0.01)}, DDP).leader == "ddp"
+def test_a_level_pair_says_level_within_noise_and_what_would_separate_them():
+    v = verdict(*summaries([100.0] * 12, [100.0] * 12))
+    assert v.leader == "level" and v.ratio == 1.0 and v.interval == (1.0, 1.0)
+    assert "level on this machine, within noise" in v.headline()
+    assert "What would separate them: more steps" in v.headline()
 
 
-def test_no_verdict_without_both_figures():
-    assert verdict(DP, {**DDP, "samples_per_s": None}) is None
-    assert verdict(None, DDP) is None
-    assert verdict({**DP, "step_time_s": float("nan")}, DDP) is None
+def test_an_interval_that_straddles_1_is_level_by_hand():
+    # DP: 90 for five steps then 110 for five; block_for(10) = 2, so the blocks are
+    # [90,90] [90,90] [90,110] [110,110] [110,110], and a resample of 5 blocks has
+    # n90 = 2a + c nineties (a: all-90 blocks drawn, c: mixed ones). Its median is 90 when
+    # n90 >= 6: P = 0.410 (sum over the multinomial(5; 2/5, 1/5, 2/5)), 110 when n90 <= 4
+    # (0.410 by symmetry), else 100. Both tails hold more than 5%, so the 90% interval of
+    # DDP (always 100) / DP is exactly [100/110, 100/90], which holds 1: level.
+    v = verdict(*summaries([90.0] * 5 + [110.0] * 5, [100.0] * 10))
+    assert v.interval == pytest.approx((100 / 110, 100 / 90))
+    assert v.ratio == pytest.approx(1.0) and v.leader == "level"
 
 
-def test_unmeasured_parts_are_absent_not_zero():
-    v = verdict({"samples_per_s": 100.0, "step_time_s": 0.02}, {"samples_per_s": 150.0, "step_time_s": 0.013})
-    assert set(v.parts_ms) == {"rest"} and v.parts_ms["rest"] == pytest.approx(7.0)
-    assert "GIL" not in v.why()
+def test_exposed_comm_not_measured_is_named_never_zero():
+    no_comm = {**DDP_MEAN, "comm_exposed_s": None, "untimed_s": 0.0010}  # the 0.4 ms sit in untimed now
+    v = verdict(*summaries([100.0] * 8, [130.0] * 8, no_comm))
+    assert "allreduce" not in v.parts_ms
+    assert v.not_measured_ms == pytest.approx(0.4 - 1.0)
+    assert "exposed all-reduce, not measured on this run, is in it" in v.why()
 
 
-def test_the_compare_report_gives_the_same_verdict_as_the_summaries():
-    from ddpviz.engine.harness.compare import report_verdict
+def test_no_verdict_before_enough_steady_steps_or_without_figures():
+    few = [100.0] * (MIN_STEADY_STEPS - 1)
+    assert verdict(*summaries(few, [100.0] * 20)) is None
+    assert verdict(None, summaries([1.0] * 9, [1.0] * 9)[1]) is None
+    dp, ddp = summaries([100.0] * 9, [100.0] * 9)
+    assert verdict({**dp, "steady_mean_s": None}, ddp) is None
 
-    def entry(s):  # mode_report's shape: the split in a dict of its own
-        split = {k: s.get(k) for k in ("step_time_s", "comm_exposed_s")}
-        return {**{k: v for k, v in s.items() if k not in split}, "step_time_split": split}
 
-    v = report_verdict({"dp": entry(DP), "ddp": entry(DDP)})
-    assert v == verdict(DP, DDP)
-    assert report_verdict({"dp": entry(DP)}) is None
+def test_the_summary_gives_the_verdict_its_samples_and_means():
+    # 12 steps of 10 ms (forward 2, backward 3, comm 1, optimizer 2: 2 ms untimed); steps 0-2
+    # are warm-up, step 5 carries a memory trace: the steady steps are 3, 4, 6, 7, ..., 11
+    b = SummaryBuilder()
+    for k in range(12):
+        t = 0.010 if k != 6 else 0.020  # step 6 is 10 ms longer, all of it untimed
+        b.observe({"type": "step", "rank": 0, "step": k, "samples": 40, "step_time_s": t, "forward_s": 0.002,
+                   "backward_s": 0.003, "comm_exposed_s": 0.001, "optimizer_s": 0.002, "memory_traced": k == 5})
+    s = b.summary()
+    assert s["steady_samples_per_s"] == [4000.0, 4000.0, 2000.0] + [4000.0] * 5
+    assert s["steady_mean_s"]["step_time_s"] == pytest.approx((7 * 0.010 + 0.020) / 8)
+    assert s["steady_mean_s"]["untimed_s"] == pytest.approx((7 * 0.002 + 0.012) / 8)
+
+
+def test_compare_json_carries_the_verdict_end_to_end(tmp_path):
+    """A tiny real DP/DDP pair through `ddpviz compare --json`: the top-level `verdict` has its
+    fields, its ratio is the modes' own samples/s ratio, and its parts are the modes' own means."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "ddpviz.workers", "compare", "--modes", "dp,ddp", "--json",
+                          "--steps", "16", "--width", "8", "--depth", "1", "--step-delay-s", "0", "--no-probe",
+                          "--eval-every", "0"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    v = report["verdict"]
+    assert v["winner"] in ("dp", "ddp", "level") and len(v["interval"]) == 2
+    assert v["ratio"] == pytest.approx(report["ddp"]["samples_per_s"] / report["dp"]["samples_per_s"])
+    assert v["interval"][0] <= v["ratio"] <= v["interval"][1]
+    assert v["winner"] == ("ddp" if v["interval"][0] > 1 else "dp" if v["interval"][1] < 1 else "level")
+    a, b = report["dp"]["steady_mean_s"], report["ddp"]["steady_mean_s"]
+    assert v["parts_ms"]["compute"] == pytest.approx(
+        (a["forward_s"] + a["backward_s"] - b["forward_s"] - b["backward_s"]) * 1e3)
+    assert v["parts_ms"]["allreduce"] == pytest.approx(-b["comm_exposed_s"] * 1e3)
+    assert v["not_measured_ms"] == pytest.approx((a["untimed_s"] - b["untimed_s"]) * 1e3)
+    assert v["steps"] == {"dp": len(report["dp"]["steady_samples_per_s"]),
+                          "ddp": len(report["ddp"]["steady_samples_per_s"])}

@@ -30,8 +30,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     cfg = validate_config({**run_fields(args), "mode": "fsdp" if "fsdp" in modes else "ddp"})
     report = compare(cfg, modes=modes,
                      on_mode=lambda m: print(f"running {m} ...", file=sys.stderr, flush=True))
-    if args.json:
-        print(json.dumps(report, indent=2))
+    v = report_verdict(report)
+    if args.json:  # the verdict beside the modes: README, "Command line"
+        print(json.dumps({**report, "verdict": None if v is None else v.to_json()}, indent=2))
     else:
         for mode, r in report.items():
             sps, up = r["samples_per_s"], r["speedup_vs_single"]
@@ -45,7 +46,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
             if gil:  # engine.measure.gil: median share of the step each device's threads waited for the GIL
                 print("       waited for the GIL: " + ", ".join(
                     f"{dev} {'-' if v is None else f'{v:.0%}'}" for dev, v in gil.items()) + " of the step")
-    v = report_verdict(report)
     if v is not None:  # on stderr with --json, so stdout stays the report
         print(v.text(), file=sys.stderr if args.json else sys.stdout)
     return 0 if all(r["status"] == "succeeded" for r in report.values()) else 1
