@@ -108,3 +108,26 @@ def crossover(rep: Report) -> int | None:
         if ahead.loc[n:].all():
             return int(n)
     return None
+
+
+def crossover_text(rep: Report) -> str:
+    """The DP-vs-DDP sentence under the predictions, said only of what was modelled: when one mode
+    has no prediction (no measured run of it in the set to calibrate on), it says so and states
+    nothing about that mode."""
+    modes = set(prediction_frame(rep)["mode"])
+    missing = [m.upper() for m in ("dp", "ddp") if m not in modes]
+    if missing:
+        return (f"{' and '.join(missing)} not modelled (no measured {' or '.join(missing)} run in this "
+                f"run's set to calibrate on): nothing is predicted or said about {' or '.join(missing)} here.")
+    cross = crossover(rep)
+    return (f"Predicted: DDP's samples/s pulls ahead of DP's from n = {cross} on." if cross else
+            "Predicted: DDP does not pull ahead of DP at these world sizes.")
+
+
+def this_machine_means(backend: str | None = None) -> str:
+    """What "this machine" is: the link fitted to the chosen run's own all-reduces, in the words of
+    its backend (`run_started.backend`): gloo over loopback on a CPU host, NCCL between GPUs."""
+    link = {"gloo": "gloo over loopback on this host", "nccl": "NCCL between this host's GPUs"}.get(
+        backend or "", f"{backend} on this host" if backend else "the run's backend on this host")
+    return ("\"This machine\" is this host as measured: the link's α and β fitted to the run's own "
+            f"all-reduces ({link}: its buckets and its probe) and the compute its runs measured.")

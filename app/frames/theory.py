@@ -142,13 +142,18 @@ def _size(nbytes: float) -> str:
     return f"{nbytes / 2**20:g} MiB" if nbytes >= 2**20 else f"{nbytes / 1024:g} KiB"
 
 
+def peers(world_size: int) -> str:
+    """"the other rank" (2 ranks) or "the other ranks": the words for whom a rank waits."""
+    return "the other rank" if world_size == 2 else "the other ranks"
+
+
 def describe_fit(model: Event, world_size: int) -> str:
     """α and β of a fitted model in µs and GB/s, with the line they make (or why there is no β:
     time not growing with size means waiting and noise dominate, not bytes)."""
     if model["s_per_byte"] <= 0:
         return (f"time does not grow with size here (best line: flat at "
                 f"{model['latency_s'] * 1e3:.3f} ms), so no bandwidth can be read from it: "
-                "waiting for the other rank and noise dominate, not bytes")
+                f"waiting for {peers(world_size)} and noise dominate, not bytes")
     return (f"α = {model['alpha_s'] * 1e6:.1f} µs per hop (2(n−1) = {2 * (world_size - 1)} hops), "
             f"β = {model['beta_bytes_per_s'] / 1e9:.3f} GB/s — t(bytes) = "
             f"{model['latency_s'] * 1e3:.3f} ms + bytes × {model['s_per_byte'] * 1e9:.3f} ns/B")
@@ -189,21 +194,23 @@ def probe_note(probe: Event, world_size: int) -> str:
     return text
 
 
-def bucket_note(model: Event | None, counts: dict[str, int], world_size: int) -> str:
-    """How many in-run buckets fed the bucket fit and why the rest did not."""
+def bucket_note(model: Event | None, counts: dict[str, int], world_size: int, backend: str | None = "gloo") -> str:
+    """How many in-run buckets fed the bucket fit and why the rest did not (why two overlap: in
+    the words of the run's `backend`)."""
+    why = ("gloo runs up to two collectives at once per process group (ProcessGroupGloo's 2 worker "
+           "threads), so their times share the link" if backend == "gloo" else
+           "their times share the link")
     text = (f"**In-run buckets**: {counts['timed']} bucket all-reduces kept on this page; "
             f"{counts['warmup']} from step 0 left out (one big bucket before DDP's rebuild, "
             f"first-call set-up); {counts['overlapped']} overlapped another bucket's all-reduce on "
-            "the same rank and step — gloo runs up to two collectives at once per process group "
-            "(ProcessGroupGloo's 2 worker threads), so their times share the link and are not "
-            f"bandwidths — left out; {counts['used']} ran alone.")
+            f"the same rank and step — {why} and are not bandwidths — left out; {counts['used']} ran alone.")
     if model is None:
         return text + (" No ring model from them: they need at least two bucket sizes "
                        "(lower bucket_cap_mb, or a wider model).")
     return text + f" Ring model fitted to those {counts['used']}: {describe_fit(model, world_size)}."
 
 
-def ratio_note(summary: dict[str, Any]) -> str:
+def ratio_note(summary: dict[str, Any], world_size: int = 2) -> str:
     """The in-run ÷ probe busbw figure in words."""
     if summary["median_alone"] is None:
         return ("In-run busbw ÷ probe busbw: no bucket that ran alone lies within the probed sizes"
@@ -213,4 +220,24 @@ def ratio_note(summary: dict[str, Any]) -> str:
             f"alone")
     if summary["median_all"] is not None:
         text += f" ({summary['median_all']:.2f}× counting the overlapped ones too)"
-    return text + (". Below 1, a bucket waited for the other rank or shared the CPU with backward.")
+    return text + f". Below 1, a bucket waited for {peers(world_size)} or shared the CPU with backward."
+
+
+def link_note(backend: str | None, world_size: int, nnodes: int = 1) -> str:
+    """What "the link" that α and β describe is, for the run's `backend` (from its `run_started`),
+    `world_size` and hosts (`nnodes`). One rank: an all-reduce with no peer moves no bytes, so
+    there is no link and no bandwidth to speak of."""
+    if world_size <= 1:
+        return ("One rank: its all-reduce has no peer, so it moves no bytes and measures no link; "
+                "bandwidth and the ring model need two ranks or more.")
+    name = backend or "its backend"
+    if nnodes > 1:
+        return (f"The link is {name} across {nnodes} hosts, so α and β describe the network between "
+                "them (and each host's load), not one machine.")
+    if backend == "gloo":
+        return ("On one host gloo's \"link\" is loopback (TCP through the kernel), so α and β describe "
+                "that (and CPU caches and load), not a network.")
+    if backend == "nccl":
+        return ("On one host NCCL's link is the path it chose between these GPUs (NVLink, PCIe or "
+                "shared memory), so α and β describe that, not a network.")
+    return f"The link is {name} on one host: α and β describe that, not a network."

@@ -25,9 +25,6 @@ from ddpviz.workers.scaleout_text import out_of_sample_line
 
 CUSTOM = "custom"
 DEFAULT_LINK = "pcie4"  # the page opens on a GPU box's link; this machine's is one click away
-THIS_MACHINE_MEANS = ("\"This machine\" is this host as measured: the link's α and β fitted to the "
-                      "run's own all-reduces (gloo over loopback here: its buckets and its probe) "
-                      "and the compute its runs measured.")
 WORLD_SIZES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
 RUNS_SCANNED = 300
 
@@ -73,6 +70,15 @@ def no_dp_note(client, run_id: str) -> None:
                 icon=":material/info:")
 
 
+def run_backend(client, run_id: str) -> str | None:
+    """The run's backend, from its record's `run_started` or else the first events of its stream."""
+    started = (client.get_run(run_id) or {}).get("started") or {}
+    if not started:
+        events, _ = client.read_events(run_id, "0-0", 20)
+        started = next((e for e in events if e.get("type") == "run_started"), {})
+    return started.get("backend")
+
+
 def seed_from_url(key: str, param: str, allowed: list) -> None:
     """Start widget `key` at ``?param=value`` (e.g. ``?link=nvlink-h100&compute=h100``) once."""
     value = st.query_params.get(param)
@@ -94,7 +100,7 @@ def link_controls() -> dict:
         if choice != THIS_MACHINE:
             st.button("Use this machine's link", key="so_this_machine", icon=":material/computer:",
                       on_click=lambda: st.session_state.update(so_link=THIS_MACHINE),
-                      help=THIS_MACHINE_MEANS)
+                      help=fso.this_machine_means(st.session_state.get("so_backend")))
     if choice == CUSTOM:
         a, b, _ = st.columns([3, 3, 2])
         with a:
@@ -187,9 +193,7 @@ def body(client, run_id: str, kwargs: dict, world_sizes: list[int]) -> None:
             st.info("No DDP run in this set: the bucket timeline needs one.", icon=":material/info:")
     with right:
         st.altair_chart(cs.bytes_chart(fso.bytes_frame(rep)), key="so_bytes")
-        cross = fso.crossover(rep)
-        st.caption(f"Predicted: DDP's samples/s pulls ahead of DP's from n = {cross} on." if cross else
-                   "Predicted: DDP does not pull ahead of DP at these world sizes.")
+        st.caption(fso.crossover_text(rep))
     st.markdown("**Inputs and assumptions of this prediction**")
     st.markdown("\n".join(f"- {line}" for line in rep["assumptions"]))
 
@@ -216,7 +220,7 @@ def validation_table(rep: dict) -> None:
 st.title("Scale-out")
 st.caption("What would this run do on 8 GPUs, over PCIe or NVLink, or on 2 hosts? A prediction "
            "calibrated on the run you measured; below it, its error on the real runs that fed nothing "
-           "into the fit. " + THIS_MACHINE_MEANS)
+           "into the fit.")
 client = require_client()
 run_id = pick_run(client)
 if run_id is None:
@@ -225,6 +229,8 @@ if run_id is None:
     st.page_link("views/launch.py", label="Launch a run", icon=":material/rocket_launch:")
     st.stop()
 no_dp_note(client, run_id)
+st.session_state["so_backend"] = run_backend(client, run_id)
+st.caption(fso.this_machine_means(st.session_state["so_backend"]))
 kwargs = {**link_controls(), **compute_controls()}
 top = st.select_slider("largest world size", WORLD_SIZES, value=16, key="so_max_n")
 body(client, run_id, kwargs, [n for n in WORLD_SIZES if n <= top])

@@ -26,6 +26,10 @@ from ddpviz.app.window import TERMINAL
 
 def ddp_section(w, label: str) -> None:
     n = int(w.config.get("world_size") or 1)
+    backend = (w.started or {}).get("backend")
+    if n <= 1:  # nothing moves: no bandwidth, no ring model (a one-rank all-reduce is a no-op)
+        st.info(f"{label}: {ft.link_note(backend, n)}", icon=":material/info:")
+        return
     buckets = w.of_type("bucket")
     bk = ft.bucket_frame(buckets, n, min_step=1)  # step 0: one big bucket, first-call set-up
     probe = ft.latest_probe(w.of_type("allreduce_probe"))
@@ -46,11 +50,10 @@ def ddp_section(w, label: str) -> None:
                    "the probe existed): launch it with probe on to see the link measured alone.")
     else:
         st.caption("The all-reduce probe runs after the last training step.")
-    st.markdown(ft.bucket_note(model, counts, n))
+    st.markdown(ft.bucket_note(model, counts, n, backend))
     if probe:
-        st.markdown(ft.ratio_note(ft.ratio_summary(buckets, probe, n)))
-    st.caption("On one CPU host the \"link\" is loopback through gloo, so α and β describe that "
-               "(and CPU caches and load), not a network.")
+        st.markdown(ft.ratio_note(ft.ratio_summary(buckets, probe, n), n))
+    st.caption(ft.link_note(backend, n, int(w.config.get("nnodes") or 1)))
 
 
 def body(windows, labels) -> None:
