@@ -78,12 +78,12 @@ def test_embedded_redis_listens_on_loopback_and_persists_across_restart(tmp_path
 
 
 def test_the_prefix_applies_outside_the_repo_too(tmp_path):
-    """`workers/__init__.py` must run wherever ddpviz is started (a stale editable install once
+    """`ddpviz.workers` (workers/__init__.py) must run wherever ddpviz is started (a stale editable install once
     mapped `workers` as a namespace package outside the repo, and RQ used ``rq:``)."""
     import subprocess
     import sys
 
-    code = "import workers, rq.defaults; print(rq.defaults.RQ_KEY_PREFIX)"
+    code = "import ddpviz.workers, rq.defaults; print(rq.defaults.RQ_KEY_PREFIX)"
     env = {k: v for k, v in os.environ.items() if k not in ("RQ_KEY_PREFIX", "PYTHONPATH")}
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=60)
