@@ -22,9 +22,10 @@ running, so its CPU clock is current and no run-queue wait is pending (the kerne
 `run_delay` when it ends, `sched_info_arrive`). Read from another thread, a wait in progress is
 counted only once it ends, so such a span can over-count blocked time by one run-queue wait.
 
-Cost (measured on the 2-core development VM, loaded, CPython 3.11): one `ThreadClocks.read()`
-is ~4 µs (`perf_counter`, `thread_time_ns` ~1 µs, a `pread` of the kept schedstat file ~2 µs,
-parsing); a span is two readings. `ThreadClocks.cost_us()` measures it on the machine at hand.
+Cost: one `ThreadClocks.read()` is `perf_counter`, `thread_time_ns`, a `pread` of the schedstat
+file kept open, and parsing; a span is two readings. `ThreadClocks.cost_us()` measures it on the
+machine at hand, and `ddpviz bench` records it (figure 5's `gil_reading_us`: 2.5-2.7 µs in three
+tries on the 2-core development VM, loaded, CPython 3.11, 2026-12-04).
 
 Where `/proc/self/task/<tid>/schedstat` or the thread CPU clock is missing (not Linux, a kernel
 without CONFIG_SCHED_INFO), the fields are None and `source` says why; a blocked time is never
@@ -66,7 +67,7 @@ class ThreadClocks(NamedTuple):
 
     @classmethod
     def read(cls) -> "ThreadClocks":
-        """The calling thread's clocks (~4 µs; see the module docstring)."""
+        """The calling thread's clocks (its cost: see the module docstring)."""
         return _local_reader().read()
 
     @staticmethod
@@ -308,7 +309,7 @@ class MeteredBook:
     a key whose start and end were read on different threads gives a span with no figures.
 
     A replica's backward ends once per parameter (the book keeps the last); to bound the cost
-    (~4 µs a reading) an end re-reads the clocks only `END_READ_EVERY_S` after the key's previous
+    (a few µs a reading) an end re-reads the clocks only `END_READ_EVERY_S` after the key's previous
     reading, so the measured span may stop up to 0.2 ms before the book's end."""
 
     def __init__(self, book) -> None:
@@ -354,7 +355,7 @@ class MeteredMark(NamedTuple):
 class MeteredClock:
     """Wraps a step clock (`engine.measure.clocks.StepClock`): `mark()` also reads the calling
     thread's clocks, `seconds`/`settle` are the wrapped clock's, so a rank's phase marks give
-    both the phase's duration and its thread's lock wait (~4 µs per mark)."""
+    both the phase's duration and its thread's lock wait (one reading per mark)."""
 
     def __init__(self, clock) -> None:
         self.clock = clock

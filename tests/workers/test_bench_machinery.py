@@ -299,3 +299,19 @@ def test_redis_loss_figure_takes_turns_and_needs_every_step(monkeypatch, tmp_pat
     monkeypatch.setattr(L, "_turn", lambda *a: turn(*a, complete=a[0] is False))
     lost = L.measure_redis_loss(tmp_path, rounds=3)
     assert lost["ratio"] == 1.0 and lost["every_step_kept"] is False and lost["met"] is False
+
+
+def test_emit_cost_re_emits_each_recorded_event_with_its_own_fields():
+    """Figure 5's emit cost replays a run's events (type and fields as recorded) `repeats` times;
+    the mix and mean size are counted from them, by hand here."""
+    from ddpviz.engine.events import encode_json
+    from ddpviz.workers.bench.overhead import emit_cost
+
+    evs = [{"type": "step", "run_id": "r", "ts": 1.0, "rank": 1, "device": "cpu:1", "step": 0, "loss": 2.5},
+           {"type": "bucket", "run_id": "r", "ts": 1.0, "rank": 1, "device": "cpu:1", "nbytes": 4096},
+           {"type": "bucket", "run_id": "r", "ts": 1.0, "rank": 0, "device": "cpu:0", "nbytes": 8}]
+    got = emit_cost(evs, repeats=3)
+    assert got["events"] == 9 and got["mix"] == {"step": 1, "bucket": 2}
+    assert got["mean_bytes"] == round(sum(len(encode_json(e)) for e in evs) / 3)
+    assert 0 < got["loop_us_per_event"] <= got["with_write_us_per_event"]
+    assert got["source"].startswith("measured: a real 2-rank gloo DDP run's events")

@@ -165,7 +165,7 @@ def figure_4(app: dict[str, Any], first_chart: dict[str, Any] | None, first_char
 # -- figure 5 -----------------------------------------------------------------------------------
 
 def figure_5(memory: dict[str, Any], plan: Plan) -> dict[str, Any]:
-    from ddpviz.workers.bench.overhead import emit_cost_us, measure_overhead
+    from ddpviz.workers.bench.overhead import emit_cost, gil_reading_cost_us, measure_overhead, recorded_events
 
     rates = [m for m in memory.values() if m.get("min_per_s") is not None]
     slowest = min(rates, key=lambda m: m["min_per_s"]) if rates else {}
@@ -177,7 +177,7 @@ def figure_5(memory: dict[str, Any], plan: Plan) -> dict[str, Any]:
         overhead.append({**got, "config": {**got.get("config", {}), **cfg}, "target": target,
                          "met": None if ratio is None or target is None else ratio <= target})
     return {"memory_samples_per_s": {"min_per_s": slowest.get("min_per_s"), "by_mode": memory},
-            "overhead": overhead, "emit_us_per_event": emit_cost_us()}
+            "overhead": overhead, "emit": emit_cost(recorded_events()), "gil_reading_us": gil_reading_cost_us()}
 
 
 # -- figure 7 -----------------------------------------------------------------------------------
