@@ -211,3 +211,16 @@ def test_each_folder_is_small_and_its_init_docstring_maps_it(folder):
     doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
     unnamed = [m for m in modules + subfolders if not re.search(rf"\b{m}\b", doc)]
     assert unnamed == [], f"{folder.relative_to(ROOT)}/__init__.py does not map {unnamed}"
+
+
+def test_pyproject_installs_every_folder_under_the_one_import_name():
+    """Every package folder of app/, engine/, workers/ is listed in pyproject.toml as ddpviz.<folder>
+    (an unlisted folder would be missing from a wheel, e.g. the Docker image), and nothing else is."""
+    import tomllib
+
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setup["package-dir"] == {"ddpviz": "ddpviz", **{f"ddpviz.{p}": p for p in OURS}}
+    folders = {"ddpviz"} | {"ddpviz." + ".".join(d.relative_to(ROOT).parts)
+                            for p in OURS for d in [ROOT / p, *(ROOT / p).rglob("*")]
+                            if d.is_dir() and any(d.glob("*.py")) and "__pycache__" not in d.parts}
+    assert set(setup["packages"]) == folders
