@@ -33,18 +33,24 @@ def failure(spool: Path, exit_code: int) -> dict[str, Any]:
 
 
 def create_record(store: Any, run_id: str, cmd: list[str] | None, label: str | None,
-                  worker: str | None = None) -> None:
+                  worker: str | None = None, ran_at: float | None = None) -> None:
     """A started run record for an attached run, config ``{mode, attached, command}`` until rank
     0's `run_started` brings the rest. `worker`: the launcher's heartbeat name
     (`keys.attach_launcher`), by which a killed launcher's run is judged lost; None (`ddpviz
-    upload` of a spool) leaves nothing to judge by."""
+    upload` of a spool) leaves nothing to judge by. `ran_at` (unix s): when the run started, for
+    a run stored after it ran (`ddpviz upload`: the spool's `meta.json` `created_at`); its record's
+    created and started times are then that moment, not the upload's (issue 33)."""
     from ddpviz.workers import keys
     from ddpviz.workers.store import RunStatus
 
     store.create(run_id, {"mode": "ddp", "attached": True, "command": cmd}, label=label)
+    when = time.time() if ran_at is None else float(ran_at)
     store.transition(run_id, RunStatus.STARTED, allowed_from=[RunStatus.QUEUED],
-                     fields={"started_at": repr(time.time()), **({"worker": worker} if worker else {})},
+                     fields={"started_at": repr(when), **({"worker": worker} if worker else {})},
                      also=lambda pipe: pipe.sadd(keys.STARTED, run_id))
+    if ran_at is not None:  # the history lists runs by when they were made: when this one ran
+        store.redis.hset(keys.run(run_id), "created_at", repr(when))
+        store.redis.zadd(keys.RUNS, {run_id: when})
 
 
 def stream_summary(store: Any, run_id: str) -> dict[str, Any]:
@@ -83,10 +89,14 @@ def refresh_summary(store: Any, run_id: str) -> None:
 
 def record_ending(store: Any, run_id: str, ending: dict) -> bool:
     """Set the run's terminal status, error and summary (from its stream, with a `run_finished`
-    event), and its config's step count. True if this call ended it."""
+    event), and its config's step count; its end time is the ending's `ended_at` (unix s, when the
+    command ended) where it has one. True if this call ended it."""
     from ddpviz.workers import keys
     from ddpviz.workers.store import RunStatus
 
     summary = _store_steps(store, run_id, store.get(run_id) or {})
-    return store.finish(run_id, RunStatus(ending["status"]), error=ending["error"], summary=summary,
+    done = store.finish(run_id, RunStatus(ending["status"]), error=ending["error"], summary=summary,
                         append_event=True, allowed_from=[RunStatus.STARTED, RunStatus.QUEUED])
+    if done and ending.get("ended_at"):  # when the command ended (`ddpviz run`'s clock), not now
+        store.redis.hset(keys.run(run_id), "finished_at", repr(float(ending["ended_at"])))
+    return done

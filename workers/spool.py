@@ -9,7 +9,7 @@ Files in a spool folder:
 | ``events-rank{R}-pid{P}.jsonl`` | each instrumented process (`engine.attach.session`) | its events, one JSON per line |
 | ``meta.json`` | `ddpviz run` at start | ``{run_id, command, label, host, created_at}`` |
 | ``sent.json`` | the forwarder | bytes of each events file already stored in Redis, and whether `run_started` was |
-| ``ending.json`` | `ddpviz run` at the end | ``{status, error, exit_code}``, for `ddpviz upload` to record |
+| ``ending.json`` | `ddpviz run` at the end | ``{status, error, exit_code, ended_at}``, for `ddpviz upload` to record |
 | ``error.json`` | torchrun (TORCHELASTIC_ERROR_FILE) | the failing rank's exception |
 
 Nothing is lost while Redis is away: what is not yet stored stays in the files, and `sent.json`

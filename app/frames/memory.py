@@ -152,7 +152,9 @@ def memory_over_run_frame(bins: list[dict[str, Any]], run: str, origin_ts: float
     Args:
         bins: `app.step_history.ReadingHistory.rows()` (unix s, bytes).
         run: the run's label.
-        origin_ts: unix s of t = 0 (the run's start); default the first reading.
+        origin_ts: unix s of t = 0 (the run's start); default the first reading. A reading before
+            it (an attached run's rank 0 says `run_started` after its first step, when its timer
+            already ran) moves t = 0 back to that reading, so the axis starts at 0, never below.
 
     Returns:
         RUN_MEMORY_COLUMNS: t_s (seconds from `origin_ts` to the middle of the bin's readings),
@@ -162,7 +164,8 @@ def memory_over_run_frame(bins: list[dict[str, Any]], run: str, origin_ts: float
     if not bins:
         return pd.DataFrame(columns=RUN_MEMORY_COLUMNS)
     df = pd.DataFrame(bins)
-    origin = origin_ts if origin_ts is not None else float(df["first_ts"].min())
+    first = float(df["first_ts"].min())
+    origin = min(origin_ts, first) if origin_ts is not None else first
     out = pd.DataFrame({
         "run": run, "device": df["device"], "source": df["source"],
         "source_label": df["source"].map(lambda s: SOURCE_LABELS.get(s, s)),

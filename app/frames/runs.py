@@ -10,7 +10,7 @@ import pandas as pd
 from ddpviz.engine.stages import where_failed
 
 RUN_COLUMNS = ["run_id", "label", "mode", "model", "source", "world_size", "status", "samples_per_s",
-               "note", "created", "pinned"]
+               "val_accuracy", "wall_s", "note", "created", "pinned"]
 
 
 def no_throughput_reason(run: dict[str, Any]) -> str:
@@ -44,11 +44,24 @@ def run_source(run: dict[str, Any]) -> str:
     return " · ".join(p for p in ("attached", script, started.get("hostname") or "") if p)
 
 
+def wall_seconds(run: dict[str, Any]) -> float | None:
+    """A finished run's wall time in seconds: `finished_at` − `started_at` of its record (the
+    worker's, or `ddpviz run`'s, clock: start-up, training, evaluation and teardown). None while it
+    runs or when either time is missing (never a guess)."""
+    start, end = run.get("started_at"), run.get("finished_at")
+    if not start or not end or end < start:
+        return None
+    return float(end) - float(start)
+
+
 def runs_frame(runs: Iterable[dict[str, Any]]) -> pd.DataFrame:
     """The Runs table: one row per run (newest first), `samples_per_s` from its summary (NaN
     without one, and `note` says why: `no_throughput_reason`).
 
-    `created` is a timezone-naive local datetime built from `created_at` (unix seconds).
+    `created` is a timezone-naive local datetime built from `created_at` (unix seconds): when the
+    run was made (an uploaded attached run: when it ran, `workers.attached.create_record`).
+    `val_accuracy`: the summary's final validation accuracy (NaN without an evaluation, e.g. an
+    attached script's). `wall_s`: `wall_seconds`.
     """
     rows = []
     for r in runs:
@@ -58,6 +71,7 @@ def runs_frame(runs: Iterable[dict[str, Any]]) -> pd.DataFrame:
             "run_id": r["run_id"], "label": r.get("label") or "", "mode": cfg.get("mode"),
             "model": cfg.get("model"), "source": run_source(r), "world_size": cfg.get("world_size"),
             "status": r.get("status"), "samples_per_s": summary.get("samples_per_s"),
+            "val_accuracy": summary.get("val_accuracy"), "wall_s": wall_seconds(r),
             "note": no_throughput_reason(r),
             "created": pd.Timestamp.fromtimestamp(created) if created else pd.NaT,
             "pinned": bool(r.get("pinned"))})

@@ -47,6 +47,10 @@ def runs_table(df) -> list[str]:
             "world_size": st.column_config.NumberColumn("world size", format="%d"),
             "samples_per_s": st.column_config.NumberColumn("samples/s", format="%.0f",
                                                            help="median over steps after warm-up"),
+            "val_accuracy": st.column_config.NumberColumn("val accuracy", format="%.3f",
+                                                          help="final validation accuracy (blank: no evaluation)"),
+            "wall_s": st.column_config.NumberColumn("wall time (s)", format="%.1f",
+                                                    help="measured: the run's end minus its start, as recorded"),
             "note": st.column_config.TextColumn("note", help="why a run has no samples/s"),
             "source": st.column_config.TextColumn("source", help="launched by ddpviz, or attached: "
                                                   "a script run under `ddpviz run` (its file and host)"),

@@ -112,3 +112,11 @@ def test_memory_caption_holds_the_library_floor_apart():
     text = fm.peak_caption(fm.memory_peak_frame(events, "dp"))
     assert "3.00 MiB on cuda:0" in text and "library floor of 128 MiB" in text
     assert "max/min 3.00×" in text  # the training's 3 MiB / 1 MiB, not 131 / 65 = 2.02×
+
+
+def test_memory_over_the_run_starts_at_zero_for_an_attached_run():
+    # an attached run's rank 0 says run_started after its first step: its timer read memory before
+    bins = [dict(device="cpu:0", source="process", first_ts=100.0 + t, last_ts=100.0 + t, mean_bytes=1e8,
+                 lo_bytes=1e8, hi_bytes=1e8, readings=1, bin_s=0.5) for t in (-0.12, 0.4, 1.0)]
+    df = fm.memory_over_run_frame(bins, "run", origin_ts=100.0)
+    assert df["t_s"].min() == 0.0 and df["t_s"].max() == pytest.approx(1.12)

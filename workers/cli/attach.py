@@ -282,6 +282,7 @@ class Launch:
             ending = dict(status="succeeded", error=None, exit_code=0)
         else:
             ending = dict(status="failed", error=failure(self.spool, exit_code), exit_code=exit_code)
+        ending["ended_at"] = time.time()  # when the command ended: an upload records this, not its own time
         _write_json(self.spool / "ending.json", ending)
         # A Redis lost during the run gets one more try, not FINAL_SEND_S of them: everything is in
         # the spool, and the user's command had ended (bench figure 9: 5 s of retries made a
@@ -377,7 +378,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
         connect(url)  # raises RedisUnavailable, which names the URL
     run_id = meta["run_id"]
     if not store.exists(run_id):
-        create_record(store, run_id, meta.get("command"), meta.get("label"))
+        create_record(store, run_id, meta.get("command"), meta.get("label"), ran_at=meta.get("created_at"))
     fwd = SpoolForwarder(spool, run_id, store)
     if not fwd.pump(final=True):
         _say(f"could not store every event: {fwd.redis_error}")
