@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ddpviz.engine.attach.env import (RUN_ID_ENV, SOLO_ENV, SPOOL_ENV, STARTUP_DIR, child_environment,
-                               should_instrument)
+from ddpviz.engine.attach.env import (RANK_PID_ENV, RUN_ID_ENV, SOLO_ENV, SPOOL_ENV, STARTUP_DIR,
+                                      child_environment, process_role, should_instrument)
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = {RUN_ID_ENV: "abc", SPOOL_ENV: "/tmp/spool"}
@@ -25,10 +25,25 @@ def test_only_torchrun_workers_or_the_launchers_own_child_are_instrumented():
                                   "DDPVIZ_ATTACH_OFF": "1"})
 
 
-def test_the_startup_folder_goes_first_and_ddpviz_last_on_pythonpath(tmp_path):
-    env = child_environment({"PYTHONPATH": "/user/a:/user/b"}, "abc", tmp_path, "redis://x", REPO)
-    assert env["PYTHONPATH"].split(os.pathsep) == [str(STARTUP_DIR), "/user/a", "/user/b", str(REPO)]
+def test_a_ranks_descendants_are_dormant_and_any_other_process_waits_for_a_process_group():
+    worker = {**RUN, "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"}
+    assert process_role(worker) == "rank"
+    assert process_role({**worker, RANK_PID_ENV: "99"}) == "dormant"  # its DataLoader worker, its helper
+    assert process_role({**RUN, SOLO_ENV: "42"}, parent_pid=42) == "rank"
+    assert process_role({**RUN, SOLO_ENV: "42", RANK_PID_ENV: "43"}, parent_pid=43) == "dormant"  # Lightning's rank 1
+    assert process_role({**RUN}) == "dormant"  # torchrun's agent: becomes a rank only by init_process_group
+    assert process_role({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}) == "off"
+    assert process_role({**worker, "DDPVIZ_ATTACH_OFF": "1"}) == "off"
+
+
+def test_only_the_startup_folder_goes_on_pythonpath_and_no_secret_in_the_env(tmp_path):
+    base = {"PYTHONPATH": "/user/a:/user/b", "REDIS_URL": "redis://:pw@h:6379/0", RANK_PID_ENV: "7",
+            "DDPVIZ_ATTACH_URL": "redis://:pw@h:6379/0"}
+    env = child_environment(base, "abc", tmp_path)
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(STARTUP_DIR), "/user/a", "/user/b"]  # not the repository
     assert env[RUN_ID_ENV] == "abc" and env[SPOOL_ENV] == str(tmp_path)
+    assert RANK_PID_ENV not in env and "DDPVIZ_ATTACH_URL" not in env
+    assert not any("pw@" in v for k, v in env.items() if k.startswith("DDPVIZ"))
 
 
 def _python(code: str, pythonpath: list[str], **env: str) -> subprocess.CompletedProcess:
@@ -49,7 +64,7 @@ def test_the_users_own_sitecustomize_still_runs(tmp_path):
 
 def test_a_broken_instrumentation_says_one_line_and_the_program_runs(tmp_path):
     # a run's environment with a spool the hook cannot write into: install fails, the program runs
-    out = _python("print('program ran')", [str(STARTUP_DIR), str(REPO)], **{
+    out = _python("import torch; print('program ran')", [str(STARTUP_DIR), str(REPO)], **{
         RUN_ID_ENV: "abc", SPOOL_ENV: "/proc/forbidden", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "program ran"
@@ -64,11 +79,13 @@ model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
 ddp = nn.parallel.DistributedDataParallel(model)
 ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
 opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+torch.manual_seed(100 + dist.get_rank())  # each rank its own data: the average is not either rank's
 for _ in range(3):
     ddp(torch.randn(8, 16)).pow(2).mean().backward()
     opt.step()
     opt.zero_grad()
-torch.save([p.detach() for p in model.parameters()], sys.argv[1])
+torch.save([p.detach() for p in model.parameters()], sys.argv[1] + f".{dist.get_rank()}")
+dist.destroy_process_group()
 """
 
 
@@ -81,33 +98,47 @@ def _free_port() -> int:
 
 
 def test_a_builtin_comm_hook_runs_as_its_python_twin_with_the_same_result(tmp_path):
+    """At world size 2, each rank with its own data: DDP's C++ FP16_COMPRESS hook (plain) and the
+    Python twin ddpviz runs in its place (attached) must give bit-identical parameters on every
+    rank; a twin that divided by the world size twice, or not at all, or after the all-reduce in
+    fp16, would not (at world size 1, dividing by 1 hid all of these)."""
     import json
 
     import torch
 
+    from ddpviz.engine.components.ports import free_port
 
     script = tmp_path / "train.py"
     script.write_text(BUILTIN)
-    rank_env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
 
-    def run(out: str, pythonpath: list[str], **env: str):
+    def run(out: str, pythonpath: list[str], **env: str) -> None:
         e = {k: v for k, v in os.environ.items() if not k.startswith("DDPVIZ_ATTACH")}
-        e.update(rank_env)
-        e.update(env, MASTER_PORT=str(_free_port()), PYTHONPATH=os.pathsep.join(pythonpath))
-        return subprocess.run([sys.executable, str(script), str(tmp_path / out)], env=e,
-                              capture_output=True, text=True, timeout=300)
+        e.update(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2",
+                 PYTHONPATH=os.pathsep.join(pythonpath))
+        procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path / out)],
+                                  env={**e, "RANK": str(r), "LOCAL_RANK": str(r)},
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+        try:
+            outs = [p.communicate(timeout=300) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        for p, (_, err) in zip(procs, outs):
+            assert p.returncode == 0, err
 
-    plain = run("plain.pt", [str(REPO)])
-    assert plain.returncode == 0, plain.stderr
+    run("plain.pt", [str(REPO)])
     spool = tmp_path / "spool"
-    att = run("att.pt", [str(STARTUP_DIR), str(REPO)], **{RUN_ID_ENV: "r", SPOOL_ENV: str(spool)})
-    assert att.returncode == 0, att.stderr
-    a, b = torch.load(tmp_path / "att.pt"), torch.load(tmp_path / "plain.pt")
-    assert all(torch.equal(x, y) for x, y in zip(a, b))  # DDP's C++ fp16 hook and its Python twin agree
+    run("att.pt", [str(STARTUP_DIR), str(REPO)], **{RUN_ID_ENV: "r", SPOOL_ENV: str(spool)})
+    a0, a1, b0 = (torch.load(tmp_path / f) for f in ("att.pt.0", "att.pt.1", "plain.pt.0"))
+    assert all(torch.equal(x, y) for x, y in zip(a0, a1))  # the ranks agree with each other
+    assert all(torch.equal(x, y) for x, y in zip(a0, b0))  # DDP's C++ fp16 hook and its Python twin agree
     events = [json.loads(line) for f in spool.glob("events-*.jsonl") for line in f.read_text().splitlines()]
     buckets = [e for e in events if e["type"] == "bucket"]
-    assert len([e for e in events if e["type"] == "step"]) == 3
-    assert buckets and all(e["nbytes"] * 2 == e["bucket_nbytes"] for e in buckets)  # fp16 on the wire
+    steps = sorted((e["rank"], e["step"]) for e in events if e["type"] == "step")
+    assert steps == [(r, s) for r in (0, 1) for s in range(3)]
+    assert {e["rank"] for e in buckets} == {0, 1}
+    assert all(e["nbytes"] * 2 == e["bucket_nbytes"] for e in buckets)  # fp16 on the wire
 
 
 NO_DDP = """
