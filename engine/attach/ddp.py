@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddpviz.engine.attach.comm import HookState, tap_all_reduce, timed_comm_hook
+from ddpviz.engine.attach.overrides import apply_tune
 from ddpviz.engine.attach.session import DeferredMarks, Session
 from ddpviz.engine.measure.clocks import CudaClock, HostClock
 from ddpviz.engine.measure.telemetry import wall_ts
@@ -303,6 +304,7 @@ def patch_ddp(session: Session, tracker: Any) -> None:
     DDP.__init__ = __init__
     DDP.register_comm_hook = register_comm_hook
     DDP._register_builtin_comm_hook = _register_builtin_comm_hook
+    apply_tune(session, tracker)  # `ddpviz tune`'s trial settings (engine.attach.overrides), if any
 
 
 def _python_twin(comm_hook_type: Any):
