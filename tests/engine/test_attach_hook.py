@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ddpviz.engine.attach.env import (RUN_ID_ENV, SOLO_ENV, SPOOL_ENV, STARTUP_DIR, child_environment,
-                               should_instrument)
+from ddpviz.engine.attach.env import (RANK_PID_ENV, RUN_ID_ENV, SOLO_ENV, SPOOL_ENV, STARTUP_DIR,
+                                      child_environment, process_role, should_instrument)
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = {RUN_ID_ENV: "abc", SPOOL_ENV: "/tmp/spool"}
@@ -25,10 +25,25 @@ def test_only_torchrun_workers_or_the_launchers_own_child_are_instrumented():
                                   "DDPVIZ_ATTACH_OFF": "1"})
 
 
-def test_the_startup_folder_goes_first_and_ddpviz_last_on_pythonpath(tmp_path):
-    env = child_environment({"PYTHONPATH": "/user/a:/user/b"}, "abc", tmp_path, "redis://x", REPO)
-    assert env["PYTHONPATH"].split(os.pathsep) == [str(STARTUP_DIR), "/user/a", "/user/b", str(REPO)]
+def test_a_ranks_descendants_are_dormant_and_any_other_process_waits_for_a_process_group():
+    worker = {**RUN, "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"}
+    assert process_role(worker) == "rank"
+    assert process_role({**worker, RANK_PID_ENV: "99"}) == "dormant"  # its DataLoader worker, its helper
+    assert process_role({**RUN, SOLO_ENV: "42"}, parent_pid=42) == "rank"
+    assert process_role({**RUN, SOLO_ENV: "42", RANK_PID_ENV: "43"}, parent_pid=43) == "dormant"  # Lightning's rank 1
+    assert process_role({**RUN}) == "dormant"  # torchrun's agent: becomes a rank only by init_process_group
+    assert process_role({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}) == "off"
+    assert process_role({**worker, "DDPVIZ_ATTACH_OFF": "1"}) == "off"
+
+
+def test_only_the_startup_folder_goes_on_pythonpath_and_no_secret_in_the_env(tmp_path):
+    base = {"PYTHONPATH": "/user/a:/user/b", "REDIS_URL": "redis://:pw@h:6379/0", RANK_PID_ENV: "7",
+            "DDPVIZ_ATTACH_URL": "redis://:pw@h:6379/0"}
+    env = child_environment(base, "abc", tmp_path)
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(STARTUP_DIR), "/user/a", "/user/b"]  # not the repository
     assert env[RUN_ID_ENV] == "abc" and env[SPOOL_ENV] == str(tmp_path)
+    assert RANK_PID_ENV not in env and "DDPVIZ_ATTACH_URL" not in env
+    assert not any("pw@" in v for k, v in env.items() if k.startswith("DDPVIZ"))
 
 
 def _python(code: str, pythonpath: list[str], **env: str) -> subprocess.CompletedProcess:
@@ -49,7 +64,7 @@ def test_the_users_own_sitecustomize_still_runs(tmp_path):
 
 def test_a_broken_instrumentation_says_one_line_and_the_program_runs(tmp_path):
     # a run's environment with a spool the hook cannot write into: install fails, the program runs
-    out = _python("print('program ran')", [str(STARTUP_DIR), str(REPO)], **{
+    out = _python("import torch; print('program ran')", [str(STARTUP_DIR), str(REPO)], **{
         RUN_ID_ENV: "abc", SPOOL_ENV: "/proc/forbidden", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "program ran"
