@@ -10,15 +10,17 @@ Three variables, all optional; without them this module changes nothing:
   after it is built (through the attach's own `register_comm_hook`, so buckets stay timed).
   These change the numbers (compression), which is why tune only tries them when asked.
 - `STOP_AFTER_ENV` (int N >= 1): after the step event of the N-th optimizer step (step index
-  N-1, `engine.attach.steps`), every rank writes a `tune_stop` event, waits at a barrier of the
+  N-1, `engine.attach.steps`), every rank writes its "stop" record (below), waits at a barrier of the
   default process group (every rank stops at the same point of the script), flushes its event
   file and ends with `os._exit(0)`: no code of the script runs after that step (no checkpoint,
   no report, no `destroy_process_group`), and torchrun sees every worker exit 0.
 
-Each DDP built also gets a `tune_ddp` event: the arguments applied, the effective
+Their records are `log` events (level "info") with a `tune` field: "ddp" for each DDP built
+(the arguments applied, the effective
 `bucket_bytes_cap`, whether the module has buffers (`has_buffers`: `broadcast_buffers` matters
 only then), and the bytes of each parameter that requires grad in `module.parameters()` order
-(`param_nbytes`), from which `engine.tune` works out the bucket layout of another cap.
+(`param_nbytes`), from which `engine.tune` works out the bucket layout of another cap); "stop"
+when a rank ends its trial (`step`, `how`).
 """
 
 from __future__ import annotations
@@ -93,7 +95,8 @@ def _hook(name: str, process_group: Any):
 
 def _tune_ddp_event(session: Any, ddp: Any, applied: dict[str, Any], hook: str | None) -> None:
     module = ddp.module
-    session.emit("tune_ddp", ddp_kwargs=applied, comm_hook=hook, bucket_bytes_cap=int(ddp.bucket_bytes_cap),
+    session.emit("log", level="info", message=f"ddpviz tune: DDP built with {applied or 'its own arguments'}"
+                 + (f" and the {hook} comm hook" if hook else ""), tune="ddp", ddp_kwargs=applied, comm_hook=hook, bucket_bytes_cap=int(ddp.bucket_bytes_cap),
                  has_buffers=any(True for _ in module.buffers()),
                  param_nbytes=[p.numel() * p.element_size() for p in module.parameters() if p.requires_grad],
                  source="measured: the DDP the script built, after tune's arguments")
@@ -138,7 +141,8 @@ def stop_at_step(session: Any, tracker: Any, n: int) -> None:
 def _stop(session: Any, tracker: Any, step: int) -> None:
     import torch.distributed as dist
 
-    session.emit("tune_stop", step=step, how=STOP_HOW)
+    session.guard("tune", session.emit, "log", level="info", message=f"ddpviz tune: trial ended after step {step}",
+                  tune="stop", step=step, how=STOP_HOW)
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
     session.guard("steps", tracker.close)
