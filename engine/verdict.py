@@ -64,8 +64,9 @@ PART_NAMES = {
     "allreduce": "DDP's all-reduce left exposed after backward",
 }
 SEPARATE = ("What would separate them: more steps (a longer run narrows the interval), a quieter "
-            "machine, or a bigger model (a wider MLP or CNN), where DP's per-step broadcast and reduce "
-            "through device 0 grow with the parameters while DDP's ring all-reduce splits them.")
+            "machine (the two runs take turns on the same cores, and other work there moves each run's "
+            "speed), or GPUs, where DP's broadcast and reduce through device 0 cross PCIe or NVLink while "
+            "DDP's ring all-reduce splits the bytes between the links.")
 SOURCE = ("measured: ratio of the median samples/s over each run's steady steps; 90% interval from a "
           "block bootstrap of the per-step samples/s (engine.verdict); parts: means over steady steps")
 
