@@ -12,6 +12,12 @@ Files in a spool folder:
 | ``ending.json`` | `ddpviz run` at the end | ``{status, error, exit_code, ended_at}``, for `ddpviz upload` to record |
 | ``error.json`` | torchrun (TORCHELASTIC_ERROR_FILE) | the failing rank's exception |
 
+Private by default: the folders are 0700 and the files 0600 (the command line may carry tokens);
+the default folder is ``.ddpviz/spool/RUN_ID`` (``.ddpviz/`` holds a ``.gitignore`` of ``*``), or,
+where the working directory cannot be written, the same under a per-user temporary folder
+(`make_spool`). `ddpviz run` removes the run's folder once every event reached Redis
+(`remove_spool`) and keeps it, saying where, when not.
+
 Nothing is lost while Redis is away: what is not yet stored stays in the files, and `sent.json`
 says where each file's unsent part begins. A chunk is stored whole or not at all
 (`workers.sink.RedisStreamWriter`); a chunk whose reply was lost may be stored twice.
@@ -21,8 +27,9 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import redis
 
@@ -36,9 +43,67 @@ HOLD_FOR_STARTED_S = 60.0  # events wait this long for rank 0's run_started, so 
 
 
 def _write_json(path: Path, obj: Any) -> None:
+    """`obj` as JSON into `path` (0600), replaced whole."""
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj))
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+        fh.write(json.dumps(obj))
     os.replace(tmp, path)
+
+
+def _private_dir(path: Path) -> Path:
+    """`path` created (with its parents) and set 0700; one that exists must be this user's.
+
+    Raises:
+        OSError: it cannot be created or set, or another user owns it.
+    """
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_uid != os.getuid():
+        raise PermissionError(f"{path} belongs to another user")
+    os.chmod(path, 0o700)
+    return path
+
+
+def user_temp_root() -> Path:
+    """The per-user folder under the system's temporary folder: ``$TMPDIR/ddpviz-UID``."""
+    return Path(tempfile.gettempdir()) / f"ddpviz-{os.getuid()}"
+
+
+def make_spool(given: str | None, name: str, say: Callable[[str], None]) -> Path:
+    """The run's spool folder, created 0700: `given` (``--spool``), else ``.ddpviz/spool/NAME`` in
+    the working directory (``.ddpviz/.gitignore`` written with ``*``: git ignores the folder),
+    else, where that cannot be written, ``user_temp_root()/spool/NAME`` (`say` tells where).
+
+    Raises:
+        OSError: no folder could be made.
+    """
+    if given:
+        return _private_dir(Path(given).resolve())
+    local = Path.cwd() / ".ddpviz"
+    try:
+        _private_dir(local)
+        ignore = local / ".gitignore"
+        if not ignore.exists():
+            ignore.write_text("*\n")
+        return _private_dir(local / "spool" / name)
+    except OSError as exc:
+        spool = _private_dir(user_temp_root() / "spool" / name)
+        say(f"cannot write {local} ({exc.strerror or exc}); the run's spool is {spool}")
+        return spool
+
+
+def remove_spool(spool: Path) -> None:
+    """Remove the files of a spool folder (events, meta, sent, ending, error; nothing else), then
+    the folder if that left it empty."""
+    for pattern in ("events-*.jsonl", "meta.json", "sent.json", "ending.json", "error.json", "*.tmp"):
+        for path in spool.glob(pattern):
+            try:
+                path.unlink()
+            except OSError:
+                pass
+    try:
+        spool.rmdir()
+    except OSError:
+        pass
 
 
 def read_json(path: Path) -> Any:

@@ -7,6 +7,7 @@ patches what the script will build, when it builds it, and emits the same events
 does (docs/events.md) into this process's spool file, which the launcher forwards to Redis.
 
     env       the variables the launcher sets and the hook reads; who is instrumented (no torch)
+    claim     how a process becomes an instrumented rank: at torch's import, or at init_process_group
     startup/  sitecustomize.py: the start-up hook (a sys.path folder, not a package)
     session   one instrumented process: identity from torchrun's env, its event file, the fail-open guard
     ddp       each DistributedDataParallel: the comm hook (wrapping the script's), forward, no_sync
@@ -108,9 +109,11 @@ def _install(env):
                 s.guard("steps", tracker.backward_end, m)
 
     torch.Tensor.backward = tensor_backward
+    _patch_autograd_backward(s, tracker)
+    _patch_grad_scaler(s, tracker)
     register_optimizer_step_pre_hook(lambda opt, a, k: s.guard("steps", tracker.optimizer_start, opt))
     register_optimizer_step_post_hook(lambda opt, a, k: s.guard("steps", tracker.optimizer_end, opt))
-    install_excepthook(s.rank)
+    install_excepthook(lambda: s.rank)
     probe = None
     if (os.environ if env is None else env).get(PROBE_ENV) == "1":
         probe = ProbeAtEnd(s, tracker)
@@ -126,3 +129,46 @@ def _install(env):
 
     atexit.register(at_exit)
     return s
+
+
+def _patch_autograd_backward(s, tracker) -> None:
+    """`torch.autograd.backward(tensors, ...)` is a backward too (`Tensor.backward` calls it: the
+    tracker counts the pair once)."""
+    import functools
+
+    import torch
+
+    backward = torch.autograd.backward
+
+    @functools.wraps(backward)
+    def autograd_backward(tensors, *args, **kwargs):
+        m = s.guard("steps", tracker.backward_start, tensors)
+        try:
+            return backward(tensors, *args, **kwargs)
+        finally:
+            if m is not None:
+                s.guard("steps", tracker.backward_end, m)
+
+    torch.autograd.backward = autograd_backward
+
+
+def _patch_grad_scaler(s, tracker) -> None:
+    """`GradScaler.scale(loss)`: the tracker records `loss`, not the scaled tensor backward() gets
+    (`torch.amp.GradScaler`, which `torch.cuda.amp.GradScaler` subclasses)."""
+    import functools
+
+    import torch
+
+    cls = getattr(getattr(torch.amp, "grad_scaler", None), "GradScaler", None)
+    if cls is None:
+        return
+    scale = cls.scale
+
+    @functools.wraps(scale)
+    def scale_and_note(self, outputs, *args, **kwargs):
+        out = scale(self, outputs, *args, **kwargs)
+        if isinstance(outputs, torch.Tensor) and isinstance(out, torch.Tensor) and out is not outputs:
+            s.guard("steps", tracker.note_scaled, out, outputs)
+        return out
+
+    cls.scale = scale_and_note

@@ -6,6 +6,10 @@ main is decorated with `@record` writes its uncaught exception there, and torchr
 (torch/distributed/elastic/multiprocessing/errors). A user's script is rarely decorated, so
 `install_excepthook` writes the same file from `sys.excepthook`, in the same JSON shape
 (`ErrorHandler.record_exception`), with the rank added under ``extraInfo``; `ddpviz run` reads it.
+
+Only the ranks install the hook (`engine.attach.claim`: no helper or DataLoader worker), and an
+exception raised in ddpviz's own code (its innermost frame in the `ddpviz` package) is never
+written there: torchrun's error file names the script's failure, not ours.
 """
 
 from __future__ import annotations
@@ -15,6 +19,10 @@ import os
 import sys
 import time
 import traceback
+from pathlib import Path
+from typing import Callable
+
+_OURS = Path(__file__).resolve().parents[1]  # the folder installed as ddpviz.engine
 
 
 def error_payload(exc: BaseException, rank: int) -> dict:
@@ -24,17 +32,32 @@ def error_payload(exc: BaseException, rank: int) -> dict:
                                       "timestamp": str(int(time.time())), "rank": rank}}}
 
 
-def install_excepthook(rank: int) -> None:
+def raised_in_ddpviz(tb) -> bool:
+    """Whether the innermost frame of traceback `tb` is in ddpviz's own code (`ddpviz.engine`)."""
+    last = None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    if last is None:
+        return False
+    try:
+        return Path(last.tb_frame.f_code.co_filename).resolve().is_relative_to(_OURS)
+    except (OSError, ValueError):
+        return False
+
+
+def install_excepthook(rank: int | Callable[[], int]) -> None:
     """Write an uncaught exception to this worker's `TORCHELASTIC_ERROR_FILE` (unless something,
-    e.g. `@record`, wrote one already), then call the previous hook."""
+    e.g. `@record`, wrote one already, or the exception is ddpviz's own: `raised_in_ddpviz`),
+    then call the previous hook. `rank`: the rank, or a callable giving it when the hook runs."""
     previous = sys.excepthook
 
     def hook(exc_type, exc, tb):
         try:
             path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-            if path and not os.path.exists(path) and isinstance(exc, Exception):
+            if path and not os.path.exists(path) and isinstance(exc, Exception) and not raised_in_ddpviz(tb):
+                r = rank() if callable(rank) else rank
                 with open(path, "w") as fh:
-                    json.dump(error_payload(exc.with_traceback(tb), rank), fh)
+                    json.dump(error_payload(exc.with_traceback(tb), r), fh)
         except Exception:
             pass
         previous(exc_type, exc, tb)

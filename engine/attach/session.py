@@ -7,8 +7,13 @@ training process itself never touches the network, so a slow or lost Redis canno
 it (the issue's fail-open rule).
 
 Identity comes from torchrun's environment (torch.distributed.elastic sets RANK, LOCAL_RANK,
-WORLD_SIZE, LOCAL_WORLD_SIZE and GROUP_RANK, the node's index, for each worker); a process the
-launcher started directly (``ddpviz run -- python train.py``) is rank 0 of 1.
+WORLD_SIZE, LOCAL_WORLD_SIZE and GROUP_RANK, the node's index, for each worker); without RANK
+(Lightning's rank 0, a `torch.multiprocessing.spawn` worker) from the default process group once it
+is initialised, else rank 0 of 1.
+
+The event file is created at the first event (`_LazySink`): a process that is instrumented but
+never trains (`accelerate launch` itself, the parent of `torch.multiprocessing.spawn`) writes
+nothing, and the launcher can tell a run in which no process trained. Spool files are 0600.
 """
 
 from __future__ import annotations
@@ -41,15 +46,18 @@ class Session:
         env = dict(os.environ if env is None else env)
         self.run_id = env[RUN_ID_ENV]
         self.spool = Path(env[SPOOL_ENV])
-        self.rank = int(env.get("RANK", 0))
+        self.spool.mkdir(mode=0o700, parents=True, exist_ok=True)  # raises OSError: the caller fails open
+        if not os.access(self.spool, os.W_OK | os.X_OK):
+            raise PermissionError(f"cannot write into the spool folder {self.spool}")
+        self._from_env = bool(env.get("RANK"))  # else from the process group, once there is one
+        self._rank = int(env.get("RANK", 0))
         self.local_rank = int(env.get("LOCAL_RANK", 0))
-        self.world_size = int(env.get("WORLD_SIZE", 1))
-        self.local_world_size = int(env.get("LOCAL_WORLD_SIZE", self.world_size))
-        self.node = int(env.get("GROUP_RANK", 0))
+        self._world_size = int(env.get("WORLD_SIZE", 1))
+        self._local_world_size = int(env["LOCAL_WORLD_SIZE"]) if env.get("LOCAL_WORLD_SIZE") else None
+        self.node = int(env.get("GROUP_RANK", env.get("NODE_RANK", 0)))
         self.hostname = socket.gethostname()
-        self.sink = sink if sink is not None else rank_sink(
-            self.spool / f"events-rank{self.rank}-pid{os.getpid()}.jsonl", flush_interval_s=PUMP_INTERVAL_S)
-        self.tel = Telemetry(self.sink, self.run_id, rank=self.rank, device=f"cpu:{self.rank}",
+        self.sink = sink if sink is not None else _LazySink(self._open_sink)
+        self.tel = Telemetry(self.sink, self.run_id, rank=self._rank, device=f"cpu:{self._rank}",
                              host=self.hostname)
         self.tracker = self.started = self.memory = None  # set by engine.attach.install
         self.label: str | None = None  # the run's name from ddpviz.watch(name=...), in run_started
@@ -57,11 +65,45 @@ class Session:
         self._noted: set[str] = set()
         self._lock = threading.Lock()
 
+    def _identity(self) -> None:
+        """Take rank and world size from the default process group, once: a process without
+        torchrun's RANK whose group is up."""
+        if self._from_env:
+            return
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            self._rank, self._world_size = dist.get_rank(), dist.get_world_size()
+            self._from_env = True
+            self.tel.rank = self._rank
+            if self.tel.device == "cpu:0":
+                self.tel.device = f"cpu:{self._rank}"
+
+    @property
+    def rank(self) -> int:
+        self._identity()
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        self._identity()
+        return self._world_size
+
+    @property
+    def local_world_size(self) -> int:
+        return self._local_world_size or self.world_size
+
+    def _open_sink(self):
+        """This process's event file, created 0600 (it may name the script's arguments)."""
+        path = self.spool / f"events-rank{self.rank}-pid{os.getpid()}.jsonl"
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+        return rank_sink(path, flush_interval_s=PUMP_INTERVAL_S)
+
     def set_device(self, kind: str, index: int | None) -> None:
         """Name this rank's device in its events: ``cuda:I`` (the GPU it trains on) or ``cpu:RANK``."""
         self.tel.device = f"cuda:{index or 0}" if kind == "cuda" else f"cpu:{self.rank}"
 
     def emit(self, type_: str, **fields: Any) -> None:
+        self._identity()
         self.tel.emit(type_, **fields)
 
     def guard(self, part: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -108,6 +150,26 @@ class Session:
             self.sink.close()
         except Exception:
             pass
+
+
+class _LazySink:
+    """A sink that opens the real one (`open_sink()`) at its first event."""
+
+    def __init__(self, open_sink: Callable[[], Any]):
+        self._open, self._sink = open_sink, None
+
+    def emit(self, event: dict) -> None:
+        if self._sink is None:
+            self._sink = self._open()
+        self._sink.emit(event)
+
+    def flush(self) -> None:
+        if self._sink is not None and hasattr(self._sink, "flush"):
+            self._sink.flush()
+
+    def close(self) -> None:
+        if self._sink is not None:
+            self._sink.close()
 
 
 class DeferredMarks:

@@ -24,16 +24,26 @@ Its events (docs/events.md, "attached runs"):
   `backward()` was called on (on CUDA read once it reached the host, `LossReading`: the step's
   event may then be written a step later); `samples` = the batch dimension of the first tensor the wrapped
   module received, Σ over micro-steps, × world_size (`samples_source` says so);
+  `loss_source` says which tensors: under a `GradScaler` the loss given to `scaler.scale` (the
+  unscaled one), not the scaled tensor `backward()` got (`note_scaled`);
   `micro_steps`, `no_sync_micro_steps` (backwards whose forward ran under `no_sync()` /
   `require_backward_grad_sync = False`: DDP all-reduced nothing in them); in a process without a
   DDP every `backward()` is a micro-step and forward time and samples are not seen (0);
 - `bucket` (the synced backward's buckets) and `comm_volume`, as a launched DDP rank emits them.
+
+Backwards are `Tensor.backward` and `torch.autograd.backward` (the one inside the other counted
+once). A forward run without autograd (`torch.no_grad()`, `torch.inference_mode()`) or with the
+module in `eval()` is no training forward: it adds no samples, no forward time, and no backward
+waits for it (an evaluation pass through the DDP module).
 
 Every hook runs under the session's guard (`engine.attach.session.Session.guard`).
 """
 
 from __future__ import annotations
 
+import threading
+import time
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -44,6 +54,11 @@ from ddpviz.engine.measure.telemetry import now, step_fields
 SAMPLES_SOURCE = "batch dimension of the first tensor the DDP module received, summed over micro-steps, x world_size"
 EXPLICIT_SAMPLES_SOURCE = "ddpviz.step(samples=...) of this rank, x world_size"
 STEP_SOURCES = {False: "optimizer", True: "explicit"}  # by StepTracker.explicit
+LOSS_SOURCE = "sum of the scalar tensors backward() was called on"
+SCALED_LOSS_SOURCE = ("sum of the losses given to GradScaler.scale (unscaled; backward() got them "
+                      "multiplied by the scaler's scale)")
+EXPLICIT_LOSS_SOURCE = "ddpviz.step(loss=...)"
+LOSS_WAIT_S = 30.0  # at exit, how long a step's loss may take to reach the host (polled, never synchronize)
 
 
 def batch_samples(args: tuple, kwargs: dict) -> int:
@@ -61,30 +76,52 @@ def batch_samples(args: tuple, kwargs: dict) -> int:
     return 0
 
 
+class CudaOps:
+    """The device calls `LossReading` makes on CUDA (a stand-in with the same methods runs its
+    device path on CPU in tests: `tests/engine/test_attach_loss_reading.py`)."""
+
+    @staticmethod
+    def is_device(t: torch.Tensor) -> bool:
+        return t.device.type == "cuda"
+
+    @staticmethod
+    def on(device: torch.device) -> Any:
+        return torch.cuda.device(device)
+
+    @staticmethod
+    def pinned_empty(shape: torch.Size) -> torch.Tensor:
+        return torch.empty(shape, dtype=torch.float64, pin_memory=True)
+
+    @staticmethod
+    def event() -> Any:
+        return torch.cuda.Event()
+
+
 class LossReading:
     """A step's loss on its way to the host, read without stalling the GPU.
 
     `values`: the scalar tensors backward() was called on (or the one given to `explicit_step`),
     or floats. The loss is their sum, in float64 on the host. CPU tensors and floats are read at
-    once. CUDA tensors are not: `float()` (as `.item()`) would synchronise the script's stream on
-    every step; instead they are copied, in float64, into pinned host memory by an asynchronous
-    copy queued behind the step's work, and read once a CUDA event after the copy has completed
-    (`ready`, `Event.query()`: no synchronize), so a step's event may go out a step or two later.
+    once. Device tensors (`ops.is_device`, CUDA) are not: `float()` (as `.item()`) would
+    synchronise the script's stream on every step; instead they are copied, in float64, into
+    pinned host memory by an asynchronous copy queued behind the step's work, and read once an
+    event recorded after the copy has completed (`ready`: `Event.query()`). Nothing here ever
+    calls `Event.synchronize` (issue 31.2): `read` before `ready` returns None, and `wait` polls.
     """
 
-    def __init__(self, values: list[Any]):
+    def __init__(self, values: list[Any], ops: Any = CudaOps):
         self.value: float | None = None
         self._host: torch.Tensor | None = None
         self._event: Any = None
         tensors = [v for v in values if isinstance(v, torch.Tensor)]
         device = tensors[0].device if tensors else None
-        if device is not None and device.type == "cuda" and len(tensors) == len(values) \
+        if device is not None and ops.is_device(tensors[0]) and len(tensors) == len(values) \
                 and all(t.device == device for t in tensors):
-            with torch.cuda.device(device):
+            with ops.on(device):
                 src = torch.stack([t.detach().reshape(()).to(torch.float64) for t in tensors])
-                self._host = torch.empty(src.shape, dtype=torch.float64, pin_memory=True)
+                self._host = ops.pinned_empty(src.shape)
                 self._host.copy_(src, non_blocking=True)
-                self._event = torch.cuda.Event()
+                self._event = ops.event()
                 self._event.record()
         elif values:
             self.value = float(sum(float(v) for v in values))
@@ -93,11 +130,19 @@ class LossReading:
         return self._event is None or bool(self._event.query())
 
     def read(self) -> float | None:
-        """The loss (waits for the copy if it is not `ready`)."""
+        """The loss, or None while its copy has not completed (never waits)."""
         if self._event is not None:
-            self._event.synchronize()
+            if not self._event.query():
+                return None
             self.value, self._event = float(sum(self._host.tolist())), None
         return self.value
+
+    def wait(self, timeout_s: float = LOSS_WAIT_S, poll_s: float = 0.001) -> float | None:
+        """The loss, polling `ready` up to `timeout_s` (at exit, after the script's last step)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.ready() and time.monotonic() < deadline:
+            time.sleep(poll_s)
+        return self.read()
 
 
 class StepTracker:
@@ -128,6 +173,8 @@ class StepTracker:
         self.opt_depth = 0
         self.explicit = False  # steps end at explicit_step only (see the module docstring)
         self.unsent: list[tuple[int, dict, LossReading]] = []  # ended steps whose loss is still on the GPU
+        self.scaled: list[tuple[Any, torch.Tensor]] = []  # (weakref to GradScaler.scale's output, its input)
+        self._in_backward = threading.local()  # inside a recorded backward: torch.autograd.backward within counts once
         self._fresh()
 
     def _fresh(self) -> None:
@@ -136,7 +183,9 @@ class StepTracker:
         self.fwd_t0: float | None = None
         self.micro: list[dict] = []
         self.losses: list[torch.Tensor] = []
+        self.loss_scaled = False  # a loss came from GradScaler.scale's input
         self.samples = 0
+        self.fwd_skip = False  # the running outermost forward is no training forward
         self.opt_t0: float | None = None  # the running (outermost) optimizer step's start
         self.optimizer_s = 0.0  # explicit steps: Σ the optimizer steps' own time in this step
         self.fwd_depth = 0  # > 1 inside a watched forward called from another's
@@ -146,6 +195,9 @@ class StepTracker:
     def forward_start(self, watch: Any, synced: bool, samples: int) -> None:
         self.fwd_depth += 1
         if self.fwd_depth > 1:  # e.g. the watched module a watched DDP wraps: counted once, outside
+            return
+        if not training_forward(watch):  # evaluation: no samples, no time, no backward waits for it
+            self.fwd_skip = True
             return
         t = now()
         if self.start is None:
@@ -160,19 +212,40 @@ class StepTracker:
         self.fwd_depth = max(0, self.fwd_depth - 1)
         if self.fwd_depth:
             return
+        if self.fwd_skip:
+            self.fwd_skip = False
+            return
         if self.fwd_t0 is not None:
             self.forward_s += now() - self.fwd_t0
             self.fwd_t0 = None
 
-    # -- backward (Tensor.backward) -------------------------------------------------------------
-    def backward_start(self, loss: torch.Tensor) -> dict | None:
+    # -- backward (Tensor.backward, torch.autograd.backward) ------------------------------------
+    def note_scaled(self, scaled: torch.Tensor, loss: torch.Tensor) -> None:
+        """`GradScaler.scale(loss)` returned `scaled`: a backward on it records `loss` instead."""
+        self.scaled = [(r, v) for r, v in self.scaled[-7:] if r() is not None] + [(weakref.ref(scaled), loss.detach())]
+
+    def _unscaled(self, loss: torch.Tensor) -> torch.Tensor:
+        for ref, value in self.scaled:
+            if ref() is loss:
+                self.loss_scaled = True
+                return value
+        return loss.detach()
+
+    def backward_start(self, loss: Any) -> dict | None:
+        """A backward of `loss` (a tensor, or the tensors given to `torch.autograd.backward`)
+        begins. Returns its micro-step record, or None when it is not one (nested in a recorded
+        backward; after no training forward of a watched DDP)."""
+        if getattr(self._in_backward, "on", False):
+            return None
         if not self.pending and self.watches:  # a DDP script: a backward after no DDP forward is no micro-step of it
             return None
+        self._in_backward.on = True
         candidates = list(self.pending)  # [] with no DDP in this process (one device, nn.DataParallel)
         for w, sy in candidates:
             w.begin_backward(sy)
-        if loss.numel() == 1:
-            self.losses.append(loss.detach())
+        for t in ([loss] if isinstance(loss, torch.Tensor) else list(loss)):
+            if isinstance(t, torch.Tensor) and t.numel() == 1:
+                self.losses.append(self._unscaled(t))
         if self.start is None:
             self.start = now()
         m = dict(watch=None, synced=False, t0=now(), candidates=candidates, views=[])
@@ -183,6 +256,7 @@ class StepTracker:
         """The backward of `m` ended: the pending forwards it reached are its `views` (an unsynced
         one, whose DDP reduces nothing, is reached by the first backward after it; a synced one by
         the backward in which its DDP reduced, `reduced_in_backward`); the others stay pending."""
+        self._in_backward.on = False
         m["t1"] = now()
         reached = [(w, sy) for w, sy in m["candidates"]
                    if not sy or getattr(w, "reduced_in_backward", lambda: True)()]
@@ -280,6 +354,8 @@ class StepTracker:
         opt_s = self.optimizer_s
         step_time = end - self.start
         reading = LossReading([loss] if loss is not None else self.losses)
+        loss_source = EXPLICIT_LOSS_SOURCE if loss is not None else (
+            SCALED_LOSS_SOURCE if self.loss_scaled else LOSS_SOURCE)
         source = EXPLICIT_SAMPLES_SOURCE if samples is not None else SAMPLES_SOURCE
         samples = (self.samples if samples is None else samples) * self.s.world_size
         fields = step_fields(start=self.start, loss=None, samples=samples, step_time_s=step_time,
@@ -288,7 +364,7 @@ class StepTracker:
         fields.update(other_s=max(0.0, step_time - forward_s - bwd - exposed - opt_s),
                       micro_steps=len(micro),
                       no_sync_micro_steps=sum(1 for m in micro if _syncs(m["watch"]) and not m["synced"]),
-                      samples_source=source, step_source=STEP_SOURCES[self.explicit])
+                      samples_source=source, step_source=STEP_SOURCES[self.explicit], loss_source=loss_source)
         if self.memory is not None:
             self.s.guard("memory", self.memory.step_end, fields)
         self.unsent.append((step, fields, reading))
@@ -301,7 +377,7 @@ class StepTracker:
         them, waiting for their losses: at exit)."""
         while self.unsent and (wait or self.unsent[0][2].ready()):
             step, fields, reading = self.unsent.pop(0)
-            fields["loss"] = reading.read()
+            fields["loss"] = reading.wait() if wait else reading.read()
             self.s.emit("step", step=step, **fields)
 
     def close(self) -> None:
@@ -311,6 +387,16 @@ class StepTracker:
         for watch in self.watches:
             if hasattr(watch, "drain"):
                 watch.drain()
+
+
+def training_forward(watch: Any) -> bool:
+    """Whether a forward of `watch`'s module, starting now, trains: autograd on (not under
+    `torch.no_grad()` / `torch.inference_mode()`) and the module (the DDP, or the watched model) in
+    `train()` mode."""
+    if not torch.is_grad_enabled():
+        return False
+    module = getattr(watch, "ddp", None) or getattr(watch, "module", None)
+    return bool(getattr(module, "training", True))
 
 
 def _syncs(watch: Any) -> bool:

@@ -10,8 +10,12 @@ folder, which this process forwards to Redis (`workers.spool`).
 Status: ``succeeded`` when COMMAND exits 0; ``failed`` otherwise, with the failing rank's
 exception and traceback from torchrun's error file (TORCHELASTIC_ERROR_FILE, `engine.attach.errors`);
 ``canceled`` when the run is canceled from the app or ``ddpviz cancel`` (COMMAND's process group
-gets SIGTERM, then SIGKILL after `KILL_AFTER_S`; no process is left), or when `ddpviz run` itself
-gets SIGINT (Ctrl-C), SIGTERM or SIGHUP, which it passes on to COMMAND's process group.
+gets SIGTERM), or when `ddpviz run` itself gets SIGINT (Ctrl-C), SIGTERM or SIGHUP, which it passes
+on to COMMAND's process group; either way COMMAND then has ``--kill-after`` seconds (default
+`default_kill_after_s`: torchrun's own grace for its workers, plus `KILL_MARGIN_S`) to end before
+SIGKILL; a second Ctrl-C kills at once; the ending says which. No process is left.
+``failed`` also when COMMAND exits 0 but no process of it trained under the instrumentation (no
+event file): the run says so (``NothingInstrumented``) instead of an empty success.
 
 Fail open: Redis unreachable at start or lost mid-run changes nothing for COMMAND; one line
 says so, events stay in the spool and are sent when Redis answers again, or later with
@@ -39,15 +43,29 @@ from ddpviz.workers.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_REFUSED
 
 CANCEL_POLL_S = 0.5  # the cancel flag is read this often
 RECONNECT_S = 2.0  # a lost Redis is tried again this often
-KILL_AFTER_S = 5.0  # a canceled command gets SIGTERM, then SIGKILL this long after
+# torchrun, on SIGTERM/SIGINT, passes the signal to its workers and waits `--shutdown-timeout`
+# (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, default 30 s: torch/distributed/launcher/api.py LaunchConfig,
+# elastic/multiprocessing/api.py PContext.close) before its own SIGKILL; we wait that long and
+# KILL_MARGIN_S more, so torchrun's own shutdown (and a script's checkpoint-on-SIGTERM) runs out first
+TORCHRUN_GRACE_S = 30
+KILL_MARGIN_S = 5.0
 FINAL_SEND_S = 5.0  # at the end, how long to keep trying to store what is left (Redis was up until then)
 # The launcher's scheduling priority once COMMAND has started (os.nice increment; COMMAND keeps the
 # caller's): on a host whose cores the training fills, forwarding events yields to the ranks and
 # runs in their gaps (waits on the all-reduce, the data loader) instead of taking a core's share
 # from them (issue 24's cost rule). A separate process, so no lock the ranks need is held by it.
 LAUNCHER_NICE = 10
+NOTHING_INSTRUMENTED = ("no process of the command trained under the instrumentation (none became a rank: "
+                        "torchrun's workers, the launcher's own child, or a process that initialised a "
+                        "process group); nothing was recorded")
 APP_URL_UNKNOWN = "`ddpviz up` prints its address"  # no `up` recorded one on this Redis
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding engine/, workers/
+
+
+def default_kill_after_s(env: dict[str, str] | None = None) -> float:
+    """torchrun's grace (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s) + `KILL_MARGIN_S`."""
+    raw = (os.environ if env is None else env).get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "")
+    grace = int(raw) if raw.strip().isdigit() else TORCHRUN_GRACE_S
+    return grace + KILL_MARGIN_S
 
 
 def _say(message: str) -> None:
@@ -70,10 +88,10 @@ def _is_torchrun(cmd: list[str]) -> bool:
         "torch.distributed.launch" in cmd
 
 
-def _child_env(run_id: str, spool: Path, url: str | None, cmd: list[str], probe: bool = False) -> dict[str, str]:
+def _child_env(run_id: str, spool: Path, cmd: list[str], probe: bool = False) -> dict[str, str]:
     from ddpviz.engine.attach.env import COMMAND_ENV, PROBE_ENV, SOLO_ENV, child_environment
 
-    env = child_environment(os.environ, run_id, spool, url, PACKAGE_ROOT)
+    env = child_environment(os.environ, run_id, spool)
     env[COMMAND_ENV] = json.dumps(cmd)
     env["TORCHELASTIC_ERROR_FILE"] = str(spool / "error.json")
     if probe:
@@ -87,7 +105,7 @@ class Launch:
     """One `ddpviz run`: the command's process group, the forwarder, the run record."""
 
     def __init__(self, run_id: str, spool: Path, url: str | None, cmd: list[str], label: str | None,
-                 joined: bool = False, probe: bool = False):
+                 joined: bool = False, probe: bool = False, kill_after_s: float | None = None):
         from ddpviz.workers.spool import SpoolForwarder
 
         self.probe = probe  # --probe: the all-reduce probe after the script's last step
@@ -95,7 +113,11 @@ class Launch:
         self.run_id, self.spool, self.url, self.cmd, self.label = run_id, spool, url, cmd, label
         self.store = _store(url)
         self.forwarder = SpoolForwarder(spool, run_id, self.store)
-        self.canceled: str | None = None
+        self.canceled: str | None = None  # why the command was signalled (then: how it ended, `ended_how`)
+        self.kill_after_s = default_kill_after_s() if kill_after_s is None else kill_after_s
+        self.signalled_at: float | None = None
+        self.killed: str | None = None  # why SIGKILL was sent before the command ended
+        self.hurry = False  # Ctrl-C during finish(): record the ending now, no more retries
         self.said_down = False
         self.proc: subprocess.Popen | None = None
         from ddpviz.workers import keys
@@ -161,20 +183,37 @@ class Launch:
                 pass
 
     def instrumented_pids(self) -> list[int]:
-        """Pids named by the spool's event files whose process still carries this run's id (a pid
-        reused by another process does not)."""
+        """Pids of this user's processes that carry this run's id in their environment (every
+        process COMMAND started, whether or not it was instrumented; Linux /proc)."""
         from ddpviz.engine.attach.env import RUN_ID_ENV
 
         mark = f"{RUN_ID_ENV}={self.run_id}".encode()
         out = []
-        for path in self.spool.glob("events-rank*-pid*.jsonl"):
+        for entry in Path("/proc").glob("[0-9]*"):
             try:
-                pid = int(path.stem.rsplit("pid", 1)[1])
-                if mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                    out.append(pid)
+                if mark in (entry / "environ").read_bytes().split(b"\0"):
+                    out.append(int(entry.name))
             except (ValueError, OSError):
                 continue
         return out
+
+    def stop(self, sig: int, why: str) -> None:
+        """Pass `sig` to the command; the first time, start the `kill_after_s` clock."""
+        self.signal_group(sig)
+        if self.signalled_at is None:
+            self.canceled, self.signalled_at = why, time.monotonic()
+            self.kill_at = self.signalled_at + self.kill_after_s
+
+    def kill(self, why: str) -> None:
+        self.killed = self.killed or why
+        self.signal_group(signal.SIGKILL)
+
+    def ended_how(self, exit_code: int) -> str:
+        """The cancel's story: what was sent, and how the command ended."""
+        waited = time.monotonic() - self.signalled_at if self.signalled_at is not None else 0.0
+        if self.killed:
+            return f"{self.canceled}; {self.killed}; exit code {exit_code}"
+        return f"{self.canceled}; the command ended by itself {waited:.1f} s later with exit code {exit_code}"
 
     def check_cancel(self) -> None:
         if self.store is None or self.canceled:
@@ -184,10 +223,9 @@ class Launch:
         except (redis.RedisError, OSError):
             return
         if reason:
-            self.canceled = reason
-            _say(f"run {self.run_id} canceled ({reason}); stopping the command")
-            self.signal_group(signal.SIGTERM)
-            self.kill_at = time.monotonic() + KILL_AFTER_S
+            _say(f"run {self.run_id} canceled ({reason}); stopping the command (SIGTERM; SIGKILL after "
+                 f"{self.kill_after_s:g} s)")
+            self.stop(signal.SIGTERM, f"{reason}; SIGTERM sent to the command")
 
     def pump(self) -> None:
         """Forward new events; reconnect to a lost Redis now and then."""
@@ -222,7 +260,7 @@ class Launch:
         """Run the command to its end; returns its exit code (128 + N when killed by signal N)."""
         self.next_connect = time.monotonic() + RECONNECT_S
         self.kill_at: float | None = None
-        env = _child_env(self.run_id, self.spool, self.url, self.cmd, self.probe)
+        env = _child_env(self.run_id, self.spool, self.cmd, self.probe)
         try:
             from ddpviz.engine.components.lifetime import die_with_parent
 
@@ -237,10 +275,11 @@ class Launch:
         except OSError:
             pass
         def forward(sig: int, frame: Any) -> None:  # Ctrl-C or a kill of `ddpviz run` reaches the command
-            self.signal_group(sig)
-            if not self.canceled:
-                self.canceled = f"{signal.Signals(sig).name} sent to ddpviz run"
-                self.kill_at = time.monotonic() + KILL_AFTER_S
+            name = signal.Signals(sig).name
+            if self.signalled_at is not None and sig == signal.SIGINT:
+                self.kill(f"a second SIGINT: SIGKILL sent at once")
+                return
+            self.stop(sig, f"{name} sent to ddpviz run and passed on to the command")
 
         previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         next_cancel = 0.0
@@ -253,8 +292,8 @@ class Launch:
                 if time.monotonic() >= next_cancel:
                     next_cancel = time.monotonic() + CANCEL_POLL_S
                     self.check_cancel()
-                if self.kill_at is not None and time.monotonic() >= self.kill_at:
-                    self.signal_group(signal.SIGKILL)
+                if self.kill_at is not None and time.monotonic() >= self.kill_at and not self.killed:
+                    self.kill(f"still running {self.kill_after_s:g} s later (--kill-after): SIGKILL sent")
                 time.sleep(PUMP_INTERVAL_S)
         finally:
             for s, h in previous.items():
@@ -273,11 +312,18 @@ class Launch:
     def finish(self, exit_code: int) -> bool:
         """Send what is left and record how the run ended. False when Redis is away (then
         `ending.json` keeps the ending for `ddpviz upload`)."""
-        from ddpviz.workers.spool import _write_json
+        from ddpviz.workers.spool import _write_json, remove_spool
 
+        from ddpviz.engine.attach.env import OFF_ENV
+
+        nothing = not any(self.spool.glob("events-*.jsonl")) and os.environ.get(OFF_ENV) != "1"
         if self.canceled:
-            ending = dict(status="canceled", error={"rank": None, "exception": f"Canceled: {self.canceled}; "
-                          "the command's process group was signalled", "traceback": None}, exit_code=exit_code)
+            ending = dict(status="canceled", error={"rank": None, "exception": f"Canceled: {self.ended_how(exit_code)}",
+                                                    "traceback": None}, exit_code=exit_code)
+        elif exit_code == 0 and nothing:
+            _say(NOTHING_INSTRUMENTED)
+            ending = dict(status="failed", error={"rank": None, "exception": f"NothingInstrumented: {NOTHING_INSTRUMENTED}",
+                                                  "traceback": None, "exit_code": 0}, exit_code=0)
         elif exit_code == 0:
             ending = dict(status="succeeded", error=None, exit_code=0)
         else:
@@ -289,6 +335,8 @@ class Launch:
         # 11.6 s attached run take 15.8 s with its Redis stopped mid-run).
         deadline = time.monotonic() + (0.0 if self.said_down else FINAL_SEND_S)
         while True:
+            if self.hurry:  # Ctrl-C while finishing: this try is the last
+                deadline = 0.0
             if self.store is None:
                 self.next_connect = 0.0
             try:
@@ -296,13 +344,14 @@ class Launch:
                 if self.store is not None and self.forwarder.pump(final=True):
                     self.record(ending)
                     self.end_beat()
+                    remove_spool(self.spool)  # every event is in Redis: nothing of the run stays on disk
                     return True
             except (redis.RedisError, OSError) as exc:
                 self.redis_down(exc)
                 self.store = None
             if time.monotonic() >= deadline:
-                _say(f"Redis unreachable; the run's events are kept in {self.spool}: send them with "
-                     f"`{upload_hint(self.spool, self.url)}`")
+                _say(f"{'Interrupted' if self.hurry else 'Redis unreachable'}; the run's events are kept in "
+                     f"{self.spool}: send them with `{upload_hint(self.spool, self.url)}`")
                 return False
             time.sleep(0.2)
 
@@ -325,18 +374,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not cmd:
         _say("refused: give the command to run after `--` (e.g. ddpviz run -- torchrun --nproc-per-node 2 train.py)")
         return EXIT_REFUSED
+    if args.kill_after is not None and not args.kill_after >= 0:
+        _say(f"refused: --kill-after must be >= 0 seconds, got {args.kill_after}")
+        return EXIT_REFUSED
     run_id = args.join or new_run_id()
     url = args.url or redis_url()
     default = run_id if not args.join else f"{run_id}-{socket.gethostname()}-{os.getpid()}"
-    spool = Path(args.spool or Path(".ddpviz") / "spool" / default).resolve()
-    spool.mkdir(parents=True, exist_ok=True)
-    from ddpviz.workers.spool import _write_json
+    from ddpviz.workers.spool import _write_json, make_spool
+
+    try:
+        spool = make_spool(args.spool, default, _say)
+    except OSError as exc:
+        _say(f"refused: no folder for the run's events could be made ({exc}); give one with --spool DIR")
+        return EXIT_REFUSED
 
     # the run's Redis, for `ddpviz upload` (left out when it holds a password: no secret in the spool)
     _write_json(spool / "meta.json", dict(run_id=run_id, command=cmd, label=args.name, joined=bool(args.join),
                                           host=socket.gethostname(), created_at=time.time(),
                                           redis_url=url if redact(url) == url else None))
-    launch = Launch(run_id, spool, url, cmd, args.name, joined=bool(args.join), probe=args.probe)
+    launch = Launch(run_id, spool, url, cmd, args.name, joined=bool(args.join), probe=args.probe,
+                    kill_after_s=args.kill_after)
     if launch.store is not None:
         try:
             if not launch.store.exists(run_id):
@@ -354,7 +411,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         _say(f"{OFF_ENV}=1: no process of the command is instrumented; the run records only its command "
              f"and how it ended")
     code = launch.run()
-    launch.finish(code)
+
+    def hurry(sig: int, frame: Any) -> None:  # Ctrl-C while finishing: record the ending now
+        launch.hurry = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second one interrupts
+
+    previous = signal.signal(signal.SIGINT, hurry)
+    try:
+        launch.finish(code)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     return code
 
 
@@ -404,6 +470,10 @@ def register(command) -> None:
     p.add_argument("--probe", action="store_true",
                    help="after the script's last step, time all-reduces of the run's bucket sizes on its own "
                         "process group (the all-reduce probe, for Theory); every rank must reach the end")
+    p.add_argument("--kill-after", type=float, default=None, metavar="SECONDS",
+                   help="after passing SIGINT/SIGTERM (or a cancel) on to the command, SIGKILL it if still running "
+                        "this long after (default: torchrun's own grace, TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30 s, "
+                        f"+ {KILL_MARGIN_S:g} s); a second Ctrl-C kills at once")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run")
     p = command("upload", cmd_upload, "send an attached run's spooled events to Redis")
     p.add_argument("spool", metavar="SPOOL")

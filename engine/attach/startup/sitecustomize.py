@@ -3,9 +3,11 @@ process the user's command starts imports this file at start-up (the `site` modu
 `sitecustomize`, https://docs.python.org/3/library/site.html).
 
 It first runs the sitecustomize that would have run without ddpviz (the next one on sys.path),
-then, only in a training process of an attached run (`engine.attach.env.should_instrument`),
-installs the instrumentation (`engine.attach.install`). Whatever fails here is reported in one
-line and ignored: the user's program starts as it would have.
+then, in a process of an attached run, does what its role asks (`engine.attach.env.process_role`,
+`engine.attach.claim`): a rank installs the instrumentation once the script imports torch; any
+other process is left alone unless it initialises a process group of its own. Nothing here imports
+torch. Whatever fails here is reported in one line and ignored: the user's program starts as it
+would have.
 """
 
 
@@ -30,6 +32,7 @@ def _chain_next_sitecustomize() -> None:
 
 
 def _start() -> None:
+    import os
     import sys
 
     try:
@@ -37,13 +40,20 @@ def _start() -> None:
     except Exception as exc:  # the user's own sitecustomize failed: Python reports it the same way
         print(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(exc).__name__}: {exc}",
               file=sys.stderr)
+    if not os.environ.get("DDPVIZ_ATTACH_RUN_ID"):  # not in an attached run: import nothing of ddpviz
+        return
     try:
-        from ddpviz.engine.attach.env import should_instrument
+        from ddpviz.engine.attach.env import process_role
 
-        if should_instrument():
-            from ddpviz.engine.attach import install
+        role = process_role()
+        if role == "rank":
+            from ddpviz.engine.attach.claim import start_rank
 
-            install()
+            start_rank()
+        elif role == "dormant":
+            from ddpviz.engine.attach.claim import wait_for_process_group
+
+            wait_for_process_group()
     except Exception as exc:  # fail open: training starts uninstrumented
         print(f"ddpviz: instrumentation off in this process ({type(exc).__name__}: {exc})",
               file=sys.stderr, flush=True)
