@@ -128,6 +128,7 @@ class Watch(DeferredMarks):
         rec = BucketRecorder(self.world_size, True, names, clock, group=ddp.process_group, predivided=True)
         self.state = HookState(rec, session.guard, self.world_size)
         self.layouts: list[list[dict]] = []  # the layout of each of the first synced backwards
+        self.last_buckets: list[dict] = []  # the latest emitted backward's bucket records (`overlap_of`)
         self.deferred: list[tuple[int, list[dict], Any]] = []  # CUDA: (step, records, origin) not yet complete
         self.param_bytes = sum(p.numel() * p.element_size() for p in ddp.module.parameters() if p.requires_grad)
         tap_all_reduce()
@@ -209,6 +210,7 @@ class Watch(DeferredMarks):
     def _emit(self, step: int, out: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if len(self.layouts) < LAYOUT_BACKWARDS:
             self.layouts.append(_layout(out, self.state.recorder.layout))
+        self.last_buckets = out
         for b in out:
             self.s.emit("bucket", step=step, ddp_index=self.ddp_index, **b)
         self.volume.add(step, self, out)

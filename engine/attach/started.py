@@ -57,7 +57,8 @@ def started_fields(s: Session, watch: Any, first_step: dict | None) -> dict[str,
     config = dict(mode=mode, world_size=s.world_size,
                   steps=None, model=type(model).__name__ if model is not None else None,
                   dataset=None, device=kind, backend=backend, global_batch_size=(first_step or {}).get("samples"),
-                  bucket_cap_mb=(ddp.bucket_bytes_cap / MIB) if ddp is not None else None, overlap=True,
+                  bucket_cap_mb=(ddp.bucket_bytes_cap / MIB) if ddp is not None else None,
+                  **dict(zip(("overlap", "overlap_source"), overlap_of(watch))),
                   gradient_as_bucket_view=getattr(ddp, "gradient_as_bucket_view", None),
                   static_graph=getattr(ddp, "static_graph", None),
                   find_unused_parameters=getattr(ddp, "find_unused_parameters", None),
@@ -78,6 +79,43 @@ def started_fields(s: Session, watch: Any, first_step: dict | None) -> dict[str,
         out["bucket_preview"] = watch.preview()
     out.update(own)
     return out
+
+
+# hooks that hand each bucket to all-reduce as soon as DDP gives it (torch's default_hooks and
+# powerSGD_hook launch their collective inside the call; DDP calls the hook when the bucket is ready)
+IMMEDIATE_HOOKS = ("allreduce_hook", "fp16_compress_hook", "bf16_compress_hook", "powerSGD_hook",
+                   "batched_powerSGD_hook")
+
+
+def overlap_of(watch: Any) -> tuple[bool | None, str | None]:
+    """Whether the script's DDP starts a bucket's all-reduce before the backward's last bucket is
+    ready (`overlap`, as a launched run's setting means it), and how that is known.
+
+    Measured when the latest emitted synced backward had two or more buckets whose all-reduce
+    start was seen (`engine.attach.comm`: DDP's own path, or a script hook's call of
+    `torch.distributed.all_reduce` for that bucket; a bucket whose hook called none has its start
+    set to its ready time, `nbytes_source` saying so, and is left out): True when one began before
+    the last bucket's `ready_s`, False when none did (every bucket held until the last, as a
+    launched run's `overlap=false`). Else derived from the hook: DDP's own all-reduce or a torch
+    hook in IMMEDIATE_HOOKS launches each bucket when it is ready (True); another hook of the
+    script's gives None (a hook that holds the buckets and all-reduces them together in the last
+    call cannot be told apart from one that does not). Not a DDP: (None, None).
+    """
+    if getattr(watch, "ddp", None) is None:
+        return None, None
+    timed = [b for b in getattr(watch, "last_buckets", []) or []
+             if b.get("ready_s") is not None and b.get("comm_start_s") is not None
+             and "handed no tensor" not in (b.get("nbytes_source") or "")]
+    if len(timed) >= 2:
+        last_ready = max(b["ready_s"] for b in timed)
+        early = any(b["comm_start_s"] < last_ready for b in timed)
+        return early, (f"measured: {len(timed)} buckets of the latest synced backward; an all-reduce "
+                       f"{'began' if early else 'never began'} before the last bucket was ready")
+    hook = _hook_name(watch)
+    if hook is None or hook.rsplit(".", 1)[-1] in IMMEDIATE_HOOKS:
+        return True, (f"derived: {hook or 'DDP (no comm hook)'} starts each bucket's all-reduce when "
+                      "DDP hands it the ready bucket (fewer than two timed buckets to measure yet)")
+    return None, f"unknown: the script's comm hook {hook} and fewer than two timed buckets to measure"
 
 
 def _hook_name(watch: Any) -> str | None:

@@ -269,7 +269,7 @@ def measure_run(events: list[Event], fastest_share: float = 1.0) -> RunInputs:
         grad_bytes=int(started.get("grad_bytes") or 0), param_count=int(started.get("param_count") or 0),
         device_kind=devices[0].get("kind", "cpu"), backend=started.get("backend"), emulated=bool(started.get("emulated")),
         host_cpu_count=started.get("host_cpu_count"), cpu_threads_per_device=started.get("cpu_threads_per_device"),
-        amp=bool(cfg.get("amp")), overlap=bool(cfg.get("overlap", True)), optimizer=cfg.get("optimizer", "sgd"),
+        amp=bool(cfg.get("amp")), overlap=cfg.get("overlap") is not False, optimizer=cfg.get("optimizer", "sgd"),
         tokens_per_sample=int(cfg.get("block_size") or 1) if cfg.get("model") == "gpt" else 1,
         steps_used=len(steps), **med)
     inputs.sources = {"step split": "step"}
