@@ -1,12 +1,16 @@
 """Live page: one or two runs side by side; the status panel refreshes twice a second, the charts
-once a second.
+every `REFRESH_S`, the per-device detail every `DETAIL_REFRESH_S`.
 
 Which runs: `?runs=id1,id2` in the URL, else the ids the Launch/Runs page left in
 `st.session_state["live_runs"]`, else the latest pair (the newest run and its group mate).
 Each panel is its own `st.fragment`: the status panel (badge, "step i / N") every
 `STATUS_REFRESH_S`, so a new step shows within about that (`ddpviz bench`, figure 2: p95 <= 1 s),
 and the charts every `REFRESH_S`, since a chart that moved a fraction of a step tells a person no
-more. Once every shown run is terminal and its stream is drained, the page reruns once with
+more. The page shares the machine with the runs it shows (on a 2-core laptop, Streamlit and the
+browser redrawing the charts took 0.25 and 0.30 CPU seconds per second of training at a 1 s chart
+cadence: tests/app/default_pair_tries.py), so the charts redraw every 2 s and the per-device detail,
+which opens on a typical step that changes slowly, every 4 s; the verdict is worked out again only
+when new events arrived (`app.explain.pair_verdict`). Once every shown run is terminal and its stream is drained, the page reruns once with
 `run_every=None` and stops polling.
 """
 
@@ -19,7 +23,8 @@ from ddpviz.app.connection import require_client
 from ddpviz.app.frames import base as frames
 from ddpviz.app.window import RunWindow
 
-REFRESH_S = 1.0  # charts
+REFRESH_S = 2.0  # charts
+DETAIL_REFRESH_S = 4.0  # the per-device detail (a typical step's buckets, phases, bytes)
 STATUS_REFRESH_S = 0.5  # status badge and step counter: cheap (no charts)
 MAX_RUNS = 2
 
@@ -128,4 +133,5 @@ st.fragment(panels.memory_panel, run_every=every)(*args)
 st.subheader("Latest step, per device")
 for col, rid in zip(st.columns(len(ids)), ids):
     with col:
-        st.fragment(panels.detail_panel, run_every=every, key=f"detail_{rid}")(*args, rid)
+        st.fragment(panels.detail_panel, run_every=DETAIL_REFRESH_S if live else None,
+                    key=f"detail_{rid}")(*args, rid)
