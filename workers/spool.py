@@ -39,7 +39,7 @@ from ddpviz.workers import keys
 from ddpviz.workers.sink import WRITE_CHUNK, RedisStreamWriter
 from ddpviz.workers.store import RunStore
 
-HOLD_FOR_STARTED_S = 60.0  # events wait this long for rank 0's run_started, so it is stored first
+HOLD_FOR_STARTED_S = 60.0  # events wait at most this long for rank 0's run_started, so it is stored first
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -176,7 +176,9 @@ class SpoolForwarder:
             return not self.pending
         if not self.started_sent and self.started is None and not final and \
                 now - (self.first_pending_at or now) < HOLD_FOR_STARTED_S:
-            return not self.pending  # hold everything until rank 0's run_started is here
+            if not self._started_elsewhere():
+                return not self.pending  # hold everything until rank 0's run_started is here
+            self.started_sent = True  # another node's launcher stored it: nothing left to wait for
         try:
             self._send()
         except (redis.RedisError, OSError) as exc:
@@ -184,6 +186,15 @@ class SpoolForwarder:
             return False
         self.redis_error = None
         return not self.pending
+
+    def _started_elsewhere(self) -> bool:
+        """Whether the run's record already holds `run_started`: a `--join`ed node's spool never
+        sees it when rank 0 runs on another node, whose launcher stores it. Before this check a
+        joined node held its events for the whole HOLD_FOR_STARTED_S."""
+        try:
+            return bool(self.store.redis.hexists(keys.run(self.run_id), "started"))
+        except (redis.RedisError, OSError):
+            return False
 
     def _send(self) -> None:
         if self.started is not None and not self.started_sent:

@@ -70,3 +70,22 @@ def test_the_failing_ranks_exception_comes_from_torchruns_error_file(tmp_path):
     err = failure(tmp_path, 1)
     assert (err["rank"], err["exception"], err["traceback"]) == (1, "ValueError: bad batch", "Traceback ...")
     assert failure(tmp_path / "none", 3)["exception"].endswith("exited with code 3")
+
+
+def test_a_joined_nodes_events_go_out_once_another_node_stored_run_started(tmp_path, redis_client):
+    """Rank 0 runs on node 0: node 1's spool never sees `run_started`. Its events wait only until
+    node 0's launcher has stored it (they waited the whole 60 s hold before), and still come after it."""
+    store = RunStore(redis_client)
+    create_record(store, "r1", ["torchrun", "--nnodes", "2", "train.py"], "x")
+    node0, node1 = tmp_path / "node0", tmp_path / "node1"
+    node0.mkdir()
+    node1.mkdir()
+    (node1 / "events-rank1-pid7.jsonl").write_text(_step(1, 0) + _step(1, 1))
+    joined = SpoolForwarder(node1, "r1", store)
+    assert not joined.pump(now=100.0)  # nothing stored yet: it holds
+    (node0 / "events-rank0-pid3.jsonl").write_text(_step(0, 0) + _line(type="run_started", rank=0, config={}))
+    assert SpoolForwarder(node0, "r1", store).pump(now=100.5)
+    assert joined.pump(now=101.0)  # one second later, not sixty
+    events, _ = DdpvizClient(redis=redis_client).read_events("r1")
+    assert events[0]["type"] == "run_started"
+    assert sorted((e["rank"], e["step"]) for e in events if e["type"] == "step") == [(0, 0), (1, 0), (1, 1)]
