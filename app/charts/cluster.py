@@ -5,7 +5,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from ddpviz.app.charts.style import MODE_COLOURS, WIDTH, legend, rows_height, title
+from ddpviz.app.charts.style import MEMORY_USE_HUES, MODE_COLOURS, WIDTH, legend, rows_height, title
 
 
 def gpu_memory_chart(gpus: pd.DataFrame) -> alt.LayerChart:
@@ -18,7 +18,7 @@ def gpu_memory_chart(gpus: pd.DataFrame) -> alt.LayerChart:
         height=alt.RelativeBandSize(0.7)).encode(
         x=alt.X("total_gib:Q", title="GPU memory (GiB, NVML)"), y=y,
         color=alt.Color("what:N", legend=legend("memory"),
-                        scale=alt.Scale(domain=["used", "total"], range=["#2ca02c", "#e5e5e5"])),
+                        scale=alt.Scale(domain=["used", "total"], range=[MEMORY_USE_HUES["used"], MEMORY_USE_HUES["total"]])),
         tooltip=tip)
     used = alt.Chart(gpus.assign(what="used")).mark_bar(height=alt.RelativeBandSize(0.7)).encode(
         x="used_gib:Q", y=y, color=alt.Color("what:N"), tooltip=tip)

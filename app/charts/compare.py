@@ -11,6 +11,7 @@ import altair as alt
 import pandas as pd
 
 from ddpviz.app.charts.style import HEIGHT, STEP_X, WIDTH, legend, rows_height, run_scale, title, volume_scale
+from ddpviz.app.frames.base import MIB, byte_unit, format_bytes
 from ddpviz.app.frames.steps import VOLUME_KINDS as WHICH
 
 
@@ -54,36 +55,55 @@ def speedup_chart(compare: pd.DataFrame) -> alt.LayerChart:
         width=WIDTH, height=rows_height(df, "run"))
 
 
-def peak_memory_chart(peaks: pd.DataFrame, modes: dict[str, str] | None = None) -> alt.Chart:
-    """Peak memory per device, runs one under the other (`app.frames.compare.peak_memory_frame`)."""
-    df = peaks.assign(where=peaks["run"] + " · " + peaks["device"])
-    return alt.Chart(df).mark_bar(height=alt.RelativeBandSize(0.7)).encode(
-        x=alt.X("peak_mib:Q", title="measured peak (MiB)"),
-        y=alt.Y("where:N", title="run · device", sort=list(dict.fromkeys(df["where"]))),
+def _in_unit(df: pd.DataFrame, mib_col: str) -> tuple[pd.DataFrame, str, alt.Scale]:
+    """`df` with `amount` (its `mib_col` in the unit that suits its largest value: B, KiB, MiB,
+    GiB, `app.frames.base.byte_unit`) and `label` (each value written out, `format_bytes`: every
+    bar says its number), the unit's name, and an x scale from 0 with room for the labels (never
+    a degenerate [0, 0] domain, whose ticks read "0.000000", when every value is 0)."""
+    nbytes = df[mib_col].fillna(0.0) * MIB
+    unit, size = byte_unit(float(nbytes.max()) if len(nbytes) else 0.0)
+    out = df.assign(amount=nbytes / size, label=[format_bytes(b) for b in nbytes])
+    top = float(out["amount"].max()) if len(out) else 0.0
+    return out, unit, alt.Scale(domain=[0, top * 1.25 if top > 0 else 1.0], nice=False)
+
+
+def _labelled(bars: alt.Chart, x: str, y: alt.Y, **offset) -> alt.LayerChart:
+    """`bars` with each bar's `label` written just past its end."""
+    text = bars.mark_text(align="left", baseline="middle", dx=4, fontSize=11, color="#333333").encode(
+        x=x, y=y, text="label:N", **offset)
+    return alt.layer(bars, text)
+
+
+def peak_memory_chart(peaks: pd.DataFrame, modes: dict[str, str] | None = None) -> alt.LayerChart:
+    """Peak memory per device, runs one under the other (`app.frames.compare.peak_memory_frame`),
+    in the unit that suits the largest peak, each bar labelled with its bytes."""
+    df, unit, scale = _in_unit(peaks.assign(where=peaks["run"] + " · " + peaks["device"]), "peak_mib")
+    y = alt.Y("where:N", title="run · device", sort=list(dict.fromkeys(df["where"])))
+    bars = alt.Chart(df).mark_bar(height=alt.RelativeBandSize(0.7)).encode(
+        x=alt.X("amount:Q", title=f"measured peak ({unit})", scale=scale), y=y,
         color=alt.Color("run:N", legend=legend("run"), scale=run_scale(list(df["run"]), modes)),
-        tooltip=[alt.Tooltip("run:N"), alt.Tooltip("device:N"),
-                 alt.Tooltip("peak_mib:Q", title="peak (MiB)", format=".2f")],
-    ).properties(title=title("Peak memory per device",
+        tooltip=[alt.Tooltip("run:N"), alt.Tooltip("device:N"), alt.Tooltip("label:N", title="peak")])
+    return _labelled(bars, "amount:Q", y).properties(title=title("Peak memory per device",
                              "largest bytes each device held in a traced step (live tensors on "
                              "CPU, the CUDA allocator on GPU); an FSDP rank holds 1/n of the model "
                              "plus the unit it has gathered"),
                  width=WIDTH, height=rows_height(df, "where", row_px=30))
 
 
-def bytes_chart(volume: pd.DataFrame) -> alt.Chart:
+def bytes_chart(volume: pd.DataFrame) -> alt.LayerChart:
     """Sent + received MiB per device per step, for each run (`app.frames.compare.bytes_frame`):
     measured (DP: the tensors copied), derived (DDP: bytes handed to all-reduce × the ring
     factor; FSDP: collective bytes × the wire factor) or unlabelled (no `volume_source`), as each
     event says, beside the formula."""
-    df = volume.assign(where=volume["run"] + " · " + volume["device"])
-    return alt.Chart(df).mark_bar().encode(
-        x=alt.X("mib:Q", title="sent + received per step (MiB)"),
-        y=alt.Y("where:N", title="run · device", sort=list(dict.fromkeys(df["where"]))),
-        yOffset=alt.YOffset("which:N", sort=WHICH),
+    df, unit, scale = _in_unit(volume.assign(where=volume["run"] + " · " + volume["device"]), "mib")
+    y = alt.Y("where:N", title="run · device", sort=list(dict.fromkeys(df["where"])))
+    offset = dict(yOffset=alt.YOffset("which:N", sort=WHICH))
+    bars = alt.Chart(df).mark_bar().encode(
+        x=alt.X("amount:Q", title=f"sent + received per step ({unit})", scale=scale), y=y, **offset,
         color=alt.Color("which:N", legend=legend("bytes"), scale=volume_scale(df["which"])),
         tooltip=[alt.Tooltip("run:N"), alt.Tooltip("device:N"), alt.Tooltip("which:N"),
-                 alt.Tooltip("mib:Q", title="MiB", format=".3f")],
-    ).properties(title=title("Bytes moved per device per step",
+                 alt.Tooltip("label:N", title="bytes")])
+    return _labelled(bars, "amount:Q", y, **offset).properties(title=title("Bytes moved per device per step",
                              "theory: DP device 0 (n−1)·P each way, others P; ring all-reduce "
                              "2(n−1)/n·P each way per rank; FSDP 3(n−1)/n·P (2(n−1)/n·P without reshard)"),
                  width=WIDTH, height=rows_height(df, "where", row_px=34))

@@ -12,12 +12,12 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from ddpviz.app.charts.style import PHASE_COLOURS, WIDTH, legend, rows_height, title
+from ddpviz.app.charts.style import GIL_COLOUR, PHASE_COLOURS, PHASE_HUES, THREAD_STATE_HUES, WIDTH, legend, rows_height, title
 from ddpviz.app.frames.dp import DP_PHASES, GIL_LANE
 
 IDLE = "idle (waiting)"
 GIL = "waiting for the GIL (measured: schedstat)"
-_DOMAIN, _RANGE = DP_PHASES + [IDLE, GIL], PHASE_COLOURS + ["#f2f2f2", "#1a1a1a"]
+_DOMAIN, _RANGE = DP_PHASES + [IDLE, GIL], PHASE_COLOURS + [PHASE_HUES["idle"], GIL_COLOUR]
 _PHASE = alt.Color("phase:N", legend=legend("phase", orient="bottom", columns=5),
                    scale=alt.Scale(domain=_DOMAIN, range=_RANGE), sort=_DOMAIN)
 _PHASE_ONLY = alt.Color("phase:N", legend=legend("phase", columns=1),
@@ -115,9 +115,7 @@ def dp_phase_chart(phases: pd.DataFrame) -> alt.Chart:
                  width=WIDTH, height=max(230, rows_height(phases, "device")))  # 4 legend rows
 
 
-_STATE_COLOURS = {"running (on a CPU)": "#4c78a8", "waiting for the GIL": "#e45756",
-                  "waiting for a CPU (machine load)": "#bab0ac", "no work handed to it": "#eeca3b",
-                  "waiting for the all-reduce": "#72b7b2"}
+_STATE_COLOURS = THREAD_STATE_HUES
 
 
 def thread_states_chart(states: pd.DataFrame) -> alt.Chart:

@@ -11,14 +11,13 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from ddpviz.app.charts.style import CHROME_PX, HEIGHT, WIDTH, legend, title
+from ddpviz.app.charts.style import CHROME_PX, FSDP_HUES, HEIGHT, WIDTH, legend, title
 from ddpviz.app.frames.fsdp import KINDS, LANES, MEMORY_KINDS, SHARD_ROLES
 
 PASS_KINDS = ["forward pass", "backward pass"]
-_TIMELINE = alt.Scale(domain=PASS_KINDS + KINDS, range=["#dadaeb", "#c6dbef", "#2ca02c", "#98df8a", "#d62728"])
-_MEMORY = alt.Scale(domain=MEMORY_KINDS, range=["#1f77b4", "#ff7f0e", "#aec7e8", "#ffbb78", "#9467bd",
-                                                 "#d62728", "#2ca02c", "#c7c7c7"])
-_ROLES = alt.Scale(domain=SHARD_ROLES, range=["#1f77b4", "#2ca02c", "#ff9896", "#d62728", "#f0f0f0"])
+_TIMELINE = alt.Scale(domain=PASS_KINDS + KINDS, range=[FSDP_HUES[k] for k in PASS_KINDS + KINDS])
+_MEMORY = alt.Scale(domain=MEMORY_KINDS, range=[FSDP_HUES[k] for k in MEMORY_KINDS])
+_ROLES = alt.Scale(domain=SHARD_ROLES, range=[FSDP_HUES[k] for k in SHARD_ROLES])
 LANE_PX = 26  # one sub-row (compute, all-gather, reduce-scatter) of a rank's lane
 
 

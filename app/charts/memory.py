@@ -17,7 +17,7 @@ import math
 import altair as alt
 import pandas as pd
 
-from ddpviz.app.charts.style import CATEGORIES, PHASE_COLOURS, WIDTH, legend, title
+from ddpviz.app.charts.style import PHASE_COLOURS, PHASE_HUES, WIDTH, device_scale, legend, title
 from ddpviz.app.frames.base import MIB, byte_unit
 from ddpviz.app.frames.dp import DP_PHASES
 from ddpviz.app.frames.memory import DEVICE_SOURCES, HOST_SOURCES, SOURCE_LABELS, TIMER_NOTES
@@ -27,7 +27,7 @@ _DASH = {SOURCE_LABELS["tensors"]: [1, 0], SOURCE_LABELS["cuda"]: [6, 3],
 # box heights (px): the plot (~200 and ~60) plus title, legends on top and the x axis
 _HELD_PX, _HOST_PX = 520, 300
 CHECK = "replica check (instrument)"  # DP's checksums on check steps: the instrument's own time
-_PHASE_COLOUR = dict(zip(DP_PHASES, PHASE_COLOURS)) | {CHECK: "#d9d9d9"}
+_PHASE_COLOUR = dict(zip(DP_PHASES, PHASE_COLOURS)) | {CHECK: PHASE_HUES["instrument"]}
 _TO_THE_DATA = alt.Scale(nice=False, zero=True)  # a time axis from 0 to the last reading, set by the data
 _STEP_X_TITLE = "ms from the step's start"
 
@@ -84,7 +84,8 @@ def _lines(df: pd.DataFrame, x: alt.X, y: alt.Y, tip: tuple[str, str] = ("mib", 
     return alt.Chart(df).mark_line(interpolate="step-after", strokeWidth=2,
                                    point=alt.OverlayMarkDef(size=6, opacity=0.5)).encode(
         x=x, y=y,
-        color=alt.Color("device:N", legend=legend("device", orient="top"), scale=CATEGORIES),
+        color=alt.Color("device:N", legend=legend("device", orient="top", symbolType="square"),
+                        scale=device_scale(sorted(set(df["device"])))),
         strokeDash=alt.StrokeDash("source_label:N", scale=dashes,
                                   legend=legend("source", orient="top", columns=1, symbolType="stroke",
                                                 symbolStrokeColor="#444", symbolStrokeWidth=2)),
@@ -142,7 +143,8 @@ def memory_over_run_charts(run_memory: pd.DataFrame, run: str) -> list[alt.Layer
         x = alt.X("t_s:Q", title="seconds since the run started", scale=_TO_THE_DATA)
         y = alt.Y("lo_mib:Q", title="MiB", axis=MIB_AXIS, scale=alt.Scale(nice=False, zero=False))
         lo, hi = mib_domain(pd.concat([df["lo_mib"], df["hi_mib"]]))
-        colour = alt.Color("device:N", legend=legend("device", orient="top"), scale=CATEGORIES)
+        colour = alt.Color("device:N", legend=legend("device", orient="top", symbolType="square"),
+                           scale=device_scale(sorted(set(df["device"]))))
         tip = [alt.Tooltip("device:N"), alt.Tooltip("t_s:Q", title="s since start", format=".1f"),
                alt.Tooltip("mib:Q", title="mean MiB", format=",.2f"),
                alt.Tooltip("lo_mib:Q", title="min MiB", format=",.2f"),

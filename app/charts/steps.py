@@ -10,13 +10,13 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from ddpviz.app.charts.style import HEIGHT, STEP_X, WIDTH, legend, rows_height, run_scale, title, volume_scale
+from ddpviz.app.charts.style import HEIGHT, PHASE_HUES, STEP_X, WIDTH, legend, rows_height, run_scale, title, volume_scale
 from ddpviz.app.frames import steps as fsteps
 from ddpviz.app.frames.base import MIB, byte_unit
 from ddpviz.app.frames.steps import SMOOTH_STEPS, SPLIT_PARTS
 
 _SPLIT_ROW_PX, _SPLIT_BAR_PX = 58, 22  # a run's row in the split: its name over its bar
-_SPLIT_COLOURS = dict(zip(SPLIT_PARTS, ["#1f77b4", "#ff7f0e", "#d62728", "#9467bd", "#2ca02c", "#c7c7c7"]))
+_SPLIT_COLOURS = {p: PHASE_HUES[p] for p in SPLIT_PARTS}  # one colour per part, as on every page
 
 
 def throughput_curves_chart(steps: pd.DataFrame, runs: list[str] | None = None,

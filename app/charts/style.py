@@ -12,6 +12,7 @@ import altair as alt
 import pandas as pd
 
 from ddpviz.app.frames import steps as fsteps
+from ddpviz.app.frames.dp import DP_PHASES
 
 WIDTH = "container"
 HEIGHT = 300
@@ -19,19 +20,61 @@ ROW_PX = 42  # one rank/device/run row in the timeline and bar charts
 CHROME_PX = 120  # title, subtitle, x axis and its title
 MAX_POINTS = 5000  # marks one chart may draw per refresh
 STEP_X = alt.X("step:Q", title="optimizer step", axis=alt.Axis(tickMinStep=1, format="d"))
-CATEGORIES = alt.Scale(scheme="tableau10")  # distinct hues for runs and devices
-# one colour per kind of bytes (app.frames.steps.VOLUME_KINDS), the same on Live and Compare
-VOLUME_COLOURS = dict(zip(fsteps.VOLUME_KINDS, ["#1f77b4", "#9467bd", "#d62728", "#ff9896", "#c7c7c7"]))
-PHASE_COLOURS = ["#9467bd", "#8c564b", "#1f77b4", "#e377c2", "#7f7f7f", "#ff7f0e", "#d62728",
-                 "#2ca02c"]  # in the order of frames.DP_PHASES
-# The one home of each mode's colour (every chart that colours runs or modes reads it): the
-# mode's own colour first, then shades of it for a second, third... run of the same mode.
+CATEGORIES = alt.Scale(scheme="tableau10")  # kept for callers outside the charts; charts use the families below
+# ---- one colour per meaning (issue 33) --------------------------------------------------------
+# Every colour a chart draws is named here, once, and means one thing on every page: a hex never
+# appears in two families below (tests/app/test_app_colours.py walks every page's charts). The
+# families: a run's mode, a part or phase of a step, a device, the GIL, a kind of bytes, and the
+# few pages' own series (theory, FSDP, sweeps, cluster).
+# A mode: its own colour first, then shades of it for a second, third... run of the same mode.
 MODE_HUES = {"single": ["#7f7f7f", "#3f3f3f", "#bdbdbd", "#5f5f5f"],
              "dp": ["#ff7f0e", "#a63603", "#fdae6b", "#d94801"],
              "ddp": ["#1f77b4", "#08306b", "#9ecae1", "#4292c6"],
              "fsdp": ["#2ca02c", "#00441b", "#a1d99b", "#41ab5d"]}
 MODE_COLOURS = alt.Scale(domain=list(MODE_HUES), range=[h[0] for h in MODE_HUES.values()])
-OTHER_RUN_COLOURS = ["#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf"]  # runs of no known mode
+OTHER_RUN_COLOURS = ["#762a83", "#1b7837", "#b35806", "#2d004b", "#7f3b08"]  # runs of no known mode
+# A part or phase of a step (Live's split, DP's phases, the bucket timeline, memory's background):
+# compute in purples, host work in browns, DP's copies through device 0 in pinks, communication
+# nothing hid in red, whatever its page.
+PHASE_HUES = {"forward": "#6a3d9a", "backward": "#c2a5cf", "loss": "#dfc27d", "optimizer": "#8c510a",
+              "broadcast": "#fde0ef", "scatter": "#f1b6da", "gather": "#de77ae", "reduce": "#c51b7d",
+              fsteps.DP_COPIES_PART: "#8e0152", "all-reduce": "#fb9a99", "exposed comm": "#e31a1c",
+              "bucket ready": "#000000", "other": "#d9d9d9", "idle": "#f7f7f7",
+              "instrument": "#ffffb3"}
+GIL_COLOUR = "#01665e"  # time a thread waited for the GIL (measured: schedstat), every chart
+# A device (cpu:0, cuda:1, rank 2...), by its index: lines of memory per device.
+DEVICE_HUES = ["#1b9e77", "#e6ab02", "#66a61e", "#7570b3", "#e7298a", "#a6761d", "#666666", "#17becf"]
+SHARED_DEVICE_COLOUR = "#4d4d4d"  # what no one device holds: DP's one process, all its devices together
+# one colour per kind of bytes (app.frames.steps.VOLUME_KINDS), the same on Live and Compare
+VOLUME_COLOURS = dict(zip(fsteps.VOLUME_KINDS, ["#35978f", "#80cdc1", "#c7eae5", "#bababa", "#878787"]))
+PHASE_COLOURS = [PHASE_HUES[p] for p in DP_PHASES]  # in the order of frames.dp.DP_PHASES
+# The pages' own series, each a family of its own.
+THEORY_HUES = {"probe": "#252525", "probe algbw": "#969696", "alone": "#4d9221", "overlapped": "#fee08b",
+               "fit probe": "#d73027", "fit buckets": "#4575b4"}
+FSDP_HUES = {"forward pass": "#efedf5", "backward pass": "#dadaeb", "all-gather (forward)": "#005a32",
+             "all-gather (backward)": "#74c476", "reduce-scatter": "#b2182b",
+             "sharded_params": "#08519c", "unsharded_params": "#6baed6", "sharded_grads": "#a50f15",
+             "unsharded_grads": "#fc9272", "optimizer_state": "#54278f", "comm_buffers": "#fd8d3c",
+             "activations": "#006d2c", "buffers": "#737373",
+             "own shard": "#2171b5", "received in all-gather": "#c7e9c0", "sent for reduce-scatter": "#fcbba1",
+             "kept: reduced shard": "#cb181d", "not held": "#f0f0f0"}
+SWEEP_HUES = {"step time": "#4a1486", "exposed comm": PHASE_HUES["exposed comm"]}
+MEMORY_USE_HUES = {"used": "#238b45", "total": "#e5e5e5"}  # the Cluster page's GPU memory bars
+THREAD_STATE_HUES = {"running (on a CPU)": "#9e9ac8", "waiting for the GIL": GIL_COLOUR,
+                     "waiting for a CPU (machine load)": "#cccccc", "no work handed to it": "#fff7bc",
+                     "waiting for the all-reduce": PHASE_HUES["exposed comm"]}
+
+
+def device_scale(devices) -> alt.Scale:
+    """The colour scale of devices: each device by its index (the number after its last ':' or
+    space: "cpu:1", "cuda:1", "rank 1" share `DEVICE_HUES[1]`), so a device keeps its colour on
+    every chart; a name without a number (DP's one process, all its devices) `SHARED_DEVICE_COLOUR`."""
+    names = list(dict.fromkeys(devices)) or [""]
+
+    def hue(name: str) -> str:
+        tail = str(name).replace(":", " ").split()[-1:] or [""]
+        return DEVICE_HUES[int(tail[0]) % len(DEVICE_HUES)] if tail[0].isdigit() else SHARED_DEVICE_COLOUR
+    return alt.Scale(domain=names, range=[hue(n) for n in names])
 
 
 def run_colours(runs: list[str], modes: dict[str, str] | None = None) -> dict[str, str]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from ddpviz.app.charts.style import HEIGHT, MODE_COLOURS, WIDTH, legend, title
+from ddpviz.app.charts.style import HEIGHT, MODE_COLOURS, SWEEP_HUES, WIDTH, legend, title
 
 _MODE_RANGE = dict(zip(MODE_COLOURS.domain, MODE_COLOURS.range))  # the app's colour of each mode
-_WHICH = alt.Scale(domain=["step time", "exposed comm"], range=["#1f77b4", "#d62728"])
+_WHICH = alt.Scale(domain=list(SWEEP_HUES), range=list(SWEEP_HUES.values()))
 
 
 def efficiency_chart(eff: pd.DataFrame) -> alt.LayerChart:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from ddpviz.app.charts.style import HEIGHT, WIDTH, legend, title
+from ddpviz.app.charts.style import HEIGHT, THEORY_HUES, WIDTH, legend, title
 from ddpviz.app.frames.theory import ALONE, FIT_BUCKETS, FIT_PROBE, OVERLAPPED, PROBE_ALG, PROBE_BUS, PROBE_TIME, SERIES
 
-_COLOURS = {PROBE_BUS: "#1f77b4", PROBE_TIME: "#1f77b4", PROBE_ALG: "#9edae5", ALONE: "#2ca02c",
-            OVERLAPPED: "#ff7f0e", FIT_PROBE: "#d62728", FIT_BUCKETS: "#9467bd"}
+_COLOURS = {PROBE_BUS: THEORY_HUES["probe"], PROBE_TIME: THEORY_HUES["probe"], PROBE_ALG: THEORY_HUES["probe algbw"],
+            ALONE: THEORY_HUES["alone"], OVERLAPPED: THEORY_HUES["overlapped"], FIT_PROBE: THEORY_HUES["fit probe"],
+            FIT_BUCKETS: THEORY_HUES["fit buckets"]}
 _X = alt.X("kib:Q", title="message size (KiB, log scale)", scale=alt.Scale(type="log"))
 _SUB_MARKS = ("Dashed: fitted models, drawn over every size; filled probe points were fitted, "
               "hollow not; hollow orange: overlapped buckets.")
