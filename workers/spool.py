@@ -51,7 +51,8 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 def _private_dir(path: Path) -> Path:
-    """`path` created (with its parents) and set 0700; one that exists must be this user's.
+    """`path` created (missing parents get the default mode: make each level that must be private
+    with this) and set 0700; one that exists must be this user's.
 
     Raises:
         OSError: it cannot be created or set, or another user owns it.
@@ -84,9 +85,9 @@ def make_spool(given: str | None, name: str, say: Callable[[str], None]) -> Path
         ignore = local / ".gitignore"
         if not ignore.exists():
             ignore.write_text("*\n")
-        return _private_dir(local / "spool" / name)
+        return _private_dir(_private_dir(local / "spool") / name)
     except OSError as exc:
-        spool = _private_dir(user_temp_root() / "spool" / name)
+        spool = _private_dir(_private_dir(_private_dir(user_temp_root()) / "spool") / name)
         say(f"cannot write {local} ({exc.strerror or exc}); the run's spool is {spool}")
         return spool
 

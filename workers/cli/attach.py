@@ -279,6 +279,9 @@ class Launch:
             if self.signalled_at is not None and sig == signal.SIGINT:
                 self.kill(f"a second SIGINT: SIGKILL sent at once")
                 return
+            if self.signalled_at is None:
+                _say(f"{name}: passed on to the command; SIGKILL if it still runs {self.kill_after_s:g} s from now "
+                     f"(--kill-after){', or at a second Ctrl-C' if sig == signal.SIGINT else ''}")
             self.stop(sig, f"{name} sent to ddpviz run and passed on to the command")
 
         previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
