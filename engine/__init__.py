@@ -15,6 +15,7 @@ Top level — the run's contracts and entry point:
     summary    a run's summary from its events (no torch)    analysis  derived measures (no torch)
     export     JSONL, CSV and Chrome-trace exports (no torch)
     verdict    DP vs DDP from two summaries: who is ahead, the gap in measured parts (no torch)
+    tune       `ddpviz tune`: candidates, predicted and measured ratios, the verdict (no torch)
 
 Folders:
     components/  what every mode shares: training pieces, the step loop, pre-flight, devices, faults

@@ -16,11 +16,11 @@ Three variables, all optional; without them this module changes nothing:
   no report, no `destroy_process_group`), and torchrun sees every worker exit 0.
 
 Their records are `log` events (level "info") with a `tune` field: "ddp" for each DDP built
-(the arguments applied, the effective
-`bucket_bytes_cap`, whether the module has buffers (`has_buffers`: `broadcast_buffers` matters
-only then), and the bytes of each parameter that requires grad in `module.parameters()` order
-(`param_nbytes`), from which `engine.tune` works out the bucket layout of another cap); "stop"
-when a rank ends its trial (`step`, `how`).
+(`ddp_kwargs`: the arguments applied; `settings`: the DDP's own after them, so a baseline's are
+the script's choice; `bucket_bytes_cap`; `has_buffers`: `broadcast_buffers` matters only then;
+`param_nbytes`: the bytes of each parameter that requires grad, in `module.parameters()` order,
+from which `engine.tune` works out the bucket layout of another cap), and "stop" when a rank
+ends its trial (`step`, `how`).
 """
 
 from __future__ import annotations
@@ -95,11 +95,26 @@ def _hook(name: str, process_group: Any):
 
 def _tune_ddp_event(session: Any, ddp: Any, applied: dict[str, Any], hook: str | None) -> None:
     module = ddp.module
-    session.emit("log", level="info", message=f"ddpviz tune: DDP built with {applied or 'its own arguments'}"
-                 + (f" and the {hook} comm hook" if hook else ""), tune="ddp", ddp_kwargs=applied, comm_hook=hook, bucket_bytes_cap=int(ddp.bucket_bytes_cap),
+    settings = dict(bucket_cap_mb=ddp.bucket_bytes_cap / 2**20, first_bucket_bytes=_first_bucket_bytes(ddp),
+                    gradient_as_bucket_view=bool(ddp.gradient_as_bucket_view), static_graph=bool(ddp.static_graph),
+                    broadcast_buffers=bool(ddp.broadcast_buffers),
+                    find_unused_parameters=bool(ddp.find_unused_parameters))
+    session.emit("log", level="info", tune="ddp",
+                 message=f"ddpviz tune: DDP built with {applied or 'its own arguments'}"
+                         + (f" and the {hook} comm hook" if hook else ""),
+                 ddp_kwargs=applied, comm_hook=hook, settings=settings, bucket_bytes_cap=int(ddp.bucket_bytes_cap),
                  has_buffers=any(True for _ in module.buffers()),
                  param_nbytes=[p.numel() * p.element_size() for p in module.parameters() if p.requires_grad],
                  source="measured: the DDP the script built, after tune's arguments")
+
+
+def _first_bucket_bytes(ddp: Any) -> int:
+    """The first bucket's cap DDP uses (1 MiB when the script left bucket_cap_mb unset, torch >= 2.x
+    `_DEFAULT_FIRST_BUCKET_BYTES`; else the cap)."""
+    import torch.distributed as dist
+
+    default = bool(getattr(ddp, "bucket_bytes_cap_default", False))
+    return int(dist._DEFAULT_FIRST_BUCKET_BYTES) if default else int(ddp.bucket_bytes_cap)
 
 
 def wrap_ddp_init(session: Any, env: dict[str, str]) -> None:

@@ -330,11 +330,13 @@ def build_parser() -> argparse.ArgumentParser:
     from ddpviz.workers.cli.attach import register as register_attach
     from ddpviz.workers.cli.local import register
     from ddpviz.workers.cli.predict import register as register_predict
+    from ddpviz.workers.cli.tune import register as register_tune
     from ddpviz.workers.doctor.checks import register as register_doctor
 
     register(command, add_run_flags)
     register_predict(command)
     register_attach(command)
+    register_tune(command)
     register_doctor(command)
     return parser
 

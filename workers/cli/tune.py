@@ -1,0 +1,375 @@
+"""``ddpviz tune [--steps N] [--budget S] [--knobs ...] [--rounds R] [--json] -- COMMAND``.
+
+Finds the DDP settings that make the user's own training command faster, by measurement:
+
+1. a baseline trial: COMMAND under the attach instrumentation (the environment `ddpviz run` gives,
+   `workers.cli.attach`), ended after N optimizer steps (`engine.attach.overrides`: every rank
+   stops at the same step, exit 0), its events read straight from the trial's spool folder (no
+   Redis);
+2. candidates from its measured bucket layout and DDP settings (`engine.tune.candidates`), each
+   with its predicted step-time ratio (`engine.tune.predict_ratio`), printed before any is run;
+3. rounds of whole trials taking turns, baseline first then every candidate, the order reversed
+   every other round, within `--budget` seconds for the whole search (`engine.tune.plan`);
+4. per candidate: the ratio to the same round's baseline, its 90% interval over rounds, predicted
+   beside measured, the loss check (`engine.tune.same_math`), and the best setting with the lines
+   to paste, or that none beat the baseline beyond noise.
+
+Each trial's DDP arguments are set at construction inside the ranks; the script's files are never
+written by tune (the trials run in the command's own working directory, so a script that writes
+files as it trains still writes them; a trial's stop skips everything the script does after its
+N-th step). Spools live in a temporary folder, removed at the end. A trial that fails is reported
+with the failing rank's error and the search goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ddpviz.workers.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_REFUSED
+
+KILL_GRACE_S = 5.0  # a trial past its time gets SIGTERM, then SIGKILL this long after
+TRIAL_TIME_FACTOR = 4.0  # a later trial may take this many times the baseline's first one
+STDERR_TAIL_LINES = 15  # of a failed trial without torchrun's error file
+
+
+def _say(message: str) -> None:
+    print(f"ddpviz tune: {message}", file=sys.stderr, flush=True)
+
+
+def trial_env(cmd: list[str], spool: Path, knobs: dict[str, Any], steps: int) -> dict[str, str]:
+    """COMMAND's environment for one trial: `ddpviz run`'s (the start-up hook, the spool) plus
+    tune's variables (`engine.attach.overrides`)."""
+    from ddpviz.engine.attach.overrides import COMM_HOOK_ENV, DDP_KWARGS_ENV, STOP_AFTER_ENV
+    from ddpviz.workers.cli.attach import _child_env
+
+    env = _child_env(f"tune-{spool.name}", spool, cmd)
+    ddp = {k: v for k, v in knobs.items() if k != "comm_hook"}
+    env[DDP_KWARGS_ENV] = json.dumps(ddp)
+    env[STOP_AFTER_ENV] = str(steps)
+    if knobs.get("comm_hook"):
+        env[COMM_HOOK_ENV] = knobs["comm_hook"]
+    return env
+
+
+def _read_events(spool: Path) -> list[dict[str, Any]]:
+    out = []
+    for path in sorted(spool.glob("events-*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut short by a killed rank
+                pass
+    return out
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float) -> str | None:
+    """Wait for the trial; past `timeout_s` stop its process group. Returns why it was stopped."""
+    try:
+        proc.wait(timeout=max(1.0, timeout_s))
+        return None
+    except subprocess.TimeoutExpired:
+        pass
+    for sig, grace in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=grace)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    proc.wait()
+    return f"stopped by tune after {timeout_s:.0f} s (the trial's time limit within --budget)"
+
+
+def _ending(rc: int, killed: str | None, measured: dict, steps: int, spool: Path, err_path: Path) -> tuple[str, Any]:
+    """(how the trial ended, error or None)."""
+    if killed:
+        return killed, dict(rank=None, exception=killed, traceback=None, exit_code=rc)
+    if rc != 0:
+        from ddpviz.workers.attached import failure
+
+        err = failure(spool, rc)  # the failing rank's exception from torchrun's error file
+        if err.get("traceback") is None and err_path.exists():
+            err["stderr_tail"] = err_path.read_text(errors="replace").splitlines()[-STDERR_TAIL_LINES:]
+        return f"failed: exit code {rc}", err
+    if measured["stopped"] is not None:
+        return f"stopped by tune after step {measured['stopped']['step']}: {measured['stopped']['how']}", None
+    if measured["ddp"] is None:
+        why = "exit 0 without building a DistributedDataParallel under the instrumentation"
+        return why, dict(rank=None, exception=why, traceback=None, exit_code=rc)
+    return f"the script ended by itself after {measured['steps']} step(s) (< {steps})", None
+
+
+def run_trial(cmd: list[str], knobs: dict[str, Any], steps: int, warmup: int, timeout_s: float,
+              root: Path, index: int) -> dict[str, Any]:
+    """One trial of COMMAND under `knobs`; its spool is removed once read.
+
+    Returns:
+        ``{index, knobs, exit_code, wall_s, ended, error, measured}`` (`engine.tune.measure_trial`).
+    """
+    from ddpviz.engine.tune import measure_trial
+
+    spool = root / f"trial{index}"
+    spool.mkdir(mode=0o700)
+    out_path, err_path = spool / "stdout.txt", spool / "stderr.txt"
+    t0 = time.monotonic()
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        proc = subprocess.Popen(cmd, env=trial_env(cmd, spool, knobs, steps), stdout=out, stderr=err,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            killed = _wait(proc, timeout_s)
+        except BaseException:  # Ctrl-C: no trial outlives tune
+            _wait(proc, 0)
+            raise
+    wall = time.monotonic() - t0
+    measured = measure_trial(_read_events(spool), warmup)
+    ended, error = _ending(proc.returncode, killed, measured, steps, spool, err_path)
+    shutil.rmtree(spool, ignore_errors=True)
+    return dict(index=index, knobs=knobs, exit_code=proc.returncode, wall_s=wall, ended=ended, error=error,
+                measured=measured)
+
+
+def usable(trial: dict[str, Any], warmup: int) -> bool:
+    """A trial whose steady step time can be compared (not failed, steps past warmup)."""
+    return trial["error"] is None and trial["measured"]["step_time_s"] is not None
+
+
+class Search:
+    """One `ddpviz tune`: the trials run so far and the budget left."""
+
+    def __init__(self, cmd: list[str], steps: int, warmup: int, budget_s: float, root: Path):
+        self.cmd, self.steps, self.warmup, self.budget_s, self.root = cmd, steps, warmup, budget_s, root
+        self.t0 = time.monotonic()
+        self.trials: list[dict[str, Any]] = []
+
+    def left_s(self) -> float:
+        return self.budget_s - (time.monotonic() - self.t0)
+
+    def run(self, knobs: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
+        limit = min(self.left_s(), timeout_s) if timeout_s else self.left_s()
+        _say(f"trial {len(self.trials) + 1}: {_label(knobs)} (time limit {limit:.0f} s)")
+        t = run_trial(self.cmd, knobs, self.steps, self.warmup, limit, self.root, len(self.trials))
+        if t["error"] is not None:
+            _say(f"trial {len(self.trials) + 1} {t['ended']}: {_error_line(t['error'])}")
+        self.trials.append(t)
+        return t
+
+
+def _label(knobs: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in knobs.items()) or "baseline (the script's own settings)"
+
+
+def _error_line(err: dict[str, Any]) -> str:
+    rank = f"rank {err['rank']}: " if err.get("rank") is not None else ""
+    tail = err.get("stderr_tail") or []
+    return rank + (err.get("exception") or "") + (f" | {tail[-1]}" if tail else "")
+
+
+def _rounds(search: Search, cands: list[dict], rounds: int, trial_s: float) -> list[dict[str, Any]]:
+    """Run `rounds` rounds (baseline then candidates, reversed every other round) while the budget
+    lasts; a candidate that failed is not run again. Returns the baselines of the rounds."""
+    baselines, failed = [], set()
+    for r in range(rounds):
+        order = [None] + list(range(len(cands)))
+        for i in (order if r % 2 == 0 else order[::-1]):
+            if i in failed:
+                continue
+            if search.left_s() < trial_s:
+                _say(f"budget spent: round {r + 1} left unfinished")
+                return baselines
+            t = search.run(cands[i]["knobs"] if i is not None else {}, TRIAL_TIME_FACTOR * trial_s)
+            t["round"] = r
+            if i is None:
+                baselines.append(t)
+            else:
+                cands[i].setdefault("runs", []).append(t)
+                if t["error"] is not None:
+                    failed.add(i)
+    return baselines
+
+
+def _run_row(t: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
+    m = t["measured"]
+    return dict(round=t.get("round"), step_time_s=m["step_time_s"], steps=m["steps"], wall_s=round(t["wall_s"], 3),
+                baseline_step_time_s=base["measured"]["step_time_s"] if base else None, ended=t["ended"],
+                error=t["error"])
+
+
+def judge(cand: dict[str, Any], baselines: list[dict[str, Any]], ref: dict[str, Any], noise: float | None,
+          tol: float, warmup: int) -> dict[str, Any]:
+    """A candidate's record for the report (`--json`'s `trials` entries)."""
+    from ddpviz.engine.tune import compare, loss_diff, same_math
+
+    by_round = {b["round"]: b for b in baselines if usable(b, warmup)}
+    runs = cand.get("runs", [])
+    ok = [t for t in runs if usable(t, warmup)]
+    pairs = [(by_round[t["round"]]["measured"]["step_time_s"], t["measured"]["step_time_s"])
+             for t in ok if t["round"] in by_round]
+    diffs = [d for t in ok for d in [loss_diff((by_round.get(t["round"]) or ref)["measured"]["losses"],
+                                               t["measured"]["losses"])] if d is not None]
+    diff = max(diffs) if diffs else None
+    rejected, note = same_math("hook" if "comm_hook" in cand["knobs"] else "same", diff, tol, noise)
+    errors = [t["error"] for t in runs if t["error"] is not None]
+    if errors:
+        rejected, note = True, f"the trial failed: {_error_line(errors[0])}"
+    elif not runs:
+        note = "not measured: the budget ran out first"
+    times = sorted(t["measured"]["step_time_s"] for t in ok)
+    return dict(knobs=cand["knobs"], why=cand["why"], step_time_s=times[len(times) // 2] if times else None,
+                **compare(pairs), predicted_ratio=cand.get("predicted_ratio"),
+                prediction_basis=cand.get("prediction_basis"), loss_max_abs_diff=diff, rejected=rejected,
+                note=note, error=errors[0] if errors else None,
+                runs=[_run_row(t, by_round.get(t["round"])) for t in runs])
+
+
+def baseline_record(ref: dict[str, Any], baselines: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
+    """The baseline's part of the report: the script's own settings, its step time over every
+    baseline trial, and the loss difference between its runs (the script's own noise)."""
+    from ddpviz.engine.tune import loss_diff, loss_tolerance, ready_curve
+
+    m = ref["measured"]
+    all_runs = [ref] + baselines
+    ok = [t for t in all_runs if usable(t, warmup)]
+    times = sorted(t["measured"]["step_time_s"] for t in ok)
+    noises = [d for t in ok[1:] for d in [loss_diff(m["losses"], t["measured"]["losses"])] if d is not None]
+    curve = ready_curve(m["buckets"])
+    return dict(knobs={}, settings=m["ddp"]["settings"], has_buffers=m["ddp"]["has_buffers"],
+                world_size=m["world_size"], step_time_s=times[len(times) // 2] if times else None,
+                bucket_bytes=[round(c - p) for (c, _), p in zip(curve, [0.0] + [c for c, _ in curve[:-1]])],
+                bucket_source="measured: median bytes per bucket index over the first baseline's steady steps",
+                loss_noise=max(noises) if noises else None, loss_tolerance=loss_tolerance(m["losses"]),
+                runs=[_run_row(t, None) for t in all_runs])
+
+
+def tune(cmd: list[str], steps: int, warmup: int, budget_s: float, knobs: list[str], rounds: int) -> dict[str, Any]:
+    """The whole search (module docstring); returns the report (`--json`'s object). Spools are
+    made under a temporary folder and removed, whatever happens.
+
+    Raises:
+        TuneError: the baseline trial failed or measured nothing (the message says how it ended).
+    """
+    from ddpviz.engine.tune import TuneError, answer_line, candidates, pick_best, plan, predict_ratio, \
+        prediction_error
+
+    root = Path(tempfile.mkdtemp(prefix="ddpviz-tune-"))
+    try:
+        search = Search(cmd, steps, warmup, budget_s, root)
+        ref = search.run({})
+        if not usable(ref, warmup) or ref["measured"]["ddp"] is None:
+            raise TuneError(f"the baseline trial {ref['ended']}"
+                            + (f" ({_error_line(ref['error'])})" if ref["error"] else
+                               f"; it recorded {ref['measured']['steps']} step(s), tune needs > {warmup}"))
+        cands, skipped = candidates(ref["measured"]["ddp"], knobs)
+        for c in cands:
+            c["predicted_ratio"], c["prediction_basis"] = predict_ratio(ref["measured"], c)
+        cands.sort(key=lambda c: (c["predicted_ratio"] is None, c["predicted_ratio"] or 0.0))
+        n_rounds, keep = plan(search.left_s(), ref["wall_s"] * 1.1, len(cands), rounds)
+        _say(f"{len(cands)} candidate(s); {n_rounds} round(s) of the baseline and {keep} of them fit the budget")
+        baselines = _rounds(search, cands[:keep], n_rounds, ref["wall_s"] * 1.1)
+        base = baseline_record(ref, baselines, warmup)
+        trials = [judge(c, baselines, ref, base["loss_noise"], base["loss_tolerance"], warmup) for c in cands]
+        best = pick_best(trials)
+        return dict(command=cmd, steps=steps, warmup=warmup, budget_s=budget_s,
+                    elapsed_s=round(time.monotonic() - search.t0, 1), rounds=n_rounds, knobs=knobs,
+                    baseline=base, trials=trials, skipped=skipped, best=best, answer=answer_line(best),
+                    prediction_error=prediction_error(trials),
+                    source="measured: whole trials of the command, each candidate against the same round's "
+                           "baseline; predicted: engine.tune.predict_ratio (the scale-out step model)")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _fmt(x: float | None, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def print_report(rep: dict[str, Any]) -> None:
+    """The terminal answer: the trials side by side, the predictor's error, the best setting."""
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    b = rep["baseline"]
+    con.print(f"baseline: {b['world_size']} rank(s), step {_fmt(b['step_time_s'] and b['step_time_s'] * 1e3)} ms "
+              f"(median of steady steps {rep['warmup']}..{rep['steps'] - 1}), buckets {b['bucket_bytes']} bytes, "
+              f"script's settings {b['settings']}")
+    table = Table(title=f"candidate / baseline step time, {rep['rounds']} round(s) taking turns")
+    for col in ("setting", "predicted", "measured", "90% interval", "verdict", "loss diff", "note"):
+        table.add_column(col)
+    for t in rep["trials"]:
+        iv = t["interval"]
+        table.add_row(_label(t["knobs"]), _fmt(t["predicted_ratio"]), _fmt(t["ratio"]),
+                      f"{iv[0]:.3f}-{iv[1]:.3f}" if iv else "-", t["verdict"], _fmt(t["loss_max_abs_diff"], ".3g"),
+                      t["note"])
+    con.print(table)
+    err = rep["prediction_error"]
+    if err["count"]:
+        con.print(f"predictor error (predicted / measured - 1) over {err['count']} trial(s): "
+                  f"median |error| {err['median_abs']:.1%}, worst {err['worst']:+.1%}")
+    for s in rep["skipped"]:
+        con.print(f"not tried: {s}")
+    con.print(rep["answer"])
+    for line in (rep["best"] or {}).get("paste", []):
+        con.print(f"    {line}", markup=False, highlight=False)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from ddpviz.engine.tune import TuneError, parse_knobs
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    problems = [m for bad, m in (
+        (not cmd, "give the command to tune after `--` (e.g. ddpviz tune -- torchrun --nproc-per-node 2 train.py)"),
+        (args.steps < args.warmup + 3, f"--steps must be >= --warmup + 3 = {args.warmup + 3} (got {args.steps})"),
+        (args.warmup < 2, f"--warmup must be >= 2: DDP rebuilds its buckets after step 0 (got {args.warmup})"),
+        (not args.budget > 0, f"--budget must be > 0 seconds (got {args.budget})"),
+        (args.rounds < 1, f"--rounds must be >= 1 (got {args.rounds})")) if bad]
+    try:
+        knobs = parse_knobs(args.knobs)
+    except TuneError as exc:
+        problems.append(str(exc))
+    if problems:
+        for p in problems:
+            _say(f"refused: {p}")
+        return EXIT_REFUSED
+    try:
+        rep = tune(cmd, args.steps, args.warmup, args.budget, knobs, args.rounds)
+    except TuneError as exc:
+        _say(str(exc))
+        return EXIT_FAILED
+    if args.json:
+        print(json.dumps(rep, indent=2, default=str))
+    else:
+        print_report(rep)
+    return EXIT_OK
+
+
+def register(command) -> None:
+    """Add `tune` to the ddpviz parser (`command` as in `workers.cli.commands.build_parser`)."""
+    p = command("tune", cmd_tune, "find DDP settings that make a training command faster: short trials "
+                                  "taking turns against its own settings, predicted and measured", redis=False)
+    p.add_argument("--steps", type=int, default=30, help="optimizer steps per trial (default 30)")
+    p.add_argument("--warmup", type=int, default=5,
+                   help="first steps of each trial left out of its step time (default 5)")
+    p.add_argument("--budget", type=float, default=300.0, metavar="SECONDS",
+                   help="time for the whole search, every trial included (default 300)")
+    p.add_argument("--knobs", default=None, metavar="K,K,...",
+                   help="knobs to try: bucket_cap_mb, gradient_as_bucket_view, static_graph, broadcast_buffers "
+                        "(the default: all four), fp16, bf16, powersgd (comm hooks: they change the numbers)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of trials taking turns (default 3; fewer if "
+                                                         "the budget is short)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the training command")
