@@ -21,6 +21,7 @@ does (docs/events.md) into this process's spool file, which the launcher forward
     started   `run_started` of an attached run (rank 0)
     memory    the memory sampler and live-tensor ledger on sampled steps
     errors    the failing rank's exception into torchrun's error file
+    overrides `ddpviz tune`'s trial settings: DDP arguments at construction, a comm hook, the stop after N steps
 
 Fail open: every hook runs under `Session.guard`; an error switches that part off, is said once,
 and training goes on. Nothing here touches the network.
