@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import sys
-from importlib.metadata import packages_distributions, requires
 from pathlib import Path
 
 import pytest
@@ -102,16 +101,18 @@ def test_only_the_two_ranks_are_instrumented(collide):
         assert all(f"pid{w['pid']}." not in f for f in mine[0]["spool_files"])
 
 
+# Third-party modules the instrumentation itself imports into a rank (each an installed
+# distribution, so a user's own module of that name would already shadow it): pydantic with its
+# helpers (engine.config's RunConfig, which the attach path reaches), orjson (the event encoder),
+# psutil (memory readings). Anything else ddpviz depends on (redis, pandas, streamlit...) must stay out.
+INSTRUMENT_IMPORTS = {"pydantic", "pydantic_core", "annotated_types", "typing_inspection", "typing_extensions",
+                      "orjson", "psutil"}
+
+
 def _allowed_top_level() -> set[str]:
-    """Top-level module names ddpviz may bring into a rank besides `ddpviz*` and its start-up hook:
-    the standard library's and those of ddpviz's own declared dependencies (pydantic, orjson,
-    psutil: installed distributions, which a user's module of the same name would shadow anyway)."""
-    deps = {r.split(";")[0].split("[")[0].split(">")[0].split("<")[0].split("=")[0].strip().lower()
-            for r in requires("ddpviz") or []}
-    mods = {m for m, dists in packages_distributions().items() if any(d.lower() in deps for d in dists)}
-    # pydantic's own dependencies come with it
-    mods |= {"annotated_types", "typing_inspection", "pydantic_core", "typing_extensions"}
-    return set(sys.stdlib_module_names) | mods | {"sitecustomize"}
+    """Top-level module names ddpviz may bring into a rank besides `ddpviz*` and its start-up
+    hook: the standard library's and `INSTRUMENT_IMPORTS`."""
+    return set(sys.stdlib_module_names) | INSTRUMENT_IMPORTS | {"sitecustomize"}
 
 
 def test_the_rank_gains_no_module_name_outside_ddpviz(collide):
