@@ -2,7 +2,8 @@
 
 The timeline has one lane per rank (``rank r @ host`` on multi-host runs) and a sub-row per
 bucket in it: the backward span behind, each bucket's all-reduce bar, a tick when the bucket
-became ready, and the exposed communication (after the last bucket was ready) shaded red (`app.charts.style.PHASE_HUES`: red is exposed communication on every page).
+became ready, and the exposed communication (after the last bucket was ready) shaded light red
+(`app.charts.style.PHASE_HUES`: light red is exposed communication on every page).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ KINDS = ["backward (compute)", "all-reduce (one bucket)", "bucket ready",
          "exposed comm"]  # exposed: after the last bucket was ready
 # drawn opaque: the legend's swatch is the mark's colour (`app.charts.style.PHASE_HUES`: one per meaning)
 COLOURS = [PHASE_HUES["backward"], PHASE_HUES["all-reduce"], PHASE_HUES["bucket ready"], PHASE_HUES["exposed comm"]]
-COLOUR_NAMES = dict(zip(KINDS, ["light purple", "light red", "black", "red"]))  # for the notes
+COLOUR_NAMES = dict(zip(KINDS, ["light purple", "dark red", "black", "light red"]))  # for the notes
 EXPOSED_NOTE = f"{COLOUR_NAMES[KINDS[3]]}: {KINDS[3]}"  # the subtitle's words for the exposed band
 _KIND = alt.Color("kind:N", legend=legend("", orient="bottom", columns=2),
                   scale=alt.Scale(domain=KINDS, range=COLOURS))

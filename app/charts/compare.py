@@ -78,16 +78,15 @@ def peak_memory_chart(peaks: pd.DataFrame, modes: dict[str, str] | None = None) 
     """Peak memory per device, runs one under the other (`app.frames.compare.peak_memory_frame`),
     in the unit that suits the largest peak, each bar labelled with its bytes."""
     df, unit, scale = _in_unit(peaks.assign(where=peaks["run"] + " · " + peaks["device"]), "peak_mib")
-    y = alt.Y("where:N", title="run · device", sort=list(dict.fromkeys(df["where"])))
+    y = alt.Y("where:N", title="run · device", sort=list(dict.fromkeys(df["where"])), axis=alt.Axis(labelLimit=0))
     bars = alt.Chart(df).mark_bar(height=alt.RelativeBandSize(0.7)).encode(
         x=alt.X("amount:Q", title=f"measured peak ({unit})", scale=scale), y=y,
         color=alt.Color("run:N", legend=legend("run"), scale=run_scale(list(df["run"]), modes)),
         tooltip=[alt.Tooltip("run:N"), alt.Tooltip("device:N"), alt.Tooltip("label:N", title="peak")])
-    return _labelled(bars, "amount:Q", y).properties(title=title("Peak memory per device",
-                             "largest bytes each device held in a traced step (live tensors on "
-                             "CPU, the CUDA allocator on GPU); an FSDP rank holds 1/n of the model "
-                             "plus the unit it has gathered"),
-                 width=WIDTH, height=rows_height(df, "where", row_px=30))
+    head = title("Peak memory per device", "largest bytes each device held in a traced step (live tensors on CPU, "
+                 "the CUDA allocator on GPU); an FSDP rank holds 1/n of the model plus the unit it has gathered")
+    return _labelled(bars, "amount:Q", y).properties(
+        title=head, width=WIDTH, height=rows_height(df, "where", row_px=34, title_params=head) + 24)
 
 
 def bytes_chart(volume: pd.DataFrame) -> alt.LayerChart:
@@ -96,14 +95,15 @@ def bytes_chart(volume: pd.DataFrame) -> alt.LayerChart:
     factor; FSDP: collective bytes × the wire factor) or unlabelled (no `volume_source`), as each
     event says, beside the formula."""
     df, unit, scale = _in_unit(volume.assign(where=volume["run"] + " · " + volume["device"]), "mib")
-    y = alt.Y("where:N", title="run · device", sort=list(dict.fromkeys(df["where"])))
+    y = alt.Y("where:N", title="run · device", sort=list(dict.fromkeys(df["where"])), axis=alt.Axis(labelLimit=0))
     offset = dict(yOffset=alt.YOffset("which:N", sort=WHICH))
     bars = alt.Chart(df).mark_bar().encode(
         x=alt.X("amount:Q", title=f"sent + received per step ({unit})", scale=scale), y=y, **offset,
         color=alt.Color("which:N", legend=legend("bytes"), scale=volume_scale(df["which"])),
         tooltip=[alt.Tooltip("run:N"), alt.Tooltip("device:N"), alt.Tooltip("which:N"),
                  alt.Tooltip("label:N", title="bytes")])
-    return _labelled(bars, "amount:Q", y, **offset).properties(title=title("Bytes moved per device per step",
-                             "theory: DP device 0 (n−1)·P each way, others P; ring all-reduce "
-                             "2(n−1)/n·P each way per rank; FSDP 3(n−1)/n·P (2(n−1)/n·P without reshard)"),
-                 width=WIDTH, height=rows_height(df, "where", row_px=34))
+    head = title("Bytes moved per device per step",
+                 "theory: DP device 0 (n−1)·P each way, others P; ring all-reduce 2(n−1)/n·P each way per rank; "
+                 "FSDP 3(n−1)/n·P (2(n−1)/n·P without reshard)")
+    return _labelled(bars, "amount:Q", y, **offset).properties(
+        title=head, width=WIDTH, height=rows_height(df, "where", row_px=34, title_params=head) + 10 * (df["which"].nunique() - 1))

@@ -34,11 +34,11 @@ MODE_HUES = {"single": ["#7f7f7f", "#3f3f3f", "#bdbdbd", "#5f5f5f"],
 MODE_COLOURS = alt.Scale(domain=list(MODE_HUES), range=[h[0] for h in MODE_HUES.values()])
 OTHER_RUN_COLOURS = ["#762a83", "#1b7837", "#b35806", "#2d004b", "#7f3b08"]  # runs of no known mode
 # A part or phase of a step (Live's split, DP's phases, the bucket timeline, memory's background):
-# compute in purples, host work in browns, DP's copies through device 0 in pinks, communication
-# nothing hid in red, whatever its page.
+# compute in purples, host work in browns, DP's copies through device 0 in pinks, a bucket's
+# all-reduce in dark red and communication nothing hid in light red, whatever its page.
 PHASE_HUES = {"forward": "#6a3d9a", "backward": "#c2a5cf", "loss": "#dfc27d", "optimizer": "#8c510a",
               "broadcast": "#fde0ef", "scatter": "#f1b6da", "gather": "#de77ae", "reduce": "#c51b7d",
-              fsteps.DP_COPIES_PART: "#8e0152", "all-reduce": "#fb9a99", "exposed comm": "#e31a1c",
+              fsteps.DP_COPIES_PART: "#8e0152", "all-reduce": "#b2182b", "exposed comm": "#fc9272",
               "bucket ready": "#000000", "other": "#d9d9d9", "idle": "#f7f7f7",
               "instrument": "#ffffb3"}
 GIL_COLOUR = "#01665e"  # time a thread waited for the GIL (measured: schedstat), every chart
@@ -49,12 +49,12 @@ SHARED_DEVICE_COLOUR = "#4d4d4d"  # what no one device holds: DP's one process, 
 VOLUME_COLOURS = dict(zip(fsteps.VOLUME_KINDS, ["#35978f", "#80cdc1", "#c7eae5", "#bababa", "#878787"]))
 PHASE_COLOURS = [PHASE_HUES[p] for p in DP_PHASES]  # in the order of frames.dp.DP_PHASES
 # The pages' own series, each a family of its own.
-THEORY_HUES = {"probe": "#252525", "probe algbw": "#969696", "alone": "#4d9221", "overlapped": "#fee08b",
+THEORY_HUES = {"probe": "#252525", "probe algbw": "#969696", "alone": "#4d9221", "overlapped": "#bf812d",
                "fit probe": "#d73027", "fit buckets": "#4575b4"}
 FSDP_HUES = {"forward pass": "#efedf5", "backward pass": "#dadaeb", "all-gather (forward)": "#005a32",
-             "all-gather (backward)": "#74c476", "reduce-scatter": "#b2182b",
+             "all-gather (backward)": "#74c476", "reduce-scatter": "#99000d",
              "sharded_params": "#08519c", "unsharded_params": "#6baed6", "sharded_grads": "#a50f15",
-             "unsharded_grads": "#fc9272", "optimizer_state": "#54278f", "comm_buffers": "#fd8d3c",
+             "unsharded_grads": "#ef3b2c", "optimizer_state": "#54278f", "comm_buffers": "#fd8d3c",
              "activations": "#006d2c", "buffers": "#737373",
              "own shard": "#2171b5", "received in all-gather": "#c7e9c0", "sent for reduce-scatter": "#fcbba1",
              "kept: reduced shard": "#cb181d", "not held": "#f0f0f0"}
@@ -125,10 +125,24 @@ def title(text: str, subtitle: str | list[str] | None = None) -> alt.TitleParams
                            subtitle=wrap(subtitle, SUBTITLE_CHARS) if subtitle else "", anchor="start")
 
 
-def rows_height(df: pd.DataFrame, column: str, min_rows: int = 2, row_px: int = ROW_PX) -> int:
-    """Box height (px) for a chart with one band per distinct `column` value."""
+def rows_height(df: pd.DataFrame, column: str, min_rows: int = 2, row_px: int = ROW_PX,
+                title_params: alt.TitleParams | None = None) -> int:
+    """Box height (px) for a chart with one band per distinct `column` value; with `title_params`,
+    room for each title and subtitle line past the first two (`TITLE_LINE_PX`), so a long
+    subtitle never pushes the title out of the box (Streamlit's autosize "fit")."""
     rows = df[column].nunique() if not df.empty else 1
-    return CHROME_PX + row_px * max(min_rows, rows)
+    return CHROME_PX + row_px * max(min_rows, rows) + _extra_title_px(title_params)
+
+
+TITLE_LINE_PX = 16  # one more title or subtitle line
+
+
+def _extra_title_px(t: alt.TitleParams | None) -> int:
+    if t is None:
+        return 0
+    text, sub = t.to_dict().get("text", ""), t.to_dict().get("subtitle", "")
+    lines = (len(text) if isinstance(text, list) else 1) + (len(sub) if isinstance(sub, list) else int(bool(sub)))
+    return TITLE_LINE_PX * max(0, lines - 2)
 
 
 def volume_scale(kinds) -> alt.Scale:

@@ -18,7 +18,7 @@ _COLOURS = {PROBE_BUS: THEORY_HUES["probe"], PROBE_TIME: THEORY_HUES["probe"], P
             FIT_BUCKETS: THEORY_HUES["fit buckets"]}
 _X = alt.X("kib:Q", title="message size (KiB, log scale)", scale=alt.Scale(type="log"))
 _SUB_MARKS = ("Dashed: fitted models, drawn over every size; filled probe points were fitted, "
-              "hollow not; hollow orange: overlapped buckets.")
+              "hollow not; hollow ochre: overlapped buckets.")
 
 
 def _colour(present: list[str]) -> alt.Color:

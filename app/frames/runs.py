@@ -9,8 +9,8 @@ import pandas as pd
 
 from ddpviz.engine.stages import where_failed
 
-RUN_COLUMNS = ["run_id", "label", "mode", "model", "source", "world_size", "status", "samples_per_s",
-               "val_accuracy", "wall_s", "note", "created", "pinned"]
+RUN_COLUMNS = ["run_id", "label", "mode", "model", "world_size", "status", "samples_per_s", "val_accuracy",
+               "wall_s", "source", "note", "created", "pinned"]  # the figures first, where the table opens
 
 
 def no_throughput_reason(run: dict[str, Any]) -> str:
