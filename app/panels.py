@@ -317,7 +317,7 @@ def _step_memory(w: RunWindow, curve: pd.DataFrame, label: str, rid: str, y_max:
     for i, chart in enumerate(charts_memory.memory_curve_charts(curve, phases, label, y_max)):
         _chart(chart, f"chart_memory_{rid}_{i}")
     caption = fm.peak_caption(fm.memory_peak_frame(w.of_type("memory"), label))
-    st.caption(f"Step {int(curve['step'].iloc[0])}. " + (caption or ""))
+    st.caption(f"Step {int(curve['step'].iloc[0])} (memory traced: its time includes the tracing). " + (caption or ""))
 
 
 # ---- per-run detail ---------------------------------------------------------------------------
