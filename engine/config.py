@@ -24,12 +24,15 @@ MODEL_DATASETS: dict[str, tuple[str, ...]] = {
     "gpt": ("text", "synthetic"),
 }
 # Named starting points (the Launch form's "Preset"): the RunConfig fields each one changes from
-# the defaults. "tiny" is the former defaults (mlp 128×3, global batch 64, PyTorch's 25 MiB bucket
-# cap; README "What to expect on a 2-core laptop"): fast, but its 170 KB of gradients fit one
-# bucket, so DDP has nothing to overlap with backward.
+# the defaults. "overlap" caps buckets at 0.1 MiB, so the default model's 202 KB of gradients span 2
+# buckets and the first is all-reduced while backward still runs (the default until issue 33: on 2
+# CPU cores it put DDP ahead beyond noise in 1 of 4 pairs, its second all-reduce one more wait for
+# the slower rank). "tiny" is the defaults before that (mlp 128×3, global batch 64; README "What to
+# expect on a 2-core laptop"): fast, one bucket.
 PRESETS: dict[str, dict[str, Any]] = {
     "default": {},
-    "tiny": {"width": 128, "depth": 3, "global_batch_size": 64, "bucket_cap_mb": 25.0},
+    "overlap": {"bucket_cap_mb": 0.1},
+    "tiny": {"width": 128, "depth": 3, "global_batch_size": 64},
 }
 
 
@@ -59,7 +62,7 @@ class RunConfig(BaseModel):
     # Defaults chosen by measurement on a 2-core CPU (README "The default pair"): a narrow, deep
     # MLP, where the per-op Python work DP's threads queue for (the GIL), device 0's serial work and
     # the per-step replica rebuild decide DP vs DDP. The former defaults (faster, one bucket) are
-    # PRESETS["tiny"]: --width 128 --depth 3 --global-batch-size 64 --bucket-cap-mb 25.
+    # PRESETS["tiny"]: --width 128 --depth 3 --global-batch-size 64.
     width: int = Field(64, ge=1, le=8192)  # mlp hidden units, cnn channels, gpt n_embd
     # 12 by default: DP's per-layer Python in its device threads and its copies grow with depth, so
     # the default pair shows them (DDP 1.32-1.34x DP here; 64x8 gave 1.15-1.17x: README, DP vs DDP)
@@ -72,9 +75,11 @@ class RunConfig(BaseModel):
     lr: float = Field(1e-3, gt=0.0, le=10.0)  # learning rate (AdamW 1e-3: the demo learns)
     optimizer: Literal["sgd", "adamw"] = "adamw"
     seed: int = Field(0, ge=0, le=2**31 - 1)  # model init and data order
-    # DDP bucket size cap, MiB. PyTorch's default is 25; 0.1 here so the default model's 202 KB of
-    # gradients spans 2 buckets and the first is all-reduced while backward still runs.
-    bucket_cap_mb: float = Field(0.1, gt=0.0, le=4096.0)
+    # DDP bucket size cap, MiB: PyTorch's default, 25, so the default model's 202 KB of gradients are
+    # one bucket, all-reduced once after backward. On 2 CPU cores that put DDP ahead of DP beyond noise
+    # in every pair tried (docs/bench/default-pair-tries-2.json); PRESETS["overlap"] (0.1) shows
+    # buckets overlapping backward.
+    bucket_cap_mb: float = Field(25.0, gt=0.0, le=4096.0)
     overlap: bool = True  # False: defer every all-reduce until the last bucket is ready
     gradient_as_bucket_view: bool = False
     static_graph: bool = False

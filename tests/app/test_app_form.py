@@ -12,7 +12,7 @@ def test_form_shows_every_runconfig_field_once():
 
 def test_defaults_and_kinds_follow_runconfig():
     d = form.defaults()
-    assert (d["world_size"], d["bucket_cap_mb"], d["mode"]) == (2, 0.1, "ddp")
+    assert (d["world_size"], d["bucket_cap_mb"], d["mode"]) == (2, 25.0, "ddp")
     assert form.kind("mode") == "choice" and form.choices("mode") == ["dp", "ddp", "fsdp", "single"]
     assert form.kind("overlap") == "bool" and form.kind("steps") == "int"
     assert form.kind("lr") == "float" and "mlp" in form.choices("model")

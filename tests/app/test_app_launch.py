@@ -71,6 +71,8 @@ def test_the_tiny_preset_fills_the_form_with_the_former_defaults(fake_client, ap
     for config in fake_client.submitted:
         assert {k: config[k] for k in FORMER_DEFAULTS} == FORMER_DEFAULTS
     at.segmented_control(key="launch_preset").set_value("default").run()
+    assert (at.number_input(key="cfg_width").value, at.number_input(key="cfg_bucket_cap_mb").value) == (64, 25.0)
+    at.segmented_control(key="launch_preset").set_value("overlap").run()
     assert (at.number_input(key="cfg_width").value, at.number_input(key="cfg_bucket_cap_mb").value) == (64, 0.1)
 
 
