@@ -68,9 +68,10 @@ def _in_unit(df: pd.DataFrame, mib_col: str) -> tuple[pd.DataFrame, str, alt.Sca
 
 
 def _labelled(bars: alt.Chart, x: str, y: alt.Y, **offset) -> alt.LayerChart:
-    """`bars` with each bar's `label` written just past its end."""
-    text = bars.mark_text(align="left", baseline="middle", dx=4, fontSize=11, color="#333333").encode(
-        x=x, y=y, text="label:N", **offset)
+    """`bars` with each bar's `label` written just past its end (in ink: the bars' colour scale
+    stays the chart's one, with its legend)."""
+    text = alt.Chart(bars.data).mark_text(align="left", baseline="middle", dx=4, fontSize=11,
+                                          color="#333333").encode(x=x, y=y, text="label:N", **offset)
     return alt.layer(bars, text)
 
 
