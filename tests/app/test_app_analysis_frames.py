@@ -202,11 +202,26 @@ def test_dp_real_run_timeline():
     steps = fd.dp_steps(events)
     assert steps == list(range(12))
     phases = fd.dp_phase_frame(events, steps[-1])
-    summary = fd.idle_summary(phases)
-    assert ((summary["idle_pct"] >= 0) & (summary["idle_pct"] < 100)).all()
+    summary = fd.idle_summary(phases).set_index("device")
+    # reference from the raw events: the step spans [0, the latest end on any device]; a device
+    # is idle wherever none of its phases covers it (a sweep over its interval ends, by hand)
+    raw = [e for e in events if e["type"] == "dp_phase" and e["step"] == steps[-1]]
+    span_ms = 1000.0 * max(e["end_s"] for e in raw)
+    for device in {e["device"] for e in raw}:
+        marks = sorted([(1000.0 * e["start_s"], 1) for e in raw if e["device"] == device]
+                       + [(1000.0 * e["end_s"], -1) for e in raw if e["device"] == device])
+        covered, depth, since = 0.0, 0, 0.0
+        for t, d in marks:
+            if depth > 0:
+                covered += t - since
+            depth, since = depth + d, t
+        idle_ms = span_ms - covered
+        assert summary.loc[device, "idle_ms"] == pytest.approx(idle_ms, abs=0.01), device
+        assert summary.loc[device, "idle_pct"] == pytest.approx(100 * idle_ms / span_ms, abs=0.05), device
+    assert summary["idle_ms"].max() > 0  # a real DP step: some device waited for another
     totals = fd.phase_totals(events, steps)
     assert "optimizer" in set(totals.loc[totals["device"] == "cpu:0", "phase"])
-    _check_chart(charts_dp.dp_timeline(phases, fd.idle_frame(phases), summary, run="DP"))
+    _check_chart(charts_dp.dp_timeline(phases, fd.idle_frame(phases), summary.reset_index(), run="DP"))
     _check_chart(charts_dp.phase_totals_chart(totals, run="DP"))
 
 
