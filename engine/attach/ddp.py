@@ -55,7 +55,8 @@ class VolumeBook:
     device and step). A step's event is written once the step has ended (`close`, from the step
     tracker) and every DDP that all-reduced in it has handed over its buckets (`add`; on CUDA that
     comes at a later step's end, when the bucket's CUDA events completed). Bytes: Σ over those
-    DDPs of the bytes their comm hook handed to all-reduce; `sent_bytes`/`recv_bytes` each DDP's
+    DDPs of the bytes their comm hook handed to all-reduce (in every synced backward of the step:
+    `carry` brings those before the last); `sent_bytes`/`recv_bytes` each DDP's
     bytes × its ring factor 2(n−1)/n, summed; `theory_*`: the same factor × each DDP's gradient
     bytes, summed; `ddp_count`: how many DDPs the step's bytes came from."""
 
@@ -69,6 +70,12 @@ class VolumeBook:
     def expect(self, step: int, watch: "Watch") -> None:
         """`watch` all-reduced in `step`: its buckets are due before the step's event."""
         self._entry(step)["expect"].add(watch.ddp_index)
+
+    def carry(self, step: int, watch: "Watch", nbytes: int) -> None:
+        """`watch` all-reduced `nbytes` more in `step`, in synced backwards before its last one."""
+        if nbytes:
+            carried = self._entry(step).setdefault("carried", {})
+            carried[watch.ddp_index] = carried.get(watch.ddp_index, 0) + nbytes
 
     def add(self, step: int, watch: "Watch", out: list[dict[str, Any]]) -> None:
         """`watch`'s bucket records of `step` (as emitted)."""
@@ -92,7 +99,7 @@ class VolumeBook:
         sent = theory = nbytes = 0
         for watch, out in parts:
             ring = 2 * (watch.world_size - 1) / watch.world_size
-            b = sum(r["nbytes"] for r in out)
+            b = sum(r["nbytes"] for r in out) + e.get("carried", {}).get(watch.ddp_index, 0)
             nbytes, sent, theory = nbytes + b, sent + int(ring * b), theory + int(ring * watch.param_bytes)
         sources = list(dict.fromkeys(out[0]["nbytes_source"] for _, out in parts if out))
         self.s.emit("comm_volume", step=step, allreduce_bytes=nbytes, sent_bytes=sent, recv_bytes=sent,
@@ -108,6 +115,8 @@ class Watch(DeferredMarks):
 
     DEFERRED_PART = "bucket timing"
 
+    carried_bytes = 0  # bytes of this step's earlier synced backwards (several backwards a step)
+    _counted: Any = None  # the records a step's buckets came from (carried no more)
     reduces_gradients = True  # a backward of its forward all-reduces, unless no_sync() said not to
     # its exposed comm is the backward's time after its last bucket was ready: DDPs that reduce in
     # one backward share that time (engine.attach.steps counts the smallest of theirs once)
@@ -151,7 +160,15 @@ class Watch(DeferredMarks):
 
     def begin_backward(self, synced: bool) -> None:
         if synced:
-            self.s.guard("bucket timing", self.state.recorder.begin_backward)
+            self.s.guard("bucket timing", self._begin_synced)
+
+    def _begin_synced(self) -> None:
+        """A synced backward begins: the bytes of an earlier synced backward of the same step
+        (whose records the recorder drops now) are carried into the step's `comm_volume`."""
+        rec = self.state.recorder
+        if rec.records is not self._counted:
+            self.carried_bytes += sum(r["nbytes"] for r in rec.records)
+        rec.begin_backward()
 
     def reduced_in_backward(self) -> bool:
         """Whether DDP handed the comm hook a bucket since `begin_backward` (this backward reached
@@ -186,6 +203,8 @@ class Watch(DeferredMarks):
             return []
         rec = self.state.recorder
         self.volume.expect(step, self)
+        self._counted, carried, self.carried_bytes = rec.records, self.carried_bytes, 0
+        self.volume.carry(step, self, carried)
         if self.device.type != "cuda":
             return self._emit(step, rec.resolved())
         self.deferred.append((step, rec.records, rec.origin))
