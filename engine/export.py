@@ -112,7 +112,8 @@ def chrome_trace(events: list[dict[str, Any]]) -> dict[str, Any]:
         if t == "dp_phase":
             span(e["phase"], "dp_phase", (_process(e, "dp"), "phases"), base["start_ts"] + e["start_s"],
                  e["end_s"] - e["start_s"], {"nbytes": e.get("nbytes", 0), "step": e["step"]})
-        elif t == "bucket" and base.get("backward_start_ts") is not None and e.get("comm_start_s") is not None:
+        elif t == "bucket" and base.get("backward_start_ts") is not None and e.get("comm_start_s") is not None \
+                and e.get("comm_end_s") is not None:  # an all-reduce whose end was not measured: no span
             name = (f"DDP {e['ddp_index']} bucket {e['bucket_index']}" if e.get("ddp_index")
                     else f"bucket {e['bucket_index']}")  # an attached process's second DDP, ...
             span(f"all-reduce {name}", "bucket", (_process(e, mode), f"all-reduce, {name}"),

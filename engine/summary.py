@@ -126,6 +126,7 @@ class SummaryBuilder:
     def __init__(self) -> None:
         self.steps: dict[int, dict[int, dict]] = defaultdict(dict)  # rank -> step -> step event
         self.bucket_spans: dict[int, list[tuple[float, float]]] = defaultdict(list)  # rank-0 step -> spans
+        self.bucket_unspanned: set[int] = set()  # rank-0 steps with a bucket whose all-reduce end is unknown
         self.dp_comm: dict[int, float] = defaultdict(float)
         self.peak: dict[str, int] = {}
         self.peak_training: dict[str, int] = {}  # device -> largest `peak_training_bytes` (CUDA)
@@ -147,6 +148,8 @@ class SummaryBuilder:
         elif t == "bucket" and e.get("rank", 0) == 0:
             if e.get("comm_start_s") is not None and e.get("comm_end_s") is not None:
                 self.bucket_spans[e["step"]].append((e["comm_start_s"], e["comm_end_s"]))
+            else:  # a bucket whose all-reduce end was not measured (flight recorder on gloo)
+                self.bucket_unspanned.add(e["step"])
         elif t == "memory":
             dev, peak = e["device"], e.get("peak_allocated_bytes")
             peak = peak if peak is not None else e.get("allocated_bytes")
@@ -181,6 +184,8 @@ class SummaryBuilder:
         rank0 = self.steps.get(0, {})
         for e in (rank0[r["step"]] for r in self._steady() if r["step"] in rank0):
             if e.get("comm_exposed_s") is None:  # not measured (FSDP on CUDA): no overlap figure
+                continue
+            if e["step"] in self.bucket_unspanned:  # its total comm is not measured: no figure from it
                 continue
             spans = self.bucket_spans.get(e["step"])
             if spans:

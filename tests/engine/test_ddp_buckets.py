@@ -1,4 +1,6 @@
-"""Bucket events against PyTorch's own numbers: sizes, bytes per step, averaging, overlap."""
+"""Bucket events against PyTorch's own numbers: sizes, bytes per step, averaging, overlap — of the
+Python comm hook path (`bucket_timing="hook"`: every span measured); the flight-recorder path, the
+default, is tests/engine/test_ddp_flight.py."""
 
 import pytest
 from ddp_reference import reference_run
@@ -24,7 +26,7 @@ def buckets_by_step(sink, rank=0):
 @pytest.fixture(scope="module")
 def small_bucket_run():
     sink = ListSink()
-    cfg = RunConfig(mode="ddp", bucket_cap_mb=0.005, **CFG)
+    cfg = RunConfig(mode="ddp", bucket_cap_mb=0.005, bucket_timing="hook", **CFG)
     assert run_training(cfg, sink, "b").status == "succeeded"
     return cfg, sink
 

@@ -35,6 +35,8 @@ import torch.distributed as dist
 
 from ddpviz.engine.measure.clocks import HostClock
 
+# the `bucket` events' `source` on this path: every field measured, on every step
+HOOK_SOURCE = "comm hook (Python): ready, all-reduce start and end measured"
 LAYOUT_STEPS = 3  # backward passes whose buckets' parameter names are read (DDP rebuilds once, in pass 2)
 
 
@@ -134,6 +136,7 @@ class BucketRecorder:
                  if k not in ("ready", "comm_start", "comm_end")}
             for k, key in (("ready", "ready_s"), ("comm_start", "comm_start_s"), ("comm_end", "comm_end_s")):
                 e[key] = self.clock.seconds(self.origin, r[k]) if k in r else None
+            e["source"] = HOOK_SOURCE
             out.append(e)
         return out
 

@@ -33,8 +33,26 @@ from ddpviz.engine.models import build_model
 from ddpviz.engine.modes.ddp.buckets import ddp_bucket_cap_arg
 from ddpviz.engine.modes.ddp.comm_hook import recording_hook
 from ddpviz.engine.modes.ddp.comm_hooks import compose, selected_hook, volume_label
+from ddpviz.engine.modes.ddp.flight import (FlightBuckets, FlightReader, LayoutBuckets, flight_recorder_path,
+                                            recorder_on, reducer_layout)
 from ddpviz.engine.modes.ddp.memory import BufferProbe, MemoryBucketRecorder, keep_before_traced
 from ddpviz.engine.modes.ranks import init_rank, progress, run_rank
+
+
+def exposed_comm(buckets: list[dict], last_bwd_s: float, cuda: bool) -> tuple[float | None, dict]:
+    """(exposed comm of the step's last backward in s, extra step fields): the backward's time after
+    its last bucket was ready — with the Python hook its `ready_s`; on the flight-recorder path the
+    last bucket's enqueue (`comm_start_s`: DDP launches each bucket as soon as it and every bucket
+    before it are ready), host clock, so CPU only: on CUDA the backward's end is a GPU event and the
+    enqueue a host time, and the figure is not measured (None, `comm_exposed_measured` false); nor
+    without enqueue times (gloo, no recorder: `engine.modes.ddp.flight.LayoutBuckets`)."""
+    if not buckets or buckets[0].get("ready_s") is not None:
+        return max(0.0, last_bwd_s - max((b["ready_s"] for b in buckets), default=last_bwd_s)), {}
+    starts = [b["comm_start_s"] for b in buckets if b.get("comm_start_s") is not None]
+    if cuda or not starts:
+        return None, dict(comm_exposed_measured=False)
+    return max(0.0, last_bwd_s - max(starts)), dict(
+        comm_exposed_source="backward end minus the last bucket's all-reduce enqueue (flight recorder)")
 
 
 class ReplicasDiverged(RuntimeError):
@@ -58,6 +76,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
     tel = Telemetry(sink, run_id, rank=rank, device=env.device_name, host=host)
     ds = load_dataset(cfg)
     model = build_model(cfg, ds).to(device).train()
+    use_recorder = flight_recorder_path(cfg, backend, model)  # before DDP's first collective
     ddp = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,
               bucket_cap_mb=ddp_bucket_cap_arg(cfg), gradient_as_bucket_view=cfg.gradient_as_bucket_view,
               static_graph=cfg.static_graph, find_unused_parameters=cfg.find_unused_parameters,
@@ -66,10 +85,18 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
     rec = MemoryBucketRecorder(world, cfg.overlap, names,  # its marks read this thread's clocks too
                                MeteredClock(CudaClock() if device.type == "cuda" else HostClock()),
                                predivided=True)  # the loss is scaled by 1/world below
-    selected = selected_hook(cfg)
-    if selected is not None:  # fp16/bf16/PowerSGD inside the recording; it averages: no pre-division
-        compose(rec, *selected)
-    ddp.register_comm_hook(rec, recording_hook)
+    if use_recorder:  # no comm hook: DDP divides while copying into buckets; no Python per bucket
+        rec.predivided = False
+        flight = FlightBuckets(FlightReader(), lambda: reducer_layout(ddp),
+                               [n for n, p in model.named_parameters() if p.requires_grad]) \
+            if recorder_on() else LayoutBuckets(ddp, names)
+    else:
+        flight = None
+        selected = selected_hook(cfg)
+        if selected is not None:  # fp16/bf16/PowerSGD inside the recording; it averages: no pre-division
+            compose(rec, *selected)
+        ddp.register_comm_hook(rec, recording_hook)
+    bucket_log = flight or rec
     opt = make_optimizer(cfg, ddp.parameters())
     plan = BatchPlan(len(ds), world, cfg.micro_batch_per_device, cfg.seed)
     P = param_bytes(model)
@@ -97,7 +124,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
                     loss = loss_fn(ddp(x), y) / cfg.grad_accum_steps
                 m2 = clock.mark()
                 if last_micro:
-                    rec.begin_backward()
+                    bucket_log.begin_backward()
                 # gradient pre-division (engine.modes.ddp.comm_hook): the gradients reach DDP's buckets already
                 # divided by world_size, so the hook's all-reduce (sum) gives the mean, no pass over them
                 (loss / world if world > 1 and rec.predivided else loss).backward()
@@ -112,24 +139,25 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         t5 = now()
         fwd = sum(clock.seconds(a, b) for a, b, _ in micro_marks)
         bwd = sum(clock.seconds(b, c) for _, b, c in micro_marks)
-        buckets = rec.resolved()  # the last micro-batch's backward, which all-reduced
+        buckets = bucket_log.resolved()  # the last micro-batch's backward, which all-reduced
         last_bwd = clock.seconds(*micro_marks[-1][1:])
-        exposed = max(0.0, last_bwd - max((b["ready_s"] for b in buckets), default=last_bwd))
-        bwd -= exposed
+        exposed, exposed_fields = exposed_comm(buckets, last_bwd, device.type == "cuda")
+        bwd -= exposed or 0.0
         backward_start = t0 + clock.seconds(m0, micro_marks[-1][1])
         for b in buckets:
             tel.emit("bucket", step=step, **b)
-        bucket_nbytes[:] = [b["nbytes"] for b in buckets]  # the probe's first sizes, after training
+        bucket_nbytes[:] = [b["nbytes"] for b in buckets if b["nbytes"]]  # the probe's first sizes
         last_ready = max((r["ready"] for r in rec.records), key=lambda m: m.clocks.wall_s, default=None)
         tel.emit("gil", step=step,
                  **rank_step_fields(micro_marks, (m4, m5), t5 - t0, last_ready, device.type == "cuda"))
-        nbytes = sum(b["nbytes"] for b in buckets)  # of the bucket tensors handed to all-reduce
+        nbytes = sum(b["nbytes"] or 0 for b in buckets)  # of the bucket tensors handed to all-reduce
         tel.emit("comm_volume", step=step, allreduce_bytes=nbytes, sent_bytes=int(ring * nbytes),
                  recv_bytes=int(ring * nbytes), volume_source=volume_label(rec),
                  theory_sent_bytes=int(ring * P), theory_recv_bytes=int(ring * P))
         return step_fields(start=t0, backward_start_ts=wall_ts(backward_start), loss=sum(float(v) for v in losses),
                            samples=cfg.global_batch_size, step_time_s=t5 - t0,
-                           forward_s=fwd, backward_s=bwd, comm_exposed_s=exposed, optimizer_s=clock.seconds(m4, m5))
+                           forward_s=fwd, backward_s=bwd, comm_exposed_s=exposed, optimizer_s=clock.seconds(m4, m5),
+                           **exposed_fields)
 
     sampler = model_memory_sampler(cfg, tel, model, opt, device, extra_existing=lambda: [
         (0, "bucket_buffers", rec.take_kept())])

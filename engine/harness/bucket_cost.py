@@ -1,0 +1,111 @@
+"""The instrument's host cost per bucket, and per step against a plain run alone (issue 31).
+
+`bucket_cost(cfg)`: `engine.harness.overhead.measure_overhead` (plain torch DDP and ddpviz DDP
+taking turns block by block) at two bucket caps on the same model. Per round, ddpviz's extra step
+time over plain's is taken; the per-step costs (events, the step's clocks) are the same at both
+caps, so the slope of the extra time against the bucket count is what ddpviz adds per bucket:
+
+    per_bucket_s = (extra(small cap) - extra(large cap)) / (buckets(small) - buckets(large))
+
+with a 90% interval from the two caps' bootstrap intervals (lowest and highest slopes they allow).
+Bucket counts: PyTorch's own assignment rule on the run's gradient-ready order
+(`engine.modes.ddp.buckets.preview_buckets`, the rebuilt layout).
+
+`plain_alone(cfg)`: whole runs taking turns (plain, ddpviz, plain, ddpviz, ...), each alone on the
+machine, so ddpviz's background threads (memory timer, event flusher, launcher's follower) are
+not charged to the plain side as they are while the sides interleave (`measure_overhead`'s
+design). Step time: rank 0's median interval between step starts after `warmup_steps`.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.measure.bootstrap import median_interval
+
+
+def bucket_count(cfg: RunConfig) -> int:
+    """Buckets per step after DDP's rebuild, by PyTorch's own rule (`preview_buckets`)."""
+    from ddpviz.engine.components.preflight import probe_batch
+    from ddpviz.engine.data import load_dataset
+    from ddpviz.engine.models import build_model
+    from ddpviz.engine.modes.ddp.buckets import preview_buckets
+
+    ds = load_dataset(cfg)
+    x, y = probe_batch(cfg, ds)
+    return len(preview_buckets(cfg, build_model(cfg, ds), x, y)["rebuilt"])
+
+
+def bucket_cost(cfg: RunConfig, caps_mb: tuple[float, float] = (25.0, 0.01), rounds: int = 6,
+                block_steps: int = 30) -> dict[str, Any]:
+    """ddpviz's extra host time per bucket per step (module docstring); seconds.
+
+    Raises:
+        ValueError: the two caps give the same bucket count (no slope to measure).
+    """
+    from ddpviz.engine.harness.overhead import measure_overhead
+
+    caps = []
+    for cap in caps_mb:
+        c = cfg.model_copy(update=dict(bucket_cap_mb=cap))
+        got = measure_overhead(c, rounds, block_steps=block_steps)
+        extra = [r["ddpviz_median_step_s"] - r["plain_median_step_s"] for r in got["rounds"]]
+        caps.append(dict(bucket_cap_mb=cap, buckets=bucket_count(c), extra_s=statistics.median(extra),
+                         extra_interval_90=median_interval(extra), extra_per_round_s=extra,
+                         ratio=got["ratio"], ratio_interval_90=got["ratio_interval_90"],
+                         plain_median_step_s=got["plain_median_step_s"],
+                         ddpviz_median_step_s=got["ddpviz_median_step_s"], max_param_diff=got["max_param_diff"]))
+    big, small = caps
+    dn = small["buckets"] - big["buckets"]
+    if dn == 0:
+        raise ValueError(f"caps {caps_mb} give the same bucket count ({big['buckets']}): no slope")
+    lo = (small["extra_interval_90"][0] - big["extra_interval_90"][1]) / dn
+    hi = (small["extra_interval_90"][1] - big["extra_interval_90"][0]) / dn
+    return dict(per_bucket_s=(small["extra_s"] - big["extra_s"]) / dn, per_bucket_interval_90=[lo, hi],
+                caps=caps, rounds=rounds, block_steps=block_steps, config=cfg.to_json_dict(),
+                source="measured: slope of ddpviz's extra step time (over plain torch DDP, taking turns "
+                       "block by block) between two bucket caps, per bucket")
+
+
+def _plain_run(cfg: RunConfig, tmp: str) -> list[float]:
+    from ddpviz.engine.components.devices import resolve_plan
+    from ddpviz.engine.harness.overhead import _plain_rank
+    from ddpviz.engine.modes.ranks import start_rank_processes
+
+    plan = resolve_plan(cfg)
+    ctx = start_rank_processes(_plain_rank, (cfg.to_json_dict(), plan.backend, plan.kind, f"{tmp}/pg", tmp),
+                               cfg.world_size, join=False)
+    while not ctx.join():
+        pass
+    Path(f"{tmp}/pg").unlink(missing_ok=True)
+    return json.loads(Path(tmp, "plain.json").read_text())["step_starts"]
+
+
+def _median_step_s(starts: list[float], warmup_steps: int) -> float:
+    s = starts[warmup_steps:]
+    return statistics.median(b - a for a, b in zip(s, s[1:]))
+
+
+def plain_alone(cfg: RunConfig, rounds: int = 4, warmup_steps: int = 20) -> dict[str, Any]:
+    """ddpviz DDP vs plain torch DDP, whole runs taking turns, each alone (module docstring)."""
+    from ddpviz.engine.harness.overhead import _ddpviz_run
+
+    cfg = cfg.model_copy(update=dict(mode="ddp", step_delay_s=0.0, eval_every=0, probe=False))
+    rows = []
+    for k in range(rounds):
+        with tempfile.TemporaryDirectory(prefix="ddpviz-alone-") as tmp:
+            order = ("plain", "ddpviz") if k % 2 == 0 else ("ddpviz", "plain")
+            got = {side: _median_step_s(_plain_run(cfg, tmp) if side == "plain" else
+                                        _ddpviz_run(cfg, f"alone-{k}")[0], warmup_steps) for side in order}
+        rows.append(dict(order=list(order), plain_median_step_s=got["plain"], ddpviz_median_step_s=got["ddpviz"],
+                         ratio=got["ddpviz"] / got["plain"]))
+    ratios = [r["ratio"] for r in rows]
+    return dict(ratio=statistics.median(ratios), ratio_interval_90=median_interval(ratios), rounds=rows,
+                warmup_steps=warmup_steps, config=cfg.to_json_dict(),
+                source="measured: whole runs taking turns (ABBA), each alone; rank 0's median interval "
+                       "between step starts; median of the rounds' ddpviz/plain ratios")

@@ -1,0 +1,270 @@
+"""Bucket records with no Python per bucket: DDP's own C++ all-reduce, read back from PyTorch's
+flight recorder (issue 31).
+
+A Python comm hook costs ~500 µs per bucket per step on 2 gloo ranks of this 2-core machine and
+50-75 µs on an H200 (issue 31), PyTorch's own `allreduce_hook` as much; DDP with no hook costs
+nothing extra. A DDP takes one comm hook for its life (`Reducer::register_comm_hook`: "can only be
+called once"), so the choice is made per run, not per step (`use_flight_recorder`). With no hook,
+DDP's reducer divides each gradient by world_size while copying it into its bucket and all-reduces
+the bucket (sum) in C++, in bucket-index order (`Reducer::mark_bucket_ready`).
+
+Every collective is then recorded by PyTorch's flight recorder when its buffer is non-zero
+(`TORCH_FR_BUFFER_SIZE`, or `TORCH_NCCL_TRACE_BUFFER_SIZE` on older NCCL builds; read when the
+recorder is first used, i.e. at the first collective, so it is set before DDP is built), and
+`torch._C._distributed_c10d._dump_fr_trace()` (`_dump_nccl_trace()` on older versions) returns a
+pickle of its entries. What an entry holds depends on the version and backend, checked per entry:
+
+- `time_created_ns` (unix ns, host clock): when the reducer handed the bucket to the backend — the
+  bucket's all-reduce enqueue time, every version and backend seen (gloo 2.13, NCCL 2.11);
+- `input_sizes` / `input_dtypes`: the bucket's element count and dtype, so its bytes;
+- `duration_ms`: GPU time of the collective, NCCL with `TORCH_NCCL_ENABLE_TIMING=1` only; gloo
+  (2.13) gives none, so a gloo bucket's all-reduce end is not measured (`comm_end_s` null).
+
+`ready_s` (when the bucket's last gradient arrived) is not measured on this path: null, never a
+stand-in. A dump costs ~5-15 µs per entry the buffer holds plus its unpickling (issue 31: 166
+entries 4.8 ms on an H200 host; 200 entries ~1-2 ms here), so the buffer is sized to one step's
+buckets plus slack (`buffer_entries`) and read once per step, stack traces left out.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from typing import Any, Callable
+
+FR_BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
+NCCL_BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"  # the older name (torch <= 2.5 NCCL builds)
+NCCL_TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"  # NCCL: record CUDA events per collective, so duration_ms
+SLACK_ENTRIES = 16  # the replica check's all-gather and anything else between two reads
+DTYPE_BYTES = {"Float": 4, "Half": 2, "BFloat16": 2, "Double": 8, "Long": 8, "Int": 4, "Byte": 1, "Char": 1,
+               "Bool": 1, "Short": 2}
+SOURCE = "flight recorder"  # the `bucket` events' `source` on this path (+ what it measured)
+
+
+def flight_recorder_path(cfg: Any, backend: str, model: Any) -> bool:
+    """Whether this rank's DDP runs with no comm hook (`cfg.bucket_timing == "recorder"`, overlap
+    on, no compression hook); on NCCL (with a torch that has a dump) it also turns the flight
+    recorder on with a buffer for two steps' buckets. Call before DDP is built.
+
+    Not on gloo: the recorder gathers each entry's Python stack under the GIL, and with ddpviz's
+    own threads alive that cost 1.9 ms per bucket on 2 gloo ranks here (torch 2.13, 48 buckets;
+    the Python hook 0.6 ms, no hook ~0: docs/bench/bucket-cost-cpu-2core.json); there the
+    buckets come from the reducer's layout (`LayoutBuckets`), times not measured.
+
+    Buckets per step: each bucket DDP closes holds at least its cap (`Reducer`'s assignment rule),
+    so there are at most ceil(P / cap) + 2 (the smaller first bucket, the rest), and never more
+    than the trainable parameters."""
+    if cfg.bucket_timing != "recorder" or not cfg.overlap or cfg.comm_hook != "none":
+        return False
+    if backend != "nccl" or dump_function() is None:
+        return True  # no comm hook; the recorder stays off (`LayoutBuckets`)
+    from ddpviz.engine.modes.ddp.buckets import caps_bytes
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    total = sum(p.numel() * p.element_size() for p in params)
+    first, cap = caps_bytes(cfg)
+    expected = min(len(params), -(-total // cap) + 2)
+    enable_recorder(buffer_entries(expected), backend)
+    return True
+
+
+def buffer_entries(expected_buckets: int) -> int:
+    """Flight-recorder entries to keep: two steps' buckets plus `SLACK_ENTRIES` (a read per step
+    then never misses one, and costs in proportion to one step's buckets)."""
+    return 2 * max(1, expected_buckets) + SLACK_ENTRIES
+
+
+def enable_recorder(entries: int, backend: str, environ: dict[str, str] | None = None) -> int:
+    """Turn the flight recorder on for this process (before its first collective); returns the
+    buffer size in force. A size the user already set is kept; on NCCL, `TORCH_NCCL_ENABLE_TIMING`
+    is set to 1 unless set, so entries carry `duration_ms`."""
+    env = os.environ if environ is None else environ
+    given = env.get(FR_BUFFER_ENV) or env.get(NCCL_BUFFER_ENV)
+    if not given:
+        env[FR_BUFFER_ENV] = env[NCCL_BUFFER_ENV] = str(entries)
+    if backend == "nccl":
+        env.setdefault(NCCL_TIMING_ENV, "1")
+    return int(given or entries)
+
+
+def dump_function() -> Callable[..., bytes] | None:
+    """PyTorch's dump of the flight recorder for this version (None where there is none)."""
+    try:
+        import torch._C._distributed_c10d as c10d
+    except ImportError:
+        return None
+    return getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None)
+
+
+def entry_nbytes(entry: dict[str, Any]) -> int | None:
+    """Bytes of an entry's inputs (`input_sizes` x `input_dtypes`); None if a dtype is unknown."""
+    total = 0
+    for shape, dtype in zip(entry.get("input_sizes") or [], entry.get("input_dtypes") or []):
+        size = DTYPE_BYTES.get(dtype)
+        if size is None:
+            return None
+        n = 1
+        for d in shape:
+            n *= d
+        total += n * size
+    return total
+
+
+class FlightReader:
+    """Reads the entries the flight recorder added since the last read.
+
+    Args:
+        dump: the dump function (`dump_function()`); a stand-in in tests.
+    Raises:
+        RuntimeError: this torch has no flight-recorder dump.
+    """
+
+    def __init__(self, dump: Callable[..., bytes] | None = None):
+        self.dump = dump or dump_function()
+        if self.dump is None:
+            raise RuntimeError("this torch has no flight recorder dump (_dump_fr_trace / _dump_nccl_trace)")
+        self.last_record_id = -1
+        self.dropped = 0  # entries overwritten before a read (the buffer wrapped)
+
+    def read(self) -> list[dict[str, Any]]:
+        """New entries, oldest first (by `record_id`)."""
+        try:
+            raw = self.dump(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+        except TypeError:  # a version without these keywords
+            raw = self.dump()
+        entries = sorted(pickle.loads(raw).get("entries", []), key=lambda e: e.get("record_id", -1))
+        new = [e for e in entries if e.get("record_id", -1) > self.last_record_id]
+        if new:
+            if self.last_record_id >= 0:
+                self.dropped += max(0, new[0]["record_id"] - self.last_record_id - 1)
+            self.last_record_id = new[-1]["record_id"]
+        return new
+
+
+def _is_allreduce(entry: dict[str, Any]) -> bool:
+    return str(entry.get("profiling_name", "")).endswith("all_reduce")
+
+
+class FlightBuckets:
+    """One rank's bucket records from the flight recorder, per synced backward.
+
+    Args:
+        reader: a `FlightReader`.
+        layout: `() -> [(param_indices or None, nbytes), ...]` in bucket-index order (DDP's current
+            layout, `reducer_layout`), or None.
+        names: trainable parameter names in DDP's parameter order (the indices' meaning).
+    """
+
+    def __init__(self, reader: FlightReader, layout: Callable[[], list[tuple[Any, int]] | None],
+                 names: list[str] | None = None):
+        self.reader, self._layout_fn, self.names = reader, layout, names or []
+        self.origin_ns = 0
+        self._layout: list[tuple[Any, int]] | None = None  # kept once rebuilt (DDP rebuilds once)
+        self._named: Any = None  # the layout whose parameter names were last emitted
+
+    def layout(self) -> list[tuple[Any, int]]:
+        if self._layout is not None:
+            return self._layout
+        got = self._layout_fn() or []
+        if got and all(ix is not None for ix, _ in got):
+            self._layout = got
+        return got
+
+    def begin_backward(self) -> None:
+        """Call right before the backward whose buckets should be recorded."""
+        self.origin_ns = time.time_ns()  # entries created before it (broadcasts, checks) are left out
+
+    def resolved(self) -> list[dict[str, Any]]:
+        """This backward's buckets (call after it): `bucket_index` (launch order = index order),
+        `nbytes` (from the entry), `num_params` and, when the layout is new, `param_names` (DDP's
+        layout, used only where its bucket count and bytes match the entries), `comm_start_s`
+        (enqueue, seconds from the backward's start), `comm_end_s` (start + `duration_ms` where the
+        recorder has it, else None), `ready_s` None, `source`, `sampled` False."""
+        entries = [e for e in self.reader.read() if _is_allreduce(e)
+                   and e.get("time_created_ns", 0) >= self.origin_ns]
+        out = [self._record(i, e, len(entries)) for i, e in enumerate(entries)]
+        layout = self.layout()
+        if [b for _, b in layout] == [r["nbytes"] for r in out]:
+            fresh = self._named != layout
+            for r, (ix, _) in zip(out, layout):
+                r["num_params"] = len(ix) if ix is not None else None
+                if fresh and ix is not None and self.names:
+                    r["param_names"] = [self.names[i] if i < len(self.names) else "?" for i in ix]
+            self._named = layout if fresh and all(ix is not None for ix, _ in layout) else self._named
+        return out
+
+    def _record(self, i: int, e: dict[str, Any], n: int) -> dict[str, Any]:
+        start = (e["time_created_ns"] - self.origin_ns) / 1e9
+        dur_ms = e.get("duration_ms")
+        measured = "bytes and enqueue time" + (" and GPU duration" if dur_ms is not None else
+                                               "; all-reduce end not measured (no duration on this backend)")
+        return dict(bucket_index=i, nbytes=entry_nbytes(e), num_params=None, is_last=i == n - 1, ready_s=None,
+                    comm_start_s=start, comm_end_s=start + dur_ms / 1e3 if dur_ms is not None else None,
+                    enqueue_s=start, sampled=False, source=f"{SOURCE}: {measured}")
+
+
+def reducer_layout(ddp: Any) -> list[tuple[tuple[int, ...] | None, int]] | None:
+    """(parameter indices, nbytes) per bucket of `ddp`'s current layout, from DDP's logging data
+    (`_get_ddp_logging_data()`: `rebuilt_per_bucket_param_indices` / `rebuilt_bucket_sizes` once the
+    reducer rebuilt its buckets and logged it, else `bucket_sizes` with indices unknown); None if
+    absent. Indices are into DDP's trainable parameters (module order, shared ones once)."""
+    data = ddp._get_ddp_logging_data()
+    rebuilt = data.get("rebuilt_bucket_sizes")
+    sizes = rebuilt or data.get("bucket_sizes")
+    if not sizes:
+        return None
+    nbytes = [int(s) for s in str(sizes).split(",")]
+    groups = str(data.get("rebuilt_per_bucket_param_indices") or "").split(",")
+    if rebuilt and len(groups) == len(nbytes):
+        return [(tuple(int(i) for i in g.split()), b) for g, b in zip(groups, nbytes)]
+    return [(None, b) for b in nbytes]
+
+
+LAYOUT_SOURCE = ("DDP's reducer layout: bytes, parameters and order measured; ready, all-reduce start and end "
+                 "not measured (no comm hook; flight recorder off on gloo)")
+
+
+class LayoutBuckets:
+    """One rank's bucket records from DDP's own reducer, no recorder (gloo): the buckets DDP
+    all-reduced (`reducer._get_zeros_like_grad_buckets()`: the current layout's sizes and
+    parameters, read on the first `LAYOUT_READS` backwards — DDP rebuilds once, in the second
+    forward — then kept), times null.
+
+    Args:
+        ddp: the `DistributedDataParallel`.
+        names: parameter name by `data_ptr()`.
+    """
+
+    LAYOUT_READS = 3
+
+    def __init__(self, ddp: Any, names: dict[int, str]):
+        self.ddp, self.names, self.passes = ddp, names, 0
+        self._layout: list[tuple[tuple[str, ...], int]] = []
+        self._named: Any = None
+
+    def begin_backward(self) -> None:
+        """Call right before the backward whose buckets should be recorded."""
+        self.passes += 1
+
+    def resolved(self) -> list[dict[str, Any]]:
+        """This backward's buckets: bucket_index, nbytes, num_params, param_names (when the layout
+        is new), times None, `source`, `sampled` False."""
+        if self.passes <= self.LAYOUT_READS or not self._layout:
+            self._layout = [(tuple(self.names.get(p.data_ptr(), "?") for p in b.parameters()),
+                             b.buffer().numel() * b.buffer().element_size())
+                            for b in self.ddp.reducer._get_zeros_like_grad_buckets()]
+        fresh = self._named != self._layout
+        self._named = self._layout
+        n = len(self._layout)
+        return [dict(bucket_index=i, nbytes=nbytes, num_params=len(params), is_last=i == n - 1, ready_s=None,
+                     comm_start_s=None, comm_end_s=None, sampled=False, source=LAYOUT_SOURCE,
+                     **(dict(param_names=list(params)) if fresh else {}))
+                for i, (params, nbytes) in enumerate(self._layout)]
+
+
+def recorder_on(environ: dict[str, str] | None = None) -> bool:
+    """Whether this process's flight recorder has a buffer (and this torch a dump)."""
+    env = os.environ if environ is None else environ
+    size = env.get(FR_BUFFER_ENV) or env.get(NCCL_BUFFER_ENV) or "0"
+    return size.isdigit() and int(size) > 0 and dump_function() is not None

@@ -1,0 +1,133 @@
+"""The flight-recorder path of DDP (issue 31, `bucket_timing="recorder"`, the default): no Python comm
+hook, so training must be plain DDP's exactly, and the bucket events must be PyTorch's own layout
+with nothing claimed that the recorder did not measure.
+
+Independent references: plain PyTorch DDP on 2 gloo ranks (`plain_ddp`: its final parameters and
+its own `_get_ddp_logging_data()` bucket sizes), and hand-made recorder dumps (the NCCL case, with
+`duration_ms`, which this CPU machine cannot produce).
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import runs
+import torch
+from plain_ddp import plain_ddp
+
+from ddpviz.engine.config import RunConfig
+from ddpviz.engine.modes.ddp.flight import (LAYOUT_SOURCE, FlightBuckets, FlightReader, buffer_entries, enable_recorder,
+                                            recorder_on)
+from ddpviz.engine.modes.ddp.rank import exposed_comm
+
+CFG = dict(mode="ddp", world_size=2, model="mlp", width=64, depth=3, global_batch_size=32, steps=4,
+           eval_every=0, lr=0.1, optimizer="sgd", step_delay_s=0.0, probe=False, bucket_cap_mb=0.005)
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    cfg = RunConfig(**CFG)
+    assert cfg.bucket_timing == "recorder"
+    result, sink = runs.train(cfg, "flight")
+    return cfg, result, sink, plain_ddp(cfg)
+
+
+@pytest.mark.slow
+def test_recorder_path_trains_exactly_like_plain_ddp(recorded):
+    _, result, _, ref = recorded
+    assert ref["in_sync"]
+    torch.testing.assert_close(result.final_params, ref["params"], rtol=0, atol=0)  # the same C++ path
+
+
+@pytest.mark.slow
+def test_every_steps_buckets_are_pytorchs_layout_and_times_are_null_on_gloo(recorded):
+    cfg, _, sink, ref = recorded
+    initial = [int(s) for s in ref["logging"]["bucket_sizes"].split(",")]
+    rebuilt = [int(s) for s in ref["logging"]["rebuilt_bucket_sizes"].split(",")]
+    counts = [len(g.split()) for g in ref["logging"]["rebuilt_per_bucket_param_indices"].split(",")]
+    assert len(rebuilt) == 3 and len(initial) == 1
+    for rank in (0, 1):
+        by_step = {}
+        for e in sink.of_type("bucket"):
+            if e["rank"] == rank:
+                by_step.setdefault(e["step"], []).append(e)
+        assert sorted(by_step) == list(range(cfg.steps))
+        for step, bs in by_step.items():
+            assert [b["bucket_index"] for b in bs] == list(range(len(bs)))
+            assert [b["nbytes"] for b in bs] == (initial if step == 0 else rebuilt), (rank, step)
+            if step:
+                assert [b["num_params"] for b in bs] == counts
+            for b in bs:  # gloo, no hook, no recorder: times null, never a number
+                assert b["ready_s"] is None and b["comm_start_s"] is None and b["comm_end_s"] is None
+                assert b["sampled"] is False and b["source"] == LAYOUT_SOURCE
+        assert all("param_names" in b for b in by_step[0] + by_step[1])
+        assert not any("param_names" in b for b in by_step[2])
+    step_ev = [e for e in sink.of_type("step") if e["rank"] == 0]
+    assert all(e["comm_exposed_s"] is None and e["comm_exposed_measured"] is False for e in step_ev)
+
+
+@pytest.mark.slow
+def test_no_overlap_still_runs_the_python_hook_and_says_so():
+    _, sink = runs.train(RunConfig(**{**CFG, "overlap": False, "steps": 2}), "nooverlap")
+    bs = sink.of_type("bucket")
+    assert bs and all(b["source"].startswith("comm hook (Python)") and b["comm_end_s"] is not None for b in bs)
+
+
+def _dump(entries):
+    return lambda **kw: pickle.dumps({"version": "2.x", "entries": entries})
+
+
+def _entry(rid, created_ns, numel, duration_ms=None, name="nccl:all_reduce"):
+    e = dict(record_id=rid, profiling_name=name, time_created_ns=created_ns, input_sizes=[[numel]],
+             input_dtypes=["Float"])
+    if duration_ms is not None:
+        e["duration_ms"] = duration_ms
+    return e
+
+
+def test_nccl_entries_give_gpu_durations_and_leave_out_what_came_before(monkeypatch):
+    """A stand-in NCCL dump: `duration_ms` -> comm_end_s = enqueue + duration; entries created
+    before the backward (a broadcast, the last step's buckets) and other collectives are not buckets."""
+    monkeypatch.setattr("time.time_ns", lambda: 1_000_000_000)
+    fb = FlightBuckets(FlightReader(lambda **kw: b""), lambda: [((3, 2), 400), ((1, 0), 800)], ["a", "b", "c", "d"])
+    fb.begin_backward()
+    fb.reader.dump = _dump([_entry(1, 999_000_000, 100, 0.5), _entry(2, 1_002_000_000, 100, 0.25),
+                            _entry(3, 1_003_000_000, 7, name="nccl:all_gather"), _entry(4, 1_004_000_000, 200, 1.0)])
+    out = fb.resolved()
+    assert [b["nbytes"] for b in out] == [400, 800]
+    assert [b["comm_start_s"] for b in out] == pytest.approx([0.002, 0.004])
+    assert [b["comm_end_s"] for b in out] == pytest.approx([0.00225, 0.005])
+    assert [b["param_names"] for b in out] == [["d", "c"], ["b", "a"]] and out[1]["is_last"]
+    assert "GPU duration" in out[0]["source"] and out[0]["ready_s"] is None
+
+
+def test_a_layout_that_does_not_match_the_entries_gives_no_parameter_counts():
+    fb = FlightBuckets(FlightReader(_dump([_entry(1, 10**19, 100)])), lambda: [((0,), 999)], ["a"])
+    fb.begin_backward()
+    fb.origin_ns = 0
+    (b,) = fb.resolved()
+    assert b["nbytes"] == 400 and b["num_params"] is None and "param_names" not in b
+
+
+def test_exposed_comm_is_not_measured_without_enqueue_times_or_on_cuda():
+    assert exposed_comm([dict(ready_s=None, comm_start_s=None)], 0.010, cuda=False) == (
+        None, dict(comm_exposed_measured=False))
+    gloo = [dict(ready_s=None, comm_start_s=0.001), dict(ready_s=None, comm_start_s=0.004)]
+    assert exposed_comm(gloo, 0.010, cuda=False)[0] == pytest.approx(0.006)
+    assert exposed_comm(gloo, 0.010, cuda=True) == (None, dict(comm_exposed_measured=False))
+    hook = [dict(ready_s=0.002, comm_start_s=0.002), dict(ready_s=0.007, comm_start_s=0.007)]
+    assert exposed_comm(hook, 0.010, cuda=True)[0] == pytest.approx(0.003)
+
+
+def test_enable_recorder_sizes_the_buffer_and_keeps_a_users_choice():
+    env: dict[str, str] = {}
+    assert enable_recorder(buffer_entries(10), "nccl", env) == 36
+    assert env["TORCH_FR_BUFFER_SIZE"] == "36" and env["TORCH_NCCL_ENABLE_TIMING"] == "1"
+    mine = {"TORCH_FR_BUFFER_SIZE": "2000"}
+    assert enable_recorder(36, "gloo", mine) == 2000 and "TORCH_NCCL_ENABLE_TIMING" not in mine
+
+
+def test_the_recorder_is_on_only_with_a_buffer():
+    assert recorder_on({"TORCH_FR_BUFFER_SIZE": "36"}) and recorder_on({"TORCH_NCCL_TRACE_BUFFER_SIZE": "8"})
+    assert not recorder_on({}) and not recorder_on({"TORCH_FR_BUFFER_SIZE": "0"})
