@@ -14,13 +14,17 @@ import pandas as pd
 from ddpviz.app.charts.style import CHROME_PX, HEIGHT, PHASE_HUES, ROW_PX, STEP_X, WIDTH, legend, run_scale, title
 
 KINDS = ["backward (compute)", "all-reduce (one bucket)", "bucket ready",
-         "exposed comm"]  # exposed: after the last bucket was ready
+         "exposed comm",  # exposed: after the last bucket was ready
+         "all-reduce began (end not measured)"]  # a step whose events carry the start only
 # drawn opaque: the legend's swatch is the mark's colour (`app.charts.style.PHASE_HUES`: one per meaning)
-COLOURS = [PHASE_HUES["backward"], PHASE_HUES["all-reduce"], PHASE_HUES["bucket ready"], PHASE_HUES["exposed comm"]]
-COLOUR_NAMES = dict(zip(KINDS, ["light purple", "dark red", "black", "light red"]))  # for the notes
+COLOURS = [PHASE_HUES["backward"], PHASE_HUES["all-reduce"], PHASE_HUES["bucket ready"], PHASE_HUES["exposed comm"],
+           PHASE_HUES["all-reduce"]]
+COLOUR_NAMES = dict(zip(KINDS, ["light purple", "dark red", "black", "light red", "dark red"]))  # for the notes
 EXPOSED_NOTE = f"{COLOUR_NAMES[KINDS[3]]}: {KINDS[3]}"  # the subtitle's words for the exposed band
 _KIND = alt.Color("kind:N", legend=legend("", orient="bottom", columns=2),
-                  scale=alt.Scale(domain=KINDS, range=COLOURS))
+                  scale=alt.Scale(domain=KINDS[:4], range=COLOURS[:4]))
+_KIND_STARTS = alt.Color("kind:N", legend=legend("", orient="bottom", columns=2),  # with starts-only marks
+                         scale=alt.Scale(domain=KINDS, range=COLOURS))
 SUB_ROW_PX = 20  # one bucket's row inside a rank's lane
 MAX_LANE_PX = 260  # many buckets share this much height per rank
 LEGEND_PX = 70  # the legend below the plot, two rows
@@ -63,8 +67,8 @@ def bucket_timeline(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: pd.D
     bwd, exp, rows, n = _rows(buckets, backward, exposed, lanes)
     centers = [i * (n + 1) + n / 2 for i in range(len(lanes))]
     names = " : ".join(f"datum.value == {c} ? '{lane}'" for c, lane in zip(centers, lanes))
-    y = alt.Y("y0:Q", title="rank", scale=alt.Scale(
-        domain=[-0.5, len(lanes) * (n + 1) - 0.5], reverse=True, nice=False, zero=False),
+    y_scale = alt.Scale(domain=[-0.5, len(lanes) * (n + 1) - 0.5], reverse=True, nice=False, zero=False)
+    y = alt.Y("y0:Q", title="rank", scale=y_scale,
         axis=alt.Axis(values=centers, labelExpr=f"{names} : ''" if names else "''",
                       grid=False, ticks=False))
     scale = alt.Scale(domain=[0, x_max_ms], nice=False) if x_max_ms else alt.Scale()
@@ -92,6 +96,13 @@ def bucket_timeline(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: pd.D
         color=_KIND, tooltip=tip))
     layers.append(alt.Chart(rows.assign(kind=KINDS[2])).mark_rule(strokeWidth=2.5).encode(
         x=alt.X("ready_ms:Q", scale=scale), y=y, y2="y1:Q", color=_KIND, tooltip=tip))
+    starts = rows[rows["comm_start_ms"].notna() & rows["comm_end_ms"].isna()] if not rows.empty else rows
+    if not starts.empty:  # the start is measured, the end is not: a mark at the start, never a bar
+        layers = [layer.encode(color=_KIND_STARTS) for layer in layers]
+        layers.append(alt.Chart(starts.assign(kind=KINDS[4], y_mid=starts["y0"] + 0.35)).mark_point(
+            shape="triangle-right", filled=True, size=70, opacity=1).encode(
+            x=alt.X("comm_start_ms:Q", scale=scale), y=alt.Y("y_mid:Q", scale=y_scale), color=_KIND_STARTS,
+            tooltip=tip + [alt.Tooltip("source:N", title="measured by")]))
     ddps = int(buckets["ddp_index"].nunique()) if not buckets.empty and "ddp_index" in buckets else 1
     if ddps > 1:  # several DDPs in one process (an attached GAN): "DDP k" at the first of its rows
         first = rows.groupby(["lane", "ddp_index"], as_index=False)["y0"].min()
@@ -104,7 +115,10 @@ def bucket_timeline(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: pd.D
     label = f"{run}: step {step}" if step is not None and not latest else run
     whose = f" of {ddps} DDPs (DDP 0's rows first)" if ddps > 1 else ""
     sub = (f"{n} bucket(s){whose} per rank, a row each; {EXPOSED_NOTE}" if not latest else
-           f"latest complete step: a lane per rank, a row per bucket{whose}; {EXPOSED_NOTE}")
+           f"a typical step: a lane per rank, a row per bucket{whose}; {EXPOSED_NOTE}")
+    if not buckets.empty and buckets["comm_end_ms"].isna().all():
+        sources = sorted(set(buckets["source"]) - {""}) if "source" in buckets else []
+        sub += ("; all-reduce ends not measured on this step" + (f" ({sources[0]})" if sources else ""))
     return alt.layer(*layers).properties(
         title=title(label, sub),
         width=WIDTH, height=CHROME_PX + LEGEND_PX + lane_px * max(2, len(lanes)))

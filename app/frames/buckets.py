@@ -136,10 +136,11 @@ def bucket_frame(events: Iterable[Event], step: int | None = None) -> pd.DataFra
     "3", or "DDP 1 · 3" when the step has buckets of several DDPs), row (the bucket's row in a
     rank's lane, the same on every rank: DDP by DDP, bucket by bucket), nbytes, mib, num_params,
     ready_ms, comm_start_ms, comm_end_ms, comm_ms, algbw_gbps (bytes / all-reduce time, GB/s =
-    1e9 B/s); the times are NaN (not measured, never 0) where the event's are null.
+    1e9 B/s), source (how the event says its fields were measured; "" when it does not say); the
+    times are NaN (not measured, never 0) where the event's are null.
     """
     cols = ["step", "rank", "ddp_index", "bucket_index", "bucket", "row", "nbytes", "mib", "num_params",
-            "ready_ms", "comm_start_ms", "comm_end_ms", "comm_ms", "algbw_gbps"]
+            "ready_ms", "comm_start_ms", "comm_end_ms", "comm_ms", "algbw_gbps", "source"]
     events = list(events)
     step = latest_complete_step(events, "bucket") if step is None else step
     evs = [e for e in of_type(events, "bucket") if e["step"] == step]
@@ -150,7 +151,7 @@ def bucket_frame(events: Iterable[Event], step: int | None = None) -> pd.DataFra
         "bucket_index": int(e["bucket_index"]),
         "nbytes": int(e.get("nbytes", 0)), "num_params": e.get("num_params"),
         "ready_ms": _ms(e.get("ready_s")), "comm_start_ms": _ms(e.get("comm_start_s")),
-        "comm_end_ms": _ms(e.get("comm_end_s"))} for e in evs])
+        "comm_end_ms": _ms(e.get("comm_end_s")), "source": e.get("source") or ""} for e in evs])
     df["mib"] = df["nbytes"] / MIB
     df["comm_ms"] = df["comm_end_ms"] - df["comm_start_ms"]
     secs = (df["comm_ms"] / 1000.0).where(df["comm_ms"] > 0)

@@ -11,6 +11,7 @@ from test_app_chart_text import _built, _walk, specs  # noqa: F401 (the fixture)
 from ddpviz.app.charts import style
 
 ALIASES = {"backward (compute)": "backward", "all-reduce (one bucket)": "all-reduce",
+           "all-reduce began (end not measured)": "all-reduce",
            "waiting for the all-reduce": "exposed comm", "waiting for the GIL": "gil",
            # one series drawn on two charts (bandwidth, time)
            "probe all-reduce time (measured)": "probe", "probe busbw (measured)": "probe",

@@ -120,3 +120,25 @@ def test_memory_over_the_run_starts_at_zero_for_an_attached_run():
                  lo_bytes=1e8, hi_bytes=1e8, readings=1, bin_s=0.5) for t in (-0.12, 0.4, 1.0)]
     df = fm.memory_over_run_frame(bins, "run", origin_ts=100.0)
     assert df["t_s"].min() == 0.0 and df["t_s"].max() == pytest.approx(1.12)
+
+
+def test_a_step_with_starts_only_draws_marks_not_bars_and_says_so():
+    # the flight recorder on gloo: bytes and enqueue time, no end (issue 31's unsampled steps)
+    from ddpviz.app.charts.buckets import KINDS, bucket_timeline
+
+    src = "flight recorder: bytes and enqueue time; all-reduce end not measured"
+    events = [dict(type="bucket", rank=r, step=4, bucket_index=b, nbytes=4096, num_params=2, is_last=b == 1,
+                   ready_s=None, comm_start_s=0.001 * (b + 1), comm_end_s=None, sampled=False, source=src)
+              for r in range(2) for b in range(2)]
+    steps = [dict(type="step", rank=r, step=4, samples=8, step_time_s=0.01, backward_s=0.004,
+                  comm_exposed_s=None) for r in range(2)]
+    names = fb.rank_names(steps + events)
+    frame = fb.with_rank_names(fb.bucket_frame(events, 4), names)
+    assert frame["comm_start_ms"].tolist() == pytest.approx([1.0, 2.0, 1.0, 2.0])
+    assert frame["comm_end_ms"].isna().all() and frame["comm_ms"].isna().all()
+    spec = bucket_timeline(frame, fb.with_rank_names(fb.backward_frame(steps, 4), names),
+                           fb.with_rank_names(fb.exposed_frame(frame, steps), names), run="DDP").to_dict()
+    marks = [layer for layer in spec["layer"] if (layer.get("mark") or {}).get("type") == "point"]
+    assert len(marks) == 1 and marks[0]["encoding"]["x"]["field"] == "comm_start_ms"
+    assert KINDS[4] in marks[0]["encoding"]["color"]["scale"]["domain"]
+    assert "all-reduce ends not measured on this step (flight recorder" in " ".join(spec["title"]["subtitle"])
