@@ -111,7 +111,7 @@ def dp_phase_chart(phases: pd.DataFrame) -> alt.Chart:
         tooltip=[alt.Tooltip("device:N"), alt.Tooltip("phase:N"),
                  alt.Tooltip("dur_ms:Q", title="duration (ms)", format=".2f"),
                  alt.Tooltip("nbytes:Q", title="bytes copied", format=",")],
-    ).properties(title=title("DP phases", "latest step: device 0 alone broadcasts, reduces and steps"),
+    ).properties(title=title("DP phases", "a typical step: device 0 alone broadcasts, reduces and steps"),
                  width=WIDTH, height=max(230, rows_height(phases, "device")))  # 4 legend rows
 
 

@@ -130,7 +130,7 @@ with left:
 with right:
     st.fragment(panels.split_panel, run_every=every)(*args)
 st.fragment(panels.memory_panel, run_every=every)(*args)
-st.subheader("Latest step, per device")
+st.subheader("A typical step, per device")
 for col, rid in zip(st.columns(len(ids)), ids):
     with col:
         st.fragment(panels.detail_panel, run_every=DETAIL_REFRESH_S if live else None,
