@@ -322,14 +322,14 @@ def _step_memory(w: RunWindow, curve: pd.DataFrame, label: str, rid: str, y_max:
 
 # ---- per-run detail ---------------------------------------------------------------------------
 def detail_panel(client, windows: dict[str, RunWindow], labels: dict[str, str], rid: str) -> None:
-    """The latest step of one run: DDP bucket timeline, FSDP unit timeline or DP phase timeline,
-    and bytes moved."""
+    """A typical step of one run (`detail.typical_detail_step`; FSDP: the latest): DDP bucket
+    timeline, FSDP unit timeline or DP phase timeline, and bytes moved."""
     refresh(client, windows)
     w = windows[rid]
     st.markdown(f"##### {labels[rid]}")
     if w.mode == "ddp":
-        buckets = frames_buckets.bucket_frame(w.of_type("bucket"),
-                                               detail.typical_detail_step(w.of_type("bucket"), w.of_type("step"), "bucket"))
+        step = detail.typical_detail_step(w.of_type("bucket"), w.of_type("step"), "bucket")
+        buckets = frames_buckets.bucket_frame(w.of_type("bucket"), step)
         if buckets.empty:
             _waiting("bucket events")
         else:
@@ -346,7 +346,8 @@ def detail_panel(client, windows: dict[str, RunWindow], labels: dict[str, str], 
             _waiting("DP phase events")
         else:
             _chart(charts_dp.dp_phase_chart(phases), f"chart_phases_{rid}")
-            st.caption(f"{detail.step_text(int(phases['step'].iloc[0]), w.of_type('step'), w.of_type('dp_phase'))}; every step on the DP timeline page.")
+            said = detail.step_text(int(phases["step"].iloc[0]), w.of_type("step"), w.of_type("dp_phase"))
+            st.caption(f"{said}; every step on the DP timeline page.")
     else:
         st.caption("single device: no communication to show")
         return
@@ -383,7 +384,8 @@ def _bucket_caption(w: RunWindow, buckets: pd.DataFrame) -> None:
     r0 = buckets[buckets["rank"] == buckets["rank"].min()]
     bw = r0["algbw_gbps"].dropna()
     med = statistics.median(bw) if len(bw) else float("nan")
-    st.caption(f"{detail.step_text(int(buckets['step'].iloc[0]), w.of_type('step'), w.of_type('bucket'))}: {len(r0)} bucket(s), "
+    said = detail.step_text(int(buckets["step"].iloc[0]), w.of_type("step"), w.of_type("bucket"))
+    st.caption(f"{said}: {len(r0)} bucket(s), "
                f"{frames.format_bytes(r0['nbytes'].sum())} of gradients per rank; median all-reduce "
                f"algbw {frames.format_rate(med * 1e9)} (rank {int(r0['rank'].iloc[0])}). Every step, on "
                f"the Bucket timeline page.")

@@ -107,4 +107,5 @@ def bytes_chart(volume: pd.DataFrame) -> alt.LayerChart:
                  "theory: DP device 0 (n−1)·P each way, others P; ring all-reduce 2(n−1)/n·P each way per rank; "
                  "FSDP 3(n−1)/n·P (2(n−1)/n·P without reshard)")
     return _labelled(bars, "amount:Q", y, **offset).properties(
-        title=head, width=WIDTH, height=rows_height(df, "where", row_px=34, title_params=head) + 10 * (df["which"].nunique() - 1))
+        title=head, width=WIDTH,
+        height=rows_height(df, "where", row_px=34, title_params=head) + 10 * (df["which"].nunique() - 1))

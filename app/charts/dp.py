@@ -12,7 +12,16 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from ddpviz.app.charts.style import GIL_COLOUR, PHASE_COLOURS, PHASE_HUES, THREAD_STATE_HUES, WIDTH, legend, rows_height, title
+from ddpviz.app.charts.style import (
+    GIL_COLOUR,
+    PHASE_COLOURS,
+    PHASE_HUES,
+    THREAD_STATE_HUES,
+    WIDTH,
+    legend,
+    rows_height,
+    title,
+)
 from ddpviz.app.frames.dp import DP_PHASES, GIL_LANE
 
 IDLE = "idle (waiting)"

@@ -80,7 +80,8 @@ class MemorySampler:
         self.tel, self.devices, self.steps, self.ledger = tel, devices, steps, ledger
         self.existing, self.hooks, self.interval_s, self.phases_of = existing, hooks, interval_s, phases_of
         self._last_fields: dict[str, Any] = {}
-        self._held_start: dict[str, tuple[int, int]] = {}  # CUDA device -> (allocated, ledger's bytes) at a traced step's start
+        # CUDA device -> (allocated, the ledger's bytes) at a traced step's start
+        self._held_start: dict[str, tuple[int, int]] = {}
         self._window_start = now()
         self.timer = MemoryTimer(tel, devices, nvml=nvml, interval_s=interval_s, extra=self._ledger_reading)
         self._lock = self.timer.lock

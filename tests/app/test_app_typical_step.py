@@ -53,7 +53,8 @@ def _median_steady_step(events) -> int:
     """The kept plain step nearest the median of the plain steps after warm-up (by hand)."""
     plain = [s for s in range(3, STEPS) if not should_trace_memory(s, STEPS)]
     times = sorted(_step_time(s) for s in plain)
-    median = (times[len(times) // 2 - 1] + times[len(times) // 2]) / 2 if len(times) % 2 == 0 else times[len(times) // 2]
+    mid = len(times) // 2
+    median = (times[mid - 1] + times[mid]) / 2 if len(times) % 2 == 0 else times[mid]
     kept = [s for s in KEPT if s in plain]
     return min(kept, key=lambda s: (abs(_step_time(s) - median), -s))
 
