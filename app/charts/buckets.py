@@ -118,7 +118,8 @@ def bucket_timeline(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: pd.D
            f"a typical step: a lane per rank, a row per bucket{whose}; {EXPOSED_NOTE}")
     if not buckets.empty and buckets["comm_end_ms"].isna().all():
         sources = sorted(set(buckets["source"]) - {""}) if "source" in buckets else []
-        sub += ("; all-reduce ends not measured on this step" + (f" ({sources[0]})" if sources else ""))
+        what = "bucket times" if buckets["comm_start_ms"].isna().all() else "all-reduce ends"
+        sub += (f"; {what} not measured on this step" + (f" ({sources[0]})" if sources else ""))
     return alt.layer(*layers).properties(
         title=title(label, sub),
         width=WIDTH, height=CHROME_PX + LEGEND_PX + lane_px * max(2, len(lanes)))
