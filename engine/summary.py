@@ -17,7 +17,8 @@ checksums (`replica_check`) — while at least half the steps remain. Peak memor
 events (the live-tensor ledger's maximum on CPU, the CUDA allocator's on GPU), never an estimate.
 On CUDA the allocator's peak also holds what libraries keep (cuBLAS workspaces): `memory` events
 that carry `peak_training_bytes` and `library_floor_bytes` (`engine.measure.memory.step_memory_parts`)
-give `peak_training_bytes` / `library_floor_bytes` per device, and `memory_imbalance` is then
+give `peak_training_bytes` / `library_floor_bytes` per device (the training's peak from steps >= 1
+when there are any: step 0 allocates the workspaces inside the step), and `memory_imbalance` is then
 max/min of the training's peaks.
 `events_lost` sums the `events_lost` of the run's `log` events: events a rank's writer dropped
 (`engine.events.BatchingSink`), so a summary built without them says so.
@@ -129,7 +130,8 @@ class SummaryBuilder:
         self.bucket_unspanned: set[int] = set()  # rank-0 steps with a bucket whose all-reduce end is unknown
         self.dp_comm: dict[int, float] = defaultdict(float)
         self.peak: dict[str, int] = {}
-        self.peak_training: dict[str, int] = {}  # device -> largest `peak_training_bytes` (CUDA)
+        self.peak_training: dict[str, int] = {}  # device -> largest `peak_training_bytes` (CUDA), steps >= 1
+        self.peak_training_first: dict[str, int] = {}  # the same on step 0 (its rise holds the workspaces)
         self.library_floor: dict[str, int] = {}  # device -> largest `library_floor_bytes` (CUDA)
         self.memory_sources: set[str] = set()
         self.volume: dict[str, dict[str, int]] = {}
@@ -157,7 +159,10 @@ class SummaryBuilder:
                 self.peak[dev] = max(self.peak.get(dev, 0), int(peak))
                 self.memory_sources.add(str(e.get("source")))
             if e.get("peak_training_bytes") is not None:  # CUDA: the peak less the library's floor
-                self.peak_training[dev] = max(self.peak_training.get(dev, 0), int(e["peak_training_bytes"]))
+                # step 0 makes the libraries' workspaces inside the step (in its rise, not yet a
+                # floor): the training's peak is read from later steps when there are any
+                into = self.peak_training if e.get("step", 0) >= 1 else self.peak_training_first
+                into[dev] = max(into.get(dev, 0), int(e["peak_training_bytes"]))
                 self.library_floor[dev] = max(self.library_floor.get(dev, 0), int(e["library_floor_bytes"]))
         elif t == "comm_volume":
             self.volume[e["device"]] = {k: e.get(k) for k in VOLUME_KEYS if k in e}
@@ -234,15 +239,16 @@ class SummaryBuilder:
         if out["comm_exposed_s"] is None and any(e.get("comm_exposed_measured") is False for e in last):
             out["comm_exposed_note"] = COMM_NOT_MEASURED
         out["peak_memory_bytes"] = dict(sorted(self.peak.items()))
+        training = {**self.peak_training_first, **self.peak_training}  # later steps win
         if self.peak:
             # the training's own peaks where a library's floor was measured (issue 31: four cuBLAS
             # workspaces on every GPU would make any imbalance look like 1.0x)
-            peaks = self.peak_training if set(self.peak_training) == set(self.peak) else self.peak
+            peaks = training if set(training) == set(self.peak) else self.peak
             lo = min(peaks.values())
             out["memory_imbalance"] = max(peaks.values()) / lo if lo else None
             out["memory_source"] = ", ".join(sorted(self.memory_sources))
-        if self.peak_training:
-            out["peak_training_bytes"] = dict(sorted(self.peak_training.items()))
+        if training:
+            out["peak_training_bytes"] = dict(sorted(training.items()))
             out["library_floor_bytes"] = dict(sorted(self.library_floor.items()))
         out["bytes_per_device"] = dict(sorted(self.volume.items()))
         for k in ("val_loss", "val_accuracy"):

@@ -78,3 +78,13 @@ def test_summary_without_a_floor_keeps_the_allocator_peaks():
         b.observe(dict(type="memory", step=0, device=dev, source="tensors", peak_allocated_bytes=peak))
     s = b.summary()
     assert s["memory_imbalance"] == pytest.approx(4.0) and "peak_training_bytes" not in s
+
+
+def test_summary_reads_the_training_peak_after_step_0_which_makes_the_workspaces():
+    b = SummaryBuilder()
+    # step 0: nothing held at its start, its first matmuls allocate the workspaces inside it
+    b.observe(dict(_memory("cuda:0", 4 * CUBLAS_WORKSPACE + 3_000_000, 0), step=0))
+    b.observe(dict(_memory("cuda:0", 4 * CUBLAS_WORKSPACE + 2_500_000, 4 * CUBLAS_WORKSPACE), step=1))
+    s = b.summary()
+    assert s["peak_training_bytes"] == {"cuda:0": 2_500_000}  # not step 0's 134 MB rise
+    assert s["library_floor_bytes"] == {"cuda:0": 4 * CUBLAS_WORKSPACE}
