@@ -93,7 +93,10 @@ def test_huggingface_trainer_steps_are_its_optimizer_steps(tmp_path):
 
 LIGHTNING = """
 import json, torch, torch.nn as nn
-import lightning.pytorch as pl
+try:
+    import lightning.pytorch as pl
+except ImportError:  # the standalone `pytorch-lightning` package, which LightningCallback accepts too
+    import pytorch_lightning as pl
 from torch.utils.data import DataLoader, TensorDataset
 from ddpviz.integrations import LightningCallback
 
@@ -134,8 +137,9 @@ print(json.dumps(dict(seen=model.seen)))
 
 
 def test_lightning_manual_optimization_with_two_optimizers_is_one_step_per_batch(tmp_path):
-    if importlib.util.find_spec("lightning") is None:
-        pytest.skip("lightning is not installed (an optional integration, not a dependency of ddpviz)")
+    if importlib.util.find_spec("lightning") is None and importlib.util.find_spec("pytorch_lightning") is None:
+        pytest.skip("neither lightning nor pytorch-lightning is installed (an optional integration, "
+                    "not a dependency of ddpviz)")
     mine, events = _run_attached(LIGHTNING, tmp_path)
     steps = _steps(events)
     assert [n for n, _ in mine["seen"]] == [16, 16, 8]  # the script's own count: three batches

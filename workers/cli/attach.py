@@ -39,7 +39,8 @@ import redis
 
 from ddpviz.engine.attach.env import PUMP_INTERVAL_S  # events are forwarded this often
 from ddpviz.workers.attached import create_record, failure, record_ending, refresh_summary
-from ddpviz.workers.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_REFUSED
+from ddpviz.workers.cli.exits import EXIT_REFUSED
+from ddpviz.workers.cli.upload import _store, cmd_upload, upload_hint  # noqa: F401 (cmd_upload: `ddpviz upload`)
 
 CANCEL_POLL_S = 0.5  # the cancel flag is read this often
 RECONNECT_S = 2.0  # a lost Redis is tried again this often
@@ -70,17 +71,6 @@ def default_kill_after_s(env: dict[str, str] | None = None) -> float:
 
 def _say(message: str) -> None:
     print(f"ddpviz: {message}", file=sys.stderr, flush=True)
-
-
-def _store(url: str | None):
-    """A `RunStore` on a client that fails fast (never stalls the loop), or None."""
-    from ddpviz.workers.connection import connect
-    from ddpviz.workers.store import RunStore
-
-    try:
-        return RunStore(connect(url, retry_attempts=0, socket_timeout_s=2.0))
-    except Exception:
-        return None
 
 
 def _is_torchrun(cmd: list[str]) -> bool:
@@ -359,14 +349,6 @@ class Launch:
             time.sleep(0.2)
 
 
-def upload_hint(spool: Path, url: str | None) -> str:
-    """The `ddpviz upload` command that sends `spool` to the run's own Redis (`url`, its password
-    shown as ``***``: `ddpviz upload` without --url also finds it in the spool when it has none)."""
-    from ddpviz.workers.connection import redact
-
-    return f"ddpviz upload --url {redact(url)} {spool}" if url else f"ddpviz upload {spool}"
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from ddpviz.workers.connection import redact, redis_url
     from ddpviz.workers.store import new_run_id
@@ -425,41 +407,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGINT, previous)
     return code
-
-
-def cmd_upload(args: argparse.Namespace) -> int:
-    """Send a spool's events that are not yet stored, and record the run's ending. Redis: --url,
-    else $REDIS_URL, else the run's own (the spool's meta.json, when it had no password), else
-    the default (`workers.connection.redis_url`)."""
-    from ddpviz.workers.connection import redact, redis_url
-    from ddpviz.workers.spool import SpoolForwarder, read_json
-
-    spool = Path(args.spool)
-    meta = read_json(spool / "meta.json")
-    if not meta or "run_id" not in meta:
-        _say(f"refused: {spool} is not a ddpviz spool folder (no meta.json with a run_id)")
-        return EXIT_REFUSED
-    url = args.url or os.environ.get("REDIS_URL", "").strip() or meta.get("redis_url") or redis_url()
-    store = _store(url)
-    if store is None:
-        from ddpviz.workers.connection import connect
-
-        connect(url)  # raises RedisUnavailable, which names the URL
-    run_id = meta["run_id"]
-    if not store.exists(run_id):
-        create_record(store, run_id, meta.get("command"), meta.get("label"), ran_at=meta.get("created_at"))
-    fwd = SpoolForwarder(spool, run_id, store)
-    if not fwd.pump(final=True):
-        _say(f"could not store every event: {fwd.redis_error}")
-        return EXIT_FAILED
-    ending = read_json(spool / "ending.json")
-    if ending and (not meta.get("joined") or ending["status"] == "failed"):
-        record_ending(store, run_id, ending)
-    elif ending:
-        refresh_summary(store, run_id)
-    _say(f"run {run_id}: sent to {redact(url)}")
-    print(run_id)
-    return EXIT_OK
 
 
 def register(command) -> None:
