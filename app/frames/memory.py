@@ -98,7 +98,9 @@ def peak_caption(peaks: pd.DataFrame) -> str | None:
     src = ", ".join(sorted(SOURCE_LABELS.get(s, s) for s in set(peaks["source"])))
     if peaks["training_mib"].notna().any() and peaks.dropna(subset=["training_mib"])["device"].nunique() \
             == peaks["device"].nunique():  # CUDA: the library's floor held apart (issue 31)
-        per = peaks.groupby("device")["training_mib"].max()
+        later = peaks[peaks["step"].fillna(0) >= 1]  # step 0 makes the workspaces inside it
+        use = later if later["device"].nunique() == peaks["device"].nunique() else peaks
+        per = use.groupby("device")["training_mib"].max()
         floor = peaks.groupby("device")["floor_mib"].max()
         if per.min() <= 0:
             return None
