@@ -81,11 +81,13 @@ class RunConfig(BaseModel):
     # buckets overlapping backward.
     bucket_cap_mb: float = Field(25.0, gt=0.0, le=4096.0)
     overlap: bool = True  # False: defer every all-reduce until the last bucket is ready
-    # DDP bucket records (issue 31): "recorder" = DDP's own C++ all-reduce, bytes and enqueue times
-    # from PyTorch's flight recorder (no Python per bucket); "hook" = ddpviz's Python comm hook on every
-    # bucket (ready, all-reduce start and end measured; ~0.5 ms per bucket on gloo here). overlap=false
-    # and comm_hook need the hook and use it whatever this says (engine/modes/ddp/flight.py)
-    bucket_timing: Literal["recorder", "hook"] = "recorder"
+    # DDP bucket records (issue 31, docs/bucket-timing.md): "hook" = ddpviz's Python comm hook on every
+    # bucket (ready, all-reduce start and end measured on every step; ~0.6-0.8 ms per bucket per step on
+    # gloo here); "recorder" = no comm hook, DDP's own C++ all-reduce (no cost per bucket measured): bytes,
+    # parameters and order from DDP's reducer, on NCCL enqueue times and GPU durations from PyTorch's
+    # flight recorder; times not measured on gloo, exposed comm not measured. overlap=false and comm_hook
+    # need the hook and use it whatever this says (engine/modes/ddp/flight.py)
+    bucket_timing: Literal["hook", "recorder"] = "hook"
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
     find_unused_parameters: bool = False

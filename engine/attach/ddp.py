@@ -133,7 +133,7 @@ class Watch(DeferredMarks):
         session.set_device(device.type, device.index)
         self.world_size = dist.get_world_size(ddp.process_group)
         names = {p.data_ptr(): n for n, p in ddp.module.named_parameters()}
-        clock = CudaClock() if device.type == "cuda" else HostClock()
+        clock = CudaClock(device) if device.type == "cuda" else HostClock()  # the DDP's device (31.5)
         rec = BucketRecorder(self.world_size, True, names, clock, group=ddp.process_group, predivided=True)
         self.state = HookState(rec, session.guard, self.world_size)
         self.layouts: list[list[dict]] = []  # the layout of each of the first synced backwards

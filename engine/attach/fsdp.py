@@ -62,7 +62,7 @@ class FsdpWatch(DeferredMarks):
         self.sharded: list[torch.nn.Module] = []  # every module fully_shard was given, in order
         self.module: torch.nn.Module | None = None
         self.units: list[tuple[str, torch.nn.Module]] = []
-        self.log = CollectiveLog(CudaClock() if device.type == "cuda" else HostClock())
+        self.log = CollectiveLog(CudaClock(device) if device.type == "cuda" else HostClock())
         self.log.phase = None
         self.log_step: int | None = None  # the step the log's records belong to
         self.deferred: list[tuple[int, list[dict], Any]] = []  # CUDA: sampled steps' records not yet complete

@@ -27,11 +27,21 @@ class HostClock:
 
 
 class CudaClock:
-    """CUDA event marks, resolved to seconds after a synchronize."""
+    """CUDA event marks, resolved to seconds after a synchronize.
+
+    Args:
+        device: the device whose current stream the events are recorded on — the module's (a DDP's
+            `device_ids[0]` or its parameters' device), not the calling thread's current device:
+            a script that never calls `torch.cuda.set_device` runs its main thread on GPU 0 while
+            rank k's work runs on GPU k (issue 31.5); None: the current device (the old behaviour).
+    """
+
+    def __init__(self, device: torch.device | int | None = None):
+        self.device = device
 
     def mark(self) -> Any:
         ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
+        ev.record(torch.cuda.current_stream(self.device))
         return ev
 
     def seconds(self, origin: Any, mark: Any) -> float:
@@ -58,7 +68,7 @@ class StepClock:
 
     def __init__(self, device: torch.device):
         self.device = device
-        self._clock = CudaClock() if device.type == "cuda" else HostClock()
+        self._clock = CudaClock(device) if device.type == "cuda" else HostClock()
 
     def mark(self) -> Any:
         return self._clock.mark()

@@ -44,10 +44,14 @@ def step_fields(*, loss: float, samples: int, step_time_s: float, forward_s: flo
                 backward_s: float, comm_exposed_s: float | None, optimizer_s: float, start: float,
                 **extra: Any) -> dict[str, Any]:
     """The `step` event's measures; samples_per_s = samples / step_time_s. `comm_exposed_s` is
-    None where the mode cannot measure it (FSDP on CUDA), never a stand-in number.
+    None where the mode cannot measure it (FSDP on CUDA), never a stand-in number: an `extra`
+    `comm_exposed_measured=False` (an attached run's DDP, DP or FSDP on CUDA, issue 31.3) makes it
+    None whatever figure the caller had in its place.
 
     `start` is the step's `now()` reading; it is reported as `start_ts` (unix seconds).
     """
+    if extra.get("comm_exposed_measured") is False:
+        comm_exposed_s = None
     return dict(loss=loss, samples=samples, step_time_s=step_time_s, forward_s=forward_s,
                 backward_s=backward_s, comm_exposed_s=comm_exposed_s, optimizer_s=optimizer_s,
                 samples_per_s=samples / step_time_s if step_time_s > 0 else 0.0,

@@ -1,4 +1,4 @@
-"""The flight-recorder path of DDP (issue 31, `bucket_timing="recorder"`, the default): no Python comm
+"""The no-hook path of DDP (issue 31, `bucket_timing="recorder"`): no Python comm
 hook, so training must be plain DDP's exactly, and the bucket events must be PyTorch's own layout
 with nothing claimed that the recorder did not measure.
 
@@ -22,13 +22,13 @@ from ddpviz.engine.modes.ddp.flight import (LAYOUT_SOURCE, FlightBuckets, Flight
 from ddpviz.engine.modes.ddp.rank import exposed_comm
 
 CFG = dict(mode="ddp", world_size=2, model="mlp", width=64, depth=3, global_batch_size=32, steps=4,
-           eval_every=0, lr=0.1, optimizer="sgd", step_delay_s=0.0, probe=False, bucket_cap_mb=0.005)
+           eval_every=0, lr=0.1, optimizer="sgd", step_delay_s=0.0, probe=False, bucket_cap_mb=0.005,
+           bucket_timing="recorder")
 
 
 @pytest.fixture(scope="module")
 def recorded():
     cfg = RunConfig(**CFG)
-    assert cfg.bucket_timing == "recorder"
     result, sink = runs.train(cfg, "flight")
     return cfg, result, sink, plain_ddp(cfg)
 

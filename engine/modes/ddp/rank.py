@@ -83,7 +83,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
               broadcast_buffers=cfg.broadcast_buffers)
     names = {p.data_ptr(): n for n, p in model.named_parameters()}
     rec = MemoryBucketRecorder(world, cfg.overlap, names,  # its marks read this thread's clocks too
-                               MeteredClock(CudaClock() if device.type == "cuda" else HostClock()),
+                               MeteredClock(CudaClock(device) if device.type == "cuda" else HostClock()),
                                predivided=True)  # the loss is scaled by 1/world below
     if use_recorder:  # no comm hook: DDP divides while copying into buckets; no Python per bucket
         rec.predivided = False

@@ -95,7 +95,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
     if note and rank == 0:
         tel.emit("log", level="warning", message=note)
     units = shard_model(model, cfg, device)
-    log = CollectiveLog(CudaClock() if device.type == "cuda" else HostClock())
+    log = CollectiveLog(CudaClock(device) if device.type == "cuda" else HostClock())
     unrecorded = install_recorders(units, log)
     if unrecorded and rank == 0:
         tel.emit("log", level="warning", message=unrecorded)

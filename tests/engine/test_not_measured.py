@@ -1,0 +1,42 @@
+"""Never a number that was not measured (issue 31.3): an attached run's step on CUDA (DDP, DP or FSDP)
+says `comm_exposed_measured: false`, and its exposed comm must then be null — not 0.0, which every
+reader turned into "overlap 100%" — and the run's summary must carry no overlap figure and say why.
+The CUDA side is a stand-in: the step fields an attached rank builds on CUDA, fed to the summary."""
+
+from __future__ import annotations
+
+from ddpviz.engine.measure.telemetry import step_fields
+from ddpviz.engine.summary import COMM_NOT_MEASURED, SummaryBuilder
+
+
+def _step(step: int, measured: bool, exposed: float) -> dict:
+    f = step_fields(loss=1.0, samples=8, step_time_s=0.010, forward_s=0.003, backward_s=0.004,
+                    comm_exposed_s=exposed, optimizer_s=0.001, start=100.0 + step,
+                    comm_exposed_measured=measured, backward_start_ts=100.0 + step)
+    return dict(type="step", rank=0, step=step, **f)
+
+
+def test_an_unmeasured_exposed_comm_is_null_not_zero():
+    assert _step(0, measured=False, exposed=0.0)["comm_exposed_s"] is None
+    assert _step(0, measured=True, exposed=0.0)["comm_exposed_s"] == 0.0  # measured 0 stays 0
+
+
+def test_a_cuda_attached_runs_summary_has_no_overlap_and_says_not_measured():
+    b = SummaryBuilder()
+    for s in range(8):
+        b.observe(_step(s, measured=False, exposed=0.0))
+        for i in range(2):  # its buckets, with spans (CUDA events read later)
+            b.observe(dict(type="bucket", rank=0, step=s, bucket_index=i, nbytes=4096, ready_s=0.001,
+                           comm_start_s=0.001, comm_end_s=0.002 + i * 0.001))
+    out = b.summary()
+    assert out["overlap"] is None and out["comm_exposed_s"] is None
+    assert out["comm_exposed_note"] == COMM_NOT_MEASURED
+
+
+def test_buckets_without_an_end_give_no_overlap_figure():
+    b = SummaryBuilder()
+    for s in range(8):
+        b.observe(_step(s, measured=True, exposed=0.002))
+        b.observe(dict(type="bucket", rank=0, step=s, bucket_index=0, nbytes=4096, ready_s=None,
+                       comm_start_s=0.001, comm_end_s=None))
+    assert b.summary()["overlap"] is None  # not 0% (all exposed) as a DP-like step would read
