@@ -398,3 +398,11 @@ def plan(left_s: float, trial_s: float, n_candidates: int, rounds: int) -> tuple
     while keep > 1 and fit // (keep + 1) < min(MIN_ROUNDS, rounds):
         keep -= 1
     return min(rounds, fit // (keep + 1)) if keep else 0, keep
+
+
+def asked(ddp: dict[str, Any], knobs: dict[str, Any]) -> dict[str, Any]:
+    """A candidate the user named (`ddpviz tune --try`), with its layout when it sets a cap."""
+    out = dict(knobs=dict(knobs), why="asked for (--try)")
+    if "bucket_cap_mb" in knobs:
+        out["layout_bytes"] = layout_bytes(ready_order(ddp["param_nbytes"]), int(knobs["bucket_cap_mb"] * MIB))
+    return out

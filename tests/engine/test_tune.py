@@ -28,6 +28,13 @@ def test_layout_is_pytorchs_bucket_assignment(cap):
     assert layout_bytes([t.numel() * 4 for t in tensors], cap) == theirs
 
 
+def test_layout_closes_a_bucket_that_reaches_its_cap_exactly():
+    tensors = [torch.empty(1000) for _ in range(5)]  # 4000 bytes each, cap 8000: [8000, 8000, 4000]
+    groups, _ = dist._compute_bucket_assignment_by_size(tensors, [8000])
+    assert [len(g) * 4000 for g in sorted(groups, key=min)] == [8000, 8000, 4000]
+    assert layout_bytes([4000] * 5, 8000) == [8000, 8000, 4000]
+
+
 def test_layout_first_bucket_cap_is_pytorchs():
     tensors = [torch.empty(n) for n in (300, 200, 700, 100, 900, 50)]
     groups, _ = dist._compute_bucket_assignment_by_size(tensors, [1000, 3000])

@@ -7,6 +7,7 @@
     export     ``ddpviz export``: a run's events as JSONL, CSV or a Chrome trace
     predict    ``ddpviz predict RUN_ID``: the Scale-out page's report on the command line
     tune       ``ddpviz tune -- COMMAND``: DDP settings tried against the script's own, predicted and measured
+    tune_report  ``ddpviz tune``'s terminal answer (rich)
     flags      a command-line flag for every `RunConfig` field, generated
     exits      exit codes: 0 done, 1 failed, 2 refused
     progress   terminal progress for a run, fed by its events

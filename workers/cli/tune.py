@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpviz.workers.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_REFUSED
+from ddpviz.workers.cli.tune_report import label
 
 KILL_GRACE_S = 5.0  # a trial past its time gets SIGTERM, then SIGKILL this long after
 TRIAL_TIME_FACTOR = 4.0  # a later trial may take this many times the baseline's first one
@@ -159,16 +160,12 @@ class Search:
 
     def run(self, knobs: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
         limit = min(self.left_s(), timeout_s) if timeout_s else self.left_s()
-        _say(f"trial {len(self.trials) + 1}: {_label(knobs)} (time limit {limit:.0f} s)")
+        _say(f"trial {len(self.trials) + 1}: {label(knobs)} (time limit {limit:.0f} s)")
         t = run_trial(self.cmd, knobs, self.steps, self.warmup, limit, self.root, len(self.trials))
         if t["error"] is not None:
             _say(f"trial {len(self.trials) + 1} {t['ended']}: {_error_line(t['error'])}")
         self.trials.append(t)
         return t
-
-
-def _label(knobs: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in knobs.items()) or "baseline (the script's own settings)"
 
 
 def _error_line(err: dict[str, Any]) -> str:
@@ -253,14 +250,16 @@ def baseline_record(ref: dict[str, Any], baselines: list[dict[str, Any]], warmup
                 runs=[_run_row(t, None) for t in all_runs])
 
 
-def tune(cmd: list[str], steps: int, warmup: int, budget_s: float, knobs: list[str], rounds: int) -> dict[str, Any]:
-    """The whole search (module docstring); returns the report (`--json`'s object). Spools are
-    made under a temporary folder and removed, whatever happens.
+def tune(cmd: list[str], steps: int, warmup: int, budget_s: float, knobs: list[str], rounds: int,
+         tries: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The whole search (module docstring); returns the report (`--json`'s object). `tries`: the
+    settings to try instead of the generated candidates (`--try`). Spools are made under a
+    temporary folder and removed, whatever happens.
 
     Raises:
         TuneError: the baseline trial failed or measured nothing (the message says how it ended).
     """
-    from ddpviz.engine.tune import TuneError, answer_line, candidates, pick_best, plan, predict_ratio, \
+    from ddpviz.engine.tune import TuneError, answer_line, asked, candidates, pick_best, plan, predict_ratio, \
         prediction_error
 
     root = Path(tempfile.mkdtemp(prefix="ddpviz-tune-"))
@@ -271,7 +270,8 @@ def tune(cmd: list[str], steps: int, warmup: int, budget_s: float, knobs: list[s
             raise TuneError(f"the baseline trial {ref['ended']}"
                             + (f" ({_error_line(ref['error'])})" if ref["error"] else
                                f"; it recorded {ref['measured']['steps']} step(s), tune needs > {warmup}"))
-        cands, skipped = candidates(ref["measured"]["ddp"], knobs)
+        cands, skipped = candidates(ref["measured"]["ddp"], knobs) if not tries else \
+            ([asked(ref["measured"]["ddp"], t) for t in tries], [])
         for c in cands:
             c["predicted_ratio"], c["prediction_basis"] = predict_ratio(ref["measured"], c)
         cands.sort(key=lambda c: (c["predicted_ratio"] is None, c["predicted_ratio"] or 0.0))
@@ -291,38 +291,33 @@ def tune(cmd: list[str], steps: int, warmup: int, budget_s: float, knobs: list[s
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _fmt(x: float | None, spec: str = ".3f") -> str:
-    return "-" if x is None else format(x, spec)
+def parse_try(text: str) -> dict[str, Any]:
+    """"bucket_cap_mb=4,gradient_as_bucket_view=true" or "comm_hook=fp16" -> the knobs.
 
+    Raises:
+        ValueError: not KEY=VALUE pairs, a key tune does not set, a value of the wrong type (named).
+    """
+    from ddpviz.engine.attach.overrides import COMM_HOOKS, DDP_KWARGS_ENV, ddp_kwargs
 
-def print_report(rep: dict[str, Any]) -> None:
-    """The terminal answer: the trials side by side, the predictor's error, the best setting."""
-    from rich.console import Console
-    from rich.table import Table
-
-    con = Console()
-    b = rep["baseline"]
-    con.print(f"baseline: {b['world_size']} rank(s), step {_fmt(b['step_time_s'] and b['step_time_s'] * 1e3)} ms "
-              f"(median of steady steps {rep['warmup']}..{rep['steps'] - 1}), buckets {b['bucket_bytes']} bytes, "
-              f"script's settings {b['settings']}")
-    table = Table(title=f"candidate / baseline step time, {rep['rounds']} round(s) taking turns")
-    for col in ("setting", "predicted", "measured", "90% interval", "verdict", "loss diff", "note"):
-        table.add_column(col)
-    for t in rep["trials"]:
-        iv = t["interval"]
-        table.add_row(_label(t["knobs"]), _fmt(t["predicted_ratio"]), _fmt(t["ratio"]),
-                      f"{iv[0]:.3f}-{iv[1]:.3f}" if iv else "-", t["verdict"], _fmt(t["loss_max_abs_diff"], ".3g"),
-                      t["note"])
-    con.print(table)
-    err = rep["prediction_error"]
-    if err["count"]:
-        con.print(f"predictor error (predicted / measured - 1) over {err['count']} trial(s): "
-                  f"median |error| {err['median_abs']:.1%}, worst {err['worst']:+.1%}")
-    for s in rep["skipped"]:
-        con.print(f"not tried: {s}")
-    con.print(rep["answer"])
-    for line in (rep["best"] or {}).get("paste", []):
-        con.print(f"    {line}", markup=False, highlight=False)
+    knobs: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, value = part.partition("=")
+        if not eq:
+            raise ValueError(f"--try: {part!r} is not KEY=VALUE")
+        v = value.strip()
+        knobs[key.strip()] = {"true": True, "false": False}.get(v.lower(), v)
+        if key.strip() == "bucket_cap_mb":
+            try:
+                knobs["bucket_cap_mb"] = float(v)
+            except ValueError:
+                raise ValueError(f"--try: bucket_cap_mb must be a number of MiB (got {v!r})") from None
+    hook = knobs.pop("comm_hook", None)
+    if hook is not None and hook not in COMM_HOOKS:
+        raise ValueError(f"--try: comm_hook must be one of {', '.join(COMM_HOOKS)} (got {hook!r})")
+    out = ddp_kwargs({DDP_KWARGS_ENV: json.dumps(knobs)}) if knobs else {}
+    if not out and hook is None:
+        raise ValueError(f"--try: no setting in {text!r}")
+    return {**out, **({"comm_hook": hook} if hook else {})}
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -339,20 +334,23 @@ def cmd_tune(args: argparse.Namespace) -> int:
         (args.rounds < 1, f"--rounds must be >= 1 (got {args.rounds})")) if bad]
     try:
         knobs = parse_knobs(args.knobs)
-    except TuneError as exc:
-        problems.append(str(exc))
+        tries = [parse_try(t) for t in args.try_ or []]
+    except ValueError as exc:
+        problems.append(str(exc).replace("DDPVIZ_TUNE_DDP_KWARGS", "--try"))
     if problems:
         for p in problems:
             _say(f"refused: {p}")
         return EXIT_REFUSED
     try:
-        rep = tune(cmd, args.steps, args.warmup, args.budget, knobs, args.rounds)
+        rep = tune(cmd, args.steps, args.warmup, args.budget, knobs, args.rounds, tries)
     except TuneError as exc:
         _say(str(exc))
         return EXIT_FAILED
     if args.json:
         print(json.dumps(rep, indent=2, default=str))
     else:
+        from ddpviz.workers.cli.tune_report import print_report
+
         print_report(rep)
     return EXIT_OK
 
@@ -371,5 +369,8 @@ def register(command) -> None:
                         "(the default: all four), fp16, bf16, powersgd (comm hooks: they change the numbers)")
     p.add_argument("--rounds", type=int, default=3, help="rounds of trials taking turns (default 3; fewer if "
                                                          "the budget is short)")
+    p.add_argument("--try", dest="try_", action="append", metavar="K=V,...",
+                   help="try this setting instead of the generated candidates (repeatable), e.g. "
+                        "--try bucket_cap_mb=4 to confirm an earlier answer")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the training command")

@@ -1,0 +1,45 @@
+"""The terminal answer of `ddpviz tune` (`workers.cli.tune`): the trials side by side, the
+predictor's error, the best setting and the lines to paste (rich)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def label(knobs: dict[str, Any]) -> str:
+    """"bucket_cap_mb=4.0, static_graph=True", or the baseline's name for no knobs."""
+    return ", ".join(f"{k}={v}" for k, v in knobs.items()) or "baseline (the script's own settings)"
+
+
+def _fmt(x: float | None, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def print_report(rep: dict[str, Any]) -> None:
+    """The terminal answer: the trials side by side, the predictor's error, the best setting."""
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    b = rep["baseline"]
+    con.print(f"baseline: {b['world_size']} rank(s), step {_fmt(b['step_time_s'] and b['step_time_s'] * 1e3)} ms "
+              f"(median of steady steps {rep['warmup']}..{rep['steps'] - 1}), buckets {b['bucket_bytes']} bytes, "
+              f"script's settings {b['settings']}")
+    table = Table(title=f"candidate / baseline step time, {rep['rounds']} round(s) taking turns")
+    for col in ("setting", "predicted", "measured", "90% interval", "verdict", "loss diff", "note"):
+        table.add_column(col)
+    for t in rep["trials"]:
+        iv = t["interval"]
+        table.add_row(label(t["knobs"]), _fmt(t["predicted_ratio"]), _fmt(t["ratio"]),
+                      f"{iv[0]:.3f}-{iv[1]:.3f}" if iv else "-", t["verdict"], _fmt(t["loss_max_abs_diff"], ".3g"),
+                      t["note"])
+    con.print(table)
+    err = rep["prediction_error"]
+    if err["count"]:
+        con.print(f"predictor error (predicted / measured - 1) over {err['count']} trial(s): "
+                  f"median |error| {err['median_abs']:.1%}, worst {err['worst']:+.1%}")
+    for s in rep["skipped"]:
+        con.print(f"not tried: {s}")
+    con.print(rep["answer"])
+    for line in (rep["best"] or {}).get("paste", []):
+        con.print(f"    {line}", markup=False, highlight=False)
