@@ -27,7 +27,10 @@ def test_doctor_cpu_checks_pass_end_to_end(redis_url, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     report = json.loads((out / "report.json").read_text())
     checks = {c["name"]: c for c in report["checks"]}
-    assert list(checks) == ["redis", "worker", "dp_ddp_pair", "exports", "cleanup"]
+    assert list(checks) == ["redis", "worker", "dp_ddp_pair", "exports", "bucket_cost_cpu", "cleanup"]
+    cost = checks["bucket_cost_cpu"]["figures"]  # 0.1, 1 and 25 MB: PyTorch's own bucket counts, same weights
+    assert [r["bucket_cap_mb"] for r in cost["rows"]] == [25.0, 1.0, 0.1]
+    assert [r["buckets"] for r in cost["rows"]] == [2, 5, 20] and all(r["max_param_diff"] <= 1e-4 for r in cost["rows"])
     assert all(c["verdict"] == "pass" for c in checks.values()) and report["ok"] is True
     assert checks["redis"]["figures"]["configured"]["redis_version"]  # the --url server answered
     pair = checks["dp_ddp_pair"]["figures"]
