@@ -42,3 +42,26 @@ def test_refused_flags_name_the_rule(argv, message, capsys):
     args = build_parser().parse_args(["tune", *argv])
     assert args.handler(args) == EXIT_REFUSED
     assert f"ddpviz tune: refused: {message}" in capsys.readouterr().err
+
+
+def _report(best):
+    trial = dict(knobs={"bucket_cap_mb": 4.0}, predicted_ratio=0.9, ratio=0.8, interval=[0.75, 0.85],
+                 verdict="faster", loss_max_abs_diff=0.0, note="same math: losses within 1e-05 of the baseline's")
+    failed = dict(knobs={"static_graph": True}, predicted_ratio=1.0, ratio=None, interval=None, verdict="not measured",
+                  loss_max_abs_diff=None, note="the trial failed: rank 1: RuntimeError: boom")
+    return dict(steps=30, warmup=5, rounds=3, skipped=[], trials=[trial, failed],
+                baseline=dict(world_size=2, step_time_s=0.02, bucket_bytes=[100], settings={}),
+                prediction_error=dict(count=1, median_abs=0.125, worst=0.125), best=best,
+                answer="best: ..." if best else "none beat the baseline beyond noise")
+
+
+def test_the_terminal_answer(capsys):
+    from ddpviz.workers.cli.tune_report import print_report
+
+    print_report(_report(dict(paste=["DistributedDataParallel(model, ..., bucket_cap_mb=4.0)"])))
+    out = capsys.readouterr().out
+    assert "0.750-0.850" in out and "median |error| 12.5%, worst +12.5%" in out
+    assert "static_graph=True: the trial failed: rank 1: RuntimeError: boom" in out
+    assert out.rstrip().endswith("DistributedDataParallel(model, ..., bucket_cap_mb=4.0)")
+    print_report(_report(None))
+    assert "none beat the baseline beyond noise" in capsys.readouterr().out
