@@ -138,12 +138,15 @@ def cap_candidates(param_nbytes: Sequence[int], script_cap_bytes: int, first_buc
     return out
 
 
-def candidates(ddp: dict[str, Any], knobs: Iterable[str]) -> tuple[list[dict], list[str]]:
+def candidates(ddp: dict[str, Any], knobs: Iterable[str], no_sync: bool = False) -> tuple[list[dict], list[str]]:
     """The settings to try against the baseline, and why each knob left out was left out.
 
     Args:
         ddp: the baseline's DDP record (`tune: "ddp"` log event: settings, param_nbytes, has_buffers).
         knobs: names from `KNOBS` (`parse_knobs`).
+        no_sync: the baseline accumulated gradients under `no_sync()`: static_graph=True is left
+            out (it asserts in DDP's reducer, or once past that stops all-reducing:
+            pytorch/pytorch#143580, #187732).
 
     Returns:
         (candidates, skipped): candidates as ``{knobs, why, layout_bytes?}``; skipped as sentences.
@@ -155,6 +158,9 @@ def candidates(ddp: dict[str, Any], knobs: Iterable[str]) -> tuple[list[dict], l
     for name in ("gradient_as_bucket_view", "static_graph"):
         if name in knobs and s.get(name):
             skipped.append(f"{name}: the script already sets it")
+        elif name == "static_graph" and name in knobs and no_sync:
+            skipped.append("static_graph: the script accumulates under no_sync(), which static_graph=True "
+                           "does not support (pytorch/pytorch#143580)")
         elif name in knobs:
             out.append(dict(knobs={name: True}, why="saves a gradient copy" if name.startswith("grad")
                             else "DDP may skip per-step graph checks"))
@@ -176,7 +182,8 @@ def measure_trial(events: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
     """One trial's numbers from its events (every rank's).
 
     Returns:
-        ``{steps, step_time_s, steady_steps, backward_s, losses, buckets, ddp, stopped, world_size}``:
+        ``{steps, step_time_s, steady_steps, backward_s, losses, buckets, ddp, stopped, world_size,
+        no_sync_micro_steps}`` (the last: summed over ranks and steps):
         `steps` the steps every rank recorded; `step_time_s` the median over steady steps (index >=
         `warmup`) of the slowest rank's `step_time_s` (None without steady steps); `backward_s` the
         median of every rank's steady `backward_s` (backward less exposed comm); `losses`
@@ -187,10 +194,11 @@ def measure_trial(events: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
     backward: list[float] = []
     losses: dict[int, dict[int, float]] = defaultdict(dict)
     ddp = stopped = None
-    buckets = []
+    buckets, no_sync = [], 0
     for e in events:
         rank, kind = int(e.get("rank") or 0), e.get("type")
         if kind == "step" and e.get("step_time_s") is not None:
+            no_sync += int(e.get("no_sync_micro_steps") or 0)
             by_step[e["step"]][rank] = float(e["step_time_s"])
             if e["step"] >= warmup and e.get("backward_s") is not None:
                 backward.append(float(e["backward_s"]))
@@ -208,7 +216,7 @@ def measure_trial(events: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
     return dict(steps=len(steps), step_time_s=statistics.median(steady) if steady else None, steady_steps=steady,
                 backward_s=statistics.median(backward) if backward else None,
                 losses={r: [v[s] for s in sorted(v)] for r, v in sorted(losses.items())}, buckets=buckets,
-                ddp=ddp, stopped=stopped, world_size=world)
+                ddp=ddp, stopped=stopped, world_size=world, no_sync_micro_steps=no_sync)
 
 
 def loss_diff(base: dict[int, list[float]], other: dict[int, list[float]], steps: int = LOSS_STEPS) -> float | None:

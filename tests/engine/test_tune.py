@@ -68,6 +68,9 @@ def test_candidates_follow_the_scripts_settings_and_the_knobs_asked_for():
     cands, skipped = candidates(rec, ["static_graph", "broadcast_buffers", "fp16"])
     assert [c["knobs"] for c in cands] == [{"broadcast_buffers": False}, {"comm_hook": "fp16"}]
     assert skipped == ["static_graph: the script already sets it"]
+    _, skipped = candidates(_ddp_record([1000] * 4), ["static_graph"], no_sync=True)
+    assert skipped == ["static_graph: the script accumulates under no_sync(), which static_graph=True does not "
+                       "support (pytorch/pytorch#143580)"]
     with pytest.raises(TuneError, match="--knobs: nope not known"):
         parse_knobs("bucket_cap_mb,nope")
 
@@ -140,12 +143,12 @@ def test_loss_check():
 
 
 def test_measure_trial_takes_the_slowest_rank_of_each_steady_step():
-    ev = [dict(type="step", rank=r, step=s, step_time_s=t, loss=10.0 - s, backward_s=0.001)
+    ev = [dict(type="step", rank=r, step=s, step_time_s=t, loss=10.0 - s, backward_s=0.001, no_sync_micro_steps=1)
           for s, (t0, t1) in enumerate([(9, 9), (9, 9), (0.010, 0.012), (0.020, 0.011), (0.013, 0.014)])
           for r, t in ((0, t0), (1, t1))]
     ev.append(dict(type="log", rank=0, tune="ddp", settings={}, param_nbytes=[4]))
     m = measure_trial(ev, warmup=2)
-    assert m["steps"] == 5 and m["world_size"] == 2
+    assert m["steps"] == 5 and m["world_size"] == 2 and m["no_sync_micro_steps"] == 10
     assert m["steady_steps"] == [0.012, 0.020, 0.014] and m["step_time_s"] == 0.014
     assert m["losses"] == {0: [10.0, 9.0, 8.0, 7.0, 6.0], 1: [10.0, 9.0, 8.0, 7.0, 6.0]}
 

@@ -270,8 +270,11 @@ def tune(cmd: list[str], steps: int, warmup: int, budget_s: float, knobs: list[s
             raise TuneError(f"the baseline trial {ref['ended']}"
                             + (f" ({_error_line(ref['error'])})" if ref["error"] else
                                f"; it recorded {ref['measured']['steps']} step(s), tune needs > {warmup}"))
-        cands, skipped = candidates(ref["measured"]["ddp"], knobs) if not tries else \
-            ([asked(ref["measured"]["ddp"], t) for t in tries], [])
+        ddp = ref["measured"]["ddp"]
+        if tries:
+            cands, skipped = [asked(ddp, t) for t in tries], []
+        else:
+            cands, skipped = candidates(ddp, knobs, no_sync=ref["measured"]["no_sync_micro_steps"] > 0)
         for c in cands:
             c["predicted_ratio"], c["prediction_basis"] = predict_ratio(ref["measured"], c)
         cands.sort(key=lambda c: (c["predicted_ratio"] is None, c["predicted_ratio"] or 0.0))
