@@ -221,6 +221,8 @@ def reducer_layout(ddp: Any) -> list[tuple[tuple[int, ...] | None, int]] | None:
     return [(None, b) for b in nbytes]
 
 
+from ddpviz.engine.modes.ddp.sampled import PROFILER_SOURCE  # noqa: E402  (sampled steps' source)
+
 LAYOUT_SOURCE = ("DDP's reducer layout: bytes, parameters and order measured; ready, all-reduce start and end "
                  "not measured (no comm hook; flight recorder off on gloo)")
 
@@ -239,13 +241,19 @@ class LayoutBuckets:
     LAYOUT_READS = 3
 
     def __init__(self, ddp: Any, names: dict[int, str]):
+        from ddpviz.engine.modes.ddp.sampled import SampledSpans
+
         self.ddp, self.names, self.passes = ddp, names, 0
         self._layout: list[tuple[tuple[str, ...], int]] = []
         self._named: Any = None
+        self.sample_next = False  # set by the rank before a sampled step (its full spans: `SampledSpans`)
+        self.sampler = SampledSpans()
 
     def begin_backward(self) -> None:
         """Call right before the backward whose buckets should be recorded."""
         self.passes += 1
+        if self.sample_next:
+            self.sampler.start()
 
     def resolved(self) -> list[dict[str, Any]]:
         """This backward's buckets: bucket_index, nbytes, num_params, param_names (when the layout
@@ -257,10 +265,17 @@ class LayoutBuckets:
         fresh = self._named != self._layout
         self._named = self._layout
         n = len(self._layout)
-        return [dict(bucket_index=i, nbytes=nbytes, num_params=len(params), is_last=i == n - 1, ready_s=None,
-                     comm_start_s=None, comm_end_s=None, sampled=False, source=LAYOUT_SOURCE,
-                     **(dict(param_names=list(params)) if fresh else {}))
-                for i, (params, nbytes) in enumerate(self._layout)]
+        spans = self.sampler.spans() if self.sampler.active else None
+        if spans is not None and len(spans) != n:
+            spans = None  # the profiler saw another number of all-reduces: claim nothing
+        out = []
+        for i, (params, nbytes) in enumerate(self._layout):
+            ready, start, end = spans[i] if spans else (None, None, None)
+            out.append(dict(bucket_index=i, nbytes=nbytes, num_params=len(params), is_last=i == n - 1,
+                            ready_s=ready, comm_start_s=start, comm_end_s=end, sampled=spans is not None,
+                            source=PROFILER_SOURCE if spans else LAYOUT_SOURCE,
+                            **(dict(param_names=list(params)) if fresh else {})))
+        return out
 
 
 def recorder_on(environ: dict[str, str] | None = None) -> bool:

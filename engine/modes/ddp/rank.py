@@ -26,7 +26,7 @@ from ddpviz.engine.data import BatchPlan, load_dataset
 from ddpviz.engine.measure.clocks import CudaClock, HostClock, StepClock
 from ddpviz.engine.measure.gil import MeteredClock, rank_step_fields
 from ddpviz.engine.measure.memory import param_bytes
-from ddpviz.engine.measure.memory_sampler import model_memory_sampler
+from ddpviz.engine.measure.memory_sampler import model_memory_sampler, should_trace_memory
 from ddpviz.engine.measure.sync import param_checksum
 from ddpviz.engine.measure.telemetry import Telemetry, now, step_fields, wall_ts
 from ddpviz.engine.models import build_model
@@ -124,6 +124,8 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
                     loss = loss_fn(ddp(x), y) / cfg.grad_accum_steps
                 m2 = clock.mark()
                 if last_micro:
+                    if isinstance(bucket_log, LayoutBuckets):  # full spans on the memory-traced steps
+                        bucket_log.sample_next = should_trace_memory(step, cfg.steps)
                     bucket_log.begin_backward()
                 # gradient pre-division (engine.modes.ddp.comm_hook): the gradients reach DDP's buckets already
                 # divided by world_size, so the hook's all-reduce (sum) gives the mean, no pass over them
