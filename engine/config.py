@@ -76,9 +76,10 @@ class RunConfig(BaseModel):
     optimizer: Literal["sgd", "adamw"] = "adamw"
     seed: int = Field(0, ge=0, le=2**31 - 1)  # model init and data order
     # DDP bucket size cap, MiB: PyTorch's default, 25, so the default model's 202 KB of gradients are
-    # one bucket, all-reduced once after backward. On 2 CPU cores that put DDP ahead of DP beyond noise
-    # in every pair tried (docs/bench/default-pair-tries-2.json); PRESETS["overlap"] (0.1) shows
-    # buckets overlapping backward.
+    # one bucket, all-reduced once after backward. On 2 shared CPU cores, in alternating pairs, it put
+    # DDP ahead beyond noise in 3 of 3 pairs against 1 of 4 with 0.1 MiB; in 15 later tries on a more
+    # loaded machine, 6 of 15 (docs/bench/default-pair-tries-2.json, engine.verdict.CPU_NOTE).
+    # PRESETS["overlap"] (0.1) shows buckets overlapping backward.
     bucket_cap_mb: float = Field(25.0, gt=0.0, le=4096.0)
     overlap: bool = True  # False: defer every all-reduce until the last bucket is ready
     # DDP bucket records (issue 31, docs/bucket-timing.md): "hook" = ddpviz's Python comm hook on every

@@ -67,6 +67,12 @@ SEPARATE = ("What would separate them: more steps (a longer run narrows the inte
             "machine (the two runs take turns on the same cores, and other work there moves each run's "
             "speed), or GPUs, where DP's broadcast and reduce through device 0 cross PCIe or NVLink while "
             "DDP's ring all-reduce splits the bytes between the links.")
+# What the default pair did on a shared 2-core CPU (docs/bench/default-pair-tries-2.json, issue 33.3):
+# said with every level or DP-ahead verdict, so a reader knows the machine, not the method, can decide.
+CPU_NOTE = ("On 2 CPU cores shared with other work the pair can come out either way: the default pair, tried "
+            "15 times on a machine with load averages of 6-15 (`ddpviz compare` 10 times, 5 with a busy process "
+            "beside it; the app 5 times), was DDP ahead beyond noise (interval above 1.05) 6 times, DDP ahead "
+            "within 5% once, level 6 times and DP ahead twice (docs/bench/default-pair-tries-2.json).")
 SOURCE = ("measured: ratio of the median samples/s over each run's steady steps; 90% interval from a "
           "block bootstrap of the per-step samples/s (engine.verdict); parts: means over steady steps")
 
@@ -143,6 +149,8 @@ class Verdict:
         if self.leader == "dp":
             text += (" DP's copies are at RAM speed here (threads of one CPU process); on GPUs they "
                      "cross PCIe or NVLink through device 0, which DDP's all-reduce avoids.")
+        if self.leader != "ddp":
+            text += f" {CPU_NOTE}"
         return text
 
     def text(self) -> str:
