@@ -237,7 +237,9 @@ class SummaryBuilder:
             out["final_loss_nonfinite"] = bad
         out["overlap"] = self.overlap()
         if out["comm_exposed_s"] is None and any(e.get("comm_exposed_measured") is False for e in last):
-            out["comm_exposed_note"] = COMM_NOT_MEASURED
+            # the step's own reason where it gives one (DDP with bucket_timing=recorder on gloo is not CUDA)
+            out["comm_exposed_note"] = next((e["comm_exposed_note"] for e in last if e.get("comm_exposed_note")),
+                                            COMM_NOT_MEASURED)
         out["peak_memory_bytes"] = dict(sorted(self.peak.items()))
         training = {**self.peak_training_first, **self.peak_training}  # later steps win
         if self.peak:

@@ -9,10 +9,10 @@ from ddpviz.engine.measure.telemetry import step_fields
 from ddpviz.engine.summary import COMM_NOT_MEASURED, SummaryBuilder
 
 
-def _step(step: int, measured: bool, exposed: float) -> dict:
+def _step(step: int, measured: bool, exposed: float, **extra) -> dict:
     f = step_fields(loss=1.0, samples=8, step_time_s=0.010, forward_s=0.003, backward_s=0.004,
                     comm_exposed_s=exposed, optimizer_s=0.001, start=100.0 + step,
-                    comm_exposed_measured=measured, backward_start_ts=100.0 + step)
+                    comm_exposed_measured=measured, backward_start_ts=100.0 + step, **extra)
     return dict(type="step", rank=0, step=step, **f)
 
 
@@ -40,3 +40,11 @@ def test_buckets_without_an_end_give_no_overlap_figure():
         b.observe(dict(type="bucket", rank=0, step=s, bucket_index=0, nbytes=4096, ready_s=None,
                        comm_start_s=0.001, comm_end_s=None))
     assert b.summary()["overlap"] is None  # not 0% (all exposed) as a DP-like step would read
+
+
+def test_the_summary_gives_the_steps_own_reason_where_they_have_one():
+    """A gloo run with bucket_timing=recorder is not CUDA: its steps' note, not "not measured on CUDA"."""
+    b = SummaryBuilder()
+    for s in range(8):
+        b.observe(_step(s, measured=False, exposed=0.0, comm_exposed_note="bucket times on sampled steps only"))
+    assert b.summary()["comm_exposed_note"] == "bucket times on sampled steps only"

@@ -39,6 +39,9 @@ from ddpviz.engine.modes.ddp.memory import BufferProbe, MemoryBucketRecorder, ke
 from ddpviz.engine.modes.ranks import init_rank, progress, run_rank
 
 
+NO_BUCKET_TIMES = "not measured on this step (bucket_timing=recorder on gloo: bucket times on sampled steps only)"
+
+
 def exposed_comm(buckets: list[dict], last_bwd_s: float, cuda: bool) -> tuple[float | None, dict]:
     """(exposed comm of the step's last backward in s, extra step fields): the backward's time after
     its last bucket was ready — with the Python hook its `ready_s`; on the flight-recorder path the
@@ -49,8 +52,10 @@ def exposed_comm(buckets: list[dict], last_bwd_s: float, cuda: bool) -> tuple[fl
     if not buckets or buckets[0].get("ready_s") is not None:
         return max(0.0, last_bwd_s - max((b["ready_s"] for b in buckets), default=last_bwd_s)), {}
     starts = [b["comm_start_s"] for b in buckets if b.get("comm_start_s") is not None]
-    if cuda or not starts:
+    if cuda:
         return None, dict(comm_exposed_measured=False)
+    if not starts:
+        return None, dict(comm_exposed_measured=False, comm_exposed_note=NO_BUCKET_TIMES)
     return max(0.0, last_bwd_s - max(starts)), dict(
         comm_exposed_source="backward end minus the last bucket's all-reduce enqueue (flight recorder)")
 
