@@ -114,7 +114,7 @@ def _install(env):
     _patch_grad_scaler(s, tracker)
     register_optimizer_step_pre_hook(lambda opt, a, k: s.guard("steps", tracker.optimizer_start, opt))
     register_optimizer_step_post_hook(lambda opt, a, k: s.guard("steps", tracker.optimizer_end, opt))
-    install_excepthook(lambda: s.rank)
+    install_excepthook(lambda: s.rank if s.trained else None)
     probe = None
     if (os.environ if env is None else env).get(PROBE_ENV) == "1":
         probe = ProbeAtEnd(s, tracker)

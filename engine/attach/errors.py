@@ -45,10 +45,30 @@ def raised_in_ddpviz(tb) -> bool:
         return False
 
 
-def install_excepthook(rank: int | Callable[[], int]) -> None:
+def child_failure(exc: BaseException) -> dict | None:
+    """The error file's JSON for a launcher's `ChildFailedError`
+    (torch.distributed.elastic.multiprocessing.errors: `get_first_failure()` gives the first
+    failing rank and its `ProcessFailure`, whose `error_file_data` is that worker's own error file):
+    that rank's exception, not the launcher's. None for any other exception."""
+    get = getattr(exc, "get_first_failure", None)
+    if get is None or not callable(get):
+        return None
+    rank, failure = get()
+    data = getattr(failure, "error_file_data", None)
+    msg = data.get("message") if isinstance(data, dict) else None
+    if isinstance(msg, dict):
+        return {"message": {**msg, "extraInfo": {**(msg.get("extraInfo") or {}), "rank": rank}}}
+    text = getattr(failure, "message", None) or f"rank {rank} exited with code {getattr(failure, 'exitcode', None)}"
+    return {"message": {"message": text, "extraInfo": {"py_callstack": None, "rank": rank,
+                                                       "timestamp": str(int(time.time()))}}}
+
+
+def install_excepthook(rank: int | None | Callable[[], int | None]) -> None:
     """Write an uncaught exception to this worker's `TORCHELASTIC_ERROR_FILE` (unless something,
     e.g. `@record`, wrote one already, or the exception is ddpviz's own: `raised_in_ddpviz`),
-    then call the previous hook. `rank`: the rank, or a callable giving it when the hook runs."""
+    then call the previous hook. `rank`: the rank, or a callable giving it when the hook runs
+    (None: a process that trained nothing, e.g. `accelerate launch` itself). A launcher's
+    `ChildFailedError` is written as its first failing rank's exception (`child_failure`)."""
     previous = sys.excepthook
 
     def hook(exc_type, exc, tb):
@@ -56,8 +76,9 @@ def install_excepthook(rank: int | Callable[[], int]) -> None:
             path = os.environ.get("TORCHELASTIC_ERROR_FILE")
             if path and not os.path.exists(path) and isinstance(exc, Exception) and not raised_in_ddpviz(tb):
                 r = rank() if callable(rank) else rank
+                payload = child_failure(exc) or error_payload(exc.with_traceback(tb), r)
                 with open(path, "w") as fh:
-                    json.dump(error_payload(exc.with_traceback(tb), r), fh)
+                    json.dump(payload, fh)
         except Exception:
             pass
         previous(exc_type, exc, tb)

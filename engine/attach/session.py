@@ -84,6 +84,11 @@ class Session:
         return self._rank
 
     @property
+    def trained(self) -> bool:
+        """Whether this process wrote an event (a process that only launched others did not)."""
+        return getattr(self.sink, "_sink", True) is not None
+
+    @property
     def world_size(self) -> int:
         self._identity()
         return self._world_size

@@ -391,12 +391,12 @@ class StepTracker:
 
 def training_forward(watch: Any) -> bool:
     """Whether a forward of `watch`'s module, starting now, trains: autograd on (not under
-    `torch.no_grad()` / `torch.inference_mode()`) and the module (the DDP, or the watched model) in
-    `train()` mode."""
+    `torch.no_grad()` / `torch.inference_mode()`) and the model (the module a DDP wraps, or the
+    watched model) in `train()` mode. The model's flag, not the DDP wrapper's: Lightning puts its
+    LightningModule back in train() after validation but leaves the DDP wrapper's flag as it was."""
     if not torch.is_grad_enabled():
         return False
-    module = getattr(watch, "ddp", None) or getattr(watch, "module", None)
-    return bool(getattr(module, "training", True))
+    return bool(getattr(getattr(watch, "module", None), "training", True))
 
 
 def _syncs(watch: Any) -> bool:

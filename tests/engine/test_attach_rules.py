@@ -26,6 +26,11 @@ def test_only_forwards_with_autograd_on_and_the_module_training_are_training_for
         assert not training_forward(_W(m))
     m.eval()
     assert not training_forward(_W(m))
+    # Lightning after validation: the model back in train(), the DDP wrapper's own flag left False
+    wrapper, model = torch.nn.Linear(2, 2).eval(), torch.nn.Linear(2, 2).train()
+    lightning = _W(model)
+    lightning.ddp = wrapper
+    assert training_forward(lightning)
 
 
 def _exc_from(code: str, filename: str) -> BaseException:
@@ -51,3 +56,25 @@ def test_an_exception_raised_in_ddpviz_never_goes_to_torchruns_error_file(tmp_pa
     sys.excepthook(type(theirs), theirs, theirs.__traceback__)
     doc = json.loads(path.read_text())["message"]
     assert doc["message"] == "ValueError: bad batch" and doc["extraInfo"]["rank"] == 3
+
+
+def test_a_launchers_child_failed_error_is_written_as_its_first_failing_ranks_exception(tmp_path, monkeypatch):
+    """`accelerate launch` runs torch's elastic agent in its own process, with no `@record`: its
+    ChildFailedError reached torchrun's error file as the launcher's (rank 0's) exception."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from ddpviz.engine.attach.errors import child_failure, error_payload
+
+    worker_file = tmp_path / "worker1.json"
+    worker_file.write_text(json.dumps(error_payload(ValueError("bad batch on rank 1"), 1)))
+    failure = ProcessFailure(local_rank=1, pid=4321, exitcode=1, error_file=str(worker_file))
+    exc = ChildFailedError("train.py", {1: failure})
+    assert child_failure(exc)["message"]["message"] == "ValueError: bad batch on rank 1"
+    assert child_failure(ValueError("not a launcher's")) is None
+    path = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+    monkeypatch.setattr(sys, "excepthook", lambda *a: None)
+    install_excepthook(lambda: None)  # the launcher trained nothing
+    sys.excepthook(type(exc), exc, None)
+    doc = json.loads(path.read_text())["message"]
+    assert doc["message"] == "ValueError: bad batch on rank 1" and doc["extraInfo"]["rank"] == 1

@@ -58,7 +58,8 @@ FINAL_SEND_S = 5.0  # at the end, how long to keep trying to store what is left 
 LAUNCHER_NICE = 10
 NOTHING_INSTRUMENTED = ("no process of the command trained under the instrumentation (none became a rank: "
                         "torchrun's workers, the launcher's own child, or a process that initialised a "
-                        "process group); nothing was recorded")
+                        "process group); nothing was recorded. A single training process started by another "
+                        "launcher (e.g. `accelerate launch --cpu`) is recorded when it calls ddpviz.watch(model)")
 APP_URL_UNKNOWN = "`ddpviz up` prints its address"  # no `up` recorded one on this Redis
 
 
