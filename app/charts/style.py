@@ -37,7 +37,7 @@ OTHER_RUN_COLOURS = ["#762a83", "#1b7837", "#b35806", "#2d004b", "#7f3b08"]  # r
 # compute in purples, host work in browns, DP's copies through device 0 in pinks, a bucket's
 # all-reduce in dark red and communication nothing hid in light red, whatever its page.
 PHASE_HUES = {"forward": "#6a3d9a", "backward": "#c2a5cf", "loss": "#dfc27d", "optimizer": "#8c510a",
-              "broadcast": "#fde0ef", "scatter": "#f1b6da", "gather": "#de77ae", "reduce": "#c51b7d",
+              "broadcast": "#f1b6da", "scatter": "#fa9fb5", "gather": "#de77ae", "reduce": "#c51b7d",
               fsteps.DP_COPIES_PART: "#8e0152", "all-reduce": "#b2182b", "exposed comm": "#fc9272",
               "bucket ready": "#000000", "other": "#d9d9d9", "idle": "#f7f7f7",
               "instrument": "#ffffb3"}
