@@ -100,3 +100,34 @@ def test_kill_after_must_be_a_duration(tmp_path, redis_url):
     proc = subprocess.run([*ddpviz_argv(), "run", "--kill-after", "-1", "--", "true"], env=cli_env(redis_url),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "--kill-after must be >= 0 seconds, got -1" in proc.stderr
+
+
+def test_a_ctrl_c_while_finishing_still_ends_the_run(tmp_path, redis_url, redis_client, capsys):
+    """The command has ended, `finish` is sending what is left (Redis slow: nothing stored yet) and
+    Ctrl-C comes: the ending is recorded at once with what was stored (it was left 'started'),
+    the spool kept for `ddpviz upload`."""
+    import os
+
+    from ddpviz.workers.cli.attach import Launch
+    from ddpviz.workers.store import new_run_id
+
+    run_id, spool = new_run_id(), tmp_path / "spool"
+    spool.mkdir()
+    (spool / "events-rank0-pid1.jsonl").write_text("")
+    launch = Launch(run_id, spool, redis_url, ["python", "train.py"], None)
+    launch.create()
+
+    calls = []
+
+    def slow_pump(final: bool = False, now: float | None = None) -> bool:
+        if not calls:
+            os.kill(os.getpid(), signal.SIGINT)  # one Ctrl-C while the last events are on their way
+        calls.append(final)
+        return False
+
+    launch.forwarder.pump = slow_pump
+    assert launch.finish(0) is False
+    assert DdpvizClient(redis=redis_client).get_run(run_id)["status"] == "succeeded"
+    assert "Interrupted; the run's events are kept in" in capsys.readouterr().err
+    assert (spool / "ending.json").exists()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # pytest's own, restored

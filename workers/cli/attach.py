@@ -31,6 +31,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -303,11 +304,8 @@ class Launch:
         else:
             refresh_summary(self.store, self.run_id)
 
-    def finish(self, exit_code: int) -> bool:
-        """Send what is left and record how the run ended. False when Redis is away (then
-        `ending.json` keeps the ending for `ddpviz upload`)."""
-        from ddpviz.workers.spool import _write_json, remove_spool
-
+    def ending(self, exit_code: int) -> dict[str, Any]:
+        """How the run ended: ``{status, error, exit_code, ended_at}`` (see the module docstring)."""
         from ddpviz.engine.attach.env import OFF_ENV
 
         nothing = not any(self.spool.glob("events-*.jsonl")) and os.environ.get(OFF_ENV) != "1"
@@ -323,14 +321,38 @@ class Launch:
         else:
             ending = dict(status="failed", error=failure(self.spool, exit_code), exit_code=exit_code)
         ending["ended_at"] = time.time()  # when the command ended: an upload records this, not its own time
+        return ending
+
+    def finish(self, exit_code: int) -> bool:
+        """Send what is left and record how the run ended. False when not every event was stored
+        (then the spool and its `ending.json` are kept for `ddpviz upload`). A Ctrl-C meanwhile
+        (`hurry`) ends the waiting: the ending is recorded at once if Redis answers; a second one
+        interrupts."""
+        from ddpviz.workers.spool import _write_json
+
+        ending = self.ending(exit_code)
         _write_json(self.spool / "ending.json", ending)
+
+        def hurry(sig: int, frame: Any) -> None:
+            self.hurry = True
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, hurry) if main else None
+        try:
+            return self._send_rest(ending)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+
+    def _send_rest(self, ending: dict[str, Any]) -> bool:
+        from ddpviz.workers.spool import remove_spool
+
         # A Redis lost during the run gets one more try, not FINAL_SEND_S of them: everything is in
         # the spool, and the user's command had ended (bench figure 9: 5 s of retries made a
         # 11.6 s attached run take 15.8 s with its Redis stopped mid-run).
         deadline = time.monotonic() + (0.0 if self.said_down else FINAL_SEND_S)
         while True:
-            if self.hurry:  # Ctrl-C while finishing: this try is the last
-                deadline = 0.0
             if self.store is None:
                 self.next_connect = 0.0
             try:
@@ -340,10 +362,13 @@ class Launch:
                     self.end_beat()
                     remove_spool(self.spool)  # every event is in Redis: nothing of the run stays on disk
                     return True
+                if self.hurry and self.store is not None:  # interrupted: the run ends with what is stored
+                    self.record(ending)
+                    self.end_beat()
             except (redis.RedisError, OSError) as exc:
                 self.redis_down(exc)
                 self.store = None
-            if time.monotonic() >= deadline:
+            if self.hurry or time.monotonic() >= deadline:
                 _say(f"{'Interrupted' if self.hurry else 'Redis unreachable'}; the run's events are kept in "
                      f"{self.spool}: send them with `{upload_hint(self.spool, self.url)}`")
                 return False
@@ -397,16 +422,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         _say(f"{OFF_ENV}=1: no process of the command is instrumented; the run records only its command "
              f"and how it ended")
     code = launch.run()
-
-    def hurry(sig: int, frame: Any) -> None:  # Ctrl-C while finishing: record the ending now
-        launch.hurry = True
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second one interrupts
-
-    previous = signal.signal(signal.SIGINT, hurry)
-    try:
-        launch.finish(code)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    launch.finish(code)
     return code
 
 
