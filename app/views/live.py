@@ -6,11 +6,15 @@ Which runs: `?runs=id1,id2` in the URL, else the ids the Launch/Runs page left i
 Each panel is its own `st.fragment`: the status panel (badge, "step i / N") every
 `STATUS_REFRESH_S`, so a new step shows within about that (`ddpviz bench`, figure 2: p95 <= 1 s),
 and the charts every `REFRESH_S`, since a chart that moved a fraction of a step tells a person no
-more. The page shares the machine with the runs it shows (on a 2-core laptop, Streamlit and the
-browser redrawing the charts took 0.25 and 0.30 CPU seconds per second of training at a 1 s chart
-cadence: tests/app/default_pair_tries.py), so the charts redraw every 2 s and the per-device detail,
-which opens on a typical step that changes slowly, every 4 s; the verdict is worked out again only
-when new events arrived (`app.explain.pair_verdict`). Once every shown run is terminal and its stream is drained, the page reruns once with
+more. The page shares the machine with the runs it shows: with Live open on the default pair in
+headless Chromium on 2 cores (tests/app/default_pair_tries.py), Streamlit took 0.25 and Chromium
+0.30 CPU s per s of training with the charts every 1 s; with the charts every 2 s and the detail
+every 4 s, 0.20-0.31 and 0.23-0.32 (6 tries, load averages 11-15: no cut the load's noise lets one
+see); with the status panel every 2 s too, 0.23 and 0.26 (one try; the 0.5 s panel is what
+`ddpviz bench` figure 2 needs). Server CPU per refresh (AppTest, a 300-step pair): memory 115 ms,
+throughput 90, each detail 82, split 46, status 1; Streamlit's own chart marshalling ~11 ms a chart.
+The verdict is worked out again only when new events arrived (`app.explain.pair_verdict`).
+Once every shown run is terminal and its stream is drained, the page reruns once with
 `run_every=None` and stops polling.
 """
 
