@@ -72,7 +72,8 @@ SEPARATE = ("What would separate them: more steps (a longer run narrows the inte
 CPU_NOTE = ("On 2 CPU cores shared with other work the pair can come out either way: the default pair, tried "
             "15 times on a machine with load averages of 6-15 (`ddpviz compare` 10 times, 5 with a busy process "
             "beside it; the app 5 times), was DDP ahead beyond noise (interval above 1.05) 6 times, DDP ahead "
-            "within 5% once, level 6 times and DP ahead twice (docs/bench/default-pair-tries-2.json).")
+            "with the interval's low end below 1.05 once, level 6 times and DP ahead twice "
+            "(docs/bench/default-pair-tries-2.json).")
 SOURCE = ("measured: ratio of the median samples/s over each run's steady steps; 90% interval from a "
           "block bootstrap of the per-step samples/s (engine.verdict); parts: means over steady steps")
 
