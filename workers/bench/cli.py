@@ -143,6 +143,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 2
     if args.overhead:
         return cmd_overhead(plan, args.rounds, args.out)
+    if args.bucket_cost:
+        from ddpviz.workers.bench.bucket_cost import measure_bucket_cost
+
+        text = json.dumps(measure_bucket_cost(args.rounds or 5, say=_say), indent=1, default=str)
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(text + "\n")
+            _say(f"wrote {args.out}")
+        else:
+            print(text)
+        return 0
     if args.rounds:
         plan.overhead_rounds = args.rounds
     if args.only:  # throughput configs (figure 7), as before
@@ -174,6 +185,10 @@ def register(command) -> None:
     p.add_argument("--overhead", action="store_true",
                    help="only the instrument's overhead: ddpviz DDP / plain torch DDP step time, "
                         "taking turns block by block (engine.harness.overhead)")
+    p.add_argument("--bucket-cost", action="store_true",
+                   help="only the host time ddpviz adds per DDP bucket per step (25 MB vs 0.01 MB caps) and per "
+                        "small step against a plain run alone, for bucket_timing hook and recorder "
+                        "(workers/bench/bucket_cost.py)")
     p.add_argument("--rounds", type=int, metavar="N", help="rounds (one block of each side) of the overhead "
                    "measurement (--overhead and figure 5; default 120, --quick 5)")
     p.add_argument("--out", metavar="FILE.json", help="write the JSON here and the Markdown table "

@@ -259,9 +259,14 @@ class LayoutBuckets:
         """This backward's buckets: bucket_index, nbytes, num_params, param_names (when the layout
         is new), times None, `source`, `sampled` False."""
         if self.passes <= self.LAYOUT_READS or not self._layout:
-            self._layout = [(tuple(self.names.get(p.data_ptr(), "?") for p in b.parameters()),
-                             b.buffer().numel() * b.buffer().element_size())
-                            for b in self.ddp.reducer._get_zeros_like_grad_buckets()]
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            # the buckets come as zero copies (the reducer binds no other reader): made outside the
+            # memory ledger's mode, so a traced step's peak does not count them; freed at once
+            with _disable_current_modes():
+                self._layout = [(tuple(self.names.get(p.data_ptr(), "?") for p in b.parameters()),
+                                 b.buffer().numel() * b.buffer().element_size())
+                                for b in self.ddp.reducer._get_zeros_like_grad_buckets()]
         fresh = self._named != self._layout
         self._named = self._layout
         n = len(self._layout)
