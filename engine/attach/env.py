@@ -33,6 +33,7 @@ PROBE_ENV = "DDPVIZ_ATTACH_PROBE"  # "1" (`ddpviz run --probe`): the all-reduce 
 COMMAND_ENV = "DDPVIZ_ATTACH_COMMAND"  # JSON list: the command line `ddpviz run` started
 OFF_ENV = "DDPVIZ_ATTACH_OFF"  # "1": the hook does nothing (a user's escape hatch)
 RANK_PID_ENV = "DDPVIZ_ATTACH_RANK_PID"  # pid of the nearest process that is (or may become) a rank
+LAUNCHER_ENV = "DDPVIZ_ATTACH_LAUNCHER"  # pid of the `ddpviz run` that started the command (who to stop)
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 # How often the launcher forwards the spool files to Redis; a process's event file is flushed as
 # often (flushing more often would make no event reach Redis sooner, and each flush takes the GIL
@@ -61,7 +62,7 @@ def should_instrument(env: Mapping[str, str] | None = None, parent_pid: int | No
     return process_role(env, parent_pid) == "rank"
 
 
-_OURS = (RUN_ID_ENV, SPOOL_ENV, SOLO_ENV, PROBE_ENV, COMMAND_ENV, RANK_PID_ENV, "DDPVIZ_ATTACH_URL")
+_OURS = (RUN_ID_ENV, SPOOL_ENV, SOLO_ENV, PROBE_ENV, COMMAND_ENV, RANK_PID_ENV, LAUNCHER_ENV, "DDPVIZ_ATTACH_URL")
 
 
 def child_environment(base: Mapping[str, str], run_id: str, spool: Path) -> dict[str, str]:

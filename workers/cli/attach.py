@@ -81,9 +81,10 @@ def _is_torchrun(cmd: list[str]) -> bool:
 
 
 def _child_env(run_id: str, spool: Path, cmd: list[str], probe: bool = False) -> dict[str, str]:
-    from ddpviz.engine.attach.env import COMMAND_ENV, PROBE_ENV, SOLO_ENV, child_environment
+    from ddpviz.engine.attach.env import COMMAND_ENV, LAUNCHER_ENV, PROBE_ENV, SOLO_ENV, child_environment
 
     env = child_environment(os.environ, run_id, spool)
+    env[LAUNCHER_ENV] = str(os.getpid())  # which processes are this launcher's (`Launch.instrumented_pids`)
     env[COMMAND_ENV] = json.dumps(cmd)
     env["TORCHELASTIC_ERROR_FILE"] = str(spool / "error.json")
     if probe:
@@ -175,11 +176,12 @@ class Launch:
                 pass
 
     def instrumented_pids(self) -> list[int]:
-        """Pids of this user's processes that carry this run's id in their environment (every
-        process COMMAND started, whether or not it was instrumented; Linux /proc)."""
-        from ddpviz.engine.attach.env import RUN_ID_ENV
+        """Pids of this user's processes whose environment names this launcher (`LAUNCHER_ENV`:
+        every process COMMAND started, instrumented or not; not another node's launcher's, which
+        shares the run id under ``--join``; Linux /proc)."""
+        from ddpviz.engine.attach.env import LAUNCHER_ENV
 
-        mark = f"{RUN_ID_ENV}={self.run_id}".encode()
+        mark = f"{LAUNCHER_ENV}={os.getpid()}".encode()
         out = []
         for entry in Path("/proc").glob("[0-9]*"):
             try:
@@ -267,14 +269,14 @@ class Launch:
         except OSError:
             pass
         def forward(sig: int, frame: Any) -> None:  # Ctrl-C or a kill of `ddpviz run` reaches the command
-            name = signal.Signals(sig).name
-            if self.signalled_at is not None and sig == signal.SIGINT:
-                self.kill(f"a second SIGINT: SIGKILL sent at once")
+            name, first = signal.Signals(sig).name, self.signalled_at is None
+            if not first and sig == signal.SIGINT:
+                self.kill("a second SIGINT: SIGKILL sent at once")
                 return
-            if self.signalled_at is None:
+            self.stop(sig, f"{name} sent to ddpviz run and passed on to the command")
+            if first:  # said once the state is set: a second Ctrl-C from here on kills
                 _say(f"{name}: passed on to the command; SIGKILL if it still runs {self.kill_after_s:g} s from now "
                      f"(--kill-after){', or at a second Ctrl-C' if sig == signal.SIGINT else ''}")
-            self.stop(sig, f"{name} sent to ddpviz run and passed on to the command")
 
         previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         next_cancel = 0.0
