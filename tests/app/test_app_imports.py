@@ -13,7 +13,7 @@ APP_DIR = Path(__file__).resolve().parents[2] / "app"
 APP_MODULES = sorted("ddpviz." + ".".join(p.relative_to(APP_DIR.parent).with_suffix("").parts)
                      for p in APP_DIR.rglob("*.py")
                      if p.stem != "__init__" and p.parent.name != "views")  # pages: scripts, see test_layout
-TORCH_FREE_ENGINE = {"ddpviz.engine", "ddpviz.engine.config", "ddpviz.engine.analysis", "ddpviz.engine.export",
+TORCH_FREE_ENGINE = {"ddpviz.engine", "ddpviz.engine.measure", "ddpviz.engine.measure.bootstrap", "ddpviz.engine.config", "ddpviz.engine.analysis", "ddpviz.engine.export",
                      "ddpviz.engine.events", "ddpviz.engine.stages", "ddpviz.engine.summary", "ddpviz.engine.result", "ddpviz.engine.verdict"}  # events: through workers.store (history, sweeps)
 
 

@@ -5,4 +5,5 @@
     report   one verdict and its figures per check, as JSON and Markdown; stop signals kept per check
     versions the NVIDIA driver against the CUDA torch was built for, and a mismatch named
     shots    screenshots of the doctor's GPU runs (Live, Bucket timeline)
+cost     the instrument's cost at 0.1, 1 and 25 MB buckets, in µs per bucket
 """
