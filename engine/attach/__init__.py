@@ -2,14 +2,15 @@
 
 The launcher (`workers.cli.attach`) runs the user's command with `startup/` first on PYTHONPATH
 and the run's variables in the environment (`env`); `startup/sitecustomize.py` runs in every
-Python process the command starts and calls `install` in the training processes. `install`
+Python process the command starts and has `install` called in the training processes only
+(`claim`: once the script imports torch, or once it initialises a process group). `install`
 patches what the script will build, when it builds it, and emits the same events a launched run
 does (docs/events.md) into this process's spool file, which the launcher forwards to Redis.
 
     env       the variables the launcher sets and the hook reads; who is instrumented (no torch)
     claim     how a process becomes an instrumented rank: at torch's import, or at init_process_group
     startup/  sitecustomize.py: the start-up hook (a sys.path folder, not a package)
-    session   one instrumented process: identity from torchrun's env, its event file, the fail-open guard
+    session   one instrumented process: identity from torchrun's env or the process group, its event file, the guard
     ddp       each DistributedDataParallel: the comm hook (wrapping the script's), forward, no_sync
     dp        each nn.DataParallel: on CUDA its broadcast/scatter/forward/gather/loss/backward/reduce phases
     fsdp      each FSDP2 module (fully_shard): its forward, the units' all-gathers and reduce-scatters
