@@ -27,7 +27,7 @@ def test_launch_page_renders_with_defaults(fake_client, app_test):
     assert not at.exception
     assert at.title[0].value == "Launch a run"
     assert at.number_input(key="cfg_world_size").value == 2
-    assert at.number_input(key="cfg_bucket_cap_mb").value == 0.1
+    assert at.number_input(key="cfg_bucket_cap_mb").value == 25.0  # PyTorch's default, the lab's since issue 33
     at.segmented_control(key="launch_what").set_value("one").run()
     assert at.selectbox(key="cfg_mode").value == "ddp"
 

@@ -111,6 +111,7 @@ def test_a_ctrl_c_while_finishing_still_ends_the_run(tmp_path, redis_url, redis_
     from ddpviz.workers.cli.attach import Launch
     from ddpviz.workers.store import new_run_id
 
+    before = signal.getsignal(signal.SIGINT)  # pytest's, or a handler an earlier test in this worker left
     run_id, spool = new_run_id(), tmp_path / "spool"
     spool.mkdir()
     (spool / "events-rank0-pid1.jsonl").write_text("")
@@ -130,4 +131,4 @@ def test_a_ctrl_c_while_finishing_still_ends_the_run(tmp_path, redis_url, redis_
     assert DdpvizClient(redis=redis_client).get_run(run_id)["status"] == "succeeded"
     assert "Interrupted; the run's events are kept in" in capsys.readouterr().err
     assert (spool / "ending.json").exists()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # pytest's own, restored
+    assert signal.getsignal(signal.SIGINT) is before  # the handler finish() found, restored

@@ -49,7 +49,7 @@ def test_submit_stores_a_queued_run_and_a_json_job(client, redis_client):
     run_id = client.submit(CFG, label="mine")
     rec = client.get_run(run_id)
     assert rec["status"] == "queued" and rec["label"] == "mine" and rec["group"] is None
-    assert rec["config"]["world_size"] == 2 and rec["config"]["bucket_cap_mb"] == 0.1  # normalised
+    assert rec["config"]["world_size"] == 2 and rec["config"]["bucket_cap_mb"] == 25.0  # normalised: the default filled in
     job = Job.fetch(run_id, connection=redis_client, serializer=JSONSerializer)
     assert job.id == run_id and job.func_name == JOB_FUNC and job.args == [run_id]
     assert job.kwargs == {} and job.origin == keys.QUEUE_NAME

@@ -32,7 +32,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
                      on_mode=lambda m: print(f"running {m} ...", file=sys.stderr, flush=True))
     v = report_verdict(report)
     if args.json:  # the verdict beside the modes: README, "Command line"
-        print(json.dumps({**report, "verdict": None if v is None else v.to_json()}, indent=2))
+        # `verdict` only where DP and DDP both ran (null while either has too few steady steps)
+        extra = {"verdict": None if v is None else v.to_json()} if {"dp", "ddp"} <= set(report) else {}
+        print(json.dumps({**report, **extra}, indent=2))
     else:
         for mode, r in report.items():
             sps, up = r["samples_per_s"], r["speedup_vs_single"]
