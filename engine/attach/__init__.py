@@ -67,7 +67,6 @@ def install(env=None):
 
 def _install(env):
     import atexit
-    import functools
     import os
 
     import torch
@@ -99,19 +98,10 @@ def _install(env):
     patch_fsdp(s, tracker)
     patch_data_parallel(s, tracker)
 
-    backward = torch.Tensor.backward
-
-    @functools.wraps(backward)
-    def tensor_backward(self, *args, **kwargs):
-        m = s.guard("steps", tracker.backward_start, self)
-        try:
-            return backward(self, *args, **kwargs)
-        finally:
-            if m is not None:
-                s.guard("steps", tracker.backward_end, m)
-
-    torch.Tensor.backward = tensor_backward
-    _patch_autograd_backward(s, tracker)
+    torch.Tensor.backward = _as_backward(s, tracker, torch.Tensor.backward)
+    # `torch.autograd.backward(tensors, ...)` is a backward too (`Tensor.backward` calls it: the
+    # tracker counts the pair once)
+    torch.autograd.backward = _as_backward(s, tracker, torch.autograd.backward)
     _patch_grad_scaler(s, tracker)
     register_optimizer_step_pre_hook(lambda opt, a, k: s.guard("steps", tracker.optimizer_start, opt))
     register_optimizer_step_post_hook(lambda opt, a, k: s.guard("steps", tracker.optimizer_end, opt))
@@ -133,17 +123,13 @@ def _install(env):
     return s
 
 
-def _patch_autograd_backward(s, tracker) -> None:
-    """`torch.autograd.backward(tensors, ...)` is a backward too (`Tensor.backward` calls it: the
-    tracker counts the pair once)."""
+def _as_backward(s, tracker, backward):
+    """`backward` (``Tensor.backward`` or ``torch.autograd.backward``; its first argument the
+    tensor(s)) with the tracker told when it starts and ends, under the fail-open guard."""
     import functools
 
-    import torch
-
-    backward = torch.autograd.backward
-
     @functools.wraps(backward)
-    def autograd_backward(tensors, *args, **kwargs):
+    def timed_backward(tensors, *args, **kwargs):
         m = s.guard("steps", tracker.backward_start, tensors)
         try:
             return backward(tensors, *args, **kwargs)
@@ -151,7 +137,7 @@ def _patch_autograd_backward(s, tracker) -> None:
             if m is not None:
                 s.guard("steps", tracker.backward_end, m)
 
-    torch.autograd.backward = autograd_backward
+    return timed_backward
 
 
 def _patch_grad_scaler(s, tracker) -> None:
