@@ -128,8 +128,12 @@ def _as_backward(s, tracker, backward):
     tensor(s)) with the tracker told when it starts and ends, under the fail-open guard."""
     import functools
 
+    import torch
+
     @functools.wraps(backward)
     def timed_backward(tensors, *args, **kwargs):
+        if not isinstance(tensors, (torch.Tensor, list, tuple)):  # an iterable torch reads once (a generator)
+            tensors = tuple(tensors)
         m = s.guard("steps", tracker.backward_start, tensors)
         try:
             return backward(tensors, *args, **kwargs)

@@ -5,17 +5,20 @@ import torch
 
 
 def train_one_epoch(ddp, loader, opt, scaler, losses):
-    """Steps alternate `scaler.scale(loss).backward()` and `torch.autograd.backward(...)`.
+    """Steps take turns: `scaler.scale(loss).backward()`, `torch.autograd.backward(tensor)` and
+    `torch.autograd.backward(generator)` (any iterable of tensors, which torch reads once).
     Appends each step's (unscaled) loss to `losses`; returns this rank's samples per step."""
     samples = []
     ddp.train()
     for i, (x, y) in enumerate(loader):
         opt.zero_grad(set_to_none=True)
         loss = torch.nn.functional.mse_loss(ddp(x), y)
-        if i % 2 == 0:
+        if i % 3 == 0:
             scaler.scale(loss).backward()
-        else:
+        elif i % 3 == 1:
             torch.autograd.backward(scaler.scale(loss))
+        else:
+            torch.autograd.backward(t for t in [scaler.scale(loss)])
         scaler.step(opt)
         scaler.update()
         losses.append(loss.item())
