@@ -6,6 +6,7 @@ Pure functions of run windows (no Streamlit), so they are tested directly.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from ddpviz.app.window import TERMINAL
@@ -50,6 +51,7 @@ def newest_pair(windows: dict[str, Any]) -> tuple[str, str] | None:
 
 _VERDICTS: dict[tuple, Verdict | None] = {}  # (run id, last event id, status) of both runs -> verdict
 _VERDICTS_KEPT = 64
+_VERDICTS_LOCK = threading.Lock()  # Streamlit runs each browser session's script in a thread of its own
 
 
 def pair_verdict(windows: dict[str, Any]) -> tuple[Verdict | None, bool]:
@@ -64,11 +66,15 @@ def pair_verdict(windows: dict[str, Any]) -> tuple[Verdict | None, bool]:
     final = all(w.status in TERMINAL for w in (dp, ddp))
     key = tuple((w.run_id, getattr(w, "last_id", None), w.status, len(w.of_type("step")),
                  bool((w.run or {}).get("summary"))) for w in (dp, ddp))
-    if key not in _VERDICTS:
+    with _VERDICTS_LOCK:
+        if key in _VERDICTS:
+            return _VERDICTS[key], final
+    found = verdict(summary_of(dp), summary_of(ddp))
+    with _VERDICTS_LOCK:
         if len(_VERDICTS) >= _VERDICTS_KEPT:
             _VERDICTS.pop(next(iter(_VERDICTS)))
-        _VERDICTS[key] = verdict(summary_of(dp), summary_of(ddp))
-    return _VERDICTS[key], final
+        _VERDICTS[key] = found
+    return found, final
 
 
 def sequential_note(windows: dict[str, Any]) -> str | None:
