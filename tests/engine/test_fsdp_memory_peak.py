@@ -37,8 +37,16 @@ def test_fsdp_peak_per_rank_is_the_allocators_peak_over_the_whole_step(run, tmp_
     for rank in (0, 1):
         mem = [e for e in run.of_type("memory") if e["rank"] == rank]
         assert sorted(e["step"] for e in mem) == list(range(FIELDS["steps"]))  # every step traced
-        ours, ref = peaks[mem[0]["device"]], max(reference[rank])
-        assert ours == pytest.approx(ref, rel=0.10), (rank, ours / 2**20, ref / 2**20)
+        # The allocator's own peak of the same step moves with scheduling: FSDP2's reduce-scatters
+        # on gloo run beside backward, and how long their buffers overlap the gradients still being
+        # made changes from step to step (4 reference runs, 2026-12-04, steps 1-3 in MiB: 10.4,
+        # 11.03, 11.4 in every run, once 12.03 in CI; the ledger said 10.40 each time). So ours must
+        # lie within 10% of the range the allocator itself shows over the steps after the first
+        # (whose AdamW state is made inside it): below its least, as the hook-time samples did
+        # (7.4-8.4 MiB), or above its most, is red.
+        ours, steady = peaks[mem[0]["device"]], reference[rank][1:]
+        lo, hi = min(steady) * 0.90, max(reference[rank]) * 1.10
+        assert lo <= ours <= hi, (rank, ours / 2**20, [r / 2**20 for r in reference[rank]])
 
 
 def test_steps_that_traced_memory_are_left_out_of_the_throughput_medians():
