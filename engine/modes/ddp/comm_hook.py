@@ -22,7 +22,9 @@ Another hook (fp16, PowerSGD, a user's) runs inside this one's timing when compo
 Times are seconds from the step's backward start (`BucketRecorder.begin_backward`). On CPU they
 are host clock readings; on CUDA, events recorded on the current stream (resolved after the step).
 
-Per bucket and step the hook takes three clock marks and builds one small dict. The bucket's
+Per bucket and step the hook takes three clock marks and builds one small dict. With a
+`engine.measure.gil.MeteredClock` (launched ranks), only the last bucket's ready mark also reads the
+thread's clocks (the one `rank_step_fields` splits the backward at); the others are time-only. The bucket's
 parameter names (a loop over `GradBucket.parameters()`) are read only on the first
 `LAYOUT_STEPS` backward passes: DDP fixes its bucket layout by then (it rebuilds buckets once, in
 the second iteration's forward, `Reducer::rebuild_buckets`, and never again).
@@ -67,6 +69,7 @@ class BucketRecorder:
         self.predivided = predivided
         self.passes = 0  # backward passes begun
         self.clock = clock or HostClock()
+        self._time_mark = getattr(self.clock, "time_mark", self.clock.mark)  # no thread clocks
         self.group = group
         self.records: list[dict[str, Any]] = []
         self.pending: list[tuple[torch.Tensor, dict, torch.futures.Future]] = []
@@ -78,13 +81,14 @@ class BucketRecorder:
         """Call right before the backward whose buckets should be recorded."""
         self.records, self.pending = [], []
         self.passes += 1
-        self.origin = self.clock.mark()
+        self.origin = self._time_mark()
 
     def _record(self, bucket: dist.GradBucket) -> dict[str, Any]:
-        ready = self.clock.mark()
+        is_last = bucket.is_last()
+        ready = self.clock.mark() if is_last else self._time_mark()
         index = bucket.index()
         rec: dict[str, Any] = dict(bucket_index=index, nbytes=wire_nbytes(bucket.buffer()),
-                                   is_last=bucket.is_last(), ready=ready)
+                                   is_last=is_last, ready=ready)
         if self.passes <= LAYOUT_STEPS or index not in self.layout:
             names = tuple(self.names.get(p.data_ptr(), "?") for p in bucket.parameters())
             if self.layout.get(index) != names:
@@ -95,7 +99,7 @@ class BucketRecorder:
         return rec
 
     def _launch(self, buf: torch.Tensor, rec: dict) -> torch.futures.Future:
-        rec["comm_start"] = self.clock.mark()
+        rec["comm_start"] = self._time_mark()
         if not self.predivided:
             buf.div_(self.world_size)
         # the process group's own allreduce (SUM): what `dist.all_reduce(async_op=True)` calls after
@@ -103,7 +107,7 @@ class BucketRecorder:
         fut = (self.group or dist.group.WORLD).allreduce([buf]).get_future()
 
         def done(f: torch.futures.Future) -> torch.Tensor:
-            rec["comm_end"] = self.clock.mark()
+            rec["comm_end"] = self._time_mark()
             return f.value()[0]
 
         return fut.then(done)
@@ -119,11 +123,11 @@ class BucketRecorder:
         self.pending.append((buf, rec, fut))
         if bucket.is_last():  # every bucket is ready: now run the deferred all-reduces in order
             for b, r, f in self.pending:
-                r["comm_start"] = self.clock.mark()
+                r["comm_start"] = self._time_mark()
                 if not self.predivided:
                     b.div_(self.world_size)
                 dist.all_reduce(b, group=self.group)
-                r["comm_end"] = self.clock.mark()
+                r["comm_end"] = self._time_mark()
                 f.set_result(b)
             self.pending = []
         return fut

@@ -115,7 +115,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
 
     def train_step(step: int) -> dict:
         progress["step"] = step
-        t0, m0 = now(), clock.mark()
+        t0, m0 = now(), clock.time_mark()  # a time origin only: no lock-wait span starts here
         micro_marks, losses = [], []
         for micro in range(cfg.grad_accum_steps):
             last_micro = micro == cfg.grad_accum_steps - 1
@@ -154,7 +154,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         for b in buckets:
             tel.emit("bucket", step=step, **b)
         bucket_nbytes[:] = [b["nbytes"] for b in buckets if b["nbytes"]]  # the probe's first sizes
-        last_ready = max((r["ready"] for r in rec.records), key=lambda m: m.clocks.wall_s, default=None)
+        last_ready = next((r["ready"] for r in reversed(rec.records) if r["ready"].clocks is not None), None)
         tel.emit("gil", step=step,
                  **rank_step_fields(micro_marks, (m4, m5), t5 - t0, last_ready, device.type == "cuda"))
         nbytes = sum(b["nbytes"] or 0 for b in buckets)  # of the bucket tensors handed to all-reduce
