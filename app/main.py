@@ -25,6 +25,7 @@ page = st.navigation({
     ],
     "Scale": [
         st.Page("views/sweeps.py", title="Sweeps", icon=":material/stacked_line_chart:"),
+        st.Page("views/tune.py", title="Tune", icon=":material/tune:"),
         st.Page("views/scaleout.py", title="Scale-out", icon=":material/trending_up:"),
         st.Page("views/cluster.py", title="Cluster", icon=":material/dns:"),
     ],

@@ -53,7 +53,8 @@ PREDICT = sorted("ddpviz." + ".".join(p.relative_to(ROOT).with_suffix("").parts)
 
 @pytest.mark.parametrize("module", ["ddpviz.engine.config", "ddpviz.engine.analysis", "ddpviz.engine.export", "ddpviz.engine.stages",
                                     "ddpviz.engine.result", "ddpviz.engine.run", "ddpviz.engine.summary", "ddpviz.engine.verdict", "ddpviz.workers.client",
-                                    "ddpviz.workers.scaleout", "ddpviz.engine.measure.bootstrap", *PREDICT])
+                                    "ddpviz.workers.scaleout", "ddpviz.workers.tunes", "ddpviz.engine.measure.bootstrap",
+                                    *PREDICT])
 def test_modules_the_app_loads_do_not_import_torch(module):
     code = f"import sys, {module}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)

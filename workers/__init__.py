@@ -10,6 +10,7 @@ The map of this folder:
     heartbeat, liveness   who serves the queue; runs whose worker died
     retention, history    which old runs go; delete, rerun, read a whole stream
     sweeps      sets of runs launched together         scaleout, scaleout_text   the Scale-out report
+    tunes       stored ``ddpviz tune`` searches: the trials as runs, the report (the app's Tune page)
     up          ``ddpviz up``: Redis, workers and the app on one machine
     jobs/       the RQ jobs (a run, a multi-host node)  host/   this host's GPUs, leases, processes
     cli/        the ``ddpviz`` command                   doctor/ ``ddpviz doctor``

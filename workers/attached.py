@@ -100,3 +100,26 @@ def record_ending(store: Any, run_id: str, ending: dict) -> bool:
     if done and ending.get("ended_at"):  # when the command ended (`ddpviz run`'s clock), not now
         store.redis.hset(keys.run(run_id), "finished_at", repr(float(ending["ended_at"])))
     return done
+
+
+def store_spool(store: Any, spool: Path, run_id: str, cmd: list[str] | None, label: str | None,
+                ran_at: float | None = None, ending: dict | None = None, joined: bool = False) -> None:
+    """Store the events of `spool` not yet stored as run `run_id` (its record created first when
+    missing, `create_record`), then its ending when given (`record_ending`; a `joined` node's
+    launcher records only a failure, node 0's ends the run). What was sent is kept in the spool's
+    `sent.json` (`workers.spool.SpoolForwarder`), so a second call sends only the rest.
+
+    Raises:
+        redis.RedisError, OSError: Redis stopped answering; the ending is then not recorded.
+    """
+    from ddpviz.workers.spool import SpoolForwarder
+
+    if not store.exists(run_id):
+        create_record(store, run_id, cmd, label, ran_at=ran_at)
+    fwd = SpoolForwarder(spool, run_id, store)
+    if not fwd.pump(final=True):
+        raise fwd.redis_error or OSError(f"{spool}: not every event could be stored")
+    if ending and (not joined or ending["status"] == "failed"):
+        record_ending(store, run_id, ending)
+    elif ending:
+        refresh_summary(store, run_id)

@@ -17,6 +17,8 @@ Layout:
 | ``ddpviz:workers`` | set | names of workers that have sent a heartbeat |
 | ``ddpviz:nodes:{run_id}`` | hash | per-node state of a multi-host run (see `workers.jobs.nodes`) |
 | ``ddpviz:retention`` | hash | the retention policy workers apply (see `workers.retention`) |
+| ``ddpviz:tune:{tune_id}`` | string | a stored `ddpviz tune` report, JSON (see `workers.tunes`) |
+| ``ddpviz:tunes`` | sorted set | tune ids scored by stored time (unix seconds) |
 
 Each worker also serves its own RQ queue ``ddpviz:node:{name}``, where `workers.jobs.multinode` puts
 the node jobs of multi-host runs; a node job's RQ id is ``{run_id}-n{index}`` (`node_job_id`).
@@ -35,6 +37,7 @@ RUNS = PREFIX + "runs"
 WORKERS = PREFIX + "workers"
 STARTED = PREFIX + "started"
 RETENTION = PREFIX + "retention"
+TUNES = PREFIX + "tunes"
 APP_URL = PREFIX + "app_url"  # where `ddpviz up` serves the app (a string; gone when `up` stops)
 
 EVENT_FIELD = b"e"  # the single stream field holding an event's JSON
@@ -48,6 +51,11 @@ def run(run_id: str) -> str:
 def events(run_id: str) -> str:
     """Stream of one run's events."""
     return f"{PREFIX}events:{run_id}"
+
+
+def tune(tune_id: str) -> str:
+    """String holding one stored `ddpviz tune` report (JSON)."""
+    return f"{PREFIX}tune:{tune_id}"
 
 
 def cancel(run_id: str) -> str:

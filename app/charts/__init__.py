@@ -6,5 +6,5 @@ carry units and a legend, so it is checked through `chart.to_dict()` without a b
     style     sizes, colours per category, the step axis, title and legend helpers
     steps     throughput curves, step-time split, bytes per device      live   Live's step-axis charts
     buckets   the bucket timeline     dp   DP phases and timeline       memory  memory curves
-    fsdp, compare, theory, topology, scaleout, sweeps, cluster: one per page
+    fsdp, compare, theory, topology, scaleout, sweeps, cluster, tune: one per page
 """

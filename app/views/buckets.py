@@ -13,12 +13,12 @@ import pandas as pd
 import streamlit as st
 
 from ddpviz.app import runsets
-from ddpviz.app.charts.buckets import bucket_timeline, exposed_chart
+from ddpviz.app.charts.buckets import exposed_chart
 from ddpviz.app.connection import require_client
 from ddpviz.app.frames import buckets as fb
-from ddpviz.app.frames import steps as fsteps
 from ddpviz.app.frames.compare import thin
-from ddpviz.app.widgets import pick_step, quick_fields, show_errors
+from ddpviz.app.panels_buckets import side_by_side, step_selector
+from ddpviz.app.widgets import quick_fields, show_errors
 from ddpviz.engine.config import ConfigError
 from ddpviz.workers.sweeps import submit_sweep
 
@@ -53,53 +53,6 @@ def ddp_runs(runs: list[dict]) -> list[dict]:
                               max_selections=MAX_RUNS, format_func=labels.get, key="buckets_pick")
         ddp = [r for r in ddp if r["run_id"] in keep]
     return ddp
-
-
-def step_selector(windows, key: str = "buckets_step") -> int | None:
-    """Buttons for the kept steps (0, 1 and the latest few); opens on a typical step of the first
-    run (`fsteps.typical_step`: nearest the median step time, never the traced final step for
-    being the newest) among those with measured spans, until the reader picks another; traced
-    and sampled steps say so on their button."""
-    steps = sorted(set().union(*(fb.bucket_steps(w.of_type("bucket")) for w in windows.values())))
-    first = next(iter(windows.values()), None)
-    typical = None
-    if first is not None:
-        measured = fb.measured_steps(first.of_type("bucket")) or fb.bucket_steps(first.of_type("bucket"))
-        typical = fsteps.typical_step(measured, first.of_type("step"))
-    notes: dict[int, str] = {}
-    for w in windows.values():
-        notes.update(fsteps.step_notes(w.of_type("step"), w.of_type("bucket")))
-    return pick_step(steps, key, default=typical, notes=notes)
-
-
-def step_word(note: str | None) -> str:
-    """What a step's caption adds for an instrumented or sampled step (`fsteps.step_notes`)."""
-    if note == "instrumented":
-        return " (instrumented: its time includes the instrument's own work)"
-    return f" ({note})" if note else ""
-
-
-def timeline(w, label: str, step: int, x_max: float | None) -> None:
-    events = w.of_type("bucket")
-    names = fb.rank_names(w.of_type("step") + events)
-    buckets = fb.bucket_frame(events, step)
-    if buckets.empty:
-        st.info(f"{label}: no buckets recorded for step {step}.", icon=":material/info:")
-        return
-    backward = fb.backward_frame(w.of_type("step"), step)
-    exposed = fb.exposed_frame(buckets, w.of_type("step"))
-    st.altair_chart(bucket_timeline(fb.with_rank_names(buckets, names),
-                                    fb.with_rank_names(backward, names),
-                                    fb.with_rank_names(exposed, names),
-                                    run=label, x_max_ms=x_max), key=f"bkt_tl_{w.run_id}")
-    cfg = w.config
-    r0 = buckets[buckets["rank"] == buckets["rank"].min()]
-    note = fsteps.step_notes(w.of_type("step"), events).get(step)
-    exposed_ms = exposed["exposed_ms"].max()
-    st.caption(f"Step {step}{step_word(note)} · "
-               f"{len(r0)} bucket(s) · bucket_cap_mb {cfg.get('bucket_cap_mb')} · overlap "
-               f"{'on' if cfg.get('overlap') else 'off'} · exposed comm "
-               + (f"{exposed_ms:.2f} ms (slowest rank)" if pd.notna(exposed_ms) else "not measured on this step"))
 
 
 def layouts(w, label: str) -> None:
@@ -141,19 +94,12 @@ _LAYOUT_COLUMNS = {"bucket": st.column_config.NumberColumn("bucket", width="smal
 
 
 def body(windows, labels) -> None:
-    step = step_selector(windows)
+    step = step_selector(windows, "buckets_step")
     if step is None:
         st.info("Waiting for the first complete step of bucket events…",
                 icon=":material/hourglass_empty:")
         return
-    frames_at = [fb.bucket_frame(w.of_type("bucket"), step) for w in windows.values()]
-    ends = [f["comm_end_ms"].max() for f in frames_at if not f.empty] + \
-           [fb.backward_frame(w.of_type("step"), step)["end_ms"].max()
-            for w in windows.values()]
-    x_max = max([e for e in ends if pd.notna(e)], default=None) if len(windows) > 1 else None
-    for col, (rid, w) in zip(st.columns(len(windows)), windows.items()):
-        with col:
-            timeline(w, labels[rid], step, x_max)
+    side_by_side(windows, labels, step)
     per_step = pd.concat([thin(fb.exposed_per_step(w.of_type("step"), labels[rid]), 1000)
                           for rid, w in windows.items()], ignore_index=True)
     if not per_step.empty:

@@ -69,3 +69,29 @@ def play_attached(client, run_id: str = "attached0regress") -> str:
     client.redis.hset(keys.run(run_id), "config", json.dumps(config))
     client.store.finish(run_id, RunStatus.SUCCEEDED, summary=events[-1].get("summary"))
     return run_id
+
+
+# A real `ddpviz tune` of tests/workers/tune_script/train_tiny.py (its "made_by" says how): the
+# report as stored, and the events of round 1's baseline and candidate runs only (the other
+# runs it names are not stored, as after the workers' retention deleted them).
+TUNE = "real_tune_tiny_ws2.json"
+
+
+def play_tune(client, spools) -> dict:
+    """The recorded tune (`TUNE`) stored as `ddpviz tune --url` stores one: each run from a spool of
+    its events through `workers.attached.store_spool`, ended succeeded, then the report
+    (`workers.tunes.save_tune`). `spools`: a folder for the spools. Returns the stored report."""
+    from ddpviz.workers.attached import store_spool
+    from ddpviz.workers.tunes import get_tune, save_tune
+
+    recorded = json.loads((DATA / TUNE).read_text(encoding="utf-8"))
+    rep = recorded["report"]
+    for run_id, run in recorded["runs"].items():
+        spool = Path(spools) / run_id
+        spool.mkdir(parents=True)
+        (spool / "events-0.jsonl").write_text("".join(json.dumps(e) + "\n" for e in run["events"]))
+        ran_at = run["events"][0]["ts"]
+        store_spool(client.store, spool, run_id, rep["command"], run["label"], ran_at=ran_at,
+                    ending=dict(status="succeeded", error=None, exit_code=0, ended_at=run["events"][-1]["ts"]))
+    save_tune(client.redis, rep)
+    return get_tune(client.redis, rep["tune_id"])

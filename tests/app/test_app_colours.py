@@ -34,7 +34,7 @@ def _registry() -> dict[str, set[str]]:
     out.setdefault(style.GIL_COLOUR, set()).add("gil")
     out.setdefault(style.SHARED_DEVICE_COLOUR, set()).add("shared device")
     for family in (style.PHASE_HUES, style.VOLUME_COLOURS, style.THEORY_HUES, style.FSDP_HUES, style.SWEEP_HUES,
-                   style.MEMORY_USE_HUES, style.THREAD_STATE_HUES):
+                   style.MEMORY_USE_HUES, style.THREAD_STATE_HUES, style.TUNE_HUES):
         for name, h in family.items():
             out.setdefault(h, set()).add(_meaning(name, {}))
     return out

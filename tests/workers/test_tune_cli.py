@@ -1,8 +1,9 @@
 """`ddpviz tune` on a real 2-rank gloo script (tests/workers/tune_script/train_tiny.py): the
 trial's DDP arguments reach DDP (its buckets are PyTorch's own layout for the cap), the stop after
 N steps (exit 0, N steps recorded, the script's code after training never runs), a math-changing
-setting (PowerSGD) seen as a loss difference (rejected when it claims the same math), and one whole search
-whose JSON has every field and leaves the user's folder byte-identical (issue 35)."""
+setting (PowerSGD) seen as a loss difference (rejected when it claims the same math), each trial stored
+as a run holding its spool's events, and one whole search whose JSON has every field, is stored (for the
+app's Tune page) as printed, and leaves the user's folder byte-identical (issue 35)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ import torch.nn as nn
 from wtools import ddpviz_argv
 
 from ddpviz.engine.tune import MIB, loss_tolerance, same_math
-from ddpviz.workers.cli.tune import judge, run_trial
+from ddpviz.workers.cli.tune import _read_events, judge, run_trial
 from ddpviz.workers.connection import free_port
+from ddpviz.workers.store import RunStore
+from ddpviz.workers.tunes import TuneKeeper, get_tune
 
 pytestmark = pytest.mark.slow
 
@@ -37,25 +40,46 @@ def torchrun(script: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def trials(tmp_path_factory):
+def trials(tmp_path_factory, redis_url):
     """Three trials of the tiny script, run in a copy of its folder: the baseline, a tiny bucket
     cap, PowerSGD (rank 1 from the third step: a lossy all-reduce). The fp16 hook was tried here
     first: on this model its losses stayed within 7e-7 of the baseline's over 6 steps (its
     gradients are nearly exact in fp16), under the float tolerance, so it could not show a
-    difference."""
+    difference. Each is stored as a run on the test Redis as `ddpviz tune --url` stores it; what
+    its spool held (tune's own reader) and what was stored are kept under ``stored``, read back at
+    once (other tests flush the database)."""
+    from ddpviz.workers.client import DdpvizClient
+    from ddpviz.workers.history import read_all_events
+
     user = tmp_path_factory.mktemp("user")
     shutil.copy(SCRIPT, user / SCRIPT.name)
     root = tmp_path_factory.mktemp("spools")
+    client = DdpvizClient(url=redis_url)
+    keeper = TuneKeeper(RunStore(client.redis), torchrun(user / SCRIPT.name), print)
+    stored = {}
+
+    def kept(name):
+        run_id = keeper.new_run()
+
+        def keep(spool, trial):
+            spooled = _read_events(spool)
+            got = keeper.keep_trial(spool, trial, run_id, f"test · {name}")
+            stored[name] = dict(run_id=got, spool=spooled, record=client.get_run(run_id),
+                                events=read_all_events(client, run_id))
+            return got
+        return run_id, keep
+
     here = os.getcwd()
     os.chdir(user)
     try:
-        out = {name: run_trial(torchrun(user / SCRIPT.name), knobs, STEPS, 2, 240, root, i)
+        out = {name: run_trial(torchrun(user / SCRIPT.name), knobs, STEPS, 2, 240, root, i, *kept(name))
                for i, (name, knobs) in enumerate([("base", {}), ("cap", {"bucket_cap_mb": CAP_MB}),
                                                   ("powersgd", {"comm_hook": "powersgd"})])}
     finally:
         os.chdir(here)
     out["user"] = user
     out["root"] = root
+    out["stored"] = stored
     return out
 
 
@@ -68,6 +92,23 @@ def test_a_trial_stops_after_n_steps_with_exit_0(trials):
     assert {r: len(v) for r, v in base["measured"]["losses"].items()} == {0: STEPS, 1: STEPS}
     assert not (trials["user"] / "done.txt").exists()  # the script's code after training never ran
     assert list(trials["root"].iterdir()) == []  # each trial's spool removed once read
+
+
+def _key(event: dict) -> str:
+    return json.dumps(event, sort_keys=True)
+
+
+@pytest.mark.parametrize("name", ["base", "cap", "powersgd"])
+def test_each_trial_is_stored_as_a_run_holding_its_spools_events(trials, name):
+    got, trial = trials["stored"][name], trials[name]
+    assert got["run_id"] == trial["run_id"] and got["record"]["label"] == f"test · {name}"
+    assert got["record"]["status"] == "succeeded" and got["record"]["config"]["attached"] is True
+    spooled = got["spool"]
+    assert len(spooled) > 3 * STEPS and {e["run_id"] for e in spooled} == {trial["run_id"]}
+    # the stream holds the spool's events (run_started first), then the run_finished the ending adds
+    assert sorted(map(_key, got["events"][:-1])) == sorted(map(_key, spooled))
+    assert got["events"][0]["type"] == "run_started" and got["events"][-1]["type"] == "run_finished"
+    assert "run_finished" not in {e["type"] for e in spooled}
 
 
 def _pytorch_layout(cap_bytes: int) -> list[int]:
@@ -122,14 +163,15 @@ def _tree_hash(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_a_whole_search_prints_every_field_and_leaves_the_users_files_alone(tmp_path):
+def test_a_whole_search_prints_every_field_is_stored_and_leaves_the_users_files_alone(tmp_path, redis_url,
+                                                                                    redis_client):
     user, tmp = tmp_path / "user", tmp_path / "tmp"
     user.mkdir()
     tmp.mkdir()
     shutil.copy(SCRIPT, user / SCRIPT.name)
     before = _tree_hash(user)
     env = dict(os.environ, TMPDIR=str(tmp), OMP_NUM_THREADS="1")
-    out = subprocess.run([*ddpviz_argv(), "tune", "--json", "--steps", "8", "--warmup", "2", "--rounds", "2",
+    out = subprocess.run([*ddpviz_argv(), "tune", "--url", redis_url, "--json", "--steps", "8", "--warmup", "2", "--rounds", "2",
                           "--knobs", "gradient_as_bucket_view", "--", *torchrun(user / SCRIPT.name)],
                          cwd=user, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -142,6 +184,20 @@ def test_a_whole_search_prints_every_field_and_leaves_the_users_files_alone(tmp_
     assert t["rounds"] == 2 and t["verdict"] == "too few rounds" and len(t["interval"]) == 2
     assert t["predicted_ratio"] == 1.0 and t["loss_max_abs_diff"] == 0.0 and t["rejected"] is False
     assert rep["best"] is None  # no verdict from 2 rounds
+    # stored as printed, each trial a run of its own (the reference baseline, 2 rounds of baseline and candidate)
+    assert out.stderr.count(f"stored as tune {rep['tune_id']}") == 1
+    assert {k: v for k, v in get_tune(redis_client, rep["tune_id"]).items() if k != "stored_at"} == rep
+    rows = rep["baseline"]["runs"] + t["runs"]
+    assert [r["round"] for r in rows] == [None, 0, 1, 0, 1]
+    from ddpviz.workers.client import DdpvizClient
+
+    client = DdpvizClient(redis=redis_client)
+    for row, what in zip(rows, ["baseline · reference", "baseline · round 1", "baseline · round 2",
+                                "gradient_as_bucket_view=True · round 1", "gradient_as_bucket_view=True · round 2"]):
+        rec = client.get_run(row["run_id"])
+        assert rec["label"] == f"tune {rep['tune_id']} · {what}" and rec["status"] == "succeeded"
+        steps = [e for e in client.read_events(row["run_id"], count=10_000)[0] if e["type"] == "step"]
+        assert len(steps) == 2 * row["steps"] == 2 * 8  # both ranks' steps, as the report counted them
     assert _tree_hash(user) == before
     # no spool left behind (torchrun leaves its own torchelastic_* log folders, as it does without ddpviz)
     assert [p.name for p in tmp.iterdir() if not p.name.startswith(("torchelastic_", "torchinductor_"))] == []

@@ -18,12 +18,15 @@ Each trial's DDP arguments are set at construction inside the ranks; the script'
 written by tune (the trials run in the command's own working directory, so a script that writes
 files as it trains still writes them; a trial's stop skips everything the script does after its
 N-th step). Spools live in a temporary folder, removed at the end. A trial that fails is reported
-with the failing rank's error and the search goes on.
+with the failing rank's error and the search goes on. When Redis answers (`--url`, else `ddpviz
+run`'s choice) each trial's spool is first stored as a run and the report kept for the app's Tune
+page (`workers.tunes`); when not, one line says that nothing is stored.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -33,10 +36,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ddpviz.workers.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_REFUSED
-from ddpviz.workers.cli.tune_report import label
+from ddpviz.workers.tunes import TuneKeeper, label, trial_run_label
 
 KILL_GRACE_S = 5.0  # a trial past its time gets SIGTERM, then SIGKILL this long after
 TRIAL_TIME_FACTOR = 4.0  # a later trial may take this many times the baseline's first one
@@ -47,13 +50,14 @@ def _say(message: str) -> None:
     print(f"ddpviz tune: {message}", file=sys.stderr, flush=True)
 
 
-def trial_env(cmd: list[str], spool: Path, knobs: dict[str, Any], steps: int) -> dict[str, str]:
-    """COMMAND's environment for one trial: `ddpviz run`'s (the start-up hook, the spool) plus
-    tune's variables (`engine.attach.overrides`)."""
+def trial_env(cmd: list[str], spool: Path, knobs: dict[str, Any], steps: int,
+              run_id: str | None = None) -> dict[str, str]:
+    """COMMAND's environment for one trial: `ddpviz run`'s (the start-up hook, the spool; events
+    carry `run_id`, else ``tune-trialN``) plus tune's variables (`engine.attach.overrides`)."""
     from ddpviz.engine.attach.overrides import COMM_HOOK_ENV, DDP_KWARGS_ENV, STOP_AFTER_ENV
     from ddpviz.workers.cli.attach import _child_env
 
-    env = _child_env(f"tune-{spool.name}", spool, cmd)
+    env = _child_env(run_id or f"tune-{spool.name}", spool, cmd)
     ddp = {k: v for k, v in knobs.items() if k != "comm_hook"}
     env[DDP_KWARGS_ENV] = json.dumps(ddp)
     env[STOP_AFTER_ENV] = str(steps)
@@ -114,20 +118,23 @@ def _ending(rc: int, killed: str | None, measured: dict, steps: int, spool: Path
 
 
 def run_trial(cmd: list[str], knobs: dict[str, Any], steps: int, warmup: int, timeout_s: float,
-              root: Path, index: int) -> dict[str, Any]:
-    """One trial of COMMAND under `knobs`; its spool is removed once read.
+              root: Path, index: int, run_id: str | None = None,
+              keep: Callable[[Path, dict[str, Any]], str | None] | None = None) -> dict[str, Any]:
+    """One trial of COMMAND under `knobs`; its spool is removed once read, and first handed to
+    `keep` (which stores it as run `run_id`, the id its events carry, and returns it or None).
 
     Returns:
-        ``{index, knobs, exit_code, wall_s, ended, error, measured}`` (`engine.tune.measure_trial`).
+        ``{index, knobs, exit_code, started_at, wall_s, ended, error, measured, run_id}``
+        (`engine.tune.measure_trial`; `run_id` None when the trial was not stored).
     """
     from ddpviz.engine.tune import measure_trial
 
     spool = root / f"trial{index}"
     spool.mkdir(mode=0o700)
     out_path, err_path = spool / "stdout.txt", spool / "stderr.txt"
-    t0 = time.monotonic()
+    started_at, t0 = time.time(), time.monotonic()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        proc = subprocess.Popen(cmd, env=trial_env(cmd, spool, knobs, steps), stdout=out, stderr=err,
+        proc = subprocess.Popen(cmd, env=trial_env(cmd, spool, knobs, steps, run_id), stdout=out, stderr=err,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         try:
             killed = _wait(proc, timeout_s)
@@ -137,9 +144,11 @@ def run_trial(cmd: list[str], knobs: dict[str, Any], steps: int, warmup: int, ti
     wall = time.monotonic() - t0
     measured = measure_trial(_read_events(spool), warmup)
     ended, error = _ending(proc.returncode, killed, measured, steps, spool, err_path)
+    trial = dict(index=index, knobs=knobs, exit_code=proc.returncode, started_at=started_at, wall_s=wall,
+                 ended=ended, error=error, measured=measured)
+    trial["run_id"] = keep(spool, trial) if keep is not None else None
     shutil.rmtree(spool, ignore_errors=True)
-    return dict(index=index, knobs=knobs, exit_code=proc.returncode, wall_s=wall, ended=ended, error=error,
-                measured=measured)
+    return trial
 
 
 def usable(trial: dict[str, Any], warmup: int) -> bool:
@@ -148,20 +157,29 @@ def usable(trial: dict[str, Any], warmup: int) -> bool:
 
 
 class Search:
-    """One `ddpviz tune`: the trials run so far and the budget left."""
+    """One `ddpviz tune`: the trials run so far and the budget left; `keeper` stores each trial as
+    a run (`workers.tunes.TuneKeeper`), or None."""
 
-    def __init__(self, cmd: list[str], steps: int, warmup: int, budget_s: float, root: Path):
+    def __init__(self, cmd: list[str], steps: int, warmup: int, budget_s: float, root: Path,
+                 keeper: TuneKeeper | None = None):
         self.cmd, self.steps, self.warmup, self.budget_s, self.root = cmd, steps, warmup, budget_s, root
+        self.keeper = keeper
         self.t0 = time.monotonic()
         self.trials: list[dict[str, Any]] = []
 
     def left_s(self) -> float:
         return self.budget_s - (time.monotonic() - self.t0)
 
-    def run(self, knobs: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
+    def run(self, knobs: dict[str, Any], timeout_s: float | None = None,
+            round_: int | None = None) -> dict[str, Any]:
+        """One trial; `round_` None for the reference baseline run before the rounds."""
         limit = min(self.left_s(), timeout_s) if timeout_s else self.left_s()
         _say(f"trial {len(self.trials) + 1}: {label(knobs)} (time limit {limit:.0f} s)")
-        t = run_trial(self.cmd, knobs, self.steps, self.warmup, limit, self.root, len(self.trials))
+        run_id = self.keeper.new_run() if self.keeper is not None else None
+        keep = None if run_id is None else functools.partial(
+            self.keeper.keep_trial, run_id=run_id, run_label=trial_run_label(self.keeper.tune_id, knobs, round_))
+        t = run_trial(self.cmd, knobs, self.steps, self.warmup, limit, self.root, len(self.trials), run_id, keep)
+        t["round"] = round_
         if t["error"] is not None:
             _say(f"trial {len(self.trials) + 1} {t['ended']}: {_error_line(t['error'])}")
         self.trials.append(t)
@@ -186,8 +204,7 @@ def _rounds(search: Search, cands: list[dict], rounds: int, trial_s: float) -> l
             if search.left_s() < trial_s:
                 _say(f"budget spent: round {r + 1} left unfinished")
                 return baselines
-            t = search.run(cands[i]["knobs"] if i is not None else {}, TRIAL_TIME_FACTOR * trial_s)
-            t["round"] = r
+            t = search.run(cands[i]["knobs"] if i is not None else {}, TRIAL_TIME_FACTOR * trial_s, r)
             if i is None:
                 baselines.append(t)
             else:
@@ -199,9 +216,9 @@ def _rounds(search: Search, cands: list[dict], rounds: int, trial_s: float) -> l
 
 def _run_row(t: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
     m = t["measured"]
-    return dict(round=t.get("round"), step_time_s=m["step_time_s"], steps=m["steps"], wall_s=round(t["wall_s"], 3),
-                baseline_step_time_s=base["measured"]["step_time_s"] if base else None, ended=t["ended"],
-                error=t["error"])
+    return dict(round=t.get("round"), run_id=t.get("run_id"), step_time_s=m["step_time_s"], steps=m["steps"],
+                wall_s=round(t["wall_s"], 3), baseline_step_time_s=base["measured"]["step_time_s"] if base else None,
+                ended=t["ended"], error=t["error"])
 
 
 def judge(cand: dict[str, Any], baselines: list[dict[str, Any]], ref: dict[str, Any], noise: float | None,
@@ -251,10 +268,11 @@ def baseline_record(ref: dict[str, Any], baselines: list[dict[str, Any]], warmup
 
 
 def tune(cmd: list[str], steps: int, warmup: int, budget_s: float, knobs: list[str], rounds: int,
-         tries: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+         tries: list[dict[str, Any]] | None = None, keeper: TuneKeeper | None = None) -> dict[str, Any]:
     """The whole search (module docstring); returns the report (`--json`'s object). `tries`: the
-    settings to try instead of the generated candidates (`--try`). Spools are made under a
-    temporary folder and removed, whatever happens.
+    settings to try instead of the generated candidates (`--try`). `keeper`: stores each trial as
+    a run before its spool goes (`workers.tunes`). Spools are made under a temporary folder and
+    removed, whatever happens.
 
     Raises:
         TuneError: the baseline trial failed or measured nothing (the message says how it ended).
@@ -264,7 +282,7 @@ def tune(cmd: list[str], steps: int, warmup: int, budget_s: float, knobs: list[s
 
     root = Path(tempfile.mkdtemp(prefix="ddpviz-tune-"))
     try:
-        search = Search(cmd, steps, warmup, budget_s, root)
+        search = Search(cmd, steps, warmup, budget_s, root, keeper)
         ref = search.run({})
         if not usable(ref, warmup) or ref["measured"]["ddp"] is None:
             raise TuneError(f"the baseline trial {ref['ended']}"
@@ -323,6 +341,20 @@ def parse_try(text: str) -> dict[str, Any]:
     return {**out, **({"comm_hook": hook} if hook else {})}
 
 
+def open_keeper(url: str | None, cmd: list[str]) -> TuneKeeper:
+    """Where the search keeps its trials and report: Redis at `url` (else `ddpviz run`'s choice,
+    `workers.connection.redis_url`), or nothing, said once, when it does not answer (fail open)."""
+    from ddpviz.workers.cli.upload import _store  # `ddpviz run`'s and `ddpviz upload`'s: fails fast, or None
+    from ddpviz.workers.connection import redact, redis_url
+
+    url = url or redis_url()
+    store = _store(url)
+    if store is None:
+        _say(f"Redis at {redact(url)} does not answer: nothing of this search is stored (no runs, no report "
+             f"for the app's Tune page); the answer is printed here only")
+    return TuneKeeper(store, cmd, _say)
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     from ddpviz.engine.tune import TuneError, parse_knobs
 
@@ -344,11 +376,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
         for p in problems:
             _say(f"refused: {p}")
         return EXIT_REFUSED
+    keeper = open_keeper(args.url, cmd)
     try:
-        rep = tune(cmd, args.steps, args.warmup, args.budget, knobs, args.rounds, tries)
+        rep = tune(cmd, args.steps, args.warmup, args.budget, knobs, args.rounds, tries, keeper)
     except TuneError as exc:
         _say(str(exc))
         return EXIT_FAILED
+    if keeper.keep_report(rep):
+        _say(f"stored as tune {rep['tune_id']}: its trials are runs, its report on the app's Tune page")
     if args.json:
         print(json.dumps(rep, indent=2, default=str))
     else:
@@ -361,7 +396,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def register(command) -> None:
     """Add `tune` to the ddpviz parser (`command` as in `workers.cli.commands.build_parser`)."""
     p = command("tune", cmd_tune, "find DDP settings that make a training command faster: short trials "
-                                  "taking turns against its own settings, predicted and measured", redis=False)
+                                  "taking turns against its own settings, predicted and measured; stored for the app's "
+                                  "Tune page when Redis answers")
     p.add_argument("--steps", type=int, default=30, help="optimizer steps per trial (default 30)")
     p.add_argument("--warmup", type=int, default=5,
                    help="first steps of each trial left out of its step time (default 5)")

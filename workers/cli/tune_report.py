@@ -5,10 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-
-def label(knobs: dict[str, Any]) -> str:
-    """"bucket_cap_mb=4.0, static_graph=True", or the baseline's name for no knobs."""
-    return ", ".join(f"{k}={v}" for k, v in knobs.items()) or "baseline (the script's own settings)"
+from ddpviz.workers.tunes import label
 
 
 def _fmt(x: float | None, spec: str = ".3f") -> str:

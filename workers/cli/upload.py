@@ -8,7 +8,9 @@ import os
 import sys
 from pathlib import Path
 
-from ddpviz.workers.attached import create_record, record_ending, refresh_summary
+import redis
+
+from ddpviz.workers.attached import store_spool
 from ddpviz.workers.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_REFUSED
 
 
@@ -17,7 +19,8 @@ def _say(message: str) -> None:
 
 
 def _store(url: str | None):
-    """A `RunStore` on a client that fails fast (never stalls the loop), or None."""
+    """A `RunStore` on a client that fails fast (never stalls the loop), or None when Redis at
+    `url` does not answer (`ddpviz run`, `ddpviz upload`, `ddpviz tune`)."""
     from ddpviz.workers.connection import connect
     from ddpviz.workers.store import RunStore
 
@@ -40,7 +43,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
     else $REDIS_URL, else the run's own (the spool's meta.json, when it had no password), else
     the default (`workers.connection.redis_url`)."""
     from ddpviz.workers.connection import redact, redis_url
-    from ddpviz.workers.spool import SpoolForwarder, read_json
+    from ddpviz.workers.spool import read_json
 
     spool = Path(args.spool)
     meta = read_json(spool / "meta.json")
@@ -54,17 +57,12 @@ def cmd_upload(args: argparse.Namespace) -> int:
 
         connect(url)  # raises RedisUnavailable, which names the URL
     run_id = meta["run_id"]
-    if not store.exists(run_id):
-        create_record(store, run_id, meta.get("command"), meta.get("label"), ran_at=meta.get("created_at"))
-    fwd = SpoolForwarder(spool, run_id, store)
-    if not fwd.pump(final=True):
-        _say(f"could not store every event: {fwd.redis_error}")
+    try:
+        store_spool(store, spool, run_id, meta.get("command"), meta.get("label"), ran_at=meta.get("created_at"),
+                    ending=read_json(spool / "ending.json"), joined=bool(meta.get("joined")))
+    except (redis.RedisError, OSError) as exc:
+        _say(f"could not store every event: {exc}")
         return EXIT_FAILED
-    ending = read_json(spool / "ending.json")
-    if ending and (not meta.get("joined") or ending["status"] == "failed"):
-        record_ending(store, run_id, ending)
-    elif ending:
-        refresh_summary(store, run_id)
     from ddpviz.workers.spool import remove_spool
 
     remove_spool(spool)  # every event is stored: nothing of the run stays on disk
