@@ -172,8 +172,11 @@ def test_a_whole_search_prints_every_field_is_stored_and_leaves_the_users_files_
     before = _tree_hash(user)
     env = dict(os.environ, TMPDIR=str(tmp), OMP_NUM_THREADS="1")
     out = subprocess.run([*ddpviz_argv(), "tune", "--url", redis_url, "--json", "--steps", "8", "--warmup", "2", "--rounds", "2",
+                          # a budget no loaded machine reaches: the default 300 s fit 1 round of these trials
+                          # once at load ~7 (each trial starts torchrun, 2 ranks, torch), and rounds are asserted
+                          "--budget", "1200",
                           "--knobs", "gradient_as_bucket_view", "--", *torchrun(user / SCRIPT.name)],
-                         cwd=user, env=env, capture_output=True, text=True, timeout=600)
+                         cwd=user, env=env, capture_output=True, text=True, timeout=1500)
     assert out.returncode == 0, out.stderr[-3000:]
     rep = json.loads(out.stdout)
     assert {"baseline", "trials", "best", "answer", "prediction_error"} <= set(rep)
