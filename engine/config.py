@@ -7,11 +7,17 @@ Every refusal is a `ConfigError` whose message names the field and the rule, e.g
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 SCHEMA_VERSION = 1  # version of the event schema, carried in `run_started`
+
+# How DDP's buckets are recorded (docs/bucket-timing.md): "hook" = ddpviz's Python comm hook on every
+# bucket; "recorder" = no hook, DDP's own C++ all-reduce. The one home of these names: `RunConfig`
+# (launched runs) and `ddpviz run --bucket-timing` (attached runs, engine/attach/env.py) both use them.
+BucketTiming = Literal["hook", "recorder"]
+BUCKET_TIMINGS: tuple[str, ...] = get_args(BucketTiming)
 
 BUILTIN_MODELS = ("mlp", "cnn", "gpt")
 FSDP_FIELDS = ("reshard_after_forward", "fsdp_param_dtype", "fsdp_reduce_dtype")  # mode fsdp only
@@ -88,7 +94,7 @@ class RunConfig(BaseModel):
     # parameters and order from DDP's reducer, on NCCL enqueue times and GPU durations from PyTorch's
     # flight recorder; times not measured on gloo, exposed comm not measured. overlap=false and comm_hook
     # need the hook and use it whatever this says (engine/modes/ddp/flight.py)
-    bucket_timing: Literal["hook", "recorder"] = "hook"
+    bucket_timing: BucketTiming = "hook"
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
     find_unused_parameters: bool = False

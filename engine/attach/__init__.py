@@ -17,6 +17,7 @@ does (docs/events.md) into this process's spool file, which the launcher forward
     imports   a callback after a module's first import (FSDP2 is patched only if the script imports it)
     probe     `ddpviz run --probe`: the all-reduce probe on the script's process group after its last step
     comm      `timed_comm_hook`, the one function DDP calls per bucket, and the all_reduce tap
+    nohook    `--bucket-timing recorder`: a DDP's buckets from its reducer and PyTorch's recorders, no hook
     steps     steps from the optimizer step hooks or explicit calls: the step split, loss, samples, micro-steps
     api       what the public `ddpviz` package (watch, step) calls: a model registered by hand, explicit steps
     started   `run_started` of an attached run (rank 0)

@@ -22,6 +22,10 @@ the bytes of every DDP that all-reduced in it, summed), as a launched rank does.
 The bucket layout comes from the hook itself: the parameters of each `GradBucket` DDP hands over
 (the initial layout on the first synced backward, the rebuilt one after DDP's rebuild, which
 `Reducer::rebuild_buckets` does once, in the forward after the first synced backward).
+
+With `ddpviz run --bucket-timing recorder` (`Session.bucket_timing`) none of the above hooks the
+buckets: `Watch` registers no comm hook, the script's own hook goes to DDP unwrapped, and the
+buckets come from DDP's reducer (`engine.attach.nohook`); the forward hooks stay.
 """
 
 from __future__ import annotations
@@ -34,9 +38,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddpviz.engine.attach.comm import HookState, tap_all_reduce, timed_comm_hook
+from ddpviz.engine.attach.memory import STEPS_HINT
+from ddpviz.engine.attach.nohook import NoHookBuckets, comm_exposed
 from ddpviz.engine.attach.overrides import apply_tune
 from ddpviz.engine.attach.session import DeferredMarks, Session
 from ddpviz.engine.measure.clocks import CudaClock, HostClock
+from ddpviz.engine.measure.memory_sampler import should_trace_memory
 from ddpviz.engine.measure.telemetry import wall_ts
 from ddpviz.engine.modes.ddp.comm_hook import BucketRecorder
 
@@ -99,7 +106,7 @@ class VolumeBook:
         sent = theory = nbytes = 0
         for watch, out in parts:
             ring = 2 * (watch.world_size - 1) / watch.world_size
-            b = sum(r["nbytes"] for r in out) + e.get("carried", {}).get(watch.ddp_index, 0)
+            b = sum(r["nbytes"] or 0 for r in out) + e.get("carried", {}).get(watch.ddp_index, 0)
             nbytes, sent, theory = nbytes + b, sent + int(ring * b), theory + int(ring * watch.param_bytes)
         sources = list(dict.fromkeys(out[0]["nbytes_source"] for _, out in parts if out))
         self.s.emit("comm_volume", step=step, allreduce_bytes=nbytes, sent_bytes=sent, recv_bytes=sent,
@@ -121,6 +128,7 @@ class Watch(DeferredMarks):
     # its exposed comm is the backward's time after its last bucket was ready: DDPs that reduce in
     # one backward share that time (engine.attach.steps counts the smallest of theirs once)
     exposed_after_last_ready = True
+    nohook: NoHookBuckets | None = None  # bucket_timing=recorder: no comm hook (engine.attach.nohook)
 
     def __init__(self, session: Session, tracker: Any, ddp: DDP, register: Any):
         self.s, self.tracker, self.ddp = session, tracker, ddp
@@ -140,8 +148,13 @@ class Watch(DeferredMarks):
         self.last_buckets: list[dict] = []  # the latest emitted backward's bucket records (`overlap_of`)
         self.deferred: list[tuple[int, list[dict], Any]] = []  # CUDA: (step, records, origin) not yet complete
         self.param_bytes = sum(p.numel() * p.element_size() for p in ddp.module.parameters() if p.requires_grad)
-        tap_all_reduce()
-        register(ddp, self.state, timed_comm_hook)
+        if session.bucket_timing == "recorder":
+            self.nohook = NoHookBuckets(ddp, names)
+            for hook, _ in getattr(ddp, "_comm_hooks", None) or []:  # e.g. DDP(mixed_precision=...)'s
+                self.nohook.note_script_hook(hook)
+        else:
+            tap_all_reduce()
+            register(ddp, self.state, timed_comm_hook)
         ddp.register_forward_pre_hook(self._pre, with_kwargs=True)
         ddp.register_forward_hook(self._post, always_call=True)  # a forward that raised still ends
         ddp._ddpviz_watch = self
@@ -165,6 +178,9 @@ class Watch(DeferredMarks):
     def _begin_synced(self) -> None:
         """A synced backward begins: the bytes of an earlier synced backward of the same step
         (whose records the recorder drops now) are carried into the step's `comm_volume`."""
+        if self.nohook is not None:
+            self.nohook.begin_backward(should_trace_memory(self.tracker.step, STEPS_HINT))
+            return
         rec = self.state.recorder
         if rec.records is not self._counted:
             self.carried_bytes += sum(r["nbytes"] for r in rec.records)
@@ -172,7 +188,9 @@ class Watch(DeferredMarks):
 
     def reduced_in_backward(self) -> bool:
         """Whether DDP handed the comm hook a bucket since `begin_backward` (this backward reached
-        this DDP's graph). With bucket timing off, unknown: taken as yes."""
+        this DDP's graph). With bucket timing off or no hook (`nohook`), unknown: taken as yes."""
+        if self.nohook is not None:
+            return True
         return bool(self.state.recorder.records) or "bucket timing" in self.s.disabled
 
     def comm_split(self, step: int, micros: list[dict]) -> tuple[float, float, dict[str, Any]]:
@@ -185,6 +203,9 @@ class Watch(DeferredMarks):
         last = synced[-1]
         buckets = self.buckets(step)
         last_bwd = last["t1"] - last["t0"]
+        if self.nohook is not None:  # measured on sampled steps only
+            exposed, fields = comm_exposed(buckets, last_bwd)
+            return 0.0, exposed, dict(backward_start_ts=wall_ts(last["t0"]), **fields)
         ready = max((b["ready_s"] for b in buckets if b.get("ready_s") is not None), default=last_bwd)
         # CUDA: bucket times come later (`buckets`), so the exposed comm is not measured
         return 0.0, max(0.0, last_bwd - ready), dict(backward_start_ts=wall_ts(last["t0"]),
@@ -201,8 +222,13 @@ class Watch(DeferredMarks):
         exposed comm is not measured (`comm_exposed_measured` false)."""
         if "bucket timing" in self.s.disabled:
             return []
-        rec = self.state.recorder
         self.volume.expect(step, self)
+        if self.nohook is not None:
+            synced = self.nohook.synced
+            out = self.nohook.resolved()  # every synced backward of the step all-reduced the same layout
+            self.volume.carry(step, self, max(0, synced - 1) * sum(r["nbytes"] or 0 for r in out))
+            return self._emit(step, out)
+        rec = self.state.recorder
         self._counted, carried, self.carried_bytes = rec.records, self.carried_bytes, 0
         self.volume.carry(step, self, carried)
         if self.device.type != "cuda":
@@ -228,7 +254,8 @@ class Watch(DeferredMarks):
 
     def _emit(self, step: int, out: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if len(self.layouts) < LAYOUT_BACKWARDS:
-            self.layouts.append(_layout(out, self.state.recorder.layout))
+            self.layouts.append(self.nohook.layout() if self.nohook is not None
+                                else _layout(out, self.state.recorder.layout))
         self.last_buckets = out
         for b in out:
             self.s.emit("bucket", step=step, ddp_index=self.ddp_index, **b)
@@ -243,7 +270,8 @@ class Watch(DeferredMarks):
         return dict(initial=self.layouts[0] if self.layouts else [],
                     rebuilt=self.layouts[-1] if self.layouts else [],
                     first_bucket_cap_bytes=first, bucket_cap_bytes=cap,
-                    source="measured: the GradBuckets DDP handed the comm hook (first and latest synced backward)")
+                    source="measured: the GradBuckets DDP handed the comm hook (first and latest synced backward)"
+                    if self.nohook is None else "measured: DDP's reducer layout (first and latest synced backward)")
 
 
 def _marks(item: tuple[int, list[dict], Any]) -> list[Any]:
@@ -280,7 +308,7 @@ def watch_ddp(session: Session, tracker: Any, ddp: DDP) -> Watch | None:
     watch = getattr(ddp, "_ddpviz_watch", None)
     if watch is not None:
         return watch
-    if getattr(ddp, "_comm_hooks", None):
+    if getattr(ddp, "_comm_hooks", None) and session.bucket_timing != "recorder":  # recorder needs no hook
         raise HookTaken("this DistributedDataParallel got a comm hook before ddpviz was installed; "
                         "its buckets are not timed (start the script with `ddpviz run` to have them)")
     watch = session.guard("ddp", Watch, session, tracker, ddp, _REGISTER)
@@ -307,6 +335,9 @@ def patch_ddp(session: Session, tracker: Any) -> None:
         if watch is None or watch.state.user_hook is not None:
             return register(self, state, hook)  # not watched, or a second hook: DDP says what it says
         watch.state.user_state, watch.state.user_hook = state, hook
+        if watch.nohook is not None:  # no hook of ours: DDP runs the script's, unwrapped
+            watch.nohook.note_script_hook(hook)
+            return register(self, state, hook)
         return None
 
     builtin = DDP._register_builtin_comm_hook
@@ -317,6 +348,9 @@ def patch_ddp(session: Session, tracker: Any) -> None:
         # (torch.distributed.algorithms.ddp_comm_hooks.default_hooks: the same ops)
         watch = getattr(self, "_ddpviz_watch", None)
         twin = _python_twin(comm_hook_type)
+        if watch is not None and watch.nohook is not None:  # no hook of ours: DDP runs the built-in one
+            watch.nohook.note_script_hook(comm_hook_type)
+            return builtin(self, comm_hook_type)
         if watch is None or watch.state.user_hook is not None or twin is None:
             return builtin(self, comm_hook_type)
         watch.state.user_state, watch.state.user_hook = self.process_group, twin

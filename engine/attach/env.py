@@ -34,6 +34,11 @@ COMMAND_ENV = "DDPVIZ_ATTACH_COMMAND"  # JSON list: the command line `ddpviz run
 OFF_ENV = "DDPVIZ_ATTACH_OFF"  # "1": the hook does nothing (a user's escape hatch)
 RANK_PID_ENV = "DDPVIZ_ATTACH_RANK_PID"  # pid of the nearest process that is (or may become) a rank
 LAUNCHER_ENV = "DDPVIZ_ATTACH_LAUNCHER"  # pid of the `ddpviz run` that started the command (who to stop)
+BUCKET_TIMING_ENV = "DDPVIZ_ATTACH_BUCKET_TIMING"  # `ddpviz run --bucket-timing`: "hook" (unset) or "recorder"
+# NCCL flight-recorder entries `ddpviz run --bucket-timing recorder` asks for (two steps of up to 64
+# buckets, `engine.modes.ddp.flight.buffer_entries`): the DDP is not built yet when the command starts;
+# more buckets a step need a larger TORCH_FR_BUFFER_SIZE, which the user's own setting gives
+ATTACH_FR_BUCKETS = 64
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 # How often the launcher forwards the spool files to Redis; a process's event file is flushed as
 # often (flushing more often would make no event reach Redis sooner, and each flush takes the GIL
@@ -62,7 +67,8 @@ def should_instrument(env: Mapping[str, str] | None = None, parent_pid: int | No
     return process_role(env, parent_pid) == "rank"
 
 
-_OURS = (RUN_ID_ENV, SPOOL_ENV, SOLO_ENV, PROBE_ENV, COMMAND_ENV, RANK_PID_ENV, LAUNCHER_ENV, "DDPVIZ_ATTACH_URL")
+_OURS = (RUN_ID_ENV, SPOOL_ENV, SOLO_ENV, PROBE_ENV, COMMAND_ENV, RANK_PID_ENV, LAUNCHER_ENV, BUCKET_TIMING_ENV,
+         "DDPVIZ_ATTACH_URL")
 
 
 def child_environment(base: Mapping[str, str], run_id: str, spool: Path) -> dict[str, str]:
@@ -77,3 +83,34 @@ def child_environment(base: Mapping[str, str], run_id: str, spool: Path) -> dict
     env["PYTHONPATH"] = os.pathsep.join(parts)
     env[RUN_ID_ENV], env[SPOOL_ENV] = run_id, str(spool)
     return env
+
+
+def bucket_timing(env: Mapping[str, str] | None = None) -> str:
+    """This rank's `bucket_timing` (`engine.config.BUCKET_TIMINGS`): `BUCKET_TIMING_ENV`, "hook" when
+    unset or not one of them. Called in ranks only (it imports the config's names)."""
+    from ddpviz.engine.config import BUCKET_TIMINGS
+
+    value = (os.environ if env is None else env).get(BUCKET_TIMING_ENV, "")
+    return value if value in BUCKET_TIMINGS else BUCKET_TIMINGS[0]
+
+
+def set_bucket_timing(env: dict[str, str], timing: str) -> None:
+    """Ask the command's ranks for `timing` ("hook" or "recorder"). With "recorder", the flight
+    recorder's variables are set too, unless the user set them: on torch 2.13 a process reads its
+    buffer size when its process group is made (a size set after `init_process_group` is ignored;
+    checked on gloo), so it cannot wait for DDP; TORCH_NCCL_ENABLE_TIMING=1 gives NCCL entries a GPU
+    duration and is read by NCCL only. On gloo the recorder holds entries anyway (2,000 by default on
+    torch 2.13); a smaller buffer costs it nothing more.
+
+    Raises:
+        ValueError: `timing` is not one of `engine.config.BUCKET_TIMINGS`.
+    """
+    from ddpviz.engine.config import BUCKET_TIMINGS
+
+    if timing not in BUCKET_TIMINGS:
+        raise ValueError(f"bucket_timing must be one of {', '.join(BUCKET_TIMINGS)} (got {timing!r})")
+    env[BUCKET_TIMING_ENV] = timing
+    if timing == "recorder":
+        from ddpviz.engine.modes.ddp.flight import buffer_entries, enable_recorder
+
+        enable_recorder(buffer_entries(ATTACH_FR_BUCKETS), "nccl", environ=env)

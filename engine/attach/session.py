@@ -25,7 +25,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from ddpviz.engine.attach.env import PUMP_INTERVAL_S, RUN_ID_ENV, SPOOL_ENV
+from ddpviz.engine.attach.env import PUMP_INTERVAL_S, RUN_ID_ENV, SPOOL_ENV, bucket_timing
 from ddpviz.engine.events import make_event, rank_sink
 from ddpviz.engine.measure.telemetry import Telemetry
 
@@ -38,6 +38,7 @@ class Session:
         tel: `Telemetry` writing this process's events (device set once a model is wrapped).
         disabled: names of instrumentation parts switched off after an error (`guard`).
         label: the run's name given to `ddpviz.watch()` (rank 0's is the run's), or None.
+        bucket_timing: "hook" or "recorder" (`ddpviz run --bucket-timing`, `engine.attach.env`).
         tracker, started, memory: the process's `StepTracker`, `StartedEmitter`, `MemoryWatch`
             (set by `engine.attach.install`).
     """
@@ -55,6 +56,7 @@ class Session:
         self._world_size = int(env.get("WORLD_SIZE", 1))
         self._local_world_size = int(env["LOCAL_WORLD_SIZE"]) if env.get("LOCAL_WORLD_SIZE") else None
         self.node = int(env.get("GROUP_RANK", env.get("NODE_RANK", 0)))
+        self.bucket_timing = bucket_timing(env)
         self.hostname = socket.gethostname()
         self.sink = sink if sink is not None else _LazySink(self._open_sink)
         self.tel = Telemetry(self.sink, self.run_id, rank=self._rank, device=f"cpu:{self._rank}",

@@ -85,7 +85,8 @@ def main() -> None:
             json.dump(dict(rank=rank, steps=steps, micro_steps=micro_steps, losses=losses,
                            ddp_logging={k: v for k, v in ddp._get_ddp_logging_data().items()
                                         if isinstance(v, (int, str, float))},
-                           param_names=[n for n, _ in model.named_parameters()]), fh)
+                           param_names=[n for n, _ in model.named_parameters()],
+                           comm_hooks=len(getattr(ddp, "_comm_hooks", []))), fh)  # Python hooks DDP holds
         torch.save({n: p.detach().clone() for n, p in model.named_parameters()},
                    path.replace(".json", ".pt"))
     dist.destroy_process_group()

@@ -1,4 +1,4 @@
-"""``ddpviz run [--name NAME] [--url REDIS] -- COMMAND...`` and ``ddpviz upload SPOOL``.
+"""``ddpviz run [--name NAME] [--url REDIS] [--bucket-timing hook|recorder] -- COMMAND...`` and ``ddpviz upload SPOOL``.
 
 `run` watches a training command ddpviz did not write: it creates a run record (status started,
 `config.attached` true), prints the run id and where to watch it, and runs COMMAND with its
@@ -80,8 +80,10 @@ def _is_torchrun(cmd: list[str]) -> bool:
         "torch.distributed.launch" in cmd
 
 
-def _child_env(run_id: str, spool: Path, cmd: list[str], probe: bool = False) -> dict[str, str]:
-    from ddpviz.engine.attach.env import COMMAND_ENV, LAUNCHER_ENV, PROBE_ENV, SOLO_ENV, child_environment
+def _child_env(run_id: str, spool: Path, cmd: list[str], probe: bool = False,
+               bucket_timing: str = "hook") -> dict[str, str]:
+    from ddpviz.engine.attach.env import (COMMAND_ENV, LAUNCHER_ENV, PROBE_ENV, SOLO_ENV, child_environment,
+                                          set_bucket_timing)
 
     env = child_environment(os.environ, run_id, spool)
     env[LAUNCHER_ENV] = str(os.getpid())  # which processes are this launcher's (`Launch.instrumented_pids`)
@@ -89,6 +91,7 @@ def _child_env(run_id: str, spool: Path, cmd: list[str], probe: bool = False) ->
     env["TORCHELASTIC_ERROR_FILE"] = str(spool / "error.json")
     if probe:
         env[PROBE_ENV] = "1"
+    set_bucket_timing(env, bucket_timing)  # recorder: the flight recorder's variables too
     if not _is_torchrun(cmd):
         env[SOLO_ENV] = str(os.getpid())
     return env
@@ -98,10 +101,12 @@ class Launch:
     """One `ddpviz run`: the command's process group, the forwarder, the run record."""
 
     def __init__(self, run_id: str, spool: Path, url: str | None, cmd: list[str], label: str | None,
-                 joined: bool = False, probe: bool = False, kill_after_s: float | None = None):
+                 joined: bool = False, probe: bool = False, kill_after_s: float | None = None,
+                 bucket_timing: str = "hook"):
         from ddpviz.workers.spool import SpoolForwarder
 
         self.probe = probe  # --probe: the all-reduce probe after the script's last step
+        self.bucket_timing = bucket_timing  # --bucket-timing: hook (a Python comm hook) or recorder (none)
         self.joined = joined  # another launcher (node 0 of a --nnodes run) created the run and ends it
         self.run_id, self.spool, self.url, self.cmd, self.label = run_id, spool, url, cmd, label
         self.store = _store(url)
@@ -254,7 +259,7 @@ class Launch:
         """Run the command to its end; returns its exit code (128 + N when killed by signal N)."""
         self.next_connect = time.monotonic() + RECONNECT_S
         self.kill_at: float | None = None
-        env = _child_env(self.run_id, self.spool, self.cmd, self.probe)
+        env = _child_env(self.run_id, self.spool, self.cmd, self.probe, self.bucket_timing)
         try:
             from ddpviz.engine.components.lifetime import die_with_parent
 
@@ -406,7 +411,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                           host=socket.gethostname(), created_at=time.time(),
                                           redis_url=url if redact(url) == url else None))
     launch = Launch(run_id, spool, url, cmd, args.name, joined=bool(args.join), probe=args.probe,
-                    kill_after_s=args.kill_after)
+                    kill_after_s=args.kill_after, bucket_timing=args.bucket_timing)
     if launch.store is not None:
         try:
             if not launch.store.exists(run_id):
@@ -439,6 +444,12 @@ def register(command) -> None:
     p.add_argument("--probe", action="store_true",
                    help="after the script's last step, time all-reduces of the run's bucket sizes on its own "
                         "process group (the all-reduce probe, for Theory); every rank must reach the end")
+    from ddpviz.engine.config import BUCKET_TIMINGS
+
+    p.add_argument("--bucket-timing", choices=BUCKET_TIMINGS, default=BUCKET_TIMINGS[0],
+                   help="hook (default): a Python comm hook times every bucket of every step; recorder: no "
+                        "hook, DDP's own C++ all-reduce; bucket bytes every step, times on sampled steps "
+                        "(docs/bucket-timing.md)")
     p.add_argument("--kill-after", type=float, default=None, metavar="SECONDS",
                    help="after passing SIGINT/SIGTERM (or a cancel) on to the command, SIGKILL it if still running "
                         "this long after (default: torchrun's own grace, TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30 s, "

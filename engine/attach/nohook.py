@@ -1,0 +1,112 @@
+"""The buckets of a DDP watched with `ddpviz run --bucket-timing recorder`: no comm hook, so no
+Python runs per bucket (issue 31, docs/bucket-timing.md).
+
+`engine.attach.ddp.Watch` registers nothing on the DDP: DDP's reducer divides each gradient by
+world_size while copying it into its bucket and all-reduces the bucket in C++, as without ddpviz.
+Its `bucket` events come from the launched runs' readers (`engine.modes.ddp.flight`), once per step:
+
+- gloo (and any backend without a flight-recorder dump): `LayoutBuckets`, DDP's reducer layout —
+  bytes, parameters and order every step, times null (`source` says not measured) — except on the
+  sampled steps (the memory-traced ones, `engine.attach.memory.STEPS_HINT`: 0-2 and every 200th),
+  where PyTorch's profiler gives `ready_s`, `comm_start_s`, `comm_end_s` and `sampled: true`
+  (`engine.modes.ddp.sampled`);
+- NCCL with the flight recorder on (`ddpviz run` sets its variables, `engine.attach.env`):
+  `FlightBuckets`, enqueue times and, where the GPU finished the collective by the step's end, its
+  duration (read without a synchronize, so the last buckets' ends may be null). A step whose
+  all-reduces the recorder did not all hold (a buffer smaller than two steps' buckets, a recorder
+  off) gets the reducer's layout instead, times null, its `source` saying why.
+
+A comm hook of the script's own (`register_comm_hook`, a built-in hook, DDP's `mixed_precision`
+upcast) goes to DDP directly, unwrapped: DDP keeps one hook, and training stays what the script's
+hook makes it. Its buckets' bytes are then the bucket's (before compression) and their times are
+not measured, sampled steps included (`SCRIPT_HOOK_SOURCE`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as dist
+
+from ddpviz.engine.modes.ddp.flight import (FlightBuckets, FlightReader, LayoutBuckets, dump_function,
+                                            recorder_on, reducer_layout)
+
+NBYTES_SOURCE = "DDP's reducer layout: the bucket buffer's bytes (no comm hook)"
+SCRIPT_HOOK_SOURCE = ("DDP's reducer layout: bucket bytes (before the script's comm hook), parameters and order; "
+                      "ready, all-reduce start and end not measured: the script's comm hook holds DDP's one hook "
+                      "slot (bucket_timing=recorder neither registers a hook nor wraps the script's)")
+FLIGHT_MISSED_SOURCE = ("DDP's reducer layout: bytes and order; times not measured: the flight recorder held "
+                        "{got} all-reduces of this backward for {want} buckets")
+NOT_MEASURED_NOTE = "not measured on this step (bucket_timing=recorder: bucket times on sampled steps only)"
+
+
+class NoHookBuckets:
+    """Bucket records of one DDP that has no ddpviz comm hook (module docstring).
+
+    Args:
+        ddp: the `DistributedDataParallel`.
+        names: parameter name by `data_ptr()`.
+        flight: a `FlightReader` to use (a stand-in dump in tests); default: PyTorch's recorder on
+            NCCL when it is on, else none (`LayoutBuckets`).
+    """
+
+    def __init__(self, ddp: Any, names: dict[int, str], flight: FlightReader | None = None):
+        self.ddp = ddp
+        self.script_hook: str | None = None  # the script's own hook, once DDP has one
+        backend = dist.get_backend(ddp.process_group)
+        self.layout_reader = LayoutBuckets(ddp, names)
+        self.sampling = backend == "gloo"  # the profiler's spans are gloo's (engine.modes.ddp.sampled)
+        if flight is None and backend == "nccl" and recorder_on() and dump_function() is not None:
+            flight = FlightReader()
+        ordered = [names.get(p.data_ptr(), "?") for p in ddp.module.parameters() if p.requires_grad]
+        self.flight = FlightBuckets(flight, lambda: reducer_layout(ddp), ordered) if flight is not None else None
+        self.synced = 0  # synced backwards since the last `resolved` (several in a step: bytes carried)
+
+    def note_script_hook(self, hook: Any) -> None:
+        """The script gave DDP a comm hook of its own (a function, or a built-in hook's type)."""
+        self.script_hook = getattr(hook, "__qualname__", None) or str(hook)
+
+    def begin_backward(self, sample: bool) -> None:
+        """Right before a synced backward; `sample`: profile it (a sampled step, gloo, no script hook)."""
+        self.synced += 1
+        sampler = self.layout_reader.sampler
+        if sampler.active:  # an earlier backward of the step was profiled: its spans are not this one's
+            sampler.spans()
+        self.layout_reader.sample_next = sample and self.sampling and self.script_hook is None
+        self.layout_reader.begin_backward()
+        if self.flight is not None:
+            self.flight.begin_backward()
+
+    def resolved(self) -> list[dict[str, Any]]:
+        """The latest synced backward's bucket records (`engine.modes.ddp.flight`'s fields), with
+        `nbytes_source`; call once per step, after it."""
+        self.synced = 0
+        out = self.layout_reader.resolved()
+        if self.flight is not None and self.script_hook is None:
+            timed = self.flight.resolved()
+            if [r["nbytes"] for r in timed] == [r["nbytes"] for r in out]:
+                out = [dict(t, num_params=r["num_params"], **{k: r[k] for k in ("param_names",) if k in r})
+                       for t, r in zip(timed, out)]
+            else:
+                source = FLIGHT_MISSED_SOURCE.format(got=len(timed), want=len(out))
+                out = [dict(r, source=source) for r in out]
+        for r in out:
+            r["nbytes_source"] = NBYTES_SOURCE
+            if self.script_hook is not None:
+                r.update(ready_s=None, comm_start_s=None, comm_end_s=None, sampled=False, source=SCRIPT_HOOK_SOURCE,
+                         comm_hook=self.script_hook)
+        return out
+
+    def layout(self) -> list[dict[str, Any]]:
+        """The current layout as `run_started`'s `bucket_preview` rows."""
+        return [dict(bucket_index=i, nbytes=nbytes, num_params=len(params), param_names=list(params), sparse=False)
+                for i, (params, nbytes) in enumerate(self.layout_reader._layout)]
+
+
+def comm_exposed(buckets: list[dict[str, Any]], last_bwd_s: float) -> tuple[float, dict[str, Any]]:
+    """(exposed comm in s, the step's extra fields) of a DDP with no hook: the backward's time after
+    its last bucket was ready where every bucket's `ready_s` was measured (a sampled step), else not
+    measured (`comm_exposed_measured` false, which makes the step's figure null, with a note)."""
+    if buckets and all(b.get("ready_s") is not None for b in buckets):
+        return max(0.0, last_bwd_s - max(b["ready_s"] for b in buckets)), dict(comm_exposed_measured=True)
+    return 0.0, dict(comm_exposed_measured=False, comm_exposed_note=NOT_MEASURED_NOTE)

@@ -1,0 +1,124 @@
+"""`ddpviz run --bucket-timing recorder` without a GPU: the variables the launcher hands the ranks,
+and the no-hook bucket records of `engine.attach.nohook` on a stand-in DDP, including its NCCL path
+(a stand-in flight-recorder dump with `duration_ms`, which gloo never gives).
+
+References: hand-made dumps and layouts (what PyTorch's recorder and DDP's reducer hand over,
+engine/modes/ddp/flight.py), and `engine.config.BUCKET_TIMINGS`.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from ddpviz.engine.attach import nohook
+from ddpviz.engine.attach.env import BUCKET_TIMING_ENV, bucket_timing, child_environment, set_bucket_timing
+from ddpviz.engine.attach.nohook import (FLIGHT_MISSED_SOURCE, NOT_MEASURED_NOTE, SCRIPT_HOOK_SOURCE, NoHookBuckets,
+                                         comm_exposed)
+from ddpviz.engine.config import BUCKET_TIMINGS
+from ddpviz.engine.modes.ddp.flight import FlightReader
+
+
+def test_the_launcher_asks_for_the_recorder_and_its_variables_keeping_the_users():
+    from ddpviz.workers.cli.attach import _child_env
+
+    env = _child_env("r1", Path("/tmp/spool"), ["torchrun", "train.py"], bucket_timing="recorder")
+    assert env[BUCKET_TIMING_ENV] == "recorder" and bucket_timing(env) == "recorder"
+    assert env["TORCH_FR_BUFFER_SIZE"] == "144" and env["TORCH_NCCL_ENABLE_TIMING"] == "1"  # 2 x 64 buckets + 16
+    hook = _child_env("r1", Path("/tmp/spool"), ["torchrun", "train.py"])
+    assert hook[BUCKET_TIMING_ENV] == "hook" and "TORCH_NCCL_ENABLE_TIMING" not in hook
+    mine = {"TORCH_FR_BUFFER_SIZE": "4000", "TORCH_NCCL_ENABLE_TIMING": "0"}
+    set_bucket_timing(mine, "recorder")
+    assert mine["TORCH_FR_BUFFER_SIZE"] == "4000" and mine["TORCH_NCCL_ENABLE_TIMING"] == "0"
+    with pytest.raises(ValueError, match="bucket_timing must be one of hook, recorder"):
+        set_bucket_timing({}, "nccl")
+
+
+def test_a_rank_reads_the_config_names_and_an_old_runs_variable_is_dropped():
+    assert BUCKET_TIMINGS == ("hook", "recorder")
+    assert bucket_timing({}) == "hook" and bucket_timing({BUCKET_TIMING_ENV: "bogus"}) == "hook"
+    assert BUCKET_TIMING_ENV not in child_environment({BUCKET_TIMING_ENV: "recorder"}, "r2", Path("/tmp/s"))
+
+
+class _Bucket:
+    def __init__(self, params):
+        self._params = params
+
+    def parameters(self):
+        return self._params
+
+    def buffer(self):
+        return torch.zeros(sum(p.numel() for p in self._params))
+
+
+class _StandInDDP:
+    """What `NoHookBuckets` reads of a DDP: its module, process group, reducer layout, logging data."""
+
+    def __init__(self):
+        self.module = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))  # 15 + 8 parameters
+        self.process_group = object()
+        ps = list(self.module.parameters())
+        self.reducer = type("R", (), {"_get_zeros_like_grad_buckets": lambda _: [_Bucket(ps[2:]), _Bucket(ps[:2])]})()
+
+    def _get_ddp_logging_data(self):
+        return dict(rebuilt_bucket_sizes="32, 60", rebuilt_per_bucket_param_indices="2 3,0 1")
+
+
+def _entry(rid, created_ns, numel, duration_ms=None):
+    e = dict(record_id=rid, profiling_name="nccl:all_reduce", time_created_ns=created_ns, input_sizes=[[numel]],
+             input_dtypes=["Float"])
+    return e if duration_ms is None else dict(e, duration_ms=duration_ms)
+
+
+def _nccl(monkeypatch, entries):
+    monkeypatch.setattr(nohook.dist, "get_backend", lambda group: "nccl")
+    monkeypatch.setattr("time.time_ns", lambda: 1_000_000_000)
+    ddp = _StandInDDP()
+    names = {p.data_ptr(): n for n, p in ddp.module.named_parameters()}
+    return NoHookBuckets(ddp, names, flight=FlightReader(lambda **kw: pickle.dumps({"entries": entries})))
+
+
+def test_nccl_buckets_take_enqueue_times_and_gpu_durations_from_the_recorder(monkeypatch):
+    b = _nccl(monkeypatch, [_entry(1, 999_000_000, 60, 0.5),  # before the backward: the last step's
+                            _entry(2, 1_001_000_000, 8, 0.25), _entry(3, 1_003_000_000, 15)])  # the last still running
+    assert not b.sampling  # the profiler's spans are gloo's
+    b.begin_backward(sample=True)
+    out = b.resolved()
+    assert [r["nbytes"] for r in out] == [32, 60] and [r["num_params"] for r in out] == [2, 2]
+    assert [r["comm_start_s"] for r in out] == pytest.approx([0.001, 0.003])
+    assert out[0]["comm_end_s"] == pytest.approx(0.00125) and out[1]["comm_end_s"] is None
+    assert out[0]["param_names"] == ["1.weight", "1.bias"] and "GPU duration" in out[0]["source"]
+    assert all(r["ready_s"] is None and r["sampled"] is False and "no comm hook" in r["nbytes_source"] for r in out)
+
+
+def test_a_step_the_recorder_did_not_hold_whole_gets_the_layout_and_claims_no_time(monkeypatch):
+    b = _nccl(monkeypatch, [_entry(1, 1_002_000_000, 15, 0.5)])  # one all-reduce held for two buckets
+    b.begin_backward(sample=False)
+    out = b.resolved()
+    assert [r["nbytes"] for r in out] == [32, 60]
+    assert all(r["comm_start_s"] is None and r["comm_end_s"] is None for r in out)
+    assert out[0]["source"] == FLIGHT_MISSED_SOURCE.format(got=1, want=2)
+
+
+def test_a_scripts_own_hook_leaves_every_time_unclaimed(monkeypatch):
+    b = _nccl(monkeypatch, [_entry(1, 1_001_000_000, 8, 0.25), _entry(2, 1_003_000_000, 15, 0.5)])
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    b.note_script_hook(default_hooks.fp16_compress_hook)
+    b.begin_backward(sample=True)
+    out = b.resolved()
+    assert [r["nbytes"] for r in out] == [32, 60]
+    assert all(r["source"] == SCRIPT_HOOK_SOURCE and r["comm_start_s"] is None and r["comm_end_s"] is None
+               and r["comm_hook"] == "fp16_compress_hook" for r in out)
+
+
+def test_exposed_comm_is_measured_only_when_every_bucket_has_its_ready_time():
+    timed = [dict(ready_s=0.002), dict(ready_s=0.007)]
+    assert comm_exposed(timed, 0.010) == (pytest.approx(0.003), dict(comm_exposed_measured=True))
+    assert comm_exposed([dict(ready_s=0.002), dict(ready_s=None)], 0.010) == (
+        0.0, dict(comm_exposed_measured=False, comm_exposed_note=NOT_MEASURED_NOTE))
+    assert comm_exposed([], 0.010)[1]["comm_exposed_measured"] is False

@@ -1,0 +1,128 @@
+"""`ddpviz run --bucket-timing recorder -- torchrun ...` (issue 31): no comm hook on the script's DDP.
+
+Independent references: the same script run without ddpviz (final parameters bit for bit), DDP's
+own `_get_ddp_logging_data()` and `_comm_hooks` (read by the script itself at its end), and the
+rule that picks the sampled steps (`should_trace_memory` with the attach's `STEPS_HINT`).
+"""
+
+from __future__ import annotations
+
+import pytest
+from attach_tools import assert_params_bitwise_equal, by_rank, ints, params, reports, run_attached, run_plain, torchrun
+
+from ddpviz.engine.attach.memory import STEPS_HINT
+from ddpviz.engine.attach.nohook import NOT_MEASURED_NOTE, SCRIPT_HOOK_SOURCE
+from ddpviz.engine.measure.memory_sampler import should_trace_memory
+from ddpviz.engine.modes.ddp.flight import LAYOUT_SOURCE
+from ddpviz.engine.modes.ddp.sampled import PROFILER_SOURCE
+from ddpviz.workers.connection import connect
+from ddpviz.workers.history import read_all_events
+
+pytestmark = pytest.mark.slow
+RECORDER = ("--bucket-timing", "recorder")
+
+
+@pytest.fixture(scope="module")
+def redis_client(redis_url):
+    c = connect(redis_url)
+    c.flushdb()
+    yield c
+    c.flushdb()
+
+
+def _attached(tmp, cmd, redis_url, client):
+    plain = run_plain(cmd, tmp / "plain.json")
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    proc, run_id = run_attached(cmd, redis_url, tmp / "att.json", tmp / "spool", *RECORDER)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from ddpviz.workers.client import DdpvizClient
+
+    events = read_all_events(DdpvizClient(redis=client), run_id)
+    return dict(tmp=tmp, events=events, mine=reports(tmp / "att.json"),
+                record=DdpvizClient(redis=client).get_run(run_id))
+
+
+@pytest.fixture(scope="module")
+def regression(tmp_path_factory, redis_url, redis_client):
+    """train_regression.py (8 steps a rank, 3 buckets after DDP's rebuild, no_sync accumulation)."""
+    cmd = torchrun("train_regression.py", "--epochs", "1", "--accum", "2")
+    return _attached(tmp_path_factory.mktemp("recorder"), cmd, redis_url, redis_client)
+
+
+def test_training_is_bitwise_that_of_the_script_without_ddpviz(regression):
+    assert_params_bitwise_equal(regression["tmp"])
+
+
+def test_ddp_holds_no_comm_hook_so_no_python_runs_per_bucket(regression):
+    for rank in (0, 1):  # DDP's own list of the Python hooks it calls per bucket (the hook path: 1)
+        assert regression["mine"][rank]["comm_hooks"] == 0
+
+
+def test_every_steps_buckets_are_ddps_own_layout(regression):
+    buckets = by_rank(regression["events"], "bucket")
+    for rank in (0, 1):
+        log, names = regression["mine"][rank]["ddp_logging"], regression["mine"][rank]["param_names"]
+        steps = regression["mine"][rank]["steps"]
+        by_step: dict[int, list[dict]] = {}
+        for e in buckets[rank]:
+            by_step.setdefault(e["step"], []).append(e)
+        assert sorted(by_step) == list(range(steps))
+        for step, rows in by_step.items():
+            rows.sort(key=lambda e: e["bucket_index"])
+            # DDP rebuilds its buckets once, in the forward after the first synced backward
+            want = ints(log["bucket_sizes"] if step == 0 else log["rebuilt_bucket_sizes"])
+            assert [e["nbytes"] for e in rows] == want, (rank, step)
+        expected = [[names[int(i)] for i in g.split()] for g in log["rebuilt_per_bucket_param_indices"].split(",")]
+        assert [e["param_names"] for e in sorted(by_step[1], key=lambda e: e["bucket_index"])] == expected
+    preview = regression["record"]["started"]["bucket_preview"]
+    log0 = regression["mine"][0]["ddp_logging"]
+    assert [b["nbytes"] for b in preview["initial"]] == ints(log0["bucket_sizes"])
+    assert [b["nbytes"] for b in preview["rebuilt"]] == ints(log0["rebuilt_bucket_sizes"])
+
+
+def test_bucket_times_on_sampled_steps_only(regression):
+    buckets = by_rank(regression["events"], "bucket")
+    for rank in (0, 1):
+        sampled = {s for s in range(regression["mine"][rank]["steps"]) if should_trace_memory(s, STEPS_HINT)}
+        assert sampled == {0, 1, 2}  # the script's 8 steps: both kinds are seen
+        for e in buckets[rank]:
+            if e["step"] in sampled:
+                assert e["sampled"] is True and e["source"] == PROFILER_SOURCE, e
+                assert 0 <= e["ready_s"] <= e["comm_start_s"] <= e["comm_end_s"], e
+            else:
+                assert e["sampled"] is False and e["source"] == LAYOUT_SOURCE, e
+                assert e["ready_s"] is None and e["comm_start_s"] is None and e["comm_end_s"] is None, e
+
+
+def test_comm_volume_every_step_and_exposed_comm_null_where_not_measured(regression):
+    events = regression["events"]
+    for rank in (0, 1):
+        log = regression["mine"][rank]["ddp_logging"]
+        volume = {e["step"]: e for e in by_rank(events, "comm_volume")[rank]}
+        steps = sorted(by_rank(events, "step")[rank], key=lambda e: e["step"])
+        assert sorted(volume) == [e["step"] for e in steps] == list(range(regression["mine"][rank]["steps"]))
+        for e in steps:
+            want = sum(ints(log["bucket_sizes"] if e["step"] == 0 else log["rebuilt_bucket_sizes"]))
+            assert volume[e["step"]]["allreduce_bytes"] == want
+            if should_trace_memory(e["step"], STEPS_HINT):
+                assert e["comm_exposed_measured"] is True and e["comm_exposed_s"] >= 0, e
+            else:  # never a 0 shown as measured
+                assert e["comm_exposed_s"] is None and e["comm_exposed_measured"] is False, e
+                assert e["comm_exposed_note"] == NOT_MEASURED_NOTE
+
+
+def test_a_scripts_own_hook_goes_to_ddp_unwrapped_and_its_times_are_not_claimed(tmp_path, redis_url, redis_client):
+    """train_fp16_hook.py registers PyTorch's fp16_compress_hook: DDP runs it as it would without
+    ddpviz (parameters bit for bit), and no bucket claims a time, sampled steps included."""
+    got = _attached(tmp_path, torchrun("train_fp16_hook.py", "--steps", "5"), redis_url, redis_client)
+    for rank in (0, 1):
+        a, b = params(tmp_path / "att.json", rank), params(tmp_path / "plain.json", rank)
+        assert a.keys() == b.keys() and all(a[n].equal(b[n]) for n in a)
+        rows = by_rank(got["events"], "bucket")[rank]
+        assert sorted({e["step"] for e in rows}) == list(range(got["mine"][rank]["steps"]))
+        last = max(e["step"] for e in rows)
+        fp32 = ints(got["mine"][rank]["ddp_logging"]["rebuilt_bucket_sizes"])
+        assert [e["nbytes"] for e in sorted((e for e in rows if e["step"] == last), key=lambda e: e["bucket_index"])] == fp32
+        for e in rows:
+            assert e["source"] == SCRIPT_HOOK_SOURCE and e["comm_hook"].endswith("fp16_compress_hook"), e
+            assert e["ready_s"] is None and e["comm_start_s"] is None and e["comm_end_s"] is None and not e["sampled"]
