@@ -14,7 +14,9 @@ Figures, each measured in one run of the bench, never in a timed test:
 8. footprint: Redis per 1,000 steps, the app's memory, Redis growth with and without retention
 9. what attaching costs a script, by the script's own printed iteration times (`attach_cost`), and
    what a Redis stopped mid-run costs it (`attach_redis_loss`)
-10. what ddpviz's DDP adds per bucket and per step, against plain torch DDP (`bucket_cost`)
+10. what ddpviz's DDP adds per bucket and per step, against plain torch DDP (`bucket_cost`); an
+    attached script's per-bucket cost, `ddpviz run --bucket-timing hook` vs `recorder`
+    (`attach_bucket_cost`, run on its own: ``python -m ddpviz.workers.bench.attach_bucket_cost``)
 
 Layout: the bench is split by concept under `workers/bench/`; `figures` runs each figure and
 `cli` orders them and writes the record (`report`). Imports keep pointing app -> workers ->
