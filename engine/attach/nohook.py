@@ -10,11 +10,14 @@ Its `bucket` events come from the launched runs' readers (`engine.modes.ddp.flig
   sampled steps (the memory-traced ones, `engine.attach.memory.STEPS_HINT`: 0-2 and every 200th),
   where PyTorch's profiler gives `ready_s`, `comm_start_s`, `comm_end_s` and `sampled: true`
   (`engine.modes.ddp.sampled`);
-- NCCL with the flight recorder on (`ddpviz run` sets its variables, `engine.attach.env`):
-  `FlightBuckets`, enqueue times and, where the GPU finished the collective by the step's end, its
-  duration (read without a synchronize, so the last buckets' ends may be null). A step whose
-  all-reduces the recorder did not all hold (a buffer smaller than two steps' buckets, a recorder
-  off) gets the reducer's layout instead, times null, its `source` saying why.
+- NCCL with the flight recorder on (`ddpviz run` sets its variables, `engine.attach.env`): the same
+  layout every step, and on the sampled steps `FlightBuckets` — enqueue times and, where the GPU
+  finished the collective by the step's end, its duration (read without a synchronize, so the last
+  buckets' ends may be null), `sampled: true`. The recorder is read on sampled steps only: a dump
+  costs ~5-30 µs per entry it holds (issue 31: 166 entries 4.8 ms on an H200 host), more than the
+  Python hook it replaces on a step of few buckets. A sampled step whose all-reduces the recorder
+  did not all hold (a buffer too small, a recorder off) keeps the layout, times null, its `source`
+  saying why.
 
 A comm hook of the script's own (`register_comm_hook`, a built-in hook, DDP's `mixed_precision`
 upcast) goes to DDP directly, unwrapped: DDP keeps one hook, and training stays what the script's
@@ -61,20 +64,24 @@ class NoHookBuckets:
         ordered = [names.get(p.data_ptr(), "?") for p in ddp.module.parameters() if p.requires_grad]
         self.flight = FlightBuckets(flight, lambda: reducer_layout(ddp), ordered) if flight is not None else None
         self.synced = 0  # synced backwards since the last `resolved` (several in a step: bytes carried)
+        self.read_flight = False  # the latest synced backward is a sampled one: read the recorder after it
 
     def note_script_hook(self, hook: Any) -> None:
         """The script gave DDP a comm hook of its own (a function, or a built-in hook's type)."""
         self.script_hook = getattr(hook, "__qualname__", None) or str(hook)
 
     def begin_backward(self, sample: bool) -> None:
-        """Right before a synced backward; `sample`: profile it (a sampled step, gloo, no script hook)."""
+        """Right before a synced backward; `sample`: a sampled step (gloo: profile it; NCCL: read the
+        flight recorder after it), unless the script's hook holds DDP's slot."""
         self.synced += 1
         sampler = self.layout_reader.sampler
         if sampler.active:  # an earlier backward of the step was profiled: its spans are not this one's
             sampler.spans()
-        self.layout_reader.sample_next = sample and self.sampling and self.script_hook is None
+        sample = sample and self.script_hook is None
+        self.layout_reader.sample_next = sample and self.sampling
         self.layout_reader.begin_backward()
-        if self.flight is not None:
+        self.read_flight = sample and self.flight is not None
+        if self.read_flight:
             self.flight.begin_backward()
 
     def resolved(self) -> list[dict[str, Any]]:
@@ -82,11 +89,11 @@ class NoHookBuckets:
         `nbytes_source`; call once per step, after it."""
         self.synced = 0
         out = self.layout_reader.resolved()
-        if self.flight is not None and self.script_hook is None:
+        if self.read_flight and self.script_hook is None:
             timed = self.flight.resolved()
             if [r["nbytes"] for r in timed] == [r["nbytes"] for r in out]:
-                out = [dict(t, num_params=r["num_params"], **{k: r[k] for k in ("param_names",) if k in r})
-                       for t, r in zip(timed, out)]
+                out = [dict(t, num_params=r["num_params"], sampled=True,
+                            **{k: r[k] for k in ("param_names",) if k in r}) for t, r in zip(timed, out)]
             else:
                 source = FLIGHT_MISSED_SOURCE.format(got=len(timed), want=len(out))
                 out = [dict(r, source=source) for r in out]

@@ -92,12 +92,27 @@ def test_nccl_buckets_take_enqueue_times_and_gpu_durations_from_the_recorder(mon
     assert [r["comm_start_s"] for r in out] == pytest.approx([0.001, 0.003])
     assert out[0]["comm_end_s"] == pytest.approx(0.00125) and out[1]["comm_end_s"] is None
     assert out[0]["param_names"] == ["1.weight", "1.bias"] and "GPU duration" in out[0]["source"]
-    assert all(r["ready_s"] is None and r["sampled"] is False and "no comm hook" in r["nbytes_source"] for r in out)
+    assert all(r["ready_s"] is None and r["sampled"] is True and "no comm hook" in r["nbytes_source"] for r in out)
+
+
+def test_nccl_reads_the_recorder_on_sampled_steps_only(monkeypatch):
+    """A dump costs per entry held (issue 31: 166 entries 4.8 ms on an H200 host): an unsampled
+    step reads none and claims no time."""
+    b = _nccl(monkeypatch, [_entry(1, 1_001_000_000, 8, 0.25), _entry(2, 1_003_000_000, 15, 0.5)])
+    dumps = []
+    dump = b.flight.reader.dump
+    b.flight.reader.dump = lambda **kw: dumps.append(1) or dump(**kw)
+    b.begin_backward(sample=False)
+    out = b.resolved()
+    assert dumps == [] and [r["nbytes"] for r in out] == [32, 60]
+    assert all(r["comm_start_s"] is None and r["comm_end_s"] is None and r["sampled"] is False for r in out)
+    b.begin_backward(sample=True)
+    assert [r["comm_start_s"] for r in b.resolved()] == pytest.approx([0.001, 0.003]) and dumps == [1]
 
 
 def test_a_step_the_recorder_did_not_hold_whole_gets_the_layout_and_claims_no_time(monkeypatch):
     b = _nccl(monkeypatch, [_entry(1, 1_002_000_000, 15, 0.5)])  # one all-reduce held for two buckets
-    b.begin_backward(sample=False)
+    b.begin_backward(sample=True)
     out = b.resolved()
     assert [r["nbytes"] for r in out] == [32, 60]
     assert all(r["comm_start_s"] is None and r["comm_end_s"] is None for r in out)
