@@ -35,6 +35,8 @@ from ddpviz.engine.modes.ddp.flight import (FlightBuckets, FlightReader, LayoutB
                                             recorder_on, reducer_layout)
 
 NBYTES_SOURCE = "DDP's reducer layout: the bucket buffer's bytes (no comm hook)"
+SCRIPT_HOOK_NBYTES_SOURCE = ("DDP's reducer layout: the bucket buffer's bytes, before the script's comm hook "
+                             "(what it hands to the all-reduce is not measured)")
 SCRIPT_HOOK_SOURCE = ("DDP's reducer layout: bucket bytes (before the script's comm hook), parameters and order; "
                       "ready, all-reduce start and end not measured: the script's comm hook holds DDP's one hook "
                       "slot (bucket_timing=recorder neither registers a hook nor wraps the script's)")
@@ -101,7 +103,7 @@ class NoHookBuckets:
             r["nbytes_source"] = NBYTES_SOURCE
             if self.script_hook is not None:
                 r.update(ready_s=None, comm_start_s=None, comm_end_s=None, sampled=False, source=SCRIPT_HOOK_SOURCE,
-                         comm_hook=self.script_hook)
+                         comm_hook=self.script_hook, nbytes_source=SCRIPT_HOOK_NBYTES_SOURCE)
         return out
 
     def layout(self) -> list[dict[str, Any]]:

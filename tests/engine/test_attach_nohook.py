@@ -128,7 +128,8 @@ def test_a_scripts_own_hook_leaves_every_time_unclaimed(monkeypatch):
     out = b.resolved()
     assert [r["nbytes"] for r in out] == [32, 60]
     assert all(r["source"] == SCRIPT_HOOK_SOURCE and r["comm_start_s"] is None and r["comm_end_s"] is None
-               and r["comm_hook"] == "fp16_compress_hook" for r in out)
+               and r["comm_hook"] == "fp16_compress_hook" and "before the script's comm hook" in r["nbytes_source"]
+               for r in out)
 
 
 def test_exposed_comm_is_measured_only_when_every_bucket_has_its_ready_time():
