@@ -64,25 +64,67 @@ def mode_config(cfg: RunConfig, mode: str) -> RunConfig:
     return RunConfig(**{**cfg.model_dump(), **update})
 
 
+def in_turns(cfg: RunConfig, modes: tuple[str, ...], block_steps: int,
+             sink_for: Callable[[str], EventSink] | None = None) -> dict[str, RunResult]:
+    """Every mode's run started at once, training `block_steps` steps at a time in turns, the order
+    rotated each round (`engine.harness.interleaved.run_in_turns`), so the modes are measured at
+    the same moments of the machine: its drift (on a shared 2-core VM the same loop's step time
+    moves 30-60% over seconds) falls on every mode alike instead of on whichever ran later. Step
+    times exclude the waits for a turn (the gate is between steps, `engine.components.loop.drive`).
+
+    Each result's summary is built from its events (`engine.summary.SummaryBuilder`, as for a run
+    on its own); `final_params` is None (the runs' processes keep their parameters), so
+    `max_param_diff_vs_single` is null in this mode.
+
+    Raises:
+        ValueError: `cfg.steps` is not a multiple of `block_steps`, or `block_steps` < 2.
+        RuntimeError: a run did not succeed (its run id and error).
+    """
+    from ddpviz.engine.harness.interleaved import run_in_turns
+    from ddpviz.engine.summary import SummaryBuilder
+
+    if block_steps < 2 or cfg.steps % block_steps:
+        raise ValueError(f"turns must be >= 2 and divide steps={cfg.steps} (got turns={block_steps})")
+    got = run_in_turns({f"compare-{m}": mode_config(cfg, m) for m in modes}, block_steps)
+    results: dict[str, RunResult] = {}
+    for mode in modes:
+        builder, sink = SummaryBuilder(), sink_for(mode) if sink_for else None
+        for e in got[f"compare-{mode}"]:
+            builder.observe(e)
+            if sink is not None:
+                sink.emit(e)
+        results[mode] = RunResult(status="succeeded", summary=builder.summary())
+    return results
+
+
 def compare(cfg: RunConfig, *, modes: tuple[str, ...] = MODES,
             sink_for: Callable[[str], EventSink] | None = None,
-            on_mode: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
-    """Run `cfg` in each of `modes` (in that order); returns a report keyed by mode.
+            on_mode: Callable[[str], None] | None = None, turns: int | None = None) -> dict[str, dict[str, Any]]:
+    """Run `cfg` in each of `modes` (in that order, or all at once taking turns of `turns` steps:
+    `in_turns`); returns a report keyed by mode.
 
     Args:
         cfg: the shared config; its `mode` is ignored.
-        modes: a subset of `ALL_MODES`; `max_param_diff_vs_single` needs "single" among them.
+        modes: a subset of `ALL_MODES`; `max_param_diff_vs_single` needs "single" among them (and
+            runs one after another).
         sink_for: sink for a mode's events (default: kept in memory and dropped).
-        on_mode: called with each mode's name before it starts (progress display).
+        on_mode: called with each mode's name before it starts (progress display; with `turns`,
+            once with every mode's name).
+        turns: steps per turn, or None for one run after another.
 
     Raises:
-        ValueError: a mode not in `ALL_MODES`.
+        ValueError: a mode not in `ALL_MODES`; `turns` that does not divide the steps.
+        RuntimeError: with `turns`, a run that did not succeed.
     """
     bad = [m for m in modes if m not in ALL_MODES]
     if bad:
         raise ValueError(f"modes must be among {list(ALL_MODES)} (got {bad})")
     results: dict[str, RunResult] = {}
-    for mode in modes:
+    if turns is not None:
+        if on_mode is not None:
+            on_mode(f"{', '.join(modes)} at once, taking turns of {turns} steps")
+        results = in_turns(cfg, modes, turns, sink_for)
+    for mode in () if turns is not None else modes:
         if on_mode is not None:
             on_mode(mode)
         sink = sink_for(mode) if sink_for else ListSink()

@@ -28,8 +28,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return 2
     # Validated as the mode that accepts every flag given (FSDP knobs need mode fsdp).
     cfg = validate_config({**run_fields(args), "mode": "fsdp" if "fsdp" in modes else "ddp"})
-    report = compare(cfg, modes=modes,
-                     on_mode=lambda m: print(f"running {m} ...", file=sys.stderr, flush=True))
+    if args.turns is not None and (args.turns < 2 or cfg.steps % args.turns):
+        print(f"ddpviz: error: --turns must be >= 2 and divide --steps ({cfg.steps}) (got {args.turns})",
+              file=sys.stderr)
+        return 2
+    try:
+        report = compare(cfg, modes=modes, turns=args.turns,
+                         on_mode=lambda m: print(f"running {m} ...", file=sys.stderr, flush=True))
+    except RuntimeError as exc:  # --turns: a run that did not succeed (which, and its error)
+        print(f"ddpviz: compare failed: {exc}", file=sys.stderr)
+        return 1
     v = report_verdict(report)
     if args.json:  # the verdict beside the modes: README, "Command line"
         # `verdict` only where DP and DDP both ran (null while either has too few steady steps)
@@ -120,6 +128,9 @@ def register(command, add_run_flags) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON, keyed by mode")
     p.add_argument("--modes", default="single,dp,ddp", metavar="M1,M2,...",
                    help="modes to run, comma-separated, from single,dp,ddp,fsdp (default: single,dp,ddp)")
+    p.add_argument("--turns", type=int, metavar="N",
+                   help="run the modes at once, taking turns of N steps (N divides --steps), so each is "
+                        "measured at the same moments of the machine; default: one after another")
     from ddpviz.workers.bench.cli import register as register_bench
 
     register_bench(command)
