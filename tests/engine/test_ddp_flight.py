@@ -158,3 +158,33 @@ def test_profiler_events_pair_launches_with_collectives():
     assert got == pytest.approx([0.001, 0.0013, 0.0019, 0.002, 0.0023, 0.0025])
     assert pair_spans(ev[:-1]) is None  # a launch with no collective: nothing is claimed
     assert pair_spans(ev[1:]) is None  # no origin
+
+
+class _GroupMade(Exception):
+    pass
+
+
+def test_a_launched_nccl_rank_sets_the_recorder_before_its_process_group(monkeypatch):
+    """torch reads the flight recorder's buffer size when the process group is made (on gloo 2.13 a
+    size set after init_process_group was ignored): the rank must set it before `init_rank`. CPU
+    twin of the NCCL path: a stand-in dump makes the rank take it; the process group is not made."""
+    import os
+
+    from ddpviz.engine.modes.ddp import flight, rank
+
+    for k in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_ENABLE_TIMING"):
+        monkeypatch.setenv(k, "")  # recorded, so whatever the rank sets is undone after the test
+        monkeypatch.delenv(k)
+    monkeypatch.setattr(flight, "dump_function", lambda: (lambda **kw: b""))
+    seen = {}
+
+    def init_rank(cfg, backend, device_kind):
+        seen.update({k: os.environ.get(k) for k in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_ENABLE_TIMING")})
+        raise _GroupMade
+
+    monkeypatch.setattr(rank, "init_rank", init_rank)
+    cfg = RunConfig(mode="ddp", world_size=2, width=16, depth=2, bucket_timing="recorder", steps=3)
+    with pytest.raises(_GroupMade):
+        rank._train_rank(cfg, "r", 0, None, "nccl", "cpu", None, "")
+    assert seen["TORCH_NCCL_ENABLE_TIMING"] == "1"
+    assert int(seen["TORCH_FR_BUFFER_SIZE"]) == buffer_entries(3)  # one 25 MB bucket: ceil(P / cap) + 2

@@ -9,8 +9,9 @@ DDP's reducer divides each gradient by world_size while copying it into its buck
 the bucket (sum) in C++, in bucket-index order (`Reducer::mark_bucket_ready`).
 
 Every collective is then recorded by PyTorch's flight recorder when its buffer is non-zero
-(`TORCH_FR_BUFFER_SIZE`, or `TORCH_NCCL_TRACE_BUFFER_SIZE` on older NCCL builds; read when the
-recorder is first used, i.e. at the first collective, so it is set before DDP is built), and
+(`TORCH_FR_BUFFER_SIZE`, or `TORCH_NCCL_TRACE_BUFFER_SIZE` on older NCCL builds; torch 2.13 reads
+it when the process group is made — on gloo a size set after `init_process_group` was ignored —
+so it is set before the group, `engine.modes.ddp.rank`, and by `ddpviz run` in the child's env), and
 `torch._C._distributed_c10d._dump_fr_trace()` (`_dump_nccl_trace()` on older versions) returns a
 pickle of its entries. What an entry holds depends on the version and backend, checked per entry:
 
@@ -45,7 +46,8 @@ SOURCE = "flight recorder"  # the `bucket` events' `source` on this path (+ what
 def flight_recorder_path(cfg: Any, backend: str, model: Any) -> bool:
     """Whether this rank's DDP runs with no comm hook (`cfg.bucket_timing == "recorder"`, overlap
     on, no compression hook); on NCCL (with a torch that has a dump) it also turns the flight
-    recorder on with a buffer for two steps' buckets. Call before DDP is built.
+    recorder on with a buffer for two steps' buckets. Call before the process group is made (the
+    buffer size is read then).
 
     Not on gloo: the recorder gathers each entry's Python stack under the GIL, and with ddpviz's
     own threads alive that cost 1.9 ms per bucket on 2 gloo ranks here (torch 2.13, 48 buckets;

@@ -76,12 +76,15 @@ def rank_main(cfg_dict: dict, run_id: str, workdir: str, backend: str, device_ki
 
 def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, device_kind: str,
                 sink, host: str) -> None:
+    ds = load_dataset(cfg)
+    model = build_model(cfg, ds)  # seeded by cfg.seed: the same weights on every rank, before or after the group
+    # before the process group: torch (2.13 checked) reads the flight recorder's buffer size when it
+    # makes the group, not at its first collective; set later, the recorder stays at its default
+    use_recorder = flight_recorder_path(cfg, backend, model)
     env = init_rank(cfg, backend, device_kind)
     local_rank, world, device = env.local_rank, env.world_size, env.device
     tel = Telemetry(sink, run_id, rank=rank, device=env.device_name, host=host)
-    ds = load_dataset(cfg)
-    model = build_model(cfg, ds).to(device).train()
-    use_recorder = flight_recorder_path(cfg, backend, model)  # before DDP's first collective
+    model = model.to(device).train()
     ddp = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,
               bucket_cap_mb=ddp_bucket_cap_arg(cfg), gradient_as_bucket_view=cfg.gradient_as_bucket_view,
               static_graph=cfg.static_graph, find_unused_parameters=cfg.find_unused_parameters,
