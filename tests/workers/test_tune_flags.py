@@ -65,3 +65,13 @@ def test_the_terminal_answer(capsys):
     assert out.rstrip().endswith("DistributedDataParallel(model, ..., bucket_cap_mb=4.0)")
     print_report(_report(None))
     assert "none beat the baseline beyond noise" in capsys.readouterr().out
+
+
+def test_a_trial_stopped_at_its_time_limit_says_how_far_it_got_and_why_nothing_reported(tmp_path):
+    from ddpviz.workers.cli.tune import _ending
+
+    limit = "stopped by tune after 60 s (the trial's time limit within --budget)"
+    ended, err = _ending(-9, limit, dict(steps=3, stopped=None, ddp=None), 20, tmp_path, tmp_path / "err")
+    assert ended == limit and err["exception"] == "3 of the 20 step(s) it needed were recorded"
+    _, err = _ending(-9, limit, dict(steps=0, stopped=None, ddp=None), 20, tmp_path, tmp_path / "err")
+    assert err["exception"].startswith("0 of the 20 step(s)") and "env PYTHONPATH=" in err["exception"]

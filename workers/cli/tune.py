@@ -101,7 +101,12 @@ def _wait(proc: subprocess.Popen, timeout_s: float) -> str | None:
 def _ending(rc: int, killed: str | None, measured: dict, steps: int, spool: Path, err_path: Path) -> tuple[str, Any]:
     """(how the trial ended, error or None)."""
     if killed:
-        return killed, dict(rank=None, exception=killed, traceback=None, exit_code=rc)
+        got = measured.get("steps") or 0
+        why = f"{got} of the {steps} step(s) it needed were recorded"
+        if not got:  # e.g. `ddpviz tune -- env PYTHONPATH=... torchrun ...`: the start-up hook is gone
+            why += ("; nothing of the command reported to ddpviz: a command that sets PYTHONPATH itself "
+                    "(env PYTHONPATH=...) drops ddpviz's start-up hook, set it before `ddpviz tune` instead")
+        return killed, dict(rank=None, exception=why, traceback=None, exit_code=rc)
     if rc != 0:
         from ddpviz.workers.attached import failure
 
