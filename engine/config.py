@@ -84,7 +84,8 @@ class RunConfig(BaseModel):
     # DDP bucket size cap, MiB: PyTorch's default, 25, so the default model's 202 KB of gradients are
     # one bucket, all-reduced once after backward. On 2 shared CPU cores, in alternating pairs, it put
     # DDP ahead beyond noise in 3 of 3 pairs against 1 of 4 with 0.1 MiB; in 15 later tries on a more
-    # loaded machine, 6 of 15 (docs/bench/default-pair-tries-2.json, engine.verdict.CPU_NOTE).
+    # loaded machine, 6 of 15 (docs/bench/default-pair-tries-2.json); in turns (compare --turns 10),
+    # 4 of 5 quiet and 0 of 5 beside a busy process (default-pair-turns-tries.json, engine.verdict.CPU_NOTE).
     # PRESETS["overlap"] (0.1) shows buckets overlapping backward.
     bucket_cap_mb: float = Field(25.0, gt=0.0, le=4096.0)
     overlap: bool = True  # False: defer every all-reduce until the last bucket is ready

@@ -67,13 +67,15 @@ SEPARATE = ("What would separate them: more steps (a longer run narrows the inte
             "machine (the two runs take turns on the same cores, and other work there moves each run's "
             "speed), or GPUs, where DP's broadcast and reduce through device 0 cross PCIe or NVLink while "
             "DDP's ring all-reduce splits the bytes between the links.")
-# What the default pair did on a shared 2-core CPU (docs/bench/default-pair-tries-2.json, issue 33.3):
-# said with every level or DP-ahead verdict, so a reader knows the machine, not the method, can decide.
-CPU_NOTE = ("On 2 CPU cores shared with other work the pair can come out either way: the default pair, tried "
-            "15 times on a machine with load averages of 6-15 (`ddpviz compare` 10 times, 5 with a busy process "
-            "beside it; the app 5 times), was DDP ahead beyond noise (interval above 1.05) 6 times, DDP ahead "
-            "with the interval's low end below 1.05 once, level 6 times and DP ahead twice "
-            "(docs/bench/default-pair-tries-2.json).")
+# What the default pair did on a 2-core CPU, measured in turns (docs/bench/default-pair-turns-tries.json,
+# issue 33.3): said with every level or DP-ahead verdict, so a reader knows the machine, not the
+# method, can decide.
+CPU_NOTE = ("On 2 CPU cores the answer depends on whether the cores are free: the default pair measured "
+            "in turns (`ddpviz compare --modes dp,ddp --turns 10`) was DDP ahead beyond noise in 4 of 5 tries "
+            "on a quiet machine (1.24-1.46x, level once) and DP ahead in 4 of 5 with one busy process beside "
+            "it (DDP 0.83-0.87x, level once): DDP's ranks meet at every all-reduce, so whichever rank the "
+            "other process preempts holds up both, while DP's one process goes on with the core it has "
+            "(docs/bench/default-pair-turns-tries.json).")
 SOURCE = ("measured: ratio of the median samples/s over each run's steady steps; 90% interval from a "
           "block bootstrap of the per-step samples/s (engine.verdict); parts: means over steady steps")
 

@@ -61,12 +61,12 @@ def test_a_level_pair_says_level_within_noise_and_what_would_separate_them():
     assert v.leader == "level" and v.ratio == 1.0 and v.interval == (1.0, 1.0)
     assert "level on this machine, within noise" in v.headline()
     assert "What would separate them: more steps" in v.headline()
-    assert "the default pair, tried 15 times" in v.why()  # the page says what this machine did
+    assert "measured in turns (`ddpviz compare --modes dp,ddp --turns 10`)" in v.why()  # the page says what this machine did
 
 
 def test_only_a_ddp_win_goes_without_the_note_on_what_the_cpu_did():
-    assert "the default pair, tried" not in verdict(*summaries([100.0] * 8, [150.0] * 8)).why()
-    assert "the default pair, tried" in verdict(*summaries([150.0] * 8, [100.0] * 8)).why()
+    assert "measured in turns" not in verdict(*summaries([100.0] * 8, [150.0] * 8)).why()
+    assert "measured in turns" in verdict(*summaries([150.0] * 8, [100.0] * 8)).why()
 
 
 def test_an_interval_that_straddles_1_is_level_by_hand():
