@@ -127,7 +127,7 @@ def test_compare_says_exposed_comm_not_measured_where_the_run_could_not_measure_
 
     summaries = {"ddp": {"samples_per_s": 100.0, "comm_exposed_s": 0.0015},
                  "fsdp": {"samples_per_s": 90.0, "comm_exposed_s": None, "comm_exposed_note": "not measured on CUDA"}}
-    monkeypatch.setattr(harness, "compare", lambda cfg, modes, on_mode: {
+    monkeypatch.setattr(harness, "compare", lambda cfg, modes, on_mode, turns=None: {
         m: harness.mode_report(RunResult("succeeded", summary=summaries[m]), None) for m in modes})
     args = build_parser().parse_args(["compare", "--modes", "ddp,fsdp", "--steps", "3"])
     assert args.handler(args) == 0
