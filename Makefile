@@ -65,7 +65,7 @@ demo: $(VENV)/.installed
 # run's own load distorts (each went red there once: pyproject.toml's markers).
 test: $(VENV)/.installed-dev
 	$(BIN)/python -c "import ddpviz.workers.worker, ddpviz.engine.runner, torch._dynamo, torch.distributed.fsdp, streamlit, altair"
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 5 --dist loadscope -m "not quiet" --durations=12
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 4 --dist loadscope -m "not quiet" --durations=12
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:xdist -m quiet
 
 # On a CUDA host (.venv built with TORCH_PIN set to a CUDA build): `ddpviz doctor --gpu`, <= 8 minutes.
