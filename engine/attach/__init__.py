@@ -68,6 +68,7 @@ def install(env=None):
 
 def _install(env):
     import atexit
+    import gc
     import os
 
     import torch
@@ -118,6 +119,8 @@ def _install(env):
         s.guard("steps", tracker.close)
         s.guard("run_started", started.at_exit)
         s.guard("memory", memory.close)
+        s.guard("steps", tracker.release)
+        gc.collect()  # the DDP <-> watch cycles (its forward hooks are the watch's methods)
         s.close()
 
     atexit.register(at_exit)

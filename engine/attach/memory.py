@@ -77,9 +77,11 @@ class MemoryWatch:
             cm.__exit__(RuntimeError, RuntimeError("abandoned"), None)
 
     def close(self) -> None:
+        """At exit: the sampler stops, and the script's model and optimizers are let go."""
         self.abandon()
         if self.sampler is not None:
             self.sampler.close()
+        self.sampler, self.model, self.optimizers = None, None, []
 
 
 def _phase_hooks(ledger: TensorLedger, model: Any):

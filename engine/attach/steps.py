@@ -388,6 +388,15 @@ class StepTracker:
             if hasattr(watch, "drain"):
                 watch.drain()
 
+    def release(self) -> None:
+        """At exit, once nothing more is recorded: drop ddpviz's references to the script's DDPs
+        and models, so one the script no longer holds goes now, with its process group and gloo
+        threads, while the interpreter is alive — as it would without ddpviz — not at finalization
+        (tests/engine/test_attach_release.py)."""
+        self.watches.clear()
+        self.ddp_volume = None
+        self.memory = None
+
 
 def training_forward(watch: Any) -> bool:
     """Whether a forward of `watch`'s module, starting now, trains: autograd on (not under
