@@ -24,12 +24,12 @@ from ddpviz.engine.modes.ddp.flight import FlightReader
 
 
 def test_the_launcher_asks_for_the_recorder_and_its_variables_keeping_the_users():
-    from ddpviz.workers.cli.attach import _child_env
+    from ddpviz.workers.cli.command_env import command_env
 
-    env = _child_env("r1", Path("/tmp/spool"), ["torchrun", "train.py"], bucket_timing="recorder")
+    env = command_env("r1", Path("/tmp/spool"), ["torchrun", "train.py"], bucket_timing="recorder")
     assert env[BUCKET_TIMING_ENV] == "recorder" and bucket_timing(env) == "recorder"
     assert env["TORCH_FR_BUFFER_SIZE"] == "144" and env["TORCH_NCCL_ENABLE_TIMING"] == "1"  # 2 x 64 buckets + 16
-    hook = _child_env("r1", Path("/tmp/spool"), ["torchrun", "train.py"])
+    hook = command_env("r1", Path("/tmp/spool"), ["torchrun", "train.py"])
     assert hook[BUCKET_TIMING_ENV] == "hook" and "TORCH_NCCL_ENABLE_TIMING" not in hook
     mine = {"TORCH_FR_BUFFER_SIZE": "4000", "TORCH_NCCL_ENABLE_TIMING": "0"}
     set_bucket_timing(mine, "recorder")

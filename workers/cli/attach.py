@@ -25,7 +25,6 @@ says so, events stay in the spool and are sent when Redis answers again, or late
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import socket
@@ -40,6 +39,7 @@ import redis
 
 from ddpviz.engine.attach.env import PUMP_INTERVAL_S  # events are forwarded this often
 from ddpviz.workers.attached import create_record, failure, record_ending, refresh_summary
+from ddpviz.workers.cli.command_env import command_env
 from ddpviz.workers.cli.exits import EXIT_REFUSED
 from ddpviz.workers.cli.upload import _store, cmd_upload, upload_hint  # noqa: F401 (cmd_upload: `ddpviz upload`)
 
@@ -73,28 +73,6 @@ def default_kill_after_s(env: dict[str, str] | None = None) -> float:
 
 def _say(message: str) -> None:
     print(f"ddpviz: {message}", file=sys.stderr, flush=True)
-
-
-def _is_torchrun(cmd: list[str]) -> bool:
-    return os.path.basename(cmd[0]) == "torchrun" or "torch.distributed.run" in cmd or \
-        "torch.distributed.launch" in cmd
-
-
-def _child_env(run_id: str, spool: Path, cmd: list[str], probe: bool = False,
-               bucket_timing: str = "hook") -> dict[str, str]:
-    from ddpviz.engine.attach.env import (COMMAND_ENV, LAUNCHER_ENV, PROBE_ENV, SOLO_ENV, child_environment,
-                                          set_bucket_timing)
-
-    env = child_environment(os.environ, run_id, spool)
-    env[LAUNCHER_ENV] = str(os.getpid())  # which processes are this launcher's (`Launch.instrumented_pids`)
-    env[COMMAND_ENV] = json.dumps(cmd)
-    env["TORCHELASTIC_ERROR_FILE"] = str(spool / "error.json")
-    if probe:
-        env[PROBE_ENV] = "1"
-    set_bucket_timing(env, bucket_timing)  # recorder: the flight recorder's variables too
-    if not _is_torchrun(cmd):
-        env[SOLO_ENV] = str(os.getpid())
-    return env
 
 
 class Launch:
@@ -259,7 +237,7 @@ class Launch:
         """Run the command to its end; returns its exit code (128 + N when killed by signal N)."""
         self.next_connect = time.monotonic() + RECONNECT_S
         self.kill_at: float | None = None
-        env = _child_env(self.run_id, self.spool, self.cmd, self.probe, self.bucket_timing)
+        env = command_env(self.run_id, self.spool, self.cmd, self.probe, self.bucket_timing)
         try:
             from ddpviz.engine.components.lifetime import die_with_parent
 

@@ -55,9 +55,9 @@ def trial_env(cmd: list[str], spool: Path, knobs: dict[str, Any], steps: int,
     """COMMAND's environment for one trial: `ddpviz run`'s (the start-up hook, the spool; events
     carry `run_id`, else ``tune-trialN``) plus tune's variables (`engine.attach.overrides`)."""
     from ddpviz.engine.attach.overrides import COMM_HOOK_ENV, DDP_KWARGS_ENV, STOP_AFTER_ENV
-    from ddpviz.workers.cli.attach import _child_env
+    from ddpviz.workers.cli.command_env import command_env
 
-    env = _child_env(run_id or f"tune-{spool.name}", spool, cmd)
+    env = command_env(run_id or f"tune-{spool.name}", spool, cmd)
     ddp = {k: v for k, v in knobs.items() if k != "comm_hook"}
     env[DDP_KWARGS_ENV] = json.dumps(ddp)
     env[STOP_AFTER_ENV] = str(steps)

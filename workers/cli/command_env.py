@@ -1,0 +1,42 @@
+"""The environment `ddpviz run` (and `ddpviz tune`'s trials) give the command they start: the
+caller's, plus what the attach start-up hook reads (`engine.attach.env`) and torchrun's error file.
+
+No secret goes in: no Redis URL (the ranks never talk to Redis; `engine.attach.env.child_environment`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def is_torchrun(cmd: list[str]) -> bool:
+    """Whether `cmd` is torchrun (`torchrun`, `python -m torch.distributed.run` or `.launch`), whose
+    workers are the ranks; any other command's own child is the training process itself."""
+    return os.path.basename(cmd[0]) == "torchrun" or "torch.distributed.run" in cmd or \
+        "torch.distributed.launch" in cmd
+
+
+def command_env(run_id: str, spool: Path, cmd: list[str], probe: bool = False,
+                bucket_timing: str = "hook") -> dict[str, str]:
+    """os.environ for `cmd` of run `run_id`, its events spooled in `spool`; `probe`: the all-reduce
+    probe after the last step; `bucket_timing`: "hook" or "recorder" (with the flight recorder's
+    variables, `engine.attach.env.set_bucket_timing`).
+
+    Raises:
+        ValueError: an unknown `bucket_timing` (`set_bucket_timing`).
+    """
+    from ddpviz.engine.attach.env import (COMMAND_ENV, LAUNCHER_ENV, PROBE_ENV, SOLO_ENV, child_environment,
+                                          set_bucket_timing)
+
+    env = child_environment(os.environ, run_id, spool)
+    env[LAUNCHER_ENV] = str(os.getpid())  # which processes are this launcher's (`Launch.instrumented_pids`)
+    env[COMMAND_ENV] = json.dumps(cmd)
+    env["TORCHELASTIC_ERROR_FILE"] = str(spool / "error.json")
+    if probe:
+        env[PROBE_ENV] = "1"
+    set_bucket_timing(env, bucket_timing)  # recorder: the flight recorder's variables too
+    if not is_torchrun(cmd):
+        env[SOLO_ENV] = str(os.getpid())
+    return env
