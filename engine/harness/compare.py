@@ -124,11 +124,12 @@ def compare(cfg: RunConfig, *, modes: tuple[str, ...] = MODES,
         if on_mode is not None:
             on_mode(f"{', '.join(modes)} at once, taking turns of {turns} steps")
         results = in_turns(cfg, modes, turns, sink_for)
-    for mode in () if turns is not None else modes:
-        if on_mode is not None:
-            on_mode(mode)
-        sink = sink_for(mode) if sink_for else ListSink()
-        results[mode] = run_training(mode_config(cfg, mode), sink, f"compare-{mode}")
+    else:
+        for mode in modes:
+            if on_mode is not None:
+                on_mode(mode)
+            sink = sink_for(mode) if sink_for else ListSink()
+            results[mode] = run_training(mode_config(cfg, mode), sink, f"compare-{mode}")
     single = results.get("single")
     single = single if single is not None and single.status == "succeeded" else None
     return {m: mode_report(results[m], single) for m in modes}
