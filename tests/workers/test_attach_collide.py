@@ -95,7 +95,7 @@ def test_only_the_two_ranks_are_instrumented(collide):
         assert m["helper"]["torch"] is False
         assert "ddpviz.engine.attach.session" not in m["helper"]["ddpviz"]
     workers = collide["att"]["workers"]
-    assert len(workers) == 4  # 2 per rank, started by spawn
+    assert len(workers) == 2  # 1 per rank, started by spawn (one keeps the suite lighter: each imports torch)
     for w in workers:
         assert "ddpviz.engine.attach.session" not in w["ddpviz"], w
         assert all(f"pid{w['pid']}." not in f for f in mine[0]["spool_files"])

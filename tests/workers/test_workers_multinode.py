@@ -35,7 +35,7 @@ def two_hosts(client: DdpvizClient, redis_url: str, tmp_path):
             stack.enter_context(worker_process(redis_url, burst=False, name=name,
                                                log_path=tmp_path / f"{name}.log"))
         wait_for(lambda: {w["name"] for w in client.workers() if w["state"] == "idle"} >= set(HOSTS),
-                 30, "two idle workers")
+                 90, "two idle workers")  # each imports torch first (warm_up)
         yield
 
 
@@ -236,7 +236,7 @@ def test_stopping_one_hosts_worker_cancels_the_run_on_every_host(client, redis_u
                                                           log_path=tmp_path / f"{name}.log"))
                  for name in HOSTS}
         wait_for(lambda: {w["name"] for w in client.workers() if w["state"] == "idle"} >= set(HOSTS),
-                 30, "two idle workers")
+                 90, "two idle workers")  # each imports torch first (warm_up)
         run_id = client.submit(fields)
         wait_for(lambda: {e.get("host") for e in all_events(client, run_id) if e["type"] == "step"}
                  == set(HOSTS), 60, "steps from both hosts")

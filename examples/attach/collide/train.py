@@ -37,7 +37,7 @@ def main() -> None:
     scaler = torch.amp.GradScaler("cpu", init_scale=CFG["init_scale"])
     data = Points(CFG["samples"], CFG["seed"])
     sampler = torch.utils.data.DistributedSampler(data, num_replicas=world, rank=rank, shuffle=False)
-    loader = torch.utils.data.DataLoader(data, batch_size=CFG["batch_per_rank"], sampler=sampler, num_workers=2,
+    loader = torch.utils.data.DataLoader(data, batch_size=CFG["batch_per_rank"], sampler=sampler, num_workers=1,
                                          multiprocessing_context="spawn", worker_init_fn=worker_report)
     losses: list[float] = []
     samples = train_one_epoch(ddp, loader, opt, scaler, losses)
