@@ -78,11 +78,16 @@ def pair_verdict(windows: dict[str, Any]) -> tuple[Verdict | None, bool]:
 
 
 def sequential_note(windows: dict[str, Any]) -> str | None:
-    """Said when the pair's two runs share one worker, so one waits for the other."""
+    """How the newest pair's two runs shared the machine: at once in turns, or one after the
+    other and why (their records' ``pair`` field, `workers.jobs.pair`); for pairs submitted
+    before it, whether they shared a worker."""
     pair = newest_pair(windows)
     if pair is None:
         return None
     dp, ddp = (windows[r] for r in pair)
+    plan = (dp.run or {}).get("pair") or {}
+    if plan.get("runs") == list(pair):
+        return _pair_note(plan, dp.status, ddp.status)
     if dp.status == "started" and ddp.status == "queued":
         return "DDP waits for DP to finish: one worker runs one run at a time (start a second worker to run them together)."
     if ddp.status == "started" and dp.status == "queued":
@@ -92,6 +97,26 @@ def sequential_note(windows: dict[str, Any]) -> str | None:
         return ("The two ran one after the other on one worker, so neither slowed the other; the machine's "
                 "load may still have changed between them.")
     return None
+
+
+_EARLY = ("canceled", "failed", "lost")
+
+
+def _pair_note(plan: dict[str, Any], dp_status: str | None, ddp_status: str | None) -> str:
+    """The note for a pair submitted as one job: what its plan says, and a run that ended early."""
+    statuses = {"DP": dp_status, "DDP": ddp_status}
+    waiting = all(s == "queued" for s in statuses.values())
+    if plan.get("turn_steps"):
+        tense = "will train" if waiting else "train" if any(s == "started" for s in statuses.values()) else "trained"
+        note = (f"DP and DDP {tense} at once on one worker, {plan.get('why')}, the order swapped each round: "
+                "both are timed at the same moments of the machine (step times leave out the waits).")
+        early = [m for m, s in statuses.items() if s in _EARLY]
+        if len(early) == 1:
+            other = "DDP" if early[0] == "DP" else "DP"
+            note += f" {early[0]} ended early ({statuses[early[0]]}); {other} trained on alone after that."
+        return note
+    return (f"DP and DDP {'will run' if waiting else 'run'} one after the other on one worker: {plan.get('why')}; "
+            "the machine's load may change between them.")
 
 
 def verdict_text(v: Verdict, final: bool) -> str:

@@ -24,7 +24,8 @@ from ddpviz.engine.config import COMM_HOOK_FIELDS, validate_config
 from ddpviz.workers import keys
 from ddpviz.workers.connection import connect
 from ddpviz.workers.heartbeat import read_workers
-from ddpviz.workers.jobs.run import JOB_FUNC, STOPPED_CALLBACK, rq_job_timeout
+from ddpviz.workers.jobs.pair import pair_plan
+from ddpviz.workers.jobs.run import JOB_FUNC, JOB_TIMEOUT_S, PAIR_JOB_FUNC, STOPPED_CALLBACK, rq_job_timeout
 from ddpviz.workers.liveness import check_records
 from ddpviz.workers.sink import decode_entries
 from ddpviz.workers.store import ACTIVE, TERMINAL, RunStatus, RunStore, make_error, new_run_id
@@ -76,8 +77,16 @@ class DdpvizClient:
 
     def submit_pair(self, config: dict[str, Any], *, label: str | None = None,
                     timeout_s: float | None = None) -> tuple[str, str]:
-        """Submit `config` twice, as mode=dp (without the DDP-only comm hook fields) and mode=ddp, sharing a group id (and the time limit
-        `timeout_s`, see `submit`). Both are validated before either is stored.
+        """Submit `config` twice, as mode=dp (without the DDP-only comm hook fields) and mode=ddp,
+        sharing a group id (and the time limit `timeout_s`, see `submit`), as one job
+        (`workers.jobs.pair.execute_pair`) that trains both at once on one worker, taking turns of
+        `engine.measure.turns.pair_turn_steps(steps)` steps (the order swapped each round), so the
+        verdict compares the modes at the same moments of the machine. Steps no turn size divides
+        (e.g. 7) still run, one after the other in that job; both records' ``pair`` field and the
+        runs' first event say which and why. Each run keeps its own record, events, status,
+        summary and `cancel`. Both are validated before either is stored.
+
+        Each run's time limit counts from its start, so in turns it includes the other run's turns.
 
         Args:
             label: the pair's name; the runs are labelled ``"{label} · DP"`` and
@@ -87,32 +96,38 @@ class DdpvizClient:
             (dp_run_id, ddp_run_id).
 
         Raises:
-            engine.config.ConfigError: either variant breaks a rule.
+            engine.config.ConfigError: either variant breaks a rule (naming the field).
         """
         dp_config = {k: v for k, v in config.items() if k not in COMM_HOOK_FIELDS}
         dp, ddp = self._submit_many([({**dp_config, "mode": "dp"}, member_label(label, "DP")),
                                      ({**config, "mode": "ddp"}, member_label(label, "DDP"))],
-                                    uuid.uuid4().hex[:12], timeout_s=timeout_s)
+                                    uuid.uuid4().hex[:12], timeout_s=timeout_s, as_pair=True)
         return dp, ddp
 
     def _submit_many(self, items: list[tuple[dict[str, Any], str | None]], group: str | None, *,
-                     timeout_s: float | None = None, requeued_from: str | None = None) -> list[str]:
+                     timeout_s: float | None = None, requeued_from: str | None = None,
+                     as_pair: bool = False) -> list[str]:
         if timeout_s is not None and not 0 < timeout_s <= 30 * 24 * 3600:
             from ddpviz.engine.config import ConfigError
 
             raise ConfigError([("timeout_s", f"timeout_s must be > 0 and <= 30 days (got {timeout_s})")])
         configs = [validate_config(cfg).to_json_dict() for cfg, _ in items]
         run_ids = [new_run_id() for _ in items]
+        pair = pair_plan(run_ids[0], run_ids[1], configs[1]["steps"], configs[1].get("nnodes", 1)) if as_pair else None
         with self.redis.pipeline(transaction=True) as pipe:  # records and jobs appear together
             pipe.multi()  # explicit MULTI, as RQ expects of a caller's pipeline
             for run_id, cfg, (_, label) in zip(run_ids, configs, items):
                 self.store.create(run_id, cfg, label=label, group=group, timeout_s=timeout_s,
-                                  requeued_from=requeued_from, pipeline=pipe)
-                self.queue.enqueue(JOB_FUNC, args=[run_id], job_id=run_id,
-                                   job_timeout=rq_job_timeout(timeout_s),
+                                  requeued_from=requeued_from, pair=pair, pipeline=pipe)
+            jobs = [(JOB_FUNC, [r], r, f"ddpviz run {r} ({c['mode']})", timeout_s)
+                    for r, c in zip(run_ids, configs)]
+            if pair is not None:  # one job; in turns both runs' limits pass at once, else one after the other
+                jobs = [(PAIR_JOB_FUNC, run_ids, pair["job_id"], f"ddpviz pair {' + '.join(run_ids)} (dp, ddp)",
+                         2 * (timeout_s or JOB_TIMEOUT_S))]
+            for func, args, job_id, description, limit_s in jobs:
+                self.queue.enqueue(func, args=args, job_id=job_id, job_timeout=rq_job_timeout(limit_s),
                                    result_ttl=RESULT_TTL_S, failure_ttl=FAILURE_TTL_S,
-                                   description=f"ddpviz run {run_id} ({cfg['mode']})",
-                                   on_stopped=STOPPED_CALLBACK, pipeline=pipe)
+                                   description=description, on_stopped=STOPPED_CALLBACK, pipeline=pipe)
             pipe.execute()
         return run_ids
 
@@ -213,7 +228,9 @@ class DdpvizClient:
         A started run gets its cancel flag set, which the engine polls; if it has not ended
         within `CANCEL_WAIT_S` seconds its work-horse process group (which holds the DDP rank
         processes) is killed through RQ's stop-job command and the run is marked canceled with
-        an explanatory error. Runs already ended keep their status.
+        an explanatory error. A run of a pair whose other run is still active only gets its
+        flag and that record: the pair's job (`workers.jobs.pair`) skips it, or kills its
+        processes alone, and the other run trains on. Runs already ended keep their status.
 
         Raises:
             KeyError: there is no run `run_id`.
@@ -232,9 +249,21 @@ class DdpvizClient:
             return self._cancel_started(run_id, reason)
         return status.value
 
+    def _pair_partner_active(self, run_id: str) -> bool:
+        """True when `run_id` shares a pair job (`workers.jobs.pair`) with a run still queued or
+        started: that job must go on for the partner, so it is neither canceled nor stopped."""
+        record = self.store.get(run_id) or {}
+        pair = record.get("pair") or {}
+        if not pair.get("job_id"):
+            return False
+        others = [r for r in pair.get("runs") or [] if r != run_id]
+        return any(self.store.status(r) in ACTIVE for r in others)
+
     def _cancel_rq_job(self, run_id: str) -> None:
         from ddpviz.workers.jobs.multinode import rq_job_ids  # a multi-host run has one job per host
 
+        if self._pair_partner_active(run_id):
+            return  # the pair's job skips a run no longer queued (run_job) and trains the other alone
         for job_id in rq_job_ids(self.redis, run_id):
             try:
                 Job.fetch(job_id, connection=self.redis, serializer=JSONSerializer).cancel()
@@ -249,6 +278,12 @@ class DdpvizClient:
             if status in TERMINAL:
                 return status.value
             time.sleep(CANCEL_POLL_S)
+        if self._pair_partner_active(run_id):  # stopping the pair's job would end the other run too
+            self.store.finish(run_id, RunStatus.CANCELED, append_event=True, clear_cancel_flag=False,
+                              error=make_error(
+                f"Canceled: {reason}; the run did not stop within {CANCEL_WAIT_S:g} s, so the pair's job "
+                f"kills its processes (the other run of the pair trains on)"))
+            return self.store.status(run_id).value
         from ddpviz.workers.jobs.multinode import rq_job_ids  # a multi-host run has one job per host
 
         for job_id in rq_job_ids(self.redis, run_id):

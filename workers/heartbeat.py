@@ -2,7 +2,8 @@
 
 Each worker keeps a hash ``ddpviz:worker:{name}`` (fields: name, host, pid, devices (JSON),
 gpus (JSON: live NVML figures per GPU, see `workers.host.gpus.GpuMonitor.stats`), ts (unix seconds of
-the last beat), current_run, state) that expires `HEARTBEAT_TTL_S` seconds
+the last beat), current_run (a run id, or ``"dp,ddp"`` while a pair trains in turns,
+`workers.jobs.pair`), state) that expires `HEARTBEAT_TTL_S` seconds
 after its last refresh, and adds its name to the set ``ddpviz:workers``. Readers drop names whose
 hash has expired, so a worker killed with SIGKILL disappears within `HEARTBEAT_TTL_S`, and the
 run it was running is marked lost (`workers.liveness`, whose monitor runs in this thread).

@@ -106,8 +106,36 @@ def parse_node_job_id(job_id: str) -> tuple[str, int] | None:
     return (m["run_id"], int(m["index"])) if m else None
 
 
+_PAIR_JOB_ID = re.compile(r"^(?P<dp>[0-9a-f]+)-turns-(?P<ddp>[0-9a-f]+)$")
+
+
+def pair_job_id(dp_run_id: str, ddp_run_id: str) -> str:
+    """RQ job id of a DP+DDP pair trained in turns (`workers.jobs.pair`): ``{dp}-turns-{ddp}``."""
+    return f"{dp_run_id}-turns-{ddp_run_id}"
+
+
+def parse_pair_job_id(job_id: str) -> tuple[str, str] | None:
+    """``(dp_run_id, ddp_run_id)`` of a pair job id, or None for any other job id."""
+    m = _PAIR_JOB_ID.match(job_id or "")
+    return (m["dp"], m["ddp"]) if m else None
+
+
+def job_run_ids(job_id: str) -> list[str]:
+    """The run ids an RQ job carries: both runs of a pair job, the run of a node job, else the
+    job id itself (an ordinary run's job id is its run id)."""
+    pair = parse_pair_job_id(job_id)
+    if pair:
+        return list(pair)
+    node = parse_node_job_id(job_id)
+    return [node[0]] if node else [job_id]
+
+
 def rq_job_ids(connection, run_id: str) -> list[str]:
-    """The RQ job ids that carry run `run_id`: its node jobs, or the run id itself."""
-    raw = connection.hget(run(run_id), "hosts")
+    """The RQ job ids that carry run `run_id`: its node jobs, its pair's job (a pair in turns
+    shares one job, `workers.jobs.pair`), or the run id itself."""
+    raw, pair = connection.hmget(run(run_id), "hosts", "pair")
     hosts = json.loads(raw) if raw else None
-    return [h["job_id"] for h in hosts] if hosts else [run_id]
+    if hosts:
+        return [h["job_id"] for h in hosts]
+    job_id = (json.loads(pair) or {}).get("job_id") if pair else None
+    return [job_id] if job_id else [run_id]

@@ -89,7 +89,8 @@ class LostRunMonitor:
     Args:
         store: a RunStore on the heartbeat thread's own connection.
         name: this worker's name (its own runs are never judged).
-        current: returns the id of the run this worker is running now, or None.
+        current: returns the id of the run this worker is running now, or None (``"dp,ddp"``
+            while it runs a pair in turns, `workers.jobs.pair`: both are its own).
         confirm_s: a run's worker must stay missing this long (two sweeps) before it is lost.
     """
 
@@ -139,8 +140,8 @@ class LostRunMonitor:
         return lost
 
     def _revive_own(self) -> None:
-        run_id = self.current()
-        if run_id and self.store.status(run_id) is RunStatus.LOST:
-            if self.store.revive(run_id, self.name):
-                log.warning("run %s: was marked lost while this worker was unreachable; it goes on",
-                            run_id)
+        for run_id in (self.current() or "").split(","):  # "dp,ddp" while a pair job runs both
+            if run_id and self.store.status(run_id) is RunStatus.LOST:
+                if self.store.revive(run_id, self.name):
+                    log.warning("run %s: was marked lost while this worker was unreachable; it goes on",
+                                run_id)

@@ -171,7 +171,10 @@ def _delete_rq_jobs(r: redis.Redis, job_ids: list[str]) -> None:
 
     for job_id in job_ids:
         try:
-            Job.fetch(job_id, connection=r, serializer=JSONSerializer).delete()
+            job = Job.fetch(job_id, connection=r, serializer=JSONSerializer)
+            if keys.parse_pair_job_id(job_id) and job.get_status(refresh=False) in ("queued", "started"):
+                continue  # a pair's job still training the other run (workers.jobs.pair): it expires later
+            job.delete()
         except NoSuchJobError:
             pass
 

@@ -15,7 +15,9 @@ Hash fields (all bytes; empty string = none): ``run_id``, ``status``, ``config``
 linking a re-queued run and its copy), ``pinned`` ("1": kept by retention, `workers.retention`),
 ``started`` (JSON: the run's ``run_started`` event — config, devices, gradient bytes, bucket
 preview — kept here because the event stream is capped and a long run trims it); multi-host runs
-also ``hosts`` (JSON list, one entry per node: worker, ranks, devices; `workers.jobs.nodes.host_plan`).
+also ``hosts`` (JSON list, one entry per node: worker, ranks, devices; `workers.jobs.nodes.host_plan`);
+the runs of a DP+DDP pair also ``pair`` (JSON ``{job_id, runs, turn_steps, why}``: trained in turns
+or one after the other, and why; `workers.jobs.pair`).
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ def decode_record(h: dict[bytes, bytes]) -> dict[str, Any] | None:
         "hosts": _loads(h.get(b"hosts")),  # multi-host runs: one entry per node (workers.jobs.nodes)
         "pinned": h.get(b"pinned") == b"1",  # kept whatever the retention policy (workers.retention)
         "started": _loads(h.get(b"started")),  # the run_started event (see module docstring)
+        "pair": _loads(h.get(b"pair")),  # a DP+DDP pair's plan: in turns or not, and why (workers.jobs.pair)
     }
 
 
@@ -128,10 +131,13 @@ class RunStore:
 
     def create(self, run_id: str, config: dict[str, Any], *, label: str | None = None,
                group: str | None = None, timeout_s: float | None = None,
-               requeued_from: str | None = None, pipeline: Any = None) -> None:
+               requeued_from: str | None = None, pair: dict | None = None,
+               pipeline: Any = None) -> None:
         """Store a new record with status queued and index it by created time.
 
         Args:
+            pair: for a run of a DP+DDP pair, ``{job_id, runs: [dp, ddp], turn_steps, why}``
+                (`workers.jobs.pair.pair_plan`).
             timeout_s: the run's time limit in seconds (see `workers.jobs.run`); None = the default.
             requeued_from: the run this one re-queues.
             pipeline: a transaction to add the commands to (the caller executes it); when None
@@ -143,6 +149,8 @@ class RunStore:
                    "summary": "", "worker": "", "group": group or "", "label": label or "",
                    "timeout_s": "" if timeout_s is None else repr(float(timeout_s)),
                    "requeued_from": requeued_from or "", "requeued_as": ""}
+        if pair is not None:
+            mapping["pair"] = _dumps(pair)
         pipe = pipeline if pipeline is not None else self.redis.pipeline(transaction=True)
         pipe.hset(keys.run(run_id), mapping=mapping)
         pipe.zadd(keys.RUNS, {run_id: now})

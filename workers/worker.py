@@ -36,7 +36,6 @@ from ddpviz.workers import keys
 from ddpviz.workers.connection import WORKER_RETRY_ATTEMPTS, WORKER_RETRY_BACKOFF_CAP_S, connect, exposure_warning, redis_url
 from ddpviz.workers.heartbeat import Heartbeat, detect_devices
 from ddpviz.workers.host.gpus import GpuMonitor
-from ddpviz.workers.jobs.multinode import parse_node_job_id
 from ddpviz.workers.jobs.run import JobRefused, allowed_job_funcs, default_worker_name, on_horse_killed, on_job_exception
 from ddpviz.workers.liveness import LostRunMonitor
 from ddpviz.workers.store import ACTIVE, RunStatus, RunStore, make_error
@@ -231,8 +230,12 @@ class DdpvizWorker(Worker):
 
     def handle_warm_shutdown_request(self) -> None:
         super().handle_warm_shutdown_request()
-        run_id = self.get_current_job_id()
-        if run_id and self.cancel_store is not None:
+        job_id = self.get_current_job_id()
+        if not job_id or self.cancel_store is None:
+            return
+        from ddpviz.workers.keys import parse_pair_job_id
+
+        for run_id in parse_pair_job_id(job_id) or (job_id,):  # both runs of a pair job
             try:
                 self.cancel_store.request_cancel(run_id, SHUTDOWN_CANCEL_REASON)
                 self.log.info("Worker %s: asked run %s to cancel", self.name, run_id)
@@ -241,13 +244,14 @@ class DdpvizWorker(Worker):
 
 
 def _current(worker: Worker) -> tuple[str | None, str]:
-    """(current run id, RQ state) without Redis round trips (read from the worker's memory)."""
+    """(current run id, RQ state) without Redis round trips (read from the worker's memory); a
+    pair job (`workers.jobs.pair`) runs two runs at once, named ``"dp,ddp"``."""
     try:
         execution = next(iter(list(worker.executions.values())), None)
         state = worker.get_state()
         job_id = execution.job_id if execution else None
-        node = parse_node_job_id(job_id) if job_id else None  # a multi-host run's node job
-        return (node[0] if node else job_id), str(getattr(state, "value", state))
+        # a multi-host run's node job names its run; a pair job both its runs, "dp,ddp"
+        return (",".join(keys.job_run_ids(job_id)) if job_id else None), str(getattr(state, "value", state))
     except Exception:
         return None, "unknown"
 

@@ -52,8 +52,20 @@ def drive(cfg: RunConfig, tel: Telemetry, train_step: Callable[[int], dict[str, 
         NonFiniteLoss: a step's loss is NaN or ±inf (its `step` event is emitted first).
         Exception: whatever a step raised, with `.step` set to that step (for the run's error).
     """
-    step = first_step
     gate = gate_from_env(tel.run_id, tel.rank)  # None except under a turn-taking harness (engine.measure.turns)
+    try:
+        _steps(cfg, tel, train_step, gate, should_stop, evaluate, memory, check_sync, first_step)
+    except BaseException:
+        if gate is not None:  # leave the turns now, so the other side need not wait for this process to exit
+            gate.close()
+        raise
+    if gate is not None:
+        gate.at_end()
+    return cfg.steps - first_step
+
+
+def _steps(cfg: RunConfig, tel: Telemetry, train_step, gate, should_stop, evaluate, memory, check_sync,
+           first_step: int) -> None:
     for step in range(first_step, cfg.steps):
         if gate is not None:
             gate.at_step(step)
@@ -77,6 +89,3 @@ def drive(cfg: RunConfig, tel: Telemetry, train_step: Callable[[int], dict[str, 
                 check_sync(step)
         if cfg.step_delay_s:
             time.sleep(cfg.step_delay_s)
-    if gate is not None:
-        gate.at_end()
-    return cfg.steps - first_step

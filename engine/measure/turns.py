@@ -30,8 +30,36 @@ import secrets
 import threading
 import time
 from multiprocessing.connection import Client, Connection, Listener, wait
+from typing import Callable
 
 GATE_ENV = "DDPVIZ_TURN_GATE"  # "host:port:authkey hex:block_steps"
+PAIR_TURN_STEPS = 10  # steps per turn of an app pair when they divide its steps into >= 2 turns
+PAIR_TURN_RANGE = (2, 20)  # else the largest steps per turn in this range that does (steps)
+
+
+def pair_turn_steps(steps: int) -> tuple[int | None, str]:
+    """Steps per turn for a DP+DDP pair of `steps` steps each, and the sentence that says so.
+
+    `PAIR_TURN_STEPS` (10) when it divides `steps` into two turns or more, else the largest
+    divisor of `steps` in `PAIR_TURN_RANGE` (2..20) that does, else None: the pair then runs one
+    after the other, and the sentence says why (a turn must be whole steps, the gate sits between
+    steps, and one turn each would be one run after the other anyway).
+
+    Examples: 20 -> 10, 100 -> 10, 12 -> 6, 10 -> 5, 4 -> 2, 7 -> None, 5 -> None.
+
+    Raises:
+        ValueError: `steps` is not an integer >= 1 (the message names ``steps``).
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an integer >= 1 (got {steps!r})")
+    lo, hi = PAIR_TURN_RANGE
+    candidates = [PAIR_TURN_STEPS] + list(range(hi, lo - 1, -1))
+    for block in candidates:
+        if steps % block == 0 and steps // block >= 2:
+            return block, f"in turns of {block} steps ({steps // block} turns each)"
+    nearest = max(2, -(-steps // PAIR_TURN_STEPS)) * PAIR_TURN_STEPS  # the next multiple giving two turns
+    return None, (f"no turn of {lo}-{hi} steps divides steps={steps} into two turns or more "
+                  f"(use a multiple of {PAIR_TURN_STEPS}, e.g. {nearest}, to have DP and DDP take turns)")
 
 
 class TurnGate:
@@ -73,6 +101,10 @@ class TurnGate:
         self._wait_go()
         self.conn.close()
 
+    def close(self) -> None:
+        """Leave the turns early (the run ended): the controller sees EOF and stops waiting for us."""
+        self.conn.close()
+
     def _wait_go(self) -> None:
         msg = self.conn.recv()
         if msg != "go":
@@ -93,7 +125,8 @@ class TurnController:
         block_steps: steps per block (each side's `cfg.steps` must be a multiple of it).
         timeout_s: most seconds to wait for all ranks to connect, or for one block to finish.
 
-    Use `spec` as the `GATE_ENV` value for every side's processes, then call `run(order, alive)`.
+    Use `spec` as the `GATE_ENV` value for every side's processes, then call `run(order, alive)`
+    (all or nothing) or `run(order, side_alive=...)` (a side that ends is dropped).
     """
 
     def __init__(self, sides: dict[str, int], block_steps: int, timeout_s: float = 300.0):
@@ -104,6 +137,7 @@ class TurnController:
         self._accepted: queue.Queue = queue.Queue()
         self._conns: dict[str, dict[int, Connection]] = {s: {} for s in self.sides}
         self.block_log: list[tuple[str, float, float]] = []  # (side, released at, done at), unix s
+        self.dropped: dict[str, str] = {}  # side -> why it left the turns early (side_alive mode)
         threading.Thread(target=self._accept_loop, name="ddpviz-turns-accept", daemon=True).start()
 
     @property
@@ -121,11 +155,31 @@ class TurnController:
                 continue
             self._accepted.put(conn)
 
-    def _connect_all(self, alive) -> None:
-        deadline = time.monotonic() + self.timeout_s
-        while sum(len(c) for c in self._conns.values()) < sum(self.sides.values()):
+    def _connected(self) -> int:
+        return sum(len(c) for s, c in self._conns.items() if s not in self.dropped)
+
+    def _expected(self) -> int:
+        return sum(n for s, n in self.sides.items() if s not in self.dropped)
+
+    def _drop(self, side: str, why: str) -> None:
+        """Take `side` out of the turns (side_alive mode) and close its connections."""
+        self.dropped.setdefault(side, why)
+        for c in self._conns[side].values():
+            c.close()
+
+    def _check_alive(self, alive, side_alive, where: str) -> None:
+        if side_alive is None:
             if not alive():
-                raise RuntimeError("a side ended before all its ranks reached the turn gate")
+                raise RuntimeError(f"a side ended {where}")
+            return
+        for side in self.sides:
+            if side not in self.dropped and not side_alive(side):
+                self._drop(side, f"ended {where}")
+
+    def _connect_all(self, alive, side_alive) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while self._connected() < self._expected():
+            self._check_alive(alive, side_alive, "before all its ranks reached the turn gate")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"not every rank reached the turn gate within {self.timeout_s:.0f} s")
             try:
@@ -136,40 +190,79 @@ class TurnController:
             if side not in self._conns or rank in self._conns[side] or not 0 <= rank < self.sides[side]:
                 raise RuntimeError(f"turn gate: unexpected rank {(side, rank)}")
             self._conns[side][rank] = conn
+            if side in self.dropped:
+                conn.close()
 
-    def run(self, order: list[str], alive) -> None:
+    def run(self, order: list[str], alive: Callable[[], bool] | None = None, *,
+            side_alive: Callable[[str], bool] | None = None) -> None:
         """Release the sides' blocks in `order` (one entry per block), then release everyone.
 
-        `alive()` returns False once any side has ended early (its processes or thread).
+        Args:
+            alive: returns False once any side has ended early (its processes or thread): the
+                turns stop with RuntimeError (all or nothing: a harness's measurement is void).
+            side_alive: instead of `alive`: side -> whether it still runs. A side that ended, or
+                whose rank closed its connection or broke the protocol, is dropped (`dropped`
+                says why) and the others go on taking turns without it.
 
         Raises:
-            RuntimeError: a rank said something other than "done", or a side ended early.
+            RuntimeError: (without `side_alive`) a rank said something other than "done", or a
+                side ended early.
             TimeoutError: ranks did not connect, or a block did not finish, within `timeout_s`.
         """
+        if (alive is None) == (side_alive is None):
+            raise ValueError("give exactly one of alive and side_alive")
         try:
-            self._connect_all(alive)
+            self._connect_all(alive, side_alive)
             for side in order:
-                conns = list(self._conns[side].values())
-                released = time.time()
-                for c in conns:
-                    c.send("go")
-                pending, deadline = set(conns), time.monotonic() + self.timeout_s
-                while pending:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"a {side} block did not finish within {self.timeout_s:.0f} s")
-                    for c in wait(list(pending), timeout=1.0):
-                        msg = c.recv()
-                        if msg != "done":
-                            raise RuntimeError(f"turn gate: expected 'done' from {side}, got {msg!r}")
-                        pending.discard(c)
-                    if pending and not alive():
-                        raise RuntimeError(f"the {side} side ended in the middle of a block")
-                self.block_log.append((side, released, time.time()))
-            for conns in self._conns.values():  # every block done: let both sides finish
+                if side in self.dropped:
+                    continue
+                self._check_alive(alive, side_alive, "before its turn")
+                if side not in self.dropped:
+                    self._one_block(side, alive, side_alive)
+            for side, conns in self._conns.items():  # every block done: let the sides finish
                 for c in conns.values():
-                    c.send("go")
+                    if side not in self.dropped:
+                        self._send_go(side, c, side_alive)
         finally:
             self.close()
+
+    def _send_go(self, side: str, conn: Connection, side_alive) -> bool:
+        try:
+            conn.send("go")
+            return True
+        except OSError:
+            if side_alive is None:
+                raise
+            self._drop(side, "closed its connection")
+            return False
+
+    def _one_block(self, side: str, alive, side_alive) -> None:
+        conns = list(self._conns[side].values())
+        released = time.time()
+        for c in conns:
+            if not self._send_go(side, c, side_alive):
+                return
+        pending, deadline = set(conns), time.monotonic() + self.timeout_s
+        while pending:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"a {side} block did not finish within {self.timeout_s:.0f} s")
+            for c in wait(list(pending), timeout=1.0):
+                try:
+                    msg = c.recv()
+                except (EOFError, OSError):
+                    msg = None
+                if msg != "done":
+                    if side_alive is None:
+                        raise RuntimeError(f"turn gate: expected 'done' from {side}, got {msg!r}")
+                    self._drop(side, "ended in the middle of its turn")
+                    return
+                pending.discard(c)
+            if pending and side_alive is None and not alive():
+                raise RuntimeError(f"the {side} side ended in the middle of a block")
+            if pending and side_alive is not None and not side_alive(side):
+                self._drop(side, "ended in the middle of its turn")
+                return
+        self.block_log.append((side, released, time.time()))
 
     def close(self) -> None:
         """Close the listener and every connection (a waiting rank gets EOFError)."""

@@ -70,7 +70,9 @@ def test_submit_pair_shares_a_group(client):
     assert {k: v for k, v in dp["config"].items() if k != "mode"} == \
            {k: v for k, v in ddp["config"].items() if k != "mode"}
     assert [r["run_id"] for r in client.list_runs()] in ([ddp_id, dp_id], [dp_id, ddp_id])
-    assert client.queue.job_ids == [dp_id, ddp_id]
+    # one job trains both at once, in turns (workers.jobs.pair); both records carry the plan
+    assert client.queue.job_ids == [f"{dp_id}-turns-{ddp_id}"]
+    assert dp["pair"] == ddp["pair"] and dp["pair"]["runs"] == [dp_id, ddp_id]
 
 
 def test_cancel_a_queued_run(client, redis_client):

@@ -19,6 +19,10 @@ Endings and who records them:
 | worker killed: heartbeat gone | `workers.liveness` (other workers, the client) | lost |
 | worker died; RQ cleans the abandoned job | `on_job_exception` (another worker) | lost |
 
+A DP+DDP pair in turns is one job, `execute_pair` (`workers.jobs.pair`), whose runs each go through
+`run_job` in a process of their own; the hooks below settle both runs of a pair job
+(`keys.job_run_ids`), and `workers.jobs.pair` lists the endings it adds.
+
 Each uses `RunStore.finish`, a compare-and-set, so the first terminal status wins (a job that
 outlived a wrong `lost` verdict still records how it really ended).
 """
@@ -51,13 +55,14 @@ log = logging.getLogger("ddpviz.worker")
 JOB_FUNC = "ddpviz.workers.jobs.execute_run"  # enqueued by name
 STOPPED_CALLBACK = "ddpviz.workers.jobs.on_job_stopped"
 NODE_JOB_FUNC = "ddpviz.workers.jobs.execute_node"
+PAIR_JOB_FUNC = "ddpviz.workers.jobs.execute_pair"  # a DP+DDP pair in turns (workers.jobs.pair)
 # Names queued by an earlier release, still run (for one release) as the function they name now.
 # Before the one import name (ddpviz.workers), jobs were queued as workers.*.
 LEGACY_JOB_FUNCS = {"workers.node_job.execute_node": NODE_JOB_FUNC, "workers.jobs.execute_run": JOB_FUNC,
                     "workers.jobs.execute_node": NODE_JOB_FUNC}
 # The only functions a worker runs. A deployment adds its own through DDPVIZ_EXTRA_JOB_FUNCS
 # (comma-separated dotted names; the tests use it for stand-in jobs).
-ALLOWED_JOB_FUNCS = (JOB_FUNC, NODE_JOB_FUNC, *LEGACY_JOB_FUNCS)  # + multi-host node jobs
+ALLOWED_JOB_FUNCS = (JOB_FUNC, NODE_JOB_FUNC, PAIR_JOB_FUNC, *LEGACY_JOB_FUNCS)  # + node jobs, pairs
 EXTRA_JOB_FUNCS_ENV = "DDPVIZ_EXTRA_JOB_FUNCS"
 JOB_TIMEOUT_S = 6 * 3600  # a run's time limit unless submitted with another (seconds)
 JOB_TIMEOUT_GRACE_S = 60  # RQ's job timeout (SIGALRM in the horse) = the limit + this, a backstop
@@ -131,7 +136,8 @@ def _stored_config(store: RunStore, run_id: str) -> Any:
 
 
 def run_job(connection: redis.Redis, run_id: str, *, worker_name: str,
-            workdir: str | Path | None = None, stream_maxlen: int | None = None) -> str:
+            workdir: str | Path | None = None, stream_maxlen: int | None = None,
+            heartbeat_run: str | None = None) -> str:
     """Validate, mark started, lease GPUs, train with events going to the run's stream, record
     the end.
 
@@ -141,6 +147,8 @@ def run_job(connection: redis.Redis, run_id: str, *, worker_name: str,
 
     Args:
         stream_maxlen: cap on the run's event stream (default `DEFAULT_STREAM_MAXLEN`).
+        heartbeat_run: what the worker's heartbeat names as its current run (default `run_id`;
+            a pair's job names both, ``"dp,ddp"``, as `workers.worker` does).
 
     Returns:
         the final status value.
@@ -162,7 +170,7 @@ def run_job(connection: redis.Redis, run_id: str, *, worker_name: str,
         return store.status(run_id).value  # canceled before we got to it
     from ddpviz.workers.heartbeat import set_current_run
 
-    set_current_run(connection, worker_name, run_id)
+    set_current_run(connection, worker_name, heartbeat_run or run_id)
     status, error, summary, reported = _train(store, cfg, run_id, workdir,
                                               record.get("timeout_s") or JOB_TIMEOUT_S, worker_name)
     final = _record_end(store, run_id, status, error, summary, reported)
@@ -326,10 +334,12 @@ def on_job_exception(job: Any, exc_type: type | None, exc_value: BaseException |
     """
     name = exc_type.__name__ if exc_type is not None else "Error"
     if name == "AbandonedJobError":
+        from ddpviz.workers.keys import parse_pair_job_id
         from ddpviz.workers.liveness import lost_error
 
-        _settle(job.connection, job.id, RunStatus.LOST, lost_error(job.id, getattr(job, "worker_name", None) or "?"),
-                allowed_from=[RunStatus.STARTED])
+        for run_id in parse_pair_job_id(job.id) or (job.id,):  # both runs of a pair job
+            _settle(job.connection, run_id, RunStatus.LOST,
+                    lost_error(run_id, getattr(job, "worker_name", None) or "?"), allowed_from=[RunStatus.STARTED])
         return True
     message = f"{name}: {exc_value}"
     text = "".join(traceback.format_exception(exc_type, exc_value, tb)) if tb is not None else None
@@ -338,7 +348,8 @@ def on_job_exception(job: Any, exc_type: type | None, exc_value: BaseException |
 
 
 def on_horse_killed(job: Any, retpid: int | None, ret_val: int | None, rusage: Any) -> None:
-    """RQ work-horse-killed handler (in the worker process): fail the run, reap its processes."""
+    """RQ work-horse-killed handler (in the worker process): fail the run (both of a pair job),
+    reap its processes."""
     how = f"exit status {ret_val}"
     if ret_val is not None and os.WIFSIGNALED(ret_val):
         sig = os.WTERMSIG(ret_val)
@@ -349,22 +360,38 @@ def on_horse_killed(job: Any, retpid: int | None, ret_val: int | None, rusage: A
     message = (f"WorkHorseKilled: the process running this job (pid {retpid}) ended unexpectedly "
                f"with {how}; out of memory is the usual cause")
     _settle(job.connection, job.id, RunStatus.FAILED, make_error(message))
-    kill_run_processes(job.id)
+    _reap(job.id)
+
+
+def _reap(job_id: str) -> None:
+    from ddpviz.workers.keys import parse_pair_job_id
+
+    for run_id in parse_pair_job_id(job_id) or (job_id,):  # both runs of a pair job
+        kill_run_processes(run_id)
 
 
 def on_job_stopped(job: Any, connection: redis.Redis) -> None:
     """RQ stopped callback (in the worker process, after it killed the horse on a stop-job
-    command): mark the run canceled and reap any rank process that escaped the process group."""
+    command): mark the run (both of a pair job) canceled and reap any rank process that escaped
+    the process group."""
     _settle(connection, job.id, RunStatus.CANCELED,
             make_error("Canceled: the run did not stop in time after a cancel request, so its "
                        "work-horse process group was killed"))
-    kill_run_processes(job.id)
+    _reap(job.id)
 
 
-def _settle(connection: redis.Redis, run_id: str, status: RunStatus, error: dict,
+def _settle(connection: redis.Redis, job_id: str, status: RunStatus, error: dict,
             allowed_from: Any = ACTIVE) -> None:
-    if not isinstance(run_id, str) or not SAFE_ID.match(run_id):
+    if not isinstance(job_id, str) or not SAFE_ID.match(job_id):
         return  # a refused payload with an id no run can have
+    from ddpviz.workers.keys import parse_pair_job_id
+
+    for run_id in parse_pair_job_id(job_id) or (job_id,):  # a pair job carries two runs
+        _settle_run(connection, run_id, status, error, allowed_from)
+
+
+def _settle_run(connection: redis.Redis, run_id: str, status: RunStatus, error: dict,
+                allowed_from: Any) -> None:
     try:
         from ddpviz.workers.jobs.nodes import settle_node_job
 
