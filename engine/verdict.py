@@ -136,7 +136,13 @@ class Verdict:
         sign = 1 if self.gap_ms >= 0 else -1
         named = sorted(((sign * v, k) for k, v in self.parts_ms.items()), reverse=True)
         parts = "; ".join(f"{PART_NAMES[k]} {v:+.2f} ms" for v, k in named)
-        text = f"{longer} mean step is {by:.2f} ms longer" + (f": {parts}" if parts else "")
+        text = f"{longer} mean step is {by:.2f} ms longer"
+        if (self.leader == "ddp" and self.gap_ms < 0) or (self.leader == "dp" and self.gap_ms > 0):
+            # the mean and the median disagree: a few slow steps (e.g. evaluation, a preempted rank)
+            # weigh on the mean the parts add up to, not on the median the verdict compares
+            text += (f" (means, which count its few slow steps; the verdict compares medians, by which "
+                     f"{'DDP' if self.leader == 'ddp' else 'DP'} is ahead)")
+        text += f": {parts}" if parts else ""
         text += f"; not measured: {sign * self.not_measured_ms:+.2f} ms ({self.not_measured_note})."
         dp, ddp = self.gil_wait_ms.get("dp"), self.gil_wait_ms.get("ddp")
         if dp is not None:

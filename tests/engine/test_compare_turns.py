@@ -49,5 +49,23 @@ def test_turns_that_do_not_divide_the_steps_are_refused_before_anything_runs():
     out = subprocess.run([sys.executable, "-m", "ddpviz.workers", "compare", "--modes", "dp,ddp", "--steps", "8",
                           "--turns", "3"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
-    assert "--turns must be >= 2 and divide --steps (8) (got 3)" in out.stderr
+    assert "--turns must be auto, 0, or an integer >= 2 dividing --steps (8) (got 3)" in out.stderr
     assert "running" not in out.stderr  # nothing started
+
+
+@pytest.mark.parametrize("given, modes, steps, turns, said", [
+    ("auto", ("dp", "ddp"), 300, 10, "dp, ddp at once, in turns of 10 steps (30 turns each)"),
+    ("auto", ("dp", "ddp"), 12, 6, "in turns of 6 steps (2 turns each)"),
+    ("auto", ("single", "dp", "ddp"), 300, None, "'single' is among --modes"),
+    ("auto", ("dp", "ddp"), 7, None, "no turn of 2-20 steps divides steps=7"),
+    ("0", ("dp", "ddp"), 300, None, "one mode after another (--turns 0)"),
+    ("4", ("dp", "ddp"), 8, 4, "in turns of 4 steps"),
+    ("3", ("dp", "ddp"), 8, "bad", "--turns must be auto, 0, or an integer >= 2 dividing --steps (8) (got 3)"),
+    ("1", ("dp", "ddp"), 8, "bad", "(got 1)"),
+    ("ten", ("dp", "ddp"), 8, "bad", "(got ten)"),
+])
+def test_turns_auto_takes_the_apps_turn_size_unless_single_runs(given, modes, steps, turns, said):
+    from ddpviz.workers.cli.local import compare_turns
+
+    got, why = compare_turns(given, modes, steps)
+    assert got == turns and said in why

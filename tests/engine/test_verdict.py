@@ -48,6 +48,16 @@ def test_a_clear_ddp_win_and_the_gap_split_by_hand():
     assert text.startswith("DDP is ahead: 1.48× DP's samples/s, 90% interval")
     assert "not measured: -0.20 ms" in text and "rest" not in text
     assert "Inside those parts, not added to them: DP's device threads waited for the GIL 1.00 ms" in text
+    assert "DP's mean step is 3.00 ms longer: " in text  # mean and median agree: no caveat
+
+
+def test_a_mean_that_disagrees_with_the_medians_says_so():
+    # the medians put DP ahead (155 vs 105 samples/s) while DP's mean step (11.0 ms) is the longer
+    # one (DDP 8.0): the parts explain the means, so the sentence must say the two measures differ
+    v = verdict(*summaries([150.0, 160.0] * 10, [100.0, 110.0] * 10))
+    assert v.leader == "dp" and v.gap_ms == pytest.approx(3.0)
+    assert ("DP's mean step is 3.00 ms longer (means, which count its few slow steps; the verdict "
+            "compares medians, by which DP is ahead): ") in v.why()
 
 
 def test_a_clear_dp_win():

@@ -119,6 +119,25 @@ def test_submit_wait_follows_the_run_to_its_end(redis_client, redis_url):
         assert res.returncode == 1 and "failed" in res.stdout
 
 
+def test_compare_of_dp_and_ddp_runs_in_turns_by_default_and_says_so(monkeypatch, capsys):
+    import ddpviz.engine.harness.compare as harness
+    from ddpviz.engine.result import RunResult
+
+    got = []
+
+    def fake(cfg, modes, on_mode, turns=None):
+        got.append((modes, turns))
+        return {m: harness.mode_report(RunResult("succeeded", summary={"samples_per_s": 1.0}), None) for m in modes}
+    monkeypatch.setattr(harness, "compare", fake)
+    for argv in (["--modes", "dp,ddp", "--steps", "20"], ["--modes", "single,dp,ddp", "--steps", "20"],
+                 ["--modes", "dp,ddp", "--steps", "20", "--turns", "0"]):
+        args = build_parser().parse_args(["compare", *argv])
+        assert args.handler(args) == 0
+    assert got == [(("dp", "ddp"), 10), (("single", "dp", "ddp"), None), (("dp", "ddp"), None)]
+    err = capsys.readouterr().err
+    assert "dp, ddp at once, in turns of 10 steps (2 turns each)" in err and "'single' is among --modes" in err
+
+
 def test_compare_says_exposed_comm_not_measured_where_the_run_could_not_measure_it(monkeypatch, capsys):
     """`ddpviz compare`'s line for FSDP on CUDA (summary `comm_exposed_s` null with its note, as
     `engine.summary` writes it): the words, never a number (issue 20, item 4)."""

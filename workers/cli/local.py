@@ -15,6 +15,37 @@ import json
 import sys
 
 
+def compare_turns(given: str, modes: tuple[str, ...], steps: int) -> tuple[int | None | str, str]:
+    """`--turns` as `engine.harness.compare.compare` takes it, and the sentence saying how the
+    modes run: ``(N, why)`` in turns of N steps, ``(None, why)`` one after another, or
+    ``("bad", error)`` naming --turns and its rule.
+
+    ``auto`` (the default): in turns of `engine.measure.turns.pair_turn_steps(steps)` (the app's
+    pair takes the same, `workers.jobs.pair`) unless "single" is among the modes (its final
+    parameters are compared with every mode's, which in turns stay in the runs' processes) or no
+    turn size divides `steps`; ``0``: one after another; N: in turns of N (N >= 2 dividing steps).
+    """
+    from ddpviz.engine.measure.turns import pair_turn_steps
+
+    if given == "auto":
+        if "single" in modes:
+            return None, ("one mode after another (--turns auto: 'single' is among --modes, and its final "
+                          "parameters are compared with each mode's; --turns N runs them at once in turns)")
+        n, why = pair_turn_steps(steps)
+        if n is None:
+            return None, f"one mode after another (--turns auto: {why})"
+        return n, f"{', '.join(modes)} at once, {why} (--turns auto; --turns 0 runs one after another)"
+    try:
+        n = int(given)
+    except ValueError:
+        n = -1
+    if n == 0:
+        return None, "one mode after another (--turns 0)"
+    if n < 2 or steps % n:
+        return "bad", f"--turns must be auto, 0, or an integer >= 2 dividing --steps ({steps}) (got {given})"
+    return n, f"{', '.join(modes)} at once, in turns of {n} steps"
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from ddpviz.engine.config import validate_config
     from ddpviz.engine.harness.compare import ALL_MODES, compare, report_verdict
@@ -28,12 +59,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return 2
     # Validated as the mode that accepts every flag given (FSDP knobs need mode fsdp).
     cfg = validate_config({**run_fields(args), "mode": "fsdp" if "fsdp" in modes else "ddp"})
-    if args.turns is not None and (args.turns < 2 or cfg.steps % args.turns):
-        print(f"ddpviz: error: --turns must be >= 2 and divide --steps ({cfg.steps}) (got {args.turns})",
-              file=sys.stderr)
+    turns, how = compare_turns(args.turns, modes, cfg.steps)
+    if turns == "bad":
+        print(f"ddpviz: error: {how}", file=sys.stderr)
         return 2
+    print(f"ddpviz compare: {how}", file=sys.stderr)
     try:
-        report = compare(cfg, modes=modes, turns=args.turns,
+        report = compare(cfg, modes=modes, turns=turns,
                          on_mode=lambda m: print(f"running {m} ...", file=sys.stderr, flush=True))
     except RuntimeError as exc:  # --turns: a run that did not succeed (which, and its error)
         print(f"ddpviz: compare failed: {exc}", file=sys.stderr)
@@ -128,9 +160,11 @@ def register(command, add_run_flags) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON, keyed by mode")
     p.add_argument("--modes", default="single,dp,ddp", metavar="M1,M2,...",
                    help="modes to run, comma-separated, from single,dp,ddp,fsdp (default: single,dp,ddp)")
-    p.add_argument("--turns", type=int, metavar="N",
+    p.add_argument("--turns", default="auto", metavar="auto|0|N",
                    help="run the modes at once, taking turns of N steps (N divides --steps), so each is "
-                        "measured at the same moments of the machine; default: one after another")
+                        "measured at the same moments of the machine; 0: one after another; auto (default): "
+                        "in turns as the app's pair (10 steps, else a divisor 2..20 of --steps) unless "
+                        "'single' is among --modes")
     from ddpviz.workers.bench.cli import register as register_bench
 
     register_bench(command)
