@@ -80,10 +80,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
             sps, up = r["samples_per_s"], r["speedup_vs_single"]
             exposed = r["step_time_split"].get("comm_exposed_s")
             exposed = r.get("comm_exposed_note") or ("-" if exposed is None else f"{exposed * 1e3:.2f} ms")
-            print(f"{mode:<6} {r['status']:<9} {sps or 0:>10.0f} samples/s  x{up or 0:.2f} vs single  "
+            up = "-" if up is None else f"x{up:.2f}"  # no single run (or no rate): nothing to divide by
+            print(f"{mode:<6} {r['status']:<9} {sps or 0:>10.0f} samples/s  {up} vs single  "
                   f"exposed comm {exposed}  "
                   f"overlap {r['overlap'] if r['overlap'] is not None else '-'}  "
-                  f"in sync {r['replicas_in_sync']}  max |Δθ| vs single {r['max_param_diff_vs_single']}")
+                  f"in sync {r['replicas_in_sync']}  max |Δθ| vs single "
+                  f"{'-' if r['max_param_diff_vs_single'] is None else r['max_param_diff_vs_single']}")
             gil = r.get("gil_wait_share") or {}
             if gil:  # engine.measure.gil: median share of the step each device's threads waited for the GIL
                 print("       waited for the GIL: " + ", ".join(
