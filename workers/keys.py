@@ -120,12 +120,17 @@ def parse_pair_job_id(job_id: str) -> tuple[str, str] | None:
     return (m["dp"], m["ddp"]) if m else None
 
 
+def pair_or_run(job_id: str) -> list[str]:
+    """Both run ids of a pair job, else ``[job_id]`` (an ordinary run's job id is its run id)."""
+    pair = parse_pair_job_id(job_id)
+    return list(pair) if pair else [job_id]
+
+
 def job_run_ids(job_id: str) -> list[str]:
     """The run ids an RQ job carries: both runs of a pair job, the run of a node job, else the
     job id itself (an ordinary run's job id is its run id)."""
-    pair = parse_pair_job_id(job_id)
-    if pair:
-        return list(pair)
+    if parse_pair_job_id(job_id):
+        return pair_or_run(job_id)
     node = parse_node_job_id(job_id)
     return [node[0]] if node else [job_id]
 

@@ -233,9 +233,9 @@ class DdpvizWorker(Worker):
         job_id = self.get_current_job_id()
         if not job_id or self.cancel_store is None:
             return
-        from ddpviz.workers.keys import parse_pair_job_id
+        from ddpviz.workers.keys import pair_or_run
 
-        for run_id in parse_pair_job_id(job_id) or (job_id,):  # both runs of a pair job
+        for run_id in pair_or_run(job_id):  # both runs of a pair job
             try:
                 self.cancel_store.request_cancel(run_id, SHUTDOWN_CANCEL_REASON)
                 self.log.info("Worker %s: asked run %s to cancel", self.name, run_id)

@@ -42,7 +42,7 @@ import redis
 from ddpviz.engine.export import SAFE_ID
 from ddpviz.engine.measure.turns import GATE_ENV, pair_turn_steps
 from ddpviz.workers import keys
-from ddpviz.workers.jobs.run import JOB_TIMEOUT_S, JobRefused, default_worker_name, run_job
+from ddpviz.workers.jobs.run import JOB_TIMEOUT_S, JobRefused, default_worker_name, run_job, stored_config
 from ddpviz.workers.store import ACTIVE, RunStatus, RunStore, make_error
 
 log = logging.getLogger("ddpviz.worker")
@@ -137,8 +137,8 @@ def _config(store: RunStore, run_id: str) -> Any:
     from ddpviz.engine.config import ConfigError, validate_config
 
     try:
-        return validate_config(json.loads(store.redis.hget(keys.run(run_id), "config") or b"null"))
-    except (ConfigError, ValueError):
+        return validate_config(stored_config(store, run_id))
+    except ConfigError:
         return None  # run_job fails the run with the reason
 
 
@@ -183,7 +183,7 @@ def run_pair(connection: redis.Redis, dp_run_id: str, ddp_run_id: str, *, worker
     supervisor = _Supervisor(store, runs)
     try:
         if block:
-            _in_turns(connection, runs, configs, block, worker_name, supervisor, plan, limit_s)
+            _in_turns(connection, runs, configs, steps, block, worker_name, supervisor, plan, limit_s)
         else:
             for r in runs:
                 supervisor.start(connection, r, worker_name, None, ",".join(runs))
@@ -193,7 +193,7 @@ def run_pair(connection: redis.Redis, dp_run_id: str, ddp_run_id: str, *, worker
     return {r: (store.status(r) or RunStatus.FAILED).value for r in runs}
 
 
-def _in_turns(connection: redis.Redis, runs: list[str], configs: dict[str, Any], block: int,
+def _in_turns(connection: redis.Redis, runs: list[str], configs: dict[str, Any], steps: int, block: int,
               worker_name: str, supervisor: "_Supervisor", plan: dict, limit_s: float) -> None:
     """Both runs' processes started at once with the gate set; turns handed out until both end.
     The controller waits at most the runs' time limit `limit_s` (s) for a rank or a block (the
@@ -201,7 +201,6 @@ def _in_turns(connection: redis.Redis, runs: list[str], configs: dict[str, Any],
     from ddpviz.engine.harness.interleaved import gate_ranks, rotated_order
     from ddpviz.engine.measure.turns import TurnController
 
-    steps = next((c.steps for c in configs.values() if c is not None), block)
     ranks = {r: gate_ranks(c) if c is not None else 1 for r, c in configs.items()}
     ctl = TurnController(ranks, block, timeout_s=limit_s)
     for r in runs:

@@ -127,7 +127,12 @@ def execute_run(*args: Any, **kwargs: Any) -> str:
     return run_job(connection, run_id, worker_name=worker or default_worker_name())
 
 
-def _stored_config(store: RunStore, run_id: str) -> Any:
+def stored_config(store: RunStore, run_id: str) -> Any:
+    """The run's stored config as JSON data, not yet validated.
+
+    Raises:
+        ConfigError: the stored config is not valid JSON (field ``config``).
+    """
     raw = store.redis.hget(keys.run(run_id), "config")
     try:
         return json.loads(raw or b"null")
@@ -161,7 +166,7 @@ def run_job(connection: redis.Redis, run_id: str, *, worker_name: str,
     if record is None:
         raise LookupError(f"run_id: no run record {run_id!r}")
     try:
-        cfg = validate_config(_stored_config(store, run_id))
+        cfg = validate_config(stored_config(store, run_id))
     except ConfigError as exc:
         store.finish(run_id, RunStatus.FAILED, error=make_error(f"ConfigError: {exc}", stage="config"),
                      allowed_from=ACTIVE, append_event=True)
@@ -334,10 +339,10 @@ def on_job_exception(job: Any, exc_type: type | None, exc_value: BaseException |
     """
     name = exc_type.__name__ if exc_type is not None else "Error"
     if name == "AbandonedJobError":
-        from ddpviz.workers.keys import parse_pair_job_id
+        from ddpviz.workers.keys import pair_or_run
         from ddpviz.workers.liveness import lost_error
 
-        for run_id in parse_pair_job_id(job.id) or (job.id,):  # both runs of a pair job
+        for run_id in pair_or_run(job.id):  # both runs of a pair job
             _settle(job.connection, run_id, RunStatus.LOST,
                     lost_error(run_id, getattr(job, "worker_name", None) or "?"), allowed_from=[RunStatus.STARTED])
         return True
@@ -364,9 +369,9 @@ def on_horse_killed(job: Any, retpid: int | None, ret_val: int | None, rusage: A
 
 
 def _reap(job_id: str) -> None:
-    from ddpviz.workers.keys import parse_pair_job_id
+    from ddpviz.workers.keys import pair_or_run
 
-    for run_id in parse_pair_job_id(job_id) or (job_id,):  # both runs of a pair job
+    for run_id in pair_or_run(job_id):  # both runs of a pair job
         kill_run_processes(run_id)
 
 
@@ -384,9 +389,9 @@ def _settle(connection: redis.Redis, job_id: str, status: RunStatus, error: dict
             allowed_from: Any = ACTIVE) -> None:
     if not isinstance(job_id, str) or not SAFE_ID.match(job_id):
         return  # a refused payload with an id no run can have
-    from ddpviz.workers.keys import parse_pair_job_id
+    from ddpviz.workers.keys import pair_or_run
 
-    for run_id in parse_pair_job_id(job_id) or (job_id,):  # a pair job carries two runs
+    for run_id in pair_or_run(job_id):  # a pair job carries two runs
         _settle_run(connection, run_id, status, error, allowed_from)
 
 
