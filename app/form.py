@@ -75,9 +75,10 @@ HELP = {
                  "it on gloo), powersgd sends low-rank factors. Bytes are counted on what the hook "
                  "sends; overlap must be on",
     "bucket_timing": "DDP: hook times every bucket with a Python comm hook (ready, all-reduce start and end, "
-                     "every step; ~0.25 ms per bucket per step on gloo here); recorder adds nothing per "
-                     "bucket (DDP's own all-reduce): bytes and order every step, times only on sampled steps "
-                     "on gloo, enqueue times and GPU durations on NCCL (docs/bucket-timing.md)",
+                     "every step; ~0.1-0.25 ms per bucket per step on gloo here); recorder adds nothing per "
+                     "bucket (DDP's own all-reduce): bytes, order and DDP's own ready times every step on gloo "
+                     "(so exposed comm), all-reduce spans only on sampled steps (so overlap % from those), "
+                     "enqueue times and GPU durations on NCCL (docs/bucket-timing.md)",
     "matrix_approximation_rank": "PowerSGD: rank r of each gradient matrix's factors (comm_hook powersgd)",
     "start_powerSGD_iter": "PowerSGD: plain all-reduce before this iteration, > 1 (comm_hook powersgd)",
     "model": "built-in model (or an installed ddpviz.models plugin)",

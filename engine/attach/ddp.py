@@ -169,6 +169,8 @@ class Watch(DeferredMarks):
         self.s.guard("steps", self.tracker.forward_start, self, synced, _samples(args, kwargs))
 
     def _post(self, module: DDP, args: tuple, output: Any) -> None:
+        if self.nohook is not None and module.require_backward_grad_sync and torch.is_grad_enabled():
+            self.s.guard("bucket timing", self.nohook.forward_returned)  # the reducer's ready-time origin
         self.s.guard("steps", self.tracker.forward_end)
 
     def begin_backward(self, synced: bool) -> None:
@@ -203,7 +205,7 @@ class Watch(DeferredMarks):
         last = synced[-1]
         buckets = self.buckets(step)
         last_bwd = last["t1"] - last["t0"]
-        if self.nohook is not None:  # measured on sampled steps only
+        if self.nohook is not None:  # from the buckets' ready times, where measured (`nohook.comm_exposed`)
             exposed, fields = comm_exposed(buckets, last_bwd)
             return 0.0, exposed, dict(backward_start_ts=wall_ts(last["t0"]), **fields)
         ready = max((b["ready_s"] for b in buckets if b.get("ready_s") is not None), default=last_bwd)

@@ -6,10 +6,11 @@ world_size while copying it into its bucket and all-reduces the bucket in C++, a
 Its `bucket` events come from the launched runs' readers (`engine.modes.ddp.flight`), once per step:
 
 - gloo (and any backend without a flight-recorder dump): `LayoutBuckets`, DDP's reducer layout —
-  bytes, parameters and order every step, times null (`source` says not measured) — except on the
-  sampled steps (the memory-traced ones, `engine.attach.memory.STEPS_HINT`: 0-2 and every 200th),
-  where PyTorch's profiler gives `ready_s`, `comm_start_s`, `comm_end_s` and `sampled: true`
-  (`engine.modes.ddp.sampled`);
+  bytes, parameters and order every step; on CPU modules each bucket's `ready_s` from the reducer's
+  own gradient-ready stamps (once its layout is rebuilt), so the step's exposed comm is measured;
+  all-reduce times null (`source` says not measured) — except on the sampled steps (the
+  memory-traced ones, `engine.attach.memory.STEPS_HINT`: 0-2 and every 200th), where PyTorch's
+  profiler gives `ready_s`, `comm_start_s`, `comm_end_s` and `sampled: true` (`engine.modes.ddp.sampled`);
 - NCCL with the flight recorder on (`ddpviz run` sets its variables, `engine.attach.env`): the same
   layout every step, and on the sampled steps `FlightBuckets` — enqueue times and, where the GPU
   finished the collective by the step's end, its duration (read without a synchronize, so the last
@@ -31,8 +32,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ddpviz.engine.modes.ddp.flight import (FlightBuckets, FlightReader, LayoutBuckets, dump_function,
-                                            recorder_on, reducer_layout)
+from ddpviz.engine.modes.ddp.flight import (READY_EXPOSED_SOURCE, READY_SOURCE, FlightBuckets, FlightReader,
+                                            LayoutBuckets, dump_function, recorder_on, reducer_layout)
 
 NBYTES_SOURCE = "DDP's reducer layout: the bucket buffer's bytes (no comm hook)"
 SCRIPT_HOOK_NBYTES_SOURCE = ("DDP's reducer layout: the bucket buffer's bytes, before the script's comm hook "
@@ -71,6 +72,10 @@ class NoHookBuckets:
     def note_script_hook(self, hook: Any) -> None:
         """The script gave DDP a comm hook of its own (a function, or a built-in hook's type)."""
         self.script_hook = getattr(hook, "__qualname__", None) or str(hook)
+
+    def forward_returned(self) -> None:
+        """Right after a forward of this DDP that will all-reduce (`LayoutBuckets.forward_returned`)."""
+        self.layout_reader.forward_returned()
 
     def begin_backward(self, sample: bool) -> None:
         """Right before a synced backward; `sample`: a sampled step (gloo: profile it; NCCL: read the
@@ -114,8 +119,12 @@ class NoHookBuckets:
 
 def comm_exposed(buckets: list[dict[str, Any]], last_bwd_s: float) -> tuple[float, dict[str, Any]]:
     """(exposed comm in s, the step's extra fields) of a DDP with no hook: the backward's time after
-    its last bucket was ready where every bucket's `ready_s` was measured (a sampled step), else not
-    measured (`comm_exposed_measured` false, which makes the step's figure null, with a note)."""
+    its last bucket was ready where every bucket's `ready_s` was measured (a sampled step's profiler,
+    or on gloo DDP's reducer's own ready times, `engine.modes.ddp.flight.LayoutBuckets`, every step
+    once its layout is rebuilt), else not measured (`comm_exposed_measured` false, which makes the
+    step's figure null, with a note)."""
     if buckets and all(b.get("ready_s") is not None for b in buckets):
-        return max(0.0, last_bwd_s - max(b["ready_s"] for b in buckets)), dict(comm_exposed_measured=True)
+        reducer = buckets[0].get("source") == READY_SOURCE
+        return max(0.0, last_bwd_s - max(b["ready_s"] for b in buckets)), dict(
+            comm_exposed_measured=True, **(dict(comm_exposed_source=READY_EXPOSED_SOURCE) if reducer else {}))
     return 0.0, dict(comm_exposed_measured=False, comm_exposed_note=NOT_MEASURED_NOTE)

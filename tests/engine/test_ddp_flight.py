@@ -17,8 +17,8 @@ import torch
 from plain_ddp import plain_ddp
 
 from ddpviz.engine.config import RunConfig
-from ddpviz.engine.modes.ddp.flight import (LAYOUT_SOURCE, FlightBuckets, FlightReader, buffer_entries, enable_recorder,
-                                            recorder_on)
+from ddpviz.engine.modes.ddp.flight import (READY_EXPOSED_SOURCE, READY_SOURCE, FlightBuckets, FlightReader,
+                                            buffer_entries, enable_recorder, recorder_on)
 from ddpviz.engine.measure.memory_sampler import should_trace_memory
 from ddpviz.engine.modes.ddp.rank import NO_BUCKET_TIMES, exposed_comm
 from ddpviz.engine.modes.ddp.sampled import PROFILER_SOURCE, pair_spans
@@ -65,16 +65,17 @@ def test_every_steps_buckets_are_pytorchs_layout_with_full_spans_on_sampled_step
                 if sampled:  # the profiler's spans, in order, launched in index order
                     assert 0 < b["ready_s"] <= b["comm_start_s"] < b["comm_end_s"], (rank, step)
                     assert b["sampled"] is True and b["source"] == PROFILER_SOURCE
-                else:  # gloo, no hook, no recorder: times null, never a number
-                    assert b["ready_s"] is None and b["comm_start_s"] is None and b["comm_end_s"] is None
-                    assert b["sampled"] is False and b["source"] == LAYOUT_SOURCE
+                else:  # gloo, no hook, no recorder: ready from DDP's reducer, all-reduce times null
+                    assert b["ready_s"] > 0 and b["comm_start_s"] is None and b["comm_end_s"] is None
+                    assert b["sampled"] is False and b["source"] == READY_SOURCE
             if sampled:
                 readies = [b["ready_s"] for b in bs]
                 assert readies == sorted(readies)
         assert all("param_names" in b for b in by_step[0] + by_step[1])
         assert not any("param_names" in b for b in by_step[2])
     step_ev = {e["step"]: e for e in sink.of_type("step") if e["rank"] == 0}
-    assert step_ev[3]["comm_exposed_s"] is None and step_ev[3]["comm_exposed_measured"] is False
+    assert 0 <= step_ev[3]["comm_exposed_s"] <= step_ev[3]["step_time_s"]  # the reducer's ready times
+    assert step_ev[3]["comm_exposed_source"] == READY_EXPOSED_SOURCE and "comm_exposed_measured" not in step_ev[3]
     assert all(step_ev[s]["comm_exposed_s"] >= 0 for s in (0, 1, 2, 4))  # measured on sampled steps
     # 4 of 5 steps sampled: the summary keeps them (instrument steps are dropped only while half remain),
     # so its overlap comes from their measured spans
@@ -188,3 +189,78 @@ def test_a_launched_nccl_rank_sets_the_recorder_before_its_process_group(monkeyp
         rank._train_rank(cfg, "r", 0, None, "nccl", "cpu", None, "")
     assert seen["TORCH_NCCL_ENABLE_TIMING"] == "1"
     assert int(seen["TORCH_FR_BUFFER_SIZE"]) == buffer_entries(3)  # one 25 MB bucket: ceil(P / cap) + 2
+
+
+class _SleepInBackward(torch.autograd.Function):
+    """Identity forward; its backward sleeps, so the layers before it get their gradients late."""
+
+    @staticmethod
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        import time
+
+        time.sleep(ctx.seconds)
+        return grad, None
+
+
+def test_gloo_ready_times_come_from_ddps_reducer_on_every_step():
+    """With no hook and no profiler (an ordinary step on gloo), each bucket's `ready_s` is DDP's
+    reducer's own stamp of its last gradient. Independent references: a 30 ms sleep in the backward
+    between the two layers (the first layer's bucket must be ready >= 30 ms after the second's), and
+    PyTorch's post-accumulate-grad hooks timed by this test on the same parameters."""
+    import time
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ddpviz.engine.modes.ddp.flight import LayoutBuckets
+    from ddpviz.engine.modes.launcher import free_port
+    from ddpviz.engine.modes.ranks import leave_process_group
+
+    if dist.is_initialized():
+        pytest.skip("a process group exists already")
+    torch.manual_seed(0)
+    first, second = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)  # 16,640 B each
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = first, second
+
+        def forward(self, x):
+            return self.second(_SleepInBackward.apply(self.first(x), 0.03))
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        ddp = DDP(Net(), bucket_cap_mb=0.01)  # one bucket per layer
+        names = {p.data_ptr(): n for n, p in ddp.module.named_parameters()}
+        log = LayoutBuckets(ddp, names)
+        stamped: dict[str, float] = {}
+        for n, p in ddp.module.named_parameters():
+            p.register_post_accumulate_grad_hook(lambda p, n=n: stamped.__setitem__(n, time.perf_counter_ns()))
+        x = torch.randn(8, 64)
+        for step in range(4):
+            out = ddp(x)
+            log.forward_returned()
+            loss = out.square().mean()
+            log.begin_backward()
+            origin = log._origin_ns
+            loss.backward()
+            got = log.resolved()
+            if step < 2:
+                continue  # DDP's layout is rebuilt in the second forward
+            assert [b["source"] for b in got] == [READY_SOURCE] * 2
+            layers = [params[0].split(".")[0] for params, _ in log._layout]  # DDP's rebuilt bucket order
+            assert layers == ["second", "first"]
+            ready = {layer: b["ready_s"] for layer, b in zip(layers, got)}
+            assert ready["first"] - ready["second"] >= 0.03, (step, ready)
+            for layer in ("first", "second"):
+                hooked = max(stamped[f"{layer}.weight"], stamped[f"{layer}.bias"])
+                assert abs(ready[layer] - (hooked - origin) / 1e9) < 0.002, (step, layer)
+            assert all(b["comm_start_s"] is None and b["comm_end_s"] is None and not b["sampled"] for b in got)
+    finally:
+        leave_process_group()

@@ -227,13 +227,27 @@ from ddpviz.engine.modes.ddp.sampled import PROFILER_SOURCE  # noqa: E402  (samp
 
 LAYOUT_SOURCE = ("DDP's reducer layout: bytes, parameters and order measured; ready, all-reduce start and end "
                  "not measured (no comm hook; flight recorder off on gloo)")
+READY_SOURCE = ("DDP's reducer: bytes, parameters and order from its layout; ready = its own gradient-ready time "
+                "of the bucket's last parameter (Reducer::get_backward_stats, C++, every step); all-reduce start "
+                "and end not measured (no comm hook; flight recorder off on gloo)")
+READY_EXPOSED_SOURCE = "backward end minus the last gradient's ready time (DDP's reducer, Reducer::get_backward_stats)"
 
 
 class LayoutBuckets:
     """One rank's bucket records from DDP's own reducer, no recorder (gloo): the buckets DDP
     all-reduced (`reducer._get_zeros_like_grad_buckets()`: the current layout's sizes and
     parameters, read on the first `LAYOUT_READS` backwards — DDP rebuilds once, in the second
-    forward — then kept), times null.
+    forward — then kept), all-reduce times null.
+
+    Ready times on every step, from the reducer itself (CPU modules): DDP's reducer stamps each
+    parameter's gradient as it marks it ready (`Reducer::mark_variable_ready`: `backward_stats_[i] =
+    now - backward_compute_start_time_`, set in `prepare_for_backward` at the end of DDP's forward,
+    every iteration; read by `reducer.get_backward_stats()`, ns, one list per step, ~7 µs here). A
+    bucket's `ready_s` is its last parameter's (the bucket indices: DDP's logged rebuilt layout,
+    `reducer_layout`). Their origin is taken when DDP's forward returned (`forward_returned`), just
+    after `prepare_for_backward` stamped it, so a ready time is late by that gap (µs; the exposed
+    comm derived from it is short by as much, never long). Not on CUDA: the reducer stamps host
+    times when the autograd hook runs, not when the GPU produced the gradient.
 
     Args:
         ddp: the `DistributedDataParallel`.
@@ -247,13 +261,23 @@ class LayoutBuckets:
 
         self.ddp, self.names, self.passes = ddp, names, 0
         self._layout: list[tuple[tuple[str, ...], int]] = []
+        self._groups: list[tuple[int, ...]] | None = None  # reducer parameter indices per bucket
         self._named: Any = None
         self.sample_next = False  # set by the rank before a sampled step (its full spans: `SampledSpans`)
         self.sampler = SampledSpans()
+        self.ready_times = getattr(getattr(ddp, "device", None), "type", "cpu") == "cpu"
+        self._forward_ns: int | None = None  # when the latest synced forward returned
+        self._origin_ns = 0  # the backward's start (`begin_backward`)
+
+    def forward_returned(self) -> None:
+        """Call right after a DDP forward that will all-reduce (grad mode on, outside `no_sync`)
+        returned: the origin of the reducer's gradient-ready times (class docstring)."""
+        self._forward_ns = time.perf_counter_ns()
 
     def begin_backward(self) -> None:
         """Call right before the backward whose buckets should be recorded."""
         self.passes += 1
+        self._origin_ns = time.perf_counter_ns()
         if self.sample_next:
             self.sampler.start()
 
@@ -269,20 +293,38 @@ class LayoutBuckets:
                 self._layout = [(tuple(self.names.get(p.data_ptr(), "?") for p in b.parameters()),
                                  b.buffer().numel() * b.buffer().element_size())
                                 for b in self.ddp.reducer._get_zeros_like_grad_buckets()]
+                logged = reducer_layout(self.ddp) if self.ready_times else None
+                self._groups = [ix for ix, _ in logged] if logged and all(ix is not None for ix, _ in logged) \
+                    and [b for _, b in logged] == [b for _, b in self._layout] else None
         fresh = self._named != self._layout
         self._named = self._layout
         n = len(self._layout)
         spans = self.sampler.spans() if self.sampler.active else None
         if spans is not None and len(spans) != n:
             spans = None  # the profiler saw another number of all-reduces: claim nothing
+        fwd, self._forward_ns = self._forward_ns, None  # one synced forward's origin, used once
+        readies = None if spans or fwd is None else self._readies(fwd)
         out = []
         for i, (params, nbytes) in enumerate(self._layout):
-            ready, start, end = spans[i] if spans else (None, None, None)
+            ready, start, end = spans[i] if spans else (readies[i] if readies else None, None, None)
             out.append(dict(bucket_index=i, nbytes=nbytes, num_params=len(params), is_last=i == n - 1,
                             ready_s=ready, comm_start_s=start, comm_end_s=end, sampled=spans is not None,
-                            source=PROFILER_SOURCE if spans else LAYOUT_SOURCE,
+                            source=PROFILER_SOURCE if spans else READY_SOURCE if readies else LAYOUT_SOURCE,
                             **(dict(param_names=list(params)) if fresh else {})))
         return out
+
+    def _readies(self, fwd: int) -> list[float] | None:
+        """Each bucket's ready time (s from the backward's start) from the reducer's stamps of its
+        parameters (class docstring), `fwd` the synced forward's return (ns); None without the
+        layout's indices."""
+        if self._groups is None or len(self._groups) != len(self._layout):
+            return None
+        stats = self.ddp.reducer.get_backward_stats()
+        base = fwd - self._origin_ns
+        try:
+            return [(base + max(stats[j] for j in group)) / 1e9 for group in self._groups]
+        except (IndexError, ValueError):  # a layout the stamps do not cover: claim nothing
+            return None
 
 
 def recorder_on(environ: dict[str, str] | None = None) -> bool:

@@ -33,24 +33,28 @@ from ddpviz.engine.models import build_model
 from ddpviz.engine.modes.ddp.buckets import ddp_bucket_cap_arg
 from ddpviz.engine.modes.ddp.comm_hook import recording_hook
 from ddpviz.engine.modes.ddp.comm_hooks import compose, selected_hook, volume_label
-from ddpviz.engine.modes.ddp.flight import (FlightBuckets, FlightReader, LayoutBuckets, flight_recorder_path,
-                                            recorder_on, reducer_layout)
+from ddpviz.engine.modes.ddp.flight import (READY_EXPOSED_SOURCE, READY_SOURCE, FlightBuckets, FlightReader,
+                                            LayoutBuckets, flight_recorder_path, recorder_on, reducer_layout)
 from ddpviz.engine.modes.ddp.memory import BufferProbe, MemoryBucketRecorder, keep_before_traced
 from ddpviz.engine.modes.ranks import init_rank, progress, run_rank
 
 
-NO_BUCKET_TIMES = "not measured on this step (bucket_timing=recorder on gloo: bucket times on sampled steps only)"
+NO_BUCKET_TIMES = ("not measured on this step (bucket_timing=recorder on gloo: no ready times before DDP's rebuilt "
+                   "layout is known, bucket spans on sampled steps only)")
 
 
 def exposed_comm(buckets: list[dict], last_bwd_s: float, cuda: bool) -> tuple[float | None, dict]:
     """(exposed comm of the step's last backward in s, extra step fields): the backward's time after
-    its last bucket was ready — with the Python hook its `ready_s`; on the flight-recorder path the
+    its last bucket was ready — with the Python hook its `ready_s`, with no hook on gloo the reducer's own
+    ready time (`LayoutBuckets`, `comm_exposed_source` says so); on the flight-recorder path the
     last bucket's enqueue (`comm_start_s`: DDP launches each bucket as soon as it and every bucket
     before it are ready), host clock, so CPU only: on CUDA the backward's end is a GPU event and the
     enqueue a host time, and the figure is not measured (None, `comm_exposed_measured` false); nor
-    without enqueue times (gloo, no recorder: `engine.modes.ddp.flight.LayoutBuckets`)."""
+    without ready or enqueue times (`LayoutBuckets` before DDP's rebuilt layout is known)."""
     if not buckets or buckets[0].get("ready_s") is not None:
-        return max(0.0, last_bwd_s - max((b["ready_s"] for b in buckets), default=last_bwd_s)), {}
+        exposed = max(0.0, last_bwd_s - max((b["ready_s"] for b in buckets), default=last_bwd_s))
+        reducer = bool(buckets) and buckets[0].get("source") == READY_SOURCE
+        return exposed, dict(comm_exposed_source=READY_EXPOSED_SOURCE) if reducer else {}
     starts = [b["comm_start_s"] for b in buckets if b.get("comm_start_s") is not None]
     if cuda:
         return None, dict(comm_exposed_measured=False)
@@ -129,7 +133,10 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
             with ctx:
                 m1 = clock.mark()
                 with autocast(cfg, device.type):
-                    loss = loss_fn(ddp(x), y) / cfg.grad_accum_steps
+                    out = ddp(x)
+                    if last_micro and isinstance(bucket_log, LayoutBuckets):  # the reducer's ready-time origin
+                        bucket_log.forward_returned()
+                    loss = loss_fn(out, y) / cfg.grad_accum_steps
                 m2 = clock.mark()
                 if last_micro:
                     if isinstance(bucket_log, LayoutBuckets):  # full spans on the memory-traced steps
