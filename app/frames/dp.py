@@ -98,6 +98,13 @@ def typical_step(phase_steps: list[int], step_events: Iterable[Event]) -> int | 
     return fsteps.typical_step(phase_steps, step_events)
 
 
+def metered_first(steps: list[int], gil_events: Iterable[Event]) -> list[int]:
+    """Of `steps`, those with a measured `gil` event (the meter reads thread clocks on sampled
+    steps only, `engine.measure.gil.MeterGate`), or all of `steps` when none has one."""
+    metered = {e["step"] for e in of_type(gil_events, "gil") if e.get("gil_wait_share") is not None}
+    return [s for s in steps if s in metered] or steps
+
+
 def instrumented_steps(step_events: Iterable[Event]) -> set[int]:
     """Steps that carried the instrument's own work (memory tracing, a replica check)."""
     return {r["step"] for r in run_steps(of_type(step_events, "step")) if r["instrument"]}

@@ -34,10 +34,12 @@ def dp_runs(runs: list[dict]) -> list[dict]:
 
 def step_selector(windows) -> int | None:
     """Opens on a typical step of the first run (`fd.typical_step`: never one slowed by the
-    instrument); instrumented steps say so on their button."""
+    instrument), among the steps whose GIL wait was metered where there are any (`fd.metered_first`);
+    instrumented steps say so on their button."""
     steps = sorted(set().union(*(fd.dp_steps(w.of_type("dp_phase")) for w in windows.values())))
     first = next(iter(windows.values()), None)
-    typical = fd.typical_step(fd.dp_steps(first.of_type("dp_phase")), first.of_type("step")) if first else None
+    typical = fd.typical_step(fd.metered_first(fd.dp_steps(first.of_type("dp_phase")), first.of_type("gil")),
+                              first.of_type("step")) if first else None
     traced = set().union(*(fd.instrumented_steps(w.of_type("step")) for w in windows.values()))
     if set(steps) <= traced:  # every step carried the instrument: a note on each says nothing
         traced = set()

@@ -27,6 +27,10 @@ file kept open, and parsing; a span is two readings. `ThreadClocks.cost_us()` me
 machine at hand, and `ddpviz bench` records it (figure 5's `gil_reading_us`: 2.5-2.7 µs in three
 tries on the 2-core development VM, loaded, CPython 3.11, 2026-12-04).
 
+Inside a loaded training process a reading costs far more (34 µs median in a DDP rank here), so
+the launched DDP ranks and CPU DP read only on sampled steps (`MeterGate`: the first 8, then
+every 8th); the `gil` events' `source` says so.
+
 Where `/proc/self/task/<tid>/schedstat` or the thread CPU clock is missing (not Linux, a kernel
 without CONFIG_SCHED_INFO), the fields are None and `source` says why; a blocked time is never
 reported without the run-queue wait subtracted.
@@ -69,6 +73,12 @@ class ThreadClocks(NamedTuple):
     def read(cls) -> "ThreadClocks":
         """The calling thread's clocks (its cost: see the module docstring)."""
         return _local_reader().read()
+
+    @staticmethod
+    def time_only() -> "ThreadClocks":
+        """The wall clock alone, for a step the meter does not sample (`MeterGate`): no system call,
+        no figures (`cpu_ns`, `runq_ns` None)."""
+        return ThreadClocks(time.perf_counter(), None, None, 0, "not metered on this step")
 
     @staticmethod
     def cost_us(n: int = 2000) -> float:
@@ -200,14 +210,18 @@ class Span(NamedTuple):
 
 
 class Measured:
-    """Context manager: the calling thread's `Span` over the block (`.span` after it)."""
+    """Context manager: the calling thread's `Span` over the block (`.span` after it); with a
+    `meter` (a `GilMeter`) whose gate is off this step, a wall-time-only span (`GilMeter.read`)."""
+
+    def __init__(self, meter: "GilMeter | None" = None) -> None:
+        self._read = meter.read if meter is not None else ThreadClocks.read
 
     def __enter__(self) -> "Measured":
-        self._a = ThreadClocks.read()
+        self._a = self._read()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.span = Span(self._a, ThreadClocks.read())
+        self.span = Span(self._a, self._read())
 
 
 def span_fields(spans: Iterable[Span], step_wall_s: float, less_blocked_s: float = 0.0,
@@ -255,14 +269,27 @@ class GilMeter:
     from several threads (a list append).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, gate: "MeterGate | None" = None) -> None:
         self.spans: list[tuple[str, int, Span]] = []
+        self.gate = gate  # the steps it reads thread clocks on (None: every step)
 
-    def begin_step(self) -> None:
+    @property
+    def on(self) -> bool:
+        """Whether this step is metered (its spans kept, its `gil` events emitted)."""
+        return self.gate is None or self.gate.on
+
+    def begin_step(self, step: int | None = None) -> None:
         self.spans = []
+        if self.gate is not None and step is not None:
+            self.gate.begin_step(step)
+
+    def read(self) -> ThreadClocks:
+        """The calling thread's clocks on a metered step, else the wall clock alone."""
+        return ThreadClocks.read() if self.on else ThreadClocks.time_only()
 
     def add(self, phase: str, device: int, span: Span) -> None:
-        self.spans.append((phase, device, span))
+        if self.on:
+            self.spans.append((phase, device, span))
 
     @staticmethod
     def counts(phase: str, device: int) -> bool:
@@ -287,9 +314,10 @@ class GilMeter:
         """`span_fields` for devices 0..n-1 from the spans each device's own thread ran, plus
         `phase_wait_s` ({phase: lock wait in seconds, summed over micro-steps}) where measured."""
         out = []
+        note = self.gate.note() if self.gate is not None else ""
         for i in range(n):
             mine = [(p, s) for p, d, s in self.spans if d == i and self.counts(p, d) and s.same_thread]
-            fields = span_fields([s for _, s in mine], step_wall_s)
+            fields = span_fields([s for _, s in mine], step_wall_s, note=note)
             if fields["gil_wait_s"] is not None:
                 waits: dict[str, float] = {}
                 for p, s in mine:
@@ -353,16 +381,50 @@ class MeteredMark(NamedTuple):
     clocks: ThreadClocks | None
 
 
+METER_EVERY_STEPS = 8  # a DDP rank reads its thread clocks on its first 8 steps, then every 8th (`MeterGate`)
+
+
+class MeterGate:
+    """Which steps the meter reads thread clocks on (a DDP rank's `MeteredClock`s, CPU DP's
+    `GilMeter`): every step below `every`, then every `every`-th (`step % every == 0`); the other
+    steps' marks are time-only and no `gil` event is emitted for them (DP's `dp_phase` events then
+    carry `gil_wait_s` null).
+
+    Why: inside a training rank on the 2-core development VM a reading cost 34 µs (median over
+    3,000 steps of 2 gloo ranks, MLP 128x3; `thread_time_ns` 7.4 µs, the schedstat `pread` 15 µs,
+    each a system call at which the loaded scheduler may switch the thread out), against 4 µs in
+    an idle process: five readings a step were ~4% of a 4.3 ms step, the instrument's largest
+    per-step cost found (issue 31). Sampled, a rank pays it on one step in `every`.
+
+    Args:
+        every: the sampling period in steps (>= 1; 1 reads every step).
+    """
+
+    def __init__(self, every: int = METER_EVERY_STEPS) -> None:
+        self.every, self.on = max(1, every), True
+
+    def begin_step(self, step: int) -> bool:
+        """Set `on` for `step`; returns it."""
+        self.on = step < self.every or step % self.every == 0
+        return self.on
+
+    def note(self) -> str:
+        """What the `gil` events' `source` adds about the sampling."""
+        return (f"; read on the first {self.every} steps and then every {self.every}th (a reading costs tens of "
+                "µs in a loaded rank)") if self.every > 1 else ""
+
+
 class MeteredClock:
     """Wraps a step clock (`engine.measure.clocks.StepClock`): `mark()` also reads the calling
     thread's clocks, `seconds`/`settle` are the wrapped clock's, so a rank's phase marks give
-    both the phase's duration and its thread's lock wait (one reading per mark)."""
+    both the phase's duration and its thread's lock wait (one reading per mark) — on the steps
+    `gate` (a `MeterGate`, shared by a rank's clocks) has on; time-only marks on the others."""
 
-    def __init__(self, clock) -> None:
-        self.clock = clock
+    def __init__(self, clock, gate: MeterGate | None = None) -> None:
+        self.clock, self.gate = clock, gate
 
     def mark(self) -> MeteredMark:
-        return MeteredMark(self.clock.mark(), ThreadClocks.read())
+        return MeteredMark(self.clock.mark(), ThreadClocks.read() if self.gate is None or self.gate.on else None)
 
     def time_mark(self) -> MeteredMark:
         """A mark for its time only: no thread clocks read (`ThreadClocks.read` is ~2.6 µs of CPU,
@@ -378,7 +440,7 @@ class MeteredClock:
 
 def rank_step_fields(micro_marks: Sequence[tuple[MeteredMark, MeteredMark, MeteredMark]],
                      opt_marks: tuple[MeteredMark, MeteredMark], step_wall_s: float,
-                     last_ready: MeteredMark | None, cuda: bool) -> dict:
+                     last_ready: MeteredMark | None, cuda: bool, note: str = "") -> dict:
     """The `gil` event of one DDP rank's step: its training thread in forward, backward and the
     optimizer (`span_fields`).
 
@@ -391,6 +453,7 @@ def rank_step_fields(micro_marks: Sequence[tuple[MeteredMark, MeteredMark, Meter
             apart and reported as `other_wait_s`.
         cuda: on CUDA the backward runs in autograd's device thread while this one waits for it,
             so backward is left out (its wait is a hand-over, not a lock).
+        note: appended to `source` (e.g. `MeterGate.note()`).
 
     Returns:
         `span_fields`'s figures, plus `phase_wait_s` (lock wait per phase: forward, backward,
@@ -410,7 +473,7 @@ def rank_step_fields(micro_marks: Sequence[tuple[MeteredMark, MeteredMark, Meter
     note = ("; DDP rank: the training thread in forward and the optimizer (CUDA: backward runs in "
             "autograd's device thread)" if cuda else
             "; DDP rank: the training thread in forward, the optimizer and backward up to its last "
-            "bucket's ready mark; blocked after it, waiting for the all-reduce, is other_wait_s")
+            "bucket's ready mark; blocked after it, waiting for the all-reduce, is other_wait_s") + note
     out = span_fields(spans, step_wall_s, note=note)
     if out["gil_wait_s"] is not None:
         out["other_wait_s"] = other

@@ -143,3 +143,11 @@ def test_a_step_with_starts_only_draws_marks_not_bars_and_says_so():
     assert len(marks) == 1 and marks[0]["encoding"]["x"]["field"] == "comm_start_ms"
     assert KINDS[4] in marks[0]["encoding"]["color"]["scale"]["domain"]
     assert "all-reduce ends not measured on this step (flight recorder" in " ".join(spec["title"]["subtitle"])
+
+
+def test_dp_timeline_prefers_steps_whose_gil_was_metered():
+    gil = [dict(type="gil", step=s, device="cpu:0", gil_wait_share=0.1) for s in (0, 8, 16)]
+    gil.append(dict(type="gil", step=24, device="cpu:0", gil_wait_share=None))  # a missing clock: not metered
+    assert fd.metered_first([5, 8, 9, 16, 24], gil) == [8, 16]
+    assert fd.metered_first([5, 9], gil) == [5, 9]  # none metered among them: every step stays
+    assert fd.metered_first([5, 9], []) == [5, 9]

@@ -23,12 +23,14 @@ from ddpviz.engine.run import run_training
 @linux_only
 def test_ddp_ranks_report_their_training_threads_wait_apart_from_the_all_reduce():
     sink = ListSink()
-    cfg = RunConfig(mode="ddp", world_size=2, width=16, depth=16, steps=8, eval_every=0, step_delay_s=0,
+    cfg = RunConfig(mode="ddp", world_size=2, width=16, depth=16, steps=17, eval_every=0, step_delay_s=0,
                     overlap=False, probe=False)
     result = run_training(cfg, sink, "gil-ddp")
     assert result.status == "succeeded", result.error
     gil = sink.of_type("gil")
-    assert sorted((e["rank"], e["step"]) for e in gil) == [(r, s) for r in (0, 1) for s in range(8)]
+    # metered: the first 8 steps, then every 8th (engine.measure.gil.MeterGate)
+    assert sorted((e["rank"], e["step"]) for e in gil) == [(r, s) for r in (0, 1) for s in [*range(8), 8, 16]]
+    assert all("then every 8th" in e["source"] for e in gil)
     steps = {(e["rank"], e["step"]): e for e in sink.of_type("step")}
     for e in gil:  # each figure against the step event's own wall time and the event's other parts
         wall = steps[e["rank"], e["step"]]["step_time_s"]
@@ -50,6 +52,22 @@ def test_ddp_ranks_report_their_training_threads_wait_apart_from_the_all_reduce(
         # rank's own memory-timer and event-writer threads, preempted while holding its GIL
         assert all(v < 0.2 for v in shares.values()), shares
     assert "DDP rank" in result.summary["gil_source"]
+
+
+def test_a_gated_clock_reads_thread_clocks_only_on_metered_steps(monkeypatch):
+    from ddpviz.engine.measure import gil
+
+    reads = []
+    monkeypatch.setattr(gil.ThreadClocks, "read", classmethod(lambda cls: reads.append(1) or "clocks"))
+    gate = gil.MeterGate(4)
+    clock = gil.MeteredClock(SimpleNamespace(mark=lambda: 0.0), gate)
+    seen = {}
+    for step in range(13):
+        gate.begin_step(step)
+        seen[step] = clock.mark().clocks
+        assert clock.time_mark().clocks is None
+    assert [s for s, c in seen.items() if c == "clocks"] == [0, 1, 2, 3, 4, 8, 12] and len(reads) == 7
+    assert gil.MeteredClock(SimpleNamespace(mark=lambda: 0.0)).mark().clocks == "clocks"  # no gate: every mark
 
 
 def test_compare_reports_each_devices_gil_share():

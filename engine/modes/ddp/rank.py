@@ -24,7 +24,7 @@ from ddpviz.engine.components.training import autocast, evaluate, flat_params, l
 from ddpviz.engine.config import RunConfig
 from ddpviz.engine.data import BatchPlan, load_dataset
 from ddpviz.engine.measure.clocks import CudaClock, HostClock, StepClock
-from ddpviz.engine.measure.gil import MeteredClock, rank_step_fields
+from ddpviz.engine.measure.gil import MeterGate, MeteredClock, rank_step_fields
 from ddpviz.engine.measure.memory import param_bytes
 from ddpviz.engine.measure.memory_sampler import model_memory_sampler, should_trace_memory
 from ddpviz.engine.measure.sync import param_checksum
@@ -94,8 +94,9 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
               static_graph=cfg.static_graph, find_unused_parameters=cfg.find_unused_parameters,
               broadcast_buffers=cfg.broadcast_buffers)
     names = {p.data_ptr(): n for n, p in model.named_parameters()}
+    meter = MeterGate()  # the steps whose marks read this thread's clocks (engine.measure.gil)
     rec = MemoryBucketRecorder(world, cfg.overlap, names,  # its marks read this thread's clocks too
-                               MeteredClock(CudaClock(device) if device.type == "cuda" else HostClock()),
+                               MeteredClock(CudaClock(device) if device.type == "cuda" else HostClock(), meter),
                                predivided=True)  # the loss is scaled by 1/world below
     if use_recorder:  # no comm hook: DDP divides while copying into buckets; no Python per bucket
         rec.predivided = False
@@ -114,14 +115,15 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
     P = param_bytes(model)
     ring = 2 * (world - 1) / world  # ring all-reduce: bytes each rank sends (and receives) per byte
 
-    # CUDA events, one synchronize per step (engine.measure.clocks); each mark also reads this
-    # thread's clocks, for its lock wait (engine.measure.gil)
-    clock = MeteredClock(StepClock(device))
+    # CUDA events, one synchronize per step (engine.measure.clocks); on the metered steps each mark
+    # also reads this thread's clocks, for its lock wait (engine.measure.gil)
+    clock = MeteredClock(StepClock(device), meter)
 
     bucket_nbytes: list[int] = []  # of the latest step's buckets
 
     def train_step(step: int) -> dict:
         progress["step"] = step
+        meter.begin_step(step)
         t0, m0 = now(), clock.time_mark()  # a time origin only: no lock-wait span starts here
         micro_marks, losses = [], []
         for micro in range(cfg.grad_accum_steps):
@@ -164,9 +166,10 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         for b in buckets:
             tel.emit("bucket", step=step, **b)
         bucket_nbytes[:] = [b["nbytes"] for b in buckets if b["nbytes"]]  # the probe's first sizes
-        last_ready = next((r["ready"] for r in reversed(rec.records) if r["ready"].clocks is not None), None)
-        tel.emit("gil", step=step,
-                 **rank_step_fields(micro_marks, (m4, m5), t5 - t0, last_ready, device.type == "cuda"))
+        if meter.on:
+            last_ready = next((r["ready"] for r in reversed(rec.records) if r["ready"].clocks is not None), None)
+            tel.emit("gil", step=step, **rank_step_fields(micro_marks, (m4, m5), t5 - t0, last_ready,
+                                                          device.type == "cuda", note=meter.note()))
         nbytes = sum(b["nbytes"] or 0 for b in buckets)  # of the bucket tensors handed to all-reduce
         tel.emit("comm_volume", step=step, allreduce_bytes=nbytes, sent_bytes=int(ring * nbytes),
                  recv_bytes=int(ring * nbytes), volume_source=volume_label(rec),

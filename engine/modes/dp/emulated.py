@@ -34,7 +34,7 @@ from ddpviz.engine.components.training import (
 )
 from ddpviz.engine.config import RunConfig
 from ddpviz.engine.data import BatchPlan, Dataset
-from ddpviz.engine.measure.gil import GilMeter, Measured, ThreadClocks, Span
+from ddpviz.engine.measure.gil import GilMeter, Measured, MeterGate, Span
 from ddpviz.engine.measure.ledger import LedgerMode, TensorLedger
 from ddpviz.engine.measure.memory import optimizer_state_tensors, param_bytes, tensor_bytes
 from ddpviz.engine.measure.memory_sampler import DeviceProbe, MemorySampler
@@ -99,7 +99,7 @@ class EmulatedDP:
         self.last_log: PhaseLog | None = None
         self.check_span: tuple[float, float] | None = None  # the checksums' own time, this step
         self.buffers = BufferWatch()  # buffer updates the replicas made and DP discards
-        self.gil = GilMeter()
+        self.gil = GilMeter(MeterGate())  # thread clocks read on sampled steps (engine.measure.gil)
 
     def _hub(self, phase: str, fn: Callable[[], object], log: PhaseLog):
         """Run device 0's serial phase `fn` on this (the driving) thread, its lock wait measured.
@@ -108,7 +108,7 @@ class EmulatedDP:
         over it always falls inside it (the thread can wait for the GIL between the meter's
         reading and the phase's first clock read)."""
         first = len(log.spans)
-        with Measured() as m:
+        with Measured(self.gil) as m:
             out = fn()
         self.gil.add(phase, 0, m.span)
         log.rebound(phase, 0, first, m.span.begin.wall_s, m.span.end.wall_s)
@@ -152,10 +152,10 @@ class EmulatedDP:
         led = self.ledger if self.ledger is not None and self.ledger.active else None
 
         def timed(i):
-            a = ThreadClocks.read()
+            a = self.gil.read()
             with LedgerMode(led, device=i) if led is not None else nullcontext():
                 r = fn(i)
-            b = ThreadClocks.read()
+            b = self.gil.read()
             self.gil.add(phase, i, Span(a, b))
             return r, a.wall_s, b.wall_s
         results = list(self.pool.map(timed, range(self.n)))
@@ -250,7 +250,7 @@ class EmulatedDP:
         chunks = self._hub("scatter", lambda: self._scatter(x, log), log)
         outs = self._forward(reps, chunks, log, step)
         gathered = self._hub("gather", lambda: self._gather(outs, log), log)
-        with Measured() as m, self._on(0, "loss"):
+        with Measured(self.gil) as m, self._on(0, "loss"):
             loss = loss_fn(gathered.output, y) / accum
             loss.backward()  # only d(loss)/d(gathered), on device 0
         self.gil.add("loss", 0, m.span)
@@ -280,14 +280,14 @@ def train_dp(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Module, te
         t0 = now()
         log = PhaseLog(t0)
         dp.sent, dp.recv, dp.check_span = [0] * n, [0] * n, None
-        dp.gil.begin_step()
+        dp.gil.begin_step(step)
         loss = 0.0
         for micro in range(cfg.grad_accum_steps):
             idx = batches.global_indices(step * cfg.grad_accum_steps + micro)
             with dp._on(0, "inputs"):
                 x, y = ds.x_train[idx], ds.y_train[idx]
             loss += dp.micro_step(x, y, log, cfg.grad_accum_steps, step, micro)
-        with Measured() as m, dp._on(0, "optimizer"):
+        with Measured(dp.gil) as m, dp._on(0, "optimizer"):
             opt.step()
             opt.zero_grad(set_to_none=True)
         dp.gil.add("optimizer", 0, m.span)
@@ -298,7 +298,7 @@ def train_dp(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Module, te
         for (phase, dev, s, e, nb), w in zip(log.spans, waits):
             tel.emit("dp_phase", step=step, phase=phase, device=plan.names[dev], start_s=s, end_s=e, nbytes=nb,
                      copies=log.copies.get((phase, dev), 0), gil_wait_s=w)
-        for i, fields in enumerate(dp.gil.device_fields(n, t_end - t0)):
+        for i, fields in enumerate(dp.gil.device_fields(n, t_end - t0) if dp.gil.on else []):
             tel.emit("gil", step=step, device=plan.names[i], **fields)
         for i in range(n):
             theory = (P * (n - 1) if i == 0 else P) * cfg.grad_accum_steps
