@@ -17,7 +17,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from ddpviz.app.charts.style import HEIGHT, run_scale, title
+from ddpviz.app.charts.style import HEIGHT, LIVE_Y_AXIS, run_scale, title
 from ddpviz.app.frames.steps import SMOOTH_STEPS
 
 ZOOM = "zoom_step"  # drag to pan, wheel to zoom the step axis; double-click to reset
@@ -67,7 +67,7 @@ def live_throughput_chart(recent: pd.DataFrame, earlier: pd.DataFrame, runs: lis
                alt.Tooltip("mean:Q", title="mean samples/s", format=",.0f"),
                alt.Tooltip("lo:Q", title="min", format=",.0f"), alt.Tooltip("hi:Q", title="max", format=",.0f")]
     dots = alt.Chart(recent).mark_circle(size=16, opacity=0.4).encode(
-        x=x, y=alt.Y("samples_per_s:Q", title=y_title), color=colour, tooltip=tip_step,
+        x=x, y=alt.Y("samples_per_s:Q", title=y_title, axis=LIVE_Y_AXIS), color=colour, tooltip=tip_step,
     ).add_params(zoom, pick)
     line = alt.Chart(recent).mark_line(strokeWidth=2).encode(
         x=x, y="samples_per_s_smooth:Q", color=colour, opacity=faded, tooltip=tip_step)

@@ -20,6 +20,9 @@ ROW_PX = 42  # one rank/device/run row in the timeline and bar charts
 CHROME_PX = 120  # title, subtitle, x axis and its title
 MAX_POINTS = 5000  # marks one chart may draw per refresh
 STEP_X = alt.X("step:Q", title="optimizer step", axis=alt.Axis(tickMinStep=1, format="d"))
+# a live chart's y-axis label gutter, px: fixed, so its plot area does not shift sideways when a refresh
+# widens the labels ("800" -> "12,000"), which moved a panned x axis by ~5 px under load (issue 12's test)
+LIVE_Y_AXIS = alt.Axis(minExtent=48)
 CATEGORIES = alt.Scale(scheme="tableau10")  # kept for callers outside the charts; charts use the families below
 # ---- one colour per meaning (issue 33) --------------------------------------------------------
 # Every colour a chart draws is named here, once, and means one thing on every page: a hex never

@@ -8,6 +8,11 @@ new steps arrive; reset (what Streamlit does to a zoom nobody listens to), they 
 the same labels may differ in anti-aliasing (a CI run: mean 0.45, max 15 grey levels of 255 between
 two strips showing the same ticks 100 ... 260); a label moved by one pixel or more differs by 3.9 on
 average, a label changed by more: `strip_difference` <= 1.5 passes.
+
+Seen red once (2026-12-05, the suite at load 6 on a slow day): 5.58, the strips showing the same ticks
+120 ... 300 but 5 px further right — the y-axis labels had widened at a refresh (the throughput
+moved under load) and pushed the plot area over. The chart now keeps a fixed y-label gutter
+(`app.charts.style.LIVE_Y_AXIS`), which also stops the Live chart jumping sideways for a user.
 """
 
 from __future__ import annotations
