@@ -9,5 +9,6 @@
     sync            checksums that tell whether copies of a model agree
     turns           turn-taking between jobs, so their step times are measured side by side
     gil             the GIL meter: a thread's lock wait from its CPU clock and schedstat run-queue wait
+    gil_rank        the GIL meter on a DDP rank: metered step-clock marks and the rank's `gil` event
     bootstrap       block-bootstrap intervals of medians of step times (the verdict, the overhead figure)
 """

@@ -1,5 +1,5 @@
 """DDP's ranks measured with the same GIL meter as DP's device threads (engine/modes/ddp/rank.py,
-engine.measure.gil.rank_step_fields), and the figure carried into the summary and `compare`.
+engine.measure.gil_rank.rank_step_fields), and the figure carried into the summary and `compare`.
 
 A rank is a process with one training thread: nothing else in it runs Python for long (the event
 flusher and memory timer wake briefly), so its lock wait is near 0 whatever the load; its wait for
@@ -55,19 +55,19 @@ def test_ddp_ranks_report_their_training_threads_wait_apart_from_the_all_reduce(
 
 
 def test_a_gated_clock_reads_thread_clocks_only_on_metered_steps(monkeypatch):
-    from ddpviz.engine.measure import gil
+    from ddpviz.engine.measure import gil, gil_rank
 
     reads = []
     monkeypatch.setattr(gil.ThreadClocks, "read", classmethod(lambda cls: reads.append(1) or "clocks"))
     gate = gil.MeterGate(4)
-    clock = gil.MeteredClock(SimpleNamespace(mark=lambda: 0.0), gate)
+    clock = gil_rank.MeteredClock(SimpleNamespace(mark=lambda: 0.0), gate)
     seen = {}
     for step in range(13):
         gate.begin_step(step)
         seen[step] = clock.mark().clocks
         assert clock.time_mark().clocks is None
     assert [s for s, c in seen.items() if c == "clocks"] == [0, 1, 2, 3, 4, 8, 12] and len(reads) == 7
-    assert gil.MeteredClock(SimpleNamespace(mark=lambda: 0.0)).mark().clocks == "clocks"  # no gate: every mark
+    assert gil_rank.MeteredClock(SimpleNamespace(mark=lambda: 0.0)).mark().clocks == "clocks"  # no gate: every mark
 
 
 def test_compare_reports_each_devices_gil_share():

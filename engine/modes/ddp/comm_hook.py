@@ -23,7 +23,7 @@ Times are seconds from the step's backward start (`BucketRecorder.begin_backward
 are host clock readings; on CUDA, events recorded on the current stream (resolved after the step).
 
 Per bucket and step the hook takes three clock marks and builds one small dict. With a
-`engine.measure.gil.MeteredClock` (launched ranks), only the last bucket's ready mark also reads the
+`engine.measure.gil_rank.MeteredClock` (launched ranks), only the last bucket's ready mark also reads the
 thread's clocks (the one `rank_step_fields` splits the backward at); the others are time-only. The bucket's
 parameter names (a loop over `GradBucket.parameters()`) are read only on the first
 `LAYOUT_STEPS` backward passes: DDP fixes its bucket layout by then (it rebuilds buckets once, in

@@ -24,7 +24,8 @@ from ddpviz.engine.components.training import autocast, evaluate, flat_params, l
 from ddpviz.engine.config import RunConfig
 from ddpviz.engine.data import BatchPlan, load_dataset
 from ddpviz.engine.measure.clocks import CudaClock, HostClock, StepClock
-from ddpviz.engine.measure.gil import MeterGate, MeteredClock, rank_step_fields
+from ddpviz.engine.measure.gil import MeterGate
+from ddpviz.engine.measure.gil_rank import MeteredClock, rank_step_fields
 from ddpviz.engine.measure.memory import param_bytes
 from ddpviz.engine.measure.memory_sampler import model_memory_sampler, should_trace_memory
 from ddpviz.engine.measure.sync import param_checksum
