@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Iterable, Protocol
 
 import orjson
 
@@ -116,6 +116,32 @@ def make_event(type_: str, run_id: str, **fields: Any) -> dict[str, Any]:
     return {"type": type_, "run_id": run_id, "ts": time.time(), **mark_nonfinite(fields)}
 
 
+def make_events(type_: str, run_id: str, rows: Iterable[dict[str, Any]], **common: Any) -> list[dict[str, Any]]:
+    """One event per row, each equal to ``make_event(type_, run_id, **common, **row)`` save for one
+    shared `ts` (a step's buckets are emitted together): the type checked once, `common` marked once
+    (`mark_nonfinite`). A row's key overrides the same key in `common`. ~1.6 µs an event against
+    ~4.4 µs for `make_event` + `emit` each (48 bucket rows, this 2-core machine, issue 31): the
+    events a DDP step emits per bucket are the instrument's own cost per bucket.
+
+    Raises:
+        ValueError: `type_` is not in `EVENT_TYPES`.
+    """
+    if type_ not in EVENT_TYPES:
+        raise ValueError(f"event type must be one of {EVENT_TYPES} (got {type_!r})")
+    head = {"type": type_, "run_id": run_id, "ts": time.time(), **mark_nonfinite(common)}
+    return [{**head, **mark_nonfinite(row)} for row in rows]
+
+
+def emit_all(sink: Any, events: list[dict[str, Any]]) -> None:
+    """Hand `events` to `sink` at once where it takes a batch (`emit_many`: one lock), else one by one."""
+    many = getattr(sink, "emit_many", None)
+    if many is not None:
+        many(events)
+    else:
+        for e in events:
+            sink.emit(e)
+
+
 class RawEvent(dict):
     """An event read back from JSON that remembers the compact JSON it came from (`raw`).
 
@@ -174,6 +200,10 @@ class ListSink:
     def emit(self, event: dict[str, Any]) -> None:
         with self._lock:
             self.events.append(event)
+
+    def emit_many(self, events: list[dict[str, Any]]) -> None:
+        with self._lock:
+            self.events.extend(events)
 
     def write_batch(self, events: list[dict[str, Any]]) -> None:
         with self._lock:
@@ -283,6 +313,13 @@ class BatchingSink:
     def emit(self, event: dict[str, Any]) -> None:
         with self._cv:
             self._buf.append(event)
+            if len(self._buf) >= self.max_batch:
+                self._cv.notify()
+
+    def emit_many(self, events: list[dict[str, Any]]) -> None:
+        """`emit` for each, under one lock."""
+        with self._cv:
+            self._buf.extend(events)
             if len(self._buf) >= self.max_batch:
                 self._cv.notify()
 

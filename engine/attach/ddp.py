@@ -259,8 +259,7 @@ class Watch(DeferredMarks):
             self.layouts.append(self.nohook.layout() if self.nohook is not None
                                 else _layout(out, self.state.recorder.layout))
         self.last_buckets = out
-        for b in out:
-            self.s.emit("bucket", step=step, ddp_index=self.ddp_index, **b)
+        self.s.emit_many("bucket", out, step=step, ddp_index=self.ddp_index)
         self.volume.add(step, self, out)
         return out
 

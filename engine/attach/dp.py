@@ -176,10 +176,10 @@ class DpWatch(DeferredMarks):
         from ddpviz.engine.modes.dp.cuda import COMM_SOURCE, PHASE_SOURCE
 
         source = PHASE_SOURCE if _is_cuda_clock(clock) else HOST_SOURCE
-        for sp in spans:
-            self.s.emit("dp_phase", step=step, phase=sp.phase, device=self.names[sp.device], start_s=sp.start_s,
-                        end_s=sp.end_s, nbytes=traffic.span_nbytes.get((sp.phase, sp.device, sp.micro), 0),
-                        micro=sp.micro, source=source)
+        self.s.emit_many("dp_phase", [dict(phase=sp.phase, device=self.names[sp.device], start_s=sp.start_s,
+                                           end_s=sp.end_s, micro=sp.micro,
+                                           nbytes=traffic.span_nbytes.get((sp.phase, sp.device, sp.micro), 0))
+                                      for sp in spans], step=step, source=source)
         for i, name in enumerate(self.names):
             self.s.emit("comm_volume", step=step, device=name, sent_bytes=traffic.sent[i], recv_bytes=traffic.recv[i],
                         theory_sent_bytes=self.theory[i], theory_recv_bytes=self.theory[i], volume_source=COMM_SOURCE)

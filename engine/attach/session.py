@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ddpviz.engine.attach.env import PUMP_INTERVAL_S, RUN_ID_ENV, SPOOL_ENV, bucket_timing
-from ddpviz.engine.events import make_event, rank_sink
+from ddpviz.engine.events import emit_all, make_event, rank_sink
 from ddpviz.engine.measure.telemetry import Telemetry
 
 
@@ -113,6 +113,11 @@ class Session:
         self._identity()
         self.tel.emit(type_, **fields)
 
+    def emit_many(self, type_: str, rows: list[dict[str, Any]], **common: Any) -> None:
+        """`emit` for each row (`Telemetry.emit_many`)."""
+        self._identity()
+        self.tel.emit_many(type_, rows, **common)
+
     def guard(self, part: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """`fn(*args, **kwargs)`, unless `part` is off. The first exception switches `part` off,
         is reported once (a line on stderr and a `log` event) and is not raised: training goes on.
@@ -169,6 +174,11 @@ class _LazySink:
         if self._sink is None:
             self._sink = self._open()
         self._sink.emit(event)
+
+    def emit_many(self, events: list[dict]) -> None:
+        if self._sink is None:
+            self._sink = self._open()
+        emit_all(self._sink, events)
 
     def flush(self) -> None:
         if self._sink is not None and hasattr(self._sink, "flush"):

@@ -1,6 +1,6 @@
 """Per-rank telemetry: builds events with the run's identity and a monotonic clock.
 
-`Telemetry.emit` adds `run_id`, `rank`, `device` and `ts`. Times inside a step are taken with
+`Telemetry.emit` adds `run_id`, `rank`, `device` and `ts`; `emit_many` does so for a step's rows at once. Times inside a step are taken with
 `time.perf_counter()` and reported in seconds relative to an origin (the step or backward start).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ddpviz.engine.events import EventSink, make_event
+from ddpviz.engine.events import EventSink, emit_all, make_event, make_events
 
 
 class Telemetry:
@@ -24,6 +24,15 @@ class Telemetry:
         if self.host:
             fields.setdefault("host", self.host)
         self.sink.emit(make_event(type_, self.run_id, **fields))
+
+    def emit_many(self, type_: str, rows: list[dict[str, Any]], **common: Any) -> None:
+        """`emit(type_, **common, **row)` for each row, built and handed to the sink at once
+        (`engine.events.make_events`: one `ts`; a row's key overrides `common`'s)."""
+        common.setdefault("rank", self.rank)
+        common.setdefault("device", self.device)
+        if self.host:
+            common.setdefault("host", self.host)
+        emit_all(self.sink, make_events(type_, self.run_id, rows, **common))
 
 
 def should_sample_memory(step: int, steps: int) -> bool:

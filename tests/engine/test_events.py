@@ -97,3 +97,38 @@ def test_encode_json_is_strict_json_with_string_keys():
     assert got == {"loss": None, "peak": None, "n": 3, "x": 0.5, "by_rank": {"0": 1, "1": 2},
                    "s": [1], "t": [1, 2], "big": 2 ** 70}
     assert b"NaN" not in encode_json(obj) and b" " not in encode_json({"a": [1, 2]})
+
+
+def _without_ts(events):
+    return [{k: v for k, v in e.items() if k != "ts"} for e in events]
+
+
+def test_emit_many_gives_the_events_emit_gives_one_by_one_through_every_sink_kind():
+    """The reference is `Telemetry.emit` per row: same keys and values (ts aside), non-finite floats
+    marked in rows and in the common fields, a row's device overriding the rank's, in order, through a
+    batching sink (`emit_many`) and through a sink that takes one event at a time."""
+    import pytest
+
+    from ddpviz.engine.events import CallbackSink
+    from ddpviz.engine.measure.telemetry import Telemetry
+
+    rows = [dict(bucket_index=0, nbytes=4096, ready_s=0.001, comm_end_s=None),
+            dict(bucket_index=1, nbytes=8192, ready_s=float("nan"), comm_end_s=float("inf")),
+            dict(bucket_index=2, nbytes=16, ready_s=0.003, device="cpu:7", extra={"x": float("-inf")})]
+    one = ListSink()
+    tel = Telemetry(one, "r", rank=1, device="cpu:1", host="h")
+    for row in rows:
+        tel.emit("bucket", step=5, loss=float("nan"), **row)
+    batched, called = ListSink(), []
+    writer = ListSink()
+    sinks = [batched, BatchingSink(writer, flush_interval_s=0.01), CallbackSink(called.append)]
+    for sink in sinks:
+        Telemetry(sink, "r", rank=1, device="cpu:1", host="h").emit_many("bucket", rows, step=5, loss=float("nan"))
+    sinks[1].close()
+    want = _without_ts(one.events)
+    assert want[1]["ready_s"] is None and want[1]["ready_s_nonfinite"] == "nan" and want[2]["device"] == "cpu:7"
+    for got in (batched.events, writer.events, called):
+        assert _without_ts(got) == want
+    assert len({e["ts"] for e in batched.events}) == 1  # one emission moment for the step's rows
+    with pytest.raises(ValueError, match="event type"):
+        tel.emit_many("buckets", rows)

@@ -164,8 +164,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         exposed, exposed_fields = exposed_comm(buckets, last_bwd, device.type == "cuda")
         bwd -= exposed or 0.0
         backward_start = t0 + clock.seconds(m0, micro_marks[-1][1])
-        for b in buckets:
-            tel.emit("bucket", step=step, **b)
+        tel.emit_many("bucket", buckets, step=step)  # one call per step, not per bucket
         bucket_nbytes[:] = [b["nbytes"] for b in buckets if b["nbytes"]]  # the probe's first sizes
         if meter.on:
             last_ready = next((r["ready"] for r in reversed(rec.records) if r["ready"].clocks is not None), None)

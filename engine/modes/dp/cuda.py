@@ -208,10 +208,10 @@ class StepRecord(NamedTuple):
         `gil` per device (the lock wait of its host threads, `engine.measure.gil`)."""
         gil = self.gil if self.gil is not None else GilMeter()
         waits = gil.span_waits([(s.phase, s.device) for s in self.spans])
-        for s, w in zip(self.spans, waits):
-            tel.emit("dp_phase", step=step, phase=s.phase, device=names[s.device], start_s=s.start_s,
-                     end_s=s.end_s, nbytes=self.traffic.span_nbytes.get((s.phase, s.device, s.micro), 0),
-                     source=PHASE_SOURCE, gil_wait_s=w)
+        tel.emit_many("dp_phase", [dict(phase=s.phase, device=names[s.device], start_s=s.start_s, end_s=s.end_s,
+                                        nbytes=self.traffic.span_nbytes.get((s.phase, s.device, s.micro), 0),
+                                        gil_wait_s=w) for s, w in zip(self.spans, waits)],
+                      step=step, source=PHASE_SOURCE)
         for i, fields in enumerate(gil.device_fields(len(names), self.step_time_s)):
             tel.emit("gil", step=step, device=names[i], **fields)
         for i, name in enumerate(names):

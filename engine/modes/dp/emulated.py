@@ -295,9 +295,9 @@ def train_dp(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Module, te
         t_end = now()
         dp.last_log = log
         waits = dp.gil.span_waits([(phase, dev) for phase, dev, *_ in log.spans])
-        for (phase, dev, s, e, nb), w in zip(log.spans, waits):
-            tel.emit("dp_phase", step=step, phase=phase, device=plan.names[dev], start_s=s, end_s=e, nbytes=nb,
-                     copies=log.copies.get((phase, dev), 0), gil_wait_s=w)
+        tel.emit_many("dp_phase", [dict(phase=phase, device=plan.names[dev], start_s=s, end_s=e, nbytes=nb,
+                                        copies=log.copies.get((phase, dev), 0), gil_wait_s=w)
+                                   for (phase, dev, s, e, nb), w in zip(log.spans, waits)], step=step)
         for i, fields in enumerate(dp.gil.device_fields(n, t_end - t0) if dp.gil.on else []):
             tel.emit("gil", step=step, device=plan.names[i], **fields)
         for i in range(n):
