@@ -74,11 +74,12 @@ HELP = {
                  "cast each bucket for the all-reduce (half the bytes; bf16 needs NCCL: PyTorch refuses "
                  "it on gloo), powersgd sends low-rank factors. Bytes are counted on what the hook "
                  "sends; overlap must be on",
-    "bucket_timing": "DDP: hook times every bucket with a Python comm hook (ready, all-reduce start and end, "
-                     "every step; ~0.1-0.25 ms per bucket per step on gloo here); recorder adds nothing per "
-                     "bucket (DDP's own all-reduce): bytes, order and DDP's own ready times every step on gloo "
-                     "(so exposed comm), all-reduce spans only on sampled steps (so overlap % from those), "
-                     "enqueue times and GPU durations on NCCL (docs/bucket-timing.md)",
+    "bucket_timing": "DDP: recorder (default) adds nothing per bucket (DDP's own all-reduce): bytes, order and "
+                     "DDP's own ready times every step on gloo (so exposed comm), all-reduce spans on the "
+                     "profiled steps only (so overlap % is not measured on longer runs), enqueue times and GPU "
+                     "durations on NCCL; hook times every bucket with a Python comm hook (ready, all-reduce "
+                     "start and end, every step, so overlap %) for ~0.1-0.5 ms per bucket per step on gloo here "
+                     "(docs/bucket-timing.md)",
     "matrix_approximation_rank": "PowerSGD: rank r of each gradient matrix's factors (comm_hook powersgd)",
     "start_powerSGD_iter": "PowerSGD: plain all-reduce before this iteration, > 1 (comm_hook powersgd)",
     "model": "built-in model (or an installed ddpviz.models plugin)",

@@ -37,7 +37,8 @@ MODEL_DATASETS: dict[str, tuple[str, ...]] = {
 # expect on a 2-core laptop"): fast, one bucket.
 PRESETS: dict[str, dict[str, Any]] = {
     "default": {},
-    "overlap": {"bucket_cap_mb": 0.1},
+    # small buckets overlapping backward, each all-reduce timed on every step (the hook: its cost, issue 31)
+    "overlap": {"bucket_cap_mb": 0.1, "bucket_timing": "hook"},
     "tiny": {"width": 128, "depth": 3, "global_batch_size": 64},
 }
 
@@ -89,13 +90,16 @@ class RunConfig(BaseModel):
     # PRESETS["overlap"] (0.1) shows buckets overlapping backward.
     bucket_cap_mb: float = Field(25.0, gt=0.0, le=4096.0)
     overlap: bool = True  # False: defer every all-reduce until the last bucket is ready
-    # DDP bucket records (issue 31, docs/bucket-timing.md): "hook" = ddpviz's Python comm hook on every
-    # bucket (ready, all-reduce start and end measured on every step; ~0.6-0.8 ms per bucket per step on
-    # gloo here); "recorder" = no comm hook, DDP's own C++ all-reduce (no cost per bucket measured): bytes,
-    # parameters and order from DDP's reducer, on NCCL enqueue times and GPU durations from PyTorch's
-    # flight recorder; times not measured on gloo, exposed comm not measured. overlap=false and comm_hook
-    # need the hook and use it whatever this says (engine/modes/ddp/flight.py)
-    bucket_timing: BucketTiming = "hook"
+    # DDP bucket records (issue 31, docs/bucket-timing.md): "recorder" (default) = no comm hook, DDP's own
+    # C++ all-reduce, so no Python per bucket (cost per bucket within noise of 0 here): bytes, parameters
+    # and order from DDP's reducer and, on gloo, every bucket's ready time (the reducer's own stamps) and
+    # the step's exposed comm, every step; all-reduce start and end on the profiled (memory-traced) steps,
+    # so overlap % is "not measured" on longer runs; on NCCL enqueue times and GPU durations from PyTorch's
+    # flight recorder. "hook" = ddpviz's Python comm hook on every bucket: ready, start and end measured
+    # on every step, for ~0.1-0.5 ms per bucket per step on gloo here (PRESETS["overlap"] uses it).
+    # Sparse gradients, overlap=false and comm_hook need the hook and use it whatever this says
+    # (engine/modes/ddp/flight.py)
+    bucket_timing: BucketTiming = "recorder"
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
     find_unused_parameters: bool = False

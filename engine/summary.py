@@ -9,6 +9,8 @@ keeps that, while the slowest rank per step adds half the step-to-step change of
 
 overlap = 1 − exposed comm / total comm (README, "How the numbers are made"), where total comm per step is the length of the
 union of the bucket all-reduce intervals on rank 0, and exposed comm is the step's `comm_exposed_s`.
+A steady step with a bucket whose all-reduce end is null (bucket_timing=recorder off the profiled steps)
+adds nothing to overlap; with no step left, `overlap` is null and `overlap_note` says why.
 A step whose `comm_exposed_s` is null (FSDP on CUDA) has no exposed comm and no overlap:
 the summary's `comm_exposed_s` is then null with `comm_exposed_note` = `COMM_NOT_MEASURED`.
 Medians skip warm-up steps (the first `WARMUP_STEPS`, fewer for short runs) and the steps whose
@@ -44,6 +46,9 @@ SPLIT_KEYS = ("step_time_s", "forward_s", "backward_s", "comm_exposed_s", "optim
 # run on FSDP2's comm streams, which the host clock cannot tell hidden from exposed
 # (engine/modes/fsdp/step.py). Never a number in its place.
 COMM_NOT_MEASURED = "not measured on CUDA"
+# the summary's `overlap_note` when steady steps had buckets with no all-reduce end (bucket_timing=recorder)
+OVERLAP_NOT_MEASURED = ("not measured: bucket_timing=recorder (no cost per bucket) times each all-reduce on the "
+                        "profiled steps only; bucket_timing=hook measures it every step, at a cost per bucket")
 
 
 def interval_union_s(intervals: list[tuple[float, float]]) -> float:
@@ -236,6 +241,8 @@ class SummaryBuilder:
         if bad:
             out["final_loss_nonfinite"] = bad
         out["overlap"] = self.overlap()
+        if out["overlap"] is None and self.bucket_unspanned & {e["step"] for e in steady}:
+            out["overlap_note"] = OVERLAP_NOT_MEASURED
         if out["comm_exposed_s"] is None and any(e.get("comm_exposed_measured") is False for e in last):
             # the step's own reason where it gives one (DDP with bucket_timing=recorder on gloo is not CUDA)
             out["comm_exposed_note"] = next((e["comm_exposed_note"] for e in last if e.get("comm_exposed_note")),

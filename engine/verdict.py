@@ -99,6 +99,7 @@ class Verdict:
             parts, not one of them; None where not measured).
         gil_share: {"dp", "ddp"}: max over devices of the median GIL-wait share of the step.
         overlap: DDP's overlap (1 − exposed/total all-reduce time), None without buckets.
+        overlap_note: why `overlap` is None where buckets were recorded (the summary's `overlap_note`).
     """
 
     leader: str
@@ -116,6 +117,7 @@ class Verdict:
     gil_wait_ms: dict[str, float | None] = field(default_factory=dict)
     gil_share: dict[str, float | None] = field(default_factory=dict)
     overlap: float | None = None
+    overlap_note: str = ""
 
     def headline(self) -> str:
         """One sentence: who is ahead, by how much, and the interval."""
@@ -155,6 +157,8 @@ class Verdict:
                          " GIL; narrow, deep models (Sweeps → shape) make it large.")
         if self.overlap is not None:
             text += f" DDP overlapped {self.overlap:.0%} of its all-reduce with backward."
+        elif self.overlap_note:
+            text += f" DDP's overlap is {self.overlap_note}."
         if self.leader == "dp":
             text += (" DP's copies are at RAM speed here (threads of one CPU process); on GPUs they "
                      "cross PCIe or NVLink through device 0, which DDP's all-reduce avoids.")
@@ -245,4 +249,4 @@ def verdict(dp: dict[str, Any] | None, ddp: dict[str, Any] | None) -> Verdict | 
                    gil_wait_ms={m: (None if g is None else g * 1e3) for m, g in
                                 (("dp", _mean_of(dp.get("gil_wait_s"))), ("ddp", _mean_of(ddp.get("gil_wait_s"))))},
                    gil_share={"dp": _max_of(dp.get("gil_wait_share")), "ddp": _max_of(ddp.get("gil_wait_share"))},
-                   overlap=_f(ddp.get("overlap")))
+                   overlap=_f(ddp.get("overlap")), overlap_note=str(ddp.get("overlap_note") or ""))

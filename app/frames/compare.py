@@ -67,7 +67,7 @@ def view_of(window, label: str) -> RunView:
 
 COMPARE_COLUMNS = ["run", "mode", "world_size", "status", "samples_per_s", "speedup_vs_single",
                    "step_time_ms", "forward_ms", "backward_ms", "comm_exposed_ms", "dp_copies_ms", "comm_exposed_note",
-                   "optimizer_ms", "overlap", "peak_mib_max", "peak_mib_min", "memory_imbalance",
+                   "optimizer_ms", "overlap", "overlap_note", "peak_mib_max", "peak_mib_min", "memory_imbalance",
                    "bytes_mib_max", "bytes_source", "theory_mib_max", "replicas_in_sync", "replicas",
                    "final_loss"]
 
@@ -118,6 +118,7 @@ def _row(v: RunView) -> dict[str, Any]:
         "comm_exposed_note": s.get("comm_exposed_note") or fsteps.unmeasured_parts(steps).get(v.label),
         "optimizer_ms": pick("optimizer_s", "optimizer_ms"),
         "overlap": s.get("overlap") if v.mode in ("ddp", "fsdp") else None,
+        "overlap_note": s.get("overlap_note") if v.mode in ("ddp", "fsdp") else None,
         "peak_mib_max": peaks["peak_mib"].max() if not peaks.empty else float("nan"),
         "peak_mib_min": peaks["peak_mib"].min() if not peaks.empty else float("nan"),
         "memory_imbalance": (peaks["peak_mib"].max() / peaks["peak_mib"].min()
@@ -292,6 +293,8 @@ def side_by_side(df: pd.DataFrame) -> pd.DataFrame:
         out[r["run"]] = [_fmt(r[c], f) for _, c, f in TABLE_ROWS]
         if r.get("comm_exposed_note"):  # not measured: the reason, never a number
             out[r["run"]][[c for _, c, _ in TABLE_ROWS].index("comm_exposed_ms")] = COMM_NOT_MEASURED
+        if isinstance(r.get("overlap_note"), str):  # the summary's reason (bucket_timing=recorder), never a dash
+            out[r["run"]][[c for _, c, _ in TABLE_ROWS].index("overlap")] = "not measured (bucket_timing=recorder)"
     return pd.DataFrame(out)
 
 

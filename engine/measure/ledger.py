@@ -222,6 +222,13 @@ class TensorLedger:
         entry = self._entries.get(id(parts[-1].untyped_storage())) if parts else None
         return entry[1] if entry is not None else None
 
+    def add_held(self, nbytes: int, kind: str, device: int | None = None) -> None:
+        """Count `nbytes` held by C++ code the dispatch mode cannot see (e.g. DDP's reducer's bucket
+        buffers with no comm hook), alive for the whole window."""
+        if nbytes > 0 and self.active:
+            with self._lock:
+                self._change(self.device() if device is None else device, kind, int(nbytes))
+
     def _free(self, key: int) -> None:
         with self._lock:
             entry = self._entries.pop(key, None)

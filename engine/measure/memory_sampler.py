@@ -147,7 +147,10 @@ class MemorySampler:
             return []
         led.begin()
         for dev, kind, tensors in (self.existing() if self.existing else ()):
-            led.add_existing(tensors, kind, device=dev)
+            if isinstance(tensors, int):  # bytes held where no tensor is reachable (`TensorLedger.add_held`)
+                led.add_held(tensors, kind, device=dev)
+            else:
+                led.add_existing(tensors, kind, device=dev)
         self._held_start = {p.name: (int(torch.cuda.memory_allocated(p.cuda_index)), led.totals[p.ledger_index])
                             for p in self.devices if p.cuda_index is not None and p.ledger_index is not None}
         return [len(pts) for pts in led.points]
@@ -259,7 +262,7 @@ def model_memory_sampler(cfg: RunConfig, tel: Telemetry, model: nn.Module, opt: 
                    device: torch.device, extra_existing=None) -> MemorySampler:
     """The memory sampler of one model on one device (`mode=single`, and each DDP rank): the ledger
     counts this process's tensors on `device`; the timer adds process RSS (and, on CUDA, the
-    allocator and NVML). `extra_existing()` adds more ``(0, kind, tensors)`` alive at a step's start."""
+    allocator and NVML). `extra_existing()` adds more ``(0, kind, tensors or held bytes)`` alive at a step's start."""
     ledger = TensorLedger(1, device_type=device.type)
 
     def existing():

@@ -191,3 +191,19 @@ def test_a_launched_pair_becomes_every_pages_run_set(real_client, app_test):
     assert at.session_state["learn_set"] == old
     at.switch_page("views/compare.py").run()
     assert at.session_state["compare_set"] == old
+
+
+def test_an_unmeasured_overlap_says_so_and_a_measured_one_is_a_percent(views):
+    """bucket_timing=recorder (the default): the summary's overlap is null with `overlap_note`; Compare
+    says "not measured", never a dash or 0%. The recorded DDP run (hook) keeps its percent."""
+    from dataclasses import replace
+
+    from ddpviz.engine.summary import OVERLAP_NOT_MEASURED
+
+    ddp = views["ddp"]
+    unmeasured = replace(ddp, label="DDP rec", record={**ddp.record, "summary": {
+        **ddp.summary, "overlap": None, "overlap_note": OVERLAP_NOT_MEASURED}})
+    table = fc.side_by_side(fc.compare_frame([ddp, unmeasured])).set_index("measure")
+    row = "overlap (1 − exposed / total comm)"
+    assert table.loc[row, "DDP"] == f"{ddp.summary['overlap']:.0%}"
+    assert table.loc[row, "DDP rec"] == "not measured (bucket_timing=recorder)"

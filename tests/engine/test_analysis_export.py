@@ -82,7 +82,11 @@ def test_ddp_trace_and_fit_on_a_real_run():
     trace = chrome_trace(sink.events)
     tracks = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
     assert tracks == {"rank 0 (cpu:0)", "rank 1 (cpu:1)"}
-    assert sum(1 for e in trace["traceEvents"] if e.get("cat") == "bucket") == len(sink.of_type("bucket"))
+    # one span per bucket whose all-reduce was timed: with bucket_timing=recorder (the default) the
+    # profiled steps (0-2 and the last), none for step 3's, whose all-reduce end was not measured
+    spanned = [b for b in sink.of_type("bucket") if b["comm_start_s"] is not None and b["comm_end_s"] is not None]
+    assert {b["step"] for b in spanned} == {0, 1, 2, 4}
+    assert sum(1 for e in trace["traceEvents"] if e.get("cat") == "bucket") == len(spanned)
 
 
 # -- Chrome trace: complete events on one (pid, tid) nest or are disjoint (issue 12, case 8) ---------
@@ -139,5 +143,8 @@ def test_the_field_case_trace_has_no_partially_overlapping_events():
     run_training(RunConfig(mode="ddp", width=256, depth=4, bucket_cap_mb=0.25, steps=3, eval_every=0,
                            step_delay_s=0), sink, "t")
     trace = chrome_trace(sink.events)
-    assert sum(1 for e in trace["traceEvents"] if e.get("cat") == "bucket") == len(sink.of_type("bucket"))
+    # every step of a 3-step run is profiled, so every bucket's all-reduce is timed and exported
+    spanned = [b for b in sink.of_type("bucket") if b["comm_start_s"] is not None and b["comm_end_s"] is not None]
+    assert len(spanned) == len(sink.of_type("bucket")) and {b["step"] for b in spanned} == {0, 1, 2}
+    assert sum(1 for e in trace["traceEvents"] if e.get("cat") == "bucket") == len(spanned)
     assert partial_overlaps(trace) == []

@@ -63,7 +63,9 @@ def test_bucket_view_saves_ddp_a_copy_of_the_gradients():
     # moment either way (a layer's incoming gradient, activation gradients: here about a quarter
     # of P, in 8 layers of ~14% of P each). Steps 0 and 1 are left out: there the views are first
     # made and the buckets rebuilt, with both copies alive.
-    deep = dict(model="mlp", width=256, depth=8, mode="ddp", steps=4)
+    # with the comm hook, which is handed the bucket buffers and shows them to the ledger on sight;
+    # with no hook (bucket_timing=recorder) their bytes come from DDP's layout (`LayoutBuckets.held_nbytes`)
+    deep = dict(model="mlp", width=256, depth=8, mode="ddp", steps=4, bucket_timing="hook")
     P = (64 * 256 + 256 + 7 * (256 * 256 + 256) + 256 * 10 + 10) * 4
 
     def last_peak(**fields):
@@ -82,3 +84,21 @@ def test_dp_within_step_curve_shows_the_gather_and_the_reduce_on_device0(models)
     start, peak = curve[0][1], max(b for _, b in curve)
     assert peak == mem["cpu:0"]["peak_allocated_bytes"] > start  # rises within the step
     assert all(0 <= t <= mem["cpu:0"]["step_span_s"] + 1e-6 for t, _ in curve)
+
+
+def test_with_no_comm_hook_the_bucket_buffers_are_the_ones_the_hook_is_handed():
+    """bucket_timing=recorder: no hook sees DDP's bucket buffers, so their bytes come from DDP's
+    layout (`LayoutBuckets.held_nbytes`). Reference: the same run with the hook, whose buffers the
+    ledger counts on sight, and the model's gradient bytes (buckets hold every gradient once),
+    on every traced step of both ranks, the first (DDP's initial buckets) included."""
+    fields = dict(model="mlp", width=64, depth=6, mode="ddp", steps=4, bucket_cap_mb=0.01)
+    P = (64 * 64 + 64 + 5 * (64 * 64 + 64) + 64 * 10 + 10) * 4
+
+    def held(**more):
+        return {(e["rank"], e["step"]): e["breakdown"].get("bucket_buffers")
+                for e in run(**fields, **more)[1].of_type("memory") if "breakdown" in e}
+    hook, recorder = held(bucket_timing="hook"), held(bucket_timing="recorder")
+    assert set(recorder) == set(hook) and {s for _, s in recorder} >= {0, 3}
+    assert all(v == P for v in hook.values()), hook
+    assert recorder == hook
+    assert set(held(bucket_timing="recorder", gradient_as_bucket_view=True).values()) == {None}  # the grads' own storage

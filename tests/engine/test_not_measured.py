@@ -6,7 +6,7 @@ The CUDA side is a stand-in: the step fields an attached rank builds on CUDA, fe
 from __future__ import annotations
 
 from ddpviz.engine.measure.telemetry import step_fields
-from ddpviz.engine.summary import COMM_NOT_MEASURED, SummaryBuilder
+from ddpviz.engine.summary import COMM_NOT_MEASURED, OVERLAP_NOT_MEASURED, SummaryBuilder
 
 
 def _step(step: int, measured: bool, exposed: float, **extra) -> dict:
@@ -39,7 +39,25 @@ def test_buckets_without_an_end_give_no_overlap_figure():
         b.observe(_step(s, measured=True, exposed=0.002))
         b.observe(dict(type="bucket", rank=0, step=s, bucket_index=0, nbytes=4096, ready_s=None,
                        comm_start_s=0.001, comm_end_s=None))
-    assert b.summary()["overlap"] is None  # not 0% (all exposed) as a DP-like step would read
+    out = b.summary()
+    assert out["overlap"] is None  # not 0% (all exposed) as a DP-like step would read
+    assert out["overlap_note"] == OVERLAP_NOT_MEASURED  # and says why (bucket_timing=recorder)
+
+
+def test_the_note_and_the_verdict_name_why_and_a_measured_overlap_has_none():
+    from ddpviz.engine.verdict import Verdict
+
+    b = SummaryBuilder()
+    for s in range(8):  # every step spanned: 1 ms of a 2 ms all-reduce exposed, 50%
+        b.observe(_step(s, measured=True, exposed=0.001))
+        b.observe(dict(type="bucket", rank=0, step=s, bucket_index=0, nbytes=4096, ready_s=0.0,
+                       comm_start_s=0.001, comm_end_s=0.003))
+    out = b.summary()
+    assert out["overlap"] == 0.5 and "overlap_note" not in out
+    v = Verdict(leader="ddp", ratio=1.2, interval=(1.1, 1.3), dp_samples_per_s=1.0, ddp_samples_per_s=1.2,
+                steps={"dp": 8, "ddp": 8}, dp_step_ms=12.0, ddp_step_ms=10.0, gap_ms=2.0,
+                overlap_note=OVERLAP_NOT_MEASURED)
+    assert f"DDP's overlap is {OVERLAP_NOT_MEASURED}" in v.why()
 
 
 def test_the_summary_gives_the_steps_own_reason_where_they_have_one():

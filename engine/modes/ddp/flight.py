@@ -45,7 +45,7 @@ SOURCE = "flight recorder"  # the `bucket` events' `source` on this path (+ what
 
 def flight_recorder_path(cfg: Any, backend: str, model: Any) -> bool:
     """Whether this rank's DDP runs with no comm hook (`cfg.bucket_timing == "recorder"`, overlap
-    on, no compression hook); on NCCL (with a torch that has a dump) it also turns the flight
+    on, no compression hook, no sparse gradient); on NCCL (with a torch that has a dump) it also turns the flight
     recorder on with a buffer for two steps' buckets. Call before the process group is made (the
     buffer size is read then).
 
@@ -59,6 +59,10 @@ def flight_recorder_path(cfg: Any, backend: str, model: Any) -> bool:
     than the trainable parameters."""
     if cfg.bucket_timing != "recorder" or not cfg.overlap or cfg.comm_hook != "none":
         return False
+    from ddpviz.engine.modes.ddp.buckets import expect_sparse_gradient
+
+    if any(expect_sparse_gradient(model)):  # the layout's sizes are dense; what a sparse bucket sends
+        return False  # (values and indices, `Reducer::mark_variable_ready_sparse`) only the hook sees
     if backend != "nccl" or dump_function() is None:
         return True  # no comm hook; the recorder stays off (`LayoutBuckets`)
     from ddpviz.engine.modes.ddp.buckets import caps_bytes
@@ -269,6 +273,16 @@ class LayoutBuckets:
         self._forward_ns: int | None = None  # when the latest synced forward returned
         self._origin_ns = 0  # the backward's start (`begin_backward`)
 
+    def held_nbytes(self, gradient_as_bucket_view: bool) -> int:
+        """Bytes of the bucket buffers DDP's reducer holds in C++ (its layout's sizes, known after the
+        first backward): no hook is handed them, so the memory ledger cannot see them on sight. 0 when
+        the buffers are the gradients' own storage (`gradient_as_bucket_view`: counted as grads)."""
+        if gradient_as_bucket_view:
+            return 0
+        if not self._layout:  # before the first backward: DDP's initial buckets (made in its constructor)
+            self._read_layout()
+        return sum(nbytes for _, nbytes in self._layout)
+
     def forward_returned(self) -> None:
         """Call right after a DDP forward that will all-reduce (grad mode on, outside `no_sync`)
         returned: the origin of the reducer's gradient-ready times (class docstring)."""
@@ -285,17 +299,7 @@ class LayoutBuckets:
         """This backward's buckets: bucket_index, nbytes, num_params, param_names (when the layout
         is new), times None, `source`, `sampled` False."""
         if self.passes <= self.LAYOUT_READS or not self._layout:
-            from torch.utils._python_dispatch import _disable_current_modes
-
-            # the buckets come as zero copies (the reducer binds no other reader): made outside the
-            # memory ledger's mode, so a traced step's peak does not count them; freed at once
-            with _disable_current_modes():
-                self._layout = [(tuple(self.names.get(p.data_ptr(), "?") for p in b.parameters()),
-                                 b.buffer().numel() * b.buffer().element_size())
-                                for b in self.ddp.reducer._get_zeros_like_grad_buckets()]
-                logged = reducer_layout(self.ddp) if self.ready_times else None
-                self._groups = [ix for ix, _ in logged] if logged and all(ix is not None for ix, _ in logged) \
-                    and [b for _, b in logged] == [b for _, b in self._layout] else None
+            self._read_layout()
         fresh = self._named != self._layout
         self._named = self._layout
         n = len(self._layout)
@@ -312,6 +316,20 @@ class LayoutBuckets:
                             source=PROFILER_SOURCE if spans else READY_SOURCE if readies else LAYOUT_SOURCE,
                             **(dict(param_names=list(params)) if fresh else {})))
         return out
+
+    def _read_layout(self) -> None:
+        """The reducer's current buckets: parameter names and bytes, and their parameter indices."""
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        # the buckets come as zero copies (the reducer binds no other reader): made outside the
+        # memory ledger's mode, so a traced step's peak does not count them; freed at once
+        with _disable_current_modes():
+            self._layout = [(tuple(self.names.get(p.data_ptr(), "?") for p in b.parameters()),
+                             b.buffer().numel() * b.buffer().element_size())
+                            for b in self.ddp.reducer._get_zeros_like_grad_buckets()]
+            logged = reducer_layout(self.ddp) if self.ready_times else None
+            self._groups = [ix for ix, _ in logged] if logged and all(ix is not None for ix, _ in logged) \
+                and [b for _, b in logged] == [b for _, b in self._layout] else None
 
     def _readies(self, fwd: int) -> list[float] | None:
         """Each bucket's ready time (s from the backward's start) from the reducer's stamps of its

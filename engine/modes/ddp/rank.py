@@ -180,7 +180,8 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
                            **exposed_fields)
 
     sampler = model_memory_sampler(cfg, tel, model, opt, device, extra_existing=lambda: [
-        (0, "bucket_buffers", rec.take_kept())])
+        (0, "bucket_buffers", bucket_log.held_nbytes(cfg.gradient_as_bucket_view)
+         if isinstance(bucket_log, LayoutBuckets) else rec.take_kept())])
     rec.ledger = sampler.ledger
     buffer_probe = BufferProbe(model)
 
