@@ -52,9 +52,10 @@ PRESET_NAMES: dict[str, str] = {
     "overlap": "Buckets overlap",
     "tiny": "Tiny (smoke test)",
 }
-PRESETS_HELP = ("Default: PyTorch's 25 MiB bucket cap, one bucket all-reduced after backward; Buckets "
-                "overlap: a 0.1 MiB cap, two buckets, the first all-reduced while backward runs; Tiny: "
-                "fast, a small model")
+PRESETS_HELP = ("Default: PyTorch's 25 MiB bucket cap, one bucket all-reduced after backward, no Python per "
+                "bucket (bucket timing: recorder); Buckets overlap: a 0.1 MiB cap, two buckets, the first "
+                "all-reduced while backward runs, each timed on every step (bucket timing: hook, so overlap % "
+                "is measured); Tiny: fast, a small model")
 
 HELP = {
     "mode": "dp: one process, a thread per device; ddp: a process per rank, each with a whole "

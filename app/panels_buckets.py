@@ -12,6 +12,7 @@ import streamlit as st
 
 from ddpviz.app.charts.buckets import bucket_timeline
 from ddpviz.app.frames import buckets as fb
+from ddpviz.app.frames import detail
 from ddpviz.app.frames import steps as fsteps
 from ddpviz.app.widgets import pick_step
 
@@ -25,8 +26,8 @@ def step_selector(windows, key: str) -> int | None:
     first = next(iter(windows.values()), None)
     typical = None
     if first is not None:
-        measured = fb.measured_steps(first.of_type("bucket")) or fb.bucket_steps(first.of_type("bucket"))
-        typical = fsteps.typical_step(measured, first.of_type("step"))
+        typical = fsteps.typical_step(detail.bucket_candidates(first.of_type("bucket"), first.of_type("step")),
+                                      first.of_type("step"))
     notes: dict[int, str] = {}
     for w in windows.values():
         notes.update(fsteps.step_notes(w.of_type("step"), w.of_type("bucket")))

@@ -71,11 +71,11 @@ SEPARATE = ("What would separate them: more steps (a longer run narrows the inte
 # issue 33.3): said with every level or DP-ahead verdict, so a reader knows the machine, not the
 # method, can decide.
 CPU_NOTE = ("On 2 CPU cores the answer depends on whether the cores are free: the default pair measured "
-            "in turns (`ddpviz compare --modes dp,ddp --turns 10`) was DDP ahead beyond noise in 4 of 5 tries "
-            "on a quiet machine (1.24-1.46x, level once) and DP ahead in 4 of 5 with one busy process beside "
-            "it (DDP 0.83-0.87x, level once): DDP's ranks meet at every all-reduce, so whichever rank the "
-            "other process preempts holds up both, while DP's one process goes on with the core it has "
-            "(docs/bench/default-pair-turns-tries.json).")
+            "in turns (`ddpviz compare --modes dp,ddp --turns 10`) was DDP ahead beyond noise in 5 of 5 tries "
+            "on a quiet machine (1.21-1.31x) and level within noise in 5 of 5 with one busy process beside "
+            "it (0.98-1.09x): DDP's ranks meet at every all-reduce, so whichever rank the other process "
+            "preempts holds up both, while DP's one process goes on with the core it has "
+            "(docs/bench/default-pair-turns-tries-recorder.json).")
 SOURCE = ("measured: ratio of the median samples/s over each run's steady steps; 90% interval from a "
           "block bootstrap of the per-step samples/s (engine.verdict); parts: means over steady steps")
 

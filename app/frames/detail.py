@@ -17,13 +17,23 @@ from ddpviz.app.frames.base import Event
 
 def typical_detail_step(detail_events: Iterable[Event], step_events: Iterable[Event], type_: str) -> int | None:
     """The kept step a one-step chart of `type_` events ("bucket" or "dp_phase") shows: the typical
-    step of those whose events are complete (buckets: with measured spans, when any are)."""
-    events = list(detail_events)
-    if type_ == "bucket":
-        steps = fb.measured_steps(events) or fb.bucket_steps(events)
-    else:
-        steps = fd.dp_steps(events)
-    return fsteps.typical_step(steps, step_events)
+    step of those whose events are complete (buckets: `bucket_candidates`)."""
+    events, steps_ev = list(detail_events), list(step_events)
+    steps = bucket_candidates(events, steps_ev) if type_ == "bucket" else fd.dp_steps(events)
+    return fsteps.typical_step(steps, steps_ev)
+
+
+def bucket_candidates(bucket_events: list[Event], step_events: list[Event]) -> list[int]:
+    """The kept steps a bucket view may open on, best first: ordinary (not instrumented) steps with
+    measured spans; else ordinary steps (with bucket_timing=recorder only the profiled steps have
+    spans, and they are instrumented: an ordinary step shows its ready times and exposed comm, its
+    all-reduce "not measured", issue 33); else any step with spans; else any kept step."""
+    notes = fsteps.step_notes(step_events)
+    measured, kept = fb.measured_steps(bucket_events), fb.bucket_steps(bucket_events)
+
+    def ordinary(steps: list[int]) -> list[int]:
+        return [s for s in steps if notes.get(s) != "instrumented"]
+    return ordinary(measured) or ordinary(kept) or measured or kept
 
 
 def step_text(step: int, step_events: Iterable[Event], detail_events: Iterable[Event] = ()) -> str:

@@ -38,6 +38,7 @@ def mode_report(result: RunResult, single: RunResult | None) -> dict[str, Any]:
                 comm_exposed_note=s.get("comm_exposed_note"),  # why comm_exposed_s is null, if it is
                 peak_memory_bytes=s.get("peak_memory_bytes"), memory_imbalance=s.get("memory_imbalance"),
                 bytes_per_device=s.get("bytes_per_device"), overlap=s.get("overlap"),
+                overlap_note=s.get("overlap_note"),  # why overlap is null, if it is (bucket_timing=recorder)
                 replicas_in_sync=s.get("replicas_in_sync"), max_param_diff_vs_single=diff,
                 val_accuracy=s.get("val_accuracy"), final_loss=s.get("final_loss"),
                 gil_wait_share=s.get("gil_wait_share"), gil_wait_s=s.get("gil_wait_s"),

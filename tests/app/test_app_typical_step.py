@@ -83,6 +83,23 @@ def test_unsampled_steps_are_not_measured_never_zero():
     assert math.isnan(per_step[5]) and per_step[6] == pytest.approx(2.0)
 
 
+def test_with_spans_on_profiled_steps_only_the_view_opens_on_an_ordinary_step():
+    """bucket_timing=recorder: every kept step has ready times and exposed comm, all-reduce spans
+    only on the profiled (memory-traced, instrumented) steps. The view opens on the typical ordinary
+    step, its all-reduce "not measured", not on an instrumented one for having spans (issue 33)."""
+    events = []
+    for e in _ddp_run():
+        if e["type"] == "bucket" and not should_trace_memory(e["step"], STEPS):
+            e = dict(e, comm_start_s=None, comm_end_s=None)
+        events.append(e)
+    buckets, steps = [e for e in events if e["type"] == "bucket"], [e for e in events if e["type"] == "step"]
+    assert fb.measured_steps(buckets) == [0, 1, 299]  # the profiled ones
+    chosen = detail.typical_detail_step(buckets, steps, "bucket")
+    assert chosen == _median_steady_step(events)
+    frame = fb.bucket_frame(buckets, chosen)
+    assert frame["ready_ms"].notna().all() and frame["comm_end_ms"].isna().all()
+
+
 def test_sampled_flag_alone_marks_a_step():
     buckets = [dict(type="bucket", rank=0, step=7, bucket_index=0, is_last=True, sampled=True,
                     ready_s=0.001, comm_start_s=0.001, comm_end_s=0.002)]

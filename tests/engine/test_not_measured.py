@@ -66,3 +66,12 @@ def test_the_summary_gives_the_steps_own_reason_where_they_have_one():
     for s in range(8):
         b.observe(_step(s, measured=False, exposed=0.0, comm_exposed_note="bucket times on sampled steps only"))
     assert b.summary()["comm_exposed_note"] == "bucket times on sampled steps only"
+
+
+def test_compare_carries_the_note_to_its_report():
+    """`ddpviz compare --json`: the DDP entry's `overlap_note` is the summary's, for the verdict to say."""
+    from ddpviz.engine.harness.compare import mode_report
+    from ddpviz.engine.result import RunResult
+
+    report = mode_report(RunResult("succeeded", summary={"overlap": None, "overlap_note": OVERLAP_NOT_MEASURED}), None)
+    assert report["overlap"] is None and report["overlap_note"] == OVERLAP_NOT_MEASURED
