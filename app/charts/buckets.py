@@ -11,7 +11,8 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from ddpviz.app.charts.style import CHROME_PX, HEIGHT, PHASE_HUES, ROW_PX, STEP_X, WIDTH, legend, run_scale, title
+from ddpviz.app.charts.style import (CHROME_PX, HEIGHT, PHASE_HUES, ROW_PX, STEP_X, WIDTH, extra_title_px, legend,
+                                     run_scale, title)
 
 KINDS = ["backward (compute)", "all-reduce (one bucket)", "bucket ready",
          "exposed comm",  # exposed: after the last bucket was ready
@@ -90,7 +91,8 @@ def bucket_timeline(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: pd.D
            alt.Tooltip("ready_ms:Q", title="ready (ms)", format=".2f"),
            alt.Tooltip("comm_start_ms:Q", title="all-reduce start (ms)", format=".2f"),
            alt.Tooltip("comm_end_ms:Q", title="all-reduce end (ms)", format=".2f"),
-           alt.Tooltip("algbw_gbps:Q", title="algbw (GB/s)", format=".3f")]
+           alt.Tooltip("algbw_gbps:Q", title="algbw (GB/s)", format=".3f"),
+           *([alt.Tooltip("source:N", title="measured by")] if "source" in rows else [])]
     layers.append(alt.Chart(rows.assign(kind=KINDS[1])).mark_rect().encode(
         x=alt.X("comm_start_ms:Q", scale=scale), x2="comm_end_ms:Q", y=y, y2="y1:Q",
         color=_KIND, tooltip=tip))
@@ -102,7 +104,7 @@ def bucket_timeline(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: pd.D
         layers.append(alt.Chart(starts.assign(kind=KINDS[4], y_mid=starts["y0"] + 0.35)).mark_point(
             shape="triangle-right", filled=True, size=70, opacity=1).encode(
             x=alt.X("comm_start_ms:Q", scale=scale), y=alt.Y("y_mid:Q", scale=y_scale), color=_KIND_STARTS,
-            tooltip=tip + [alt.Tooltip("source:N", title="measured by")]))
+            tooltip=tip))
     ddps = int(buckets["ddp_index"].nunique()) if not buckets.empty and "ddp_index" in buckets else 1
     if ddps > 1:  # several DDPs in one process (an attached GAN): "DDP k" at the first of its rows
         first = rows.groupby(["lane", "ddp_index"], as_index=False)["y0"].min()
@@ -117,12 +119,22 @@ def bucket_timeline(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: pd.D
     sub = (f"{n} bucket(s){whose} per rank, a row each; {EXPOSED_NOTE}" if not latest else
            f"a typical step: a lane per rank, a row per bucket{whose}; {EXPOSED_NOTE}")
     if not buckets.empty and buckets["comm_end_ms"].isna().all():
-        sources = sorted(set(buckets["source"]) - {""}) if "source" in buckets else []
-        what = "bucket times" if buckets["comm_start_ms"].isna().all() else "all-reduce ends"
-        sub += (f"; {what} not measured on this step" + (f" ({sources[0]})" if sources else ""))
+        sub += f"; {unmeasured_words(buckets)} not measured on this step"
+        sources = sorted({str(x).split(":")[0] for x in buckets.get("source", [])} - {"", "nan", "None"})
+        sub += f" (measured by {', '.join(sources)}; hover a bucket for how)" if sources else ""
+    head = title(label, sub)
     return alt.layer(*layers).properties(
-        title=title(label, sub),
-        width=WIDTH, height=CHROME_PX + LEGEND_PX + lane_px * max(2, len(lanes)))
+        title=head, width=WIDTH,
+        height=CHROME_PX + LEGEND_PX + lane_px * max(2, len(lanes)) + extra_title_px(head))
+
+
+def unmeasured_words(buckets: pd.DataFrame) -> str:
+    """What a step without all-reduce ends lacks: "all-reduce start and end" where ready times were
+    measured (bucket_timing=recorder on gloo: DDP's reducer), "all-reduce ends" where starts were
+    (the flight recorder's enqueue times), else "bucket times"."""
+    if buckets["comm_start_ms"].notna().any():
+        return "all-reduce ends"
+    return "all-reduce start and end" if buckets["ready_ms"].notna().any() else "bucket times"
 
 
 def exposed_chart(per_step: pd.DataFrame, modes: dict[str, str] | None = None) -> alt.Chart:

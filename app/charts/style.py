@@ -135,13 +135,14 @@ def rows_height(df: pd.DataFrame, column: str, min_rows: int = 2, row_px: int = 
     room for each title and subtitle line past the first two (`TITLE_LINE_PX`), so a long
     subtitle never pushes the title out of the box (Streamlit's autosize "fit")."""
     rows = df[column].nunique() if not df.empty else 1
-    return CHROME_PX + row_px * max(min_rows, rows) + _extra_title_px(title_params)
+    return CHROME_PX + row_px * max(min_rows, rows) + extra_title_px(title_params)
 
 
 TITLE_LINE_PX = 16  # one more title or subtitle line
 
 
-def _extra_title_px(t: alt.TitleParams | None) -> int:
+def extra_title_px(t: alt.TitleParams | None) -> int:
+    """Pixels for each title and subtitle line past the first two (`TITLE_LINE_PX`)."""
     if t is None:
         return 0
     text, sub = t.to_dict().get("text", ""), t.to_dict().get("subtitle", "")

@@ -50,7 +50,9 @@ def exposed_frame(buckets: pd.DataFrame, steps: Iterable[Event]) -> pd.DataFrame
     """Per rank: the exposed part of communication in this step.
 
     Columns: rank, start_ms (last bucket ready), end_ms (last all-reduce end), exposed_ms, and
-    reported_ms (the engine's `comm_exposed_s` of that rank's step event, for the tooltip).
+    reported_ms (the engine's `comm_exposed_s` of that rank's step event, for the tooltip). Where no
+    all-reduce end was measured but the step's exposed comm was (bucket_timing=recorder on gloo: the
+    backward's end minus the last ready time, both DDP's reducer's), end_ms = start_ms + reported_ms.
     """
     cols = ["rank", "start_ms", "end_ms", "exposed_ms", "reported_ms"]
     if buckets.empty:
@@ -60,9 +62,11 @@ def exposed_frame(buckets: pd.DataFrame, steps: Iterable[Event]) -> pd.DataFrame
                 for e in frames.of_type(steps, "step") if e["step"] == step}
     g = buckets.groupby("rank").agg(start_ms=("ready_ms", "max"), end_ms=("comm_end_ms", "max"))
     g = g.reset_index()
+    g["reported_ms"] = [reported.get(int(r), float("nan")) for r in g["rank"]]
+    unended = g["end_ms"].isna() & g["reported_ms"].notna()
+    g.loc[unended, "end_ms"] = g.loc[unended, "start_ms"] + g.loc[unended, "reported_ms"]
     g["end_ms"] = g[["start_ms", "end_ms"]].max(axis=1)
     g["exposed_ms"] = g["end_ms"] - g["start_ms"]
-    g["reported_ms"] = [reported.get(int(r), float("nan")) for r in g["rank"]]
     return g[cols]
 
 

@@ -157,3 +157,48 @@ def test_charts_accept_empty_frames():
     for chart in (charts.throughput_curves_chart(fsteps.steps_frame([], "x")),
                   charts_dp.dp_phase_chart(fd.dp_phase_frame([]))):
         assert chart.to_dict()["title"]["text"]
+
+
+def _recorder_step(spans: bool) -> tuple[list[dict], list[dict]]:
+    """One DDP step of 2 ranks, 2 buckets: ready times always (DDP's reducer), all-reduce spans only
+    when `spans` (the hook, or a profiled step); exposed comm 1.5 ms (rank 0) and 0.5 ms (rank 1)."""
+    from ddpviz.engine.modes.ddp.flight import READY_SOURCE
+
+    buckets, steps = [], []
+    for rank, exposed in ((0, 0.0015), (1, 0.0005)):
+        steps.append(dict(type="step", rank=rank, step=7, backward_s=0.0002, comm_exposed_s=exposed))
+        for b, ready in ((0, 0.00015), (1, 0.0002)):
+            buckets.append(dict(type="bucket", rank=rank, step=7, bucket_index=b, nbytes=4096, num_params=2,
+                                ready_s=ready, comm_start_s=ready if spans else None,
+                                comm_end_s=0.0002 + exposed if spans else None,
+                                source="comm hook (Python): measured" if spans else READY_SOURCE))
+    return buckets, steps
+
+
+def test_a_step_with_ready_times_and_no_spans_shows_its_measured_exposed_comm():
+    """bucket_timing=recorder: the exposed band runs from the last ready time for the step's
+    measured exposed comm (hand-worked: 0.2 ms + 1.5 ms and + 0.5 ms), not 0 for want of an end."""
+    buckets, steps = _recorder_step(spans=False)
+    exposed = fb.exposed_frame(fb.bucket_frame(buckets, 7), steps).set_index("rank")
+    assert exposed.loc[0, "end_ms"] == pytest.approx(1.7) and exposed.loc[1, "end_ms"] == pytest.approx(0.7)
+    assert exposed["exposed_ms"].tolist() == pytest.approx([1.5, 0.5])
+
+
+def test_the_recorder_steps_subtitle_names_what_is_missing_and_the_plot_keeps_its_height():
+    """Its subtitle says the all-reduce start and end are not measured (ready times are) and by whom;
+    the chart grows by the extra subtitle lines so the lanes keep their height (a long subtitle
+    squeezed the plot to nothing in the browser: every mark drawn in a 0 px band)."""
+    from ddpviz.app.charts.buckets import bucket_timeline
+    from ddpviz.app.charts.style import TITLE_LINE_PX
+
+    def chart(spans):
+        buckets, steps = _recorder_step(spans)
+        frame = fb.bucket_frame(buckets, 7).assign(lane=lambda d: "rank " + d["rank"].astype(str))
+        back = fb.backward_frame(steps, 7).assign(lane=lambda d: "rank " + d["rank"].astype(str))
+        exp = fb.exposed_frame(frame, steps).assign(lane=lambda d: "rank " + d["rank"].astype(str))
+        return bucket_timeline(frame, back, exp, run="G", latest=True, lanes=["rank 0", "rank 1"]).to_dict()
+    hook, rec = chart(True), chart(False)
+    sub = " ".join(rec["title"]["subtitle"])
+    assert "all-reduce start and end not measured on this step" in sub and "DDP's reducer" in sub
+    extra_lines = len(rec["title"]["subtitle"]) - len(hook["title"]["subtitle"])
+    assert extra_lines > 0 and rec["height"] - hook["height"] == TITLE_LINE_PX * extra_lines

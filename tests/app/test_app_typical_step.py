@@ -159,7 +159,7 @@ def test_a_step_with_starts_only_draws_marks_not_bars_and_says_so():
     marks = [layer for layer in spec["layer"] if (layer.get("mark") or {}).get("type") == "point"]
     assert len(marks) == 1 and marks[0]["encoding"]["x"]["field"] == "comm_start_ms"
     assert KINDS[4] in marks[0]["encoding"]["color"]["scale"]["domain"]
-    assert "all-reduce ends not measured on this step (flight recorder" in " ".join(spec["title"]["subtitle"])
+    assert "all-reduce ends not measured on this step (measured by flight recorder" in " ".join(spec["title"]["subtitle"])
 
 
 def test_dp_timeline_prefers_steps_whose_gil_was_metered():
