@@ -75,7 +75,7 @@ HELP = {
                  "cast each bucket for the all-reduce (half the bytes; bf16 needs NCCL: PyTorch refuses "
                  "it on gloo), powersgd sends low-rank factors. Bytes are counted on what the hook "
                  "sends; overlap must be on",
-    "bucket_timing": "DDP: recorder (default) adds nothing per bucket (DDP's own all-reduce): bytes, order and "
+    "bucket_timing": "DDP: auto (default) is recorder on gloo, hook on NCCL; recorder adds nothing per bucket (DDP's own all-reduce): bytes, order and "
                      "DDP's own ready times every step on gloo (so exposed comm), all-reduce spans on the "
                      "profiled steps only (so overlap % is not measured on longer runs), enqueue times and GPU "
                      "durations on NCCL; hook times every bucket with a Python comm hook (ready, all-reduce "

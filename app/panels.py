@@ -385,10 +385,10 @@ def _bucket_caption(w: RunWindow, buckets: pd.DataFrame) -> None:
     bw = r0["algbw_gbps"].dropna()
     med = statistics.median(bw) if len(bw) else float("nan")
     said = detail.step_text(int(buckets["step"].iloc[0]), w.of_type("step"), w.of_type("bucket"))
-    st.caption(f"{said}: {len(r0)} bucket(s), "
-               f"{frames.format_bytes(r0['nbytes'].sum())} of gradients per rank; median all-reduce "
-               f"algbw {frames.format_rate(med * 1e9)} (rank {int(r0['rank'].iloc[0])}). Every step, on "
-               f"the Bucket timeline page.")
+    rate = (f"median all-reduce algbw {frames.format_rate(med * 1e9)} (rank {int(r0['rank'].iloc[0])})" if len(bw)
+            else "all-reduce algbw not measured on this step")
+    st.caption(f"{said}: {len(r0)} bucket(s), {frames.format_bytes(r0['nbytes'].sum())} of gradients per rank; "
+               f"{rate}. Every step, on the Bucket timeline page.")
 
 
 def all_done(windows: dict[str, RunWindow]) -> bool:

@@ -16,8 +16,20 @@ SCHEMA_VERSION = 1  # version of the event schema, carried in `run_started`
 # How DDP's buckets are recorded (docs/bucket-timing.md): "hook" = ddpviz's Python comm hook on every
 # bucket; "recorder" = no hook, DDP's own C++ all-reduce. The one home of these names: `RunConfig`
 # (launched runs) and `ddpviz run --bucket-timing` (attached runs, engine/attach/env.py) both use them.
-BucketTiming = Literal["hook", "recorder"]
-BUCKET_TIMINGS: tuple[str, ...] = get_args(BucketTiming)
+# A launched run may also say "auto" (its default): `effective_bucket_timing` picks by backend.
+BUCKET_TIMINGS: tuple[str, ...] = ("hook", "recorder")
+BucketTiming = Literal["hook", "recorder", "auto"]
+
+
+def effective_bucket_timing(cfg: "RunConfig", backend: str) -> str:
+    """"hook" or "recorder" for a launched DDP run on `backend` ("gloo" or "nccl"): the config's, or
+    for "auto" the recorder on gloo (no Python per bucket; ready times and exposed comm from DDP's
+    reducer every step) and the hook on NCCL, where the recorder path reads PyTorch's flight-recorder
+    dump on the training thread every step (~15 µs per entry held plus unpickling, issue 31's H200
+    figures) and has never run through ddpviz on a GPU, so it is no lighter there yet."""
+    if cfg.bucket_timing != "auto":
+        return cfg.bucket_timing
+    return "recorder" if backend == "gloo" else "hook"
 
 BUILTIN_MODELS = ("mlp", "cnn", "gpt")
 FSDP_FIELDS = ("reshard_after_forward", "fsdp_param_dtype", "fsdp_reduce_dtype")  # mode fsdp only
@@ -90,16 +102,16 @@ class RunConfig(BaseModel):
     # PRESETS["overlap"] (0.1) shows buckets overlapping backward.
     bucket_cap_mb: float = Field(25.0, gt=0.0, le=4096.0)
     overlap: bool = True  # False: defer every all-reduce until the last bucket is ready
-    # DDP bucket records (issue 31, docs/bucket-timing.md): "recorder" (default) = no comm hook, DDP's own
-    # C++ all-reduce, so no Python per bucket (cost per bucket within noise of 0 here): bytes, parameters
-    # and order from DDP's reducer and, on gloo, every bucket's ready time (the reducer's own stamps) and
-    # the step's exposed comm, every step; all-reduce start and end on the profiled (memory-traced) steps,
-    # so overlap % is "not measured" on longer runs; on NCCL enqueue times and GPU durations from PyTorch's
+    # DDP bucket records (issue 31, docs/bucket-timing.md): "recorder" = no comm hook, DDP's own C++
+    # all-reduce, so no Python per bucket (cost per bucket within noise of 0 here): bytes, parameters and
+    # order from DDP's reducer and, on gloo, every bucket's ready time (the reducer's own stamps) and the
+    # step's exposed comm, every step; all-reduce start and end on the profiled (memory-traced) steps, so
+    # overlap % is "not measured" on longer runs; on NCCL enqueue times and GPU durations from PyTorch's
     # flight recorder. "hook" = ddpviz's Python comm hook on every bucket: ready, start and end measured
     # on every step, for ~0.1-0.5 ms per bucket per step on gloo here (PRESETS["overlap"] uses it).
-    # Sparse gradients, overlap=false and comm_hook need the hook and use it whatever this says
-    # (engine/modes/ddp/flight.py)
-    bucket_timing: BucketTiming = "recorder"
+    # "auto" (default): recorder on gloo, hook on NCCL (`effective_bucket_timing`). Sparse gradients,
+    # overlap=false and comm_hook need the hook and use it whatever this says (engine/modes/ddp/flight.py)
+    bucket_timing: BucketTiming = "auto"
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
     find_unused_parameters: bool = False

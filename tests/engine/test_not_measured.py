@@ -75,3 +75,24 @@ def test_compare_carries_the_note_to_its_report():
 
     report = mode_report(RunResult("succeeded", summary={"overlap": None, "overlap_note": OVERLAP_NOT_MEASURED}), None)
     assert report["overlap"] is None and report["overlap_note"] == OVERLAP_NOT_MEASURED
+
+
+def test_auto_is_the_recorder_on_gloo_and_the_hook_on_nccl():
+    """The default `bucket_timing="auto"`: no Python per bucket on gloo; on NCCL the hook, since the
+    recorder path reads the flight recorder's dump on the training thread every step there. What the
+    rank runs is `flight_recorder_path`'s answer (a stand-in model: it builds nothing on NCCL here)."""
+    import torch
+
+    from ddpviz.engine.config import RunConfig, effective_bucket_timing
+    from ddpviz.engine.modes.ddp.flight import flight_recorder_path
+
+    auto = RunConfig()
+    assert auto.bucket_timing == "auto"
+    assert effective_bucket_timing(auto, "gloo") == "recorder" and effective_bucket_timing(auto, "nccl") == "hook"
+    for chosen in ("hook", "recorder"):
+        assert {effective_bucket_timing(RunConfig(bucket_timing=chosen), b) for b in ("gloo", "nccl")} == {chosen}
+    model = torch.nn.Linear(4, 2)
+    assert flight_recorder_path(auto, "gloo", model) is True
+    assert flight_recorder_path(auto, "nccl", model) is False
+    sparse = torch.nn.Sequential(torch.nn.Embedding(10, 4, sparse=True), torch.nn.Linear(4, 2))
+    assert flight_recorder_path(auto, "gloo", sparse) is False  # the hook sees what a sparse bucket sends

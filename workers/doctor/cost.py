@@ -9,7 +9,8 @@ step times, their ratio, and ddpviz's extra time per bucket per step against the
 Targets (issue 31): on a GPU every ratio <= `RATIO_TARGET` (the check fails otherwise); on CPU (gloo,
 2 ranks) the extra host time per bucket <= `PER_BUCKET_TARGET_US`, from the least-squares slope over
 the three caps (reported with `target_met`, not enforced: see `check_bucket_cost`). Which DDP bucket path is measured is the config's
-`bucket_timing` (`hook` by default; the figures say so).
+`bucket_timing` (`auto` by default: the recorder on gloo, the hook on NCCL, `engine.config.effective_bucket_timing`;
+the figures say which config it was).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ SOURCE = "flight recorder"  # the `bucket` events' `source` on this path (+ what
 
 
 def flight_recorder_path(cfg: Any, backend: str, model: Any) -> bool:
-    """Whether this rank's DDP runs with no comm hook (`cfg.bucket_timing == "recorder"`, overlap
+    """Whether this rank's DDP runs with no comm hook (`effective_bucket_timing` "recorder": "auto" on gloo; overlap
     on, no compression hook, no sparse gradient); on NCCL (with a torch that has a dump) it also turns the flight
     recorder on with a buffer for two steps' buckets. Call before the process group is made (the
     buffer size is read then).
@@ -57,7 +57,9 @@ def flight_recorder_path(cfg: Any, backend: str, model: Any) -> bool:
     Buckets per step: each bucket DDP closes holds at least its cap (`Reducer`'s assignment rule),
     so there are at most ceil(P / cap) + 2 (the smaller first bucket, the rest), and never more
     than the trainable parameters."""
-    if cfg.bucket_timing != "recorder" or not cfg.overlap or cfg.comm_hook != "none":
+    from ddpviz.engine.config import effective_bucket_timing
+
+    if effective_bucket_timing(cfg, backend) != "recorder" or not cfg.overlap or cfg.comm_hook != "none":
         return False
     from ddpviz.engine.modes.ddp.buckets import expect_sparse_gradient
 
