@@ -109,3 +109,84 @@ def plain_alone(cfg: RunConfig, rounds: int = 4, warmup_steps: int = 20) -> dict
                 warmup_steps=warmup_steps, config=cfg.to_json_dict(),
                 source="measured: whole runs taking turns (ABBA), each alone; rank 0's median interval "
                        "between step starts; median of the rounds' ddpviz/plain ratios")
+
+
+IN_THREAD_SOURCE = ("measured: thread CPU time of the recorder path's own per-step work after backward "
+                    "(LayoutBuckets.resolved + Telemetry.emit_many to a rank's event file) on the training thread, "
+                    "1-rank gloo DDP in one process, median over steps; slope between two bucket caps")
+
+
+def in_thread_cost(cfg: RunConfig, caps_mb: tuple[float, float] = (25.0, 0.01), steps: int = 300,
+                   warmup_steps: int = 50) -> dict[str, Any]:
+    """What `bucket_timing=recorder` itself runs on the training thread per step and per bucket
+    (`IN_THREAD_SOURCE`): the part of its cost that block-by-block A/B cannot resolve on a noisy
+    2-core machine (its intervals span ±0.2 ms a bucket there). Excludes what other threads and
+    processes cost (the event writer, the launcher's follower): `bucket_cost` and `plain_alone`
+    measure those with everything else. One rank process, started like the bench's plain ranks.
+
+    Returns: per cap `buckets`, `wall_us` and `cpu_us` (medians a step), and `per_bucket_us` (CPU).
+    Raises:
+        ValueError: the two caps give the same bucket count (no slope to measure).
+    """
+    from ddpviz.engine.modes.ranks import start_rank_processes
+
+    with tempfile.TemporaryDirectory(prefix="ddpviz-inthread-") as tmp:
+        start_rank_processes(_in_thread_rank, (cfg.to_json_dict(), list(caps_mb), steps, tmp), 1)
+        rows = json.loads(Path(tmp, "in_thread.json").read_text())
+    for r in rows:
+        r["wall_us"] = statistics.median(r.pop("wall_ns")[warmup_steps:]) / 1e3
+        r["cpu_us"] = statistics.median(r.pop("cpu_ns")[warmup_steps:]) / 1e3
+    big, small = rows
+    if small["buckets"] == big["buckets"]:
+        raise ValueError(f"caps {caps_mb} give the same bucket count ({big['buckets']}): no slope")
+    return dict(caps=rows, per_bucket_us=(small["cpu_us"] - big["cpu_us"]) / (small["buckets"] - big["buckets"]),
+                steps=steps, warmup_steps=warmup_steps, config=cfg.to_json_dict(), source=IN_THREAD_SOURCE)
+
+
+def _in_thread_rank(rank: int, cfg_dict: dict, caps_mb: list[float], steps: int, out_dir: str) -> None:
+    """`in_thread_cost`'s process: a 1-rank gloo group, a fresh model per cap, the rank's own loop's
+    forward/backward, then the timed recorder work."""
+    import time
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ddpviz.engine.components.training import loss_fn
+    from ddpviz.engine.data import BatchPlan, load_dataset
+    from ddpviz.engine.events import rank_sink
+    from ddpviz.engine.measure.telemetry import Telemetry
+    from ddpviz.engine.models import build_model
+    from ddpviz.engine.modes.ddp.buckets import ddp_bucket_cap_arg
+    from ddpviz.engine.modes.ddp.flight import LayoutBuckets
+    from ddpviz.engine.modes.ranks import join_process_group, leave_process_group
+
+    base = RunConfig(**{**cfg_dict, "world_size": 1})
+    join_process_group("gloo", init_method=f"file://{out_dir}/pg", rank=0, world_size=1)
+    try:
+        ds, rows = load_dataset(base), []
+        for cap in caps_mb:
+            cfg = base.model_copy(update=dict(bucket_cap_mb=cap))
+            model = build_model(cfg, ds).train()
+            ddp = DDP(model, bucket_cap_mb=ddp_bucket_cap_arg(cfg))
+            log = LayoutBuckets(ddp, {p.data_ptr(): n for n, p in model.named_parameters()})
+            sink = rank_sink(Path(out_dir, f"events-{cap}.jsonl"))
+            tel = Telemetry(sink, "in-thread", rank=0, device="cpu:0")
+            plan = BatchPlan(len(ds), 1, cfg.micro_batch_per_device, cfg.seed)
+            wall, cpu, n = [], [], 0
+            for step in range(steps):
+                idx = plan.rank_indices(step, 0)
+                out = ddp(ds.x_train[idx])
+                log.forward_returned()
+                loss = loss_fn(out, ds.y_train[idx])
+                log.begin_backward()
+                loss.backward()
+                w0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+                buckets = log.resolved()
+                tel.emit_many("bucket", buckets, step=step)
+                wall.append(time.perf_counter_ns() - w0)
+                cpu.append(time.thread_time_ns() - c0)
+                n = len(buckets)
+            sink.close()
+            rows.append(dict(bucket_cap_mb=cap, buckets=n, wall_ns=wall, cpu_ns=cpu))
+        Path(out_dir, "in_thread.json").write_text(json.dumps(rows))
+    finally:
+        leave_process_group()

@@ -18,9 +18,25 @@ def test_the_record_has_each_bucket_timing_and_converts_to_microseconds(monkeypa
     monkeypatch.setattr(harness, "bucket_cost", bucket_cost)
     monkeypatch.setattr(harness, "plain_alone", lambda cfg, rounds: dict(ratio=1.0, ratio_interval_90=[1, 1],
                                                                          timing=cfg.bucket_timing))
+    monkeypatch.setattr(harness, "in_thread_cost", lambda cfg, caps: dict(
+        per_bucket_us=2.5, timing=cfg.bucket_timing, caps=[dict(cpu_us=40.0, buckets=1), dict(cpu_us=160.0, buckets=49)]))
     out = measure_bucket_cost(rounds=2, say=lambda m: None)
     assert seen == [("hook", (25.0, 0.01), 48), ("recorder", (25.0, 0.01), 48)]
     assert out["timings"]["hook"]["per_bucket_us"] == pytest.approx(600.0)
     assert out["timings"]["recorder"]["per_bucket_us"] == pytest.approx(10.0)
     assert out["timings"]["recorder"]["per_step_alone"]["timing"] == "recorder"
+    assert out["timings"]["recorder"]["in_thread"]["timing"] == "recorder" and "in_thread" not in out["timings"]["hook"]
     assert out["date"] and len(out["load_avg_start"]) == 3 and len(out["load_avg_end"]) == 3
+
+
+def test_the_in_thread_figure_times_the_buckets_pytorch_makes():
+    """`in_thread_cost` for real, briefly: its bucket counts are PyTorch's own (DDP's assignment
+    rule, `bucket_count`: the independent reference), CPU time positive."""
+    from ddpviz.engine.config import RunConfig
+
+    cfg = RunConfig(mode="ddp", model="mlp", width=16, depth=6, global_batch_size=8, dataset="digits",
+                    optimizer="sgd", device="cpu", bucket_timing="recorder")
+    got = harness.in_thread_cost(cfg, (25.0, 0.0005), steps=12, warmup_steps=4)
+    want = [harness.bucket_count(cfg.model_copy(update=dict(bucket_cap_mb=c, world_size=1))) for c in (25.0, 0.0005)]
+    assert [r["buckets"] for r in got["caps"]] == want and want[0] == 1 < want[1]
+    assert all(r["cpu_us"] > 0 and r["wall_us"] > 0 for r in got["caps"])

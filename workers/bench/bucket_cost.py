@@ -4,7 +4,9 @@ small steps against a plain run alone (issue 31), for each `bucket_timing` (`hoo
 The harness is `engine.harness.bucket_cost`: per bucket, the slope of ddpviz's extra step time over
 plain torch DDP (taking turns block by block) between a 25 MB cap (1 bucket) and a 0.01 MB cap
 (48 buckets) on an MLP 64 wide and 48 deep; per step, whole runs of an MLP 128x3 (batch 64, one
-bucket) taking turns with nothing of ddpviz alive on the plain side. 2 gloo ranks on CPU.
+bucket) taking turns with nothing of ddpviz alive on the plain side. 2 gloo ranks on CPU. For the
+recorder, also its own per-step work on the training thread, per bucket (`in_thread_cost`: thread CPU
+time in one process, which the A/B's noise cannot resolve on 2 shared cores).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ def measure_bucket_cost(rounds: int = 5, alone_rounds: int = 6, say=print) -> di
     """The record (module docstring): per `bucket_timing`, `per_bucket` (engine.harness.bucket_cost
     `bucket_cost`) and `per_step_alone` (`plain_alone`), with date, machine and load average."""
     from ddpviz.engine.config import RunConfig
-    from ddpviz.engine.harness.bucket_cost import bucket_cost, plain_alone
+    from ddpviz.engine.harness.bucket_cost import bucket_cost, in_thread_cost, plain_alone
     from ddpviz.workers.bench.report import machine
 
     out: dict[str, Any] = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -40,5 +42,10 @@ def measure_bucket_cost(rounds: int = 5, alone_rounds: int = 6, say=print) -> di
             f"{per_bucket['per_bucket_interval_90'][1] * 1e6:.0f}); small steps vs plain alone "
             f"{alone['ratio']:.2f}x ({alone['ratio_interval_90'][0]:.2f}-{alone['ratio_interval_90'][1]:.2f})")
         out["timings"][timing] = dict(per_bucket_us=us, per_bucket=per_bucket, per_step_alone=alone)
+        if timing == "recorder":  # its own work on the training thread, which the A/B above cannot resolve
+            inner = in_thread_cost(RunConfig(**PER_BUCKET, bucket_timing=timing), CAPS_MB)
+            say(f"  its own work on the training thread: {inner['per_bucket_us']:.1f} µs of CPU per bucket, "
+                f"{inner['caps'][0]['cpu_us']:.0f} µs a step with {inner['caps'][0]['buckets']} bucket(s)")
+            out["timings"][timing]["in_thread"] = inner
     out["load_avg_end"] = os.getloadavg()
     return out
