@@ -45,7 +45,7 @@ class MeteredClock:
 
 def rank_step_fields(micro_marks: Sequence[tuple[MeteredMark, MeteredMark, MeteredMark]],
                      opt_marks: tuple[MeteredMark, MeteredMark], step_wall_s: float,
-                     last_ready: MeteredMark | None, cuda: bool, note: str = "") -> dict:
+                     last_ready: MeteredMark | None, cuda: bool, note: str = "", ready_marked: bool = True) -> dict:
     """The `gil` event of one DDP rank's step: its training thread in forward, backward and the
     optimizer (`span_fields`).
 
@@ -59,6 +59,10 @@ def rank_step_fields(micro_marks: Sequence[tuple[MeteredMark, MeteredMark, Meter
         cuda: on CUDA the backward runs in autograd's device thread while this one waits for it,
             so backward is left out (its wait is a hand-over, not a lock).
         note: appended to `source` (e.g. `MeterGate.note()`).
+        ready_marked: False with no comm hook (bucket_timing=recorder): no mark in this thread when
+            the last bucket became ready, so the last backward's blocked time (mostly its wait for the
+            all-reduce, in DDP's finalize) cannot be told from lock wait; that backward is left out,
+            as on CUDA (it once counted ~1 ms of all-reduce wait a step as "GIL wait").
 
     Returns:
         `span_fields`'s figures, plus `phase_wait_s` (lock wait per phase: forward, backward,
@@ -69,6 +73,7 @@ def rank_step_fields(micro_marks: Sequence[tuple[MeteredMark, MeteredMark, Meter
     other = 0.0
     if not cuda:
         phases["backward"] = [Span(b.clocks, c.clocks) for _, b, c in micro_marks[:-1]]  # no_sync: no all-reduce
+    if not cuda and ready_marked:
         _, b, c = micro_marks[-1]
         split = last_ready is not None and last_ready.clocks.native_id == b.clocks.native_id
         phases["backward"].append(Span(b.clocks, last_ready.clocks if split else c.clocks))  # type: ignore[union-attr]
@@ -77,6 +82,9 @@ def rank_step_fields(micro_marks: Sequence[tuple[MeteredMark, MeteredMark, Meter
     spans = [s for group in phases.values() for s in group]
     note = ("; DDP rank: the training thread in forward and the optimizer (CUDA: backward runs in "
             "autograd's device thread)" if cuda else
+            "; DDP rank: the training thread in forward and the optimizer; the backward that all-reduces is "
+            "left out (no comm hook, bucket_timing=recorder: its wait for the all-reduce cannot be told "
+            "apart from lock wait)" if not ready_marked else
             "; DDP rank: the training thread in forward, the optimizer and backward up to its last "
             "bucket's ready mark; blocked after it, waiting for the all-reduce, is other_wait_s") + note
     out = span_fields(spans, step_wall_s, note=note)
