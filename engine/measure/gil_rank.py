@@ -45,7 +45,7 @@ class MeteredClock:
 
 def rank_step_fields(micro_marks: Sequence[tuple[MeteredMark, MeteredMark, MeteredMark]],
                      opt_marks: tuple[MeteredMark, MeteredMark], step_wall_s: float,
-                     last_ready: MeteredMark | None, cuda: bool, note: str = "", ready_marked: bool = True) -> dict:
+                     last_ready: MeteredMark | None, cuda: bool, note: str = "") -> dict:
     """The `gil` event of one DDP rank's step: its training thread in forward, backward and the
     optimizer (`span_fields`).
 
@@ -53,16 +53,15 @@ def rank_step_fields(micro_marks: Sequence[tuple[MeteredMark, MeteredMark, Meter
         micro_marks: per micro-batch (forward start, backward start, backward end).
         opt_marks: (optimizer start, optimizer end).
         last_ready: the comm hook's mark when the step's last bucket became ready (read in this
-            thread, which runs the hooks on CPU), or None (no bucket). After it the thread waits
-            for the all-reduce, which is not lock wait: that part of the last backward is measured
-            apart and reported as `other_wait_s`.
+            thread, which runs the hooks on CPU). After it the thread waits for the all-reduce,
+            which is not lock wait: that part of the last backward is measured apart and reported
+            as `other_wait_s`. None (no comm hook, bucket_timing=recorder: no mark in this thread)
+            or a mark from another thread: the last backward's blocked time (mostly its wait for the
+            all-reduce, in DDP's finalize) cannot be told from lock wait, so that backward is left
+            out, as on CUDA (counted whole, it once made ~1 ms of all-reduce wait a step "GIL wait").
         cuda: on CUDA the backward runs in autograd's device thread while this one waits for it,
             so backward is left out (its wait is a hand-over, not a lock).
         note: appended to `source` (e.g. `MeterGate.note()`).
-        ready_marked: False with no comm hook (bucket_timing=recorder): no mark in this thread when
-            the last bucket became ready, so the last backward's blocked time (mostly its wait for the
-            all-reduce, in DDP's finalize) cannot be told from lock wait; that backward is left out,
-            as on CUDA (it once counted ~1 ms of all-reduce wait a step as "GIL wait").
 
     Returns:
         `span_fields`'s figures, plus `phase_wait_s` (lock wait per phase: forward, backward,
@@ -70,21 +69,20 @@ def rank_step_fields(micro_marks: Sequence[tuple[MeteredMark, MeteredMark, Meter
     """
     phases = {"forward": [Span(a.clocks, b.clocks) for a, b, _ in micro_marks],
               "optimizer": [Span(opt_marks[0].clocks, opt_marks[1].clocks)], "backward": []}
-    other = 0.0
+    other, split = 0.0, False
     if not cuda:
         phases["backward"] = [Span(b.clocks, c.clocks) for _, b, c in micro_marks[:-1]]  # no_sync: no all-reduce
-    if not cuda and ready_marked:
         _, b, c = micro_marks[-1]
         split = last_ready is not None and last_ready.clocks.native_id == b.clocks.native_id
-        phases["backward"].append(Span(b.clocks, last_ready.clocks if split else c.clocks))  # type: ignore[union-attr]
         if split:
+            phases["backward"].append(Span(b.clocks, last_ready.clocks))  # type: ignore[union-attr]
             other = Span(last_ready.clocks, c.clocks).blocked_s or 0.0  # type: ignore[union-attr]
     spans = [s for group in phases.values() for s in group]
     note = ("; DDP rank: the training thread in forward and the optimizer (CUDA: backward runs in "
             "autograd's device thread)" if cuda else
             "; DDP rank: the training thread in forward and the optimizer; the backward that all-reduces is "
-            "left out (no comm hook, bucket_timing=recorder: its wait for the all-reduce cannot be told "
-            "apart from lock wait)" if not ready_marked else
+            "left out (no ready mark in this thread: no comm hook, bucket_timing=recorder; its wait for the "
+            "all-reduce cannot be told apart from lock wait)" if not split else
             "; DDP rank: the training thread in forward, the optimizer and backward up to its last "
             "bucket's ready mark; blocked after it, waiting for the all-reduce, is other_wait_s") + note
     out = span_fields(spans, step_wall_s, note=note)

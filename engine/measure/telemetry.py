@@ -19,20 +19,20 @@ class Telemetry:
         self.sink, self.run_id, self.rank, self.device, self.host = sink, run_id, rank, device, host
 
     def emit(self, type_: str, **fields: Any) -> None:
-        fields.setdefault("rank", self.rank)
-        fields.setdefault("device", self.device)
-        if self.host:
-            fields.setdefault("host", self.host)
-        self.sink.emit(make_event(type_, self.run_id, **fields))
+        self.sink.emit(make_event(type_, self.run_id, **self._identity(fields)))
 
     def emit_many(self, type_: str, rows: list[dict[str, Any]], **common: Any) -> None:
         """`emit(type_, **common, **row)` for each row, built and handed to the sink at once
         (`engine.events.make_events`: one `ts`; a row's key overrides `common`'s)."""
-        common.setdefault("rank", self.rank)
-        common.setdefault("device", self.device)
+        emit_all(self.sink, make_events(type_, self.run_id, rows, **self._identity(common)))
+
+    def _identity(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """`fields` with this emitter's rank, device and host where they do not say their own."""
+        fields.setdefault("rank", self.rank)
+        fields.setdefault("device", self.device)
         if self.host:
-            common.setdefault("host", self.host)
-        emit_all(self.sink, make_events(type_, self.run_id, rows, **common))
+            fields.setdefault("host", self.host)
+        return fields
 
 
 def should_sample_memory(step: int, steps: int) -> bool:

@@ -169,8 +169,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         if meter.on:
             last_ready = next((r["ready"] for r in reversed(rec.records) if r["ready"].clocks is not None), None)
             tel.emit("gil", step=step, **rank_step_fields(micro_marks, (m4, m5), t5 - t0, last_ready,
-                                                          device.type == "cuda", note=meter.note(),
-                                                          ready_marked=flight is None))
+                                                          device.type == "cuda", note=meter.note()))
         nbytes = sum(b["nbytes"] or 0 for b in buckets)  # of the bucket tensors handed to all-reduce
         tel.emit("comm_volume", step=step, allreduce_bytes=nbytes, sent_bytes=int(ring * nbytes),
                  recv_bytes=int(ring * nbytes), volume_source=volume_label(rec),
