@@ -89,16 +89,16 @@ class RunConfig(BaseModel):
     n_head: int = Field(4, ge=1, le=64)  # gpt attention heads (width % n_head == 0)
     block_size: int = Field(64, ge=2, le=2048)  # gpt context length, tokens
     dataset: Literal["digits", "text", "synthetic"] = "digits"
-    global_batch_size: int = Field(32, ge=1, le=65536)  # samples per optimizer step, all devices
+    # 256 by default: in turns the pair is DDP ahead beyond noise quiet (1.48-1.56x) and ahead beside a
+    # busy process (1.07-1.11x), where batch 32 was level or DP ahead there; 0.874 validation accuracy
+    # (docs/verdict.md, docs/bench/default-pair-b256-turns-tries.json)
+    global_batch_size: int = Field(256, ge=1, le=65536)  # samples per optimizer step, all devices
     steps: int = Field(300, ge=1, le=1_000_000)  # optimizer steps
     lr: float = Field(1e-3, gt=0.0, le=10.0)  # learning rate (AdamW 1e-3: the demo learns)
     optimizer: Literal["sgd", "adamw"] = "adamw"
     seed: int = Field(0, ge=0, le=2**31 - 1)  # model init and data order
     # DDP bucket size cap, MiB: PyTorch's default, 25, so the default model's 202 KB of gradients are
-    # one bucket, all-reduced once after backward. On 2 shared CPU cores, in alternating pairs, it put
-    # DDP ahead beyond noise in 3 of 3 pairs against 1 of 4 with 0.1 MiB; in 15 later tries on a more
-    # loaded machine, 6 of 15 (docs/bench/default-pair-tries-2.json); in turns (compare --turns 10),
-    # 4 of 5 quiet and 0 of 5 beside a busy process (default-pair-turns-tries.json, engine.verdict.CPU_NOTE).
+    # one bucket, all-reduced once after backward (how the default pair was chosen: docs/verdict.md).
     # PRESETS["overlap"] (0.1) shows buckets overlapping backward.
     bucket_cap_mb: float = Field(25.0, gt=0.0, le=4096.0)
     overlap: bool = True  # False: defer every all-reduce until the last bucket is ready

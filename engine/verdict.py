@@ -67,15 +67,16 @@ SEPARATE = ("What would separate them: more steps (a longer run narrows the inte
             "machine (the two runs take turns on the same cores, and other work there moves each run's "
             "speed), or GPUs, where DP's broadcast and reduce through device 0 cross PCIe or NVLink while "
             "DDP's ring all-reduce splits the bytes between the links.")
-# What the default pair did on a 2-core CPU, measured in turns (docs/bench/default-pair-turns-tries.json,
+# What the default pair did on a 2-core CPU, measured in turns (docs/bench/default-pair-b256-turns-tries.json,
 # issue 33.3): said with every level or DP-ahead verdict, so a reader knows the machine, not the
 # method, can decide.
-CPU_NOTE = ("On 2 CPU cores the answer depends on whether the cores are free: the default pair measured "
-            "in turns (`ddpviz compare --modes dp,ddp --turns 10`) was DDP ahead beyond noise in 5 of 5 tries "
-            "on a quiet machine (1.21-1.31x) and level within noise in 5 of 5 with one busy process beside "
-            "it (0.98-1.09x): DDP's ranks meet at every all-reduce, so whichever rank the other process "
-            "preempts holds up both, while DP's one process goes on with the core it has "
-            "(docs/bench/default-pair-turns-tries-recorder.json).")
+CPU_NOTE = ("On 2 CPU cores the answer depends on whether the cores are free: the default pair (batch 256) "
+            "measured in turns (`ddpviz compare --modes dp,ddp`) was DDP ahead beyond noise in 5 of 5 tries "
+            "on a quiet machine (1.48-1.56x) and, with one busy process beside it, ahead in 5 of 5 by less "
+            "(1.07-1.11x; the interval's low end below 1.05 once): DDP's ranks meet at every all-reduce, so "
+            "whichever rank the other process preempts holds up both, while DP's one process goes on with "
+            "the core it has; smaller batches (32) were level or DP ahead there "
+            "(docs/bench/default-pair-b256-turns-tries.json).")
 SOURCE = ("measured: ratio of the median samples/s over each run's steady steps; 90% interval from a "
           "block bootstrap of the per-step samples/s (engine.verdict); parts: means over steady steps")
 

@@ -14,7 +14,7 @@ def refused(**fields) -> dict[str, str]:
 def test_defaults_are_valid_and_describe_a_ddp_pair_run():
     cfg = validate_config({})
     assert (cfg.mode, cfg.world_size, cfg.model, cfg.dataset, cfg.bucket_cap_mb) == ("ddp", 2, "mlp", "digits", 25.0)
-    assert cfg.micro_batch_per_device == 16  # global batch 32 over 2 devices
+    assert cfg.micro_batch_per_device == 128  # global batch 256 over 2 devices
 
 
 @pytest.mark.parametrize("fields, field, words", [
