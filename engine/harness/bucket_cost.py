@@ -91,7 +91,9 @@ def _median_step_s(starts: list[float], warmup_steps: int) -> float:
     return statistics.median(b - a for a, b in zip(s, s[1:]))
 
 
-def plain_alone(cfg: RunConfig, rounds: int = 4, warmup_steps: int = 20) -> dict[str, Any]:
+# 800-step runs with 50 left out (2026-12-05): six rounds ratios 1.19-1.25, where 120-step runs had moved
+# 1.12-1.47 between tries (docs/bench/small-step-alone-2026-12-05.json)
+def plain_alone(cfg: RunConfig, rounds: int = 4, warmup_steps: int = 50) -> dict[str, Any]:
     """ddpviz DDP vs plain torch DDP, whole runs taking turns, each alone (module docstring)."""
     from ddpviz.engine.harness.overhead import _ddpviz_run
 
