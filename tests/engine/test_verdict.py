@@ -71,7 +71,7 @@ def test_a_level_pair_says_level_within_noise_and_what_would_separate_them():
     assert v.leader == "level" and v.ratio == 1.0 and v.interval == (1.0, 1.0)
     assert "level on this machine, within noise" in v.headline()
     assert "What would separate them: more steps" in v.headline()
-    assert "measured in turns (`ddpviz compare --modes dp,ddp --turns 10`)" in v.why()  # the page says what this machine did
+    assert "measured in turns (`ddpviz compare --modes dp,ddp`)" in v.why()  # the page says what this machine did
 
 
 def test_only_a_ddp_win_goes_without_the_note_on_what_the_cpu_did():
