@@ -70,6 +70,12 @@ def decode_json(raw: bytes | str) -> Any:
     return orjson.loads(raw)
 
 
+# Phases of a traced step's `memory` event that are the instrument's own work, not training (the app
+# draws them in the instrument's colour, docs/events.md): DP's replica checksums on check steps, and
+# the traced window after a step's last phase (DDP, single: the sampled step's profiler read, the
+# memory ledger's close), which the curve spans and no training phase covers.
+REPLICA_CHECK_PHASE = "replica check (instrument)"
+AFTER_STEP_PHASE = "after the step (instrument)"
 NONFINITE_SUFFIX = "_nonfinite"  # `loss: null, loss_nonfinite: "nan"` (docs/events.md, "Non-finite values")
 
 

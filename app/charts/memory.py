@@ -21,13 +21,15 @@ from ddpviz.app.charts.style import PHASE_COLOURS, PHASE_HUES, WIDTH, device_sca
 from ddpviz.app.frames.base import MIB, byte_unit
 from ddpviz.app.frames.dp import DP_PHASES
 from ddpviz.app.frames.memory import DEVICE_SOURCES, HOST_SOURCES, SOURCE_LABELS, TIMER_NOTES
+from ddpviz.engine.events import AFTER_STEP_PHASE, REPLICA_CHECK_PHASE
 
 _DASH = {SOURCE_LABELS["tensors"]: [1, 0], SOURCE_LABELS["cuda"]: [6, 3],
          SOURCE_LABELS["process"]: [2, 2], SOURCE_LABELS["nvml"]: [8, 2, 2, 2]}
 # box heights (px): the plot (~200 and ~60) plus title, legends on top and the x axis
 _HELD_PX, _HOST_PX = 520, 300
-CHECK = "replica check (instrument)"  # DP's checksums on check steps: the instrument's own time
-_PHASE_COLOUR = dict(zip(DP_PHASES, PHASE_COLOURS)) | {CHECK: PHASE_HUES["instrument"]}
+# the instrument's own time in a traced step (engine.events): DP's checksums, and the window after a step
+_PHASE_COLOUR = (dict(zip(DP_PHASES, PHASE_COLOURS))
+                 | {REPLICA_CHECK_PHASE: PHASE_HUES["instrument"], AFTER_STEP_PHASE: PHASE_HUES["instrument"]})
 _TO_THE_DATA = alt.Scale(nice=False, zero=True)  # a time axis from 0 to the last reading, set by the data
 _STEP_X_TITLE = "ms from the step's start"
 

@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 
 from ddpviz.engine.config import RunConfig
+from ddpviz.engine.events import AFTER_STEP_PHASE
 from ddpviz.engine.measure.ledger import LedgerMode, TensorLedger
 from ddpviz.engine.measure.memory import NvmlReader, cuda_allocator, optimizer_state_tensors, step_memory_parts
 from ddpviz.engine.measure.memory_timer import SAMPLE_INTERVAL_S, DeviceProbe, MemoryTimer  # noqa: F401 (re-exported)
@@ -39,6 +40,7 @@ TRACE_STEPS_PER_RUN = 20  # traced steps spread over a run, besides steps 0-2 an
 # (measured: 1 in 7 at 150 steps moved the median 11%, the overhead bench's figure; README).
 TRACE_MIN_GAP_STEPS = 50
 CURVE_POINTS = 240  # most points one source's curve keeps in one event (min and max per bin)
+MIN_AFTER_STEP_S = 1e-4  # a shorter tail after a traced step's last phase is not drawn as a phase
 
 Existing = Callable[[], Iterable[tuple[int, str, Iterable[torch.Tensor | None]]]]
 
@@ -194,7 +196,7 @@ class MemorySampler:
                      peak_allocated_bytes=max((b for _, b in curve.get("process", [])), default=None))
         f["curve"] = {src: downsample(pts, CURVE_POINTS) for src, pts in curve.items()}
         spans = (self.phases_of(self.devices.index(p)) if self.phases_of
-                 else step_phases(self._last_fields, wall_ts(t0)))
+                 else after_step(step_phases(self._last_fields, wall_ts(t0)), t1 - t0))
         f["phases"] = [[name, round(a - (t0 if self.phases_of else 0.0), 6),
                         round(b - (t0 if self.phases_of else 0.0), 6)] for name, a, b in spans]
         f["sampler"] = dict(interval_s=self.interval_s, readings=p.window_count,
@@ -215,6 +217,17 @@ def step_phases(fields: dict[str, Any], origin_ts: float) -> list[tuple[str, flo
     return [("forward", bwd - fields.get("forward_s", 0.0), bwd),
             ("backward", bwd, bwd + fields.get("backward_s", 0.0) + (fields.get("comm_exposed_s") or 0.0)),
             ("optimizer", end - fields.get("optimizer_s", 0.0), end)]
+
+
+def after_step(spans: list[tuple[str, float, float]], window_s: float) -> list[tuple[str, float, float]]:
+    """`spans` (seconds from the traced window's start) and, where the window runs on past their
+    last end, `AFTER_STEP_PHASE` from there to `window_s`: the instrument's own work after the step
+    (a sampled step's profiler read, the ledger's close), which the curve covers and would
+    otherwise show as the step's time (on a 300-step run's last step, 64 of 92 ms here)."""
+    end = max((b for _, _, b in spans), default=None)
+    if end is None or window_s - end <= MIN_AFTER_STEP_S:
+        return spans
+    return [*spans, (AFTER_STEP_PHASE, end, window_s)]
 
 
 def downsample(points: list, max_points: int) -> list[list[float]]:

@@ -250,3 +250,40 @@ def test_an_op_writing_into_a_storage_resized_since_it_was_counted_recounts_it()
     del buf
     assert led.totals == [0]
     led.end()
+
+
+def test_a_traced_step_s_window_after_its_last_phase_is_the_instrument_s_phase():
+    """A traced step whose window runs 30 ms past the step's own end (as a sampled step's profiler
+    read does): the memory event's phases end with `AFTER_STEP_PHASE` from the optimizer's end to
+    the window's end, so the curve's tail is not read as training."""
+    import time
+
+    from ddpviz.engine.events import AFTER_STEP_PHASE, ListSink
+    from ddpviz.engine.measure.memory_sampler import DeviceProbe, MemorySampler
+    from ddpviz.engine.measure.telemetry import Telemetry, now, step_fields
+
+    sink = ListSink()
+    tel = Telemetry(sink, "r", device="cpu:0")
+    sampler = MemorySampler(tel, [DeviceProbe("cpu:0", ledger_index=0)], steps=1, ledger=TensorLedger(1),
+                            interval_s=10.0)
+
+    def train_step(step):
+        start = now()
+        time.sleep(0.01)
+        fields = step_fields(loss=1.0, samples=8, step_time_s=0.01, forward_s=0.004, backward_s=0.004,
+                             comm_exposed_s=0.0, optimizer_s=0.002, start=start)
+        time.sleep(0.03)  # the instrument's work after the step, inside the traced window
+        return fields
+
+    try:
+        sampler.wrap(train_step)(0)
+    finally:
+        sampler.close()
+    mem = next(e for e in sink.events if e["type"] == "memory")
+    names = [name for name, _, _ in mem["phases"]]
+    assert names == ["forward", "backward", "optimizer", AFTER_STEP_PHASE]
+    opt_end = mem["phases"][2][2]
+    _, tail_start, tail_end = mem["phases"][3]
+    assert tail_start == opt_end  # from the step's last phase ...
+    assert tail_end == pytest.approx(mem["step_span_s"], abs=1e-6)  # ... to the window's end
+    assert tail_end - tail_start >= 0.03

@@ -34,6 +34,7 @@ from ddpviz.engine.components.training import (
 )
 from ddpviz.engine.config import RunConfig
 from ddpviz.engine.data import BatchPlan, Dataset
+from ddpviz.engine.events import REPLICA_CHECK_PHASE
 from ddpviz.engine.measure.gil import GilMeter, Measured, MeterGate, Span
 from ddpviz.engine.measure.ledger import LedgerMode, TensorLedger
 from ddpviz.engine.measure.memory import optimizer_state_tensors, param_bytes, tensor_bytes
@@ -324,7 +325,7 @@ def train_dp(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Module, te
     def phases_of(i: int):  # the step's own spans on device i, in perf_counter seconds
         log = dp.last_log
         spans = [(p, log.t0 + s, log.t0 + e) for p, d, s, e, _ in log.spans if d == i]
-        return spans + ([("replica check (instrument)", *dp.check_span)] if dp.check_span else [])
+        return spans + ([(REPLICA_CHECK_PHASE, *dp.check_span)] if dp.check_span else [])
 
     sampler = MemorySampler(tel, probes, cfg.steps, ledger=ledger, existing=existing, phases_of=phases_of)
     try:
