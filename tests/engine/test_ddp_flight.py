@@ -264,3 +264,34 @@ def test_gloo_ready_times_come_from_ddps_reducer_on_every_step():
             assert all(b["comm_start_s"] is None and b["comm_end_s"] is None and not b["sampled"] for b in got)
     finally:
         leave_process_group()
+
+
+def test_kineto_rows_read_the_same_spans_as_pytorchs_own_event_list():
+    """`kineto_rows` reads the profiler's raw Kineto events (cheap); the reference is PyTorch's own
+    `prof.events()` (FunctionEvents) of the same profiled backward: a 1-rank gloo DDP with two
+    buckets, each bucket's ready, start and end within 1 us of the reference's."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from ddpviz.engine.modes.ddp.sampled import ORIGIN, kineto_rows
+    from ddpviz.engine.modes.launcher import free_port
+    from ddpviz.engine.modes.ranks import leave_process_group
+
+    if dist.is_initialized():
+        pytest.skip("a process group exists already")
+    torch.manual_seed(0)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        ddp = DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)), bucket_cap_mb=0.01)
+        for _ in range(2):  # the second backward runs on the rebuilt buckets
+            loss = ddp(torch.randn(8, 64)).sum()
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                with record_function(ORIGIN):
+                    loss.backward()
+    finally:
+        leave_process_group()
+    mine = pair_spans(kineto_rows(prof))
+    reference = pair_spans([(e.name, e.time_range.start, e.time_range.end) for e in prof.events()])
+    assert reference is not None and len(reference) == 2
+    assert [x for span in mine for x in span] == pytest.approx([x for span in reference for x in span], abs=1e-6)

@@ -13,8 +13,8 @@ runs under `torch.profiler.profile` (CPU activity), which records, with no hook:
   start is bucket k (DDP launches buckets in index order, `Reducer::mark_bucket_ready`).
 
 Times are seconds from the `ddpviz:backward` range opened right before `backward()`. Cost: the
-profiled backward is slower and listing the events takes ~0.2 s on this machine (2 ranks, 4 buckets),
-paid on sampled steps only. CUDA is not handled here (NCCL uses the flight recorder's durations).
+profiled backward is slower, and reading its events (`kineto_rows`, raw, not `prof.events()`'s tree)
+0.5-5 ms here, paid on sampled steps only. CUDA is not handled here (NCCL uses the flight recorder's durations).
 """
 
 from __future__ import annotations
@@ -51,8 +51,21 @@ class SampledSpans:
         collectives do not pair up (then nothing is claimed)."""
         self._range.__exit__(None, None, None)
         self._prof.__exit__(None, None, None)
-        events, self._prof, self._range = self._prof.events(), None, None
-        return pair_spans([(e.name, e.time_range.start, e.time_range.end) for e in events])
+        prof, self._prof, self._range = self._prof, None, None
+        return pair_spans(kineto_rows(prof))
+
+
+def kineto_rows(prof: Any) -> list[tuple[str, float, float]]:
+    """(name, start_us, end_us) of every event a stopped `torch.profiler.profile` recorded, read from
+    Kineto's raw results (`prof.profiler.kineto_results.events()`: name, start and duration in ns)
+    rather than `prof.events()`, which builds a `FunctionEvent` tree first: 0.45 against 4.5 ms for
+    a small MLP's backward (220 events), 5.1 against 57 ms for 48 layers (2,605 events), one gloo
+    rank here. Where this torch's raw events lack those fields, `prof.events()` (the same times)."""
+    try:
+        return [(e.name(), e.start_ns() / 1e3, (e.start_ns() + e.duration_ns()) / 1e3)
+                for e in prof.profiler.kineto_results.events()]
+    except (AttributeError, TypeError):
+        return [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()]
 
 
 def pair_spans(events: list[tuple[str, float, float]]) -> list[tuple[float, float, float]] | None:
