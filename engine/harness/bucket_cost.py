@@ -86,9 +86,12 @@ def _plain_run(cfg: RunConfig, tmp: str) -> list[float]:
     return json.loads(Path(tmp, "plain.json").read_text())["step_starts"]
 
 
-def _median_step_s(starts: list[float], warmup_steps: int) -> float:
+def _step_intervals_s(starts: list[float], warmup_steps: int) -> tuple[float, float]:
+    """(median, mean) of the intervals between step starts after `warmup_steps`: the median is a
+    typical step; the mean is the run's pace, sampled steps (memory tracing, the profiler) included."""
     s = starts[warmup_steps:]
-    return statistics.median(b - a for a, b in zip(s, s[1:]))
+    d = [b - a for a, b in zip(s, s[1:])]
+    return statistics.median(d), statistics.fmean(d)
 
 
 # 800-step runs with 50 left out (2026-12-05): six rounds ratios 1.19-1.25, where 120-step runs had moved
@@ -102,15 +105,18 @@ def plain_alone(cfg: RunConfig, rounds: int = 4, warmup_steps: int = 50) -> dict
     for k in range(rounds):
         with tempfile.TemporaryDirectory(prefix="ddpviz-alone-") as tmp:
             order = ("plain", "ddpviz") if k % 2 == 0 else ("ddpviz", "plain")
-            got = {side: _median_step_s(_plain_run(cfg, tmp) if side == "plain" else
-                                        _ddpviz_run(cfg, f"alone-{k}")[0], warmup_steps) for side in order}
-        rows.append(dict(order=list(order), plain_median_step_s=got["plain"], ddpviz_median_step_s=got["ddpviz"],
-                         ratio=got["ddpviz"] / got["plain"]))
-    ratios = [r["ratio"] for r in rows]
-    return dict(ratio=statistics.median(ratios), ratio_interval_90=median_interval(ratios), rounds=rows,
+            got = {side: _step_intervals_s(_plain_run(cfg, tmp) if side == "plain" else
+                                           _ddpviz_run(cfg, f"alone-{k}")[0], warmup_steps) for side in order}
+        (pm, pa), (dm, da) = got["plain"], got["ddpviz"]
+        rows.append(dict(order=list(order), plain_median_step_s=pm, ddpviz_median_step_s=dm,
+                         plain_mean_step_s=pa, ddpviz_mean_step_s=da, ratio=dm / pm, mean_ratio=da / pa))
+    ratios, means = [r["ratio"] for r in rows], [r["mean_ratio"] for r in rows]
+    return dict(ratio=statistics.median(ratios), ratio_interval_90=median_interval(ratios),
+                mean_ratio=statistics.median(means), mean_ratio_interval_90=median_interval(means), rounds=rows,
                 warmup_steps=warmup_steps, config=cfg.to_json_dict(),
-                source="measured: whole runs taking turns (ABBA), each alone; rank 0's median interval "
-                       "between step starts; median of the rounds' ddpviz/plain ratios")
+                source="measured: whole runs taking turns (ABBA), each alone; rank 0's intervals between step "
+                       "starts: `ratio` of their medians (a typical step), `mean_ratio` of their means (the run's "
+                       "pace, sampled steps included); medians of the rounds' ddpviz/plain ratios")
 
 
 IN_THREAD_SOURCE = ("measured: thread CPU time of the recorder path's own per-step work after backward "

@@ -16,7 +16,7 @@ def test_the_record_has_each_bucket_timing_and_converts_to_microseconds(monkeypa
         return dict(per_bucket_s=0.0006 if cfg.bucket_timing == "hook" else 0.00001, per_bucket_interval_90=[0, 1])
 
     monkeypatch.setattr(harness, "bucket_cost", bucket_cost)
-    monkeypatch.setattr(harness, "plain_alone", lambda cfg, rounds: dict(ratio=1.0, ratio_interval_90=[1, 1],
+    monkeypatch.setattr(harness, "plain_alone", lambda cfg, rounds: dict(ratio=1.0, ratio_interval_90=[1, 1], mean_ratio=1.0,
                                                                          timing=cfg.bucket_timing))
     monkeypatch.setattr(harness, "in_thread_cost", lambda cfg, caps: dict(
         per_bucket_us=2.5, timing=cfg.bucket_timing, caps=[dict(cpu_us=40.0, buckets=1), dict(cpu_us=160.0, buckets=49)]))
@@ -40,3 +40,11 @@ def test_the_in_thread_figure_times_the_buckets_pytorch_makes():
     want = [harness.bucket_count(cfg.model_copy(update=dict(bucket_cap_mb=c, world_size=1))) for c in (25.0, 0.0005)]
     assert [r["buckets"] for r in got["caps"]] == want and want[0] == 1 < want[1]
     assert all(r["cpu_us"] > 0 and r["wall_us"] > 0 for r in got["caps"])
+
+
+def test_the_small_step_figure_reads_a_typical_step_and_the_runs_pace():
+    """Hand-worked: step starts 0, 1, 2, 4, 5, 6 s with the first left out: intervals 1, 2, 1, 1 s;
+    median 1 s (a typical step), mean 1.25 s (the pace, the slow sampled step included)."""
+    from ddpviz.engine.harness.bucket_cost import _step_intervals_s
+
+    assert _step_intervals_s([0.0, 1.0, 2.0, 4.0, 5.0, 6.0], warmup_steps=1) == (1.0, 1.25)
