@@ -276,7 +276,15 @@ class LedgerMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        tree_map_only(torch.Tensor, self.ledger.add, out)
+        add = self.ledger.add
+        if isinstance(out, torch.Tensor):  # most ops: one tensor or a flat tuple, counted without a pytree walk
+            add(out)
+        elif out.__class__ in (tuple, list) and all(o is None or isinstance(o, torch.Tensor) for o in out):
+            for o in out:
+                if o is not None:
+                    add(o)
+        else:
+            tree_map_only(torch.Tensor, add, out)
         return out
 
 

@@ -287,3 +287,20 @@ def test_a_traced_step_s_window_after_its_last_phase_is_the_instrument_s_phase()
     assert tail_start == opt_end  # from the step's last phase ...
     assert tail_end == pytest.approx(mem["step_span_s"], abs=1e-6)  # ... to the window's end
     assert tail_end - tail_start >= 0.03
+
+
+def test_every_tensor_an_op_returns_in_a_tuple_is_counted():
+    """aten.native_layer_norm returns (out, mean, rstd), three new storages: 4x8, 4x1, 4x1 float32 =
+    128 + 16 + 16 bytes, counted by hand; torch.sort a named tuple (values, indices): 40 + 80."""
+    led = TensorLedger(1)
+    x, w, b = torch.randn(4, 8), torch.ones(8), torch.zeros(8)
+    v = torch.randn(10)
+    led.begin()
+    with LedgerMode(led, device=0):
+        kept = torch.ops.aten.native_layer_norm(x, [8], w, b, 1e-5)
+        after_norm = led.totals[0]
+        kept_sort = torch.sort(v)
+    led.end()
+    assert after_norm == 128 + 16 + 16
+    assert led.peaks[0] == 128 + 16 + 16 + 10 * 4 + 10 * 8
+    del kept, kept_sort
