@@ -9,8 +9,10 @@ keeps that, while the slowest rank per step adds half the step-to-step change of
 
 overlap = 1 − exposed comm / total comm (README, "How the numbers are made"), where total comm per step is the length of the
 union of the bucket all-reduce intervals on rank 0, and exposed comm is the step's `comm_exposed_s`.
-A steady step with a bucket whose all-reduce end is null (bucket_timing=recorder off the profiled steps)
-adds nothing to overlap; with no step left, `overlap` is null and `overlap_note` says why.
+Overlap is measured over the steady steps only when every one of them timed its all-reduces: where
+some did not (bucket_timing=recorder off the profiled steps), `overlap` is null and `overlap_note` says
+why, so the figure never stands for steps it did not see (early in a run the profiled steps 0-2 alone
+gave 0%, then "not measured" once they were left out).
 A step whose `comm_exposed_s` is null (FSDP on CUDA) has no exposed comm and no overlap:
 the summary's `comm_exposed_s` is then null with `comm_exposed_note` = `COMM_NOT_MEASURED`.
 Medians skip warm-up steps (the first `WARMUP_STEPS`, fewer for short runs) and the steps whose
@@ -192,10 +194,14 @@ class SummaryBuilder:
         buckets and exposed time, on the run's steady steps."""
         total = exposed = 0.0
         rank0 = self.steps.get(0, {})
-        for e in (rank0[r["step"]] for r in self._steady() if r["step"] in rank0):
+        steady = [rank0[r["step"]] for r in self._steady() if r["step"] in rank0]
+        if any(e["step"] in self.bucket_unspanned for e in steady):
+            # some steady steps' all-reduces were not timed (bucket_timing=recorder off the profiled
+            # steps): a figure from the timed ones alone (early in a run, the profiled steps 0-2) would
+            # stand for steps it never saw, and turn into "not measured" as the run goes on
+            return None
+        for e in steady:
             if e.get("comm_exposed_s") is None:  # not measured (FSDP on CUDA): no overlap figure
-                continue
-            if e["step"] in self.bucket_unspanned:  # its total comm is not measured: no figure from it
                 continue
             spans = self.bucket_spans.get(e["step"])
             if spans:

@@ -44,6 +44,20 @@ def test_buckets_without_an_end_give_no_overlap_figure():
     assert out["overlap_note"] == OVERLAP_NOT_MEASURED  # and says why (bucket_timing=recorder)
 
 
+def test_a_few_timed_steps_among_untimed_ones_give_no_overlap_figure():
+    """Early in a recorder run the steady steps still hold the profiled steps 0-2 (timed, all exposed:
+    0%) beside ordinary ones (untimed): the summary said "0%" then "not measured" once the profiled
+    steps were left out. It says "not measured" throughout."""
+    b = SummaryBuilder()
+    for s in range(8):
+        b.observe(_step(s, measured=True, exposed=0.002))
+        timed = s < 3
+        b.observe(dict(type="bucket", rank=0, step=s, bucket_index=0, nbytes=4096, ready_s=0.001,
+                       comm_start_s=0.001 if timed else None, comm_end_s=0.003 if timed else None))
+    out = b.summary()
+    assert out["overlap"] is None and out["overlap_note"] == OVERLAP_NOT_MEASURED
+
+
 def test_the_note_and_the_verdict_name_why_and_a_measured_overlap_has_none():
     from ddpviz.engine.verdict import Verdict
 
