@@ -20,7 +20,10 @@ import pandas as pd
 from ddpviz.app.charts.style import HEIGHT, LIVE_Y_AXIS, run_scale, title
 from ddpviz.app.frames.steps import SMOOTH_STEPS
 
-ZOOM = "zoom_step"  # drag to pan, wheel to zoom the step axis; double-click to reset
+ZOOM = "zoom_step"  # drag to pan, shift + wheel to zoom the step axis; double-click to reset
+# the wheel alone scrolls the page: a plain wheel over the chart zoomed it (a reader scrolling Live
+# past it collapsed every step into one tick, seen in a fresh-user review); Vega-Lite's event filter
+ZOOM_WITH = "wheel![event.shiftKey]"
 PICK = "pick_run"  # click a run in the legend to bring it forward
 SELECTIONS = [ZOOM, PICK]  # what the throughput chart's panel listens to; accuracy: [ZOOM]
 WIDTH = "container"
@@ -33,8 +36,13 @@ def _colour(runs: list[str], modes: dict[str, str] | None) -> alt.Color:
                                                              symbolOpacity=1, columns=2))
 
 
+def step_zoom() -> alt.Parameter:
+    """The step axis's pan and zoom (`ZOOM`): drag pans, shift + wheel zooms (`ZOOM_WITH`)."""
+    return alt.selection_interval(bind="scales", encodings=["x"], name=ZOOM, zoom=ZOOM_WITH)
+
+
 def _params():
-    zoom = alt.selection_interval(bind="scales", encodings=["x"], name=ZOOM)
+    zoom = step_zoom()
     pick = alt.selection_point(fields=["run"], bind="legend", name=PICK)
     return zoom, pick, alt.condition(pick, alt.value(1.0), alt.value(0.15))
 
@@ -83,14 +91,14 @@ def live_throughput_chart(recent: pd.DataFrame, earlier: pd.DataFrame, runs: lis
         title=title("Throughput per step", subtitle=[
             f"newest {window_steps} steps: a dot per step (mean over ranks), line = rolling median of "
             f"{SMOOTH_STEPS}",
-            "earlier steps: dashed = mean per bin, band = min–max · drag to pan, wheel to zoom, "
+            "earlier steps: dashed = mean per bin, band = min–max · drag to pan, shift + wheel to zoom, "
             "double-click to reset"]))
 
 
 def accuracy_chart(accuracy: pd.DataFrame, runs: list[str], modes: dict[str, str] | None = None) -> alt.Chart:
     """Validation accuracy at each evaluation (`app.frames.steps.eval_frame` rows of every run), 0–1.
     Drawn under the throughput chart, in its colours, so it needs no legend of its own."""
-    zoom = alt.selection_interval(bind="scales", encodings=["x"], name=ZOOM)
+    zoom = step_zoom()
     colour = alt.Color("run:N", legend=None, scale=run_scale(runs, modes))
     return alt.Chart(accuracy).mark_line(point=alt.OverlayMarkDef(size=30)).encode(
         x=alt.X("step:Q", title="optimizer step", axis=alt.Axis(tickMinStep=1, format="d")),
@@ -109,7 +117,7 @@ def loss_chart(steps: pd.DataFrame, runs: list[str], modes: dict[str, str] | Non
     """Training loss per step (`app.frames.steps.steps_frame` rows with a `loss`), as the run's
     script reported it: an attached run's stand-in for the accuracy chart, in the same place and
     colours (no legend of its own)."""
-    zoom = alt.selection_interval(bind="scales", encodings=["x"], name=ZOOM)
+    zoom = step_zoom()
     colour = alt.Color("run:N", legend=None, scale=run_scale(runs, modes))
     return alt.Chart(steps.dropna(subset=["loss"])).mark_line(strokeWidth=1.5).encode(
         x=alt.X("step:Q", title="optimizer step", axis=alt.Axis(tickMinStep=1, format="d")),

@@ -198,7 +198,9 @@ def test_live_charts_keep_their_spec_when_new_steps_arrive_and_the_step_axis_zoo
         spec = json.loads(chart.proto.spec)
         params = {p["name"]: p for part in [spec, *spec.get("layer", [])] for p in part.get("params", [])}
         assert params[charts_live.ZOOM]["bind"] == "scales"
-        assert params[charts_live.ZOOM]["select"] == {"type": "interval", "encodings": ["x"]}
+        # the wheel alone scrolls the page; shift + wheel zooms
+        assert params[charts_live.ZOOM]["select"] == {"type": "interval", "encodings": ["x"],
+                                                      "zoom": "wheel![event.shiftKey]"}
         # the app listens to the zoom: Streamlit then keeps it when the data changes
         assert charts_live.ZOOM in list(chart.proto.selection_mode)
 
