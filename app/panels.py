@@ -361,9 +361,10 @@ def detail_panel(client, windows: dict[str, RunWindow], labels: dict[str, str], 
         else:
             st.caption("DP: the bytes of every tensor copied (measured); DDP: the bucket bytes handed "
                        "to all-reduce (measured) × 2(n−1)/n (derived, ring all-reduce). Theory (P = "
-                       "gradient bytes, n = devices): DP device 0 sends and receives (n−1)·P, the "
-                       "others P; ring all-reduce 2(n−1)/n·P per rank. Bars are labelled by the "
-                       "source their events give (unlabelled: an older run's, which give none).")
+                       "gradient bytes, n = devices), each way: DP device 0 sends (n−1)·P and receives as "
+                       "much, the others P; ring all-reduce 2(n−1)/n·P per rank. The bars add sent and "
+                       "received. Bars are labelled by the source their events give (unlabelled: an "
+                       "older run's, which give none).")
 
 
 def live_bucket_timeline(w: RunWindow, buckets: pd.DataFrame):

@@ -68,8 +68,9 @@ def body(windows, labels) -> None:
     if not volume.empty:
         st.altair_chart(bytes_chart(volume), key="th_bytes")
         st.caption("DP moves everything through device 0: with n devices it sends and receives "
-                   "(n−1)·P while the others move P each. A ring all-reduce spreads the same "
-                   "work evenly: 2(n−1)/n·P per rank, never more than 2·P however large n gets.")
+                   "(n−1)·P each way while the others move P each way. A ring all-reduce spreads the "
+                   "same work evenly: 2(n−1)/n·P each way per rank, never more than 2·P each way "
+                   "however large n gets. The bars add sent and received.")
 
 
 st.title("Theory vs measurement")
