@@ -241,6 +241,10 @@ def accuracy_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]
     _zoomable(charts_live.accuracy_chart(evals, [labels.get(r, r) for r in windows],
                                          runsets.modes_of(windows, labels)), "chart_accuracy",
               [charts_live.ZOOM])
+    same = fsteps.coinciding_runs(evals)
+    if same:  # one line lies on the other: say so, or a reader takes a run for missing
+        st.caption(f"{' and '.join(same)}: the same validation accuracy at every evaluation (the same math "
+                   "on the same batches), so their lines lie on one another.")
 
 
 def _script_loss(windows: dict[str, RunWindow], labels: dict[str, str], attached: list[str]) -> None:

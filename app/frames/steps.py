@@ -103,6 +103,21 @@ def eval_frame(events: Iterable[Event], run: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
+def coinciding_runs(evals: pd.DataFrame) -> list[str]:
+    """The runs of `eval_frame` rows whose validation accuracy is the same at every evaluation step
+    they share (at least one): their lines lie on one another, so a chart shows one. Empty when
+    fewer than two runs coincide. DP and DDP train the same math on the same batches, so with the
+    same seed their accuracies often agree exactly."""
+    if evals.empty or evals["run"].nunique() < 2:
+        return []
+    by_run = {run: dict(zip(g["step"], g["val_accuracy"])) for run, g in evals.groupby("run", sort=False)}
+    runs = list(by_run)
+    first = by_run[runs[0]]
+    same = [r for r in runs[1:] if (shared := set(first) & set(by_run[r]))
+            and all(first[s] == by_run[r][s] for s in shared)]
+    return [runs[0], *same] if same else []
+
+
 # What a volume of bytes is, named from the `volume_source` its `comm_volume` event carries (the
 # text before the first colon; engine.modes.dp / ddp / fsdp write it), never from the run's mode.
 MEASURED = "measured"  # DP: the bytes of the tensors copied

@@ -102,6 +102,21 @@ def test_live_shows_validation_accuracy(fake_client, app_test):
     assert "validation accuracy **0.800**" in captions(at)  # the latest eval, step 3
 
 
+@pytest.mark.parametrize("dp_acc, said", [(0.5, True), (0.45, False)])
+def test_live_says_when_two_runs_accuracy_lines_lie_on_one_another(fake_client, app_test, dp_acc, said):
+    """DP and DDP with the same accuracy at every evaluation draw one visible line: Live says why
+    (a fresh-user review took DP for missing); with any evaluation apart, nothing is said."""
+    for rid, mode, first in (("d", "ddp", 0.5), ("p", "dp", dp_acc)):
+        events = g.full_run(rid, mode, steps=4)
+        evals = [{"type": "eval", "run_id": rid, "ts": g.T0 + 1, "rank": 0, "step": s, "val_loss": 1.0,
+                  "val_accuracy": first if s == 1 else 0.8} for s in (1, 3)]
+        fake_client.add_run(rid, {"mode": mode, "steps": 4}, status="succeeded",
+                            events=events[:-1] + evals + events[-1:])
+    at = app_test("views/live.py", runs="d,p")
+    assert not at.exception
+    assert ("the same validation accuracy at every evaluation" in captions(at)) is said
+
+
 # -- 9: the whole run, downsampled, and legends not cut -------------------------------------------
 
 def long_run(n_steps: int) -> list[dict]:

@@ -212,3 +212,19 @@ def test_allreduce_time_chart_names_its_axes_legend_and_theory():
     assert "theory" in spec["title"]["text"] and enc["y"]["title"] == "one all-reduce of P (ms, theory)"
     assert enc["x"]["title"] == "world size n (ranks)" and enc["color"]["legend"]["title"] == "all-reduce model"
     assert sorted(set(f["model"])) == ["ring", "tree"]
+
+
+def test_runs_whose_accuracy_agrees_at_every_evaluation_are_named_and_others_are_not():
+    """By hand: DP and DDP 0.5 then 0.8 at steps 10 and 20 coincide; a third run 0.8 at step 20 but
+    0.4 at 10 does not; one run alone never 'coincides'."""
+    import pandas as pd
+
+    from ddpviz.app.frames.steps import coinciding_runs
+
+    def rows(run, accs):
+        return [{"run": run, "step": s, "val_accuracy": a, "val_loss": 1.0} for s, a in accs]
+    both = pd.DataFrame(rows("DP", [(10, 0.5), (20, 0.8)]) + rows("DDP", [(10, 0.5), (20, 0.8)]))
+    assert coinciding_runs(both) == ["DP", "DDP"]
+    other = pd.DataFrame(rows("DP", [(10, 0.5), (20, 0.8)]) + rows("X", [(10, 0.4), (20, 0.8)]))
+    assert coinciding_runs(other) == []
+    assert coinciding_runs(pd.DataFrame(rows("DP", [(10, 0.5)]))) == []
