@@ -89,8 +89,11 @@ def _lines(df: pd.DataFrame, x: alt.X, y: alt.Y, tip: tuple[str, str] = ("mib", 
         color=alt.Color("device:N", legend=legend("device", orient="top", symbolType="square"),
                         scale=device_scale(sorted(set(df["device"])))),
         strokeDash=alt.StrokeDash("source_label:N", scale=dashes,
+                                  # a fill colour too: over a line with points Vega draws the stroke
+                                  # symbol with none (no swatch, seen in Chromium); size: the dashes show
                                   legend=legend("source", orient="top", columns=1, symbolType="stroke",
-                                                symbolStrokeColor="#444", symbolStrokeWidth=2)),
+                                                symbolStrokeColor="#444", symbolStrokeWidth=2,
+                                                symbolFillColor="#444", symbolSize=300)),
         detail="source:N",
         tooltip=[alt.Tooltip("device:N"), alt.Tooltip("source_label:N", title="source"),
                  alt.Tooltip("t_ms:Q", title="ms from step start", format=".2f"),

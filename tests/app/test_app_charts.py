@@ -80,6 +80,9 @@ def test_memory_curve_charts_name_every_source_and_share_the_axes(two_runs):
     assert lines["encoding"]["y"]["title"] == "bytes held (MiB)"
     assert lines["encoding"]["y"]["scale"]["domain"] == [0, 10.0]
     assert lines["encoding"]["strokeDash"]["legend"]["title"] == "source"
+    # over a line with points Vega draws a stroke symbol with no swatch unless it has a fill colour
+    # (seen in Chromium: "tensors (live-tensor ledger)" with nothing beside it)
+    assert lines["encoding"]["strokeDash"]["legend"]["symbolFillColor"]
     assert lines["encoding"]["color"]["legend"]["title"] == "device"
     # one time axis ending at the data (the step's 32 ms of phases): set by the data, nice off, so
     # the spec stays the same while a run trains; the process chart stretched to the same 32 ms
