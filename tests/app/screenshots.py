@@ -112,7 +112,8 @@ def main() -> None:
         _settle(page, charts=8)
         shoot(page, "live-fsdp")
         page.goto("about:blank")  # nothing polls while the next runs train
-        overlap = submit_sweep(client, CONFIG, "overlap", [True, False])
+        # the hook on both sides, as the Buckets page's on/off button asks: every step's all-reduce timed
+        overlap = submit_sweep(client, {**CONFIG, "bucket_timing": "hook"}, "overlap", [True, False])
         pair = [r["run_id"] for r in sweep_runs(client, overlap)]
         bad = client.submit({**CONFIG, "mode": "ddp", "steps": 20, "fault": "raise",
                              "fault_rank": 1, "fault_step": 5}, label="DDP, rank 1 raises")
