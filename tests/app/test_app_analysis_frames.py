@@ -420,3 +420,17 @@ def test_exports_render(ddp_events):
     assert tracks == {"rank 0 (cpu:0)", "rank 1 (cpu:1)"}
     with pytest.raises(ValueError):
         render(ddp_events, "xml")
+
+
+def test_the_bandwidth_chart_says_when_busbw_lies_on_algbw():
+    """A real 2-rank probe: busbw = algbw (factor 2(n-1)/n = 1), so the subtitle says one line hides the
+    other; with busbw made 1.5x algbw (as at n = 4) it does not."""
+    events = _load("real_ddp_probe_mlp_ws2.jsonl")
+    probe = ft.latest_probe(events)
+    pf, bk = ft.probe_frame(probe), ft.bucket_frame(events, 2)
+    model, _ = ft.bucket_fit(events, 2)
+    lines = ft.model_lines({ft.FIT_PROBE: probe["fit"], ft.FIT_BUCKETS: model}, *ft.size_range(pf, bk), 2)
+    for factor, said in ((1.0, True), (1.5, False)):
+        frame = pf.assign(busbw_gbps=pf["algbw_gbps"] * factor)
+        spec = charts_theory.bandwidth_chart(frame, bk, lines, run="DDP").to_dict()
+        assert ("one line lies on the other" in " ".join(spec["title"]["subtitle"])) is said
