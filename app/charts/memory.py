@@ -26,7 +26,7 @@ from ddpviz.engine.events import AFTER_STEP_PHASE, REPLICA_CHECK_PHASE
 _DASH = {SOURCE_LABELS["tensors"]: [1, 0], SOURCE_LABELS["cuda"]: [6, 3],
          SOURCE_LABELS["process"]: [2, 2], SOURCE_LABELS["nvml"]: [8, 2, 2, 2]}
 # box heights (px): the plot (~200 and ~60) plus title, legends on top and the x axis
-_HELD_PX, _HOST_PX = 520, 300
+_HELD_PX, _HOST_PX = 520, 380
 # the instrument's own time in a traced step (engine.events): DP's checksums, and the window after a step
 _PHASE_COLOUR = (dict(zip(DP_PHASES, PHASE_COLOURS))
                  | {REPLICA_CHECK_PHASE: PHASE_HUES["instrument"], AFTER_STEP_PHASE: PHASE_HUES["instrument"]})
