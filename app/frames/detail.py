@@ -38,7 +38,12 @@ def bucket_candidates(bucket_events: list[Event], step_events: list[Event]) -> l
 
 def step_text(step: int, step_events: Iterable[Event], detail_events: Iterable[Event] = ()) -> str:
     """"Step 41 (typical: nearest the median step time)", or the word `fsteps.step_notes` gives it."""
+    step_events = list(step_events)
     note = fsteps.step_notes(step_events, detail_events).get(step)
     if note == "instrumented":
         return f"Step {step} (instrumented: its time includes the instrument's own work)"
+    gap = None if note else fsteps.typical_gap(step, step_events)
+    if gap:  # the kept steps were all far from the median: say so, with both times
+        return (f"Step {step} (of the kept steps, the nearest the median step time: {gap[0] * 1e3:.1f} ms "
+                f"against the run's median {gap[1] * 1e3:.1f} ms)")
     return f"Step {step} ({note or 'typical: nearest the median step time'})"

@@ -165,16 +165,36 @@ def typical_step(steps: list[int], step_events: Iterable[Event]) -> int | None:
     """
     if not steps:
         return None
+    rows, median = _timed_rows_and_median(step_events)
+    by_step = {r["step"]: r for r in rows}
+    candidates = [by_step[s] for s in steps if s in by_step]
+    if median is None or not candidates:
+        return steps[-1]
+    best = min(candidates, key=lambda r: (bool(r["instrument"]), abs(r["step_time_s"] - median), -r["step"]))
+    return int(best["step"])
+
+
+def _timed_rows_and_median(step_events: Iterable[Event]) -> tuple[list[dict], float | None]:
+    """The run's step rows with a time, and the median time of its steady steps without the
+    instrument's work (all steady ones if none is without): the `typical_step` rule's median."""
     rows = [r for r in run_steps(of_type(step_events, "step")) if r.get("step_time_s") is not None]
     steady = [rows[i] for i in steady_positions([bool(r["instrument"]) for r in rows])]
     pool = [r for r in steady if not r["instrument"]] or steady
-    by_step = {r["step"]: r for r in rows}
-    candidates = [by_step[s] for s in steps if s in by_step]
-    if not pool or not candidates:
-        return steps[-1]
-    median = float(pd.Series([r["step_time_s"] for r in pool]).median())
-    best = min(candidates, key=lambda r: (bool(r["instrument"]), abs(r["step_time_s"] - median), -r["step"]))
-    return int(best["step"])
+    return rows, (float(pd.Series([r["step_time_s"] for r in pool]).median()) if pool else None)
+
+
+FAR_FROM_MEDIAN = 0.25  # a chosen step this far (relative) from the median step time is said to be
+
+
+def typical_gap(step: int, step_events: Iterable[Event]) -> tuple[float, float] | None:
+    """(the step's time, the run's median step time), seconds, when the step is more than
+    `FAR_FROM_MEDIAN` from the median: the kept steps (a view keeps the latest few) may all be
+    slow, e.g. at the end of a run on a machine that got busy. None when it is near, or unknown."""
+    rows, median = _timed_rows_and_median(step_events)
+    t = next((r["step_time_s"] for r in rows if r["step"] == step), None)
+    if t is None or not median or abs(t - median) <= FAR_FROM_MEDIAN * median:
+        return None
+    return t, median
 
 
 def step_notes(step_events: Iterable[Event], detail_events: Iterable[Event] = ()) -> dict[int, str]:

@@ -168,3 +168,17 @@ def test_dp_timeline_prefers_steps_whose_gil_was_metered():
     assert fd.metered_first([5, 8, 9, 16, 24], gil) == [8, 16]
     assert fd.metered_first([5, 9], gil) == [5, 9]  # none metered among them: every step stays
     assert fd.metered_first([5, 9], []) == [5, 9]
+
+
+def test_a_chosen_step_far_from_the_median_says_so_with_both_times():
+    """The view keeps only the newest steps; when they all ran slow (a machine that got busy at the
+    end) the nearest of them is no typical step: by hand, steps 10-12 ms then the kept ones 20 ms
+    (x2): the caption gives 20.0 ms against the run's median."""
+    events = _ddp_run()
+    for e in events:
+        if e["type"] == "step" and e["step"] in KEPT[2:-1]:
+            e["step_time_s"] = 0.020
+    buckets, steps = [e for e in events if e["type"] == "bucket"], [e for e in events if e["type"] == "step"]
+    chosen = detail.typical_detail_step(buckets, steps, "bucket")
+    said = detail.step_text(chosen, steps, buckets)
+    assert "20.0 ms against the run's median 11." in said and "typical" not in said
