@@ -89,9 +89,7 @@ class RunConfig(BaseModel):
     n_head: int = Field(4, ge=1, le=64)  # gpt attention heads (width % n_head == 0)
     block_size: int = Field(64, ge=2, le=2048)  # gpt context length, tokens
     dataset: Literal["digits", "text", "synthetic"] = "digits"
-    # 256 by default: in turns the pair is DDP ahead beyond noise quiet (1.48-1.56x) and ahead beside a
-    # busy process (1.07-1.11x), where batch 32 was level or DP ahead there; 0.874 validation accuracy
-    # (docs/verdict.md, docs/bench/default-pair-b256-turns-tries.json)
+    # 256 by default: why, and what the default pair measured with it (and with 32): docs/verdict.md
     global_batch_size: int = Field(256, ge=1, le=65536)  # samples per optimizer step, all devices
     steps: int = Field(300, ge=1, le=1_000_000)  # optimizer steps
     lr: float = Field(1e-3, gt=0.0, le=10.0)  # learning rate (AdamW 1e-3: the demo learns)

@@ -189,12 +189,12 @@ class SummaryBuilder:
     def _steady(self) -> list[dict]:
         return steady_steps(run_steps(e for by_step in self.steps.values() for e in by_step.values()))
 
-    def overlap(self) -> float | None:
-        """1 − Σ exposed / Σ total comm over steady steps with buckets (None without comm); rank 0's
-        buckets and exposed time, on the run's steady steps."""
+    def overlap(self, steady_rows: Sequence[dict[str, Any]]) -> float | None:
+        """1 − Σ exposed / Σ total comm over the steady steps `steady_rows` (`_steady()`) with buckets
+        (None without comm); rank 0's buckets and exposed time."""
         total = exposed = 0.0
         rank0 = self.steps.get(0, {})
-        steady = [rank0[r["step"]] for r in self._steady() if r["step"] in rank0]
+        steady = [rank0[r["step"]] for r in steady_rows if r["step"] in rank0]
         if any(e["step"] in self.bucket_unspanned for e in steady):
             # some steady steps' all-reduces were not timed (bucket_timing=recorder off the profiled
             # steps): a figure from the timed ones alone (early in a run, the profiled steps 0-2) would
@@ -246,7 +246,7 @@ class SummaryBuilder:
         out["final_loss"], bad = mean_loss([e for e in last if e["step"] == final_step], "loss")
         if bad:
             out["final_loss_nonfinite"] = bad
-        out["overlap"] = self.overlap()
+        out["overlap"] = self.overlap(steady)  # the steady steps once, not again inside
         if out["overlap"] is None and self.bucket_unspanned & {e["step"] for e in steady}:
             out["overlap_note"] = OVERLAP_NOT_MEASURED
         if out["comm_exposed_s"] is None and any(e.get("comm_exposed_measured") is False for e in last):
