@@ -121,10 +121,67 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
     clock = MeteredClock(StepClock(device), meter)
 
     bucket_nbytes: list[int] = []  # of the latest step's buckets
+    layout = isinstance(bucket_log, LayoutBuckets)
+    volumes: dict[tuple, dict] = {}  # the comm_volume fields of each bucket layout's sizes, worked out once
+    # Steps on which nothing needs the marks' extra readings (CPU, one micro-batch): `ordinary_step`
+    ordinary_ok = device.type == "cpu" and cfg.grad_accum_steps == 1
+
+    def finish(step: int, t0: float, t5: float, fwd: float, bwd: float, last_bwd: float, backward_start: float,
+               optimizer_s: float, loss: float, gil: dict | None = None) -> dict:
+        """The step's bucket, `gil` (when given) and comm_volume events, and its `step` fields, from its
+        measured phases (s)."""
+        buckets = bucket_log.resolved()  # the last micro-batch's backward, which all-reduced
+        exposed, exposed_fields = exposed_comm(buckets, last_bwd, device.type == "cuda")
+        tel.emit_many("bucket", buckets, step=step)  # one call per step, not per bucket
+        if gil is not None:
+            tel.emit("gil", step=step, **gil)
+        sizes = tuple(b["nbytes"] or 0 for b in buckets)  # of the bucket tensors handed to all-reduce
+        volume = volumes.get(sizes)
+        if volume is None:
+            bucket_nbytes[:] = [n for n in sizes if n]  # the probe's first sizes
+            nbytes = sum(sizes)
+            volume = volumes[sizes] = dict(allreduce_bytes=nbytes, sent_bytes=int(ring * nbytes),
+                                           recv_bytes=int(ring * nbytes), volume_source=volume_label(rec),
+                                           theory_sent_bytes=int(ring * P), theory_recv_bytes=int(ring * P))
+        tel.emit("comm_volume", step=step, **volume)
+        return step_fields(start=t0, backward_start_ts=wall_ts(backward_start), loss=loss,
+                           samples=cfg.global_batch_size, step_time_s=t5 - t0, forward_s=fwd,
+                           backward_s=bwd - (exposed or 0.0), comm_exposed_s=exposed, optimizer_s=optimizer_s,
+                           **exposed_fields)
+
+    def ordinary_step(step: int) -> dict:
+        """A step on CPU with one micro-batch that is not metered, traced or sampled: the same work and
+        events as `train_step`'s, its phases read with the host clock directly (no mark objects, no
+        per-micro-batch lists). On 2 gloo ranks, MLP 128x3, whole runs against plain DDP (`plain_alone`, 6 rounds,
+        two tries each, alternating): median step 1.169, 1.183x -> 1.131, 1.141x
+        (docs/bench/small-step-alone-2026-12-05.json, "ordinary_steps")."""
+        t0 = now()
+        idx = plan.rank_indices(step, rank)
+        x, y = ds.x_train[idx].to(device), ds.y_train[idx].to(device)
+        maybe_fail(cfg, rank, step)
+        t1 = now()
+        with autocast(cfg, device.type):
+            out = ddp(x)
+            if layout:  # the reducer's ready-time origin
+                bucket_log.forward_returned()
+            loss = loss_fn(out, y)
+        t2 = now()
+        bucket_log.begin_backward()
+        (loss / world if world > 1 and rec.predivided else loss).backward()
+        t3 = now()
+        opt.step()
+        opt.zero_grad(set_to_none=not cfg.gradient_as_bucket_view)
+        maybe_diverge(cfg, rank, step, model)
+        t4 = now()
+        return finish(step, t0, t4, t2 - t1, t3 - t2, t3 - t2, t2, t4 - t3, float(loss))
 
     def train_step(step: int) -> dict:
         progress["step"] = step
-        meter.begin_step(step)
+        traced = should_trace_memory(step, cfg.steps)
+        if layout:  # full spans on the memory-traced steps (their last micro-batch's backward), none on others
+            bucket_log.sample_next = traced
+        if not meter.begin_step(step) and ordinary_ok and not traced:
+            return ordinary_step(step)
         t0, m0 = now(), clock.time_mark()  # a time origin only: no lock-wait span starts here
         micro_marks, losses = [], []
         for micro in range(cfg.grad_accum_steps):
@@ -137,13 +194,11 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
                 m1 = clock.mark()
                 with autocast(cfg, device.type):
                     out = ddp(x)
-                    if last_micro and isinstance(bucket_log, LayoutBuckets):  # the reducer's ready-time origin
+                    if last_micro and layout:  # the reducer's ready-time origin
                         bucket_log.forward_returned()
                     loss = loss_fn(out, y) / cfg.grad_accum_steps
                 m2 = clock.mark()
                 if last_micro:
-                    if isinstance(bucket_log, LayoutBuckets):  # full spans on the memory-traced steps
-                        bucket_log.sample_next = should_trace_memory(step, cfg.steps)
                     bucket_log.begin_backward()
                 # gradient pre-division (engine.modes.ddp.comm_hook): the gradients reach DDP's buckets already
                 # divided by world_size, so the hook's all-reduce (sum) gives the mean, no pass over them
@@ -157,27 +212,14 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         m5 = clock.mark()
         clock.settle()
         t5 = now()
-        fwd = sum(clock.seconds(a, b) for a, b, _ in micro_marks)
-        bwd = sum(clock.seconds(b, c) for _, b, c in micro_marks)
-        buckets = bucket_log.resolved()  # the last micro-batch's backward, which all-reduced
-        last_bwd = clock.seconds(*micro_marks[-1][1:])
-        exposed, exposed_fields = exposed_comm(buckets, last_bwd, device.type == "cuda")
-        bwd -= exposed or 0.0
-        backward_start = t0 + clock.seconds(m0, micro_marks[-1][1])
-        tel.emit_many("bucket", buckets, step=step)  # one call per step, not per bucket
-        bucket_nbytes[:] = [b["nbytes"] for b in buckets if b["nbytes"]]  # the probe's first sizes
+        gil = None
         if meter.on:
             last_ready = next((r["ready"] for r in reversed(rec.records) if r["ready"].clocks is not None), None)
-            tel.emit("gil", step=step, **rank_step_fields(micro_marks, (m4, m5), t5 - t0, last_ready,
-                                                          device.type == "cuda", note=meter.note()))
-        nbytes = sum(b["nbytes"] or 0 for b in buckets)  # of the bucket tensors handed to all-reduce
-        tel.emit("comm_volume", step=step, allreduce_bytes=nbytes, sent_bytes=int(ring * nbytes),
-                 recv_bytes=int(ring * nbytes), volume_source=volume_label(rec),
-                 theory_sent_bytes=int(ring * P), theory_recv_bytes=int(ring * P))
-        return step_fields(start=t0, backward_start_ts=wall_ts(backward_start), loss=sum(float(v) for v in losses),
-                           samples=cfg.global_batch_size, step_time_s=t5 - t0,
-                           forward_s=fwd, backward_s=bwd, comm_exposed_s=exposed, optimizer_s=clock.seconds(m4, m5),
-                           **exposed_fields)
+            gil = rank_step_fields(micro_marks, (m4, m5), t5 - t0, last_ready, device.type == "cuda", note=meter.note())
+        return finish(step, t0, t5, sum(clock.seconds(a, b) for a, b, _ in micro_marks),
+                      sum(clock.seconds(b, c) for _, b, c in micro_marks), clock.seconds(*micro_marks[-1][1:]),
+                      t0 + clock.seconds(m0, micro_marks[-1][1]), clock.seconds(m4, m5),
+                      sum(float(v) for v in losses), gil)
 
     sampler = model_memory_sampler(cfg, tel, model, opt, device, extra_existing=lambda: [
         (0, "bucket_buffers", bucket_log.held_nbytes(cfg.gradient_as_bucket_view)

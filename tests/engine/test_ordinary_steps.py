@@ -1,0 +1,66 @@
+"""A DDP rank's ordinary steps (CPU, one micro-batch, not metered, traced or sampled: e.g. 9, 10, 51,
+`engine.modes.ddp.rank`'s `ordinary_step`) report what its fully marked steps do: the same step
+fields, buckets and comm volume as the metered step 8 of the same run, and phases that fit inside
+the step as the rank's own step starts bound it."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.engine.runs import train
+
+CFG = dict(mode="ddp", world_size=2, model="mlp", width=64, depth=8, global_batch_size=16, steps=53,
+           eval_every=0, probe=False, dataset="digits", device="cpu", bucket_cap_mb=0.01, optimizer="sgd", lr=0.01)
+# step 8: metered (every 8th), so marked in full; 9, 10 and 51 neither traced nor metered, 51 right after
+# the traced step 50 (should_trace_memory: 0-2, every 50th, the last)
+FULL, ORDINARY = 8, (9, 10, 51)
+
+
+@pytest.fixture(scope="module")
+def events():
+    _, sink = train(CFG)
+    return sink.events
+
+
+def _by(events, type_, rank, step):
+    return [e for e in events if e["type"] == type_ and e.get("rank") == rank and e.get("step") == step]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_ordinary_steps_report_the_fields_buckets_and_volume_of_a_fully_marked_step(events, rank):
+    ref_step, = _by(events, "step", rank, FULL)
+    ref_buckets = [b["nbytes"] for b in _by(events, "bucket", rank, FULL)]
+    assert len(ref_buckets) > 1 and _by(events, "gil", rank, FULL)  # several buckets; step 8 is metered
+    for step in ORDINARY:
+        fields, = _by(events, "step", rank, step)
+        assert set(fields) - {"ts"} == set(ref_step) - {"ts"}, step
+        assert not _by(events, "gil", rank, step)
+        buckets = _by(events, "bucket", rank, step)
+        assert [b["nbytes"] for b in buckets] == ref_buckets
+        assert all(b["ready_s"] is not None and 0 <= b["ready_s"] for b in buckets)
+        volume, = _by(events, "comm_volume", rank, step)
+        assert volume["allreduce_bytes"] == sum(ref_buckets)
+        assert volume["sent_bytes"] == sum(ref_buckets)  # ring, 2 ranks: 2(n-1)/n = 1 byte per byte
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_only_the_memory_traced_steps_carry_sampled_bucket_spans(events, rank):
+    traced = {e["step"] for e in events if e["type"] == "step" and e["rank"] == rank and e.get("memory_traced")}
+    sampled = {e["step"] for e in events if e["type"] == "bucket" and e["rank"] == rank and e["sampled"]}
+    assert traced == {0, 1, 2, 50, CFG["steps"] - 1}  # should_trace_memory's steps in a 53-step run
+    assert sampled == traced
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_ordinary_steps_phases_fit_inside_the_step_and_the_step_before_the_next_start(events, rank):
+    starts = {e["step"]: e["start_ts"] for e in events if e["type"] == "step" and e["rank"] == rank}
+    for step in ORDINARY:
+        f, = _by(events, "step", rank, step)
+        phases = f["forward_s"] + f["backward_s"] + f["comm_exposed_s"] + f["optimizer_s"]
+        assert min(f["forward_s"], f["backward_s"], f["optimizer_s"]) > 0 and f["comm_exposed_s"] >= 0
+        assert phases <= f["step_time_s"] + 1e-9
+        assert f["step_time_s"] <= starts[step + 1] - starts[step]
+        # the backward starts when the forward has ended: start + forward <= backward start
+        assert f["start_ts"] + f["forward_s"] <= f["backward_start_ts"] + 1e-6
+        assert f["backward_start_ts"] + f["backward_s"] + f["comm_exposed_s"] + f["optimizer_s"] \
+            <= f["start_ts"] + f["step_time_s"] + 1e-6
