@@ -122,7 +122,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
 
     bucket_nbytes: list[int] = []  # of the latest step's buckets
     layout = isinstance(bucket_log, LayoutBuckets)
-    volumes: dict[tuple, dict] = {}  # the comm_volume fields of each bucket layout's sizes, worked out once
+    volume: list = [None, None]  # (bucket sizes, their comm_volume fields): worked out when the sizes change
     # Steps on which nothing needs the marks' extra readings (CPU, one micro-batch): `ordinary_step`
     ordinary_ok = device.type == "cpu" and cfg.grad_accum_steps == 1
 
@@ -136,14 +136,13 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         if gil is not None:
             tel.emit("gil", step=step, **gil)
         sizes = tuple(b["nbytes"] or 0 for b in buckets)  # of the bucket tensors handed to all-reduce
-        volume = volumes.get(sizes)
-        if volume is None:
+        if volume[0] != sizes:  # one entry: a hook whose sizes vary (compression) never grows a cache
             bucket_nbytes[:] = [n for n in sizes if n]  # the probe's first sizes
             nbytes = sum(sizes)
-            volume = volumes[sizes] = dict(allreduce_bytes=nbytes, sent_bytes=int(ring * nbytes),
-                                           recv_bytes=int(ring * nbytes), volume_source=volume_label(rec),
-                                           theory_sent_bytes=int(ring * P), theory_recv_bytes=int(ring * P))
-        tel.emit("comm_volume", step=step, **volume)
+            volume[:] = sizes, dict(allreduce_bytes=nbytes, sent_bytes=int(ring * nbytes),
+                                    recv_bytes=int(ring * nbytes), volume_source=volume_label(rec),
+                                    theory_sent_bytes=int(ring * P), theory_recv_bytes=int(ring * P))
+        tel.emit("comm_volume", step=step, **volume[1])
         return step_fields(start=t0, backward_start_ts=wall_ts(backward_start), loss=loss,
                            samples=cfg.global_batch_size, step_time_s=t5 - t0, forward_s=fwd,
                            backward_s=bwd - (exposed or 0.0), comm_exposed_s=exposed, optimizer_s=optimizer_s,
