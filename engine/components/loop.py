@@ -44,8 +44,11 @@ def drive(cfg: RunConfig, tel: Telemetry, train_step: Callable[[int], dict[str, 
           evaluate: Callable[[], tuple[float, float]] | None = None,
           memory: Callable[[int], None] | None = None,
           check_sync: Callable[[int], None] | None = None,
-          first_step: int = 0) -> int:
-    """Run steps `first_step..cfg.steps-1`; returns the number of steps done.
+          first_step: int = 0,
+          emit_step: Callable[[int, dict[str, Any]], None] | None = None) -> int:
+    """Run steps `first_step..cfg.steps-1`; returns the number of steps done. `emit_step(step, fields)`
+    sends each `step` event (default `tel.emit("step", step=step, **fields)`): a mode that hands a
+    step's events over together (the DDP rank's ordinary steps) passes its own.
 
     Raises:
         Canceled: when `should_stop()` turns True between steps.
@@ -54,7 +57,8 @@ def drive(cfg: RunConfig, tel: Telemetry, train_step: Callable[[int], dict[str, 
     """
     gate = gate_from_env(tel.run_id, tel.rank)  # None except under a turn-taking harness (engine.measure.turns)
     try:
-        _steps(cfg, tel, train_step, gate, should_stop, evaluate, memory, check_sync, first_step)
+        _steps(cfg, tel, train_step, gate, should_stop, evaluate, memory, check_sync, first_step,
+               emit_step or (lambda step, fields: tel.emit("step", step=step, **fields)))
     except BaseException:
         if gate is not None:  # leave the turns now, so the other side need not wait for this process to exit
             gate.close()
@@ -65,7 +69,7 @@ def drive(cfg: RunConfig, tel: Telemetry, train_step: Callable[[int], dict[str, 
 
 
 def _steps(cfg: RunConfig, tel: Telemetry, train_step, gate, should_stop, evaluate, memory, check_sync,
-           first_step: int) -> None:
+           first_step: int, emit_step) -> None:
     for step in range(first_step, cfg.steps):
         if gate is not None:
             gate.at_step(step)
@@ -77,7 +81,7 @@ def _steps(cfg: RunConfig, tel: Telemetry, train_step, gate, should_stop, evalua
             if getattr(exc, "step", None) is None:
                 exc.step = step
             raise
-        tel.emit("step", step=step, **fields)
+        emit_step(step, fields)
         check_loss(fields, step)
         if memory is not None and should_sample_memory(step, cfg.steps):
             memory(step)

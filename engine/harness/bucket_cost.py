@@ -72,7 +72,8 @@ def bucket_cost(cfg: RunConfig, caps_mb: tuple[float, float] = (25.0, 0.01), rou
                        "block by block) between two bucket caps, per bucket")
 
 
-def _plain_run(cfg: RunConfig, tmp: str) -> list[float]:
+def _plain_run(cfg: RunConfig, tmp: str) -> tuple[list[float], list[float]]:
+    """Plain torch DDP alone: rank 0's step starts and ends (unix s)."""
     from ddpviz.engine.components.devices import resolve_plan
     from ddpviz.engine.harness.overhead import _plain_rank
     from ddpviz.engine.modes.ranks import start_rank_processes
@@ -83,7 +84,19 @@ def _plain_run(cfg: RunConfig, tmp: str) -> list[float]:
     while not ctx.join():
         pass
     Path(f"{tmp}/pg").unlink(missing_ok=True)
-    return json.loads(Path(tmp, "plain.json").read_text())["step_starts"]
+    got = json.loads(Path(tmp, "plain.json").read_text())
+    return got["step_starts"], got["step_ends"]
+
+
+def between_steps_s(starts: list[float], ends: list[float], warmup_steps: int) -> float:
+    """Median time from one step's end to the next step's start after `warmup_steps` (s): what the
+    training thread runs between steps. Plain DDP: its loop's own turn (`_plain_rank`: a clock read and
+    the gate check); ddpviz: that plus the instrument's work after the step's training (reading the
+    reducer, building and handing over the step's events, the step loop's checks). Serial with
+    training, so it adds to every step's time on any machine; the median is a typical step's (the
+    metered and traced steps, minorities, have their own costs: `_step_intervals_s`'s mean)."""
+    gaps = [b - a for a, b in zip(ends[warmup_steps:], starts[warmup_steps + 1:])]
+    return statistics.median(gaps)
 
 
 def _step_intervals_s(starts: list[float], warmup_steps: int) -> tuple[float, float]:
@@ -105,18 +118,29 @@ def plain_alone(cfg: RunConfig, rounds: int = 4, warmup_steps: int = 50) -> dict
     for k in range(rounds):
         with tempfile.TemporaryDirectory(prefix="ddpviz-alone-") as tmp:
             order = ("plain", "ddpviz") if k % 2 == 0 else ("ddpviz", "plain")
-            got = {side: _step_intervals_s(_plain_run(cfg, tmp) if side == "plain" else
-                                           _ddpviz_run(cfg, f"alone-{k}")[0], warmup_steps) for side in order}
-        (pm, pa), (dm, da) = got["plain"], got["ddpviz"]
+            got = {}
+            for side in order:
+                starts, ends = _plain_run(cfg, tmp) if side == "plain" else _ddpviz_run(cfg, f"alone-{k}")[::2]
+                got[side] = (*_step_intervals_s(starts, warmup_steps), between_steps_s(starts, ends, warmup_steps))
+        (pm, pa, pg), (dm, da, dg) = got["plain"], got["ddpviz"]
         rows.append(dict(order=list(order), plain_median_step_s=pm, ddpviz_median_step_s=dm,
-                         plain_mean_step_s=pa, ddpviz_mean_step_s=da, ratio=dm / pm, mean_ratio=da / pa))
+                         plain_mean_step_s=pa, ddpviz_mean_step_s=da, ratio=dm / pm, mean_ratio=da / pa,
+                         plain_between_steps_s=pg, ddpviz_between_steps_s=dg))
     ratios, means = [r["ratio"] for r in rows], [r["mean_ratio"] for r in rows]
+    added = [(r["ddpviz_between_steps_s"] - r["plain_between_steps_s"]) / r["plain_median_step_s"] for r in rows]
     return dict(ratio=statistics.median(ratios), ratio_interval_90=median_interval(ratios),
-                mean_ratio=statistics.median(means), mean_ratio_interval_90=median_interval(means), rounds=rows,
+                mean_ratio=statistics.median(means), mean_ratio_interval_90=median_interval(means),
+                between_steps_us=dict(plain=statistics.median(r["plain_between_steps_s"] for r in rows) * 1e6,
+                                      ddpviz=statistics.median(r["ddpviz_between_steps_s"] for r in rows) * 1e6),
+                between_steps_share=statistics.median(added), between_steps_share_interval_90=median_interval(added),
+                rounds=rows,
                 warmup_steps=warmup_steps, config=cfg.to_json_dict(),
                 source="measured: whole runs taking turns (ABBA), each alone; rank 0's intervals between step "
                        "starts: `ratio` of their medians (a typical step), `mean_ratio` of their means (the run's "
-                       "pace, sampled steps included); medians of the rounds' ddpviz/plain ratios")
+                       "pace, sampled steps included); medians of the rounds' ddpviz/plain ratios; "
+                       "`between_steps_us`: rank 0's median time from a step's end to the next start (the training "
+                       "thread's work between steps, `between_steps_s`), and `between_steps_share` ddpviz's extra "
+                       "there over plain's median step")
 
 
 IN_THREAD_SOURCE = ("measured: thread CPU time of the recorder path's own per-step work after backward "

@@ -80,7 +80,7 @@ def _plain_rank(rank: int, cfg_dict: dict, backend: str, device_kind: str, init_
         opt = make_optimizer(cfg, ddp.parameters())
         plan = BatchPlan(len(ds), world, cfg.micro_batch_per_device, cfg.seed)
         gate = gate_from_env("plain", rank)
-        starts = []
+        starts, ends = [], []
         for step in range(cfg.steps):
             if gate is not None:
                 if device_kind == "cuda" and step % gate.block_steps == 0:
@@ -96,19 +96,21 @@ def _plain_rank(rank: int, cfg_dict: dict, backend: str, device_kind: str, init_
                     loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=not cfg.gradient_as_bucket_view)
+            ends.append(wall_ts(now()))  # as ddpviz's step_time_s ends: after zero_grad
         if device_kind == "cuda":
             torch.cuda.synchronize(device)
         if gate is not None:
             gate.at_end()
         if rank == 0:
-            Path(out_dir, "plain.json").write_text(json.dumps({"step_starts": starts}))
+            Path(out_dir, "plain.json").write_text(json.dumps({"step_starts": starts, "step_ends": ends}))
             torch.save(flat_params(model), Path(out_dir, "plain_params.pt"))
     finally:
         leave_process_group()
 
 
-def _ddpviz_run(cfg: RunConfig, run_id: str) -> tuple[list[float], torch.Tensor]:
-    """Run `cfg` as ddpviz DDP; rank 0's step starts (unix s) and final parameters.
+def _ddpviz_run(cfg: RunConfig, run_id: str) -> tuple[list[float], torch.Tensor, list[float]]:
+    """Run `cfg` as ddpviz DDP; rank 0's step starts (unix s), final parameters, and step ends (unix s:
+    `start_ts + step_time_s`, the moment the step's training work ended).
 
     Raises:
         RuntimeError: the run did not succeed (its error included).
@@ -121,7 +123,7 @@ def _ddpviz_run(cfg: RunConfig, run_id: str) -> tuple[list[float], torch.Tensor]
     if result.status != "succeeded":
         raise RuntimeError(f"ddpviz DDP run {result.status}: {(result.error or {}).get('exception')}")
     steps = sorted((e for e in sink.of_type("step") if e.get("rank", 0) == 0), key=lambda e: e["step"])
-    return [e["start_ts"] for e in steps], result.final_params
+    return [e["start_ts"] for e in steps], result.final_params, [e["start_ts"] + e["step_time_s"] for e in steps]
 
 
 def turn_order(blocks: int, a: str = "plain", b: str = "ddpviz") -> list[str]:
@@ -209,7 +211,7 @@ def measure_overhead(cfg: RunConfig, rounds: int = 10, block_steps: int = DEFAUL
             raise side_failed() from got["ddpviz_error"]
         plain_starts = json.loads(Path(tmp, "plain.json").read_text())["step_starts"]
         plain_params = torch.load(Path(tmp, "plain_params.pt"))
-    ours_starts, ours_params = got["ddpviz"]
+    ours_starts, ours_params, _ = got["ddpviz"]
     p_med, d_med = block_medians(plain_starts, block_steps), block_medians(ours_starts, block_steps)
     rows = [dict(plain_median_step_s=p, ddpviz_median_step_s=d, ratio=d / p)
             for p, d in list(zip(p_med, d_med))[warmup_blocks:]]

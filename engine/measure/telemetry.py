@@ -19,7 +19,23 @@ class Telemetry:
         self.sink, self.run_id, self.rank, self.device, self.host = sink, run_id, rank, device, host
 
     def emit(self, type_: str, **fields: Any) -> None:
-        self.sink.emit(make_event(type_, self.run_id, **self._identity(fields)))
+        self.sink.emit(self.build(type_, **fields))
+
+    def build(self, type_: str, **fields: Any) -> dict[str, Any]:
+        """The event `emit` would hand to the sink, not handed over (for `hand_over`)."""
+        return make_event(type_, self.run_id, **self._identity(fields))
+
+    def head(self, type_: str, **constant: Any) -> dict[str, Any]:
+        """The constant part of this emitter's `type_` events, for a hot path that emits the same
+        shape every step: ``{**head, "ts": time.time(), "step": s, **varying}`` has the keys and
+        values `emit(type_, step=s, **constant, **varying)` gives, without its per-call checks.
+        `constant` is marked once (`mark_nonfinite`); `varying`'s non-finite floats are the caller's
+        to mark. Raises ValueError for a `type_` not in `EVENT_TYPES`."""
+        return make_event(type_, self.run_id, step=None, **self._identity(constant))
+
+    def hand_over(self, events: list[dict[str, Any]]) -> None:
+        """Give built events (`build`, `head`) to the sink at once, in order."""
+        emit_all(self.sink, events)
 
     def emit_many(self, type_: str, rows: list[dict[str, Any]], **common: Any) -> None:
         """`emit(type_, **common, **row)` for each row, built and handed to the sink at once

@@ -1,7 +1,7 @@
 """A DDP rank's ordinary steps (CPU, one micro-batch, not metered, traced or sampled: e.g. 9, 10, 51,
 `engine.modes.ddp.rank`'s `ordinary_step`) report what its fully marked steps do: the same step
 fields, buckets and comm volume as the metered step 8 of the same run, and phases that fit inside
-the step as the rank's own step starts bound it."""
+the step as the rank's own step starts bound it; comm_volume where the bytes can change."""
 
 from __future__ import annotations
 
@@ -38,9 +38,40 @@ def test_ordinary_steps_report_the_fields_buckets_and_volume_of_a_fully_marked_s
         buckets = _by(events, "bucket", rank, step)
         assert [b["nbytes"] for b in buckets] == ref_buckets
         assert all(b["ready_s"] is not None and 0 <= b["ready_s"] for b in buckets)
-        volume, = _by(events, "comm_volume", rank, step)
-        assert volume["allreduce_bytes"] == sum(ref_buckets)
-        assert volume["sent_bytes"] == sum(ref_buckets)  # ring, 2 ranks: 2(n-1)/n = 1 byte per byte
+        # built from per-layout heads (rank's ordinary_finish): every field but the step's own as the
+        # metered step's, built by LayoutBuckets.resolved and Telemetry.emit_many
+        own = {"ts", "step", "ready_s"}
+        assert [{k: v for k, v in b.items() if k not in own} for b in buckets] == \
+            [{k: v for k, v in b.items() if k not in own} for b in _by(events, "bucket", rank, FULL)]
+        # DDP's rebuilt buckets are in gradient-ready order: each bucket ready no earlier than the one before
+        readies = [b["ready_s"] for b in sorted(buckets, key=lambda b: b["bucket_index"])]
+        assert readies == sorted(readies)
+        # exposed comm = the backward's time after its last bucket was ready (engine.modes.ddp.rank.exposed_comm)
+        whole_backward = fields["backward_s"] + fields["comm_exposed_s"]
+        assert fields["comm_exposed_s"] == pytest.approx(max(0.0, whole_backward - readies[-1]), abs=1e-9)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_comm_volume_comes_on_the_traced_steps_and_says_the_buckets_bytes(events, rank):
+    """Every step hands all-reduce the same bucket bytes once DDP rebuilt its buckets (after step 0), so
+    comm_volume comes on the memory-traced steps (0-2, 50, the last: should_trace_memory) and where the
+    sizes change, not on the steps between (engine.modes.ddp.rank.volume_due)."""
+    volumes = {e["step"]: e for e in events if e["type"] == "comm_volume" and e["rank"] == rank}
+    assert set(volumes) == {0, 1, 2, 50, CFG["steps"] - 1}
+    for step, volume in volumes.items():
+        nbytes = sum(b["nbytes"] for b in _by(events, "bucket", rank, step))
+        assert volume["allreduce_bytes"] == nbytes
+        assert volume["sent_bytes"] == nbytes  # ring, 2 ranks: 2(n-1)/n = 1 byte per byte
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_steps_bucket_events_come_before_its_step_event(events, rank):
+    """A step's detail events precede its step event in the stream (ordinary steps hand them over together)."""
+    at = {(e["type"], e["step"], e.get("bucket_index")): i for i, e in enumerate(events)
+          if e.get("rank") == rank and e["type"] in ("step", "bucket")}
+    for step in (FULL, *ORDINARY):
+        buckets = [i for (t, s, _), i in at.items() if t == "bucket" and s == step]
+        assert buckets and max(buckets) < at[("step", step, None)]
 
 
 @pytest.mark.parametrize("rank", [0, 1])

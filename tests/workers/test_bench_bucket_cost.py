@@ -16,8 +16,9 @@ def test_the_record_has_each_bucket_timing_and_converts_to_microseconds(monkeypa
         return dict(per_bucket_s=0.0006 if cfg.bucket_timing == "hook" else 0.00001, per_bucket_interval_90=[0, 1])
 
     monkeypatch.setattr(harness, "bucket_cost", bucket_cost)
-    monkeypatch.setattr(harness, "plain_alone", lambda cfg, rounds: dict(ratio=1.0, ratio_interval_90=[1, 1], mean_ratio=1.0,
-                                                                         timing=cfg.bucket_timing))
+    monkeypatch.setattr(harness, "plain_alone", lambda cfg, rounds: dict(
+        ratio=1.0, ratio_interval_90=[1, 1], mean_ratio=1.0, timing=cfg.bucket_timing,
+        between_steps_us=dict(plain=1.0, ddpviz=50.0), between_steps_share=0.03, between_steps_share_interval_90=[0.02, 0.04]))
     monkeypatch.setattr(harness, "in_thread_cost", lambda cfg, caps: dict(
         per_bucket_us=2.5, timing=cfg.bucket_timing, caps=[dict(cpu_us=40.0, buckets=1), dict(cpu_us=160.0, buckets=49)]))
     out = measure_bucket_cost(rounds=2, say=lambda m: None)
@@ -48,3 +49,11 @@ def test_the_small_step_figure_reads_a_typical_step_and_the_runs_pace():
     from ddpviz.engine.harness.bucket_cost import _step_intervals_s
 
     assert _step_intervals_s([0.0, 1.0, 2.0, 4.0, 5.0, 6.0], warmup_steps=1) == (1.0, 1.25)
+
+
+def test_between_steps_is_the_median_gap_from_a_steps_end_to_the_next_start():
+    """Hand-worked: starts 0, 10, 20, 30 s, ends 8, 19, 25, 38 s, the first step left out: gaps 20-19 = 1 and
+    30-25 = 5 s (step 0's gap, 10-8, is warm-up); median 3 s. The last end has no next start."""
+    from ddpviz.engine.harness.bucket_cost import between_steps_s
+
+    assert between_steps_s([0.0, 10.0, 20.0, 30.0], [8.0, 19.0, 25.0, 38.0], warmup_steps=1) == 3.0

@@ -41,7 +41,10 @@ def measure_bucket_cost(rounds: int = 5, alone_rounds: int = 6, say=print) -> di
         say(f"  {us:.0f} µs per bucket (90% interval {per_bucket['per_bucket_interval_90'][0] * 1e6:.0f}-"
             f"{per_bucket['per_bucket_interval_90'][1] * 1e6:.0f}); small steps vs plain alone "
             f"{alone['ratio']:.2f}x ({alone['ratio_interval_90'][0]:.2f}-{alone['ratio_interval_90'][1]:.2f}) by the median "
-            f"step, {alone['mean_ratio']:.2f}x by the mean (sampled steps included)")
+            f"step, {alone['mean_ratio']:.2f}x by the mean (sampled steps included); between steps (the training "
+            f"thread's own turn) {alone['between_steps_us']['ddpviz']:.0f} µs against plain's "
+            f"{alone['between_steps_us']['plain']:.0f}: {alone['between_steps_share'] * 100:.1f}% of a plain step "
+            f"({alone['between_steps_share_interval_90'][0] * 100:.1f}-{alone['between_steps_share_interval_90'][1] * 100:.1f})")
         out["timings"][timing] = dict(per_bucket_us=us, per_bucket=per_bucket, per_step_alone=alone)
         if timing == "recorder":  # its own work on the training thread, which the A/B above cannot resolve
             inner = in_thread_cost(RunConfig(**PER_BUCKET, bucket_timing=timing), CAPS_MB)

@@ -310,14 +310,33 @@ class LayoutBuckets:
             spans = None  # the profiler saw another number of all-reduces: claim nothing
         fwd, self._forward_ns = self._forward_ns, None  # one synced forward's origin, used once
         readies = None if spans or fwd is None else self._readies(fwd)
-        out = []
-        for i, (params, nbytes) in enumerate(self._layout):
-            ready, start, end = spans[i] if spans else (readies[i] if readies else None, None, None)
-            out.append(dict(bucket_index=i, nbytes=nbytes, num_params=len(params), is_last=i == n - 1,
-                            ready_s=ready, comm_start_s=start, comm_end_s=end, sampled=spans is not None,
-                            source=PROFILER_SOURCE if spans else READY_SOURCE if readies else LAYOUT_SOURCE,
-                            **(dict(param_names=list(params)) if fresh else {})))
-        return out
+        source = PROFILER_SOURCE if spans else READY_SOURCE if readies else LAYOUT_SOURCE
+        return [self._row(i, spans[i] if spans else (readies[i] if readies else None, None, None), source, fresh)
+                for i in range(n)]
+
+    def _row(self, i: int, times: tuple, source: str, fresh: bool) -> dict[str, Any]:
+        """Bucket `i`'s event fields with (ready, start, end) `times`."""
+        params, nbytes = self._layout[i]
+        ready, start, end = times
+        return dict(bucket_index=i, nbytes=nbytes, num_params=len(params), is_last=i == len(self._layout) - 1,
+                    ready_s=ready, comm_start_s=start, comm_end_s=end, sampled=source == PROFILER_SOURCE,
+                    source=source, **(dict(param_names=list(params)) if fresh else {}))
+
+    def steady_readies(self) -> list[float] | None:
+        """This backward's bucket ready times (s from its start, bucket order) when nothing else about
+        its buckets differs from `steady_rows`: the layout read and reported, the step not sampled, the
+        reducer's stamps readable. Else None, and the caller takes `resolved()`. Either call uses the
+        forward's origin once. For a DDP rank's ordinary steps (`engine.modes.ddp.rank`), whose bucket
+        events are then `steady_rows` with these times: what `resolved` gives, without building them."""
+        if self.passes <= self.LAYOUT_READS or self._named is not self._layout or self.sampler.active \
+                or self._forward_ns is None:
+            return None
+        fwd, self._forward_ns = self._forward_ns, None
+        return self._readies(fwd)
+
+    def steady_rows(self) -> list[dict[str, Any]]:
+        """Each bucket's event fields on a step with ready times (`steady_readies`), `ready_s` None."""
+        return [self._row(i, (None, None, None), READY_SOURCE, False) for i in range(len(self._layout))]
 
     def _read_layout(self) -> None:
         """The reducer's current buckets: parameter names and bytes, and their parameter indices."""

@@ -12,6 +12,7 @@ Files in the launcher's workdir: those of every rank (`engine.modes.ranks`), and
 from __future__ import annotations
 
 import contextlib
+import time
 from pathlib import Path
 
 import torch
@@ -23,6 +24,7 @@ from ddpviz.engine.components.loop import drive
 from ddpviz.engine.components.training import autocast, evaluate, flat_params, loss_fn, make_optimizer, should_eval
 from ddpviz.engine.config import RunConfig
 from ddpviz.engine.data import BatchPlan, load_dataset
+from ddpviz.engine.events import mark_nonfinite
 from ddpviz.engine.measure.clocks import CudaClock, HostClock, StepClock
 from ddpviz.engine.measure.gil import MeterGate
 from ddpviz.engine.measure.gil_rank import MeteredClock, rank_step_fields
@@ -126,34 +128,79 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
     # Steps on which nothing needs the marks' extra readings (CPU, one micro-batch): `ordinary_step`
     ordinary_ok = device.type == "cpu" and cfg.grad_accum_steps == 1
 
+    def volume_due(step: int, buckets: list[dict], traced: bool) -> bool:
+        """Whether the step emits `comm_volume`: its bucket sizes differ from the previous step's, or it
+        is memory-traced (steps 0-2, every k-th, the last). Between those, every step hands all-reduce
+        the same bytes, so its event would repeat the last one (the views read the latest)."""
+        sizes = tuple(b["nbytes"] or 0 for b in buckets)  # of the bucket tensors handed to all-reduce
+        if volume[0] == sizes:
+            return traced
+        bucket_nbytes[:] = [n for n in sizes if n]  # the probe's first sizes
+        nbytes = sum(sizes)  # one entry: a hook whose sizes vary (compression) never grows a cache
+        volume[:] = sizes, dict(allreduce_bytes=nbytes, sent_bytes=int(ring * nbytes),
+                                recv_bytes=int(ring * nbytes), volume_source=volume_label(rec),
+                                theory_sent_bytes=int(ring * P), theory_recv_bytes=int(ring * P))
+        return True
+
     def finish(step: int, t0: float, t5: float, fwd: float, bwd: float, last_bwd: float, backward_start: float,
-               optimizer_s: float, loss: float, gil: dict | None = None) -> dict:
-        """The step's bucket, `gil` (when given) and comm_volume events, and its `step` fields, from its
-        measured phases (s)."""
+               optimizer_s: float, loss: float, gil: dict | None = None, traced: bool = True) -> dict:
+        """The step's bucket, `gil` (when given) and comm_volume (`volume_due`) events, and its `step`
+        fields, from its measured phases (s)."""
         buckets = bucket_log.resolved()  # the last micro-batch's backward, which all-reduced
         exposed, exposed_fields = exposed_comm(buckets, last_bwd, device.type == "cuda")
         tel.emit_many("bucket", buckets, step=step)  # one call per step, not per bucket
         if gil is not None:
             tel.emit("gil", step=step, **gil)
-        sizes = tuple(b["nbytes"] or 0 for b in buckets)  # of the bucket tensors handed to all-reduce
-        if volume[0] != sizes:  # one entry: a hook whose sizes vary (compression) never grows a cache
-            bucket_nbytes[:] = [n for n in sizes if n]  # the probe's first sizes
-            nbytes = sum(sizes)
-            volume[:] = sizes, dict(allreduce_bytes=nbytes, sent_bytes=int(ring * nbytes),
-                                    recv_bytes=int(ring * nbytes), volume_source=volume_label(rec),
-                                    theory_sent_bytes=int(ring * P), theory_recv_bytes=int(ring * P))
-        tel.emit("comm_volume", step=step, **volume[1])
+        if volume_due(step, buckets, traced):
+            tel.emit("comm_volume", step=step, **volume[1])
+        return fields_of(t0, t5, fwd, bwd, backward_start, optimizer_s, loss, exposed, exposed_fields)
+
+    def fields_of(t0: float, t5: float, fwd: float, bwd: float, backward_start: float, optimizer_s: float,
+                  loss: float, exposed: float | None, exposed_fields: dict) -> dict:
         return step_fields(start=t0, backward_start_ts=wall_ts(backward_start), loss=loss,
                            samples=cfg.global_batch_size, step_time_s=t5 - t0, forward_s=fwd,
                            backward_s=bwd - (exposed or 0.0), comm_exposed_s=exposed, optimizer_s=optimizer_s,
                            **exposed_fields)
 
+    staged: list[dict] = []  # an ordinary step's built bucket events, handed over with its step event
+    heads: list = [None, None, tel.head("step")]  # (layout, its bucket event heads), the step event's head
+
+    def ordinary_finish(step: int, t0: float, t2: float, t4: float, fwd: float, bwd: float, optimizer_s: float,
+                        loss: float) -> dict:
+        """`finish` for an ordinary step whose buckets are the steady layout's with the reducer's ready
+        times (`LayoutBuckets.steady_readies`): the same events, built from per-layout heads
+        (`Telemetry.head`) and handed over with the step event (`emit_step`); else `finish` itself."""
+        readies = bucket_log.steady_readies() if layout else None
+        if readies is None:
+            return finish(step, t0, t4, fwd, bwd, bwd, t2, optimizer_s, loss, traced=False)
+        ts = time.time()
+        new_layout = heads[0] is not bucket_log._layout
+        if new_layout:
+            heads[:2] = bucket_log._layout, [tel.head("bucket", **row) for row in bucket_log.steady_rows()]
+        buckets = [{**h, "ts": ts, "step": step, "ready_s": r} for h, r in zip(heads[1], readies)]
+        exposed, exposed_fields = exposed_comm(buckets, bwd, False)
+        if new_layout and volume_due(step, buckets, False):  # one layout, the same sizes: nothing new to say
+            buckets.append(tel.build("comm_volume", step=step, **volume[1]))
+        staged[:] = buckets
+        return fields_of(t0, t4, fwd, bwd, t2, optimizer_s, loss, exposed, exposed_fields)
+
+    def emit_step(step: int, fields: dict) -> None:
+        """The step event (`engine.components.loop.drive`), with the step's staged events before it."""
+        if not staged:
+            tel.emit("step", step=step, **fields)
+            return
+        loss = fields["loss"]  # the one field a step can make non-finite (the rest are clock differences)
+        events = [*staged, {**heads[2], "ts": staged[0]["ts"], "step": step,
+                            **(fields if loss - loss == 0 else mark_nonfinite(fields))}]
+        staged.clear()
+        tel.hand_over(events)
+
     def ordinary_step(step: int) -> dict:
         """A step on CPU with one micro-batch that is not metered, traced or sampled: the same work and
         events as `train_step`'s, its phases read with the host clock directly (no mark objects, no
-        per-micro-batch lists). On 2 gloo ranks, MLP 128x3, whole runs against plain DDP (`plain_alone`, 6 rounds,
-        two tries each, alternating): median step 1.169, 1.183x -> 1.131, 1.141x
-        (docs/bench/small-step-alone-2026-12-05.json, "ordinary_steps")."""
+        per-micro-batch lists), its events built by `ordinary_finish`. On 2 gloo ranks, MLP 128x3: the
+        training thread's time between steps 84-106 -> 44-62 µs (`plain_alone`'s `between_steps_us`;
+        docs/bench/small-step-alone-2026-12-05.json, "ordinary_steps", "lean_ordinary_events")."""
         t0 = now()
         idx = plan.rank_indices(step, rank)
         x, y = ds.x_train[idx].to(device), ds.y_train[idx].to(device)
@@ -171,8 +218,10 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         opt.step()
         opt.zero_grad(set_to_none=not cfg.gradient_as_bucket_view)
         maybe_diverge(cfg, rank, step, model)
+        loss_value = float(loss)
+        del x, y, out, loss  # freed inside the step, as a plain loop frees them when it rebinds the names
         t4 = now()
-        return finish(step, t0, t4, t2 - t1, t3 - t2, t3 - t2, t2, t4 - t3, float(loss))
+        return ordinary_finish(step, t0, t2, t4, t2 - t1, t3 - t2, t4 - t3, loss_value)
 
     def train_step(step: int) -> dict:
         progress["step"] = step
@@ -218,7 +267,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         return finish(step, t0, t5, sum(clock.seconds(a, b) for a, b, _ in micro_marks),
                       sum(clock.seconds(b, c) for _, b, c in micro_marks), clock.seconds(*micro_marks[-1][1:]),
                       t0 + clock.seconds(m0, micro_marks[-1][1]), clock.seconds(m4, m5),
-                      sum(float(v) for v in losses), gil)
+                      sum(float(v) for v in losses), gil, traced or step == cfg.steps - 1)
 
     sampler = model_memory_sampler(cfg, tel, model, opt, device, extra_existing=lambda: [
         (0, "bucket_buffers", bucket_log.held_nbytes(cfg.gradient_as_bucket_view)
@@ -245,7 +294,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
     step_fn = keep_before_traced(buffer_probe.wrap(train_step, lambda s: should_eval(cfg, s)), rec, cfg.steps)
     train_start = now()
     try:
-        drive(cfg, tel, sampler.wrap(step_fn), check_sync=check_sync, evaluate=evaluate_fn)
+        drive(cfg, tel, sampler.wrap(step_fn), check_sync=check_sync, evaluate=evaluate_fn, emit_step=emit_step)
     finally:
         sampler.close()
     if cfg.probe and world > 1:  # after the last step: in no step time, nothing else in flight
