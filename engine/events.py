@@ -21,12 +21,16 @@ from typing import Any, Iterable, Protocol
 
 import orjson
 
+from ddpviz.engine.measure.own_threads import name_this_thread
+
 # How long an event may wait in a rank's BatchingSink before it is written to the rank's file. The
 # launcher's follower reads those files every `engine.modes.launcher.FOLLOW_INTERVAL_S` and the worker's
 # sink writes to Redis every `workers.sink.RUN_FLUSH_INTERVAL_S`: each hop adds at most its interval
-# to an event's latency (figure 1 of `ddpviz bench`), and each wake-up costs a few microseconds
-# of a background thread, never the training loop's.
-RANK_FLUSH_INTERVAL_S = 0.02
+# to an event's latency (figure 1 of `ddpviz bench`). A wake-up is not free where the ranks fill the
+# cores: on 2 gloo ranks of small steps (2 cores) the rank writers and the follower took 90 µs of CPU
+# a step at 0.02 s and 62 at 0.05 s (`plain_alone`'s `background_us_per_step`), and DDP's latency p95
+# went 39 -> 94 ms (target 150; docs/bench/latency-2026-12-05.json).
+RANK_FLUSH_INTERVAL_S = 0.05
 
 EVENT_TYPES = ("run_started", "step", "bucket", "dp_phase", "gil", "memory", "comm_volume", "eval", "sync",
                "log", "allreduce_probe", "run_finished", "fsdp_collective", "fsdp_memory_curve",
@@ -356,6 +360,7 @@ class BatchingSink:
             self.unreported_lost -= reported
 
     def _loop(self) -> None:
+        name_this_thread()
         while True:
             with self._cv:
                 if not self._closed and len(self._buf) < self.max_batch:

@@ -19,6 +19,7 @@ design). Step time: rank 0's median interval between step starts after `warmup_s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import tempfile
@@ -27,6 +28,7 @@ from typing import Any
 
 from ddpviz.engine.config import RunConfig
 from ddpviz.engine.measure.bootstrap import median_interval
+from ddpviz.engine.measure.own_threads import own_threads_cpu_ns
 
 
 def bucket_count(cfg: RunConfig) -> int:
@@ -109,6 +111,50 @@ def _step_intervals_s(starts: list[float], warmup_steps: int) -> tuple[float, fl
 
 # 800-step runs with 50 left out (2026-12-05): six rounds ratios 1.19-1.25, where 120-step runs had moved
 # 1.12-1.47 between tries (docs/bench/small-step-alone-2026-12-05.json)
+class OwnThreadsCpu:
+    """While open, polls the on-CPU time of ddpviz's named threads (`engine.measure.own_threads`) in
+    this process and its descendants every `interval_s`, keeping each thread's latest reading: their
+    total when the block ends (a thread's CPU after its last poll, at most `interval_s` of it, is
+    missed). `.by_name` (ns by OS name) and `.total_ns` after the block."""
+
+    def __init__(self, interval_s: float = 0.01):
+        self.interval_s, self.by_name, self.total_ns = interval_s, {}, 0
+        self._latest: dict[tuple[int, int], tuple[str, int]] = {}
+
+    def __enter__(self) -> "OwnThreadsCpu":
+        import threading
+
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def _poll(self) -> None:
+        import os
+
+        import psutil
+
+        me = psutil.Process(os.getpid())
+        while True:
+            stopping = self._stop.is_set()
+            pids = [me.pid]
+            with contextlib.suppress(psutil.Error):
+                pids += [p.pid for p in me.children(recursive=True)]
+            for pid in pids:
+                for tid, got in own_threads_cpu_ns(pid).items():
+                    self._latest[pid, tid] = got
+            if stopping or self._stop.wait(self.interval_s):
+                if stopping:
+                    return
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        for name, ns in self._latest.values():
+            self.by_name[name] = self.by_name.get(name, 0) + ns
+        self.total_ns = sum(self.by_name.values())
+
+
 def plain_alone(cfg: RunConfig, rounds: int = 4, warmup_steps: int = 50) -> dict[str, Any]:
     """ddpviz DDP vs plain torch DDP, whole runs taking turns, each alone (module docstring)."""
     from ddpviz.engine.harness.overhead import _ddpviz_run
@@ -120,12 +166,16 @@ def plain_alone(cfg: RunConfig, rounds: int = 4, warmup_steps: int = 50) -> dict
             order = ("plain", "ddpviz") if k % 2 == 0 else ("ddpviz", "plain")
             got = {}
             for side in order:
-                starts, ends = _plain_run(cfg, tmp) if side == "plain" else _ddpviz_run(cfg, f"alone-{k}")[::2]
-                got[side] = (*_step_intervals_s(starts, warmup_steps), between_steps_s(starts, ends, warmup_steps))
-        (pm, pa, pg), (dm, da, dg) = got["plain"], got["ddpviz"]
+                with OwnThreadsCpu() as threads:
+                    starts, ends = _plain_run(cfg, tmp) if side == "plain" else _ddpviz_run(cfg, f"alone-{k}")[::2]
+                got[side] = (*_step_intervals_s(starts, warmup_steps), between_steps_s(starts, ends, warmup_steps),
+                             threads)
+        (pm, pa, pg, _), (dm, da, dg, threads) = got["plain"], got["ddpviz"]
         rows.append(dict(order=list(order), plain_median_step_s=pm, ddpviz_median_step_s=dm,
                          plain_mean_step_s=pa, ddpviz_mean_step_s=da, ratio=dm / pm, mean_ratio=da / pa,
-                         plain_between_steps_s=pg, ddpviz_between_steps_s=dg))
+                         plain_between_steps_s=pg, ddpviz_between_steps_s=dg,
+                         background_us_per_step=threads.total_ns / 1e3 / cfg.steps,
+                         background_by_thread_us_per_step={n: ns / 1e3 / cfg.steps for n, ns in threads.by_name.items()}))
     ratios, means = [r["ratio"] for r in rows], [r["mean_ratio"] for r in rows]
     added = [(r["ddpviz_between_steps_s"] - r["plain_between_steps_s"]) / r["plain_median_step_s"] for r in rows]
     return dict(ratio=statistics.median(ratios), ratio_interval_90=median_interval(ratios),
@@ -133,6 +183,7 @@ def plain_alone(cfg: RunConfig, rounds: int = 4, warmup_steps: int = 50) -> dict
                 between_steps_us=dict(plain=statistics.median(r["plain_between_steps_s"] for r in rows) * 1e6,
                                       ddpviz=statistics.median(r["ddpviz_between_steps_s"] for r in rows) * 1e6),
                 between_steps_share=statistics.median(added), between_steps_share_interval_90=median_interval(added),
+                background_us_per_step=statistics.median(r["background_us_per_step"] for r in rows),
                 rounds=rows,
                 warmup_steps=warmup_steps, config=cfg.to_json_dict(),
                 source="measured: whole runs taking turns (ABBA), each alone; rank 0's intervals between step "
@@ -140,7 +191,9 @@ def plain_alone(cfg: RunConfig, rounds: int = 4, warmup_steps: int = 50) -> dict
                        "pace, sampled steps included); medians of the rounds' ddpviz/plain ratios; "
                        "`between_steps_us`: rank 0's median time from a step's end to the next start (the training "
                        "thread's work between steps, `between_steps_s`), and `between_steps_share` ddpviz's extra "
-                       "there over plain's median step")
+                       "there over plain's median step; `background_us_per_step`: CPU of ddpviz's own threads (event "
+                       "writers, memory timers, the launcher's follower; all ranks together) per step, from their "
+                       "schedstat (engine.measure.own_threads)")
 
 
 IN_THREAD_SOURCE = ("measured: thread CPU time of the recorder path's own per-step work after backward "

@@ -10,5 +10,6 @@
     turns           turn-taking between jobs, so their step times are measured side by side
     gil             the GIL meter: a thread's lock wait from its CPU clock and schedstat run-queue wait
     gil_rank        the GIL meter on a DDP rank: metered step-clock marks and the rank's `gil` event
+    own_threads     ddpviz's own threads named for the OS, and their CPU time read from /proc
     bootstrap       block-bootstrap intervals of medians of step times (the verdict, the overhead figure)
 """

@@ -24,6 +24,7 @@ from typing import Any, Callable
 import torch
 
 from ddpviz.engine.measure.memory import NvmlReader, process_rss_bytes
+from ddpviz.engine.measure.own_threads import name_this_thread
 from ddpviz.engine.measure.telemetry import Telemetry, now, wall_ts
 
 SAMPLE_INTERVAL_S = 0.05  # timer period: 20 readings per second per device
@@ -91,6 +92,7 @@ class MemoryTimer:
         self._thread.start()
 
     def _loop(self) -> None:
+        name_this_thread()
         while not self._stop.wait(self.interval_s):
             self.tick()
             if now() - self._published_at >= self.publish_interval_s:
