@@ -196,6 +196,40 @@ def plain_alone(cfg: RunConfig, rounds: int = 4, warmup_steps: int = 50) -> dict
                        "schedstat (engine.measure.own_threads)")
 
 
+DIRECT_SOURCE = ("measured: at two bucket caps, whole runs taking turns with plain DDP alone (`plain_alone`); "
+                 "the training thread's time between steps over plain's (rank 0's median) and ddpviz's threads' CPU "
+                 "per step (schedstat; all ranks and the follower); slopes against PyTorch's bucket count")
+
+
+def direct_cost(cfg: RunConfig, caps_mb: tuple[float, float] = (25.0, 0.01), rounds: int = 2, steps: int = 400,
+                warmup_steps: int = 50) -> dict[str, Any]:
+    """ddpviz's direct cost per bucket (`DIRECT_SOURCE`), resolvable where the whole-step A/B is not:
+    what the training thread runs between steps (reading the reducer, the bucket events) and what
+    ddpviz's own threads spend (writing, forwarding those events), each against the bucket count. For
+    `bucket_timing=recorder`, whose per-bucket work is all there; the hook's runs inside the backward,
+    which this does not see (`bucket_cost` measures it).
+
+    Returns: per cap `buckets`, `between_steps_us` (ddpviz's minus plain's), `background_us_per_step`;
+    `between_steps_us_per_bucket`, `background_us_per_bucket` (slopes, µs). Raises ValueError when the caps
+    give the same bucket count.
+    """
+    caps = []
+    for cap in caps_mb:
+        c = cfg.model_copy(update=dict(bucket_cap_mb=cap, steps=steps))
+        got = plain_alone(c, rounds=rounds, warmup_steps=warmup_steps)
+        caps.append(dict(bucket_cap_mb=cap, buckets=bucket_count(c),
+                         between_steps_us=got["between_steps_us"]["ddpviz"] - got["between_steps_us"]["plain"],
+                         background_us_per_step=got["background_us_per_step"], ratio=got["ratio"]))
+    big, small = caps
+    dn = small["buckets"] - big["buckets"]
+    if dn == 0:
+        raise ValueError(f"caps {caps_mb} give the same bucket count ({big['buckets']}): no slope")
+    return dict(between_steps_us_per_bucket=(small["between_steps_us"] - big["between_steps_us"]) / dn,
+                background_us_per_bucket=(small["background_us_per_step"] - big["background_us_per_step"]) / dn,
+                caps=caps, rounds=rounds, steps=steps, warmup_steps=warmup_steps, config=cfg.to_json_dict(),
+                source=DIRECT_SOURCE)
+
+
 IN_THREAD_SOURCE = ("measured: thread CPU time of the recorder path's own per-step work after backward "
                     "(LayoutBuckets.resolved + Telemetry.emit_many to a rank's event file) on the training thread, "
                     "1-rank gloo DDP in one process, median over steps; slope between two bucket caps")

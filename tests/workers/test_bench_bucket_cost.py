@@ -21,12 +21,15 @@ def test_the_record_has_each_bucket_timing_and_converts_to_microseconds(monkeypa
         between_steps_us=dict(plain=1.0, ddpviz=50.0), between_steps_share=0.03, between_steps_share_interval_90=[0.02, 0.04]))
     monkeypatch.setattr(harness, "in_thread_cost", lambda cfg, caps: dict(
         per_bucket_us=2.5, timing=cfg.bucket_timing, caps=[dict(cpu_us=40.0, buckets=1), dict(cpu_us=160.0, buckets=49)]))
+    monkeypatch.setattr(harness, "direct_cost", lambda cfg, caps: dict(
+        between_steps_us_per_bucket=1.5, background_us_per_bucket=2.0, timing=cfg.bucket_timing))
     out = measure_bucket_cost(rounds=2, say=lambda m: None)
     assert seen == [("hook", (25.0, 0.01), 48), ("recorder", (25.0, 0.01), 48)]
     assert out["timings"]["hook"]["per_bucket_us"] == pytest.approx(600.0)
     assert out["timings"]["recorder"]["per_bucket_us"] == pytest.approx(10.0)
     assert out["timings"]["recorder"]["per_step_alone"]["timing"] == "recorder"
     assert out["timings"]["recorder"]["in_thread"]["timing"] == "recorder" and "in_thread" not in out["timings"]["hook"]
+    assert out["timings"]["recorder"]["direct"]["timing"] == "recorder" and "direct" not in out["timings"]["hook"]
     assert out["date"] and len(out["load_avg_start"]) == 3 and len(out["load_avg_end"]) == 3
 
 
@@ -57,3 +60,21 @@ def test_between_steps_is_the_median_gap_from_a_steps_end_to_the_next_start():
     from ddpviz.engine.harness.bucket_cost import between_steps_s
 
     assert between_steps_s([0.0, 10.0, 20.0, 30.0], [8.0, 19.0, 25.0, 38.0], warmup_steps=1) == 3.0
+
+
+def test_the_direct_figure_is_the_slope_over_pytorchs_bucket_counts(monkeypatch):
+    """Stand-in runs: 100 µs between steps and 60 µs of background at the 1-bucket cap, 400 and 300 at a cap
+    PyTorch splits into n buckets (`bucket_count`, the real rule): slopes 300/(n-1) and 240/(n-1) µs a bucket."""
+    from ddpviz.engine.config import RunConfig
+
+    cfg = RunConfig(mode="ddp", model="mlp", width=16, depth=6, global_batch_size=8, dataset="digits",
+                    optimizer="sgd", device="cpu", bucket_timing="recorder")
+    fake = {25.0: (101.0, 60.0), 0.0005: (401.0, 300.0)}
+    monkeypatch.setattr(harness, "plain_alone", lambda c, rounds, warmup_steps: dict(
+        between_steps_us=dict(ddpviz=fake[c.bucket_cap_mb][0], plain=1.0),
+        background_us_per_step=fake[c.bucket_cap_mb][1], ratio=1.0))
+    got = harness.direct_cost(cfg, (25.0, 0.0005))
+    n = harness.bucket_count(cfg.model_copy(update=dict(bucket_cap_mb=0.0005)))
+    assert n > 1 and [c["buckets"] for c in got["caps"]] == [1, n]
+    assert got["between_steps_us_per_bucket"] == pytest.approx(300.0 / (n - 1))
+    assert got["background_us_per_bucket"] == pytest.approx(240.0 / (n - 1))

@@ -27,7 +27,7 @@ def measure_bucket_cost(rounds: int = 5, alone_rounds: int = 6, say=print) -> di
     """The record (module docstring): per `bucket_timing`, `per_bucket` (engine.harness.bucket_cost
     `bucket_cost`) and `per_step_alone` (`plain_alone`), with date, machine and load average."""
     from ddpviz.engine.config import RunConfig
-    from ddpviz.engine.harness.bucket_cost import bucket_cost, in_thread_cost, plain_alone
+    from ddpviz.engine.harness.bucket_cost import bucket_cost, direct_cost, in_thread_cost, plain_alone
     from ddpviz.workers.bench.report import machine
 
     out: dict[str, Any] = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -51,5 +51,9 @@ def measure_bucket_cost(rounds: int = 5, alone_rounds: int = 6, say=print) -> di
             say(f"  its own work on the training thread: {inner['per_bucket_us']:.1f} µs of CPU per bucket, "
                 f"{inner['caps'][0]['cpu_us']:.0f} µs a step with {inner['caps'][0]['buckets']} bucket(s)")
             out["timings"][timing]["in_thread"] = inner
+            direct = direct_cost(RunConfig(**PER_BUCKET, bucket_timing=timing), CAPS_MB)
+            say(f"  its direct cost in the runs: {direct['between_steps_us_per_bucket']:.1f} µs a bucket between steps "
+                f"(training thread), {direct['background_us_per_bucket']:.1f} µs of its threads' CPU a bucket")
+            out["timings"][timing]["direct"] = direct
     out["load_avg_end"] = os.getloadavg()
     return out
