@@ -27,9 +27,9 @@ from ddpviz.engine.measure.own_threads import name_this_thread
 # launcher's follower reads those files every `engine.modes.launcher.FOLLOW_INTERVAL_S` and the worker's
 # sink writes to Redis every `workers.sink.RUN_FLUSH_INTERVAL_S`: each hop adds at most its interval
 # to an event's latency (figure 1 of `ddpviz bench`). A wake-up is not free where the ranks fill the
-# cores: on 2 gloo ranks of small steps (2 cores) the rank writers and the follower took 90 µs of CPU
-# a step at 0.02 s and 62 at 0.05 s (`plain_alone`'s `background_us_per_step`), and DDP's latency p95
-# went 39 -> 94 ms (target 150; docs/bench/latency-2026-12-05.json).
+# cores: on 2 gloo ranks of small steps (2 cores) the rank writers and the follower took 82 µs of CPU
+# a step at 0.02 s and 56 at 0.05 s (medians of two rounds, `plain_alone`'s `background_us_per_step`), and
+# DDP's latency p95 went 39 -> 94 ms (target 150; docs/bench/latency-2026-12-05.json).
 RANK_FLUSH_INTERVAL_S = 0.05
 
 EVENT_TYPES = ("run_started", "step", "bucket", "dp_phase", "gil", "memory", "comm_volume", "eval", "sync",

@@ -71,7 +71,7 @@ def split_chart(split: pd.DataFrame) -> alt.LayerChart:
 
 
 def comm_volume_chart(volume: pd.DataFrame) -> alt.Chart:
-    """Bytes each device sent + received in the latest step, in the unit the largest bar reads best in
+    """Bytes each device sent + received in its latest reported step, in the unit the largest bar reads best in
     (`app.frames.base.byte_unit`) (measured, derived or unlabelled, as its
     events say: `app.frames.steps.comm_volume_frame`'s `source`, a legend entry for each) beside
     the theory.
@@ -91,5 +91,5 @@ def comm_volume_chart(volume: pd.DataFrame) -> alt.Chart:
         color=alt.Color("which:N", legend=legend("bytes"), scale=scale),
         tooltip=[alt.Tooltip("device:N"), alt.Tooltip("which:N"),
                  alt.Tooltip("amount:Q", title=unit, format=",.3~f")],
-    ).properties(title=title("Bytes moved per device", "latest step, beside the theory"),
+    ).properties(title=title("Bytes moved per device", "latest reported step, beside the theory"),
                  width=WIDTH, height=rows_height(volume, "device") + 20)

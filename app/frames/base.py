@@ -18,6 +18,19 @@ def of_type(events: Iterable[Event], type_: str) -> list[Event]:
     return [e for e in events if e.get("type") == type_]
 
 
+def latest_volumes(events: Iterable[Event]) -> list[Event]:
+    """The newest `comm_volume` event of each place (rank and device), by rank then device. A launched
+    DDP rank emits one on its traced steps and when its bucket sizes change (docs/events.md), so ranks
+    whose sizes differ (a sparse bucket holds each rank's own rows) can report on different steps: the
+    latest step of all would show only some of them."""
+    latest: dict[tuple, Event] = {}
+    for e in of_type(events, "comm_volume"):
+        place = (e.get("rank", 0), str(e.get("device")))
+        if place not in latest or e["step"] >= latest[place]["step"]:
+            latest[place] = e
+    return [latest[k] for k in sorted(latest)]
+
+
 def run_label(run: dict[str, Any] | None, run_id: str) -> str:
     """Short legend name of a run: its label if set, else ``"<mode> ×<world_size> · <id[:6]>"``."""
     run = run or {}

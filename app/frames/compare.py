@@ -217,8 +217,7 @@ def bytes_frame(views: list[RunView]) -> pd.DataFrame:
     for v in views:
         vols = v.of_type("comm_volume")
         if vols:
-            last = max(e["step"] for e in vols)
-            got = {_where(v, e): e for e in vols if e["step"] == last}
+            got = {_where(v, e): e for e in frames.latest_volumes(vols)}
         else:  # summary keys are device names
             got = dict(v.summary.get("bytes_per_device") or {})
         rows += [{"run": v.label, "device": d, "which": volume_label(e.get("volume_source")),

@@ -9,7 +9,7 @@ from typing import Iterable
 
 import pandas as pd
 
-from ddpviz.app.frames.base import Event, mib, of_type
+from ddpviz.app.frames.base import Event, latest_volumes, mib, of_type
 from ddpviz.engine.summary import COMM_NOT_MEASURED, run_steps, steady_positions
 
 STEP_COLUMNS = ["run", "step", "samples", "samples_per_s", "samples_per_s_smooth", "step_time_ms",
@@ -137,20 +137,19 @@ def volume_label(volume_source: str | None) -> str:
 
 
 def comm_volume_frame(events: Iterable[Event]) -> pd.DataFrame:
-    """Bytes each device sent/received in the latest step, beside the theory, in MiB.
+    """Bytes each device sent/received in its latest reported step (`latest_volumes`), beside the theory, in MiB.
 
     `source` is `volume_label` of the event's `volume_source`: "measured" (DP: the bytes of the
     tensors copied), "derived (ring all-reduce)" (DDP: bytes handed to all-reduce × 2(n−1)/n),
     "derived (collective bytes x wire factor)" (FSDP), or `UNLABELLED` when the event has none."""
     cols = ["device", "sent_mib", "recv_mib", "theory_sent_mib", "theory_recv_mib", "source"]
-    evs = of_type(events, "comm_volume")
+    evs = latest_volumes(events)
     if not evs:
         return pd.DataFrame(columns=cols)
-    last = max(e["step"] for e in evs)
     rows = [{"device": e.get("device", "?"),
              **{c: mib(e.get(c.replace("_mib", "_bytes"))) for c in cols[1:-1]},
              "source": volume_label(e.get("volume_source"))}
-            for e in evs if e["step"] == last]
+            for e in evs]
     return pd.DataFrame(rows, columns=cols).sort_values("device").reset_index(drop=True)
 
 

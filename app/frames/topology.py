@@ -33,13 +33,8 @@ _PAIR_OFFSET = 0.07  # two ranks: draw 0→1 and 1→0 side by side, not on top 
 
 
 def latest_volume(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The `comm_volume` events of the latest step, by device/rank order."""
-    evs = frames.of_type(events, "comm_volume")
-    if not evs:
-        return []
-    last = max(e["step"] for e in evs)
-    return sorted((e for e in evs if e["step"] == last),
-                  key=lambda e: (e.get("rank", 0), str(e.get("device"))))
+    """The latest `comm_volume` event of each rank and device, in that order (`frames.latest_volumes`)."""
+    return frames.latest_volumes(events)
 
 
 def _circle(n: int, i: int) -> tuple[float, float]:

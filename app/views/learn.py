@@ -2,7 +2,7 @@
 measured on its copies, DDP's derived from the bytes it all-reduced, FSDP's from its collectives).
 
 DataParallel is a star around device 0; DistributedDataParallel's all-reduce is a ring (each
-drawing uses the `comm_volume` events of the run's latest step), drawn again beside NCCL's tree
+drawing uses each rank's latest `comm_volume` event), drawn again beside NCCL's tree
 at a chosen world size (theory, scaled from the run's gradient bytes); FSDP shards every unit, gathers
 it and scatters its gradients (drawn from the run's `fsdp_collective` events).
 """

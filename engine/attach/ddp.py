@@ -17,7 +17,8 @@ watches one DDP built before that (`ddpviz.watch(ddp)` in a process instrumented
 Several DDPs in one process (a GAN's generator and discriminator): each `Watch` has a `ddp_index`
 (0 for the first DDP the process built, 1 for the next, ...), carried by its `bucket` events, so
 two DDPs' bucket 0 stay apart; the process still writes one `comm_volume` per step (`VolumeBook`:
-the bytes of every DDP that all-reduced in it, summed), as a launched rank does.
+the bytes of every DDP that all-reduced in it, summed); a launched rank writes one on its traced steps and
+when its bucket sizes change only (engine.modes.ddp.rank's `volume_due`).
 
 The bucket layout comes from the hook itself: the parameters of each `GradBucket` DDP hands over
 (the initial layout on the first synced backward, the rebuilt one after DDP's rebuild, which

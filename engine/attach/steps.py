@@ -29,7 +29,7 @@ Its events (docs/events.md, "attached runs"):
   `micro_steps`, `no_sync_micro_steps` (backwards whose forward ran under `no_sync()` /
   `require_backward_grad_sync = False`: DDP all-reduced nothing in them); in a process without a
   DDP every `backward()` is a micro-step and forward time and samples are not seen (0);
-- `bucket` (the synced backward's buckets) and `comm_volume`, as a launched DDP rank emits them.
+- `bucket` (the synced backward's buckets), as a launched DDP rank emits them, and `comm_volume` every step.
 
 Backwards are `Tensor.backward` and `torch.autograd.backward` (the one inside the other counted
 once). A forward run without autograd (`torch.no_grad()`, `torch.inference_mode()`) or with the

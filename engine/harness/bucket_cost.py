@@ -14,7 +14,11 @@ Bucket counts: PyTorch's own assignment rule on the run's gradient-ready order
 `plain_alone(cfg)`: whole runs taking turns (plain, ddpviz, plain, ddpviz, ...), each alone on the
 machine, so ddpviz's background threads (memory timer, event flusher, launcher's follower) are
 not charged to the plain side as they are while the sides interleave (`measure_overhead`'s
-design). Step time: rank 0's median interval between step starts after `warmup_steps`.
+design). Step time: rank 0's median interval between step starts after `warmup_steps`. Beside it,
+the two direct costs such whole runs resolve where their ratio cannot (a few per cent): the training
+thread's time between steps (`between_steps_s`) and ddpviz's own threads' CPU (`OwnThreadsCpu`).
+
+`direct_cost(cfg)`: those two at two bucket caps, their slopes per bucket.
 """
 
 from __future__ import annotations
@@ -109,52 +113,61 @@ def _step_intervals_s(starts: list[float], warmup_steps: int) -> tuple[float, fl
     return statistics.median(d), statistics.fmean(d)
 
 
-# 800-step runs with 50 left out (2026-12-05): six rounds ratios 1.19-1.25, where 120-step runs had moved
-# 1.12-1.47 between tries (docs/bench/small-step-alone-2026-12-05.json)
 class OwnThreadsCpu:
     """While open, polls the on-CPU time of ddpviz's named threads (`engine.measure.own_threads`) in
-    this process and its descendants every `interval_s`, keeping each thread's latest reading: their
-    total when the block ends (a thread's CPU after its last poll, at most `interval_s` of it, is
-    missed). `.by_name` (ns by OS name) and `.total_ns` after the block."""
+    this process and its descendants every `interval_s`, keeping each thread's latest reading; a thread
+    already alive when the block began counts from its reading then. After the block: `.by_name` (ns by
+    OS name) and `.total_ns` — None where /proc cannot be read (not Linux), never a 0 that was not
+    measured. A thread's CPU after its last poll (at most `interval_s` of its life) is missed; the poller
+    itself is not named, so not counted.
+    """
 
-    def __init__(self, interval_s: float = 0.01):
-        self.interval_s, self.by_name, self.total_ns = interval_s, {}, 0
+    def __init__(self, interval_s: float = 0.05):
+        self.interval_s, self.by_name = interval_s, {}
+        self.total_ns: int | None = None
         self._latest: dict[tuple[int, int], tuple[str, int]] = {}
+        self._before: dict[tuple[int, int], int] = {}
+
+    def _read(self) -> dict[tuple[int, int], tuple[str, int]]:
+        import os
+
+        import psutil
+
+        me = psutil.Process(os.getpid())
+        pids = [me.pid]
+        with contextlib.suppress(psutil.Error):
+            pids += [p.pid for p in me.children(recursive=True)]
+        return {(pid, tid): got for pid in pids for tid, got in own_threads_cpu_ns(pid).items()}
 
     def __enter__(self) -> "OwnThreadsCpu":
         import threading
 
+        self._before = {k: ns for k, (_, ns) in self._read().items()}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
         self._thread.start()
         return self
 
     def _poll(self) -> None:
-        import os
-
-        import psutil
-
-        me = psutil.Process(os.getpid())
         while True:
             stopping = self._stop.is_set()
-            pids = [me.pid]
-            with contextlib.suppress(psutil.Error):
-                pids += [p.pid for p in me.children(recursive=True)]
-            for pid in pids:
-                for tid, got in own_threads_cpu_ns(pid).items():
-                    self._latest[pid, tid] = got
+            self._latest.update(self._read())
             if stopping or self._stop.wait(self.interval_s):
                 if stopping:
                     return
 
     def __exit__(self, *exc: Any) -> None:
+        import os
+
         self._stop.set()
         self._thread.join()
-        for name, ns in self._latest.values():
-            self.by_name[name] = self.by_name.get(name, 0) + ns
-        self.total_ns = sum(self.by_name.values())
+        for key, (name, ns) in self._latest.items():
+            self.by_name[name] = self.by_name.get(name, 0) + ns - self._before.get(key, 0)
+        self.total_ns = sum(self.by_name.values()) if os.path.isdir(f"/proc/{os.getpid()}/task") else None
 
 
+# 800-step runs with 50 left out (2026-12-05): six rounds ratios 1.19-1.25, where 120-step runs had moved
+# 1.12-1.47 between tries (docs/bench/small-step-alone-2026-12-05.json)
 def plain_alone(cfg: RunConfig, rounds: int = 4, warmup_steps: int = 50) -> dict[str, Any]:
     """ddpviz DDP vs plain torch DDP, whole runs taking turns, each alone (module docstring)."""
     from ddpviz.engine.harness.overhead import _ddpviz_run
@@ -174,7 +187,7 @@ def plain_alone(cfg: RunConfig, rounds: int = 4, warmup_steps: int = 50) -> dict
         rows.append(dict(order=list(order), plain_median_step_s=pm, ddpviz_median_step_s=dm,
                          plain_mean_step_s=pa, ddpviz_mean_step_s=da, ratio=dm / pm, mean_ratio=da / pa,
                          plain_between_steps_s=pg, ddpviz_between_steps_s=dg,
-                         background_us_per_step=threads.total_ns / 1e3 / cfg.steps,
+                         background_us_per_step=None if threads.total_ns is None else threads.total_ns / 1e3 / cfg.steps,
                          background_by_thread_us_per_step={n: ns / 1e3 / cfg.steps for n, ns in threads.by_name.items()}))
     ratios, means = [r["ratio"] for r in rows], [r["mean_ratio"] for r in rows]
     added = [(r["ddpviz_between_steps_s"] - r["plain_between_steps_s"]) / r["plain_median_step_s"] for r in rows]
@@ -183,7 +196,8 @@ def plain_alone(cfg: RunConfig, rounds: int = 4, warmup_steps: int = 50) -> dict
                 between_steps_us=dict(plain=statistics.median(r["plain_between_steps_s"] for r in rows) * 1e6,
                                       ddpviz=statistics.median(r["ddpviz_between_steps_s"] for r in rows) * 1e6),
                 between_steps_share=statistics.median(added), between_steps_share_interval_90=median_interval(added),
-                background_us_per_step=statistics.median(r["background_us_per_step"] for r in rows),
+                background_us_per_step=None if any(r["background_us_per_step"] is None for r in rows)
+                else statistics.median(r["background_us_per_step"] for r in rows),
                 rounds=rows,
                 warmup_steps=warmup_steps, config=cfg.to_json_dict(),
                 source="measured: whole runs taking turns (ABBA), each alone; rank 0's intervals between step "

@@ -19,7 +19,7 @@ import os
 import threading
 
 PR_SET_NAME = 15  # prctl(2)
-OS_NAME_PREFIX = "ddpviz-"  # every thread ddpviz starts is named so (Python name, first 15 bytes)
+OS_NAME_PREFIX = "ddpviz-"  # the run's instrument threads (event writer, memory timer, follower) call name_this_thread
 
 
 def name_this_thread() -> None:

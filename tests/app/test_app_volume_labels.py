@@ -75,3 +75,23 @@ def test_live_and_compare_colour_each_kind_the_same():
     live = dict(zip(*_legend_domain(charts_steps.comm_volume_chart(fsteps.comm_volume_frame(evs)).to_dict())))
     compare = dict(zip(*_legend_domain(charts_compare.bytes_chart(fc.bytes_frame([_view("fsdp", evs)])).to_dict())))
     assert set(live) == set(SOURCES.values()) | {"theory"} and live == compare
+
+
+def test_each_ranks_latest_volume_is_shown_when_ranks_report_on_different_steps():
+    """A launched DDP rank reports comm_volume on traced steps and when its bucket sizes change; ranks
+    whose sizes differ (a sparse bucket) report on different steps. Hand-worked: rank 0 at steps 2 and
+    50 (1 then 3 MiB), rank 1 at step 40 (2 MiB): both ranks are drawn, each with its newest bytes."""
+    from ddpviz.app.frames import topology as ftop
+
+    def vol(rank, step, mib):
+        return {**_volume("ddp", "derived (ring all-reduce)", device="cpu:0", rank=rank, sent=mib << 20), "step": step}
+
+    events = [vol(0, 2, 1), vol(1, 40, 2), vol(0, 50, 3)]
+    assert [(e["rank"], e["step"]) for e in ftop.latest_volume(events)] == [(0, 50), (1, 40)]
+    frame = fsteps.comm_volume_frame([dict(e, device=f"rank{e['rank']}") for e in events])
+    assert frame["sent_mib"].tolist() == [3.0, 2.0]
+    run = fc.RunView(label="ddp", record={"config": {"mode": "ddp", "world_size": 2}}, events={"comm_volume": events})
+    got = fc.bytes_frame([run])
+    measured = got[got["which"] != fc.THEORY]
+    assert measured["device"].tolist() == ["rank 0", "rank 1"]
+    assert measured["mib"].tolist() == [6.0, 4.0]  # sent + received

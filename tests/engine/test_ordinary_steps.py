@@ -38,8 +38,9 @@ def test_ordinary_steps_report_the_fields_buckets_and_volume_of_a_fully_marked_s
         buckets = _by(events, "bucket", rank, step)
         assert [b["nbytes"] for b in buckets] == ref_buckets
         assert all(b["ready_s"] is not None and 0 <= b["ready_s"] for b in buckets)
-        # built from per-layout heads (rank's ordinary_finish): every field but the step's own as the
-        # metered step's, built by LayoutBuckets.resolved and Telemetry.emit_many
+        # built from per-layout heads (rank's ordinary_finish), stamped once with the step event they come
+        # with; every field but the step's own as the metered step's (LayoutBuckets.resolved, Telemetry.emit_many)
+        assert {b["ts"] for b in buckets} == {fields["ts"]}, step
         own = {"ts", "step", "ready_s"}
         assert [{k: v for k, v in b.items() if k not in own} for b in buckets] == \
             [{k: v for k, v in b.items() if k not in own} for b in _by(events, "bucket", rank, FULL)]

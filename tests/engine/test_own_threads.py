@@ -67,3 +67,29 @@ def test_the_background_figure_reads_a_child_threads_cpu_as_its_own_clock_says()
     assert own >= 0.25
     # (its OS name: the first 15 bytes) read within one poll's CPU of what the thread says
     assert threads.by_name["ddpviz-test-spi"] / 1e9 == pytest.approx(own, abs=0.005)
+
+
+def test_a_thread_alive_before_the_block_counts_only_its_cpu_inside_it():
+    """A named thread that spun 0.2 s before the block and idles inside it adds ~0 (not its 0.2 s)."""
+    from ddpviz.engine.measure.own_threads import name_this_thread
+
+    spun, done = threading.Event(), threading.Event()
+
+    def spin_then_idle():
+        name_this_thread()
+        t = time.thread_time()
+        while time.thread_time() - t < 0.2:
+            pass
+        spun.set()
+        done.wait(10)
+
+    th = threading.Thread(target=spin_then_idle, name="ddpviz-test-before")
+    th.start()
+    try:
+        assert spun.wait(10)
+        with OwnThreadsCpu(interval_s=0.01) as threads:
+            time.sleep(0.1)
+        assert threads.by_name["ddpviz-test-bef"] < 0.02e9
+    finally:
+        done.set()
+        th.join()

@@ -199,7 +199,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         """A step on CPU with one micro-batch that is not metered, traced or sampled: the same work and
         events as `train_step`'s, its phases read with the host clock directly (no mark objects, no
         per-micro-batch lists), its events built by `ordinary_finish`. On 2 gloo ranks, MLP 128x3: the
-        training thread's time between steps 84-106 -> 44-62 µs (`plain_alone`'s `between_steps_us`;
+        training thread's time between steps 79-106 -> 56-59 µs (`plain_alone`'s `between_steps_us`;
         docs/bench/small-step-alone-2026-12-05.json, "ordinary_steps", "lean_ordinary_events")."""
         t0 = now()
         idx = plan.rank_indices(step, rank)
@@ -218,10 +218,9 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         opt.step()
         opt.zero_grad(set_to_none=not cfg.gradient_as_bucket_view)
         maybe_diverge(cfg, rank, step, model)
-        loss_value = float(loss)
-        del x, y, out, loss  # freed inside the step, as a plain loop frees them when it rebinds the names
+        del x, y, out  # freed inside the step, as a plain loop frees them when it rebinds the names
         t4 = now()
-        return ordinary_finish(step, t0, t2, t4, t2 - t1, t3 - t2, t4 - t3, loss_value)
+        return ordinary_finish(step, t0, t2, t4, t2 - t1, t3 - t2, t4 - t3, float(loss))  # the loss read: ddpviz's
 
     def train_step(step: int) -> dict:
         progress["step"] = step
