@@ -102,16 +102,16 @@ BAD_STEP = 3  # the step whose global batch holds the bad sample
 BAD_RANK = 1  # the rank (DDP, FSDP) whose shard holds it at that step
 
 
-def bad_sample_data(cfg, kind: str) -> Dataset:
+def bad_sample_data(cfg, kind: str, step: int = BAD_STEP) -> Dataset:
     """16 features, 10 classes; one training sample spoiled, the first that rank `BAD_RANK` trains
-    on at step `BAD_STEP` (by the run's own `BatchPlan`, so single, DP and DDP meet it at that step):
+    on at `step` (`BAD_STEP` by default; by the run's own `BatchPlan`, so single, DP and DDP meet it there):
     NaN features (`kind="nan"`, the loss is NaN), or features ±3e38 with label 0 for `ScaledLogits`
     (`kind="inf"`, cross-entropy overflows float32 to inf)."""
     from ddpviz.engine.data import BatchPlan
 
     ds = random_data(f"bad-{kind}", 16, 10)
     plan = BatchPlan(len(ds), cfg.world_size, cfg.micro_batch_per_device, cfg.seed)
-    i = int(plan.rank_indices(BAD_STEP * cfg.grad_accum_steps, min(BAD_RANK, cfg.world_size - 1))[0])
+    i = int(plan.rank_indices(step * cfg.grad_accum_steps, min(BAD_RANK, cfg.world_size - 1))[0])
     if kind == "nan":
         ds.x_train[i] = float("nan")
     else:
@@ -151,6 +151,9 @@ def big_inputs(cfg) -> Dataset:
 bigx = ModelPlugin(build=lambda cfg: nn.Linear(64, 10), dataset=big_inputs, description="inputs x 1e7")
 nanat3 = ModelPlugin(build=lambda cfg: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 10)),
                      dataset=lambda cfg: bad_sample_data(cfg, "nan"), description="a NaN sample at step 3")
+nanat9 = ModelPlugin(build=lambda cfg: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 10)),
+                     dataset=lambda cfg: bad_sample_data(cfg, "nan", step=9),
+                     description="a NaN sample at step 9 (a DDP rank's ordinary step)")
 infat3 = ModelPlugin(build=lambda cfg: ScaledLogits(), dataset=lambda cfg: bad_sample_data(cfg, "inf"),
                      description="an overflowing sample at step 3")
 noval = ModelPlugin(build=lambda cfg: Outputs("tuple"), dataset=no_validation, description="no validation split")
@@ -173,7 +176,7 @@ boom = ModelPlugin(build=_boom, dataset=digits)
 nodata = ModelPlugin(build=lambda cfg: TwoHeads(), dataset=_no_data)
 
 NAMES = ("twoheads", "bnhalves", "dictout", "tupleout", "scoresout", "letters27", "sparseemb", "boom",
-         "nodata", "nanat3", "infat3", "noval", "compiled", "tiny3", "dictbuild", "bigx")
+         "nodata", "nanat3", "nanat9", "infat3", "noval", "compiled", "tiny3", "dictbuild", "bigx")
 
 
 def install(root: Path) -> None:

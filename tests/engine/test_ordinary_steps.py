@@ -96,3 +96,27 @@ def test_ordinary_steps_phases_fit_inside_the_step_and_the_step_before_the_next_
         assert f["start_ts"] + f["forward_s"] <= f["backward_start_ts"] + 1e-6
         assert f["backward_start_ts"] + f["backward_s"] + f["comm_exposed_s"] + f["optimizer_s"] \
             <= f["start_ts"] + f["step_time_s"] + 1e-6
+
+
+
+@pytest.mark.usefixtures("field_plugins")
+def test_a_nan_loss_on_an_ordinary_step_is_marked_and_fails_the_run_at_its_rank_and_step():
+    """Step 9 is ordinary on every rank (not metered: 0-7 and every 8th; not traced in a 12-step run), so
+    its events take the built-from-heads path: the NaN loss of rank 1 (whose shard holds the NaN sample
+    there, field_models.bad_sample_data) is reported as null + "nan" in strict JSON, and the run fails there."""
+    import json
+
+    import field_models
+
+    from ddpviz.engine.events import encode_json
+
+    cfg = dict(mode="ddp", world_size=2, model="nanat9", global_batch_size=16, steps=12, eval_every=0,
+               probe=False, device="cpu", optimizer="sgd", lr=0.1, step_delay_s=0.0)
+    result, sink = train(cfg, must_succeed=False)
+    assert result.status == "failed" and "loss is nan" in result.error["exception"]
+    assert (result.error["rank"], result.error["step"]) == (field_models.BAD_RANK, 9)
+    bad, = _by(sink.events, "step", field_models.BAD_RANK, 9)
+    assert bad["loss"] is None and bad["loss_nonfinite"] == "nan"
+    assert {b["ts"] for b in _by(sink.events, "bucket", field_models.BAD_RANK, 9)} == {bad["ts"]}  # the fast path
+    for e in sink.events:
+        json.loads(encode_json(e), parse_constant=lambda c: pytest.fail(f"{c} in {e['type']}"))
