@@ -5,6 +5,7 @@ against the thread's own CPU clock, read inside it (the independent reference)."
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -16,7 +17,9 @@ from ddpviz.engine.events import BatchingSink, ListSink
 from ddpviz.engine.harness.bucket_cost import OwnThreadsCpu
 from ddpviz.engine.measure.own_threads import own_threads_cpu_ns
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and prctl: Linux only")
+pytestmark = pytest.mark.skipif(
+    not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/schedstat"),
+    reason="needs Linux's per-thread schedstat (CONFIG_SCHED_INFO) and prctl")
 
 
 def _os_name(thread: threading.Thread) -> str:
@@ -25,8 +28,6 @@ def _os_name(thread: threading.Thread) -> str:
 
 
 def test_the_event_writer_shows_its_name_to_the_os_and_unnamed_threads_are_not_counted():
-    import os
-
     sink = BatchingSink(ListSink(), flush_interval_s=0.01)
     plain = threading.Thread(target=time.sleep, args=(0.3,), name="ddpviz-not-named-by-us")
     plain.start()  # a Python name alone is not an OS name: it must not be read as ddpviz's

@@ -275,6 +275,11 @@ class LayoutBuckets:
         self._forward_ns: int | None = None  # when the latest synced forward returned
         self._origin_ns = 0  # the backward's start (`begin_backward`)
 
+    @property
+    def layout(self) -> list[tuple[tuple[str, ...], int]]:
+        """The current buckets as (parameter names, bytes); a new list object whenever it was read anew."""
+        return self._layout
+
     def held_nbytes(self, gradient_as_bucket_view: bool) -> int:
         """Bytes of the bucket buffers DDP's reducer holds in C++ (its layout's sizes, known after the
         first backward): no hook is handed them, so the memory ledger cannot see them on sight. 0 when

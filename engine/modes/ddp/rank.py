@@ -128,7 +128,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
     # Steps on which nothing needs the marks' extra readings (CPU, one micro-batch): `ordinary_step`
     ordinary_ok = device.type == "cpu" and cfg.grad_accum_steps == 1
 
-    def volume_due(step: int, buckets: list[dict], traced: bool) -> bool:
+    def volume_due(buckets: list[dict], traced: bool) -> bool:
         """Whether the step emits `comm_volume`: its bucket sizes differ from the previous step's, or it
         is memory-traced (steps 0-2, every k-th, the last). Between those, every step hands all-reduce
         the same bytes, so its event would repeat the last one (the views read the latest)."""
@@ -151,7 +151,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         tel.emit_many("bucket", buckets, step=step)  # one call per step, not per bucket
         if gil is not None:
             tel.emit("gil", step=step, **gil)
-        if volume_due(step, buckets, traced):
+        if volume_due(buckets, traced):
             tel.emit("comm_volume", step=step, **volume[1])
         return fields_of(t0, t5, fwd, bwd, backward_start, optimizer_s, loss, exposed, exposed_fields)
 
@@ -174,12 +174,12 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         if readies is None:
             return finish(step, t0, t4, fwd, bwd, bwd, t2, optimizer_s, loss, traced=False)
         ts = time.time()
-        new_layout = heads[0] is not bucket_log._layout
+        new_layout = heads[0] is not bucket_log.layout
         if new_layout:
-            heads[:2] = bucket_log._layout, [tel.head("bucket", **row) for row in bucket_log.steady_rows()]
+            heads[:2] = bucket_log.layout, [tel.head("bucket", **row) for row in bucket_log.steady_rows()]
         buckets = [{**h, "ts": ts, "step": step, "ready_s": r} for h, r in zip(heads[1], readies)]
         exposed, exposed_fields = exposed_comm(buckets, bwd, False)
-        if new_layout and volume_due(step, buckets, False):  # one layout, the same sizes: nothing new to say
+        if new_layout and volume_due(buckets, False):  # one layout, the same sizes: nothing new to say
             buckets.append(tel.build("comm_volume", step=step, **volume[1]))
         staged[:] = buckets
         return fields_of(t0, t4, fwd, bwd, t2, optimizer_s, loss, exposed, exposed_fields)
