@@ -125,22 +125,29 @@ def dp_phase_chart(phases: pd.DataFrame) -> alt.Chart:
 
 
 _STATE_COLOURS = THREAD_STATE_HUES
+_STATE_COLUMNS = 3  # legend entries per row, below the chart
+LEGEND_ROW_PX = 22  # the legend's title, and each row of its entries
 
 
 def thread_states_chart(states: pd.DataFrame) -> alt.Chart:
     """Where each device's thread spent a typical step, DP's threads beside DDP's ranks
     (`app.frames.dp.thread_states_frame`): the lock passing between DP's threads shows as red."""
+    t = title("The lock: each device's thread in a step",
+              "DP: one process, a thread per device, one GIL; DDP: a process per "
+              "device, each with its own. Medians over the run's steps.")
     return alt.Chart(states).mark_bar(height=alt.RelativeBandSize(0.6)).encode(
         x=alt.X("sum(ms):Q", title="median time per step (ms)", stack="zero"),
         y=alt.Y("device:N", title=None, sort=None, axis=alt.Axis(labelLimit=0)),
         color=alt.Color("state:N", scale=alt.Scale(domain=list(_STATE_COLOURS),
                                                    range=list(_STATE_COLOURS.values())),
-                        legend=legend("thread state (measured: schedstat)", orient="bottom", columns=3)),
+                        legend=legend("thread state (measured: schedstat)", orient="bottom",
+                                      columns=_STATE_COLUMNS)),
         order=alt.Order("order:Q"),
         tooltip=[alt.Tooltip("device:N"), alt.Tooltip("state:N"),
                  alt.Tooltip("ms:Q", title="median ms per step", format=".3f"),
                  alt.Tooltip("share:Q", title="share of the step", format=".0%")],
-    ).properties(title=title("The lock: each device's thread in a step",
-                             "DP: one process, a thread per device, one GIL; DDP: a process per "
-                             "device, each with its own. Medians over the run's steps."),
-                 width=WIDTH, height=max(160, rows_height(states, "device")))
+    ).properties(title=t, width=WIDTH,
+                 # Streamlit fits the whole chart in `height`: the wrapped subtitle and the legend below
+                 # take their rows out of it, or the bands shrink to a pixel (a DDP-only run, seen in Chromium)
+                 height=rows_height(states, "device", title_params=t)
+                 + LEGEND_ROW_PX * (1 + -(-states["state"].nunique() // _STATE_COLUMNS)))

@@ -81,8 +81,9 @@ def comm_volume_chart(volume: pd.DataFrame) -> alt.Chart:
     which = list(volume["source"]) if "source" in volume else [fsteps.UNLABELLED] * len(volume)
     mib = list(volume["sent_mib"] + volume["recv_mib"]) + list(volume["theory_sent_mib"] + volume["theory_recv_mib"])
     unit, size = byte_unit(max((m for m in mib if m == m), default=0) * MIB)  # B for a tiny model, not 0.0002 MiB
+    steps = list(volume["step"]) if "step" in volume else [None] * len(volume)  # DDP reports on some steps only
     long = pd.DataFrame({"device": list(volume["device"]) * 2, "which": which + [fsteps.THEORY] * len(volume),
-                         "mib": mib, "amount": [m * MIB / size for m in mib]})
+                         "mib": mib, "amount": [m * MIB / size for m in mib], "step": steps * 2})
     scale = volume_scale(long["which"])
     return alt.Chart(long).mark_bar().encode(
         x=alt.X("amount:Q", title=f"sent + received per step ({unit})"),
@@ -90,6 +91,7 @@ def comm_volume_chart(volume: pd.DataFrame) -> alt.Chart:
         yOffset=alt.YOffset("which:N", sort=scale.domain),
         color=alt.Color("which:N", legend=legend("bytes"), scale=scale),
         tooltip=[alt.Tooltip("device:N"), alt.Tooltip("which:N"),
-                 alt.Tooltip("amount:Q", title=unit, format=",.3~f")],
-    ).properties(title=title("Bytes moved per device", "latest reported step, beside the theory"),
+                 alt.Tooltip("amount:Q", title=unit, format=",.3~f"), alt.Tooltip("step:Q", title="reported at step")],
+    ).properties(title=title("Bytes moved per device", "each device's latest reported step (hover: which), beside "
+                             "the theory"),  # no step number in the spec: Live keeps the view across refreshes
                  width=WIDTH, height=rows_height(volume, "device") + 20)

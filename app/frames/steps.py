@@ -137,18 +137,19 @@ def volume_label(volume_source: str | None) -> str:
 
 
 def comm_volume_frame(events: Iterable[Event]) -> pd.DataFrame:
-    """Bytes each device sent/received in its latest reported step (`latest_volumes`), beside the theory, in MiB.
+    """Bytes each device sent/received in its latest reported step (`latest_volumes`; that step in `step`),
+    beside the theory, in MiB.
 
     `source` is `volume_label` of the event's `volume_source`: "measured" (DP: the bytes of the
     tensors copied), "derived (ring all-reduce)" (DDP: bytes handed to all-reduce × 2(n−1)/n),
     "derived (collective bytes x wire factor)" (FSDP), or `UNLABELLED` when the event has none."""
-    cols = ["device", "sent_mib", "recv_mib", "theory_sent_mib", "theory_recv_mib", "source"]
+    cols = ["device", "sent_mib", "recv_mib", "theory_sent_mib", "theory_recv_mib", "source", "step"]
     evs = latest_volumes(events)
     if not evs:
         return pd.DataFrame(columns=cols)
     rows = [{"device": e.get("device", "?"),
-             **{c: mib(e.get(c.replace("_mib", "_bytes"))) for c in cols[1:-1]},
-             "source": volume_label(e.get("volume_source"))}
+             **{c: mib(e.get(c.replace("_mib", "_bytes"))) for c in cols[1:-2]},
+             "source": volume_label(e.get("volume_source")), "step": e.get("step")}
             for e in evs]
     return pd.DataFrame(rows, columns=cols).sort_values("device").reset_index(drop=True)
 

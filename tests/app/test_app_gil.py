@@ -158,3 +158,20 @@ def test_thread_states_are_each_devices_medians_by_hand():
     assert df.loc[("DDP · cpu:0", "waiting for a CPU (machine load)"), "ms"] == pytest.approx(1.0)
     spec = thread_states_chart(thread_states_frame({"DP": dp})).to_dict()
     assert spec["title"]["text"].startswith("The lock") and "schedstat" in str(spec["encoding"]["color"])
+
+
+def test_the_lock_chart_leaves_its_bands_room_beside_the_wrapped_subtitle_and_the_legend_below():
+    """Streamlit fits the whole chart in its height. A DDP-only run (2 ranks, 5 thread states) drew its
+    bands a pixel tall in Chromium: the 160 px box held the title and its wrapped subtitle, the axis and
+    the legend below. Hand-worked room: the title's box (CHROME_PX, 120) + 2 rows of ROW_PX (42) + the
+    subtitle's lines past the first (16 px each) + the legend (its title and 2 rows of 3 entries, 22 px each)."""
+    from ddpviz.app.charts.dp import thread_states_chart
+    from ddpviz.app.frames.dp import thread_states_frame
+
+    def gil(dev):
+        return {"type": "gil", "step": 0, "device": dev, "on_cpu_s": 0.004, "gil_wait_s": 0.001,
+                "runnable_s": 0.001, "thread_wait_s": 0.001, "other_wait_s": 0.001}
+
+    spec = thread_states_chart(thread_states_frame({"DDP": [gil("cpu:0"), gil("cpu:1")]})).to_dict()
+    subtitle_lines = len(spec["title"]["subtitle"]) if isinstance(spec["title"]["subtitle"], list) else 1
+    assert spec["height"] >= 120 + 2 * 42 + 16 * (subtitle_lines + 1 - 2) + 3 * 22

@@ -89,7 +89,12 @@ def test_each_ranks_latest_volume_is_shown_when_ranks_report_on_different_steps(
     events = [vol(0, 2, 1), vol(1, 40, 2), vol(0, 50, 3)]
     assert [(e["rank"], e["step"]) for e in ftop.latest_volume(events)] == [(0, 50), (1, 40)]
     frame = fsteps.comm_volume_frame([dict(e, device=f"rank{e['rank']}") for e in events])
-    assert frame["sent_mib"].tolist() == [3.0, 2.0]
+    assert frame["sent_mib"].tolist() == [3.0, 2.0] and frame["step"].tolist() == [50, 40]
+    # the chart says which step each bar is from (in its data and tooltip: Live keeps a spec without step numbers)
+    spec = charts_steps.comm_volume_chart(frame).to_dict()
+    drawn = next(iter(spec["datasets"].values()))
+    assert sorted((r["device"], r["step"]) for r in drawn if r["which"] != fsteps.THEORY) == [("rank0", 50), ("rank1", 40)]
+    assert "step" in [t["field"] for t in spec["encoding"]["tooltip"]]
     run = fc.RunView(label="ddp", record={"config": {"mode": "ddp", "world_size": 2}}, events={"comm_volume": events})
     got = fc.bytes_frame([run])
     measured = got[got["which"] != fc.THEORY]
