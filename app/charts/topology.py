@@ -14,9 +14,15 @@ from ddpviz.app.charts.style import MODE_HUES, legend, title
 from ddpviz.app.frames.topology import ROLES
 
 SIZE_PX = 430  # square plot: a circle must stay a circle
-_ROLE = alt.Color("role:N", legend=legend("node", orient="bottom", direction="vertical"),
-                  # DP's hub and replicas in DP's colours (the hub its dark shade), DDP's ranks in DDP's
-                  scale=alt.Scale(domain=ROLES, range=[MODE_HUES["dp"][1], MODE_HUES["dp"][0], MODE_HUES["ddp"][0]]))
+# DP's hub and replicas in DP's colours (the hub its dark shade), DDP's ranks in DDP's
+_ROLE_HUE = dict(zip(ROLES, [MODE_HUES["dp"][1], MODE_HUES["dp"][0], MODE_HUES["ddp"][0]]))
+
+
+def _role(nodes: pd.DataFrame) -> alt.Color:
+    """Node colour by role, the legend listing only the roles drawn (a ring has no hub or replicas)."""
+    present = [r for r in ROLES if r in set(nodes["role"])] or ROLES
+    return alt.Color("role:N", legend=legend("node", orient="bottom", direction="vertical"),
+                     scale=alt.Scale(domain=present, range=[_ROLE_HUE[r] for r in present]))
 _AXIS = dict(axis=None, scale=alt.Scale(domain=[-1.45, 1.45]))
 
 
@@ -43,7 +49,7 @@ def topology_chart(nodes: pd.DataFrame, edges: pd.DataFrame, *, heading: str,
             angle=alt.Angle("turn:Q", scale=None), tooltip=tip))
     dots = alt.Chart(nodes).mark_circle(size=900, opacity=1, stroke="white",
                                         strokeWidth=2).encode(
-        x=alt.X("x:Q", **_AXIS), y=alt.Y("y:Q", **_AXIS), color=_ROLE,
+        x=alt.X("x:Q", **_AXIS), y=alt.Y("y:Q", **_AXIS), color=_role(nodes),
         tooltip=[alt.Tooltip("label:N", title="node"), alt.Tooltip("role:N")])
     names = alt.Chart(nodes).mark_text(fontSize=13, fontWeight="bold", dy=28).encode(
         x=alt.X("x:Q", **_AXIS), y=alt.Y("y:Q", **_AXIS), text="label:N")

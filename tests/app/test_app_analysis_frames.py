@@ -392,6 +392,14 @@ def test_ring_links_follow_rank_order_and_do_not_overlap():
     spec = _check_chart(charts_topology.topology_chart(nodes, edges, heading="ring",
                                                        subtitle="s", arrows=True))
     assert spec["autosize"]["type"] == "pad"
+    # the legend names what is drawn: ranks, no hub or replicas on a ring (seen in a fresh user's tour)
+    roles = [layer["encoding"]["color"]["scale"]["domain"] for layer in spec["layer"]
+             if "color" in layer.get("encoding", {}) and layer["encoding"]["color"].get("field") == "role"]
+    assert roles == [["rank"]]
+    star_nodes, star_edges = ftop.star([_vol(f"cpu:{d}", 0, frames.MIB, frames.MIB) for d in (0, 1)])
+    star = charts_topology.topology_chart(star_nodes, star_edges, heading="star", subtitle="s").to_dict()
+    assert [layer["encoding"]["color"]["scale"]["domain"] for layer in star["layer"]
+            if layer["encoding"].get("color", {}).get("field") == "role"] == [ftop.ROLES[:2]]
 
 
 # ---- runs and exports ------------------------------------------------------------------------
