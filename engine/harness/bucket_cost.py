@@ -149,12 +149,9 @@ class OwnThreadsCpu:
         return self
 
     def _poll(self) -> None:
-        while True:
-            stopping = self._stop.is_set()
+        while not self._stop.wait(self.interval_s):
             self._latest.update(self._read())
-            if stopping or self._stop.wait(self.interval_s):
-                if stopping:
-                    return
+        self._latest.update(self._read())  # the last reading, once the block has ended
 
     def __exit__(self, *exc: Any) -> None:
         import os
