@@ -49,6 +49,7 @@ from typing import Any, Callable
 import torch
 
 from ddpviz.engine.attach.session import Session
+from ddpviz.engine.measure.deferred import LossReading
 from ddpviz.engine.measure.telemetry import now, step_fields
 
 SAMPLES_SOURCE = "batch dimension of the first tensor the DDP module received, summed over micro-steps, x world_size"
@@ -58,7 +59,6 @@ LOSS_SOURCE = "sum of the scalar tensors backward() was called on"
 SCALED_LOSS_SOURCE = ("sum of the losses given to GradScaler.scale (unscaled; backward() got them "
                       "multiplied by the scaler's scale)")
 EXPLICIT_LOSS_SOURCE = "ddpviz.step(loss=...)"
-LOSS_WAIT_S = 30.0  # at exit, how long a step's loss may take to reach the host (polled, never synchronize)
 
 
 def batch_samples(args: tuple, kwargs: dict) -> int:
@@ -74,75 +74,6 @@ def batch_samples(args: tuple, kwargs: dict) -> int:
         elif isinstance(x, dict):
             stack[:0] = list(x.values())
     return 0
-
-
-class CudaOps:
-    """The device calls `LossReading` makes on CUDA (a stand-in with the same methods runs its
-    device path on CPU in tests: `tests/engine/test_attach_loss_reading.py`)."""
-
-    @staticmethod
-    def is_device(t: torch.Tensor) -> bool:
-        return t.device.type == "cuda"
-
-    @staticmethod
-    def on(device: torch.device) -> Any:
-        return torch.cuda.device(device)
-
-    @staticmethod
-    def pinned_empty(shape: torch.Size) -> torch.Tensor:
-        return torch.empty(shape, dtype=torch.float64, pin_memory=True)
-
-    @staticmethod
-    def event() -> Any:
-        return torch.cuda.Event()
-
-
-class LossReading:
-    """A step's loss on its way to the host, read without stalling the GPU.
-
-    `values`: the scalar tensors backward() was called on (or the one given to `explicit_step`),
-    or floats. The loss is their sum, in float64 on the host. CPU tensors and floats are read at
-    once. Device tensors (`ops.is_device`, CUDA) are not: `float()` (as `.item()`) would
-    synchronise the script's stream on every step; instead they are copied, in float64, into
-    pinned host memory by an asynchronous copy queued behind the step's work, and read once an
-    event recorded after the copy has completed (`ready`: `Event.query()`). Nothing here ever
-    calls `Event.synchronize` (issue 31.2): `read` before `ready` returns None, and `wait` polls.
-    """
-
-    def __init__(self, values: list[Any], ops: Any = CudaOps):
-        self.value: float | None = None
-        self._host: torch.Tensor | None = None
-        self._event: Any = None
-        tensors = [v for v in values if isinstance(v, torch.Tensor)]
-        device = tensors[0].device if tensors else None
-        if device is not None and ops.is_device(tensors[0]) and len(tensors) == len(values) \
-                and all(t.device == device for t in tensors):
-            with ops.on(device):
-                src = torch.stack([t.detach().reshape(()).to(torch.float64) for t in tensors])
-                self._host = ops.pinned_empty(src.shape)
-                self._host.copy_(src, non_blocking=True)
-                self._event = ops.event()
-                self._event.record()
-        elif values:
-            self.value = float(sum(float(v) for v in values))
-
-    def ready(self) -> bool:
-        return self._event is None or bool(self._event.query())
-
-    def read(self) -> float | None:
-        """The loss, or None while its copy has not completed (never waits)."""
-        if self._event is not None:
-            if not self._event.query():
-                return None
-            self.value, self._event = float(sum(self._host.tolist())), None
-        return self.value
-
-    def wait(self, timeout_s: float = LOSS_WAIT_S, poll_s: float = 0.001) -> float | None:
-        """The loss, polling `ready` up to `timeout_s` (at exit, after the script's last step)."""
-        deadline = time.monotonic() + timeout_s
-        while not self.ready() and time.monotonic() < deadline:
-            time.sleep(poll_s)
-        return self.read()
 
 
 class StepTracker:

@@ -1,11 +1,14 @@
 """The step loop every mode shares: stop checks, step events, evaluation, memory samples.
 
 A mode supplies `train_step(step) -> dict` (the `step` event's measures, see `step_fields`) and
-optional callbacks; `drive` does the rest, so single, DP and each DDP rank report identically.
+optional callbacks; `drive` does the rest, so single, DP and each DDP rank report identically. A
+step whose figures are still on the GPU (a DDP rank on CUDA) returns None and queues them in
+`later` (`engine.measure.deferred.DeferredSteps`); `drive` emits each once it completed, in order.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from typing import Any, Callable
@@ -13,6 +16,7 @@ from typing import Any, Callable
 from ddpviz.engine.components.training import should_eval
 from ddpviz.engine.config import RunConfig
 from ddpviz.engine.events import nonfinite_name
+from ddpviz.engine.measure.deferred import DeferredSteps
 from ddpviz.engine.measure.telemetry import Telemetry, should_sample_memory
 from ddpviz.engine.measure.turns import gate_from_env
 
@@ -45,20 +49,25 @@ def drive(cfg: RunConfig, tel: Telemetry, train_step: Callable[[int], dict[str, 
           memory: Callable[[int], None] | None = None,
           check_sync: Callable[[int], None] | None = None,
           first_step: int = 0,
-          emit_step: Callable[[int, dict[str, Any]], None] | None = None) -> int:
+          emit_step: Callable[[int, dict[str, Any]], None] | None = None,
+          later: DeferredSteps | None = None) -> int:
     """Run steps `first_step..cfg.steps-1`; returns the number of steps done. `emit_step(step, fields)`
     sends each `step` event (default `tel.emit("step", step=step, **fields)`): a mode that hands a
-    step's events over together (the DDP rank's ordinary steps) passes its own.
+    step's events over together (the DDP rank's steps) passes its own. With `later`, a `train_step`
+    that returns None has queued its step there: its event is sent once it completed, after every
+    earlier step's and before any later one's (`completed()` after each step, every queued one before
+    a step that returns its fields, `rest()` after the last step or a cancel).
 
     Raises:
-        Canceled: when `should_stop()` turns True between steps.
+        Canceled: when `should_stop()` turns True between steps (the queued steps' events sent first).
         NonFiniteLoss: a step's loss is NaN or ±inf (its `step` event is emitted first).
+        StepLate: a queued step never completed on the device (`DeferredSteps`).
         Exception: whatever a step raised, with `.step` set to that step (for the run's error).
     """
     gate = gate_from_env(tel.run_id, tel.rank)  # None except under a turn-taking harness (engine.measure.turns)
     try:
         _steps(cfg, tel, train_step, gate, should_stop, evaluate, memory, check_sync, first_step,
-               emit_step or (lambda step, fields: tel.emit("step", step=step, **fields)))
+               emit_step or (lambda step, fields: tel.emit("step", step=step, **fields)), later)
     except BaseException:
         if gate is not None:  # leave the turns now, so the other side need not wait for this process to exit
             gate.close()
@@ -69,20 +78,33 @@ def drive(cfg: RunConfig, tel: Telemetry, train_step: Callable[[int], dict[str, 
 
 
 def _steps(cfg: RunConfig, tel: Telemetry, train_step, gate, should_stop, evaluate, memory, check_sync,
-           first_step: int, emit_step) -> None:
+           first_step: int, emit_step, later: DeferredSteps | None) -> None:
+    def send(ended: list[tuple[int, dict[str, Any]]]) -> None:
+        for s, f in ended:
+            emit_step(s, f)
+            check_loss(f, s)
+
     for step in range(first_step, cfg.steps):
         if gate is not None:
             gate.at_step(step)
         if should_stop is not None and should_stop():
+            if later is not None:
+                send(later.rest())
             raise Canceled(f"canceled before step {step}")
         try:
             fields = train_step(step)
         except Exception as exc:
             if getattr(exc, "step", None) is None:
                 exc.step = step
+            if later is not None:  # the steps before it that completed still say what they measured
+                with contextlib.suppress(Exception):
+                    send(later.completed())
             raise
-        emit_step(step, fields)
-        check_loss(fields, step)
+        if later is not None:
+            send(later.completed() if fields is None else later.rest())
+        if fields is not None:
+            emit_step(step, fields)
+            check_loss(fields, step)
         if memory is not None and should_sample_memory(step, cfg.steps):
             memory(step)
         if should_eval(cfg, step):
@@ -93,3 +115,5 @@ def _steps(cfg: RunConfig, tel: Telemetry, train_step, gate, should_stop, evalua
                 check_sync(step)
         if cfg.step_delay_s:
             time.sleep(cfg.step_delay_s)
+    if later is not None:
+        send(later.rest())

@@ -128,3 +128,14 @@ def should_eval(cfg: RunConfig, step: int) -> bool:
     """Validate every `eval_every` steps (if > 0) and after the last step."""
     last = step == cfg.steps - 1
     return last or (cfg.eval_every > 0 and (step + 1) % cfg.eval_every == 0)
+
+
+def batch_to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A batch tensor on `device`. On CUDA through pinned memory and a non-blocking copy, as a
+    `DataLoader(pin_memory=True)` hands batches over: a copy from pageable memory waits for the stream
+    (PyTorch's `memcpy_and_sync`), which a DDP rank's deferred step must not (`engine.measure.deferred`);
+    the pinned block is kept until the copy completed (the caching host allocator records an event on
+    the copy's stream). Elsewhere `t.to(device)`."""
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)

@@ -2,6 +2,7 @@
 
     telemetry       events with the run's identity and a monotonic clock
     clocks          host and CUDA-event clocks for marks inside a step
+    deferred        step figures read once the GPU reached them (loss, marks), never by a synchronize
     memory          readings cheap enough for a timer: process RSS, the CUDA allocator, NVML
     memory_timer    the timer: every device read 20 times a second, readings published as taken
     memory_sampler  the timer's readings and the traced steps: `memory` events

@@ -25,6 +25,10 @@ class HostClock:
     def seconds(self, origin: Any, mark: Any) -> float:
         return mark - origin
 
+    def done(self, mark: Any) -> bool:
+        """Whether `mark` can be read: a host mark at once."""
+        return True
+
 
 class CudaClock:
     """CUDA event marks, resolved to seconds after a synchronize.
@@ -47,6 +51,10 @@ class CudaClock:
     def seconds(self, origin: Any, mark: Any) -> float:
         return origin.elapsed_time(mark) / 1e3
 
+    def done(self, mark: Any) -> bool:
+        """Whether the GPU has reached `mark` (`Event.query()`: never waits), so `seconds` may read it."""
+        return bool(mark.query())
+
 
 def wait_marks(marks: Any) -> None:
     """Wait until each mark can be read: a CUDA event (`CudaClock.mark`) until it completed
@@ -61,9 +69,10 @@ class StepClock:
     """Marks inside one training step, read as seconds once the step's work has ended.
 
     On CPU a mark is the host clock (the work ran on the calling thread). On CUDA a mark is an event
-    on the current stream, and `settle()` is the step's one `torch.cuda.synchronize`: the events
-    complete there, and `seconds` (`torch.cuda.Event.elapsed_time`) may be read only after it. So a
-    step costs one synchronize however many phases it times, instead of one per phase.
+    on the current stream, readable (`seconds`: `torch.cuda.Event.elapsed_time`) once it completed:
+    after `settle()`, the step's one `torch.cuda.synchronize` (so a step costs one synchronize however
+    many phases it times), or, with no synchronize at all, once `done(mark)` says so (a DDP rank reads
+    its ordinary steps so, `engine.measure.deferred.DeferredSteps`).
     """
 
     def __init__(self, device: torch.device):
@@ -80,3 +89,7 @@ class StepClock:
 
     def seconds(self, origin: Any, mark: Any) -> float:
         return self._clock.seconds(origin, mark)
+
+    def done(self, mark: Any) -> bool:
+        """Whether `mark` can be read without waiting (`HostClock.done`, `CudaClock.done`)."""
+        return self._clock.done(mark)

@@ -21,7 +21,7 @@ class MeteredMark(NamedTuple):
 
 class MeteredClock:
     """Wraps a step clock (`engine.measure.clocks.StepClock`): `mark()` also reads the calling
-    thread's clocks, `seconds`/`settle` are the wrapped clock's, so a rank's phase marks give
+    thread's clocks, `seconds`/`settle`/`done` are the wrapped clock's, so a rank's phase marks give
     both the phase's duration and its thread's lock wait (one reading per mark) — on the steps
     `gate` (a `MeterGate`, shared by a rank's clocks) has on; time-only marks on the others."""
 
@@ -41,6 +41,9 @@ class MeteredClock:
 
     def seconds(self, origin: MeteredMark, mark: MeteredMark) -> float:
         return self.clock.seconds(origin.mark, mark.mark)
+
+    def done(self, mark: MeteredMark) -> bool:
+        return self.clock.done(mark.mark)
 
 
 def rank_step_fields(micro_marks: Sequence[tuple[MeteredMark, MeteredMark, MeteredMark]],

@@ -37,10 +37,14 @@ class Telemetry:
         """Give built events (`build`, `head`) to the sink at once, in order."""
         emit_all(self.sink, events)
 
+    def build_many(self, type_: str, rows: list[dict[str, Any]], **common: Any) -> list[dict[str, Any]]:
+        """The events `emit_many` would hand to the sink, not handed over (for `hand_over`)."""
+        return make_events(type_, self.run_id, rows, **self._identity(common))
+
     def emit_many(self, type_: str, rows: list[dict[str, Any]], **common: Any) -> None:
         """`emit(type_, **common, **row)` for each row, built and handed to the sink at once
         (`engine.events.make_events`: one `ts`; a row's key overrides `common`'s)."""
-        emit_all(self.sink, make_events(type_, self.run_id, rows, **self._identity(common)))
+        emit_all(self.sink, self.build_many(type_, rows, **common))
 
     def _identity(self, fields: dict[str, Any]) -> dict[str, Any]:
         """`fields` with this emitter's rank, device and host where they do not say their own."""

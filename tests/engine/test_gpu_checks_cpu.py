@@ -142,3 +142,25 @@ def test_the_attach_sync_probe_passes_instrumented_ddp_and_fails_one_synchronize
     broken = attach_sync_probe("cpu", steps=8, extra_sync=True)
     ok, why = attach_sync_verdict(plain, broken)
     assert not ok and "5 explicit synchronisation(s) in 5 steady steps" in why, why
+
+
+@pytest.mark.slow
+def test_the_launched_sync_probe_passes_the_rank_and_names_a_synchronize_in_a_late_step():
+    """`ddpviz doctor --gpu`'s launched_adds_no_sync check, on CPU (gloo, the rank's CPU twin, where the
+    step clock's settle calls torch.cuda.synchronize as on CUDA): the metered, traced and last steps
+    synchronise once each and the others never; a synchronize added to every late step is named."""
+    from ddpviz.engine.harness.launched_sync import LAUNCHED_CFG, launched_sync_probe, launched_sync_verdict
+
+    steps = LAUNCHED_CFG["steps"]
+    got = launched_sync_probe("cpu")
+    ok, why = launched_sync_verdict(got, steps)
+    assert ok, why
+    rows = [e for e in got["events"] if e["type"] == "step"]
+    metered = {e["step"] for e in got["events"] if e["type"] == "gil"}
+    instrumented = metered | {e["step"] for e in rows if e["memory_traced"]} | {steps - 1}
+    assert sorted(s for s, _ in got["explicit_syncs"]) == sorted(instrumented)  # one each, none elsewhere
+    broken = launched_sync_probe("cpu", extra_sync=True)
+    ok, why = launched_sync_verdict(broken, steps)
+    late = steps - len(instrumented)
+    assert not ok and f"{late} synchronisation(s) in steps read late" in why, why
+

@@ -48,6 +48,7 @@ def run_gpu_checks(stack, report: Report, out_dir: Path, log: Callable[[str], No
                      ("nvml_vs_allocator", check_nvml), ("bf16_in_dp_replicas", check_amp),
                      ("ddp_2_ranks_one_gpu_gloo", check_shared_gpu), ("overhead_ddp_gpu", check_overhead),
                      ("attach_adds_no_sync", check_attach_sync),
+                     ("launched_adds_no_sync", check_launched_sync),
                      ("multi_gpu_pair", check_multi_gpu),
                      ("gpu_runs_through_queue", lambda: check_queue_runs(stack, state)),
                      ("screenshots", lambda: check_screenshots(stack, state, out_dir))):
@@ -209,6 +210,16 @@ def check_attach_sync() -> tuple[str, dict[str, Any]]:
     if not ok:
         raise CheckFailed(why, fig)
     return f"an attached DDP on NCCL: {why}", fig
+
+
+def check_launched_sync() -> tuple[str, dict[str, Any]]:
+    from ddpviz.engine.harness.launched_sync import LAUNCHED_CFG, launched_sync_probe, launched_sync_verdict
+
+    fig = launched_sync_probe("cuda")
+    ok, why = launched_sync_verdict(fig, LAUNCHED_CFG["steps"])
+    if not ok:
+        raise CheckFailed(why, fig)
+    return f"a launched DDP rank on NCCL: {why}", fig
 
 
 def check_overhead() -> tuple[str, dict[str, Any]]:

@@ -30,7 +30,7 @@ parameter names (a loop over `GradBucket.parameters()`) are read only on the fir
 the second iteration's forward, `Reducer::rebuild_buckets`, and never again).
 """
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -133,13 +133,23 @@ class BucketRecorder:
         return fut
 
     def resolved(self) -> list[dict[str, Any]]:
-        """This step's records with times in seconds from backward start (call after the step)."""
+        """This step's records with times in seconds from backward start (call after the step, once
+        its marks completed: on CUDA `Event.elapsed_time` needs both events done)."""
+        return self._resolve(self.records, self.origin)
+
+    def taken(self) -> Callable[[], list[dict[str, Any]]]:
+        """`resolved` of this backward's records, to call later (once its marks completed): the next
+        `begin_backward` starts new records and a new origin, these are kept."""
+        records, origin = self.records, self.origin
+        return lambda: self._resolve(records, origin)
+
+    def _resolve(self, records: list[dict[str, Any]], origin: Any) -> list[dict[str, Any]]:
         out = []
-        for r in self.records:
+        for r in records:
             e = {k: (bool(v) if isinstance(v, torch.Tensor) else v) for k, v in r.items()
                  if k not in ("ready", "comm_start", "comm_end")}
             for k, key in (("ready", "ready_s"), ("comm_start", "comm_start_s"), ("comm_end", "comm_end_s")):
-                e[key] = self.clock.seconds(self.origin, r[k]) if k in r else None
+                e[key] = self.clock.seconds(origin, r[k]) if k in r else None
             e["source"] = HOOK_SOURCE
             out.append(e)
         return out

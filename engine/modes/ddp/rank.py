@@ -12,6 +12,7 @@ Files in the launcher's workdir: those of every rank (`engine.modes.ranks`), and
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from pathlib import Path
 
@@ -21,11 +22,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddpviz.engine.components.faults import maybe_diverge, maybe_fail
 from ddpviz.engine.components.loop import drive
-from ddpviz.engine.components.training import autocast, evaluate, flat_params, loss_fn, make_optimizer, should_eval
+from ddpviz.engine.components.training import (autocast, batch_to, evaluate, flat_params, loss_fn, make_optimizer,
+                                               should_eval)
 from ddpviz.engine.config import RunConfig
 from ddpviz.engine.data import BatchPlan, load_dataset
 from ddpviz.engine.events import mark_nonfinite
 from ddpviz.engine.measure.clocks import CudaClock, HostClock, StepClock
+from ddpviz.engine.measure.deferred import DeferredSteps, LossReading
 from ddpviz.engine.measure.gil import MeterGate
 from ddpviz.engine.measure.gil_rank import MeteredClock, rank_step_fields
 from ddpviz.engine.measure.memory import param_bytes
@@ -42,6 +45,11 @@ from ddpviz.engine.modes.ddp.memory import BufferProbe, MemoryBucketRecorder, ke
 from ddpviz.engine.modes.ranks import init_rank, progress, run_rank
 
 
+# "1": a CPU rank reads its steps as a CUDA rank does (`DeferredSteps`, `LossReading`, its marks host times):
+# the CPU twin of the CUDA path's plumbing, for the tests (tests/engine/test_deferred_steps.py)
+DEFER_ON_CPU_ENV = "DDPVIZ_DEFER_CPU_STEPS"
+DEFERRED_STEP_TIME = ("the step's first mark to its last: CUDA events on the device's stream, read once they completed "
+                      "(no synchronize); host clock on CPU")
 NO_BUCKET_TIMES = ("not measured on this step (bucket_timing=recorder on gloo: no ready times before DDP's rebuilt "
                    "layout is known, bucket spans on sampled steps only)")
 
@@ -118,15 +126,19 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
     P = param_bytes(model)
     ring = 2 * (world - 1) / world  # ring all-reduce: bytes each rank sends (and receives) per byte
 
-    # CUDA events, one synchronize per step (engine.measure.clocks); on the metered steps each mark
-    # also reads this thread's clocks, for its lock wait (engine.measure.gil)
+    # CUDA events (engine.measure.clocks); on the metered steps each mark also reads this thread's clocks,
+    # for its lock wait (engine.measure.gil)
     clock = MeteredClock(StepClock(device), meter)
+    # On CUDA a step's figures are read once its events completed, a step or more later (`DeferredSteps`):
+    # a plain DDP loop never waits for the GPU, so no step here does but the metered, memory-traced and
+    # last ones, which are marked as instrumented and synchronise once (`StepClock.settle`)
+    later = DeferredSteps() if device.type == "cuda" or os.environ.get(DEFER_ON_CPU_ENV) == "1" else None
 
     bucket_nbytes: list[int] = []  # of the latest step's buckets
     layout = isinstance(bucket_log, LayoutBuckets)
     volume: list = [None, None]  # (bucket sizes, their comm_volume fields): worked out when the sizes change
     # Steps on which nothing needs the marks' extra readings (CPU, one micro-batch): `ordinary_step`
-    ordinary_ok = device.type == "cpu" and cfg.grad_accum_steps == 1
+    ordinary_ok = device.type == "cpu" and cfg.grad_accum_steps == 1 and later is None
 
     def volume_due(buckets: list[dict], traced: bool) -> bool:
         """Whether the step emits `comm_volume`: its bucket sizes differ from the previous step's, or it
@@ -142,18 +154,32 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
                                 theory_sent_bytes=int(ring * P), theory_recv_bytes=int(ring * P))
         return True
 
+    staged: dict[int, list[dict]] = {}  # each step's built events, handed over with its step event (emit_step)
+
     def finish(step: int, t0: float, t5: float, fwd: float, bwd: float, last_bwd: float, backward_start: float,
-               optimizer_s: float, loss: float, gil: dict | None = None, traced: bool = True) -> dict:
-        """The step's bucket, `gil` (when given) and comm_volume (`volume_due`) events, and its `step`
-        fields, from its measured phases (s)."""
-        buckets = bucket_log.resolved()  # the last micro-batch's backward, which all-reduced
+               optimizer_s: float, loss: float, gil: dict | None = None, traced: bool = True,
+               buckets: list[dict] | None = None) -> dict:
+        """The step's bucket, `gil` (when given) and comm_volume (`volume_due`) events, staged for
+        `emit_step`, and its `step` fields, from its measured phases (s). `buckets`: the step's bucket
+        rows (`taken`), else the recorder's latest (`resolved()`: the last micro-batch's backward)."""
+        buckets = bucket_log.resolved() if buckets is None else buckets
         exposed, exposed_fields = exposed_comm(buckets, last_bwd, device.type == "cuda")
-        tel.emit_many("bucket", buckets, step=step)  # one call per step, not per bucket
+        events = tel.build_many("bucket", buckets, step=step)  # one stamp per step, not per bucket
         if gil is not None:
-            tel.emit("gil", step=step, **gil)
+            events.append(tel.build("gil", step=step, **gil))
         if volume_due(buckets, traced):
-            tel.emit("comm_volume", step=step, **volume[1])
+            events.append(tel.build("comm_volume", step=step, **volume[1]))
+        staged[step] = events
         return fields_of(t0, t5, fwd, bwd, backward_start, optimizer_s, loss, exposed, exposed_fields)
+
+    def taken():
+        """`() -> this step's bucket rows`, to call once its marks completed (`DeferredSteps`): the hook's
+        records of this backward, kept from the next one's (`BucketRecorder.taken`); the recorder's and
+        the layout's host-side rows, read now."""
+        if bucket_log is rec:
+            return rec.taken()
+        rows = bucket_log.resolved()
+        return lambda: rows
 
     def fields_of(t0: float, t5: float, fwd: float, bwd: float, backward_start: float, optimizer_s: float,
                   loss: float, exposed: float | None, exposed_fields: dict) -> dict:
@@ -162,7 +188,6 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
                            backward_s=bwd - (exposed or 0.0), comm_exposed_s=exposed, optimizer_s=optimizer_s,
                            **exposed_fields)
 
-    staged: list[dict] = []  # an ordinary step's built bucket events, handed over with its step event
     heads: list = [None, None, tel.head("step")]  # (layout, its bucket event heads), the step event's head
 
     def ordinary_finish(step: int, t0: float, t2: float, t4: float, fwd: float, bwd: float, optimizer_s: float,
@@ -181,18 +206,18 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         exposed, exposed_fields = exposed_comm(buckets, bwd, False)
         if new_layout and volume_due(buckets, False):  # one layout, the same sizes: nothing new to say
             buckets.append(tel.build("comm_volume", step=step, **volume[1]))
-        staged[:] = buckets
+        staged[step] = buckets
         return fields_of(t0, t4, fwd, bwd, t2, optimizer_s, loss, exposed, exposed_fields)
 
     def emit_step(step: int, fields: dict) -> None:
         """The step event (`engine.components.loop.drive`), with the step's staged events before it."""
-        if not staged:
+        events = staged.pop(step, None)
+        if not events:
             tel.emit("step", step=step, **fields)
             return
         loss = fields["loss"]  # the one field a step can make non-finite (the rest are clock differences)
-        events = [*staged, {**heads[2], "ts": staged[0]["ts"], "step": step,
-                            **(fields if loss - loss == 0 else mark_nonfinite(fields))}]
-        staged.clear()
+        events.append({**heads[2], "ts": events[0]["ts"], "step": step,
+                       **(fields if loss - loss == 0 else mark_nonfinite(fields))})
         tel.hand_over(events)
 
     def ordinary_step(step: int) -> dict:
@@ -227,14 +252,15 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         traced = should_trace_memory(step, cfg.steps)
         if layout:  # full spans on the memory-traced steps (their last micro-batch's backward), none on others
             bucket_log.sample_next = traced
-        if not meter.begin_step(step) and ordinary_ok and not traced:
+        metered = meter.begin_step(step)
+        if not metered and ordinary_ok and not traced:
             return ordinary_step(step)
         t0, m0 = now(), clock.time_mark()  # a time origin only: no lock-wait span starts here
         micro_marks, losses = [], []
         for micro in range(cfg.grad_accum_steps):
             last_micro = micro == cfg.grad_accum_steps - 1
             idx = plan.rank_indices(step * cfg.grad_accum_steps + micro, rank)
-            x, y = ds.x_train[idx].to(device), ds.y_train[idx].to(device)
+            x, y = batch_to(ds.x_train[idx], device), batch_to(ds.y_train[idx], device)
             maybe_fail(cfg, rank, step)
             ctx = contextlib.nullcontext() if last_micro else ddp.no_sync()  # all-reduce once per step
             with ctx:
@@ -257,16 +283,26 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         opt.zero_grad(set_to_none=not cfg.gradient_as_bucket_view)
         maybe_diverge(cfg, rank, step, model)
         m5 = clock.mark()
+
+        def fields_at(t5: float, loss: float, gil: dict | None = None, buckets: list[dict] | None = None) -> dict:
+            return finish(step, t0, t5, sum(clock.seconds(a, b) for a, b, _ in micro_marks),
+                          sum(clock.seconds(b, c) for _, b, c in micro_marks), clock.seconds(*micro_marks[-1][1:]),
+                          t0 + clock.seconds(m0, micro_marks[-1][1]), clock.seconds(m4, m5), loss, gil,
+                          traced or step == cfg.steps - 1, buckets)
+
+        if later is not None and not metered and not traced:  # read once its events completed: no synchronize
+            reading, rows = LossReading(losses), taken()
+            later.add(step, lambda: clock.done(m5) and reading.ready(), lambda: {
+                **fields_at(t0 + clock.seconds(m0, m5), reading.read(), buckets=rows()),
+                "step_time_source": DEFERRED_STEP_TIME})
+            return None
         clock.settle()
         t5 = now()
         gil = None
         if meter.on:
             last_ready = next((r["ready"] for r in reversed(rec.records) if r["ready"].clocks is not None), None)
             gil = rank_step_fields(micro_marks, (m4, m5), t5 - t0, last_ready, device.type == "cuda", note=meter.note())
-        return finish(step, t0, t5, sum(clock.seconds(a, b) for a, b, _ in micro_marks),
-                      sum(clock.seconds(b, c) for _, b, c in micro_marks), clock.seconds(*micro_marks[-1][1:]),
-                      t0 + clock.seconds(m0, micro_marks[-1][1]), clock.seconds(m4, m5),
-                      sum(float(v) for v in losses), gil, traced or step == cfg.steps - 1)
+        return fields_at(t5, sum(float(v) for v in losses), gil)
 
     sampler = model_memory_sampler(cfg, tel, model, opt, device, extra_existing=lambda: [
         (0, "bucket_buffers", bucket_log.held_nbytes(cfg.gradient_as_bucket_view)
@@ -293,7 +329,8 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
     step_fn = keep_before_traced(buffer_probe.wrap(train_step, lambda s: should_eval(cfg, s)), rec, cfg.steps)
     train_start = now()
     try:
-        drive(cfg, tel, sampler.wrap(step_fn), check_sync=check_sync, evaluate=evaluate_fn, emit_step=emit_step)
+        drive(cfg, tel, sampler.wrap(step_fn), check_sync=check_sync, evaluate=evaluate_fn, emit_step=emit_step,
+              later=later)
     finally:
         sampler.close()
     if cfg.probe and world > 1:  # after the last step: in no step time, nothing else in flight

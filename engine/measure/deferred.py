@@ -1,0 +1,176 @@
+"""Step figures read once the GPU has reached them, never by making the host wait (issue 31.2).
+
+On CUDA a step's work is queued: its marks (`engine.measure.clocks.CudaClock` events) and its loss
+are on the device when the host has finished issuing the step. Reading them at once needs a
+synchronize (`Event.elapsed_time` on an incomplete event raises; `float(loss)` waits), which a plain
+training loop does not do, and which stalls the host until the GPU has drained its queue: the next
+step's kernels are then issued to an idle GPU. Here they are read later, when `Event.query()` says
+they completed:
+
+- `LossReading`: the loss copied, in float64, into pinned host memory by an asynchronous copy
+  queued behind the step's work, read once an event recorded after the copy completed;
+- `DeferredSteps`: a queue of ended steps, each with the mark that completes last and a function
+  that reads its figures; `completed()` takes those whose mark completed, oldest first, at the end
+  of a later step; `rest()` the others, polling, after the last step.
+
+Host marks (floats, `HostClock`) and CPU tensors are complete at once, so on CPU both read at once.
+Nothing here calls `torch.cuda.synchronize` or `Event.synchronize`; a CPU twin with stand-in events
+(`tests/engine/test_deferred_steps.py`, `tests/engine/test_attach_loss_reading.py`) checks it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any, Callable
+
+import torch
+
+LOSS_WAIT_S = 30.0  # at exit, how long a step's loss may take to reach the host (polled, never synchronize)
+MAX_PENDING = 8  # ended steps not yet read; at more, the host waits (polling) for the oldest (see `add`)
+
+
+class CudaOps:
+    """The device calls `LossReading` makes on CUDA (a stand-in with the same methods runs its
+    device path on CPU in tests: `tests/engine/test_attach_loss_reading.py`)."""
+
+    @staticmethod
+    def is_device(t: torch.Tensor) -> bool:
+        return t.device.type == "cuda"
+
+    @staticmethod
+    def on(device: torch.device) -> Any:
+        return torch.cuda.device(device)
+
+    @staticmethod
+    def pinned_empty(shape: torch.Size) -> torch.Tensor:
+        return torch.empty(shape, dtype=torch.float64, pin_memory=True)
+
+    @staticmethod
+    def event() -> Any:
+        return torch.cuda.Event()
+
+
+class LossReading:
+    """A step's loss on its way to the host, read without stalling the GPU.
+
+    `values`: the scalar tensors backward() was called on (or the one given to `explicit_step`),
+    or floats. The loss is their sum, in float64 on the host. CPU tensors and floats are read at
+    once. Device tensors (`ops.is_device`, CUDA) are not: `float()` (as `.item()`) would
+    synchronise the script's stream on every step; instead they are copied, in float64, into
+    pinned host memory by an asynchronous copy queued behind the step's work, and read once an
+    event recorded after the copy has completed (`ready`: `Event.query()`). Nothing here ever
+    calls `Event.synchronize` (issue 31.2): `read` before `ready` returns None, and `wait` polls.
+    """
+
+    def __init__(self, values: list[Any], ops: Any = CudaOps):
+        self.value: float | None = None
+        self._host: torch.Tensor | None = None
+        self._event: Any = None
+        tensors = [v for v in values if isinstance(v, torch.Tensor)]
+        device = tensors[0].device if tensors else None
+        if device is not None and ops.is_device(tensors[0]) and len(tensors) == len(values) \
+                and all(t.device == device for t in tensors):
+            with ops.on(device):
+                src = torch.stack([t.detach().reshape(()).to(torch.float64) for t in tensors])
+                self._host = ops.pinned_empty(src.shape)
+                self._host.copy_(src, non_blocking=True)
+                self._event = ops.event()
+                self._event.record()
+        elif values:
+            self.value = float(sum(float(v) for v in values))
+
+    def ready(self) -> bool:
+        return self._event is None or bool(self._event.query())
+
+    def read(self) -> float | None:
+        """The loss, or None while its copy has not completed (never waits)."""
+        if self._event is not None:
+            if not self._event.query():
+                return None
+            self.value, self._event = float(sum(self._host.tolist())), None
+        return self.value
+
+    def wait(self, timeout_s: float = LOSS_WAIT_S, poll_s: float = 0.001) -> float | None:
+        """The loss, polling `ready` up to `timeout_s` (at exit, after the script's last step)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.ready() and time.monotonic() < deadline:
+            time.sleep(poll_s)
+        return self.read()
+
+
+
+
+class StepLate(RuntimeError):
+    """A step's figures did not reach the host in time (`DeferredSteps`: the GPU did not get to its
+    last mark within the wait); `.step` is that step."""
+
+
+class DeferredSteps:
+    """Ended steps whose figures are read once the device reached them, in step order.
+
+    Args:
+        max_pending: ended steps left unread before `add` waits for the oldest. Waiting there never
+            idles the GPU: it still has the newer steps queued; it only keeps the host from running
+            further ahead than a plain loop's launch queue would let it (CUDA's, ~1,024 kernels).
+        timeout_s: how long one step may take to complete once waited for (`StepLate` after it).
+        poll_s: the sleep between two `ready()` checks while waiting.
+    """
+
+    def __init__(self, max_pending: int = MAX_PENDING, timeout_s: float = LOSS_WAIT_S, poll_s: float = 0.0005):
+        self.max_pending, self.timeout_s, self.poll_s = max_pending, timeout_s, poll_s
+        self.pending: deque[tuple[int, Callable[[], bool], Callable[[], dict]]] = deque()
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def add(self, step: int, ready: Callable[[], bool], read: Callable[[], dict]) -> None:
+        """Queue step `step`: `ready()` says whether its figures can be read (its last mark and its
+        `LossReading` completed: `Event.query()`, never a synchronize); `read()` reads them (the step
+        event's fields) and is called once, after `ready()` was True."""
+        self.pending.append((step, ready, read))
+        if len(self.pending) > self.max_pending:
+            self._wait(self.pending[0])
+
+    def completed(self) -> list[tuple[int, dict]]:
+        """(step, fields) of the oldest steps that completed, oldest first; stops at the first that has
+        not (steps are read in order). Raises what a `read` raised, with `.step` set to its step."""
+        out = []
+        while self.pending and self.pending[0][1]():
+            out.append(self._read(self.pending.popleft()))
+        return out
+
+    def rest(self) -> list[tuple[int, dict]]:
+        """(step, fields) of every queued step, waiting (polling) for each in turn: after the last step,
+        or before a step whose figures are read at once (its synchronize completed the rest already).
+
+        Raises:
+            StepLate: a step did not complete within `timeout_s`.
+        """
+        out = []
+        while self.pending:
+            self._wait(self.pending[0])
+            out.append(self._read(self.pending.popleft()))
+        return out
+
+    def _wait(self, item: tuple[int, Callable[[], bool], Callable[[], dict]]) -> None:
+        step, ready, _ = item
+        deadline = time.monotonic() + self.timeout_s
+        while not ready():
+            if time.monotonic() > deadline:
+                exc = StepLate(f"step {step}'s figures did not reach the host within {self.timeout_s:g} s "
+                               f"(its work never completed on the device)")
+                exc.step = step
+                raise exc
+            time.sleep(self.poll_s)
+
+    @staticmethod
+    def _read(item: tuple[int, Callable[[], bool], Callable[[], dict]]) -> tuple[int, dict]:
+        step, _, read = item
+        try:
+            return step, read()
+        except Exception as exc:
+            if getattr(exc, "step", None) is None:
+                exc.step = step
+            raise
+
