@@ -5,5 +5,6 @@
     interleaved  several ddpviz runs started at once, training in turns
     gpu_checks   the torch side of `ddpviz doctor --gpu`: probes of the CUDA paths
     attach_sync  `doctor --gpu`'s probe that an attached DDP adds no host-device synchronisation
-bucket_cost  what ddpviz's DDP adds per bucket and per step against plain torch DDP (`ddpviz bench --bucket-cost`)
+    launched_sync  `doctor --gpu`'s probe that a launched DDP rank synchronises only on its instrumented steps
+    bucket_cost  what ddpviz's DDP adds per bucket and per step against plain torch DDP (`ddpviz bench --bucket-cost`)
 """
