@@ -44,6 +44,18 @@ STEP_PARTS = ("step_time_s", "forward_s", "backward_s", "comm_exposed_s", "optim
 VOLUME_KEYS = ("sent_bytes", "recv_bytes", "volume_source", "allreduce_bytes", "theory_sent_bytes",
                "theory_recv_bytes")
 SPLIT_KEYS = ("step_time_s", "forward_s", "backward_s", "comm_exposed_s", "optimizer_s", "samples_per_s")
+# DP's scatter/gather/reduce/broadcast are copies through device 0, not a collective left exposed: the same
+# field of its step events (`comm_exposed_s`) is named for what it is wherever it is shown (`comm_part`).
+DP_COPIES = "DP copies (scatter/gather/reduce/broadcast)"  # the Compare table's row
+DP_COPIES_PART = "DP copies"  # the step split's part: its legend sits in a third of the Live page
+EXPOSED_COMM_PART = "exposed comm"
+
+
+def comm_part(mode: str | None) -> str:
+    """What a run's `comm_exposed_s` is called: DP's copies, or the other modes' exposed comm."""
+    return DP_COPIES_PART if mode == "dp" else EXPOSED_COMM_PART
+
+
 # What every reader shows where a step's `comm_exposed_s` is null: FSDP on CUDA, whose collectives
 # run on FSDP2's comm streams, which the host clock cannot tell hidden from exposed
 # (engine/modes/fsdp/step.py). Never a number in its place.

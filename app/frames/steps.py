@@ -10,7 +10,8 @@ from typing import Iterable
 import pandas as pd
 
 from ddpviz.app.frames.base import Event, latest_volumes, mib, of_type
-from ddpviz.engine.summary import COMM_NOT_MEASURED, run_steps, steady_positions
+from ddpviz.engine.summary import (COMM_NOT_MEASURED, DP_COPIES, DP_COPIES_PART, EXPOSED_COMM_PART,  # noqa: F401
+                                   comm_part, run_steps, steady_positions)  # DP_COPIES, comm_part: for the views
 
 STEP_COLUMNS = ["run", "step", "samples", "samples_per_s", "samples_per_s_smooth", "step_time_ms",
                 "forward_ms", "backward_ms", "comm_exposed_ms", "optimizer_ms", "loss", "instrument"]
@@ -23,16 +24,7 @@ _STEP_PARTS = {"forward_ms": "forward_s", "backward_ms": "backward_s",
                "comm_exposed_ms": "comm_exposed_s", "optimizer_ms": "optimizer_s"}
 
 
-# DP's scatter/gather/reduce/broadcast are copies through device 0, not a collective left exposed:
-# the same field of its step events (`comm_exposed_s`) is named for what it is.
-DP_COPIES = "DP copies (scatter/gather/reduce/broadcast)"  # the Compare table's row
-DP_COPIES_PART = "DP copies"  # the step split's part: its legend sits in a third of the Live page
-SPLIT_PARTS = ["forward", "backward", "exposed comm", DP_COPIES_PART, "optimizer", "other"]
-
-
-def comm_part(mode: str | None) -> str:
-    """What a run's `comm_exposed_s` is called in the split: DP's copies, or the others' exposed comm."""
-    return DP_COPIES_PART if mode == "dp" else "exposed comm"
+SPLIT_PARTS = ["forward", "backward", EXPOSED_COMM_PART, DP_COPIES_PART, "optimizer", "other"]
 
 
 def steps_frame(events: Iterable[Event], run: str) -> pd.DataFrame:

@@ -24,8 +24,12 @@ ALL_MODES = ("single", "dp", "ddp", "fsdp")
 SPLIT = ("step_time_s", "forward_s", "backward_s", "comm_exposed_s", "optimizer_s")
 
 
-def mode_report(result: RunResult, single: RunResult | None) -> dict[str, Any]:
-    """One mode's entry of the comparison (see module docstring for the formulas)."""
+def mode_report(result: RunResult, single: RunResult | None, mode: str | None = None) -> dict[str, Any]:
+    """One mode's entry of the comparison (see module docstring for the formulas). `comm_part` names what
+    its `comm_exposed_s` is: DP's copies through device 0, or the other modes' exposed comm
+    (`engine.summary.comm_part`)."""
+    from ddpviz.engine.summary import comm_part
+
     s = result.summary
     base = single.summary.get("samples_per_s") if single is not None else None
     sps = s.get("samples_per_s")
@@ -34,7 +38,7 @@ def mode_report(result: RunResult, single: RunResult | None) -> dict[str, Any]:
         diff = float((result.final_params - single.final_params).abs().max())
     return dict(status=result.status, error=result.error, samples_per_s=sps,
                 speedup_vs_single=(sps / base) if sps and base else None,
-                step_time_split={k: s.get(k) for k in SPLIT},
+                step_time_split={k: s.get(k) for k in SPLIT}, comm_part=comm_part(mode),
                 comm_exposed_note=s.get("comm_exposed_note"),  # why comm_exposed_s is null, if it is
                 peak_memory_bytes=s.get("peak_memory_bytes"), memory_imbalance=s.get("memory_imbalance"),
                 bytes_per_device=s.get("bytes_per_device"), overlap=s.get("overlap"),
@@ -139,4 +143,4 @@ def compare(cfg: RunConfig, *, modes: tuple[str, ...] = MODES,
             results[mode] = run_training(mode_config(cfg, mode), sink, f"compare-{mode}")
     single = results.get("single")
     single = single if single is not None and single.status == "succeeded" else None
-    return {m: mode_report(results[m], single) for m in modes}
+    return {m: mode_report(results[m], single, m) for m in modes}

@@ -156,3 +156,27 @@ def test_compare_says_exposed_comm_not_measured_where_the_run_could_not_measure_
     lines = dict(line.split(maxsplit=1) for line in capsys.readouterr().out.splitlines())
     assert "exposed comm not measured on CUDA " in lines["fsdp"]
     assert "exposed comm 1.50 ms " in lines["ddp"]
+
+
+def test_compare_names_dps_copies_for_what_they_are_in_its_lines_and_json(monkeypatch, capsys):
+    """DP's `comm_exposed_s` is its copies through device 0 (scatter, gather, reduce, broadcast), never exposed
+    comm: `ddpviz compare` calls it as the app does (issue 33.4), in its text and its --json (`comm_part`)."""
+    import json
+
+    import ddpviz.engine.harness.compare as harness
+    from ddpviz.engine.result import RunResult
+
+    summaries = {"dp": {"samples_per_s": 90.0, "comm_exposed_s": 0.002},
+                 "ddp": {"samples_per_s": 100.0, "comm_exposed_s": 0.0015}}
+    monkeypatch.setattr(harness, "compare", lambda cfg, modes, on_mode, turns=None: {
+        m: harness.mode_report(RunResult("succeeded", summary=summaries[m]), None, m) for m in modes})
+    args = build_parser().parse_args(["compare", "--modes", "dp,ddp", "--steps", "3"])
+    assert args.handler(args) == 0
+    lines = dict(line.split(maxsplit=1) for line in capsys.readouterr().out.splitlines() if line[:3] in ("dp ", "ddp"))
+    assert "DP copies 2.00 ms " in lines["dp"] and "exposed comm" not in lines["dp"]
+    assert "exposed comm 1.50 ms " in lines["ddp"]
+    args = build_parser().parse_args(["compare", "--modes", "dp,ddp", "--steps", "3", "--json"])
+    assert args.handler(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["dp"]["comm_part"], report["ddp"]["comm_part"]) == ("DP copies", "exposed comm")
+    assert report["dp"]["step_time_split"]["comm_exposed_s"] == 0.002

@@ -82,7 +82,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             exposed = r.get("comm_exposed_note") or ("-" if exposed is None else f"{exposed * 1e3:.2f} ms")
             up = "-" if up is None else f"x{up:.2f}"  # no single run (or no rate): nothing to divide by
             print(f"{mode:<6} {r['status']:<9} {sps or 0:>10.0f} samples/s  {up} vs single  "
-                  f"exposed comm {exposed}  "
+                  f"{r['comm_part']} {exposed}  "
                   f"overlap {r['overlap'] if r['overlap'] is not None else '-'}  "
                   f"in sync {r['replicas_in_sync']}  max |Δθ| vs single "
                   f"{'-' if r['max_param_diff_vs_single'] is None else r['max_param_diff_vs_single']}")
