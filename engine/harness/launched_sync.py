@@ -59,7 +59,8 @@ def _rank(i: int, device_kind: str, cfg_fields: dict, tmp: str, extra_sync: bool
     from ddpviz.engine.events import ListSink
     from ddpviz.engine.measure import clocks, deferred
     from ddpviz.engine.modes import ranks
-    from ddpviz.engine.modes.ddp.rank import DEFER_ON_CPU_ENV, _train_rank
+    from ddpviz.engine.measure.deferred import DEFER_ON_CPU_ENV
+    from ddpviz.engine.modes.ddp.rank import _train_rank
 
     cuda = device_kind == "cuda"
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))

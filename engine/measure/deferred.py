@@ -20,12 +20,18 @@ Nothing here calls `torch.cuda.synchronize` or `Event.synchronize`; a CPU twin w
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from typing import Any, Callable
 
 import torch
 
+# "1": a CPU run reads its steps as a CUDA run does (`deferred_steps`; its marks host times, complete at once):
+# the CPU twin of the CUDA path's plumbing, for the tests (tests/engine/test_deferred_steps.py)
+DEFER_ON_CPU_ENV = "DDPVIZ_DEFER_CPU_STEPS"
+DEFERRED_STEP_TIME = ("the step's first mark to its last: CUDA events on the device's stream, read once they completed "
+                      "(no synchronize); host clock on CPU")  # the `step_time_source` of a step read late
 LOSS_WAIT_S = 30.0  # at exit, how long a step's loss may take to reach the host (polled, never synchronize)
 MAX_PENDING = 8  # ended steps not yet read; at more, the host waits (polling) for the oldest (see `add`)
 
@@ -99,6 +105,12 @@ class LossReading:
         return self.read()
 
 
+
+
+def deferred_steps(device: torch.device) -> "DeferredSteps | None":
+    """The queue a run on `device` reads its ordinary steps through: one on CUDA (or on CPU with
+    `DEFER_ON_CPU_ENV`), else None (a CPU step's figures are host readings, complete when it ends)."""
+    return DeferredSteps() if device.type == "cuda" or os.environ.get(DEFER_ON_CPU_ENV) == "1" else None
 
 
 class StepLate(RuntimeError):

@@ -14,11 +14,12 @@ import torch.nn as nn
 
 from ddpviz.engine.components.faults import maybe_fail
 from ddpviz.engine.components.loop import drive
-from ddpviz.engine.components.training import autocast, cpu_device_threads, evaluate, loss_fn, make_optimizer
+from ddpviz.engine.components.training import autocast, batch_to, cpu_device_threads, evaluate, loss_fn, make_optimizer
 from ddpviz.engine.config import RunConfig
 from ddpviz.engine.data import BatchPlan, Dataset
 from ddpviz.engine.measure.clocks import StepClock
-from ddpviz.engine.measure.memory_sampler import model_memory_sampler
+from ddpviz.engine.measure.deferred import DEFERRED_STEP_TIME, LossReading, deferred_steps
+from ddpviz.engine.measure.memory_sampler import model_memory_sampler, should_trace_memory
 from ddpviz.engine.measure.telemetry import Telemetry, now, step_fields, wall_ts
 
 
@@ -29,14 +30,17 @@ def train_single(cfg: RunConfig, ds: Dataset, model: nn.Module, device: torch.de
     opt = make_optimizer(cfg, model.parameters())
     plan = BatchPlan(len(ds), cfg.world_size, cfg.micro_batch_per_device, cfg.seed)
 
-    clock = StepClock(device)  # CUDA events, one synchronize per step (engine.measure.clocks)
+    clock = StepClock(device)  # CUDA events (engine.measure.clocks)
+    # On CUDA an ordinary step is read once its events completed (`DeferredSteps`), as a DDP rank's: no
+    # synchronize but on the memory-traced and last steps, so the baseline pays the instrument's cost as DDP does
+    later = deferred_steps(device)
 
-    def train_step(step: int) -> dict:
+    def train_step(step: int) -> dict | None:
         t0, m0 = now(), clock.mark()
         micro_marks, losses = [], []
         for micro in range(cfg.grad_accum_steps):
             idx = plan.global_indices(step * cfg.grad_accum_steps + micro)
-            x, y = ds.x_train[idx].to(device), ds.y_train[idx].to(device)
+            x, y = batch_to(ds.x_train[idx], device), batch_to(ds.y_train[idx], device)
             maybe_fail(cfg, 0, step)
             m1 = clock.mark()
             with autocast(cfg, device.type):
@@ -49,21 +53,28 @@ def train_single(cfg: RunConfig, ds: Dataset, model: nn.Module, device: torch.de
         opt.step()
         opt.zero_grad(set_to_none=False)
         m5 = clock.mark()
+
+        def fields_at(t5: float, loss: float, **extra) -> dict:
+            return step_fields(start=t0, backward_start_ts=wall_ts(t0 + clock.seconds(m0, micro_marks[-1][1])),
+                               loss=loss, samples=cfg.global_batch_size, step_time_s=t5 - t0,
+                               forward_s=sum(clock.seconds(a, b) for a, b, _ in micro_marks),
+                               backward_s=sum(clock.seconds(b, c) for _, b, c in micro_marks),
+                               comm_exposed_s=0.0, optimizer_s=clock.seconds(m4, m5), **extra)
+
+        if later is not None and not should_trace_memory(step, cfg.steps):  # the last step is traced
+            reading = LossReading(losses)
+            later.add(step, lambda: clock.done(m5) and reading.ready(), lambda: fields_at(
+                t0 + clock.seconds(m0, m5), reading.read(), step_time_source=DEFERRED_STEP_TIME))
+            return None
         clock.settle()
-        t5 = now()
-        fwd = sum(clock.seconds(a, b) for a, b, _ in micro_marks)
-        bwd = sum(clock.seconds(b, c) for _, b, c in micro_marks)
-        backward_start = t0 + clock.seconds(m0, micro_marks[-1][1])
-        return step_fields(start=t0, backward_start_ts=wall_ts(backward_start), loss=sum(float(v) for v in losses),
-                           samples=cfg.global_batch_size, step_time_s=t5 - t0, forward_s=fwd, backward_s=bwd,
-                           comm_exposed_s=0.0, optimizer_s=clock.seconds(m4, m5))
+        return fields_at(now(), sum(float(v) for v in losses))
 
     sampler = model_memory_sampler(cfg, tel, model, opt, device)
     threads = cpu_device_threads(cfg.world_size) if device.type == "cpu" else contextlib.nullcontext()
     try:
         with threads:  # on CPU the baseline is one virtual device of the run's size
             drive(cfg, tel, sampler.wrap(train_step), should_stop=should_stop,
-                  evaluate=lambda: evaluate(model, ds, device))
+                  evaluate=lambda: evaluate(model, ds, device), later=later)
     finally:
         sampler.close()
     return model

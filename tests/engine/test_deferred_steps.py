@@ -16,7 +16,7 @@ import torch
 from ddpviz.engine.components.loop import NonFiniteLoss, drive
 from ddpviz.engine.config import RunConfig
 from ddpviz.engine.events import ListSink
-from ddpviz.engine.measure.deferred import DeferredSteps, StepLate
+from ddpviz.engine.measure.deferred import DEFERRED_STEP_TIME, DeferredSteps, StepLate
 from ddpviz.engine.measure.telemetry import Telemetry
 
 
@@ -197,7 +197,7 @@ def test_the_ddp_rank_on_its_cuda_path_synchronises_only_on_its_instrumented_ste
     assert [e["step"] for e in rows] == list(range(steps))
     metered = {e["step"] for e in sink.events if e["type"] == "gil"}
     instrumented = {e["step"] for e in rows if e.get("memory_traced")} | metered | {steps - 1}
-    late = {e["step"] for e in rows if e.get("step_time_source") == ddp_rank.DEFERRED_STEP_TIME}
+    late = {e["step"] for e in rows if e.get("step_time_source") == DEFERRED_STEP_TIME}
     assert len(late) >= 5 and late == set(range(steps)) - instrumented
     assert clock.settles == len(instrumented)  # red if an ordinary step synchronises
     assert clock.done_checks >= len(late)
@@ -212,3 +212,30 @@ def test_the_ddp_rank_on_its_cuda_path_synchronises_only_on_its_instrumented_ste
         assert len(buckets) >= 2 and sum(b["nbytes"] for b in buckets) > 0
         if bucket_timing == "hook":  # the late step's own records, with times inside its backward
             assert all(0 <= b["ready_s"] <= b["comm_start_s"] <= b["comm_end_s"] for b in buckets)
+
+
+def test_the_single_baseline_on_its_cuda_path_synchronises_only_on_its_traced_steps(monkeypatch):
+    """The single-device baseline reads its ordinary steps late as a DDP rank does (so a speed-up against it is
+    not the instrument's): only the memory-traced steps (0-2, the last) synchronise; the others are read once
+    their marks completed, and train to the same losses as the same run read at once."""
+    import ddpviz.engine.modes.single as single
+    from ddpviz.engine.run import run_training
+
+    cfg = RunConfig(mode="single", world_size=2, steps=12, global_batch_size=32, eval_every=0, step_delay_s=0.0,
+                    probe=False, grad_accum_steps=2)
+    at_once = ListSink()
+    assert run_training(cfg, at_once, "at-once").status == "succeeded"
+    LateClock.made = []
+    monkeypatch.setattr(single, "StepClock", LateClock)
+    monkeypatch.setitem(os.environ, "DDPVIZ_DEFER_CPU_STEPS", "1")
+    sink = ListSink()
+    result = run_training(cfg, sink, "late")
+    assert result.status == "succeeded", result.error
+    (clock,) = LateClock.made
+    rows = [e for e in sink.events if e["type"] == "step"]
+    assert [e["step"] for e in rows] == list(range(cfg.steps))
+    traced = {e["step"] for e in rows if e.get("memory_traced")}
+    late = {e["step"] for e in rows if e.get("step_time_source") == DEFERRED_STEP_TIME}
+    assert traced == {0, 1, 2, cfg.steps - 1} and late == set(range(cfg.steps)) - traced
+    assert clock.settles == len(traced)
+    assert [e["loss"] for e in rows] == [e["loss"] for e in at_once.events if e["type"] == "step"]

@@ -12,7 +12,6 @@ Files in the launcher's workdir: those of every rank (`engine.modes.ranks`), and
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from ddpviz.engine.config import RunConfig
 from ddpviz.engine.data import BatchPlan, load_dataset
 from ddpviz.engine.events import mark_nonfinite
 from ddpviz.engine.measure.clocks import CudaClock, HostClock, StepClock
-from ddpviz.engine.measure.deferred import DeferredSteps, LossReading
+from ddpviz.engine.measure.deferred import DEFERRED_STEP_TIME, LossReading, deferred_steps
 from ddpviz.engine.measure.gil import MeterGate
 from ddpviz.engine.measure.gil_rank import MeteredClock, rank_step_fields
 from ddpviz.engine.measure.memory import param_bytes
@@ -45,11 +44,6 @@ from ddpviz.engine.modes.ddp.memory import BufferProbe, MemoryBucketRecorder, ke
 from ddpviz.engine.modes.ranks import init_rank, progress, run_rank
 
 
-# "1": a CPU rank reads its steps as a CUDA rank does (`DeferredSteps`, `LossReading`, its marks host times):
-# the CPU twin of the CUDA path's plumbing, for the tests (tests/engine/test_deferred_steps.py)
-DEFER_ON_CPU_ENV = "DDPVIZ_DEFER_CPU_STEPS"
-DEFERRED_STEP_TIME = ("the step's first mark to its last: CUDA events on the device's stream, read once they completed "
-                      "(no synchronize); host clock on CPU")
 NO_BUCKET_TIMES = ("not measured on this step (bucket_timing=recorder on gloo: no ready times before DDP's rebuilt "
                    "layout is known, bucket spans on sampled steps only)")
 
@@ -132,7 +126,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
     # On CUDA a step's figures are read once its events completed, a step or more later (`DeferredSteps`):
     # a plain DDP loop never waits for the GPU, so no step here does but the metered, memory-traced and
     # last ones, which are marked as instrumented and synchronise once (`StepClock.settle`)
-    later = DeferredSteps() if device.type == "cuda" or os.environ.get(DEFER_ON_CPU_ENV) == "1" else None
+    later = deferred_steps(device)
 
     bucket_nbytes: list[int] = []  # of the latest step's buckets
     layout = isinstance(bucket_log, LayoutBuckets)
