@@ -292,3 +292,72 @@ def test_gpu_dp_refuses_a_fault_it_cannot_inject_before_launch(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "fake")
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 1})())
     assert resolve_plan(validate_config(dict(mode="ddp", world_size=2, fault="diverge"))).kind == "cuda"
+
+
+class LateStreamClock:
+    """`engine.modes.dp.hooks.CudaStreamClock`'s interface as GPUs behind the host keep it: a mark completes
+    once `LAG` more marks were made (on any device) or at a `synchronize` (counted); a read of an incomplete
+    mark raises, as `Event.elapsed_time` does; `done` never waits."""
+
+    LAG = 30  # fewer than one step's marks (2 micro-steps: ~56), so a step completes while the next is issued
+
+    def __init__(self):
+        import itertools
+
+        self._ids, self.made, self.synced, self.syncs = itertools.count(1), 0, 0, 0
+
+    def begin(self, devices):
+        self.origin = self.mark(0)
+
+    def mark(self, device):
+        import time
+
+        self.made = n = next(self._ids)
+        return (time.perf_counter(), n)
+
+    def _complete(self, mark) -> bool:
+        return mark[1] <= self.synced or self.made - mark[1] >= self.LAG
+
+    def done(self, mark) -> bool:
+        return self._complete(mark)
+
+    def synchronize(self, devices):
+        self.syncs += 1
+        self.synced = self.made
+
+    def frozen(self):
+        origin = self.origin
+
+        def seconds(device, mark):
+            if not (self._complete(origin) and self._complete(mark)):
+                raise RuntimeError("a mark was read before it completed")
+            return mark[0] - origin[0]
+        return seconds
+
+
+def test_a_dp_step_issued_without_a_synchronize_reads_the_same_record_once_its_marks_completed(monkeypatch):
+    """`CudaDP.issue` (a DP step on CUDA, read late: no synchronize): not ready while its marks are pending, its
+    spans from its own step's origins once they completed (after the next step began), and the same loss, bytes and
+    spans as the same steps read at once after a synchronize (`step`)."""
+    data = batches(3)
+    _, at_once = run_dp(monkeypatch, mlp(), data)
+    model, clock = mlp(), LateStreamClock()
+    with cpu_parallel(monkeypatch):
+        dp = CudaDP(CFG, model, CFG.world_size, device_type="cpu", clock=clock)
+        opt = make_optimizer(CFG, model.parameters())
+        issued = []
+        for micro in data:
+            issued.append(dp.issue(iter(micro), opt))
+            assert not issued[-1].ready()  # its last marks are not LAG marks old yet
+            with pytest.raises(RuntimeError, match="before it completed"):
+                issued[-1].record()
+        dp.clock.synchronize(dp.ids)  # after the last step, as the run's end
+    assert clock.syncs == 1 and issued[0].ready() and issued[1].ready()
+    late = [i.record() for i in issued]
+    for a, b in zip(late, at_once):
+        assert a.loss == b.loss
+        assert a.traffic.sent == b.traffic.sent and a.traffic.span_nbytes == b.traffic.span_nbytes
+        assert [(s.phase, s.device, s.micro) for s in a.spans] == [(s.phase, s.device, s.micro) for s in b.spans]
+        # each step's spans from its own origin (not the next step's): inside [0, its wall time]
+        assert all(0 <= s.start_s <= s.end_s <= a.step_time_s + 1e-9 for s in a.spans)
+        assert a.step_time_s == max(s.end_s for s in a.spans if s.phase == "optimizer")

@@ -133,24 +133,55 @@ def test_amp_is_bf16_inside_every_cuda_replica_thread():
     assert sorted(seen) == [("dp-device-0", torch.bfloat16), ("dp-device-1", torch.bfloat16)]
 
 
-def test_single_on_cuda_synchronizes_once_per_step():
-    """CUDA events time the phases; the step's one torch.cuda.synchronize makes them readable
-    (engine.measure.clocks.StepClock). Three per step cost DDP's overhead target (<= 1.03x).
+def test_single_on_cuda_synchronizes_only_on_its_traced_steps():
+    """CUDA events time the phases. A memory-traced step (0-2, the last) is read after one
+    torch.cuda.synchronize (engine.measure.clocks.StepClock.settle); every other step once its events
+    completed (`Event.query()`, engine.measure.deferred), with no wait at all, as a plain loop.
     Every explicit way to wait is counted (`engine.harness.attach_sync.SyncCounter`: the device,
-    an event, a stream), so a clock that waited on each phase's event instead reads red."""
+    an event, a stream), so a clock that waited on each step, or on each phase's event, reads red."""
     from ddpviz.engine.harness.attach_sync import SyncCounter
 
+    steps = 10
     counter = SyncCounter().install()
     counter.counting = True
     try:
-        _, sink = run(mode="single", **{**SMALL, "world_size": 1, "eval_every": 0})
+        _, sink = run(mode="single", **{**SMALL, "world_size": 1, "eval_every": 0, "steps": steps})
     finally:
         counter.counting = False
         counter.remove()
-    assert counter.counts == {"torch.cuda.synchronize": SMALL["steps"], "torch.cuda.Event.synchronize": 0,
+    rows = sink.of_type("step")
+    traced = [e["step"] for e in rows if e.get("memory_traced")]
+    assert traced == [0, 1, 2, steps - 1] and [e["step"] for e in rows] == list(range(steps))
+    assert counter.counts == {"torch.cuda.synchronize": len(traced), "torch.cuda.Event.synchronize": 0,
                               "torch.cuda.Stream.synchronize": 0}, counter.counts
-    for e in sink.of_type("step"):  # CUDA-event phases inside the host-timed step
-        assert 0 < e["forward_s"] + e["backward_s"] + e["optimizer_s"] <= e["step_time_s"]
+    assert all(e.get("step_time_source") for e in rows if not e.get("memory_traced"))
+    for e in rows:  # CUDA-event phases inside the step
+        assert 0 < e["forward_s"] + e["backward_s"] + e["optimizer_s"] <= e["step_time_s"] + 1e-6
+
+
+def test_dp_on_cuda_synchronizes_only_on_its_check_steps():
+    """DP's ordinary steps are read once every device's marks completed (`CudaDP.issue`), with no wait; a check
+    step (here only the last: eval_every 0) synchronises every device once (`CudaStreamClock.synchronize`). The
+    step events come in order, each after its phases."""
+    from ddpviz.engine.harness.attach_sync import SyncCounter
+
+    steps = 8
+    counter = SyncCounter().install()
+    counter.counting = True
+    try:
+        _, sink = run(mode="dp", **{**SMALL, "eval_every": 0, "steps": steps})
+    finally:
+        counter.counting = False
+        counter.remove()
+    rows = sink.of_type("step")
+    assert [e["step"] for e in rows] == list(range(steps))
+    checks = [e["step"] for e in rows if e.get("replica_check")]
+    assert checks == [steps - 1] and all(e.get("step_time_source") for e in rows if not e.get("replica_check"))
+    assert counter.counts["torch.cuda.synchronize"] == N * len(checks), counter.counts
+    assert counter.counts["torch.cuda.Event.synchronize"] == 0 == counter.counts["torch.cuda.Stream.synchronize"]
+    order = [e["step"] for e in sink.events if e["type"] in ("dp_phase", "step")]
+    assert order == sorted(order)
+    assert all(e["end_s"] >= e["start_s"] >= 0 for e in sink.of_type("dp_phase"))
 
 
 def test_dp_on_cuda_peak_is_the_steps_not_the_processes():

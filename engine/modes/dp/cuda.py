@@ -15,7 +15,8 @@ and reduce by autograd hooks where autograd runs them (`engine.modes.dp.hooks`),
 device 0. Phases: broadcast, scatter, forward, gather, loss, backward, reduce, optimizer, as on
 CPU (`engine.modes.dp.emulated`); exposed communication = device 0's broadcast + scatter + gather + reduce.
 Bytes: those of the tensors each copy was handed (`engine.modes.dp.book.StarTraffic`), never a
-formula; the formula is reported beside them as theory. One synchronize per step, at its end.
+formula; the formula is reported beside them as theory. A step is read once every device reached its end
+(`CudaDP.issue`, `engine.measure.deferred`): no synchronize but on check steps and the last.
 Lock wait: every mark also reads the calling thread's clocks (`engine.measure.gil.MeteredBook`), so
 each device's forward thread and autograd thread, and the driving thread's phases on device 0,
 report the time they waited for the GIL (host threads: the CUDA events do not see it).
@@ -31,9 +32,11 @@ from torch.nn.parallel import gather, replicate, scatter
 
 from ddpviz.engine.components.devices import DevicePlan
 from ddpviz.engine.components.loop import drive
-from ddpviz.engine.components.training import autocast, evaluate, logits_of, loss_fn, make_optimizer, should_eval
+from ddpviz.engine.components.training import (autocast, batch_to, evaluate, logits_of, loss_fn, make_optimizer,
+                                               should_eval)
 from ddpviz.engine.config import RunConfig
 from ddpviz.engine.data import BatchPlan, Dataset
+from ddpviz.engine.measure.deferred import DEFERRED_STEP_TIME, LossReading, deferred_steps
 from ddpviz.engine.measure.gil import GilMeter, MeteredBook
 from ddpviz.engine.measure.memory import (
     allocator_rounded_bytes,
@@ -158,7 +161,17 @@ class CudaDP:
 
     def step(self, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
              opt: torch.optim.Optimizer, *, reset_peaks: bool = False) -> "StepRecord":
-        """Every micro-batch, then the optimizer on device 0; one synchronize at the end.
+        """Every micro-batch, then the optimizer on device 0; one synchronize at the end (`issue`, then
+        the record read at once)."""
+        issued = self.issue(micro_batches, opt, reset_peaks=reset_peaks)
+        self.clock.synchronize(self.ids)
+        return issued.record(now() - issued.t0)
+
+    def issue(self, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+              opt: torch.optim.Optimizer, *, reset_peaks: bool = False) -> "IssuedStep":
+        """Every micro-batch, then the optimizer on device 0, queued: the step's record is read from
+        the returned `IssuedStep` once its marks completed (`ready()`), with no synchronize, or at once
+        after `clock.synchronize`.
 
         Args:
             reset_peaks: reset every device's allocator peak (`torch.cuda.reset_peak_memory_stats`)
@@ -176,13 +189,38 @@ class CudaDP:
         book.start("optimizer", 0, 0, self.clock.mark(0))
         opt.step()
         opt.zero_grad(set_to_none=True)
-        book.end("optimizer", 0, 0, self.clock.mark(0))
-        self.clock.synchronize(self.ids)
-        wall = now() - t0
+        end = self.clock.mark(0)
+        book.end("optimizer", 0, 0, end)
+        # every device's stream's last work of the step (replica d's backward and the reduce run on it)
+        ends = [end] + [self.clock.mark(d) for d in self.ids[1:]]
         gil = GilMeter()
-        book.meter_spans(gil)
-        return StepRecord(t0, wall, float(sum(l.item() for l in losses)),
-                          book.resolve(self.clock.seconds), traffic, gil)
+        book.meter_spans(gil)  # host readings, taken with each mark
+        return IssuedStep(t0, self.clock, self.clock.frozen(), ends, LossReading(losses), book, traffic, gil)
+
+
+class IssuedStep(NamedTuple):
+    """A DP step issued to the devices (`CudaDP.issue`): its marks (`ends`: the last on each device's
+    stream, device 0's the optimizer's end), its loss on its way to the host and what the host
+    recorded (spans to resolve, bytes, lock waits)."""
+
+    t0: float
+    clock: Any
+    seconds: Callable[[int, Any], float]  # this step's origins (`clock.frozen()`)
+    ends: list[Any]
+    loss: LossReading
+    book: Any
+    traffic: StarTraffic
+    gil: GilMeter
+
+    def ready(self) -> bool:
+        """Whether every device reached the step's end and the loss reached the host (`Event.query()`)."""
+        return all(self.clock.done(m) for m in self.ends) and self.loss.ready()
+
+    def record(self, wall_s: float | None = None) -> "StepRecord":
+        """The step's record, once `ready()` (or after a synchronize). `wall_s`: the host's wall time of
+        the step (measured after a synchronize); None: device 0's own, from its origin to its end mark."""
+        wall = self.seconds(0, self.ends[0]) if wall_s is None else wall_s
+        return StepRecord(self.t0, wall, self.loss.read(), self.book.resolve(self.seconds), self.traffic, self.gil)
 
 
 class StepRecord(NamedTuple):
@@ -233,13 +271,28 @@ def train_dp_cuda(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Modul
     def micro_batches(step: int):
         for micro in range(cfg.grad_accum_steps):
             idx = batches.global_indices(step * cfg.grad_accum_steps + micro)
-            yield ds.x_train[idx].to(dev0), ds.y_train[idx].to(dev0)
+            yield batch_to(ds.x_train[idx], dev0), batch_to(ds.y_train[idx], dev0)
 
-    def train_step(step: int) -> dict:
+    # An ordinary step is read once every device's marks completed (`DeferredSteps`), with no synchronize, as a
+    # DDP rank's; check steps (their replica checksums synchronise) and the last one synchronise once. Every step
+    # goes through the queue, so its `dp_phase`, `gil` and `comm_volume` events come in step order.
+    later = deferred_steps(dev0)
+
+    def train_step(step: int) -> None:
         dp.check = should_eval(cfg, step)
-        rec = dp.step(micro_batches(step), opt, reset_peaks=should_sample_memory(step, cfg.steps))
-        rec.emit(tel, step, plan.names, theory)
-        return rec.measures(cfg.global_batch_size) | ({"replica_check": True} if dp.check else {})
+        check = {"replica_check": True} if dp.check else {}
+        issued = dp.issue(micro_batches(step), opt, reset_peaks=should_sample_memory(step, cfg.steps))
+
+        def read(rec: StepRecord, **extra) -> dict:
+            rec.emit(tel, step, plan.names, theory)
+            return rec.measures(cfg.global_batch_size) | check | extra
+
+        if dp.check or step == cfg.steps - 1:
+            dp.clock.synchronize(dp.ids)
+            rec = issued.record(now() - issued.t0)
+            later.add(step, lambda: True, lambda: read(rec))
+        else:
+            later.add(step, issued.ready, lambda: read(issued.record(), step_time_source=DEFERRED_STEP_TIME))
 
     def memory(step: int) -> None:
         for i in dp.ids:
@@ -255,7 +308,7 @@ def train_dp_cuda(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Modul
                               for i, name in enumerate(plan.names)])  # memory_readings, 20/s per GPU
     try:
         drive(cfg, tel, train_step, should_stop=should_stop, memory=memory, check_sync=check_sync,
-              evaluate=lambda: evaluate(model, ds, dev0))
+              evaluate=lambda: evaluate(model, ds, dev0), later=later)
     finally:
         timer.close()
     return model

@@ -48,6 +48,14 @@ class HostClock:
     def seconds(self, device: int, mark: float) -> float:
         return mark - self.origin
 
+    def done(self, mark: float) -> bool:
+        return True
+
+    def frozen(self) -> Callable[[int, float], float]:
+        """`seconds` from this step's origin, kept when the next step's `begin` sets another."""
+        origin = self.origin
+        return lambda device, mark: mark - origin
+
     def synchronize(self, devices: Sequence[int]) -> None:
         pass
 
@@ -56,8 +64,13 @@ class CudaStreamClock:
     """CUDA events recorded on `device`'s current stream (in the calling thread).
 
     `begin` records an origin event on every device; spans on device d are measured from d's own
-    origin (`cudaEventElapsedTime` needs both events on one device). The step starts with idle
-    streams (the last step ended with a synchronize), so the origins fire together, when recorded.
+    origin (`cudaEventElapsedTime` needs both events on one device). The origins must fire together
+    for the devices' lanes to share one time axis, and the streams need not be idle at the step's
+    start (a step read late, `engine.measure.deferred`, leaves device 0 still running the previous
+    step's optimizer when the next one is issued): device 0's origin is recorded first and every other
+    device's stream waits for it (`Stream.wait_event`, across devices) before recording its own. That
+    wait holds nothing back: each replica's first work is the broadcast from device 0, which waits for
+    device 0 anyway.
 
     Args:
         cuda_index: the CUDA device of each device slot (default: slot i is cuda:i).
@@ -70,7 +83,11 @@ class CudaStreamClock:
         return self.cuda_index[device] if self.cuda_index else device
 
     def begin(self, devices: Sequence[int]) -> None:
-        self.origins = {d: self.mark(d) for d in devices}
+        first = self.mark(devices[0])
+        self.origins = {devices[0]: first}
+        for d in devices[1:]:
+            torch.cuda.current_stream(self._cuda(d)).wait_event(first)
+            self.origins[d] = self.mark(d)
 
     def mark(self, device: int) -> torch.cuda.Event:
         ev = torch.cuda.Event(enable_timing=True)
@@ -79,6 +96,15 @@ class CudaStreamClock:
 
     def seconds(self, device: int, mark: torch.cuda.Event) -> float:
         return self.origins[device].elapsed_time(mark) / 1e3
+
+    def done(self, mark: torch.cuda.Event) -> bool:
+        """Whether the GPU has reached `mark` (`Event.query()`, never waits)."""
+        return bool(mark.query())
+
+    def frozen(self) -> Callable[[int, torch.cuda.Event], float]:
+        """`seconds` from this step's origins, kept when the next step's `begin` records others."""
+        origins = dict(self.origins)
+        return lambda device, mark: origins[device].elapsed_time(mark) / 1e3
 
     def synchronize(self, devices: Sequence[int]) -> None:
         for d in devices:  # torch.cuda.synchronize() alone waits for the current device only
