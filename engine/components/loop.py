@@ -11,12 +11,12 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from ddpviz.engine.components.training import should_eval
 from ddpviz.engine.config import RunConfig
 from ddpviz.engine.events import nonfinite_name
-from ddpviz.engine.measure.deferred import DeferredSteps
+from ddpviz.engine.measure.deferred import FAULT_WAIT_S, DeferredSteps
 from ddpviz.engine.measure.telemetry import Telemetry, should_sample_memory
 from ddpviz.engine.measure.turns import gate_from_env
 
@@ -79,11 +79,13 @@ def drive(cfg: RunConfig, tel: Telemetry, train_step: Callable[[int], dict[str, 
 
 def _steps(cfg: RunConfig, tel: Telemetry, train_step, gate, should_stop, evaluate, memory, check_sync,
            first_step: int, emit_step, later: DeferredSteps | None) -> None:
-    def send(ended: list[tuple[int, dict[str, Any]]]) -> None:
+    def send(ended: Iterable[tuple[int, dict[str, Any]]]) -> None:
         for s, f in ended:
             emit_step(s, f)
             check_loss(f, s)
 
+    if later is not None:
+        later.bind(send)
     for step in range(first_step, cfg.steps):
         if gate is not None:
             gate.at_step(step)
@@ -96,9 +98,9 @@ def _steps(cfg: RunConfig, tel: Telemetry, train_step, gate, should_stop, evalua
         except Exception as exc:
             if getattr(exc, "step", None) is None:
                 exc.step = step
-            if later is not None:  # the steps before it that completed still say what they measured
+            if later is not None:  # the steps before it still say what they measured, once they completed
                 with contextlib.suppress(Exception):
-                    send(later.completed())
+                    send(later.rest(FAULT_WAIT_S))
             raise
         if later is not None:
             send(later.completed() if fields is None else later.rest())
@@ -108,6 +110,8 @@ def _steps(cfg: RunConfig, tel: Telemetry, train_step, gate, should_stop, evalua
         if memory is not None and should_sample_memory(step, cfg.steps):
             memory(step)
         if should_eval(cfg, step):
+            if later is not None:  # every step so far sent before the evaluation's and the check's events
+                send(later.rest())
             if evaluate is not None:
                 val_loss, val_acc = evaluate()
                 tel.emit("eval", step=step, val_loss=val_loss, val_accuracy=val_acc)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -33,6 +33,7 @@ DEFER_ON_CPU_ENV = "DDPVIZ_DEFER_CPU_STEPS"
 DEFERRED_STEP_TIME = ("the step's first mark to its last: CUDA events on the device's stream, read once they completed "
                       "(no synchronize); host clock on CPU")  # the `step_time_source` of a step read late
 LOSS_WAIT_S = 30.0  # at exit, how long a step's loss may take to reach the host (polled, never synchronize)
+FAULT_WAIT_S = 5.0  # after a step failed, how long the steps before it may take to complete (their events still sent)
 MAX_PENDING = 8  # ended steps not yet read; at more, the host waits (polling) for the oldest (see `add`)
 
 
@@ -132,6 +133,19 @@ class DeferredSteps:
     def __init__(self, max_pending: int = MAX_PENDING, timeout_s: float = LOSS_WAIT_S, poll_s: float = 0.0005):
         self.max_pending, self.timeout_s, self.poll_s = max_pending, timeout_s, poll_s
         self.pending: deque[tuple[int, Callable[[], bool], Callable[[], dict]]] = deque()
+        self._send: Callable[[Iterable[tuple[int, dict]]], None] | None = None
+
+    def bind(self, send: Callable[[Iterable[tuple[int, dict]]], None]) -> None:
+        """`send(ended)`: how the step loop sends ended steps' events (`engine.components.loop.drive` binds it),
+        for `flush`."""
+        self._send = send
+
+    def flush(self) -> None:
+        """Send every queued step now, in order, through the bound `send`: for a step that synchronised (all
+        before it completed), before it computes anything that depends on the steps before it (a DDP rank's
+        `comm_volume` compares a step's bucket sizes with the previous step's)."""
+        if self.pending and self._send is not None:
+            self._send(self.rest())
 
     def __len__(self) -> int:
         return len(self.pending)
@@ -152,25 +166,26 @@ class DeferredSteps:
             out.append(self._read(self.pending.popleft()))
         return out
 
-    def rest(self) -> list[tuple[int, dict]]:
-        """(step, fields) of every queued step, waiting (polling) for each in turn: after the last step,
-        or before a step whose figures are read at once (its synchronize completed the rest already).
+    def rest(self, timeout_s: float | None = None) -> Iterator[tuple[int, dict]]:
+        """(step, fields) of every queued step, oldest first, each once it completed, waiting (polling) up
+        to `timeout_s` for each (default the queue's): after the last step, before an evaluation, after a
+        failed step, or before a step whose figures are read at once (its synchronize completed the rest
+        already). A generator: a caller that sends each as it comes has sent those before a late one.
 
         Raises:
-            StepLate: a step did not complete within `timeout_s`.
+            StepLate: a step did not complete in time.
         """
-        out = []
         while self.pending:
-            self._wait(self.pending[0])
-            out.append(self._read(self.pending.popleft()))
-        return out
+            self._wait(self.pending[0], timeout_s)
+            yield self._read(self.pending.popleft())
 
-    def _wait(self, item: tuple[int, Callable[[], bool], Callable[[], dict]]) -> None:
+    def _wait(self, item: tuple[int, Callable[[], bool], Callable[[], dict]], timeout_s: float | None = None) -> None:
         step, ready, _ = item
-        deadline = time.monotonic() + self.timeout_s
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
         while not ready():
             if time.monotonic() > deadline:
-                exc = StepLate(f"step {step}'s figures did not reach the host within {self.timeout_s:g} s "
+                exc = StepLate(f"step {step}'s figures did not reach the host within {timeout_s:g} s "
                                f"(its work never completed on the device)")
                 exc.step = step
                 raise exc

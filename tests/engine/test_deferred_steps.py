@@ -90,12 +90,88 @@ def test_sent_before_a_nonfinite_late_step_are_exactly_the_steps_before_it():
     assert sent == [0, 1, 2, 3, 4]  # step 4's event is sent, then the run fails there
 
 
+def test_a_failing_step_cancel_and_evaluation_leave_every_earlier_step_sent_first(monkeypatch):
+    """The steps queued before a step that raises are still sent (once they completed, waiting at most
+    FAULT_WAIT_S), before the error; a cancel sends them before `Canceled`; an evaluation's events come after its
+    step's (the rank's `eval` and replica `sync` events follow their step)."""
+    import ddpviz.engine.components.loop as loop
+
+    def run(steps: int, fail_at: int | None = None, stop_at: int | None = None, stuck: int | None = None,
+            eval_every: int = 0) -> tuple[list, BaseException | None]:
+        later, log = DeferredSteps(), []
+
+        def train_step(step: int):
+            if step == fail_at:
+                raise RuntimeError("boom")
+            late = Late(polls=10 ** 9 if step == stuck else 3)
+            later.add(step, late.ready, late.read(_fields(float(step))))
+            return None
+
+        cfg = RunConfig(steps=steps, eval_every=eval_every, step_delay_s=0.0, probe=False)
+        try:
+            drive(cfg, Telemetry(ListSink(), "late"), train_step, later=later,
+                  should_stop=lambda: len([x for x in log if x[0] == "train"]) == stop_at if stop_at else False,
+                  evaluate=lambda: log.append(("eval", None)) or (0.0, 1.0),
+                  emit_step=lambda step, fields: log.append(("step", step)))
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            return log, exc
+        return log, None
+
+    log, exc = run(12, fail_at=5)
+    assert str(exc) == "boom" and exc.step == 5 and log == [("step", s) for s in range(5)]
+    monkeypatch.setattr(loop, "FAULT_WAIT_S", 0.05)
+    log, exc = run(12, fail_at=5, stuck=3)  # step 3 never completes: 0-2 sent, then the step's own error
+    assert str(exc) == "boom" and exc.step == 5 and log == [("step", s) for s in range(3)]
+    log, exc = run(6, eval_every=3)
+    assert exc is None and log == [("step", 0), ("step", 1), ("step", 2), ("eval", None),
+                                   ("step", 3), ("step", 4), ("step", 5), ("eval", None)]
+
+
+def test_cancel_sends_the_queued_steps_first():
+    from ddpviz.engine.components.loop import Canceled
+
+    later, sent, calls = DeferredSteps(), [], []
+
+    def train_step(step: int):
+        calls.append(step)
+        late = Late(polls=3)
+        later.add(step, late.ready, late.read(_fields(float(step))))
+        return None
+
+    cfg = RunConfig(steps=12, eval_every=0, step_delay_s=0.0, probe=False)
+    with pytest.raises(Canceled):
+        drive(cfg, Telemetry(ListSink(), "late"), train_step, later=later, should_stop=lambda: len(calls) == 6,
+              emit_step=lambda step, fields: sent.append(step))
+    assert sent == list(range(6))
+
+
+def test_flush_sends_the_queued_steps_in_order_before_a_step_that_synchronised():
+    """A step read at once (it synchronised) flushes the queue before it computes anything that compares with
+    the steps before it (a DDP rank's comm_volume): their events first, in order."""
+    later, log = DeferredSteps(), []
+
+    def train_step(step: int):
+        if step == 4:
+            later.flush()
+            log.append(("computed", 4))
+            return _fields(4.0)
+        late = Late(polls=10)
+        later.add(step, late.ready, late.read(_fields(float(step))))
+        return None
+
+    cfg = RunConfig(steps=6, eval_every=0, step_delay_s=0.0, probe=False)
+    drive(cfg, Telemetry(ListSink(), "late"), train_step, later=later,
+          emit_step=lambda step, fields: log.append(("step", step)))
+    assert log == [("step", 0), ("step", 1), ("step", 2), ("step", 3), ("computed", 4), ("step", 4),
+                   ("step", 5)]
+
+
 def test_a_step_that_never_completes_is_a_visible_error_not_a_hang():
     later = DeferredSteps(timeout_s=0.05)
     later.add(3, lambda: False, lambda: _fields())
     t0 = time.monotonic()
     with pytest.raises(StepLate, match="step 3") as err:
-        later.rest()
+        list(later.rest())
     assert err.value.step == 3 and time.monotonic() - t0 < 2
 
 

@@ -161,7 +161,11 @@ class TimedHook:
             rec["wire_dtype"] = "+".join(tap.dtypes) or None
             rec["compression_ratio"] = rec["uncompressed_nbytes"] / tap.nbytes if tap.nbytes else None
             out = value[0] if isinstance(value, (list, tuple)) else value
-            rec["nonfinite_after_reduce"] = ~torch.isfinite(out).all()  # a tensor: read after the step
+            flag = ~torch.isfinite(out).all()  # a tensor: read after the step
+            if flag.is_cuda:  # to the host with no wait (bool() of a CUDA tensor synchronises): read once the
+                host = torch.empty((), dtype=torch.bool, pin_memory=True)  # step's events completed
+                flag = host.copy_(flag, non_blocking=True)
+            rec["nonfinite_after_reduce"] = flag
             return value
 
         return fut.then(done)

@@ -168,6 +168,9 @@ class FlightBuckets:
                  names: list[str] | None = None):
         self.reader, self._layout_fn, self.names = reader, layout, names or []
         self.origin_ns = 0
+        self._starts: dict[int, int] = {}  # backward number -> its start (ns), while one taken may need it
+        self._backwards = 0
+        self._unclaimed: list[dict[str, Any]] = []  # entries read but not yet given to a backward
         self._layout: list[tuple[Any, int]] | None = None  # kept once rebuilt (DDP rebuilds once)
         self._named: Any = None  # the layout whose parameter names were last emitted
 
@@ -182,6 +185,8 @@ class FlightBuckets:
     def begin_backward(self) -> None:
         """Call right before the backward whose buckets should be recorded."""
         self.origin_ns = time.time_ns()  # entries created before it (broadcasts, checks) are left out
+        self._backwards += 1
+        self._starts[self._backwards] = self.origin_ns
 
     def resolved(self) -> list[dict[str, Any]]:
         """This backward's buckets (call after it): `bucket_index` (launch order = index order),
@@ -189,9 +194,27 @@ class FlightBuckets:
         layout, used only where its bucket count and bytes match the entries), `comm_start_s`
         (enqueue, seconds from the backward's start), `comm_end_s` (start + `duration_ms` where the
         recorder has it, else None), `ready_s` None, `source`, `sampled` False."""
-        entries = [e for e in self.reader.read() if _is_allreduce(e)
-                   and e.get("time_created_ns", 0) >= self.origin_ns]
-        out = [self._record(i, e, len(entries)) for i, e in enumerate(entries)]
+        return self._resolve(self.origin_ns, None)
+
+    def taken(self) -> Callable[[], list[dict[str, Any]]]:
+        """`resolved` of this backward, to call later, once the step's work completed (a CUDA rank's step
+        read late, `engine.measure.deferred`): the recorder is read then, so an NCCL entry's `duration_ms`
+        (set when NCCL's watchdog retires the work) can be there; the entries are this backward's, those
+        created from its start to the next backward's (read in step order)."""
+        origin, number = self.origin_ns, self._backwards
+        return lambda: self._resolve(origin, number)
+
+    def _resolve(self, origin_ns: int, number: int | None) -> list[dict[str, Any]]:
+        """The buckets of the backward begun at `origin_ns` (the `number`-th; None: the latest): the
+        all-reduce entries created from then to the next backward's start, if one began."""
+        until = self._starts.get(number + 1) if number is not None else None
+        self._starts = {k: v for k, v in self._starts.items() if number is not None and k > number}
+        self._unclaimed += self.reader.read()
+        mine = [e for e in self._unclaimed if origin_ns <= e.get("time_created_ns", 0)
+                and (until is None or e.get("time_created_ns", 0) < until)]
+        self._unclaimed = [e for e in self._unclaimed if until is not None and e.get("time_created_ns", 0) >= until]
+        entries = [e for e in mine if _is_allreduce(e)]
+        out = [self._record(i, e, len(entries), origin_ns) for i, e in enumerate(entries)]
         layout = self.layout()
         if [b for _, b in layout] == [r["nbytes"] for r in out]:
             fresh = self._named != layout
@@ -202,8 +225,8 @@ class FlightBuckets:
             self._named = layout if fresh and all(ix is not None for ix, _ in layout) else self._named
         return out
 
-    def _record(self, i: int, e: dict[str, Any], n: int) -> dict[str, Any]:
-        start = (e["time_created_ns"] - self.origin_ns) / 1e9
+    def _record(self, i: int, e: dict[str, Any], n: int, origin_ns: int) -> dict[str, Any]:
+        start = (e["time_created_ns"] - origin_ns) / 1e9
         dur_ms = e.get("duration_ms")
         measured = "bytes and enqueue time" + (" and GPU duration" if dur_ms is not None else
                                                "; all-reduce end not measured (no duration on this backend)")
@@ -301,6 +324,12 @@ class LayoutBuckets:
         self._origin_ns = time.perf_counter_ns()
         if self.sample_next:
             self.sampler.start()
+
+    def taken(self) -> Callable[[], list[dict[str, Any]]]:
+        """`resolved` of this backward, read now (its rows are host-side: the layout and, on CPU, the
+        reducer's ready stamps, which the next backward overwrites), handed back later."""
+        rows = self.resolved()
+        return lambda: rows
 
     def resolved(self) -> list[dict[str, Any]]:
         """This backward's buckets: bucket_index, nbytes, num_params, param_names (when the layout

@@ -166,14 +166,6 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         staged[step] = events
         return fields_of(t0, t5, fwd, bwd, backward_start, optimizer_s, loss, exposed, exposed_fields)
 
-    def taken():
-        """`() -> this step's bucket rows`, to call once its marks completed (`DeferredSteps`): the hook's
-        records of this backward, kept from the next one's (`BucketRecorder.taken`); the recorder's and
-        the layout's host-side rows, read now."""
-        if bucket_log is rec:
-            return rec.taken()
-        rows = bucket_log.resolved()
-        return lambda: rows
 
     def fields_of(t0: float, t5: float, fwd: float, bwd: float, backward_start: float, optimizer_s: float,
                   loss: float, exposed: float | None, exposed_fields: dict) -> dict:
@@ -285,13 +277,18 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
                           traced or step == cfg.steps - 1, buckets)
 
         if later is not None and not metered and not traced:  # read once its events completed: no synchronize
-            reading, rows = LossReading(losses), taken()
+            # `() -> this step's bucket rows`, called once its marks completed: the hook's records of this
+            # backward (`BucketRecorder.taken`), the flight recorder's entries of it (`FlightBuckets.taken`)
+            # or the layout's rows read now (`LayoutBuckets.taken`)
+            reading, rows = LossReading(losses), bucket_log.taken()
             later.add(step, lambda: clock.done(m5) and reading.ready(), lambda: {
                 **fields_at(t0 + clock.seconds(m0, m5), reading.read(), buckets=rows()),
                 "step_time_source": DEFERRED_STEP_TIME})
             return None
         clock.settle()
         t5 = now()
+        if later is not None:  # the steps before it, complete now, sent first: `volume_due` compares in step order
+            later.flush()
         gil = None
         if meter.on:
             last_ready = next((r["ready"] for r in reversed(rec.records) if r["ready"].clocks is not None), None)
