@@ -6,7 +6,8 @@ every other step once its CUDA events completed (`engine.measure.deferred.Deferr
 carry `step_time_source`). One rank runs in a child process (NCCL on cuda:0 at world size 1: DDP still buckets
 and all-reduces every gradient), with every explicit synchronisation (`attach_sync.SYNC_CALLS`) counted and,
 on CUDA, every implicit one PyTorch reports under `torch.cuda.set_sync_debug_mode("warn")` (`.item()`,
-`float()` of a device tensor, a blocking copy), each with the step the rank was in (`engine.modes.ranks.progress`).
+`float()` of a device tensor, a blocking copy), each with the step the rank was in (`engine.modes.ranks.progress`),
+or, while a late step is read, that step.
 
 The CPU twin (gloo, `DDPVIZ_DEFER_CPU_STEPS=1`) runs the same path with `StepClock.settle` doing what it does
 on CUDA (`torch.cuda.synchronize`, counted, then refused by the CPU build), so its counts are real too.
@@ -51,7 +52,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(i: int, device_kind: str, cfg_fields: dict, tmp: str, extra_sync: bool) -> None:
+def _rank(i: int, device_kind: str, cfg_fields: dict, tmp: str, extra_sync: str) -> None:
     """The rank (`start_rank_processes` target); writes tmp/result.json."""
     import torch
 
@@ -70,22 +71,30 @@ def _rank(i: int, device_kind: str, cfg_fields: dict, tmp: str, extra_sync: bool
     counter.counting = True
     result: dict[str, Any] = dict(device_kind=device_kind)
     try:
-        if not cuda:  # StepClock.settle as on CUDA: one torch.cuda.synchronize (counted; a CPU build refuses it)
-            def settle(self) -> None:
-                try:
-                    torch.cuda.synchronize()
-                except (AssertionError, RuntimeError):
-                    pass
-            clocks.StepClock.settle = settle
-        if extra_sync:  # the tests' broken instrumentation: a synchronize in every late step
-            add = deferred.DeferredSteps.add
+        def cuda_synchronize(*_: Any) -> None:  # counted by the wrapper; a CPU build then refuses it
+            try:
+                torch.cuda.synchronize()
+            except (AssertionError, RuntimeError):
+                pass
 
-            def add_with_sync(self, *args: Any) -> None:
-                try:
-                    torch.cuda.synchronize()
-                except (AssertionError, RuntimeError):
-                    pass
-                add(self, *args)
+        if not cuda:  # StepClock.settle as on CUDA: one torch.cuda.synchronize
+            clocks.StepClock.settle = cuda_synchronize
+        read, add = deferred.DeferredSteps._read, deferred.DeferredSteps.add
+
+        def read_as_its_step(item: Any) -> Any:  # a late step's read is charged to that step, not the one running
+            running, ranks.progress["step"] = ranks.progress["step"], item[0]
+            try:
+                if extra_sync == "read":  # the tests' broken instrumentation: a synchronize as a late step is read
+                    cuda_synchronize()
+                return read(item)
+            finally:
+                ranks.progress["step"] = running
+
+        def add_with_sync(self, *args: Any) -> None:  # the tests' broken instrumentation: one as it is issued
+            cuda_synchronize()
+            add(self, *args)
+        deferred.DeferredSteps._read = staticmethod(read_as_its_step)
+        if extra_sync == "issue":
             deferred.DeferredSteps.add = add_with_sync
         sink = ListSink()
         with warnings.catch_warnings():
@@ -116,12 +125,13 @@ def _rank(i: int, device_kind: str, cfg_fields: dict, tmp: str, extra_sync: bool
     Path(tmp, "result.json").write_text(json.dumps(result))
 
 
-def launched_sync_probe(device_kind: str = "cuda", cfg: dict | None = None, extra_sync: bool = False) -> dict:
+def launched_sync_probe(device_kind: str = "cuda", cfg: dict | None = None, extra_sync: str = "") -> dict:
     """Train one launched DDP rank (module docstring) and record each synchronisation with its step.
 
     Returns ``{events: [{type, step, memory_traced, step_time_source}] (its step and gil events),
     explicit_syncs: [[step, call]], implicit_syncs: [[step, message]]}``, or with ``error``.
-    `extra_sync` adds a synchronize to every late step (a broken instrumentation, for the tests).
+    `extra_sync` adds a synchronize to every late step, as it is issued ("issue") or read ("read"): a broken
+    instrumentation, for the tests.
     """
     from ddpviz.engine.modes.ranks import start_rank_processes
 

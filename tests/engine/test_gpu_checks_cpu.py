@@ -148,7 +148,8 @@ def test_the_attach_sync_probe_passes_instrumented_ddp_and_fails_one_synchronize
 def test_the_launched_sync_probe_passes_the_rank_and_names_a_synchronize_in_a_late_step():
     """`ddpviz doctor --gpu`'s launched_adds_no_sync check, on CPU (gloo, the rank's CPU twin, where the
     step clock's settle calls torch.cuda.synchronize as on CUDA): the metered, traced and last steps
-    synchronise once each and the others never; a synchronize added to every late step is named."""
+    synchronise once each and the others never; a synchronize added to every late step, as it is issued or as it
+    is read, is named."""
     from ddpviz.engine.harness.launched_sync import LAUNCHED_CFG, launched_sync_probe, launched_sync_verdict
 
     steps = LAUNCHED_CFG["steps"]
@@ -159,8 +160,9 @@ def test_the_launched_sync_probe_passes_the_rank_and_names_a_synchronize_in_a_la
     metered = {e["step"] for e in got["events"] if e["type"] == "gil"}
     instrumented = metered | {e["step"] for e in rows if e["memory_traced"]} | {steps - 1}
     assert sorted(s for s, _ in got["explicit_syncs"]) == sorted(instrumented)  # one each, none elsewhere
-    broken = launched_sync_probe("cpu", extra_sync=True)
-    ok, why = launched_sync_verdict(broken, steps)
     late = steps - len(instrumented)
-    assert not ok and f"{late} synchronisation(s) in steps read late" in why, why
+    for where in ("issue", "read"):  # a late step's read is charged to it, not to the step running then
+        broken = launched_sync_probe("cpu", extra_sync=where)
+        ok, why = launched_sync_verdict(broken, steps)
+        assert not ok and f"{late} synchronisation(s) in steps read late" in why, (where, why)
 
