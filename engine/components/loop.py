@@ -55,8 +55,9 @@ def drive(cfg: RunConfig, tel: Telemetry, train_step: Callable[[int], dict[str, 
     sends each `step` event (default `tel.emit("step", step=step, **fields)`): a mode that hands a
     step's events over together (the DDP rank's steps) passes its own. With `later`, a `train_step`
     that returns None has queued its step there: its event is sent once it completed, after every
-    earlier step's and before any later one's (`completed()` after each step, every queued one before
-    a step that returns its fields, `rest()` after the last step or a cancel).
+    earlier step's and before any later one's (`completed()` after each step; every queued one, waiting,
+    before a step that returns its fields, before an evaluation, after the last step, on a cancel and, for
+    at most `FAULT_WAIT_S`, when a step raised; a step that synchronised may `later.flush()` them first).
 
     Raises:
         Canceled: when `should_stop()` turns True between steps (the queued steps' events sent first).
