@@ -67,7 +67,9 @@ def train_single(cfg: RunConfig, ds: Dataset, model: nn.Module, device: torch.de
                 t0 + clock.seconds(m0, m5), reading.read(), step_time_source=DEFERRED_STEP_TIME))
             return None
         clock.settle()
-        return fields_at(now(), sum(float(v) for v in losses))
+        # with steps read late, the devices may still have been running earlier steps at t0: the step's own
+        # time is its marks' (the host's wall time from t0 would count the end of those steps again)
+        return fields_at(now() if later is None else t0 + clock.seconds(m0, m5), sum(float(v) for v in losses))
 
     sampler = model_memory_sampler(cfg, tel, model, opt, device)
     threads = cpu_device_threads(cfg.world_size) if device.type == "cpu" else contextlib.nullcontext()

@@ -351,6 +351,12 @@ def test_a_dp_step_issued_without_a_synchronize_reads_the_same_record_once_its_m
             assert not issued[-1].ready()  # its last marks are not LAG marks old yet
             with pytest.raises(RuntimeError, match="before it completed"):
                 issued[-1].record()
+        last = issued[-1]  # ready once every device's end completed, not device 0's alone
+        while not clock.done(last.ends[0]):
+            clock.mark(0)
+        assert not clock.done(last.ends[-1]) and not last.ready()
+        clock.mark(0)
+        assert last.ready()
         dp.clock.synchronize(dp.ids)  # after the last step, as the run's end
     assert clock.syncs == 1 and issued[0].ready() and issued[1].ready()
     late = [i.record() for i in issued]

@@ -293,7 +293,9 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         if meter.on:
             last_ready = next((r["ready"] for r in reversed(rec.records) if r["ready"].clocks is not None), None)
             gil = rank_step_fields(micro_marks, (m4, m5), t5 - t0, last_ready, device.type == "cuda", note=meter.note())
-        return fields_at(t5, sum(float(v) for v in losses), gil)
+        # with steps read late, the device may still have been running earlier steps at t0: the step's own
+        # time is its marks' (the host's wall time from t0 would count the end of those steps again)
+        return fields_at(t5 if later is None else t0 + clock.seconds(m0, m5), sum(float(v) for v in losses), gil)
 
     sampler = model_memory_sampler(cfg, tel, model, opt, device, extra_existing=lambda: [
         (0, "bucket_buffers", bucket_log.held_nbytes(cfg.gradient_as_bucket_view)

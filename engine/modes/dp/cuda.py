@@ -165,7 +165,7 @@ class CudaDP:
         the record read at once)."""
         issued = self.issue(micro_batches, opt, reset_peaks=reset_peaks)
         self.clock.synchronize(self.ids)
-        return issued.record(now() - issued.t0)
+        return issued.record()
 
     def issue(self, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
               opt: torch.optim.Optimizer, *, reset_peaks: bool = False) -> "IssuedStep":
@@ -216,11 +216,12 @@ class IssuedStep(NamedTuple):
         """Whether every device reached the step's end and the loss reached the host (`Event.query()`)."""
         return all(self.clock.done(m) for m in self.ends) and self.loss.ready()
 
-    def record(self, wall_s: float | None = None) -> "StepRecord":
-        """The step's record, once `ready()` (or after a synchronize). `wall_s`: the host's wall time of
-        the step (measured after a synchronize); None: device 0's own, from its origin to its end mark."""
-        wall = self.seconds(0, self.ends[0]) if wall_s is None else wall_s
-        return StepRecord(self.t0, wall, self.loss.read(), self.book.resolve(self.seconds), self.traffic, self.gil)
+    def record(self) -> "StepRecord":
+        """The step's record, once `ready()` (or after a synchronize). Its time is device 0's, from its
+        origin to its end mark, on every step: the host's wall time from `t0` would also hold the end of
+        the steps before it that the devices were still running when it was issued (steps read late)."""
+        return StepRecord(self.t0, self.seconds(0, self.ends[0]), self.loss.read(), self.book.resolve(self.seconds),
+                          self.traffic, self.gil)
 
 
 class StepRecord(NamedTuple):
@@ -289,7 +290,7 @@ def train_dp_cuda(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Modul
 
         if dp.check or step == cfg.steps - 1:
             dp.clock.synchronize(dp.ids)
-            rec = issued.record(now() - issued.t0)
+            rec = issued.record()
             later.add(step, lambda: True, lambda: read(rec))
         else:
             later.add(step, issued.ready, lambda: read(issued.record(), step_time_source=DEFERRED_STEP_TIME))
