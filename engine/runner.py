@@ -75,15 +75,13 @@ def _failure(exc: BaseException, stage: str) -> dict[str, Any]:
 
 
 def _started_fields(cfg: RunConfig, plan: DevicePlan, model: torch.nn.Module, ds,
-                    host: str | None) -> dict[str, Any]:
+                    host: str | None, bucket_preview: dict[str, Any] | None = None) -> dict[str, Any]:
     """`run_started`'s fields. `host` is the worker's name where the engine knows it (a node of a
     multi-host run; a single-host job's worker fills it in, `workers.jobs.run`), the machine's name
-    is `hostname`."""
+    is `hostname`. `bucket_preview`: DDP's (`preview_buckets`, worked out in pre-flight)."""
     extra: dict[str, Any] = {}
     if cfg.mode == "ddp":
-        from ddpviz.engine.modes.ddp.buckets import preview_buckets
-
-        extra["bucket_preview"] = preview_buckets(cfg, model, *probe_batch(cfg, ds))
+        extra["bucket_preview"] = bucket_preview
     if cfg.mode == "fsdp":
         from ddpviz.engine.modes.fsdp.units import fsdp_preview
 
@@ -122,11 +120,14 @@ def execute(cfg: RunConfig, sink: EventSink, run_id: str, *,
             from ddpviz.engine.modes.fsdp.units import check_fsdp
 
             check_fsdp(cfg, plan, model)
+        preview = None
         if cfg.mode == "ddp":
+            from ddpviz.engine.modes.ddp.buckets import preview_buckets
             from ddpviz.engine.modes.ddp.comm_hooks import check_comm_hook
 
-            check_comm_hook(cfg, plan.backend)
-        started = _started_fields(cfg, plan, model, ds, node.host_label if node else None)
+            preview = preview_buckets(cfg, model, *probe_batch(cfg, ds))
+            check_comm_hook(cfg, plan.backend, preview["rebuilt"])
+        started = _started_fields(cfg, plan, model, ds, node.host_label if node else None, preview)
         out.emit(make_event("run_started", run_id, rank=0, device=plan.names[0], **started))
         if workdir is None:
             tmp = tempfile.TemporaryDirectory(prefix=f"ddpviz-{run_id}-")

@@ -93,6 +93,32 @@ def test_bf16_on_gloo_is_refused_before_launch_quoting_torch():
     assert [e["type"] for e in sink.events] == ["run_finished"]
 
 
+def test_powersgd_on_gloo_with_two_buckets_is_refused_before_launch_not_left_to_hang():
+    """PyTorch's powerSGD_hook hangs on gloo once DDP's gradients span two buckets (comm_hooks' module docstring:
+    plain torch, no ddpviz, stopped at its first compressed step every time): refused in pre-flight, naming the
+    field, the bucket count from DDP's own assignment rule and a cap that gives one bucket, which then trains."""
+    import re
+
+    cfg = {**FAST, "comm_hook": "powersgd", "bucket_cap_mb": 0.1}
+    result, sink = run(validate_config(cfg))
+    err = result.error
+    assert result.status == "failed" and err["stage"] == "pre-flight", err
+    assert err["exception"].startswith("comm_hook: comm_hook 'powersgd' on gloo needs DDP's gradients in one bucket")
+    assert [e["type"] for e in sink.events] == ["run_finished"]
+    from ddpviz.engine.components.preflight import probe_batch
+    from ddpviz.engine.data import load_dataset
+    from ddpviz.engine.models import build_model
+    from ddpviz.engine.modes.ddp.buckets import preview_buckets
+
+    c = RunConfig(**cfg)
+    ds = load_dataset(c)
+    n = len(preview_buckets(c, build_model(c, ds), *probe_batch(c, ds))["rebuilt"])
+    assert n >= 2 and f"would be in {n} (bucket_cap_mb=0.1" in err["exception"]
+    cap = int(re.search(r"Use bucket_cap_mb=(\d+)", err["exception"]).group(1))
+    result, sink = run(validate_config({**cfg, "bucket_cap_mb": cap}))
+    assert result.status == "succeeded", result.error
+
+
 @pytest.mark.slow
 def test_torch_itself_refuses_bf16_hook_on_gloo():
     """The quoted words are PyTorch's: DDP's register_comm_hook on a gloo group."""

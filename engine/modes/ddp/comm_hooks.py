@@ -36,7 +36,11 @@ sees it.
 
 Pre-flight (`check_comm_hook`): bf16 needs NCCL (PyTorch refuses `bf16_compress_hook` otherwise),
 PowerSGD needs `start_powerSGD_iter` > 1 (`PowerSGDState`, with error feedback and warm start on,
-as here).
+as here), and on gloo DDP's gradients in one bucket: PyTorch's `powerSGD_hook` waits (`.wait()`) for its
+next all-reduce inside the `then` callback of the one before, which gloo runs on its worker threads (2 per
+process group), so with two buckets or more those threads wait for each other from the first compressed
+step on and the run hangs. Seen with plain torch 2.13 and no ddpviz: 2 gloo ranks, 12 x Linear(64, 64),
+buckets of 166,400 + 33,280 B stopped at step 10 (`start_powerSGD_iter` 10) every time; one bucket trained on.
 """
 
 import threading
@@ -209,13 +213,27 @@ def selected_hook(cfg: RunConfig, process_group=None) -> tuple[Callable, Any, st
     return getattr(default_hooks, name), process_group, name
 
 
-def check_comm_hook(cfg: RunConfig, backend: str | None) -> None:
+def check_comm_hook(cfg: RunConfig, backend: str | None, rebuilt: list[dict[str, Any]] | None = None) -> None:
     """Refuse, before launch, a comm hook the run's backend cannot run.
+
+    Args:
+        rebuilt: DDP's buckets after its rebuild (`engine.modes.ddp.buckets.preview_buckets`'s "rebuilt"),
+            the layout PowerSGD compresses.
 
     Raises:
         PreflightError: field ``comm_hook``: bf16 on a backend other than NCCL (PyTorch's DDP refuses
-            `bf16_compress_hook` there, `TORCH_BF16_REFUSAL`).
+            `bf16_compress_hook` there, `TORCH_BF16_REFUSAL`); powersgd on gloo with gradients in more than
+            one bucket (PyTorch's hook then hangs on gloo: module docstring).
     """
+    if cfg.comm_hook == "powersgd" and backend == "gloo" and rebuilt and len(rebuilt) > 1:
+        total = sum(b["nbytes"] for b in rebuilt)
+        need = max(1, -(-total // (1 << 20)))  # MiB, rounded up; not 25 itself (DDP then keeps a 1 MiB first bucket)
+        need = need + 1 if need == 25 else need
+        raise PreflightError("comm_hook", f"comm_hook 'powersgd' on gloo needs DDP's gradients in one bucket; this "
+                             f"run's would be in {len(rebuilt)} (bucket_cap_mb={cfg.bucket_cap_mb:g}, {total:,} B of "
+                             f"gradients). PyTorch's powerSGD_hook waits for its next all-reduce inside gloo's "
+                             f"callback threads, so with two buckets or more the run hangs at the first compressed "
+                             f"step. Use bucket_cap_mb={need} or more, comm_hook 'fp16', or NCCL")
     if cfg.comm_hook == "bf16" and backend != "nccl":
         raise PreflightError("comm_hook", f"comm_hook 'bf16' needs backend 'nccl' on CUDA (this run's backend is "
                              f"{backend}); PyTorch refuses bf16_compress_hook otherwise: "
