@@ -142,7 +142,7 @@ def candidates(ddp: dict[str, Any], knobs: Iterable[str], no_sync: bool = False)
     """The settings to try against the baseline, and why each knob left out was left out.
 
     Args:
-        ddp: the baseline's DDP record (`tune: "ddp"` log event: settings, param_nbytes, has_buffers).
+        ddp: the baseline's DDP record (`tune: "ddp"` log event: settings, param_nbytes, has_buffers, backend).
         knobs: names from `KNOBS` (`parse_knobs`).
         no_sync: the baseline accumulated gradients under `no_sync()`: static_graph=True is left
             out (it asserts in DDP's reducer, or once past that stops all-reducing:
@@ -171,8 +171,16 @@ def candidates(ddp: dict[str, Any], knobs: Iterable[str], no_sync: bool = False)
             skipped.append("broadcast_buffers: the script already turns it off")
         else:
             out.append(dict(knobs={"broadcast_buffers": False}, why="no buffer broadcast before each forward"))
-    out += [dict(knobs={"comm_hook": h}, why="compresses the all-reduce (changes the numbers)")
-            for h in COMM_HOOKS if h in knobs]
+    for h in (h for h in COMM_HOOKS if h in knobs):
+        if h == "powersgd" and ddp.get("backend") == "gloo":
+            n = len(layout_bytes(list(reversed(ddp["param_nbytes"])), int(ddp["bucket_bytes_cap"]),
+                                 int(s["first_bucket_bytes"])))
+            if n > 1:  # engine.modes.ddp.comm_hooks: PyTorch's hook waits inside gloo's callback threads
+                skipped.append(f"powersgd: the script's gradients are in {n} buckets on gloo, where PyTorch's "
+                               f"powerSGD_hook hangs the run at its first compressed step (its callbacks wait for "
+                               f"the next all-reduce on gloo's worker threads)")
+                continue
+        out.append(dict(knobs={"comm_hook": h}, why="compresses the all-reduce (changes the numbers)"))
     return out, skipped
 
 

@@ -103,9 +103,19 @@ def _tune_ddp_event(session: Any, ddp: Any, applied: dict[str, Any], hook: str |
                  message=f"ddpviz tune: DDP built with {applied or 'its own arguments'}"
                          + (f" and the {hook} comm hook" if hook else ""),
                  ddp_kwargs=applied, comm_hook=hook, settings=settings, bucket_bytes_cap=int(ddp.bucket_bytes_cap),
-                 has_buffers=any(True for _ in module.buffers()),
+                 has_buffers=any(True for _ in module.buffers()), backend=_backend(ddp),
                  param_nbytes=[p.numel() * p.element_size() for p in module.parameters() if p.requires_grad],
                  source="measured: the DDP the script built, after tune's arguments")
+
+
+def _backend(ddp: Any) -> str | None:
+    """The DDP's process group's backend ("gloo", "nccl"), None where it cannot be read."""
+    try:
+        import torch.distributed as dist
+
+        return str(dist.get_backend(ddp.process_group))
+    except Exception:  # noqa: BLE001 - fail open: a record without it skips no candidate
+        return None
 
 
 def _first_bucket_bytes(ddp: Any) -> int:
