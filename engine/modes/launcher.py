@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -29,12 +30,14 @@ from ddpviz.engine.components.loop import Canceled
 from ddpviz.engine.config import RunConfig
 from ddpviz.engine.events import JsonlTail, loss_event
 from ddpviz.engine.measure.own_threads import name_this_thread
+from ddpviz.engine.measure.turns import GATE_ENV
 from ddpviz.engine.modes.ranks import prepare_fork_server
 
 # How often rank event files are read and should_stop is polled: one hop of an event's way to
 # Redis (see engine.events.RANK_FLUSH_INTERVAL_S, which says what a wake-up costs and why 0.05 s).
 FOLLOW_INTERVAL_S = 0.05
 RDZV_TIMEOUT_S = 60  # rendezvous must complete within this many seconds
+STALL_TIMEOUTS = 10  # ranks that report no step for this many collective timeouts have stalled (`_Follower`)
 
 
 class RankFailed(RuntimeError):
@@ -66,20 +69,38 @@ class NodeSpec:
 
 
 class _Follower(threading.Thread):
-    """Forwards local ranks' events to the sink and kills them when `should_stop()` turns True."""
+    """Forwards local ranks' events to the sink and kills them when `should_stop()` turns True, or when
+    the ranks have stalled: no `step` event from any of them for `stall_s` after their first one, before
+    the last step (`stalled`: (last step seen, seconds without one)). A stall no collective timeout ends
+    (every rank stuck outside a collective, or inside a backend's own threads: PowerSGD on gloo with two
+    buckets, `engine.modes.ddp.comm_hooks`) would otherwise hold the run until the job's time limit."""
 
-    def __init__(self, workdir: Path, nproc: int, out, should_stop):
+    def __init__(self, workdir: Path, nproc: int, out, should_stop, stall_s: float | None = None,
+                 last_step: int | None = None):
         super().__init__(name="ddpviz-rank-follower", daemon=True)
         self.tails = [JsonlTail(workdir / f"local{r}.jsonl") for r in range(nproc)]
         self.workdir, self.nproc, self.out, self.should_stop = workdir, nproc, out, should_stop
         self.done = threading.Event()
         self.canceled = False
         self.killed: set[int] = set()
+        self.stall_s, self.last_step = stall_s, last_step
+        self.step_seen, self.step_at = -1, None  # the latest step reported, and when (monotonic s)
+        self.stalled: tuple[int, float] | None = None
 
     def pump(self) -> None:
         for t in self.tails:
             for e in t.read_new():
+                if e.get("type") == "step":
+                    self.step_seen, self.step_at = max(self.step_seen, int(e.get("step") or 0)), time.monotonic()
                 self.out.emit(e)
+
+    def _check_stall(self) -> None:
+        if self.stall_s is None or self.step_at is None or self.stalled is not None or \
+                (self.last_step is not None and self.step_seen >= self.last_step):
+            return
+        quiet = time.monotonic() - self.step_at
+        if quiet > self.stall_s:
+            self.stalled = (self.step_seen, quiet)
 
     def kill_ranks(self) -> None:
         """SIGKILL every rank that has started and was not killed yet (each pid once, so a
@@ -108,7 +129,8 @@ class _Follower(threading.Thread):
             self.pump()
             if not self.canceled and self.should_stop is not None and self.should_stop():
                 self.canceled = True
-            if self.canceled:  # every pass: a rank that starts after the cancel is stopped too
+            self._check_stall()
+            if self.canceled or self.stalled:  # every pass: a rank that starts after the cancel is stopped too
                 self.kill_ranks()
 
     def finish(self) -> None:
@@ -274,7 +296,9 @@ def launch_ranks(cfg: RunConfig, plan: DevicePlan, out, run_id: str,
                       max_restarts=0, monitor_interval=0.1, start_method=prepare_fork_server(),
                       local_addr=node.local_addr,
                       logs_specs=DefaultLogsSpecs(log_dir=str(workdir / "logs"), redirects=Std.ALL))
-    follower = _Follower(workdir, nproc, out, should_stop)
+    # a run taking turns (GATE_ENV) waits for its turn between steps; its turn controller times that out
+    stall_s = None if os.environ.get(GATE_ENV) else STALL_TIMEOUTS * cfg.collective_timeout_s
+    follower = _Follower(workdir, nproc, out, should_stop, stall_s, cfg.steps - 1)
     follower.start()
     try:
         elastic_launch(lc, rank_fn)(cfg.to_json_dict(), run_id, str(workdir), plan.backend, plan.kind,
@@ -286,6 +310,13 @@ def launch_ranks(cfg: RunConfig, plan: DevicePlan, out, run_id: str,
     report_lost(workdir, nproc, out, run_id)
     if follower.canceled:
         raise Canceled("canceled: every rank process was stopped")
+    if follower.stalled is not None:
+        step, quiet = follower.stalled
+        raise RankFailed(dict(rank=None, step=step + 1, traceback="", exception=(
+            f"stalled: no rank reported a step for {quiet:.0f} s after step {step} ({STALL_TIMEOUTS} x "
+            f"collective_timeout_s={cfg.collective_timeout_s:g} s), with no collective timing out; every rank "
+            f"process was stopped. Something waits forever outside a collective: a model's forward or backward, "
+            f"a data loader, or a comm hook waiting inside the backend's own threads"))) from None
     if failure is not None:
         infos = _local_infos(workdir, nproc)
         failure._rank_offset = min((i["rank"] for i in infos.values()), default=0)

@@ -131,6 +131,24 @@ class ScaledLogits(nn.Module):
         return x[:, :10] + self.lin(x)
 
 
+class HangsAt4(nn.Module):
+    """A forward that never returns from its 4th training call on (every rank alike: no collective is left
+    waiting, so no collective timeout ends the run): a stalled run."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.calls = nn.Linear(64, 10), 0
+
+    def forward(self, x):
+        import time
+
+        if self.training:
+            self.calls += 1
+            while self.calls >= 4:
+                time.sleep(0.05)
+        return self.lin(x)
+
+
 def no_validation(cfg) -> Dataset:
     """Digits with an empty validation split (0 samples)."""
     ds = digits(cfg)
@@ -156,6 +174,7 @@ nanat9 = ModelPlugin(build=lambda cfg: nn.Sequential(nn.Linear(16, 32), nn.ReLU(
                      description="a NaN sample at step 9 (a DDP rank's ordinary step)")
 infat3 = ModelPlugin(build=lambda cfg: ScaledLogits(), dataset=lambda cfg: bad_sample_data(cfg, "inf"),
                      description="an overflowing sample at step 3")
+hangat4 = ModelPlugin(build=lambda cfg: HangsAt4(), dataset=digits, description="a forward that never returns at step 3")
 noval = ModelPlugin(build=lambda cfg: Outputs("tuple"), dataset=no_validation, description="no validation split")
 compiled = ModelPlugin(build=compiled_mlp, dataset=digits, description="torch.compile'd MLP")
 tiny3 = ModelPlugin(build=lambda cfg: nn.Linear(16, 10), dataset=lambda cfg: random_data("tiny3", 16, 10, n=4),
@@ -176,7 +195,7 @@ boom = ModelPlugin(build=_boom, dataset=digits)
 nodata = ModelPlugin(build=lambda cfg: TwoHeads(), dataset=_no_data)
 
 NAMES = ("twoheads", "bnhalves", "dictout", "tupleout", "scoresout", "letters27", "sparseemb", "boom",
-         "nodata", "nanat3", "nanat9", "infat3", "noval", "compiled", "tiny3", "dictbuild", "bigx")
+         "nodata", "nanat3", "nanat9", "infat3", "noval", "compiled", "tiny3", "dictbuild", "bigx", "hangat4")
 
 
 def install(root: Path) -> None:

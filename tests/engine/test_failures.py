@@ -78,6 +78,21 @@ def test_a_hanging_rank_ends_by_collective_timeout_naming_the_stalled_rank():
     assert not children_alive()
 
 
+@pytest.mark.usefixtures("field_plugins")
+def test_ranks_stuck_outside_any_collective_are_stopped_as_stalled_not_left_to_hang():
+    """Every rank's forward stops returning at step 3 (field_models.HangsAt4): no collective waits, so no
+    collective timeout fires; the launcher sees no step for 10 collective timeouts, stops every rank and
+    fails the run saying so."""
+    result, sink, elapsed = run(model="hangat4", collective_timeout_s=1, dataset="digits")
+    assert result.status == "failed", result.error
+    assert result.error["exception"].startswith("stalled: no rank reported a step for 1")
+    assert "after step 2 (10 x collective_timeout_s=1 s)" in result.error["exception"]
+    assert result.error["step"] == 3
+    assert max(e["step"] for e in sink.events if e["type"] == "step") == 2
+    assert elapsed < 60
+    assert not children_alive()
+
+
 def test_cancel_stops_every_rank_process():
     started = time.monotonic()
     seen = []
