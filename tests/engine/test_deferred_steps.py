@@ -205,22 +205,28 @@ def test_the_hook_recorder_keeps_a_taken_backward_from_the_next_one():
 
 class LateClock:
     """StepClock's interface as a GPU behind the host keeps it: a mark completes once `LAG` more marks were
-    made or at a synchronize (`settle`, counted); reading an incomplete mark raises (CUDA's elapsed_time
-    does); `done` says whether it completed without waiting (`Event.query`)."""
+    made (by any LateClock: one device's stream) or at a synchronize (`settle`, counted: it completes every
+    mark made so far, the bucket recorder's too); reading an incomplete mark raises (CUDA's elapsed_time
+    does); `done` says whether it completed without waiting (`Event.query`). `reset()` before each run."""
 
-    LAG = 12  # more than one step's marks (9 with two micro-batches): each step completes during the next
+    LAG = 12  # more than one step's own marks (9 with two micro-batches): each step completes during the next
     made: list["LateClock"] = []
+    count = synced = 0  # marks made on the stream, and made before the last synchronize
 
-    def __init__(self, device):
-        self.settles, self.count, self.done_checks = 0, 0, 0
+    @classmethod
+    def reset(cls) -> None:
+        cls.made, cls.count, cls.synced = [], 0, 0
+
+    def __init__(self, device=None):
+        self.settles, self.done_checks = 0, 0
         LateClock.made.append(self)
 
     def mark(self):
-        self.count += 1
-        return {"t": time.perf_counter(), "n": self.count, "settled": False}
+        LateClock.count += 1
+        return {"t": time.perf_counter(), "n": LateClock.count}
 
     def _complete(self, mark) -> bool:
-        return mark["settled"] or self.count - mark["n"] >= self.LAG
+        return mark["n"] <= LateClock.synced or LateClock.count - mark["n"] >= self.LAG
 
     def done(self, mark) -> bool:
         self.done_checks += 1
@@ -228,7 +234,7 @@ class LateClock:
 
     def settle(self):
         self.settles += 1
-        self.count += 10 ** 6  # every mark made so far completes
+        LateClock.synced = LateClock.count
 
     def seconds(self, origin, mark):
         if not (self._complete(origin) and self._complete(mark)):
@@ -247,14 +253,17 @@ def test_the_ddp_rank_on_its_cuda_path_synchronises_only_on_its_instrumented_ste
                                                                                     bucket_timing):
     """One gloo rank in this process, its steps read as on CUDA (`DDPVIZ_DEFER_CPU_STEPS`): only the steps
     that are marked instrumented (metered: `gil` event; memory-traced; the last) synchronise; every other step
-    is read later, once its marks completed, and says so; every step is sent, in order, buckets first."""
+    is read later, once its marks completed, and says so; every step is sent, in order, buckets first. The
+    hook's bucket marks are late too: a late step resolving the next backward's records would read marks
+    that have not completed (and raise)."""
     import torch.distributed as dist
 
     import ddpviz.engine.modes.ddp.rank as ddp_rank
     from ddpviz.engine.modes.ranks import leave_process_group
 
-    LateClock.made = []
+    LateClock.reset()
     monkeypatch.setattr(ddp_rank, "StepClock", LateClock)
+    monkeypatch.setattr(ddp_rank, "HostClock", LateClock)  # the hook's bucket marks late too, on the same stream
     for k, v in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                      MASTER_PORT=str(_free_port()), DDPVIZ_DEFER_CPU_STEPS="1").items():
         monkeypatch.setitem(os.environ, k, v)
@@ -267,7 +276,8 @@ def test_the_ddp_rank_on_its_cuda_path_synchronises_only_on_its_instrumented_ste
         if dist.is_initialized():
             leave_process_group()
         torch.set_num_threads(threads)
-    (clock,) = LateClock.made
+    bucket_clock, clock = LateClock.made  # the recorder's, then the step's (rank.py makes them in this order)
+    assert bucket_clock.settles == 0 and clock.settles > 0
     events = [e for e in sink.events if e["type"] in ("step", "bucket")]
     rows = [e for e in events if e["type"] == "step"]
     assert [e["step"] for e in rows] == list(range(steps))
@@ -301,7 +311,7 @@ def test_the_single_baseline_on_its_cuda_path_synchronises_only_on_its_traced_st
                     probe=False, grad_accum_steps=2)
     at_once = ListSink()
     assert run_training(cfg, at_once, "at-once").status == "succeeded"
-    LateClock.made = []
+    LateClock.reset()
     monkeypatch.setattr(single, "StepClock", LateClock)
     monkeypatch.setitem(os.environ, "DDPVIZ_DEFER_CPU_STEPS", "1")
     sink = ListSink()
