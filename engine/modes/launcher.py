@@ -37,7 +37,8 @@ from ddpviz.engine.modes.ranks import prepare_fork_server
 # Redis (see engine.events.RANK_FLUSH_INTERVAL_S, which says what a wake-up costs and why 0.05 s).
 FOLLOW_INTERVAL_S = 0.05
 RDZV_TIMEOUT_S = 60  # rendezvous must complete within this many seconds
-STALL_TIMEOUTS = 10  # ranks that report no step for this many collective timeouts have stalled (`_Follower`)
+STALL_TIMEOUTS = 10  # ranks that report no step for this many collective timeouts have stalled (`_Follower`),
+STALL_GAPS = 10  # ... and for this many times the longest wait between two steps so far
 
 
 class RankFailed(RuntimeError):
@@ -70,8 +71,9 @@ class NodeSpec:
 
 class _Follower(threading.Thread):
     """Forwards local ranks' events to the sink and kills them when `should_stop()` turns True, or when
-    the ranks have stalled: no `step` event from any of them for `stall_s` after their first one, before
-    the last step (`stalled`: (last step seen, seconds without one)). A stall no collective timeout ends
+    the ranks have stalled: no `step` event from any of them for `stall_s`, or for `STALL_GAPS` times the
+    longest wait between two step events so far if that is longer (a run whose steps take minutes), after
+    their first one, before the last step (`stalled`: (last step seen, seconds without one)). A stall no collective timeout ends
     (every rank stuck outside a collective, or inside a backend's own threads: PowerSGD on gloo with two
     buckets, `engine.modes.ddp.comm_hooks`) would otherwise hold the run until the job's time limit."""
 
@@ -85,13 +87,17 @@ class _Follower(threading.Thread):
         self.killed: set[int] = set()
         self.stall_s, self.last_step = stall_s, last_step
         self.step_seen, self.step_at = -1, None  # the latest step reported, and when (monotonic s)
+        self.longest = 0.0  # the longest wait between two step events so far (s)
         self.stalled: tuple[int, float] | None = None
 
     def pump(self) -> None:
         for t in self.tails:
             for e in t.read_new():
                 if e.get("type") == "step":
-                    self.step_seen, self.step_at = max(self.step_seen, int(e.get("step") or 0)), time.monotonic()
+                    at = time.monotonic()
+                    if self.step_at is not None:
+                        self.longest = max(self.longest, at - self.step_at)
+                    self.step_seen, self.step_at = max(self.step_seen, int(e.get("step") or 0)), at
                 self.out.emit(e)
 
     def _check_stall(self) -> None:
@@ -99,7 +105,7 @@ class _Follower(threading.Thread):
                 (self.last_step is not None and self.step_seen >= self.last_step):
             return
         quiet = time.monotonic() - self.step_at
-        if quiet > self.stall_s:
+        if quiet > max(self.stall_s, STALL_GAPS * self.longest):
             self.stalled = (self.step_seen, quiet)
 
     def kill_ranks(self) -> None:
@@ -314,7 +320,8 @@ def launch_ranks(cfg: RunConfig, plan: DevicePlan, out, run_id: str,
         step, quiet = follower.stalled
         raise RankFailed(dict(rank=None, step=step + 1, traceback="", exception=(
             f"stalled: no rank reported a step for {quiet:.0f} s after step {step} ({STALL_TIMEOUTS} x "
-            f"collective_timeout_s={cfg.collective_timeout_s:g} s), with no collective timing out; every rank "
+            f"collective_timeout_s={cfg.collective_timeout_s:g} s, and {STALL_GAPS} x the longest wait between two "
+            f"steps before, {follower.longest:.1f} s), with no collective timing out; every rank "
             f"process was stopped. Something waits forever outside a collective: a model's forward or backward, "
             f"a data loader, or a comm hook waiting inside the backend's own threads"))) from None
     if failure is not None:

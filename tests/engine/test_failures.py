@@ -86,11 +86,38 @@ def test_ranks_stuck_outside_any_collective_are_stopped_as_stalled_not_left_to_h
     result, sink, elapsed = run(model="hangat4", collective_timeout_s=1, dataset="digits")
     assert result.status == "failed", result.error
     assert result.error["exception"].startswith("stalled: no rank reported a step for 1")
-    assert "after step 2 (10 x collective_timeout_s=1 s)" in result.error["exception"]
+    assert "after step 2 (10 x collective_timeout_s=1 s, and 10 x the longest wait between two steps" in \
+        result.error["exception"]
     assert result.error["step"] == 3
     assert max(e["step"] for e in sink.events if e["type"] == "step") == 2
     assert elapsed < 60
     assert not children_alive()
+
+
+def test_the_stall_rule_allows_ten_times_the_longest_wait_between_steps_and_ends_at_the_last_step(
+        tmp_path, monkeypatch):
+    """A run whose steps take minutes is not stalled by a fixed bound: the follower waits for 10 x the longest
+    wait between two step events so far when that is longer than 10 collective timeouts; after the last step
+    (the probe, the final save) it watches nothing."""
+    from types import SimpleNamespace
+
+    from ddpviz.engine.modes import launcher
+
+    clock = [100.0]
+    monkeypatch.setattr(launcher, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    f = launcher._Follower(tmp_path, 1, None, None, stall_s=10.0, last_step=99)
+    f.step_seen, f.step_at, f.longest = 5, 100.0, 3.0  # steps came 3 s apart: 30 s allowed
+    clock[0] = 129.0
+    f._check_stall()
+    assert f.stalled is None
+    clock[0] = 131.0
+    f._check_stall()
+    assert f.stalled == (5, 31.0)
+    f = launcher._Follower(tmp_path, 1, None, None, stall_s=10.0, last_step=99)
+    f.step_seen, f.step_at = 99, 100.0
+    clock[0] = 10_000.0
+    f._check_stall()
+    assert f.stalled is None
 
 
 def test_cancel_stops_every_rank_process():
