@@ -166,8 +166,8 @@ def test_compare_names_dps_copies_for_what_they_are_in_its_lines_and_json(monkey
     import ddpviz.engine.harness.compare as harness
     from ddpviz.engine.result import RunResult
 
-    summaries = {"dp": {"samples_per_s": 90.0, "comm_exposed_s": 0.002},
-                 "ddp": {"samples_per_s": 100.0, "comm_exposed_s": 0.0015}}
+    summaries = {"dp": {"samples_per_s": 90.0, "comm_exposed_s": 0.002, "overlap": 0.0},
+                 "ddp": {"samples_per_s": 100.0, "comm_exposed_s": 0.0015, "overlap": None}}
     monkeypatch.setattr(harness, "compare", lambda cfg, modes, on_mode, turns=None: {
         m: harness.mode_report(RunResult("succeeded", summary=summaries[m]), None, m) for m in modes})
     args = build_parser().parse_args(["compare", "--modes", "dp,ddp", "--steps", "3"])
@@ -175,6 +175,8 @@ def test_compare_names_dps_copies_for_what_they_are_in_its_lines_and_json(monkey
     lines = dict(line.split(maxsplit=1) for line in capsys.readouterr().out.splitlines() if line[:3] in ("dp ", "ddp"))
     assert "DP copies 2.00 ms " in lines["dp"] and "exposed comm" not in lines["dp"]
     assert "exposed comm 1.50 ms " in lines["ddp"]
+    # DP all-reduces nothing: no overlap figure (not a measured-looking 0.0); DDP's unmeasured one says so
+    assert "overlap" not in lines["dp"] and "overlap not measured " in lines["ddp"]
     args = build_parser().parse_args(["compare", "--modes", "dp,ddp", "--steps", "3", "--json"])
     assert args.handler(args) == 0
     report = json.loads(capsys.readouterr().out)

@@ -81,10 +81,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
             exposed = r["step_time_split"].get("comm_exposed_s")
             exposed = r.get("comm_exposed_note") or ("-" if exposed is None else f"{exposed * 1e3:.2f} ms")
             up = "-" if up is None else f"x{up:.2f}"  # no single run (or no rate): nothing to divide by
+            # only what all-reduces has an overlap (DP's copies and single have none: no figure, as the app)
+            overlap = "" if mode not in ("ddp", "fsdp") else \
+                f"overlap {'not measured' if r['overlap'] is None else format(r['overlap'], '.0%')}  "
             print(f"{mode:<6} {r['status']:<9} {sps or 0:>10.0f} samples/s  {up} vs single  "
-                  f"{r['comm_part']} {exposed}  "
-                  f"overlap {r['overlap'] if r['overlap'] is not None else '-'}  "
-                  f"in sync {r['replicas_in_sync']}  max |Δθ| vs single "
+                  f"{r['comm_part']} {exposed}  {overlap}"
+                  f"replicas in sync {r['replicas_in_sync']}  max |Δθ| vs single "
                   f"{'-' if r['max_param_diff_vs_single'] is None else r['max_param_diff_vs_single']}")
             gil = r.get("gil_wait_share") or {}
             if gil:  # engine.measure.gil: median share of the step each device's threads waited for the GIL
