@@ -53,6 +53,28 @@ def error_dict(exc: BaseException, rank: int | None = 0, stage: str | None = Non
                 traceback="".join(traceback.format_exception(exc)))
 
 
+def comm_hook_refusal(cfg: RunConfig) -> str | None:
+    """The pre-flight refusal a DDP run of `cfg` with a comm hook meets before it trains
+    (`engine.modes.ddp.comm_hooks.check_comm_hook` against its backend and DDP's bucket layout), in the
+    words its error would carry ("<field>: <rule>"); None when it passes, or when something else fails
+    first (the run's own pre-flight reports that, with its stage). For a pair's job: its DP run must not
+    train alone for a comparison its DDP partner is refused before training."""
+    if cfg.mode != "ddp" or cfg.comm_hook == "none":
+        return None
+    from ddpviz.engine.modes.ddp.buckets import preview_buckets
+    from ddpviz.engine.modes.ddp.comm_hooks import check_comm_hook
+
+    try:
+        plan, ds = resolve_plan(cfg), load_dataset(cfg)
+        model = build_model(cfg, ds)
+        check_comm_hook(cfg, plan.backend, preview_buckets(cfg, model, *probe_batch(cfg, ds))["rebuilt"])
+    except PreflightError as exc:
+        return f"{exc.field}: {exc}"
+    except Exception:  # noqa: BLE001 - not this check's to report
+        return None
+    return None
+
+
 def _cpu_fields(cfg: RunConfig, plan: DevicePlan) -> dict[str, Any]:
     """The host's cores and each virtual CPU device's intra-op threads (None on CUDA; the single
     baseline is one device of the same size): what the scale-out predictor needs to rescale CPU

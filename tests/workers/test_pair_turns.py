@@ -171,6 +171,25 @@ def test_a_pair_trains_at_once_taking_rotated_turns_and_both_succeed(client, red
     print(f"pair in turns, 2x20 steps: worker wall {wall_s:.1f} s; blocks {[round(e - s, 3) for s, e, _ in blocks]}")
 
 
+def test_a_pair_whose_ddp_run_is_refused_in_pre_flight_starts_neither(client, redis_url, tmp_path):
+    """PowerSGD on gloo over two buckets would hang (engine.modes.ddp.comm_hooks): the DDP run is refused
+    in pre-flight, and its DP partner does not train alone for a comparison that cannot happen; both end
+    at once, saying why."""
+    dp, ddp = client.submit_pair({**PAIR, "width": 64, "depth": 4, "steps": 20, "comm_hook": "powersgd",
+                                  "bucket_cap_mb": 0.01})
+    with worker_process(redis_url, burst=True, name="wp-refused", log_path=tmp_path / "w.log") as proc:
+        assert proc.wait(60) == 0
+    recs = {r: client.get_run(r) for r in (dp, ddp)}
+    assert recs[ddp]["status"] == "failed" and recs[ddp]["error"]["stage"] == "pre-flight"
+    assert recs[ddp]["error"]["exception"].startswith("comm_hook: comm_hook 'powersgd' on gloo needs DDP's "
+                                                      "gradients in one bucket")
+    assert recs[dp]["status"] == "failed" and recs[dp]["error"]["exception"].startswith(
+        "not started: its DDP partner was refused in pre-flight")
+    for r in (dp, ddp):
+        steps, events = _steps(client, r)
+        assert steps == [] and events[-1]["type"] == "run_finished"
+
+
 @pytest.mark.slow
 def test_cancel_one_run_of_a_pair_the_other_trains_on_and_succeeds(client, redis_url, tmp_path):
     dp, ddp = client.submit_pair({**PAIR, "steps": 60, "step_delay_s": 0.03})

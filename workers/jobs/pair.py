@@ -20,6 +20,7 @@ Endings beyond `run_job`'s, per run of the pair:
 
 | ending | recorded by | status |
 |---|---|---|
+| the DDP run's comm hook refused in pre-flight (`engine.runner.comm_hook_refusal`) | `_refused`, before either starts | both failed: DDP with the refusal, DP "not started" |
 | one run ends early (canceled, failed, time limit) | its `run_job`; the other trains on alone | its own |
 | its cancel not obeyed within `KILL_AFTER_S` | the client; `_Supervisor` kills its processes | canceled |
 | a run's process dies without recording | `_settle_left` after it exits | failed (canceled if asked) |
@@ -179,6 +180,8 @@ def run_pair(connection: redis.Redis, dp_run_id: str, ddp_run_id: str, *, worker
     for r in runs:
         if store.status(r) is RunStatus.QUEUED:  # not one canceled while queued
             _say(store, r, how)
+    if _refused(store, dp_run_id, ddp_run_id, configs.get(ddp_run_id)):
+        return {r: (store.status(r) or RunStatus.FAILED).value for r in runs}
     limit_s = max(float(rec.get("timeout_s") or 0) for rec in records.values()) or JOB_TIMEOUT_S
     supervisor = _Supervisor(store, runs)
     try:
@@ -191,6 +194,24 @@ def run_pair(connection: redis.Redis, dp_run_id: str, ddp_run_id: str, *, worker
     finally:
         supervisor.stop()
     return {r: (store.status(r) or RunStatus.FAILED).value for r in runs}
+
+
+def _refused(store: RunStore, dp_run_id: str, ddp_run_id: str, ddp_cfg: Any) -> bool:
+    """Fail both runs before either starts when the DDP run's pre-flight refuses its comm hook
+    (`engine.runner.comm_hook_refusal`: e.g. PowerSGD on gloo over two buckets, which would hang): the DDP run
+    with the refusal, the DP run saying it was not started for a comparison that cannot happen. Returns
+    whether it did."""
+    from ddpviz.engine.runner import comm_hook_refusal
+
+    refusal = comm_hook_refusal(ddp_cfg) if ddp_cfg is not None else None
+    if refusal is None:
+        return False
+    store.finish(ddp_run_id, RunStatus.FAILED, error=make_error(refusal, stage="pre-flight"),
+                 allowed_from=ACTIVE, append_event=True)
+    store.finish(dp_run_id, RunStatus.FAILED, error=make_error(
+        f"not started: its DDP partner was refused in pre-flight, so there is nothing to compare with ({refusal})",
+        stage="pre-flight"), allowed_from=ACTIVE, append_event=True)
+    return True
 
 
 def _in_turns(connection: redis.Redis, runs: list[str], configs: dict[str, Any], steps: int, block: int,
