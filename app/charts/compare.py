@@ -104,8 +104,9 @@ def bytes_chart(volume: pd.DataFrame) -> alt.LayerChart:
         tooltip=[alt.Tooltip("run:N"), alt.Tooltip("device:N"), alt.Tooltip("which:N"),
                  alt.Tooltip("label:N", title="bytes")])
     head = title("Bytes moved per device per step",
-                 "theory: DP device 0 (n−1)·P each way, others P; ring all-reduce 2(n−1)/n·P each way per rank; "
-                 "FSDP 3(n−1)/n·P (2(n−1)/n·P without reshard)")
+                 "theory: DP device 0 (n−1)·P each way, others P (parameters and gradients only: DP's measured "
+                 "bytes also hold the inputs it scatters, the outputs it gathers and their gradients); ring "
+                 "all-reduce 2(n−1)/n·P each way per rank; FSDP 3(n−1)/n·P (2(n−1)/n·P without reshard)")
     return _labelled(bars, "amount:Q", y, **offset).properties(
         title=head, width=WIDTH,
         height=rows_height(df, "where", row_px=34, title_params=head) + 10 * (df["which"].nunique() - 1))
