@@ -73,9 +73,10 @@ class _Follower(threading.Thread):
     """Forwards local ranks' events to the sink and kills them when `should_stop()` turns True, or when
     the ranks have stalled: no `step` event from any of them for `stall_s`, or for `STALL_GAPS` times the
     longest wait between two step events so far if that is longer (a run whose steps take minutes), after
-    their first one, before the last step (`stalled`: (last step seen, seconds without one)). A stall no collective timeout ends
-    (every rank stuck outside a collective, or inside a backend's own threads: PowerSGD on gloo with two
-    buckets, `engine.modes.ddp.comm_hooks`) would otherwise hold the run until the job's time limit."""
+    their first one, before the last step (`stalled`: (last step seen, seconds without one)). A stall no
+    collective timeout ends (every rank stuck outside a collective, or inside a backend's own threads:
+    PowerSGD on gloo with two buckets, `engine.modes.ddp.comm_hooks`) would otherwise hold the run until
+    the job's time limit."""
 
     def __init__(self, workdir: Path, nproc: int, out, should_stop, stall_s: float | None = None,
                  last_step: int | None = None):
