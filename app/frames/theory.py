@@ -210,6 +210,9 @@ def bucket_note(model: Event | None, counts: dict[str, int], world_size: int, ba
     return text + f" Ring model fitted to those {counts['used']}: {describe_fit(model, world_size)}."
 
 
+RATIO_FEW_BUCKETS = 8  # fewer buckets that ran alone than this: the in-run ÷ probe median is called rough
+
+
 def ratio_note(summary: dict[str, Any], world_size: int = 2) -> str:
     """The in-run ÷ probe busbw figure in words."""
     if summary["median_alone"] is None:
@@ -220,7 +223,13 @@ def ratio_note(summary: dict[str, Any], world_size: int = 2) -> str:
             f"alone")
     if summary["median_all"] is not None:
         text += f" ({summary['median_all']:.2f}× counting the overlapped ones too)"
-    return text + f". Below 1, a bucket waited for {peers(world_size)} or shared the CPU with backward."
+    text += (f". Below 1, a bucket waited for {peers(world_size)} or shared the CPU with backward; above 1, the "
+             f"probe's own all-reduce was slower than the run's at that size (the probe is interpolated between "
+             f"the sizes it measured, and each is a few timings on a machine whose speed moves).")
+    if summary["n_alone"] < RATIO_FEW_BUCKETS:
+        text += (f" Only {summary['n_alone']} bucket(s): a rough figure (the median of fewer than "
+                 f"{RATIO_FEW_BUCKETS}), not a property of the link.")
+    return text
 
 
 def link_note(backend: str | None, world_size: int, nnodes: int = 1) -> str:

@@ -73,3 +73,13 @@ def test_theory_page_for_a_one_rank_nccl_run(fake_client, app_test):
     assert not any(w in text for w in GLOO_WORDS + ("the other rank",)), text
     titles = [json.loads(c.proto.spec).get("title") for c in at.get("vega_lite_chart")]
     assert not any("bandwidth" in json.dumps(t) for t in titles)
+
+
+def test_the_in_run_over_probe_ratio_says_when_it_rests_on_few_buckets_and_what_above_1_means():
+    """A fresh user read "median 1.65x over 4 buckets" as a property of the link; the note now says a median of
+    fewer than 8 buckets is rough, and what a ratio above 1 means, not only below."""
+    few = ft.ratio_note(dict(median_alone=1.65, n_alone=4, median_all=None), 2)
+    many = ft.ratio_note(dict(median_alone=1.65, n_alone=20, median_all=None), 2)
+    assert "Only 4 bucket(s): a rough figure" in few and "rough" not in many
+    assert "above 1, the probe's own all-reduce was slower" in many
+
