@@ -268,7 +268,7 @@ def thin(df: pd.DataFrame, max_rows: int) -> pd.DataFrame:
 TABLE_ROWS = [  # (row title, column, format)
     ("samples/s (median)", "samples_per_s", "{:,.0f}"),
     ("speed-up vs single", "speedup_vs_single", "{:.2f}×"),
-    ("step time (ms)", "step_time_ms", "{:.2f}"),
+    ("step time (ms; it and its parts: medians of steady steps)", "step_time_ms", "{:.2f}"),
     ("  forward (ms)", "forward_ms", "{:.2f}"),
     ("  backward (ms)", "backward_ms", "{:.2f}"),
     ("  exposed comm (ms)", "comm_exposed_ms", "{:.2f}"),
