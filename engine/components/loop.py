@@ -2,7 +2,7 @@
 
 A mode supplies `train_step(step) -> dict` (the `step` event's measures, see `step_fields`) and
 optional callbacks; `drive` does the rest, so single, DP and each DDP rank report identically. A
-step whose figures are still on the GPU (a DDP rank on CUDA) returns None and queues them in
+step whose figures are still on the GPU (single, DP or a DDP rank on CUDA) returns None and queues them in
 `later` (`engine.measure.deferred.DeferredSteps`); `drive` emits each once it completed, in order.
 """
 

@@ -158,6 +158,15 @@ class DeferredSteps:
         if len(self.pending) > self.max_pending:
             self._wait(self.pending[0])
 
+    def add_step(self, step: int, clock: Any, first: Any, last: Any, losses: list[Any],
+                 fields: Callable[[float, float], dict]) -> None:
+        """Queue a step timed by `clock`'s marks (a `StepClock`'s, or one wrapping it): `first` and `last`
+        bound its work on the device, `losses` its loss tensors. It is read once `last` and the loss's copy
+        completed, as `fields(step_time_s, loss)` (its time: `first` to `last`) with `step_time_source`."""
+        reading = LossReading(losses)
+        self.add(step, lambda: clock.done(last) and reading.ready(), lambda: {
+            **fields(clock.seconds(first, last), reading.read()), "step_time_source": DEFERRED_STEP_TIME})
+
     def completed(self) -> list[tuple[int, dict]]:
         """(step, fields) of the oldest steps that completed, oldest first; stops at the first that has
         not (steps are read in order). Raises what a `read` raised, with `.step` set to its step."""

@@ -18,7 +18,7 @@ from ddpviz.engine.components.training import autocast, batch_to, cpu_device_thr
 from ddpviz.engine.config import RunConfig
 from ddpviz.engine.data import BatchPlan, Dataset
 from ddpviz.engine.measure.clocks import StepClock
-from ddpviz.engine.measure.deferred import DEFERRED_STEP_TIME, LossReading, deferred_steps
+from ddpviz.engine.measure.deferred import deferred_steps
 from ddpviz.engine.measure.memory_sampler import model_memory_sampler, should_trace_memory
 from ddpviz.engine.measure.telemetry import Telemetry, now, step_fields, wall_ts
 
@@ -54,17 +54,15 @@ def train_single(cfg: RunConfig, ds: Dataset, model: nn.Module, device: torch.de
         opt.zero_grad(set_to_none=False)
         m5 = clock.mark()
 
-        def fields_at(t5: float, loss: float, **extra) -> dict:
+        def fields_at(t5: float, loss: float) -> dict:
             return step_fields(start=t0, backward_start_ts=wall_ts(t0 + clock.seconds(m0, micro_marks[-1][1])),
                                loss=loss, samples=cfg.global_batch_size, step_time_s=t5 - t0,
                                forward_s=sum(clock.seconds(a, b) for a, b, _ in micro_marks),
                                backward_s=sum(clock.seconds(b, c) for _, b, c in micro_marks),
-                               comm_exposed_s=0.0, optimizer_s=clock.seconds(m4, m5), **extra)
+                               comm_exposed_s=0.0, optimizer_s=clock.seconds(m4, m5))
 
         if later is not None and not should_trace_memory(step, cfg.steps):  # the last step is traced
-            reading = LossReading(losses)
-            later.add(step, lambda: clock.done(m5) and reading.ready(), lambda: fields_at(
-                t0 + clock.seconds(m0, m5), reading.read(), step_time_source=DEFERRED_STEP_TIME))
+            later.add_step(step, clock, m0, m5, losses, lambda s, loss: fields_at(t0 + s, loss))
             return None
         clock.settle()
         # with steps read late, the devices may still have been running earlier steps at t0: the step's own

@@ -27,7 +27,7 @@ from ddpviz.engine.config import RunConfig
 from ddpviz.engine.data import BatchPlan, load_dataset
 from ddpviz.engine.events import mark_nonfinite
 from ddpviz.engine.measure.clocks import CudaClock, HostClock, StepClock
-from ddpviz.engine.measure.deferred import DEFERRED_STEP_TIME, LossReading, deferred_steps
+from ddpviz.engine.measure.deferred import deferred_steps
 from ddpviz.engine.measure.gil import MeterGate
 from ddpviz.engine.measure.gil_rank import MeteredClock, rank_step_fields
 from ddpviz.engine.measure.memory import param_bytes
@@ -166,7 +166,6 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         staged[step] = events
         return fields_of(t0, t5, fwd, bwd, backward_start, optimizer_s, loss, exposed, exposed_fields)
 
-
     def fields_of(t0: float, t5: float, fwd: float, bwd: float, backward_start: float, optimizer_s: float,
                   loss: float, exposed: float | None, exposed_fields: dict) -> dict:
         return step_fields(start=t0, backward_start_ts=wall_ts(backward_start), loss=loss,
@@ -280,10 +279,8 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
             # `() -> this step's bucket rows`, called once its marks completed: the hook's records of this
             # backward (`BucketRecorder.taken`), the flight recorder's entries of it (`FlightBuckets.taken`)
             # or the layout's rows read now (`LayoutBuckets.taken`)
-            reading, rows = LossReading(losses), bucket_log.taken()
-            later.add(step, lambda: clock.done(m5) and reading.ready(), lambda: {
-                **fields_at(t0 + clock.seconds(m0, m5), reading.read(), buckets=rows()),
-                "step_time_source": DEFERRED_STEP_TIME})
+            rows = bucket_log.taken()
+            later.add_step(step, clock, m0, m5, losses, lambda s, loss: fields_at(t0 + s, loss, buckets=rows()))
             return None
         clock.settle()
         t5 = now()
