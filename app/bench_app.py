@@ -182,8 +182,7 @@ def open_windows(client, ids: dict[str, str], modes: tuple[str, ...], analysis: 
     ws = {}
     for mode in modes:
         rid = ids[mode]
-        ws[rid] = RunWindow(rid, max_steps=runsets.MAX_STEPS, recent_steps=runsets.RECENT_STEPS,
-                            first_steps=runsets.FIRST_STEPS) if analysis else RunWindow(rid)
+        ws[rid] = RunWindow(rid, max_steps=runsets.MAX_STEPS) if analysis else RunWindow(rid)
     return ws
 
 

@@ -18,7 +18,7 @@ from ddpviz.app.widgets import pick_step
 
 
 def step_selector(windows, key: str) -> int | None:
-    """Buttons for the kept steps (0, 1 and the latest few); opens on a typical step of the first
+    """Buttons for the kept steps (0, 1, a spread across the run, the newest); opens on a typical step of the first
     run (`fsteps.typical_step`: nearest the median step time, never the traced final step for
     being the newest) among those with measured spans, until the reader picks another; traced
     and sampled steps say so on their button."""

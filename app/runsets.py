@@ -2,8 +2,8 @@
 
 A *set* is the runs that share a `group` in their records: a DP/DDP pair, a single/DP/DDP trio,
 an overlap on/off pair, or a sweep. Pages pick a set (or runs named in ``?runs=``) and read each
-run through an `AnalysisWindow`: a `RunWindow` that also keeps steps 0 and 1 of the per-step
-detail events (step 0's single bucket, the rebuild after it) and the latest `RECENT_STEPS`.
+run through a `RunWindow` that keeps more steps of `step` events than Live's (`MAX_STEPS`) and
+the same detail steps as Live's (`app.window.DETAIL_TYPES`: the first, a spread, the newest).
 
 Pure helpers (grouping, labels) come first; the Streamlit parts (pickers, polling) after.
 """
@@ -19,8 +19,6 @@ from ddpviz.app.frames import base as frames
 from ddpviz.app.outage import REDIS_DOWN, show_outage
 from ddpviz.app.window import RunWindow
 
-RECENT_STEPS = 8  # newest steps of bucket / dp_phase / comm_volume events kept per run
-FIRST_STEPS = 2  # steps 0 and 1 are kept as well: the initial bucket and the rebuilt layout
 MAX_STEPS = 2000  # step and memory events kept per run (charts thin them further)
 REFRESH_S = 1.0
 POLL_INTERVAL_S = 0.5
@@ -136,8 +134,7 @@ def windows_for(ids: list[str]) -> dict[str, RunWindow]:
     store = st.session_state.setdefault("analysis_windows", {})
     for rid in ids:
         if rid not in store:
-            store[rid] = RunWindow(rid, max_steps=MAX_STEPS, recent_steps=RECENT_STEPS,
-                                   first_steps=FIRST_STEPS)
+            store[rid] = RunWindow(rid, max_steps=MAX_STEPS)
     return {rid: store[rid] for rid in ids}
 
 

@@ -55,7 +55,8 @@ def pick_step(steps: list[int], key: str, default: int | None = None,
         st.session_state[key] = default  # at the default (or nothing picked): keep following it
     st.session_state[latest_key] = default
     notes = notes or {}
-    return st.segmented_control("step (0 and 1 are kept, then the latest ones)", steps, key=key,
+    label = "step (kept: 0 and 1, one every few across the run, the latest ones)"
+    return st.segmented_control(label, steps, key=key,
                                 format_func=lambda s: f"step {s}" + (f" ({notes[s]})" if s in notes else ""),
                                 required=True)
 

@@ -2,11 +2,13 @@
 
 The Live page keeps one `RunWindow` per run in `st.session_state`. Each `poll` reads only the
 events after the last stream id it saw (`DdpvizClient.read_events`) and keeps bounded windows:
-the last `max_steps` steps of `step`/`memory` events, the last two steps of `bucket`/`dp_phase`/
-`comm_volume` events (the charts draw the latest complete one), every `eval`, the last 50 `log`;
+the last `max_steps` steps of `step`/`memory` events, every `eval`, the last 50 `log`; of the
+per-step detail events (`bucket`/`dp_phase`/`comm_volume`/FSDP's) the same steps on every page
+(`DETAIL_FIRST_STEPS` for good: step 0's single DDP bucket, the rebuild after it; the newest
+`DETAIL_RECENT_STEPS`; and one step in every `spread_stride`, across the whole run), so a one-step
+view (Live's, the Bucket and DP timelines) opens on a typical step of the run, not of its last
+seconds, and every page picks the same one (`app.frames.steps.typical_step`, issue 33);
 the memory timer's readings (`memory_readings`) are folded into `memory_history` as they arrive.
-Analysis pages keep more: `recent_steps` widens those per-step windows and `first_steps` also
-keeps the first steps (step 0's single DDP bucket, the rebuild after it) for good.
 Once the run is terminal and its stream is drained, `done` is True and polling stops. Steps that
 leave the window are folded into `history` (`app.step_history`), so Live still draws the whole run.
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import threading
 import time
 from typing import Any, Iterator, Protocol
@@ -33,7 +36,11 @@ from ddpviz.app.step_history import ReadingHistory, StepHistory
 from ddpviz.engine.result import TERMINAL as _TERMINAL
 
 TERMINAL = tuple(s.value for s in _TERMINAL)  # lost: its worker stopped beating
-_RECENT_STEPS = {"bucket": 2, "dp_phase": 2, "comm_volume": 2, "fsdp_collective": 2, "fsdp_memory_curve": 2}
+DETAIL_TYPES = ("bucket", "dp_phase", "comm_volume", "fsdp_collective", "fsdp_memory_curve")
+DETAIL_RECENT_STEPS = 8  # newest steps of the detail types kept per run
+DETAIL_FIRST_STEPS = 2  # steps 0 and 1 as well: the initial bucket and the rebuilt layout
+SPREAD_STEPS = 12  # at most this many steps kept across the run besides (`spread_stride`)
+SPREAD_MIN_STRIDE = 8
 _MAX_LOGS = 50
 TAIL_MAX_EVENTS = 10_000  # events a first poll reads from a stream's tail, at most
 
@@ -43,6 +50,18 @@ _gc_pausers = 0
 _gc_was_enabled = True
 _gc_off_since = 0.0
 GC_MAX_OFF_S = 2.0  # readers that overlap without end still let a collection run this often
+
+
+def spread_stride(newest: int, spread: int = SPREAD_STEPS) -> int:
+    """The stride of the detail steps a window keeps across a run whose newest step is `newest`:
+    the smallest power of two, at least `SPREAD_MIN_STRIDE`, that keeps at most `spread` steps
+    (multiples of it in 0..newest). A power of two, so a step kept at a larger stride was kept at
+    every smaller one: a window never needs a step it dropped, and two windows that have read up
+    to the same step keep the same ones. E.g. newest 299: 32 (0, 32, ..., 288: 10 steps)."""
+    stride = SPREAD_MIN_STRIDE
+    while newest // stride + 1 > spread:
+        stride *= 2
+    return stride
 
 
 @contextlib.contextmanager
@@ -99,18 +118,18 @@ class RunWindow:
         max_steps: optimizer steps of `step` and `memory` events kept (older ones are dropped).
         batch: events per `read_events` call; `max_batches` calls per poll at most, so a long
             finished run is caught up over a few polls instead of blocking one.
-        recent_steps: newest steps kept of the per-step detail types (`bucket`, `dp_phase`,
-            `comm_volume`); default 2 each.
-        first_steps: steps ``0 .. first_steps-1`` of those types are kept as well (default 0).
+        recent_steps: newest steps kept of the per-step detail types (`DETAIL_TYPES`).
+        first_steps: steps ``0 .. first_steps-1`` of those types are kept as well.
+        spread: besides, at most this many steps of those types across the run (`spread_stride`).
     """
 
     def __init__(self, run_id: str, max_steps: int = 500, batch: int = 2000, max_batches: int = 5,
-                 recent_steps: int | None = None, first_steps: int = 0):
+                 recent_steps: int = DETAIL_RECENT_STEPS, first_steps: int = DETAIL_FIRST_STEPS,
+                 spread: int = SPREAD_STEPS):
         self.run_id = run_id
         self.max_steps, self.batch, self.max_batches = max_steps, batch, max_batches
-        self.recent = ({t: recent_steps for t in _RECENT_STEPS} if recent_steps
-                       else dict(_RECENT_STEPS))
-        self.first_steps = first_steps
+        self.recent = {t: recent_steps for t in DETAIL_TYPES}
+        self.first_steps, self.spread = first_steps, spread
         self.last_id = "0-0"
         self.run: dict[str, Any] | None = None  # latest get_run() record
         self.started: dict[str, Any] | None = None
@@ -212,6 +231,7 @@ class RunWindow:
             for e in events:
                 if e.get("type") == "memory_readings" and max(e.get("reading_ts") or [0]) < gap["below_ts"]:
                     self.memory_history.add(e)
+            self._keep_spread(events, gap["first_step"], gap["last_step"])
             end = len(events) < self.batch or any(e["step"] > gap["last_step"] for e in steps)
             newest = max((e["step"] for e in steps), default=None)
             if not end:  # the newest step's other ranks may come in the next batch: fold it whole, then
@@ -222,6 +242,26 @@ class RunWindow:
                 self._gap, self.unread_steps = None, None
                 break
         return got
+
+    def _keep_spread(self, events: list[dict[str, Any]], first_step: int, last_step: int) -> None:
+        """Keep the detail events of the spread steps (`spread_stride`) between `first_step` and
+        `last_step` that the gap holds, as a read of the whole stream would have; a step cut between
+        the head or the tail and the gap is completed, nothing kept twice."""
+        stride = spread_stride(self.latest_step, self.spread)
+        for t in self.recent:
+            new = [e for e in events if e.get("type") == t and isinstance(e.get("step"), int)
+                   and first_step <= e["step"] <= last_step and not e["step"] % stride]
+            if not new:
+                continue
+            kept = self.events.setdefault(t, [])
+            seen = {json.dumps(e, sort_keys=True, default=str) for e in kept
+                    if first_step <= e.get("step", -1) <= last_step}
+            for e in new:
+                key = json.dumps(e, sort_keys=True, default=str)
+                if key not in seen:
+                    seen.add(key)
+                    kept.append(e)
+            kept.sort(key=lambda e: e.get("step", 0))  # stable: a step's events stay in the order read
 
     def ingest(self, events: list[dict[str, Any]]) -> None:
         """Add events (in stream order) and trim the windows."""
@@ -254,12 +294,15 @@ class RunWindow:
                 continue
             newest = max(e.get("step", 0) for e in evs[-64:])
             keep = self.recent.get(t, self.max_steps)
-            first = self.first_steps if t in self.recent else 0
             stale = [e.get("step", 0) for e in evs]
-            if any(first <= st <= newest - keep for st in stale):
+            if t in self.recent:  # detail: the first steps, one in every `stride`, the newest
+                first, stride = self.first_steps, spread_stride(newest, self.spread)
+                if any(first <= st <= newest - keep and st % stride for st in stale):
+                    evs[:] = [e for e, st in zip(evs, stale) if st > newest - keep or st < first or not st % stride]
+            elif any(st <= newest - keep for st in stale):
                 if t == "step":  # the whole run stays on the Live chart, in bins
-                    self.history.add(e for e, st in zip(evs, stale) if first <= st <= newest - keep)
-                evs[:] = [e for e, st in zip(evs, stale) if st > newest - keep or st < first]
+                    self.history.add(e for e, st in zip(evs, stale) if st <= newest - keep)
+                evs[:] = [e for e, st in zip(evs, stale) if st > newest - keep]
 
     # ---- views -----------------------------------------------------------------------------
     def of_type(self, type_: str) -> list[dict[str, Any]]:

@@ -180,8 +180,9 @@ FAR_FROM_MEDIAN = 0.25  # a chosen step this far (relative) from the median step
 
 def typical_gap(step: int, step_events: Iterable[Event]) -> tuple[float, float] | None:
     """(the step's time, the run's median step time), seconds, when the step is more than
-    `FAR_FROM_MEDIAN` from the median: the kept steps (a view keeps the latest few) may all be
-    slow, e.g. at the end of a run on a machine that got busy. None when it is near, or unknown."""
+    `FAR_FROM_MEDIAN` from the median: the kept steps (`app.window`: the first, a spread, the
+    newest) may all be slow, e.g. a short run on a machine that got busy. None when it is near, or
+    unknown."""
     rows, median = _timed_rows_and_median(step_events)
     t = next((r["step_time_s"] for r in rows if r["step"] == step), None)
     if t is None or not median or abs(t - median) <= FAR_FROM_MEDIAN * median:

@@ -2,7 +2,7 @@
 
 Per rank, for one step: the backward span, each bucket's ready time and all-reduce bar, and the
 exposed communication (after the last bucket was ready) underlined. A step selector moves over
-the kept steps (0, 1 and the latest few); step 0's layout and the one PyTorch rebuilt after it
+the kept steps (0, 1, one every few across the run, the newest); step 0's layout and the one PyTorch rebuilt after it
 are listed from the run's `bucket_preview`. Two runs (overlap on and off) sit side by
 side on one time scale.
 """

@@ -255,8 +255,9 @@ def test_live_page_draws_the_fsdp_unit_timeline_where_ddp_draws_buckets(real_cli
     assert "Gradient buckets" in titles
     assert "FSDP unit timeline" in titles and "Memory by kind within a step, rank 0" in titles
     captions = " ".join(c.value for c in at.caption)
-    # Live keeps DDP's 2 newest steps (10: 17.18 ms, 11: 16.74 ms; the steady median 16.46 ms, by
-    # hand): 11 is the nearer; every recorded step was memory-traced, and the caption says so
+    # Live keeps DDP's steps 0, 1, 8 and the 8 newest (4-11); by hand, the ranks' mean step times of
+    # steps 3-11 have the median 16.455 ms, step 5's own: it is shown; every recorded step was
+    # memory-traced, and the caption says so. FSDP's unit timeline shows its latest step
     assert "Step 11: 4 units" in captions
-    assert "Step 11 (instrumented: its time includes the instrument's own work): 3 bucket(s)" in captions
+    assert "Step 5 (instrumented: its time includes the instrument's own work): 3 bucket(s)" in captions
     assert "4 units" in captions and "reshard_after_forward True" in captions

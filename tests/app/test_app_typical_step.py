@@ -182,3 +182,45 @@ def test_a_chosen_step_far_from_the_median_says_so_with_both_times():
     chosen = detail.typical_detail_step(buckets, steps, "bucket")
     said = detail.step_text(chosen, steps, buckets)
     assert "20.0 ms against the run's median 11." in said and "typical" not in said
+
+
+def test_live_and_the_bucket_page_open_on_the_same_typical_step_though_the_run_ended_slow():
+    """The tour (issue 33): Live kept the newest two steps and opened on one of 9.1 ms against the
+    run's median 5.0 ms; the Bucket timeline (the newest 8) on another. Both windows now keep the
+    same steps across the run (`spread_stride`): by hand, of the kept steps the ordinary one nearest
+    the median of steps 3-298, a 10-12 ms step, never one of the 20 ms steps that ended the run."""
+    from ddpviz.app import runsets
+    from ddpviz.app.window import RunWindow
+
+    events = _all_steps_run()
+    for e in events:
+        if e["type"] == "step" and 288 < e["step"] < STEPS - 1:
+            e["step_time_s"] = 0.020  # a machine that got busy at the end
+    live, page = RunWindow("r"), RunWindow("r", max_steps=runsets.MAX_STEPS)
+    for i in range(0, len(events), 50):
+        live.ingest(events[i:i + 50])
+        page.ingest(events[i:i + 50])
+    on_live = detail.typical_detail_step(live.of_type("bucket"), live.of_type("step"), "bucket")
+    on_page = fsteps.typical_step(detail.bucket_candidates(page.of_type("bucket"), page.of_type("step")),
+                                  page.of_type("step"))
+    times = {e["step"]: e["step_time_s"] for e in events if e["type"] == "step"}
+    plain = sorted(times[s] for s in range(3, STEPS) if not should_trace_memory(s, STEPS))
+    mid = len(plain) // 2
+    median = (plain[mid - 1] + plain[mid]) / 2 if len(plain) % 2 == 0 else plain[mid]
+    kept = {0, 1} | set(range(0, STEPS, 32)) | set(range(292, STEPS))
+    plain_kept = [s for s in kept if not should_trace_memory(s, STEPS)]
+    want = min(plain_kept, key=lambda s: (abs(times[s] - median), -s))
+    assert on_live == on_page == want and times[want] < 0.0125
+    assert "typical" in detail.step_text(on_live, live.of_type("step"), live.of_type("bucket"))
+
+
+def _all_steps_run() -> list[dict]:
+    """`_ddp_run`'s steps, with every step's bucket events (as a run sends them)."""
+    events = []
+    for e in _ddp_run():
+        events.append(e)
+        if e["type"] == "step" and e["step"] not in KEPT:
+            events += [dict(type="bucket", rank=e["rank"], step=e["step"], bucket_index=b, nbytes=4096,
+                            num_params=2, is_last=b == 2, ready_s=0.001 * (b + 1), comm_start_s=0.001 * (b + 1),
+                            comm_end_s=0.001 * (b + 2)) for b in range(3)]
+    return events

@@ -81,13 +81,27 @@ def test_the_collector_comes_back_when_the_last_concurrent_reader_leaves():
 
 def test_windows_are_bounded():
     events = [e for s in range(30) for e in g.ddp_step("r", s)]
-    w = RunWindow("r", max_steps=10)
+    w = RunWindow("r", max_steps=10, recent_steps=2, first_steps=0, spread=3)
     w.ingest(events)
     steps = {e["step"] for e in w.of_type("step")}
     assert steps == set(range(20, 30))
-    assert {e["step"] for e in w.of_type("bucket")} == {28, 29}
-    assert {e["step"] for e in w.of_type("comm_volume")} == {28, 29}
+    # detail: the newest 2 and a spread of at most 3 (by hand: 29 // 8 + 1 = 4 > 3, stride 16: 0 and 16)
+    assert {e["step"] for e in w.of_type("bucket")} == {0, 16, 28, 29}
+    assert {e["step"] for e in w.of_type("comm_volume")} == {0, 16, 28, 29}
     assert w.latest_step == 29
+
+
+def test_detail_steps_kept_across_a_run_read_a_poll_at_a_time_or_at_once():
+    events = [e for s in range(300) for e in g.ddp_step("r", s)]
+    at_once, polled = RunWindow("r"), RunWindow("r")
+    at_once.ingest(events)
+    for i in range(0, len(events), 37):
+        polled.ingest(events[i:i + 37])
+    # by hand: 299 // 16 + 1 = 19 > 12, 299 // 32 + 1 = 10: every 32nd step, with 0, 1 and the newest 8
+    want = {0, 1} | set(range(0, 300, 32)) | set(range(292, 300))
+    for w in (at_once, polled):
+        assert {e["step"] for e in w.of_type("bucket")} == want
+        assert {e["step"] for e in w.of_type("dp_phase") + w.of_type("comm_volume")} <= want
 
 
 def test_done_only_after_terminal_and_drained():
@@ -168,11 +182,24 @@ def test_opening_a_long_run_reads_head_and_tail_and_keeps_what_a_full_read_keeps
         pass
     assert opened.finished is not None and opened.latest_step == full.latest_step == 399
     assert opened.steps_done == full.steps_done == 400
-    for t in ("step", "bucket", "memory", "comm_volume"):
+    for t in ("step", "memory"):
         assert opened.of_type(t) == full.of_type(t), t
-    assert {e["step"] for e in opened.of_type("bucket")} == {0, 1, *range(392, 400)}
     # head (100) + the tail for ~21 steps at the head's density (100 events over 9 steps)
     assert counting.read <= 100 + 100 + 100 * 21 // 9 + 1 < 4800 // 5
+    # the tail went back ~21 steps (to 384, a spread step); the middle is not read yet
+    assert {e["step"] for e in opened.of_type("bucket")} == {0, 1, 384, *range(392, 400)}
+    while opened.unread_steps is not None:  # the next polls read the middle, keeping its spread steps
+        opened.poll(counting)
+    # by hand: 399 // 32 + 1 = 13 > 12, so every 64th step, with 0, 1 and the newest 8
+    assert {e["step"] for e in full.of_type("bucket")} == {0, 1, 64, 128, 192, 256, 320, 384, *range(392, 400)}
+    for t in ("bucket", "comm_volume"):  # the same events (a step cut by the head may come in another order)
+        assert sorted(map(_key, opened.of_type(t))) == sorted(map(_key, full.of_type(t))), t
+
+
+def _key(e: dict) -> str:
+    import json
+
+    return json.dumps(e, sort_keys=True)
 
 
 class FullReader:
