@@ -61,8 +61,10 @@ def comm_part(mode: str | None) -> str:
 # (engine/modes/fsdp/step.py). Never a number in its place.
 COMM_NOT_MEASURED = "not measured on CUDA"
 # the summary's `overlap_note` when steady steps had buckets with no all-reduce end (bucket_timing=recorder)
-OVERLAP_NOT_MEASURED = ("not measured: bucket_timing=recorder (no cost per bucket) times each all-reduce on the "
-                        "profiled steps only; bucket_timing=hook measures it every step, at a cost per bucket")
+OVERLAP_NOT_MEASURED = ("not measured: overlap is 1 − exposed / total all-reduce time; the exposed part is measured "
+                        "every step (DDP's reducer: from the last gradient's ready time to backward's end), but the total needs each "
+                        "all-reduce's start and end, which bucket_timing=recorder (no cost per bucket) times on the "
+                        "profiled steps only; bucket_timing=hook times them every step, at a cost per bucket")
 
 
 def interval_union_s(intervals: list[tuple[float, float]]) -> float:

@@ -285,6 +285,10 @@ TABLE_ROWS = [  # (row title, column, format)
 ]
 
 
+# the table's cell where the summary gives `overlap_note` (its whole text is in the verdict above the table)
+OVERLAP_SHORT = "not measured (all-reduce spans on profiled steps only: bucket_timing=recorder)"
+
+
 def side_by_side(df: pd.DataFrame) -> pd.DataFrame:
     """`compare_frame` turned for reading: one row per measure, one column per run (strings)."""
     out = {"measure": [t for t, _, _ in TABLE_ROWS]}
@@ -293,7 +297,7 @@ def side_by_side(df: pd.DataFrame) -> pd.DataFrame:
         if r.get("comm_exposed_note"):  # not measured: the reason, never a number
             out[r["run"]][[c for _, c, _ in TABLE_ROWS].index("comm_exposed_ms")] = COMM_NOT_MEASURED
         if isinstance(r.get("overlap_note"), str):  # the summary's reason (bucket_timing=recorder), never a dash
-            out[r["run"]][[c for _, c, _ in TABLE_ROWS].index("overlap")] = "not measured (bucket_timing=recorder)"
+            out[r["run"]][[c for _, c, _ in TABLE_ROWS].index("overlap")] = OVERLAP_SHORT
     return pd.DataFrame(out)
 
 

@@ -206,4 +206,6 @@ def test_an_unmeasured_overlap_says_so_and_a_measured_one_is_a_percent(views):
     table = fc.side_by_side(fc.compare_frame([ddp, unmeasured])).set_index("measure")
     row = "overlap (1 − exposed / total comm)"
     assert table.loc[row, "DDP"] == f"{ddp.summary['overlap']:.0%}"
-    assert table.loc[row, "DDP rec"] == "not measured (bucket_timing=recorder)"
+    assert table.loc[row, "DDP rec"] == ("not measured (all-reduce spans on profiled steps only: "
+                                         "bucket_timing=recorder)")
+    assert table.loc["  exposed comm (ms)", "DDP rec"] == f"{ddp.summary['comm_exposed_s'] * 1e3:.2f}"

@@ -72,6 +72,8 @@ def test_the_note_and_the_verdict_name_why_and_a_measured_overlap_has_none():
                 steps={"dp": 8, "ddp": 8}, dp_step_ms=12.0, ddp_step_ms=10.0, gap_ms=2.0,
                 overlap_note=OVERLAP_NOT_MEASURED)
     assert f"DDP's overlap is {OVERLAP_NOT_MEASURED}" in v.why()
+    # why an exposed comm is shown beside an overlap that is not (the tour, issue 33)
+    assert "the exposed part is measured every step" in v.why() and "profiled steps only" in v.why()
 
 
 def test_the_summary_gives_the_steps_own_reason_where_they_have_one():
