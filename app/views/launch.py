@@ -5,7 +5,8 @@ is submitted.
 default: the Live page puts them side by side), single, DP, DDP and FSDP (`workers.sweeps.submit_trio`,
 for the Compare page), or one run of the form's `mode`. The form shows only the fields the choice
 uses (`app.form.IGNORED`). "Preset" refills the form from `engine.config.PRESETS`. After a launch a
-banner names each run's id and mode; it is gone when the reader comes back from another page.
+banner names each run's id and mode, and a line under it says whether a worker took them or refused
+one (`launch_status`); both are gone when the reader comes back from another page.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ddpviz.engine.config import ConfigError
 from ddpviz.workers.sweeps import MEMBER_NAMES, submit_trio
 
 LIVE_PAGE = "views/live.py"
+STATUS_REFRESH_S = 2.0  # how often the line under the banner reads the runs' records
 COMPARE_PAGE = "views/compare.py"
 
 
@@ -104,19 +106,65 @@ def submit(client, values: dict[str, Any], label: str, action: str) -> dict[str,
     return None
 
 
+def _named(run_id: str, mode: str) -> str:
+    return f"`{run_id}` {MEMBER_NAMES.get(mode, mode)}"
+
+
 def launched_text(launched: dict[str, str]) -> str:
-    """The banner's line: each run id with its mode, e.g. "Launched 2 runs: `ab12` DP, `cd34` DDP"."""
-    runs = ", ".join(f"`{run_id}` {MEMBER_NAMES.get(mode, mode)}" for run_id, mode in launched.items())
-    return f"Launched {len(launched)} run{'s' if len(launched) > 1 else ''}: {runs}"
+    """The banner's line: each run id with its mode, e.g. "Submitted 2 runs: `ab12` DP, `cd34` DDP".
+    Submitted, not launched: a worker's pre-flight checks may still refuse a run (`launch_status`)."""
+    runs = ", ".join(_named(run_id, mode) for run_id, mode in launched.items())
+    return f"Submitted {len(launched)} run{'s' if len(launched) > 1 else ''}: {runs}"
+
+
+ENDED_BADLY = ("failed", "canceled", "lost")
+
+
+def launch_status(launched: dict[str, str], records: dict[str, dict[str, Any] | None]) -> tuple[str, str]:
+    """(kind, text) of the line under the banner, from the runs' records (`DdpvizClient.get_run`):
+    "error" naming each run that failed, was canceled or lost, with its record's reason (a pre-flight
+    refusal comes back this way: PowerSGD on gloo with several buckets, a pair whose DDP run was
+    refused); else "info" while any waits for a worker; else "success" once every run has started
+    or ended. Kind is a Streamlit call's name (`st.error`, `st.info`, `st.success`)."""
+    bad = []
+    for run_id, mode in launched.items():
+        rec = records.get(run_id) or {}
+        if rec.get("status") in ENDED_BADLY:
+            reason = str((rec.get("error") or {}).get("exception") or "no reason recorded").strip().splitlines()
+            bad.append(f"{_named(run_id, mode)} {rec['status']}: {reason[0] if reason else 'no reason recorded'}")
+    if bad:
+        return "error", "Not trained as asked. " + " · ".join(bad) + " (the Runs page keeps the whole error)."
+    waiting = [_named(r, m) for r, m in launched.items() if (records.get(r) or {}).get("status", "queued") == "queued"]
+    if waiting:
+        return "info", ("Waiting for a worker: " + ", ".join(waiting)
+                        + ". A worker checks each run before it trains; a refusal shows here.")
+    return "success", "A worker took every run: it passed its pre-flight checks or is passing them now."
+
+
+@st.fragment(run_every=STATUS_REFRESH_S)
+def status_line(launched: dict[str, str]) -> None:
+    """`launch_status`, read again every `STATUS_REFRESH_S` while the page is open."""
+    client = get_client()
+    if client is None:
+        return
+    try:
+        records = {run_id: client.get_run(run_id) for run_id in launched}
+    except Exception as exc:  # Redis went away: the banner above still names the runs
+        st.warning(f"Could not read the runs' status: {type(exc).__name__}: {exc}")
+        return
+    kind, text = launch_status(launched, records)
+    getattr(st, kind)(text)
 
 
 def launched_panel() -> None:
-    """After a launch (this visit of the page): which run is which, and the ways to Live and Compare."""
+    """After a launch (this visit of the page): which run is which, whether a worker took them
+    (`status_line`), and the ways to Live and Compare."""
     launched = st.session_state.get("launched")
     if not launched:
         return
     ids = list(launched)
-    st.success(launched_text(launched), icon=":material/rocket_launch:")
+    st.info(launched_text(launched), icon=":material/rocket_launch:")
+    status_line(launched)
     live = ids[-2:]  # Live shows two runs: of a compare set, DDP and FSDP
     st.page_link(LIVE_PAGE, label="Watch them live", icon=":material/monitoring:",
                  query_params={"runs": ",".join(live)})

@@ -83,15 +83,36 @@ def test_the_banner_names_each_runs_mode_and_clears_after_another_page(fake_clie
     assert not at.exception
     names = {"single": "single", "dp": "DP", "ddp": "DDP", "fsdp": "FSDP"}
     by_mode = {r["config"]["mode"]: run_id for run_id, r in fake_client.runs.items()}
-    banner = at.success[0].value
-    assert banner == "Launched 4 runs: " + ", ".join(f"`{by_mode[m]}` {names[m]}" for m in names)
+    banner = at.info[0].value
+    assert banner == "Submitted 4 runs: " + ", ".join(f"`{by_mode[m]}` {names[m]}" for m in names)
+    assert at.info[1].value.startswith("Waiting for a worker: ")  # queued: no worker took them yet
     assert [p.proto.label for p in at.get("page_link")] == ["Watch them live", "Compare them"]
     at.segmented_control(key="launch_what").set_value("pair").run()  # a rerun of the page keeps it
-    assert at.success[0].value == banner
+    assert at.info[0].value == banner
     at.switch_page("views/runs.py").run()
     at.switch_page("views/launch.py").run()
     assert not at.exception
-    assert not at.success and not at.get("page_link")
+    assert not at.info and not at.get("page_link")
+
+
+def test_a_run_refused_by_its_workers_pre_flight_shows_on_launch_not_a_success(fake_client, app_test):
+    """The tour (issue 33): PowerSGD on gloo with two buckets said "Launched 2 runs" while the
+    worker had refused both; the refusal showed on Live only."""
+    at = app_test()
+    at.button(key="launch_pair").click().run()
+    dp_id, ddp_id = at.session_state["launched"]
+    refusal = "pre-flight: comm_hook powersgd on gloo hangs with 2 buckets (PyTorch's own); use bucket_cap_mb >= 1"
+    fake_client.runs[ddp_id].update(status="failed", error={"rank": None, "exception": refusal, "traceback": None})
+    fake_client.runs[dp_id].update(status="failed", error={"rank": None, "exception": "not started: its pair's "
+                                                           "DDP run was refused", "traceback": None})
+    at.run()
+    assert not at.exception and not at.success
+    (error,) = [e.value for e in at.error]
+    assert f"`{ddp_id}` DDP failed: {refusal}" in error and f"`{dp_id}` DP failed: not started" in error
+    fake_client.runs[ddp_id].update(status="started", error=None)
+    fake_client.runs[dp_id].update(status="succeeded", error=None)
+    at.run()
+    assert not at.error and at.success[0].value.startswith("A worker took every run")
 
 
 def test_arrived_tells_a_rerun_from_a_page_change():

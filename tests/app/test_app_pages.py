@@ -65,7 +65,7 @@ def test_launch_one_and_pair(fake_client, app_test):
     at.button(key="launch_pair").click().run()
     assert [c["mode"] for c in fake_client.submitted[1:]] == ["dp", "ddp"]
     assert len(at.session_state["live_runs"]) == 2
-    assert "Launched 2 runs" in _texts(at)
+    assert "Submitted 2 runs" in _texts(at)
 
 
 def test_redis_down_shows_banner_without_password(fake_client, app_test, monkeypatch):
