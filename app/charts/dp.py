@@ -18,6 +18,7 @@ from ddpviz.app.charts.style import (
     PHASE_HUES,
     THREAD_STATE_HUES,
     WIDTH,
+    drawn_scale,
     legend,
     rows_height,
     title,
@@ -124,22 +125,25 @@ def dp_phase_chart(phases: pd.DataFrame) -> alt.Chart:
                  width=WIDTH, height=max(230, rows_height(phases, "device")))  # 4 legend rows
 
 
-_STATE_COLOURS = THREAD_STATE_HUES
-_STATE_COLUMNS = 3  # legend entries per row, below the chart
+# legend entries per row, below the chart: three ran past a whole page column at 1024 px ("waiting for
+# a CPU (machine lo", seen in Chromium)
+_STATE_COLUMNS = 2
 LEGEND_ROW_PX = 22  # the legend's title, and each row of its entries
 
 
 def thread_states_chart(states: pd.DataFrame) -> alt.Chart:
     """Where each device's thread spent a typical step, DP's threads beside DDP's ranks
-    (`app.frames.dp.thread_states_frame`): the lock passing between DP's threads shows as red."""
+    (`app.frames.dp.thread_states_frame`): the lock passing between DP's threads shows in the
+    GIL's colour. A state no device spent time in is left out, bars and legend: DP's threads
+    never wait for an all-reduce, and a DDP rank only where its wait was measured apart."""
+    states = states[states.groupby("state")["ms"].transform("sum") > 0]
     t = title("The lock: each device's thread in a step",
               "DP: one process, a thread per device, one GIL; DDP: a process per "
               "device, each with its own. Medians over the run's steps.")
     return alt.Chart(states).mark_bar(height=alt.RelativeBandSize(0.6)).encode(
         x=alt.X("sum(ms):Q", title="median time per step (ms)", stack="zero"),
         y=alt.Y("device:N", title=None, sort=None, axis=alt.Axis(labelLimit=0)),
-        color=alt.Color("state:N", scale=alt.Scale(domain=list(_STATE_COLOURS),
-                                                   range=list(_STATE_COLOURS.values())),
+        color=alt.Color("state:N", scale=drawn_scale(THREAD_STATE_HUES, states["state"]),
                         legend=legend("thread state (measured: schedstat)", orient="bottom",
                                       columns=_STATE_COLUMNS)),
         order=alt.Order("order:Q"),

@@ -17,7 +17,7 @@ import math
 import altair as alt
 import pandas as pd
 
-from ddpviz.app.charts.style import PHASE_COLOURS, PHASE_HUES, WIDTH, device_scale, legend, title
+from ddpviz.app.charts.style import PHASE_COLOURS, PHASE_HUES, WIDTH, device_scale, legend, stacked_legends, title
 from ddpviz.app.frames.base import MIB, byte_unit
 from ddpviz.app.frames.dp import DP_PHASES
 from ddpviz.app.frames.memory import DEVICE_SOURCES, HOST_SOURCES, SOURCE_LABELS, TIMER_NOTES
@@ -25,11 +25,19 @@ from ddpviz.engine.events import AFTER_STEP_PHASE, REPLICA_CHECK_PHASE
 
 _DASH = {SOURCE_LABELS["tensors"]: [1, 0], SOURCE_LABELS["cuda"]: [6, 3],
          SOURCE_LABELS["process"]: [2, 2], SOURCE_LABELS["nvml"]: [8, 2, 2, 2]}
-# box heights (px): the plot (~200 and ~60) plus title, legends on top and the x axis
-_HELD_PX, _HOST_PX = 520, 380
-# the instrument's own time in a traced step (engine.events): DP's checksums, and the window after a step
-_PHASE_COLOUR = (dict(zip(DP_PHASES, PHASE_COLOURS))
-                 | {REPLICA_CHECK_PHASE: PHASE_HUES["instrument"], AFTER_STEP_PHASE: PHASE_HUES["instrument"]})
+# box heights (px): the plot (~200 and ~60) plus title, legends on top (one under the other) and
+# below, and the x axis
+_HELD_PX, _HOST_PX = 580, 420
+# the instrument's own time in a traced step (engine.events): DP's checksums, and the window after a
+# step; one colour, so one legend entry (the tooltip names which)
+INSTRUMENT = "instrument's work"
+_INSTRUMENT_PHASES = (REPLICA_CHECK_PHASE, AFTER_STEP_PHASE)
+_PHASE_COLOUR = dict(zip(DP_PHASES, PHASE_COLOURS)) | {INSTRUMENT: PHASE_HUES["instrument"]}
+# phase legend entries a row: DP's nine in three rows fit a half column at 1280 px beside the y axis
+# (four a row ran past it: "optimi", seen in a fresh user's tour)
+_PHASE_COLUMNS = 3
+# a device legend, four entries a row: eight GPUs in one row ran past a half column
+_DEVICE_LEGEND = legend("device", orient="top", symbolType="square", columns=4)
 _TO_THE_DATA = alt.Scale(nice=False, zero=True)  # a time axis from 0 to the last reading, set by the data
 _STEP_X_TITLE = "ms from the step's start"
 
@@ -38,8 +46,10 @@ def memory_curve_charts(curve: pd.DataFrame, phases: pd.DataFrame, run: str,
                         y_max_mib: float | None = None) -> list[alt.Chart]:
     """One run's traced step on one time axis: the bytes each device holds over the step's
     phases (background bands, device 0 / rank 0), then the process / GPU when present. Legends
-    sit on top, so the plots share their width and line up. Heights are whole boxes (title,
-    legends, axis: `app.charts.style`).
+    sit on top, one under the other, so the plots share their width and line up, and no legend
+    row runs past a half-column chart (`app.charts.style.stacked_legends`). Heights are whole
+    boxes (title, legends, axis: `app.charts.style`). A chart with no line is not drawn (an older
+    run's one-off readings have no curve): no empty plot, no legend of sources it lacks.
 
     Pass the same `y_max_mib` to runs shown side by side so their device curves compare."""
     where = curve[curve["source"].isin(DEVICE_SOURCES)]
@@ -48,10 +58,24 @@ def memory_curve_charts(curve: pd.DataFrame, phases: pd.DataFrame, run: str,
     # the time axis ends at the step's last reading or phase: the data sets it (nice off), never
     # the spec, so a live refresh with a longer step keeps the chart's view (and a tooltip on it)
     x = alt.X("t_ms:Q", title=_STEP_X_TITLE, scale=_TO_THE_DATA)
+    charts = [] if where.empty else [_held_chart(where, phases, x, run, y_max_mib)]
+    if not host.empty:
+        y = alt.Y("mib:Q", title="MiB", axis=MIB_AXIS, scale=alt.Scale(nice=False, zero=False))
+        lo, hi = mib_domain(host["mib"])  # whole MiB around a nearly flat line, as data (`_extent`)
+        charts.append(alt.layer(_lines(host, x, y), _extent(x, y, t_ms=[0.0, span], mib=[lo, hi])).properties(
+            title=title("The whole process (RSS) or GPU (NVML)",
+                        "includes what is not a tensor: the interpreter, libraries, a CUDA context"),
+            width=WIDTH, height=_HOST_PX))
+    return [stacked_legends(c, "top") for c in charts]
+
+
+def _held_chart(where: pd.DataFrame, phases: pd.DataFrame, x: alt.X, run: str,
+                y_max_mib: float | None) -> alt.Chart:
+    """The bytes each device holds (`where`: the device sources' rows) over the phase bands."""
     head = f"Memory within a step: {run}"  # the step is in the caption: a spec without it survives a refresh
     # the unit the largest value reads best in (a Linear(20, 1) holds KiB, not "0.0004 MiB"), from the
     # shared y_max so side-by-side runs share it too; MiB keeps the field "mib"
-    top_mib = y_max_mib if y_max_mib else float(where["mib"].max()) if not where.empty else 0.0
+    top_mib = y_max_mib if y_max_mib else float(where["mib"].max())
     unit, size = byte_unit(top_mib * MIB)
     unit, size = ("MiB", MIB) if size > MIB else (unit, size)  # GiB: MiB ticks read fine, as before
     field = "mib" if size == MIB else "amount"
@@ -61,17 +85,8 @@ def memory_curve_charts(curve: pd.DataFrame, phases: pd.DataFrame, run: str,
         domain=[0, y_max], nice=True) if y_max else alt.Scale(zero=True)), (field, unit))
     if not phases.empty:
         held = alt.layer(_phase_bands(phases), held).resolve_scale(color="independent")
-    charts = [held.properties(
-        title=title(head, "bytes each device holds, measured; background: phases of device 0"),
-        width=WIDTH, height=_HELD_PX)]
-    if not host.empty:
-        y = alt.Y("mib:Q", title="MiB", axis=MIB_AXIS, scale=alt.Scale(nice=False, zero=False))
-        lo, hi = mib_domain(host["mib"])  # whole MiB around a nearly flat line, as data (`_extent`)
-        charts.append(alt.layer(_lines(host, x, y), _extent(x, y, t_ms=[0.0, span], mib=[lo, hi])).properties(
-            title=title("The whole process (RSS) or GPU (NVML)",
-                        "includes what is not a tensor: the interpreter, libraries, a CUDA context"),
-            width=WIDTH, height=_HOST_PX))
-    return charts
+    return held.properties(title=title(head, "bytes each device holds, measured; background: phases of device 0"),
+                           width=WIDTH, height=_HELD_PX)
 
 
 def _extent(x: alt.X, y: alt.Y, **cols: list[float]) -> alt.Chart:
@@ -86,7 +101,7 @@ def _lines(df: pd.DataFrame, x: alt.X, y: alt.Y, tip: tuple[str, str] = ("mib", 
     return alt.Chart(df).mark_line(interpolate="step-after", strokeWidth=2,
                                    point=alt.OverlayMarkDef(size=6, opacity=0.5)).encode(
         x=x, y=y,
-        color=alt.Color("device:N", legend=legend("device", orient="top", symbolType="square"),
+        color=alt.Color("device:N", legend=_DEVICE_LEGEND,
                         scale=device_scale(sorted(set(df["device"])))),
         strokeDash=alt.StrokeDash("source_label:N", scale=dashes,
                                   # a fill colour too: over a line with points Vega draws the stroke
@@ -125,10 +140,13 @@ def nice_ceiling(mib: float | None) -> float | None:
 
 
 def _phase_bands(phases: pd.DataFrame) -> alt.Chart:
-    shown = [p for p in _PHASE_COLOUR if p in set(phases["phase"])]
+    """Device 0's phases as background bands, coloured by `band` (the phase; the instrument's two
+    as `INSTRUMENT`, their one colour)."""
+    phases = phases.assign(band=phases["phase"].where(~phases["phase"].isin(_INSTRUMENT_PHASES), INSTRUMENT))
+    shown = [p for p in _PHASE_COLOUR if p in set(phases["band"])]
     return alt.Chart(phases).mark_rect(opacity=0.22).encode(
         x=alt.X("start_ms:Q", scale=_TO_THE_DATA, title=_STEP_X_TITLE), x2="end_ms:Q",
-        color=alt.Color("phase:N", legend=legend("phase (background)", orient="bottom", columns=4),
+        color=alt.Color("band:N", legend=legend("phase (background)", orient="bottom", columns=_PHASE_COLUMNS),
                         scale=alt.Scale(domain=shown, range=[_PHASE_COLOUR[p] for p in shown]),
                         sort=shown),
         tooltip=[alt.Tooltip("phase:N"), alt.Tooltip("start_ms:Q", title="start (ms)", format=".2f"),
@@ -148,7 +166,7 @@ def memory_over_run_charts(run_memory: pd.DataFrame, run: str) -> list[alt.Layer
         x = alt.X("t_s:Q", title="seconds since the run started", scale=_TO_THE_DATA)
         y = alt.Y("lo_mib:Q", title="MiB", axis=MIB_AXIS, scale=alt.Scale(nice=False, zero=False))
         lo, hi = mib_domain(pd.concat([df["lo_mib"], df["hi_mib"]]))
-        colour = alt.Color("device:N", legend=legend("device", orient="top", symbolType="square"),
+        colour = alt.Color("device:N", legend=_DEVICE_LEGEND,
                            scale=device_scale(sorted(set(df["device"]))))
         tip = [alt.Tooltip("device:N"), alt.Tooltip("t_s:Q", title="s since start", format=".1f"),
                alt.Tooltip("mib:Q", title="mean MiB", format=",.2f"),

@@ -102,10 +102,29 @@ def run_scale(runs: list[str], modes: dict[str, str] | None = None) -> alt.Scale
     return alt.Scale(domain=runs, range=[colours[r] for r in runs])
 
 
+def drawn_scale(hues: dict[str, str], values) -> alt.Scale:
+    """The colour scale of those categories of `hues` (name -> colour, a family above) that are
+    among `values`, in `hues` order: a legend lists only what its chart draws, each category in
+    its one colour. None drawn: the whole family (an empty chart's legend still says what it
+    would draw)."""
+    present = set(values)
+    shown = [k for k in hues if k in present] or list(hues)
+    return alt.Scale(domain=shown, range=[hues[k] for k in shown])
+
+
 def legend(title: str, orient: str = "right", **kw) -> alt.Legend:
     """A legend whose labels and title are never cut (`labelLimit`, `titleLimit` 0), however
     narrow the chart."""
     return alt.Legend(title=title, orient=orient, symbolOpacity=1, **{"labelLimit": 0, "titleLimit": 0, **kw})
+
+
+def stacked_legends(chart, *orients: str):
+    """`chart` (a top-level chart) with its legends on each of `orients` ("top", "bottom") one
+    under the other. Vega lays the legends that share a side in one row, as wide as they are
+    together, and never wraps it: in a half- or third-column chart the row ran past the canvas and
+    its last labels were cut ("hub (dev", seen in Chromium), whatever their `labelLimit`."""
+    sides = ", ".join(f"{o}: {{direction: 'vertical', anchor: 'start'}}" for o in orients)
+    return chart.configure_legend(layout=alt.ExprRef(expr=f"{{{sides}}}"))
 
 
 # Vega cuts a title line at its chart's plot width with "…". The narrowest chart a page draws is
@@ -121,12 +140,14 @@ def wrap(text: str | list[str] | None, width: int) -> list[str]:
     return [part for line in lines for part in (textwrap.wrap(line, width, break_long_words=False) or [""])]
 
 
-def title(text: str, subtitle: str | list[str] | None = None) -> alt.TitleParams:
-    """A chart title anchored at the start, wrapped so no line is cut however narrow the chart
-    (`TITLE_CHARS`, `SUBTITLE_CHARS`); a one-line title stays a string."""
-    lines = wrap(text, TITLE_CHARS)
+def title(text: str, subtitle: str | list[str] | None = None,
+          chars: tuple[int, int] = (TITLE_CHARS, SUBTITLE_CHARS)) -> alt.TitleParams:
+    """A chart title anchored at the start, wrapped so no line is cut however narrow the chart:
+    at most `chars` (title, subtitle) characters a line, by default `TITLE_CHARS` and
+    `SUBTITLE_CHARS` (a narrower chart passes its own); a one-line title stays a string."""
+    lines = wrap(text, chars[0])
     return alt.TitleParams(text=lines[0] if len(lines) == 1 else lines,
-                           subtitle=wrap(subtitle, SUBTITLE_CHARS) if subtitle else "", anchor="start")
+                           subtitle=wrap(subtitle, chars[1]) if subtitle else "", anchor="start")
 
 
 def rows_height(df: pd.DataFrame, column: str, min_rows: int = 2, row_px: int = ROW_PX,

@@ -60,13 +60,16 @@ def _layers(probe: pd.DataFrame, buckets: pd.DataFrame, lines: pd.DataFrame, y: 
                                     alt.Tooltip("bucket_index:Q", title="bucket")])
     alg, dots = pl[pl["series"] == PROBE_ALG], pl[pl["series"] != PROBE_ALG]
     fitted, alone = dots["fitted"].astype(bool), bk["alone"].astype(bool)
-    return [_marks(alg, "line", enc, strokeWidth=3, opacity=0.7),  # under busbw (same for n = 2)
-            _marks(dots, "line", enc, strokeWidth=1.5),
-            _marks(dots[fitted], "point", enc, filled=True, size=50),
-            _marks(dots[~fitted], "point", enc, filled=False, size=50),
-            _marks(bk[~alone], "point", btip, filled=False, size=30, opacity=0.6),
-            _marks(bk[alone], "point", btip, filled=True, size=45, opacity=0.8),  # on top
-            _marks(ln, "line", dict(enc, detail="series:N"), strokeWidth=2.5, strokeDash=[6, 3])]
+    layers = [(alg, "line", enc, dict(strokeWidth=3, opacity=0.7)),  # under busbw (same for n = 2)
+              (dots, "line", enc, dict(strokeWidth=1.5)),
+              (dots[fitted], "point", enc, dict(filled=True, size=50)),
+              (dots[~fitted], "point", enc, dict(filled=False, size=50)),
+              (bk[~alone], "point", btip, dict(filled=False, size=30, opacity=0.6)),
+              (bk[alone], "point", btip, dict(filled=True, size=45, opacity=0.8)),  # on top
+              (ln, "line", dict(enc, detail="series:N"), dict(strokeWidth=2.5, strokeDash=[6, 3]))]
+    # no layer without data (the time chart has no algbw, a run may have no bucket alone...): an
+    # empty one draws nothing and makes Vega warn "Infinite extent" for its fields
+    return [_marks(df, mark, e, **props) for df, mark, e, props in layers if not df.empty]
 
 
 def bandwidth_chart(probe: pd.DataFrame, buckets: pd.DataFrame, lines: pd.DataFrame, *,

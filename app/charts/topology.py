@@ -10,10 +10,14 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from ddpviz.app.charts.style import MODE_HUES, legend, title
+from ddpviz.app.charts.style import MODE_HUES, legend, stacked_legends, title
 from ddpviz.app.frames.topology import ROLES
 
 SIZE_PX = 430  # square plot: a circle must stay a circle
+# Learn draws these three to a row (star, ring, tree): a third of a page column, whose title Vega
+# cuts at ~220 px at 1280 px wide (seen in Chromium), so titles wrap at (title, subtitle) characters
+# that fit it (`app.charts.style.title`)
+THIRD_COLUMN_CHARS = (28, 41)
 # DP's hub and replicas in DP's colours (the hub its dark shade), DDP's ranks in DDP's
 _ROLE_HUE = dict(zip(ROLES, [MODE_HUES["dp"][1], MODE_HUES["dp"][0], MODE_HUES["ddp"][0]]))
 
@@ -53,9 +57,11 @@ def topology_chart(nodes: pd.DataFrame, edges: pd.DataFrame, *, heading: str,
         tooltip=[alt.Tooltip("label:N", title="node"), alt.Tooltip("role:N")])
     names = alt.Chart(nodes).mark_text(fontSize=13, fontWeight="bold", dy=28).encode(
         x=alt.X("x:Q", **_AXIS), y=alt.Y("y:Q", **_AXIS), text="label:N")
-    return alt.layer(*layers, dots, names).properties(
-        title=title(heading, subtitle), width=SIZE_PX, height=SIZE_PX,
+    # the link widths' legend above the nodes', never beside it: side by side they need ~330 px
+    chart = alt.layer(*layers, dots, names).properties(
+        title=title(heading, subtitle, chars=THIRD_COLUMN_CHARS), width=SIZE_PX, height=SIZE_PX,
         autosize=alt.AutoSizeParams(type="pad"))  # legends around the square, not inside it
+    return stacked_legends(chart, "bottom")
 
 
 def allreduce_time_chart(frame: pd.DataFrame, *, subtitle: str, mark_n: int | None = None) -> alt.LayerChart:

@@ -101,7 +101,8 @@ def theory_section(windows, labels) -> None:
             "tree (one of NCCL's two)": f"P per link (half up, half down); {steps['tree']} steps (∝ log2 n)"}
     for col, (kind, nodes, edges) in zip(st.columns(3), drawn):
         with col:
-            st.altair_chart(topology_chart(nodes, edges, heading=f"{kind}, n = {n} (theory)",
+            # "n = 8" in no-break spaces: a title wrapped to the third column keeps it on one line
+            st.altair_chart(topology_chart(nodes, edges, heading=f"{kind}, n\u00a0=\u00a0{n} (theory)",
                                            subtitle=subs[kind], max_mib=top, arrows=kind.startswith("ring")),
                             key=f"learn_theory_{kind.split()[0]}")
     st.caption(f"P = {p_bytes / 2**20:.3f} MiB: the gradient bytes of {labels[rid]}'s model. "
@@ -129,7 +130,7 @@ def lock_section(windows, labels) -> None:
                "(/proc/self/task/<tid>/schedstat): a thread that has Python work but is neither "
                "running nor waiting for a CPU is waiting for a lock, in DP the GIL its sibling "
                "threads hold. Wide layers spend their time in kernels that release the GIL, so the "
-               "red part is small there; narrow, deep models (Sweeps → shape) make it large.")
+               "GIL's dark teal part is small there; narrow, deep models (Sweeps → shape) make it large.")
 
 
 def body(windows, labels) -> None:

@@ -15,6 +15,11 @@ def _titles(at) -> list[str]:
     return [json.loads(c.proto.spec)["title"]["text"] for c in at.get("vega_lite_chart")]
 
 
+def _one_line(titles: list) -> list[str]:
+    """Titles as one line each: a wrapped one's lines joined, no-break spaces as spaces."""
+    return [" ".join(t if isinstance(t, list) else [t]).replace("\u00a0", " ") for t in titles]
+
+
 def _ok(at) -> None:
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
@@ -124,13 +129,14 @@ def test_learn_page(real_client, app_test):
     trio(real_client)
     at = app_test("views/learn.py")
     _ok(at)
-    assert _titles(at) == ["DP: the star", "DDP: the ring", "star (DP), n = 8 (theory)", "ring (DDP), n = 8 (theory)",
-                           "tree (one of NCCL's two), n = 8 (theory)", "Shards, gather, scatter: unit 'hidden.1'"]
+    assert _one_line(_titles(at)) == [
+        "DP: the star", "DDP: the ring", "star (DP), n = 8 (theory)", "ring (DDP), n = 8 (theory)",
+        "tree (one of NCCL's two), n = 8 (theory)", "Shards, gather, scatter: unit 'hidden.1'"]
     text = " ".join(m.value for m in at.markdown)
     assert "a star" in text and "a ring" in text and "the tree" in text and "shards, gather, scatter" in text
     # the runs have 2 devices: the theory drawings open at n = 8, and the slider redraws them
     at.select_slider(key="learn_theory_n").set_value(16).run()
-    assert "tree (one of NCCL's two), n = 16 (theory)" in _titles(at)
+    assert "tree (one of NCCL's two), n = 16 (theory)" in _one_line(_titles(at))
 
 
 def test_sweeps_page_world_size(real_client, app_test):

@@ -164,7 +164,7 @@ def test_the_lock_chart_leaves_its_bands_room_beside_the_wrapped_subtitle_and_th
     """Streamlit fits the whole chart in its height. A DDP-only run (2 ranks, 5 thread states) drew its
     bands a pixel tall in Chromium: the 160 px box held the title and its wrapped subtitle, the axis and
     the legend below. Hand-worked room: the title's box (CHROME_PX, 120) + 2 rows of ROW_PX (42) + the
-    subtitle's lines past the first (16 px each) + the legend (its title and 2 rows of 3 entries, 22 px each)."""
+    subtitle's lines past the first (16 px each) + the legend (its title and 3 rows of 2 entries, 22 px each)."""
     from ddpviz.app.charts.dp import thread_states_chart
     from ddpviz.app.frames.dp import thread_states_frame
 
@@ -174,4 +174,33 @@ def test_the_lock_chart_leaves_its_bands_room_beside_the_wrapped_subtitle_and_th
 
     spec = thread_states_chart(thread_states_frame({"DDP": [gil("cpu:0"), gil("cpu:1")]})).to_dict()
     subtitle_lines = len(spec["title"]["subtitle"]) if isinstance(spec["title"]["subtitle"], list) else 1
-    assert spec["height"] >= 120 + 2 * 42 + 16 * (subtitle_lines + 1 - 2) + 3 * 22
+    assert spec["height"] >= 120 + 2 * 42 + 16 * (subtitle_lines + 1 - 2) + 4 * 22
+
+
+def test_the_lock_chart_lists_in_its_legend_only_the_states_it_draws():
+    """A legend lists only what its chart draws (issue 33): a fresh user's Learn page listed
+    "waiting for the all-reduce" under a chart with none of it. DP's threads never wait for an
+    all-reduce (their `gil` events carry no other_wait_s) and a DDP rank waits measurably only where
+    its wait was measured apart (0 otherwise): no bar, no entry. Where a rank has some, the entry
+    is back, in the colour `app.charts.style` gives it."""
+    from ddpviz.app.charts import style
+    from ddpviz.app.charts.dp import thread_states_chart
+    from ddpviz.app.frames.dp import thread_states_frame
+
+    def gil(dev, **other):
+        return {"type": "gil", "step": 0, "device": dev, "on_cpu_s": 0.004, "gil_wait_s": 0.002,
+                "runnable_s": 0.001, "thread_wait_s": 0.001, **other}
+
+    def drawn(spec):
+        scale = spec["encoding"]["color"]["scale"]
+        rows = [r for rows in spec["datasets"].values() for r in rows]
+        assert scale["range"] == [style.THREAD_STATE_HUES[s] for s in scale["domain"]]
+        assert {r["state"] for r in rows if r["ms"] > 0} == set(scale["domain"])  # every entry has a bar
+        return scale["domain"]
+
+    dp, ddp = [gil("cpu:0"), gil("cpu:1")], [gil("cpu:0", other_wait_s=0.0), gil("cpu:1", other_wait_s=0.0)]
+    four = ["running (on a CPU)", "waiting for the GIL", "waiting for a CPU (machine load)", "no work handed to it"]
+    assert drawn(thread_states_chart(thread_states_frame({"DP": dp, "DDP": ddp})).to_dict()) == four
+    ddp[1]["other_wait_s"] = 0.0005  # rank 1 waited 0.5 ms for the all-reduce
+    assert drawn(thread_states_chart(thread_states_frame({"DP": dp, "DDP": ddp})).to_dict()) == [
+        *four, "waiting for the all-reduce"]
