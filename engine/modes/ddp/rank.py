@@ -230,7 +230,8 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         maybe_diverge(cfg, rank, step, model)
         del x, y, out  # freed inside the step, as a plain loop frees them when it rebinds the names
         t4 = now()
-        return ordinary_finish(step, t0, t2, t4, t2 - t1, t3 - t2, t4 - t3, float(loss))  # the loss read: ddpviz's
+        # the loss read: ddpviz's; detached, as float() of a tensor that needs grad warns (torch 2.13)
+        return ordinary_finish(step, t0, t2, t4, t2 - t1, t3 - t2, t4 - t3, float(loss.detach()))
 
     def train_step(step: int) -> dict:
         progress["step"] = step
