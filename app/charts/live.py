@@ -79,7 +79,10 @@ def live_throughput_chart(recent: pd.DataFrame, earlier: pd.DataFrame, runs: lis
     ).add_params(zoom, pick)
     line = alt.Chart(recent).mark_line(strokeWidth=2).encode(
         x=x, y="samples_per_s_smooth:Q", color=colour, opacity=faded, tooltip=tip_step)
-    earlier = earlier if not earlier.empty else _no_bins(recent)
+    # Before step 500 the bins' layers have no rows, and Vega warns "Infinite extent" in the browser's
+    # console for their fields. Kept so: the spec stays the run's for its whole life (a layer added at the
+    # first bin would re-create the view), and one bin of no size in their place made a tooltip held on
+    # the step-time split vanish at refreshes (tests/app/test_app_browser_live.py red 3 of 8, 2026-12-05)
     band = alt.Chart(earlier).mark_rect(opacity=0.18).encode(
         x="step_lo:Q", x2="step_hi:Q", y="lo:Q", y2="hi:Q", color=colour, tooltip=tip_bin)
     if "segment" not in earlier:  # no unread steps: one line per run
@@ -94,17 +97,6 @@ def live_throughput_chart(recent: pd.DataFrame, earlier: pd.DataFrame, runs: lis
             f"{SMOOTH_STEPS}",
             "earlier steps: dashed = mean per bin, band = min–max · drag to pan, shift + wheel to zoom, "
             "double-click to reset"]))
-
-
-def _no_bins(recent: pd.DataFrame) -> pd.DataFrame:
-    """The bins' layers' data while no step is binned yet: one bin of no width and no height at the
-    first recent dot, so they draw nothing. Empty, Vega warns "Infinite extent" for each of their
-    fields (step_lo, lo, mean...); left out, the spec would change when the first bin comes, and
-    with it the view (`live_throughput_chart` keeps one spec for a run's whole life)."""
-    first = recent.iloc[0]
-    step, rate = float(first["step"]), float(first["samples_per_s"])
-    return pd.DataFrame({"run": [first["run"]], "step_lo": [step], "step_hi": [step], "step_mid": [step],
-                         "lo": [rate], "hi": [rate], "mean": [rate], "steps": [0], "segment": [0]})
 
 
 def accuracy_chart(accuracy: pd.DataFrame, runs: list[str], modes: dict[str, str] | None = None) -> alt.Chart:

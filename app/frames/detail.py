@@ -27,12 +27,15 @@ def bucket_candidates(bucket_events: list[Event], step_events: list[Event]) -> l
     """The kept steps a bucket view may open on, best first: ordinary (not instrumented) steps with
     measured spans; else ordinary steps (with bucket_timing=recorder only the profiled steps have
     spans, and they are instrumented: an ordinary step shows its ready times and exposed comm, its
-    all-reduce "not measured", issue 33); else any step with spans; else any kept step."""
-    notes = fsteps.step_notes(step_events)
+    all-reduce "not measured", issue 33); else any step with spans; else any kept step. A step
+    is not ordinary when its step events say so (instrumented) or its bucket events do (sampled):
+    the latter still tell once a long run's window has let the step's own events go (Live, past
+    its 500 steps, opened on "Step 1 (sampled)", seen in Chromium)."""
+    notes = fsteps.step_notes(step_events, bucket_events)
     measured, kept = fb.measured_steps(bucket_events), fb.bucket_steps(bucket_events)
 
     def ordinary(steps: list[int]) -> list[int]:
-        return [s for s in steps if notes.get(s) != "instrumented"]
+        return [s for s in steps if s not in notes]
     return ordinary(measured) or ordinary(kept) or measured or kept
 
 

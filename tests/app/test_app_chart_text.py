@@ -285,12 +285,15 @@ def test_narrow_charts_keep_their_legends_and_titles_inside_their_column():
 
 
 def test_no_chart_on_a_page_draws_a_layer_without_data(specs):
-    """Every page on the recorded runs: no layer with no rows (Live's bins before step 500, an older
-    run's memory step with no curve, the time chart's algbw), each one a console warning "Infinite
-    extent" in the browser (issue 33's tour)."""
+    """Every page on the recorded runs: no layer with no rows (an older run's memory step with no
+    curve, the time chart's algbw), each one a console warning "Infinite extent" in the browser
+    (issue 33's tour); Live's bins before step 500 excepted, on purpose."""
     empty = [f"{page} '{(spec.get('title') or {}).get('text')}': {view}"
              for page, spec, data in specs[0] + _built() for view in _empty_views(spec, data)]
-    assert not empty, "\n".join(empty)
+    # but Live's bins before step 500, on purpose (`app.charts.live.live_throughput_chart`)
+    bins = {"views/live.py 'Throughput per step': a rect of ['color', 'x', 'x2', 'y', 'y2']",
+            "views/live.py 'Throughput per step': a line of ['color', 'detail', 'x', 'y']"}
+    assert not [e for e in empty if e not in bins], "\n".join(empty)
 
 
 def test_the_walker_sees_a_cut_legend():

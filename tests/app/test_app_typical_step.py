@@ -224,3 +224,30 @@ def _all_steps_run() -> list[dict]:
                             num_params=2, is_last=b == 2, ready_s=0.001 * (b + 1), comm_start_s=0.001 * (b + 1),
                             comm_end_s=0.001 * (b + 2)) for b in range(3)]
     return events
+
+
+def test_past_its_window_live_still_leaves_the_sampled_first_steps_out():
+    """bucket_timing=recorder, 700 steps: spans only on the traced steps (0-2, every 50th, the
+    last), which say `sampled`. Live's window keeps 500 steps of step events, so steps 0 and 1 are
+    no longer known as traced by their step events; their bucket events still say `sampled`. Seen in
+    Chromium: Live opened on "Step 1 (sampled)" past step 500 (and the view re-drawn hid a tooltip)."""
+    from ddpviz.app.window import RunWindow
+
+    steps_n = 700
+    events = []
+    for step in range(steps_n):
+        traced = should_trace_memory(step, steps_n)
+        for rank in range(2):
+            events.append(dict(type="step", rank=rank, step=step, samples=64,
+                               step_time_s=0.010 + 0.0001 * (step % 7), forward_s=0.003, backward_s=0.005, optimizer_s=0.001, comm_exposed_s=0.001,
+                               **({"memory_traced": True} if traced else {})))
+            events += [dict(type="bucket", rank=rank, step=step, bucket_index=0, nbytes=4096, num_params=2,
+                            is_last=True, sampled=traced, ready_s=0.001, comm_start_s=0.001 if traced else None,
+                            comm_end_s=0.002 if traced else None)]
+    live = RunWindow("r")
+    for i in range(0, len(events), 64):
+        live.ingest(events[i:i + 64])
+    assert min(e["step"] for e in live.of_type("step")) == 200 and {0, 1} <= set(fb.bucket_steps(live.of_type("bucket")))
+    chosen = detail.typical_detail_step(live.of_type("bucket"), live.of_type("step"), "bucket")
+    assert chosen >= 200 and not should_trace_memory(chosen, steps_n)
+    assert "typical" in detail.step_text(chosen, live.of_type("step"), live.of_type("bucket"))
