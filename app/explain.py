@@ -106,6 +106,9 @@ def _pair_note(plan: dict[str, Any], dp_status: str | None, ddp_status: str | No
     """The note for a pair submitted as one job: what its plan says, and a run that ended early."""
     statuses = {"DP": dp_status, "DDP": ddp_status}
     waiting = all(s == "queued" for s in statuses.values())
+    if all(s in _EARLY for s in statuses.values()):  # e.g. a pair refused before either started
+        return (f"Neither run trained to its end (DP {dp_status}, DDP {ddp_status}): each run's status above "
+                "says why.")
     if plan.get("turn_steps"):
         tense = "will train" if waiting else "train" if any(s == "started" for s in statuses.values()) else "trained"
         note = (f"DP and DDP {tense} at once on one worker, {plan.get('why')}, the order swapped each round: "
@@ -126,7 +129,12 @@ def verdict_text(v: Verdict, final: bool) -> str:
 
 def waiting_text(windows: dict[str, Any]) -> str | None:
     """Said while a pair exists but has no verdict yet (too few steady steps to judge)."""
-    if newest_pair(windows) is None:
+    pair = newest_pair(windows)
+    if pair is None:
         return None
+    dp, ddp = (windows[r].status for r in pair)
+    if dp in _EARLY + ("succeeded",) and ddp in _EARLY + ("succeeded",):
+        return (f"No verdict: the runs ended (DP {dp}, DDP {ddp}) before each had "
+                f"{MIN_STEADY_STEPS} steady steps to judge them by.")
     return (f"No verdict yet: each run needs {MIN_STEADY_STEPS} steady steps (after warm-up, leaving "
             "out instrumented steps) before DP and DDP can be told apart from noise.")

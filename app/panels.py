@@ -54,7 +54,14 @@ def _chart(chart, key: str) -> None:
     st.altair_chart(chart, key=key)
 
 
-def _waiting(what: str) -> None:
+def _waiting(what: str, windows: dict[str, RunWindow] | RunWindow | None = None) -> None:
+    """"Waiting for `what`…" while a run of `windows` may still send it; once every one has ended
+    and its stream is read, that none came and how each run ended (a refused pair said "Waiting for
+    the first step" under two failed runs, the tour, issue 33)."""
+    ws = [windows] if isinstance(windows, RunWindow) else list((windows or {}).values())
+    if ws and all(w.done for w in ws):
+        ended = ", ".join(sorted({w.status for w in ws}))
+        return st.caption(f"The run{'s' if len(ws) > 1 else ''} ended ({ended}) before {what} came.")
     st.info(f"Waiting for {what}…", icon=":material/hourglass_empty:")
 
 
@@ -167,7 +174,7 @@ def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, st
     refresh(client, windows)
     steps = steps_of(windows, labels)
     if steps.empty:
-        return _waiting("the first step")
+        return _waiting("the first step", windows)
     medians = {run: float(df["samples_per_s"].median())  # the run summary's steps (fsteps.steady_steps)
                for run, df in fsteps.steady_steps(steps).groupby("run", sort=False)}
     for col, (run, v) in zip(st.columns(len(medians)), medians.items()):
@@ -237,7 +244,7 @@ def accuracy_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]
         return st.caption("No validation accuracy: these runs recorded no evaluation (their data has no "
                           "held-out split, or they ended before their first).")
     if evals.empty:
-        return _waiting("the first evaluation")
+        return _waiting("the first evaluation", windows)
     _zoomable(charts_live.accuracy_chart(evals, [labels.get(r, r) for r in windows],
                                          runsets.modes_of(windows, labels)), "chart_accuracy",
               [charts_live.ZOOM])
@@ -277,7 +284,7 @@ def split_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -
     steps = steps_of(windows, labels)
     split = fsteps.split_frame(steps, runsets.modes_of(windows, labels))
     if split.empty:
-        return _waiting("the first step")
+        return _waiting("the first step", windows)
     _chart(charts.split_chart(split), "chart_split")
     missing = "".join(f" {run}: {why} (its forward and backward include it)."
                       for run, why in fsteps.unmeasured_parts(steps).items())
@@ -298,7 +305,7 @@ def memory_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) 
     over_run = {rid: fm.memory_over_run_frame(w.memory_history.rows(), labels[rid], w.start_ts)
                 for rid, w in windows.items()}
     if all(c.empty for c in curves.values()) and all(o.empty for o in over_run.values()):
-        return _waiting("the first memory readings")
+        return _waiting("the first memory readings", windows)
     held = [c.loc[c["source"].isin(fm.DEVICE_SOURCES), "mib"] for c in curves.values()]
     y_max = max((float(h.max()) for h in held if not h.empty), default=None)
     for col, (rid, curve) in zip(st.columns(len(curves)), curves.items()):
@@ -310,12 +317,12 @@ def memory_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) 
             if over_run[rid].empty and windows[rid].done:  # over: none will come
                 st.caption("No memory timer readings in this run (its events carry none).")
             elif over_run[rid].empty:
-                _waiting("the memory timer's readings")
+                _waiting("the memory timer's readings", windows[rid])
 
 
 def _step_memory(w: RunWindow, curve: pd.DataFrame, label: str, rid: str, y_max: float | None) -> None:
     if curve.empty:
-        return _waiting("the first traced step's memory")
+        return _waiting("the first traced step's memory", w)
     events = w.of_type("memory") + w.of_type("dp_phase") + w.of_type("step")
     phases = fm.memory_phase_frame(events, int(curve["step"].iloc[0]))
     for i, chart in enumerate(charts_memory.memory_curve_charts(curve, phases, label, y_max)):
@@ -335,7 +342,7 @@ def detail_panel(client, windows: dict[str, RunWindow], labels: dict[str, str], 
         step = detail.typical_detail_step(w.of_type("bucket"), w.of_type("step"), "bucket")
         buckets = frames_buckets.bucket_frame(w.of_type("bucket"), step)
         if buckets.empty:
-            _waiting("bucket events")
+            _waiting("bucket events", w)
         else:
             _chart(live_bucket_timeline(w, buckets), f"chart_buckets_{rid}")
             _bucket_caption(w, buckets)
@@ -347,7 +354,7 @@ def detail_panel(client, windows: dict[str, RunWindow], labels: dict[str, str], 
         phases = fd.dp_phase_frame(w.of_type("dp_phase"),
                                    detail.typical_detail_step(w.of_type("dp_phase"), w.of_type("step"), "dp_phase"))
         if phases.empty:
-            _waiting("DP phase events")
+            _waiting("DP phase events", w)
         else:
             _chart(charts_dp.dp_phase_chart(phases), f"chart_phases_{rid}")
             said = detail.step_text(int(phases["step"].iloc[0]), w.of_type("step"), w.of_type("dp_phase"))

@@ -134,6 +134,23 @@ def test_live_page_shows_full_error(fake_client, app_test):
     assert not at.exception
     assert "Run failed (rank 1): RuntimeError: boom" in at.error[0].value
     assert at.code[0].value == err["traceback"]
+    # a run that ended before its first step is waited for no more (the tour, issue 33: a refused pair)
+    assert not [i.value for i in at.info if i.value.startswith("Waiting for")]
+    assert "The run ended (failed) before the first step came." in [c.value for c in at.caption]
+
+
+def test_a_refused_pair_says_neither_trained_and_waits_for_nothing(fake_client, app_test):
+    err = {"rank": None, "exception": "pre-flight: comm_hook powersgd on gloo with 2 buckets hangs", "traceback": ""}
+    for rid, mode in (("p-dp", "dp"), ("p-ddp", "ddp")):
+        fake_client.add_run(rid, {"mode": mode}, status="failed", error=err, group="g1",
+                            events=[g.run_finished(rid, 0, "failed", err)])
+    fake_client.runs["p-dp"]["pair"] = {"runs": ["p-dp", "p-ddp"], "turn_steps": 10, "why": "in turns of 10 steps"}
+    at = app_test("views/live.py", runs="p-dp,p-ddp")
+    assert not at.exception
+    texts = [c.value for c in at.caption] + [i.value for i in at.info]
+    assert not [t for t in texts if t.startswith("Waiting for") or "trained at once" in t], texts
+    assert "Neither run trained to its end (DP failed, DDP failed): each run's status above says why." in texts
+    assert any(t.startswith("No verdict: the runs ended (DP failed, DDP failed)") for t in texts), texts
 
 
 def test_live_page_shows_a_canceled_run_as_canceled_not_failed(fake_client, app_test):
