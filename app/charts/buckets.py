@@ -22,10 +22,16 @@ COLOURS = [PHASE_HUES["backward"], PHASE_HUES["all-reduce"], PHASE_HUES["bucket 
            PHASE_HUES["all-reduce"]]
 COLOUR_NAMES = dict(zip(KINDS, ["light purple", "dark red", "black", "light red", "dark red"]))  # for the notes
 EXPOSED_NOTE = f"{COLOUR_NAMES[KINDS[3]]}: {KINDS[3]}"  # the subtitle's words for the exposed band
-_KIND = alt.Color("kind:N", legend=legend("", orient="bottom", columns=2),
-                  scale=alt.Scale(domain=KINDS[:4], range=COLOURS[:4]))
-_KIND_STARTS = alt.Color("kind:N", legend=legend("", orient="bottom", columns=2),  # with starts-only marks
-                         scale=alt.Scale(domain=KINDS, range=COLOURS))
+
+
+def _kind_colour(bars: bool, starts: bool) -> alt.Color:
+    """The legend of a step's marks: backward, bucket ready and exposed comm always (every step has
+    them, so Live's spec stays the same from step to step); the all-reduce's bar only where a bucket's
+    all-reduce end was measured, its start mark only where the start alone was (a recorder step
+    listed "all-reduce (one bucket)" and drew none: the tour, issue 33)."""
+    shown = [k for i, k in enumerate(KINDS) if i in (0, 2, 3) or (i == 1 and bars) or (i == 4 and starts)]
+    return alt.Color("kind:N", legend=legend("", orient="bottom", columns=2),
+                     scale=alt.Scale(domain=shown, range=[COLOURS[KINDS.index(k)] for k in shown]))
 SUB_ROW_PX = 20  # one bucket's row inside a rank's lane
 MAX_LANE_PX = 260  # many buckets share this much height per rank
 LEGEND_PX = 70  # the legend below the plot, two rows
@@ -74,13 +80,15 @@ def bucket_timeline(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: pd.D
                       grid=False, ticks=False))
     scale = alt.Scale(domain=[0, x_max_ms], nice=False) if x_max_ms else alt.Scale()
     x = alt.X("start_ms:Q", title="ms from backward start", scale=scale)
+    starts = rows[rows["comm_start_ms"].notna() & rows["comm_end_ms"].isna()] if not rows.empty else rows
+    kind = _kind_colour(bool(not rows.empty and rows["comm_end_ms"].notna().any()), not starts.empty)
     layers = [
         alt.Chart(bwd.assign(kind=KINDS[0])).mark_rect().encode(
-            x=x, x2="end_ms:Q", y=y, y2="y1:Q", color=_KIND,
+            x=x, x2="end_ms:Q", y=y, y2="y1:Q", color=kind,
             tooltip=[alt.Tooltip("lane:N", title="rank"),
                      alt.Tooltip("end_ms:Q", title="backward (ms)", format=".2f")]),
         alt.Chart(exp.assign(kind=KINDS[3])).mark_rect().encode(
-            x=x, x2="end_ms:Q", y=y, y2="y1:Q", color=_KIND,
+            x=x, x2="end_ms:Q", y=y, y2="y1:Q", color=kind,
             tooltip=[alt.Tooltip("lane:N", title="rank"),
                      alt.Tooltip("exposed_ms:Q", title="exposed (ms)", format=".2f"),
                      alt.Tooltip("reported_ms:Q", title="engine's comm_exposed (ms)",
@@ -95,15 +103,13 @@ def bucket_timeline(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: pd.D
            *([alt.Tooltip("source:N", title="measured by")] if "source" in rows else [])]
     layers.append(alt.Chart(rows.assign(kind=KINDS[1])).mark_rect().encode(
         x=alt.X("comm_start_ms:Q", scale=scale), x2="comm_end_ms:Q", y=y, y2="y1:Q",
-        color=_KIND, tooltip=tip))
+        color=kind, tooltip=tip))
     layers.append(alt.Chart(rows.assign(kind=KINDS[2])).mark_rule(strokeWidth=2.5).encode(
-        x=alt.X("ready_ms:Q", scale=scale), y=y, y2="y1:Q", color=_KIND, tooltip=tip))
-    starts = rows[rows["comm_start_ms"].notna() & rows["comm_end_ms"].isna()] if not rows.empty else rows
+        x=alt.X("ready_ms:Q", scale=scale), y=y, y2="y1:Q", color=kind, tooltip=tip))
     if not starts.empty:  # the start is measured, the end is not: a mark at the start, never a bar
-        layers = [layer.encode(color=_KIND_STARTS) for layer in layers]
         layers.append(alt.Chart(starts.assign(kind=KINDS[4], y_mid=starts["y0"] + 0.35)).mark_point(
             shape="triangle-right", filled=True, size=70, opacity=1).encode(
-            x=alt.X("comm_start_ms:Q", scale=scale), y=alt.Y("y_mid:Q", scale=y_scale), color=_KIND_STARTS,
+            x=alt.X("comm_start_ms:Q", scale=scale), y=alt.Y("y_mid:Q", scale=y_scale), color=kind,
             tooltip=tip))
     ddps = int(buckets["ddp_index"].nunique()) if not buckets.empty and "ddp_index" in buckets else 1
     if ddps > 1:  # several DDPs in one process (an attached GAN): "DDP k" at the first of its rows

@@ -239,7 +239,8 @@ def test_past_its_window_live_still_leaves_the_sampled_first_steps_out():
         traced = should_trace_memory(step, steps_n)
         for rank in range(2):
             events.append(dict(type="step", rank=rank, step=step, samples=64,
-                               step_time_s=0.010 + 0.0001 * (step % 7), forward_s=0.003, backward_s=0.005, optimizer_s=0.001, comm_exposed_s=0.001,
+                               step_time_s=0.010 + 0.0001 * (step % 7), forward_s=0.003, backward_s=0.005,
+                               optimizer_s=0.001, comm_exposed_s=0.001,
                                **({"memory_traced": True} if traced else {})))
             events += [dict(type="bucket", rank=rank, step=step, bucket_index=0, nbytes=4096, num_params=2,
                             is_last=True, sampled=traced, ready_s=0.001, comm_start_s=0.001 if traced else None,
@@ -247,7 +248,32 @@ def test_past_its_window_live_still_leaves_the_sampled_first_steps_out():
     live = RunWindow("r")
     for i in range(0, len(events), 64):
         live.ingest(events[i:i + 64])
-    assert min(e["step"] for e in live.of_type("step")) == 200 and {0, 1} <= set(fb.bucket_steps(live.of_type("bucket")))
+    assert min(e["step"] for e in live.of_type("step")) == 200
+    assert {0, 1} <= set(fb.bucket_steps(live.of_type("bucket")))
     chosen = detail.typical_detail_step(live.of_type("bucket"), live.of_type("step"), "bucket")
     assert chosen >= 200 and not should_trace_memory(chosen, steps_n)
     assert "typical" in detail.step_text(chosen, live.of_type("step"), live.of_type("bucket"))
+
+
+def test_a_step_without_measured_all_reduces_does_not_list_one_in_its_legend():
+    """The tour (issue 33): a recorder step (ready times, exposed comm, no all-reduce spans) listed
+    "all-reduce (one bucket)" in its legend and drew none; a hook step lists and draws it."""
+    from ddpviz.app.charts.buckets import KINDS, bucket_timeline
+
+    def legend_of(spans: bool) -> list[str]:
+        events = [dict(type="bucket", rank=r, step=4, bucket_index=0, nbytes=4096, num_params=2, is_last=True,
+                       ready_s=0.001, comm_start_s=0.001 if spans else None, comm_end_s=0.002 if spans else None)
+                  for r in range(2)]
+        steps = [dict(type="step", rank=r, step=4, samples=8, step_time_s=0.01, backward_s=0.004,
+                      comm_exposed_s=0.0005) for r in range(2)]
+        names = fb.rank_names(steps + events)
+        frame = fb.with_rank_names(fb.bucket_frame(events, 4), names)
+        spec = bucket_timeline(frame, fb.with_rank_names(fb.backward_frame(steps, 4), names),
+                               fb.with_rank_names(fb.exposed_frame(frame, steps), names), run="DDP").to_dict()
+        domains = {tuple(layer["encoding"]["color"]["scale"]["domain"]) for layer in spec["layer"]
+                   if "color" in layer.get("encoding", {})}
+        assert len(domains) == 1  # one legend for every layer
+        return list(domains.pop())
+
+    assert legend_of(False) == [KINDS[0], KINDS[2], KINDS[3]]
+    assert legend_of(True) == KINDS[:4]
