@@ -34,6 +34,7 @@ _BUFFER_COLUMNS = {
     "as_rank0_at_forward": st.column_config.CheckboxColumn("= rank 0 at forward start")}
 
 
+
 def launch_trio(client) -> None:
     """A compact form that submits single, DP, DDP and FSDP of one config (one group)."""
     with st.expander("Launch a single / DP / DDP / FSDP set", icon=":material/rocket_launch:"):
@@ -70,6 +71,7 @@ def body(windows, labels) -> None:
     # "unlabelled (older run)") is read whole, never cut at a column's edge as a data grid cuts it
     indented = rows["measure"].str.replace(r"^  ", "\u2003", regex=True)  # HTML collapses plain spaces
     st.table(rows.assign(measure=indented), hide_index=True, border="horizontal")
+    st.caption(explain.MEANS_AND_MEDIANS)
     if any((w.started or {}).get("emulated") for w in windows.values()):
         st.caption(explain.EMULATION_NOTE)
     curves = curves_frame(views)

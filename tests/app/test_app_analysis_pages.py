@@ -44,6 +44,10 @@ def test_compare_page_side_by_side(real_client, app_test):
     at = app_test("views/compare.py", runs=",".join(ids.values()))
     _ok(at)
     assert len(_titles(at)) == 6
+    # the verdict's parts are means, the table's medians: said under the table (the tour, issue 33)
+    from ddpviz.app.explain import MEANS_AND_MEDIANS
+
+    assert MEANS_AND_MEDIANS in [c.value for c in at.caption] and "*medians*" in MEANS_AND_MEDIANS
 
 
 def test_compare_page_launches_a_trio(real_client, app_test):
