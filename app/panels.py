@@ -85,12 +85,15 @@ def _run_status(client, w: RunWindow, label: str) -> None:
     if w.started and w.started.get("emulated"):
         st.caption(explain.EMULATION_NOTE)
     cfg = w.config
-    knobs = (f"reshard_after_forward {cfg.get('reshard_after_forward')} · params "
+    # a mode's own knobs only: DP has no buckets and overlaps nothing (the tour, issue 33: "DP · bucket
+    # cap 25.0 MiB · overlap True")
+    knobs = (f" · reshard_after_forward {cfg.get('reshard_after_forward')} · params "
              f"{cfg.get('fsdp_param_dtype')}, reduce {cfg.get('fsdp_reduce_dtype')}"
              if cfg.get("mode") == "fsdp" else
-             f"bucket cap {cfg.get('bucket_cap_mb')} MiB · overlap {cfg.get('overlap')}")
+             f" · bucket cap {cfg.get('bucket_cap_mb')} MiB · overlap {cfg.get('overlap')}"
+             if cfg.get("mode") == "ddp" else "")
     known = cfg.get("global_batch_size") is not None  # an attached run's, once rank 0 has started
-    st.caption(f"`{w.run_id}` · {what_trained(w)}" + (f" · global batch {cfg.get('global_batch_size')} · {knobs}"
+    st.caption(f"`{w.run_id}` · {what_trained(w)}" + (f" · global batch {cfg.get('global_batch_size')}{knobs}"
                                                       if known else ""))
     evals = w.of_type("eval")
     if evals:

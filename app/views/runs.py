@@ -50,7 +50,9 @@ def runs_table(df) -> list[str]:
             "val_accuracy": st.column_config.NumberColumn("val accuracy", format="%.3f",
                                                           help="final validation accuracy (blank: no evaluation)"),
             "wall_s": st.column_config.NumberColumn("wall time (s)", format="%.1f",
-                                                    help="measured: the run's end minus its start, as recorded"),
+                                                    help="measured: the run's end minus its start, as recorded; the two runs of a "
+                                                         "DP/DDP pair train in turns, so each one's wall time "
+                                                         "holds the other's turns too: compare samples/s"),
             "note": st.column_config.TextColumn("note", help="why a run has no samples/s"),
             "source": st.column_config.TextColumn("source", help="launched by ddpviz, or attached: "
                                                   "a script run under `ddpviz run` (its file and host)"),
@@ -58,6 +60,9 @@ def runs_table(df) -> list[str]:
             "pinned": st.column_config.CheckboxColumn("pinned", width="small",
                                                       help="kept whatever the retention policy"),
         })
+    st.caption("samples/s is the run's own pace (median over its steps after warm-up); wall time includes "
+               "everything from start to end: the two runs of a DP/DDP pair train in turns, so each one's "
+               "wall time also holds the other's turns.")
     rows = event.selection.rows if event is not None else []
     return [df["run_id"].iloc[i] for i in rows if i < len(df)]
 

@@ -245,6 +245,7 @@ def test_runs_page_states_the_retention_policy_and_shows_pins(real_client, app_t
     at = app_test("views/runs.py")
     _ok(at)
     assert any("no worker has published a policy" in c.value for c in at.caption)
+    assert any("wall time also holds the other's turns" in c.value for c in at.caption)  # the tour, issue 33
     publish_policy(real_client.redis, RetentionPolicy(25, 3), "w-test")
     assert real_client.pin(ids["dp"]) and not real_client.pin("no-such-run")
     at = app_test("views/runs.py")

@@ -136,6 +136,7 @@ def test_live_page_shows_full_error(fake_client, app_test):
     assert at.code[0].value == err["traceback"]
     # a run that ended before its first step is waited for no more (the tour, issue 33: a refused pair)
     assert not [i.value for i in at.info if i.value.startswith("Waiting for")]
+    assert "bucket cap 25.0 MiB · overlap True" in next(c.value for c in at.caption if c.value.startswith("`bad`"))
     assert "The run ended (failed) before the first step came." in [c.value for c in at.caption]
 
 
@@ -161,6 +162,8 @@ def test_live_page_shows_a_canceled_run_as_canceled_not_failed(fake_client, app_
     assert not at.exception
     assert not at.error
     assert "Run canceled: Canceled: canceled by user" in at.info[0].value
+    card = next(c.value for c in at.caption if c.value.startswith("`stopped`"))
+    assert "global batch" in card and "bucket cap" not in card and "overlap" not in card  # DP has neither
 
 
 def test_live_page_running_run_keeps_polling(fake_client, app_test):
