@@ -80,14 +80,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
             sps, up = r["samples_per_s"], r["speedup_vs_single"]
             exposed = r["step_time_split"].get("comm_exposed_s")
             exposed = r.get("comm_exposed_note") or ("-" if exposed is None else f"{exposed * 1e3:.2f} ms")
-            up = "-" if up is None else f"x{up:.2f}"  # no single run (or no rate): nothing to divide by
+            # against single only where single ran (the tour, issue 33: "- vs single" columns without it)
+            single = "single" in report and mode != "single"
+            up = ("-" if up is None else f"x{up:.2f}") + " vs single  " if single else ""
             # only what all-reduces has an overlap (DP's copies and single have none: no figure, as the app)
             overlap = "" if mode not in ("ddp", "fsdp") else \
                 f"overlap {'not measured' if r['overlap'] is None else format(r['overlap'], '.0%')}  "
-            print(f"{mode:<6} {r['status']:<9} {sps or 0:>10.0f} samples/s  {up} vs single  "
+            diff = r["max_param_diff_vs_single"]
+            print(f"{mode:<6} {r['status']:<9} {sps or 0:>10.0f} samples/s  {up}"
                   f"{r['comm_part']} {exposed}  {overlap}"
-                  f"replicas in sync {r['replicas_in_sync']}  max |Δθ| vs single "
-                  f"{'-' if r['max_param_diff_vs_single'] is None else r['max_param_diff_vs_single']}")
+                  f"replicas in sync {r['replicas_in_sync']}"
+                  + (f"  max |Δθ| vs single {'-' if diff is None else diff}" if single else ""))
             gil = r.get("gil_wait_share") or {}
             if gil:  # engine.measure.gil: median share of the step each device's threads waited for the GIL
                 print("       waited for the GIL: " + ", ".join(
