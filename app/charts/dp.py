@@ -121,7 +121,9 @@ def dp_phase_chart(phases: pd.DataFrame) -> alt.Chart:
         tooltip=[alt.Tooltip("device:N"), alt.Tooltip("phase:N"),
                  alt.Tooltip("dur_ms:Q", title="duration (ms)", format=".2f"),
                  alt.Tooltip("nbytes:Q", title="bytes copied", format=",")],
-    ).properties(title=title("DP phases", "a typical step: device 0 alone broadcasts, reduces and steps"),
+    ).properties(title=title("DP phases", "a typical step: device 0 takes part in every copy (its bar: the whole "
+                                             "phase) and alone steps the optimizer; another device's bar is its own "
+                                             "copies to or from device 0"),
                  width=WIDTH, height=max(230, rows_height(phases, "device")))  # 4 legend rows
 
 

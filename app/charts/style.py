@@ -65,7 +65,7 @@ SWEEP_HUES = {"step time": "#4a1486", "exposed comm": PHASE_HUES["exposed comm"]
 MEMORY_USE_HUES = {"used": "#238b45", "total": "#e5e5e5"}  # the Cluster page's GPU memory bars
 TUNE_HUES = {"measured": "#252a5e", "predicted": "#b07aa1"}  # the Tune page: a trial measured vs predicted
 THREAD_STATE_HUES = {"running (on a CPU)": "#9e9ac8", "waiting for the GIL": GIL_COLOUR,
-                     "waiting for a CPU (machine load)": "#cccccc", "no work handed to it": "#fff7bc",
+                     "waiting for a CPU (all cores busy)": "#cccccc", "outside its timed work": "#fff7bc",
                      "waiting for the all-reduce": PHASE_HUES["exposed comm"]}
 
 

@@ -203,8 +203,8 @@ def gil_share_frame(events: Iterable[Event], step: int | None = None) -> pd.Data
 
 
 THREAD_STATES = (("on_cpu_s", "running (on a CPU)"), ("gil_wait_s", "waiting for the GIL"),
-                 ("runnable_s", "waiting for a CPU (machine load)"),
-                 ("thread_wait_s", "no work handed to it"), ("other_wait_s", "waiting for the all-reduce"))
+                 ("runnable_s", "waiting for a CPU (all cores busy)"),
+                 ("thread_wait_s", "outside its timed work"), ("other_wait_s", "waiting for the all-reduce"))
 
 
 def thread_states_frame(runs: dict[str, Iterable[Event]]) -> pd.DataFrame:

@@ -155,7 +155,7 @@ def test_thread_states_are_each_devices_medians_by_hand():
     assert df.loc[("DP · cpu:1", "running (on a CPU)"), "ms"] == pytest.approx(4.0)
     assert df.loc[("DP · cpu:1", "waiting for the GIL"), "share"] == pytest.approx(2.0 / 7.0)
     assert df.loc[("DDP · cpu:0", "waiting for the GIL"), "ms"] == 0.0  # the unread step left out
-    assert df.loc[("DDP · cpu:0", "waiting for a CPU (machine load)"), "ms"] == pytest.approx(1.0)
+    assert df.loc[("DDP · cpu:0", "waiting for a CPU (all cores busy)"), "ms"] == pytest.approx(1.0)
     spec = thread_states_chart(thread_states_frame({"DP": dp})).to_dict()
     assert spec["title"]["text"].startswith("The lock") and "schedstat" in str(spec["encoding"]["color"])
 
@@ -199,7 +199,7 @@ def test_the_lock_chart_lists_in_its_legend_only_the_states_it_draws():
         return scale["domain"]
 
     dp, ddp = [gil("cpu:0"), gil("cpu:1")], [gil("cpu:0", other_wait_s=0.0), gil("cpu:1", other_wait_s=0.0)]
-    four = ["running (on a CPU)", "waiting for the GIL", "waiting for a CPU (machine load)", "no work handed to it"]
+    four = ["running (on a CPU)", "waiting for the GIL", "waiting for a CPU (all cores busy)", "outside its timed work"]
     assert drawn(thread_states_chart(thread_states_frame({"DP": dp, "DDP": ddp})).to_dict()) == four
     ddp[1]["other_wait_s"] = 0.0005  # rank 1 waited 0.5 ms for the all-reduce
     assert drawn(thread_states_chart(thread_states_frame({"DP": dp, "DDP": ddp})).to_dict()) == [
