@@ -402,8 +402,14 @@ def _bucket_caption(w: RunWindow, buckets: pd.DataFrame) -> None:
     said = detail.step_text(int(buckets["step"].iloc[0]), w.of_type("step"), w.of_type("bucket"))
     rate = (f"median all-reduce algbw {frames.format_rate(med * 1e9)} (rank {int(r0['rank'].iloc[0])})" if len(bw)
             else "all-reduce algbw not measured on this step")
+    # where an ordinary step has no all-reduce span, name the kept steps that have one (the tour, issue 33:
+    # a first-time user never saw a measured all-reduce on the default run's typical step)
+    timed = [s for s in frames_buckets.measured_steps(w.of_type("bucket")) if s != int(buckets["step"].iloc[0])]
+    where = (f" All-reduce spans were measured on the sampled steps ({', '.join(map(str, timed[:6]))}"
+             f"{'…' if len(timed) > 6 else ''}): open one on the Bucket timeline page, or launch with "
+             "bucket_timing=hook to time every step." if not len(bw) and timed else "")
     st.caption(f"{said}: {len(r0)} bucket(s), {frames.format_bytes(r0['nbytes'].sum())} of gradients per rank; "
-               f"{rate}. Every step, on the Bucket timeline page.")
+               f"{rate}. Every kept step, on the Bucket timeline page.{where}")
 
 
 def all_done(windows: dict[str, RunWindow]) -> bool:

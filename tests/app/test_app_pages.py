@@ -194,3 +194,26 @@ def test_live_page_unknown_run_id(fake_client, app_test):
     assert not at.exception
     assert "No such run: `nope`" in at.warning[0].value
     assert at.multiselect(key="live_pick").value == ["dp1"]
+
+
+def test_live_names_the_steps_whose_all_reduce_was_timed_when_the_typical_one_has_none(fake_client, app_test):
+    """bucket_timing=recorder: ordinary steps have ready times, no all-reduce span; the sampled
+    (traced) steps 0, 1 and 11 have both. Live opens on an ordinary step and says where the spans are
+    (the tour, issue 33: a first-time user never saw a measured all-reduce)."""
+    events = [g.run_started("rec", "ddp", steps=12)]
+    for step in range(12):
+        sampled = step in (0, 1, 11)
+        for e in g.ddp_step("rec", step, buckets=1):
+            if e["type"] == "step" and sampled:
+                e["memory_traced"] = True
+            if e["type"] == "bucket":
+                e.update(sampled=sampled, comm_start_s=e["comm_start_s"] if sampled else None,
+                         comm_end_s=e["comm_end_s"] if sampled else None)
+            events.append(e)
+    events.append(g.run_finished("rec", 12))
+    fake_client.add_run("rec", {"mode": "ddp", "steps": 12}, status="succeeded", events=events)
+    at = app_test("views/live.py", runs="rec")
+    assert not at.exception
+    caption = next(c.value for c in at.caption if "bucket(s)" in c.value)
+    assert "typical" in caption and "all-reduce algbw not measured on this step" in caption
+    assert "All-reduce spans were measured on the sampled steps (0, 1, 11)" in caption, caption
