@@ -126,12 +126,18 @@ def launch_status(launched: dict[str, str], records: dict[str, dict[str, Any] | 
     refusal comes back this way: PowerSGD on gloo with several buckets, a pair whose DDP run was
     refused); else "info" while any waits for a worker; else "success" once every run has started
     or ended. Kind is a Streamlit call's name (`st.error`, `st.info`, `st.success`)."""
-    bad = []
+    ended = []
     for run_id, mode in launched.items():
         rec = records.get(run_id) or {}
         if rec.get("status") in ENDED_BADLY:
-            reason = str((rec.get("error") or {}).get("exception") or "no reason recorded").strip().splitlines()
-            bad.append(f"{_named(run_id, mode)} {rec['status']}: {reason[0] if reason else 'no reason recorded'}")
+            lines = str((rec.get("error") or {}).get("exception") or "").strip().splitlines()
+            ended.append((run_id, mode, rec["status"], lines[0] if lines else "no reason recorded"))
+    bad = []
+    for run_id, mode, status, reason in ended:  # a pair's DP quotes its DDP's refusal: said once
+        for other_id, other_mode, _, other in ended:
+            if other_id != run_id and len(other) > 20 and other in reason:
+                reason = reason.replace(other, f"{MEMBER_NAMES.get(other_mode, other_mode)}'s reason")
+        bad.append(f"{_named(run_id, mode)} {status}: {reason}")
     if bad:
         return "error", "Not trained as asked. " + " · ".join(bad) + " (the Runs page keeps the whole error)."
     waiting = [_named(r, m) for r, m in launched.items() if (records.get(r) or {}).get("status", "queued") == "queued"]

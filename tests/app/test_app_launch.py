@@ -103,12 +103,14 @@ def test_a_run_refused_by_its_workers_pre_flight_shows_on_launch_not_a_success(f
     dp_id, ddp_id = at.session_state["launched"]
     refusal = "pre-flight: comm_hook powersgd on gloo hangs with 2 buckets (PyTorch's own); use bucket_cap_mb >= 1"
     fake_client.runs[ddp_id].update(status="failed", error={"rank": None, "exception": refusal, "traceback": None})
-    fake_client.runs[dp_id].update(status="failed", error={"rank": None, "exception": "not started: its pair's "
-                                                           "DDP run was refused", "traceback": None})
+    fake_client.runs[dp_id].update(status="failed", error={"rank": None, "exception": "not started: its DDP "
+                                                           f"partner was refused in pre-flight ({refusal})",
+                                                           "traceback": None})
     at.run()
     assert not at.exception and not at.success
     (error,) = [e.value for e in at.error]
-    assert f"`{ddp_id}` DDP failed: {refusal}" in error and f"`{dp_id}` DP failed: not started" in error
+    assert f"`{ddp_id}` DDP failed: {refusal}" in error and error.count(refusal) == 1  # said once
+    assert f"`{dp_id}` DP failed: not started: its DDP partner was refused in pre-flight (DDP's reason)" in error
     fake_client.runs[ddp_id].update(status="started", error=None)
     fake_client.runs[dp_id].update(status="succeeded", error=None)
     at.run()
