@@ -63,10 +63,20 @@ def memory_curve_charts(curve: pd.DataFrame, phases: pd.DataFrame, run: str,
         y = alt.Y("mib:Q", title="MiB", axis=MIB_AXIS, scale=alt.Scale(nice=False, zero=False))
         lo, hi = mib_domain(host["mib"])  # whole MiB around a nearly flat line, as data (`_extent`)
         charts.append(alt.layer(_lines(host, x, y), _extent(x, y, t_ms=[0.0, span], mib=[lo, hi])).properties(
-            title=title("The whole process (RSS) or GPU (NVML)",
-                        "includes what is not a tensor: the interpreter, libraries, a CUDA context"),
+            title=title(*_host_words(set(host["source"]))),
             width=WIDTH, height=_HOST_PX))
     return [stacked_legends(c, "top") for c in charts]
+
+
+def _host_words(sources: set[str]) -> tuple[str, str]:
+    """The host chart's title and subtitle for the sources it draws: a CPU run's says RSS only (it
+    said "or GPU (NVML)" on a CPU-only run: the tour, issue 33)."""
+    if sources <= {"process"}:
+        return "The whole process (RSS)", "includes what is not a tensor: the interpreter, its libraries"
+    if sources <= {"nvml"}:
+        return "The whole GPU (NVML)", "includes what is not a tensor: CUDA contexts, libraries, other processes"
+    return ("The whole process (RSS) and GPU (NVML)",
+            "includes what is not a tensor: the interpreter, libraries, CUDA contexts")
 
 
 def _held_chart(where: pd.DataFrame, phases: pd.DataFrame, x: alt.X, run: str,

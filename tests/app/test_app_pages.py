@@ -95,7 +95,7 @@ def test_live_page_defaults_to_latest_pair_and_draws_charts(fake_client, app_tes
     # + volume (no eval: no accuracy)
     assert titles == sorted(["Throughput per step", "Step time split",
                              "Memory within a step: DP", "Memory within a step: DDP",
-                             *["The whole process (RSS) or GPU (NVML)"] * 2,
+                             *["The whole process (RSS)"] * 2,  # CPU runs: RSS only, no GPU in the title
                              "DP phases", "Bytes moved per device",
                              "Gradient buckets", "Bytes moved per device"])
     assert "step 4 / 4" in str([p.proto.text for p in at.get("progress")])
