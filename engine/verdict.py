@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ddpviz.engine.measure.bootstrap import ratio_interval
+from ddpviz.engine.summary import OVERLAP_NOT_MEASURED, OVERLAP_NOT_MEASURED_SHORT
 
 LEVEL = 0.90  # the interval's coverage
 BLOCK_STEPS = 10  # at most this many consecutive steps per bootstrap block
@@ -158,8 +159,9 @@ class Verdict:
                          " GIL; narrow, deep models (Sweeps → shape) make it large.")
         if self.overlap is not None:
             text += f" DDP overlapped {self.overlap:.0%} of its all-reduce with backward."
-        elif self.overlap_note:
-            text += f" DDP's overlap is {self.overlap_note}."
+        elif self.overlap_note:  # the summary's note, in short where it is the recorder's
+            short = OVERLAP_NOT_MEASURED_SHORT if self.overlap_note == OVERLAP_NOT_MEASURED else self.overlap_note
+            text += f" DDP's overlap is {short}."
         if self.leader == "dp":
             text += (" DP's copies are at RAM speed here (threads of one CPU process); on GPUs they "
                      "cross PCIe or NVLink through device 0, which DDP's all-reduce avoids.")

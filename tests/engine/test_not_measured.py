@@ -6,7 +6,8 @@ The CUDA side is a stand-in: the step fields an attached rank builds on CUDA, fe
 from __future__ import annotations
 
 from ddpviz.engine.measure.telemetry import step_fields
-from ddpviz.engine.summary import COMM_NOT_MEASURED, OVERLAP_NOT_MEASURED, SummaryBuilder
+from ddpviz.engine.summary import (COMM_NOT_MEASURED, OVERLAP_NOT_MEASURED, OVERLAP_NOT_MEASURED_SHORT,
+                                   SummaryBuilder)
 
 
 def _step(step: int, measured: bool, exposed: float, **extra) -> dict:
@@ -71,9 +72,10 @@ def test_the_note_and_the_verdict_name_why_and_a_measured_overlap_has_none():
     v = Verdict(leader="ddp", ratio=1.2, interval=(1.1, 1.3), dp_samples_per_s=1.0, ddp_samples_per_s=1.2,
                 steps={"dp": 8, "ddp": 8}, dp_step_ms=12.0, ddp_step_ms=10.0, gap_ms=2.0,
                 overlap_note=OVERLAP_NOT_MEASURED)
-    assert f"DDP's overlap is {OVERLAP_NOT_MEASURED}" in v.why()
-    # why an exposed comm is shown beside an overlap that is not (the tour, issue 33)
-    assert "the exposed part is measured every step" in v.why() and "profiled steps only" in v.why()
+    # in short (the verdict is read first, everywhere), and why an exposed comm is shown beside an
+    # overlap that is not (the tour, issue 33); the summary's note keeps the whole reason
+    assert f"DDP's overlap is {OVERLAP_NOT_MEASURED_SHORT}." in v.why() and OVERLAP_NOT_MEASURED not in v.why()
+    assert "its exposed part is, every step" in v.why() and "only on the profiled steps" in v.why()
 
 
 def test_the_summary_gives_the_steps_own_reason_where_they_have_one():
