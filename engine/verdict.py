@@ -74,7 +74,8 @@ SEPARATE = ("What would separate them: more steps (a longer run narrows the inte
 CPU_NOTE = ("On 2 CPU cores the answer depends on whether the cores are free: the default pair (batch 256) "
             "measured in turns (`ddpviz compare --modes dp,ddp`) was DDP ahead beyond noise in 5 of 5 tries "
             "on a quiet machine (1.48-1.56x) and, with one busy process beside it, ahead in 5 of 5 by less "
-            "(1.07-1.11x; the interval's low end below 1.05 once): DDP's ranks meet at every all-reduce, so "
+            "one morning (1.07-1.11x; the interval's low end below 1.05 once), by 1.39-1.50x one evening "
+            "(docs/verdict.md): DDP's ranks meet at every all-reduce, so "
             "whichever rank the other process preempts holds up both, while DP's one process goes on with "
             "the core it has; smaller batches (32) were level or DP ahead there "
             "(docs/bench/default-pair-b256-turns-tries.json).")
