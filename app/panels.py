@@ -54,6 +54,16 @@ def _chart(chart, key: str) -> None:
     st.altair_chart(chart, key=key)
 
 
+def _one_bucket(w: RunWindow) -> str:
+    """" (one bucket: nothing to overlap)" when the run's latest complete step had a single bucket per
+    rank: overlap on, yet its one all-reduce can only start after the whole backward (the tour, issue 33)."""
+    done = frames_buckets.bucket_steps(w.of_type("bucket"))
+    if not done or not w.config.get("overlap"):
+        return ""
+    ranks = [e.get("rank", 0) for e in w.of_type("bucket") if e.get("step") == done[-1]]
+    return " (one bucket: nothing to overlap)" if ranks and len(ranks) == len(set(ranks)) else ""
+
+
 def _waiting(what: str, windows: dict[str, RunWindow] | RunWindow | None = None) -> None:
     """"Waiting for `what`…" while a run of `windows` may still send it; once every one has ended
     and its stream is read, that none came and how each run ended (a refused pair said "Waiting for
@@ -90,7 +100,7 @@ def _run_status(client, w: RunWindow, label: str) -> None:
     knobs = (f" · reshard_after_forward {cfg.get('reshard_after_forward')} · params "
              f"{cfg.get('fsdp_param_dtype')}, reduce {cfg.get('fsdp_reduce_dtype')}"
              if cfg.get("mode") == "fsdp" else
-             f" · bucket cap {cfg.get('bucket_cap_mb')} MiB · overlap {cfg.get('overlap')}"
+             f" · bucket cap {cfg.get('bucket_cap_mb')} MiB · overlap {cfg.get('overlap')}{_one_bucket(w)}"
              if cfg.get("mode") == "ddp" else "")
     known = cfg.get("global_batch_size") is not None  # an attached run's, once rank 0 has started
     st.caption(f"`{w.run_id}` · {what_trained(w)}" + (f" · global batch {cfg.get('global_batch_size')}{knobs}"

@@ -214,6 +214,8 @@ def test_live_names_the_steps_whose_all_reduce_was_timed_when_the_typical_one_ha
     fake_client.add_run("rec", {"mode": "ddp", "steps": 12}, status="succeeded", events=events)
     at = app_test("views/live.py", runs="rec")
     assert not at.exception
+    card = next(c.value for c in at.caption if c.value.startswith("`rec`"))
+    assert card.endswith("overlap True (one bucket: nothing to overlap)"), card  # one bucket a step
     caption = next(c.value for c in at.caption if "bucket(s)" in c.value)
     assert "typical" in caption and "all-reduce algbw not measured on this step" in caption
     assert "All-reduce spans were measured on the sampled steps (0, 1, 11)" in caption, caption
