@@ -143,14 +143,39 @@ def unmeasured_words(buckets: pd.DataFrame) -> str:
     return "all-reduce start and end" if buckets["ready_ms"].notna().any() else "bucket times"
 
 
+SPIKE_FACTOR = 3.0  # a step this many times the 95th percentile runs off the axis (`exposed_axis_cap`)
+
+
+def exposed_axis_cap(values: pd.Series) -> float | None:
+    """The exposed-comm axis's top (ms) when a few steps would flatten the rest: 1.5 × the 95th
+    percentile, once the slowest step is above `SPIKE_FACTOR` × it (the tour, issue 33: rare 50-100 ms
+    waits set a 0-100 ms axis over ~2 ms typical steps); None otherwise (the axis fits every step)."""
+    v = pd.to_numeric(values, errors="coerce").dropna()
+    if len(v) < 20:
+        return None
+    p95 = float(v.quantile(0.95))
+    return 1.5 * p95 if p95 > 0 and float(v.max()) > SPIKE_FACTOR * p95 else None
+
+
 def exposed_chart(per_step: pd.DataFrame, modes: dict[str, str] | None = None) -> alt.Chart:
     """Exposed communication per step, one line per run (`app.frames.buckets.exposed_per_step`),
-    each in its mode's colour (`modes`: run -> mode)."""
-    return alt.Chart(per_step).mark_line(point=alt.OverlayMarkDef(size=16)).encode(
-        x=STEP_X, y=alt.Y("exposed_ms:Q", title="exposed comm (ms)"),
-        color=alt.Color("run:N", legend=legend("run"), scale=run_scale(list(per_step["run"]), modes)),
-        tooltip=[alt.Tooltip("run:N"), alt.Tooltip("step:Q"),
-                 alt.Tooltip("exposed_ms:Q", title="exposed (ms)", format=".2f")],
-    ).properties(title=title("Exposed communication per step",
-                             "slowest rank's all-reduce time that backward could not hide; lower is better"),
-                 width=WIDTH, height=HEIGHT - 40)
+    each in its mode's colour (`modes`: run -> mode). When a few steps would flatten the rest
+    (`exposed_axis_cap`), the axis stops above the 95th percentile and those steps are drawn as
+    triangles at its top, their values in the tooltip and their count in the subtitle: none hidden."""
+    cap = exposed_axis_cap(per_step["exposed_ms"]) if not per_step.empty else None
+    colour = alt.Color("run:N", legend=legend("run"), scale=run_scale(list(per_step["run"]), modes))
+    tip = [alt.Tooltip("run:N"), alt.Tooltip("step:Q"), alt.Tooltip("exposed_ms:Q", title="exposed (ms)", format=".2f")]
+    sub = "slowest rank's all-reduce time that backward could not hide; lower is better"
+    y = alt.Y("exposed_ms:Q", title="exposed comm (ms)")
+    layers = []
+    if cap is not None:
+        over = per_step[per_step["exposed_ms"] > cap]
+        y = alt.Y("exposed_ms:Q", title="exposed comm (ms)", scale=alt.Scale(domain=[0, cap], clamp=True))
+        sub += (f"; the axis stops at {cap:.2f} ms: {len(over)} step(s) above it (up to "
+                f"{over['exposed_ms'].max():.1f} ms) are the triangles at its top")
+        layers.append(alt.Chart(over.assign(top=cap)).mark_point(shape="triangle-up", filled=True, size=60).encode(
+            x=STEP_X, y=alt.Y("top:Q", scale=alt.Scale(domain=[0, cap])), color=colour, tooltip=tip))
+    line = alt.Chart(per_step).mark_line(point=alt.OverlayMarkDef(size=16), clip=True).encode(
+        x=STEP_X, y=y, color=colour, tooltip=tip)
+    return alt.layer(line, *layers).properties(title=title("Exposed communication per step", sub),
+                                               width=WIDTH, height=HEIGHT - 40)

@@ -277,3 +277,27 @@ def test_a_step_without_measured_all_reduces_does_not_list_one_in_its_legend():
 
     assert legend_of(False) == [KINDS[0], KINDS[2], KINDS[3]]
     assert legend_of(True) == KINDS[:4]
+
+
+def test_rare_long_waits_do_not_flatten_the_exposed_comm_chart_and_none_is_hidden():
+    """The tour (issue 33): a few 50-100 ms exposed waits set a 0-100 ms axis over ~2 ms steps. By hand:
+    300 steps of 1.0-2.9 ms (each tenth 15 times), 4 of them (steps 50, 120, 200, 260: none a 2.9 one)
+    made 60-90 ms. Sorted, the 2.9s sit at 281-295 and the spikes at 296-299, so the 95th percentile
+    (position 0.95 x 299 = 284.05) is 2.9 ms: the axis stops at 1.5 x 2.9 = 4.35 ms and the 4 are
+    triangles at its top, their values in the tooltip and their count said."""
+    import pandas as pd
+
+    from ddpviz.app.charts.buckets import exposed_chart
+
+    ms = [1.0 + 0.1 * (s % 20) for s in range(300)]
+    spikes = {50: 60.0, 120: 90.0, 200: 75.0, 260: 80.0}
+    per_step = pd.DataFrame({"run": "DDP", "step": range(300),
+                             "exposed_ms": [spikes.get(s, v) for s, v in enumerate(ms)]})
+    spec = exposed_chart(per_step, {"DDP": "ddp"}).to_dict()
+    line, tops = spec["layer"]
+    assert line["encoding"]["y"]["scale"]["domain"] == [0, pytest.approx(4.35)]
+    rows = spec["datasets"][tops["data"]["name"]]
+    assert sorted(r["step"] for r in rows) == sorted(spikes) and all(r["top"] == pytest.approx(4.35) for r in rows)
+    assert "4 step(s) above it (up to 90.0 ms)" in " ".join(spec["title"]["subtitle"])
+    calm = exposed_chart(per_step.assign(exposed_ms=ms), {"DDP": "ddp"}).to_dict()
+    assert len(calm["layer"]) == 1 and "scale" not in calm["layer"][0]["encoding"]["y"]  # no spikes: no cap
