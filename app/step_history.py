@@ -21,6 +21,8 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from ddpviz.app.frames.memory import SHARED_PROCESS
+
 MAX_BINS = 240  # bins kept per run; ~one per 2 px of a chart's width
 BIN_COLUMNS = ["run", "step_lo", "step_hi", "step_mid", "steps", "mean", "lo", "hi", "bin_steps"]
 
@@ -117,7 +119,11 @@ class ReadingHistory:
         device = f"{event['host']}/{event.get('device')}" if event.get("host") else str(event.get("device"))
         ts = event.get("reading_ts") or []
         for source, values in (event.get("bytes") or {}).items():
-            bins = self.series.setdefault((device, source), {})
+            # DP's devices share one process: its RSS is one series, whichever device's timer read it (the
+            # tour, issue 33: two lines for one process), named as the step's chart names it
+            shared = source == "process" and event.get("process_shared")
+            where = (f"{event['host']}/{SHARED_PROCESS}" if event.get("host") else SHARED_PROCESS) if shared else device
+            bins = self.series.setdefault((where, source), {})
             for t, b in zip(ts, values):
                 if b is not None:
                     bins.setdefault(int(t // self.bin_s), Bin()).add(float(b), t)

@@ -37,6 +37,19 @@ def test_readings_are_binned_by_time_per_device_and_source():
     assert list(df.loc[df["source"] == "cuda", "readings"]) == [2, 2] and h.readings == 7
 
 
+def test_dps_devices_sharing_one_process_draw_one_rss_line():
+    """DP's two devices' timers both read the one process's RSS (`process_shared`): one series, named
+    as the step's chart names it, with every reading (the tour, issue 33: two lines for one process)."""
+    h = ReadingHistory(bin_s=1.0)
+    for device, mib in (("cpu:0", 100), ("cpu:1", 102)):
+        h.add({**_readings(device, [T0 + 0.2, T0 + 0.7], [mib * MIB] * 2), "process_shared": True})
+    h.add(_readings("cpu:2", [T0 + 0.2], [300 * MIB]))  # a process of its own (DDP's rank): its own line
+    df = fm.memory_over_run_frame(h.rows(), "DP", origin_ts=T0)
+    assert sorted(df["device"]) == sorted([fm.SHARED_PROCESS, "cpu:2"])
+    shared = df[df["device"] == fm.SHARED_PROCESS].iloc[0]
+    assert shared["readings"] == 4 and shared["mib"] == pytest.approx(101.0)  # (100 + 100 + 102 + 102) / 4
+
+
 def test_bins_double_when_a_long_run_outgrows_them_and_lose_no_reading():
     h = ReadingHistory(max_bins=4, bin_s=1.0)
     ts = [T0 + i for i in range(16)]  # one reading a second, bytes = i MiB
