@@ -18,6 +18,7 @@ import streamlit as st
 from ddpviz.app.frames import base as frames
 from ddpviz.app.outage import REDIS_DOWN, show_outage
 from ddpviz.app.window import RunWindow
+from ddpviz.engine.config import RunConfig
 
 MAX_STEPS = 2000  # step and memory events kept per run (charts thin them further)
 REFRESH_S = 1.0
@@ -58,14 +59,24 @@ def sort_key(run: Run) -> tuple:
 
 
 def set_label(members: list[Run]) -> str:
-    """``"DP · DDP — mlp ×2, 12 steps — 08:35:02 (1a2b3c)"``: what a picker shows for a set."""
+    """``"DP · DDP — mlp ×2, 12 steps, bucket cap 0.1 MiB — 08:35:02 (1a2b3c) · failed"``: what a
+    picker shows for a set. The DDP run's knobs that differ from the defaults (a preset's) and any
+    run that did not succeed are named, so sets of one model tell apart (the tour, issue 33: every
+    entry read "DP · DDP — mlp ×2, 300 steps — time")."""
     names = " · ".join(dict.fromkeys(frames.run_label(r, r["run_id"]) for r in members))
     cfg = (members[0].get("config") or {}) if members else {}
     created = min((r.get("created_at") or 0) for r in members) if members else 0
     when = dt.datetime.fromtimestamp(created).strftime("%m-%d %H:%M:%S") if created else "?"
     group = (members[0].get("group") or members[0]["run_id"]) if members else ""
-    return (f"{names} — {cfg.get('model')} ×{cfg.get('world_size')}, {cfg.get('steps')} steps "
-            f"— {when} ({group[:12]})")
+    ddp = next((r.get("config") or {} for r in members if mode(r) == "ddp"), {})
+    knobs = "".join(f", {words}" for key, words in (
+        ("bucket_cap_mb", f"bucket cap {ddp.get('bucket_cap_mb')} MiB"), ("comm_hook", f"{ddp.get('comm_hook')} hook"),
+        ("bucket_timing", f"bucket timing {ddp.get('bucket_timing')}"), ("overlap", "overlap off"))
+        if key in ddp and ddp.get(key) != RunConfig.model_fields[key].default)
+    bad = sorted({str(r.get("status")) for r in members} & {"failed", "canceled", "lost"})
+    return (f"{names} — {cfg.get('model')} ×{cfg.get('world_size')}, {cfg.get('steps')} steps{knobs} "
+            f"— {when} ({group[:12]})" + (f" · {', '.join(bad)}" if bad else ""))
+
 
 
 def default_group(by_group: dict[str, list[Run]], want: Callable[[list[Run]], bool]) -> str | None:

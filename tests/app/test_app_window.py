@@ -237,3 +237,24 @@ def test_read_tail_returns_the_newest_events_after_an_id_oldest_first(real_clien
     short, short_last = real_client.read_tail("t", after_id=after, count=10_000)
     assert short == everything[10:] and short_last == last
     assert real_client.read_tail("t", after_id=last) == ([], last)
+
+
+def test_a_sets_picker_label_names_its_ddp_knobs_and_a_run_that_did_not_succeed():
+    """The tour (issue 33): every set read "DP · DDP — mlp ×2, 300 steps — time". A preset's knobs
+    (those unlike RunConfig's defaults: bucket cap 25 MiB, no hook, auto timing, overlap on) and a
+    failed run are named; a set of defaults names none."""
+    from ddpviz.app.runsets import set_label
+
+    cfg = {"model": "mlp", "world_size": 2, "steps": 300, "bucket_cap_mb": 0.1, "comm_hook": "powersgd"}
+    members = [{"run_id": "a", "status": "failed", "group": "g1", "created_at": T0_SET,
+                "config": {**cfg, "mode": "dp"}},
+               {"run_id": "b", "status": "failed", "group": "g1", "created_at": T0_SET,
+                "config": {**cfg, "mode": "ddp", "bucket_timing": "auto", "overlap": True}}]
+    label = set_label(members)
+    assert "300 steps, bucket cap 0.1 MiB, powersgd hook — " in label and label.endswith("(g1) · failed")
+    plain = [dict(m, status="succeeded", config={**m["config"], "bucket_cap_mb": 25.0, "comm_hook": "none"})
+             for m in members]
+    assert "300 steps — " in set_label(plain) and not set_label(plain).endswith("failed")
+
+
+T0_SET = 1_700_000_000.0
