@@ -127,8 +127,9 @@ def layout_captions(preview: dict, capped_from_start: bool = False) -> tuple[str
              "lists its parameters in registration order.")
     cap, first_cap = preview.get("bucket_cap_bytes") or 0, preview.get("first_bucket_cap_bytes") or 0
     second = (f"After the rebuild: {buckets_text(len(rebuilt))} in the order gradients became ready, "
-              f"cap {cap / 1024:,.0f} KiB (first bucket {first_cap / 1024:,.0f} KiB); each row "
-              "lists its parameters in that order, the order DDP reduces them.")
+              f"cap {cap / 1024:,.0f} KiB (first bucket {first_cap / 1024:,.0f} KiB): DDP closes a bucket "
+              "with the parameter that takes it to its cap or past it, so a bucket may hold more than its "
+              "cap; each row lists its parameters in that order, the order DDP reduces them.")
     return first, second
 
 

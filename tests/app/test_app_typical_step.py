@@ -301,3 +301,11 @@ def test_rare_long_waits_do_not_flatten_the_exposed_comm_chart_and_none_is_hidde
     assert "4 step(s) above it (up to 90.0 ms)" in " ".join(spec["title"]["subtitle"])
     calm = exposed_chart(per_step.assign(exposed_ms=ms), {"DDP": "ddp"}).to_dict()
     assert len(calm["layer"]) == 1 and "scale" not in calm["layer"][0]["encoding"]["y"]  # no spikes: no cap
+
+
+def test_the_layout_caption_says_why_a_bucket_may_hold_more_than_its_cap():
+    """The tour (issue 33): "cap 102 KiB" beside a 116.3 KiB bucket, unexplained. DDP closes a bucket
+    with the tensor that takes it to its cap or past it (reducer.cpp, compute_bucket_assignment_by_size)."""
+    first, second = fb.layout_captions({"initial": [{}], "rebuilt": [{}, {}], "bucket_cap_bytes": 104857,
+                                        "first_bucket_cap_bytes": 1048576})
+    assert "cap 102 KiB (first bucket 1,024 KiB)" in second and "may hold more than its cap" in second
