@@ -124,8 +124,9 @@ def launch_status(launched: dict[str, str], records: dict[str, dict[str, Any] | 
     """(kind, text) of the line under the banner, from the runs' records (`DdpvizClient.get_run`):
     "error" naming each run that failed, was canceled or lost, with its record's reason (a pre-flight
     refusal comes back this way: PowerSGD on gloo with several buckets, a pair whose DDP run was
-    refused); else "info" while any waits for a worker; else "success" once every run has started
-    or ended. Kind is a Streamlit call's name (`st.error`, `st.info`, `st.success`)."""
+    refused); else "info" while any waits for a worker or is in its pre-flight checks (started, its
+    record without the `run_started` event the engine sends once they passed); else "success". Kind
+    is a Streamlit call's name (`st.error`, `st.info`, `st.success`)."""
     ended = []
     for run_id, mode in launched.items():
         rec = records.get(run_id) or {}
@@ -144,7 +145,12 @@ def launch_status(launched: dict[str, str], records: dict[str, dict[str, Any] | 
     if waiting:
         return "info", ("Waiting for a worker: " + ", ".join(waiting)
                         + ". A worker checks each run before it trains; a refusal shows here.")
-    return "success", "A worker took every run: it passed its pre-flight checks or is passing them now."
+    # a run's record keeps its `run_started` event, which the engine sends once the pre-flight checks passed
+    checking = [_named(r, m) for r, m in launched.items()
+                if (records.get(r) or {}).get("status") == "started" and not (records.get(r) or {}).get("started")]
+    if checking:
+        return "info", "A worker took them; pre-flight checks under way for " + ", ".join(checking) + "."
+    return "success", "Every run passed its pre-flight checks and is training or done: Live shows its steps."
 
 
 @st.fragment(run_every=STATUS_REFRESH_S)

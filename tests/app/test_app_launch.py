@@ -111,10 +111,14 @@ def test_a_run_refused_by_its_workers_pre_flight_shows_on_launch_not_a_success(f
     (error,) = [e.value for e in at.error]
     assert f"`{ddp_id}` DDP failed: {refusal}" in error and error.count(refusal) == 1  # said once
     assert f"`{dp_id}` DP failed: not started: its DDP partner was refused in pre-flight (DDP's reason)" in error
-    fake_client.runs[ddp_id].update(status="started", error=None)
+    fake_client.runs[ddp_id].update(status="started", error=None, started=None)
     fake_client.runs[dp_id].update(status="succeeded", error=None)
     at.run()
-    assert not at.error and at.success[0].value.startswith("A worker took every run")
+    assert not at.error and not at.success
+    assert f"pre-flight checks under way for `{ddp_id}` DDP" in at.info[1].value  # no run_started yet
+    fake_client.runs[ddp_id]["started"] = {"type": "run_started"}  # the engine's, after its checks passed
+    at.run()
+    assert not at.error and at.success[0].value.startswith("Every run passed its pre-flight checks")
 
 
 def test_arrived_tells_a_rerun_from_a_page_change():
