@@ -62,6 +62,8 @@ def layouts(w, label: str) -> None:
     preview = (w.started or {}).get("bucket_preview") or {}
     measured = fb.measured_layouts(w.of_type("bucket"))
     st.markdown(f"**Bucket layout: {label}**")
+    st.caption("Both tables are the preview: PyTorch's own assignment rule run on this model before training "
+               "(the run's `bucket_preview`); the line under them is what the run measured.")
     cfg = w.config
     first, second = fb.layout_captions(preview, bool(cfg.get("find_unused_parameters"))
                                        and not cfg.get("static_graph"))
@@ -76,8 +78,8 @@ def layouts(w, label: str) -> None:
                      key=f"bkt_rebuilt_{w.run_id}", column_config=_LAYOUT_COLUMNS)
     seen = ", ".join(f"step {s}: {fb.buckets_text(len(b))}" for s, b in measured.items())
     if seen:
-        st.caption(f"Measured in this run (rank 0, when the layout appeared or changed): {seen}. "
-                   "The preview uses PyTorch's own assignment rule on this model.")
+        st.caption(f"Measured in this run (rank 0, when the layout appeared or changed): {seen}; "
+                   "the tables above are the preview.")
 
 
 def distinct_layouts(windows) -> dict[str, object]:

@@ -85,6 +85,10 @@ def test_bucket_timeline_page_overlap_on_off(real_client, app_test):
         [f"step {s} (instrumented)" for s in [0, 1] + list(range(4, 12))]
     initial, rebuilt = at.dataframe[0].value, at.dataframe[1].value  # one layout: same config
     assert len(initial) == 1 and len(rebuilt) == 3
+    # which tables are the preview and which line is measured (the tour, issue 33)
+    assert any(c.value.startswith("Both tables are the preview") for c in at.caption)
+    assert any(c.value.startswith("Measured in this run") and c.value.endswith("the tables above are the preview.")
+               for c in at.caption)
     assert len(at.dataframe) == 2
     at.segmented_control(key="buckets_step").set_value(0).run()
     _ok(at)
