@@ -130,7 +130,10 @@ def lock_section(windows, labels) -> None:
                "(/proc/self/task/<tid>/schedstat): a thread that has Python work but is neither "
                "running nor waiting for a CPU is waiting for a lock, in DP the GIL its sibling "
                "threads hold. Wide layers spend their time in kernels that release the GIL, so the "
-               "GIL's dark teal part is small there; narrow, deep models (Sweeps → shape) make it large.")
+               "GIL's dark teal part is small there; narrow, deep models (Sweeps → shape) make it large. "
+               "\"Outside its timed work\" is the step's wall time less the thread's timed spans: a DP device "
+               "thread waiting to be handed its next piece; a DDP rank's time outside forward, backward (its "
+               "all-reduce wait included) and the optimizer step: its batch, the loss read, ddpviz's bookkeeping.")
 
 
 def body(windows, labels) -> None:
