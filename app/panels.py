@@ -64,11 +64,11 @@ def _one_bucket(w: RunWindow) -> str:
     return " (one bucket: nothing to overlap)" if ranks and len(ranks) == len(set(ranks)) else ""
 
 
-def _waiting(what: str, windows: dict[str, RunWindow] | RunWindow | None = None) -> None:
+def _waiting(what: str, windows: dict[str, RunWindow] | RunWindow) -> None:
     """"Waiting for `what`…" while a run of `windows` may still send it; once every one has ended
     and its stream is read, that none came and how each run ended (a refused pair said "Waiting for
     the first step" under two failed runs, the tour, issue 33)."""
-    ws = [windows] if isinstance(windows, RunWindow) else list((windows or {}).values())
+    ws = [windows] if isinstance(windows, RunWindow) else list(windows.values())
     if ws and all(w.done for w in ws):
         ended = ", ".join(sorted({w.status for w in ws}))
         return st.caption(f"The run{'s' if len(ws) > 1 else ''} ended ({ended}) before {what} came.")

@@ -127,9 +127,10 @@ def launch_status(launched: dict[str, str], records: dict[str, dict[str, Any] | 
     refused); else "info" while any waits for a worker or is in its pre-flight checks (started, its
     record without the `run_started` event the engine sends once they passed); else "success". Kind
     is a Streamlit call's name (`st.error`, `st.info`, `st.success`)."""
+    recs = {run_id: records.get(run_id) or {} for run_id in launched}  # a run not found yet: no record
     ended = []
     for run_id, mode in launched.items():
-        rec = records.get(run_id) or {}
+        rec = recs[run_id]
         if rec.get("status") in ENDED_BADLY:
             lines = str((rec.get("error") or {}).get("exception") or "").strip().splitlines()
             ended.append((run_id, mode, rec["status"], lines[0] if lines else "no reason recorded"))
@@ -141,13 +142,13 @@ def launch_status(launched: dict[str, str], records: dict[str, dict[str, Any] | 
         bad.append(f"{_named(run_id, mode)} {status}: {reason}")
     if bad:
         return "error", "Not trained as asked. " + " · ".join(bad) + " (the Runs page keeps the whole error)."
-    waiting = [_named(r, m) for r, m in launched.items() if (records.get(r) or {}).get("status", "queued") == "queued"]
+    waiting = [_named(r, m) for r, m in launched.items() if recs[r].get("status", "queued") == "queued"]
     if waiting:
         return "info", ("Waiting for a worker: " + ", ".join(waiting)
                         + ". A worker checks each run before it trains; a refusal shows here.")
     # a run's record keeps its `run_started` event, which the engine sends once the pre-flight checks passed
     checking = [_named(r, m) for r, m in launched.items()
-                if (records.get(r) or {}).get("status") == "started" and not (records.get(r) or {}).get("started")]
+                if recs[r].get("status") == "started" and not recs[r].get("started")]
     if checking:
         return "info", "A worker took them; pre-flight checks under way for " + ", ".join(checking) + "."
     return "success", "Every run passed its pre-flight checks and is training or done: Live shows its steps."
