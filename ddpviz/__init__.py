@@ -31,6 +31,13 @@ from typing import Any
 
 __all__ = ["watch", "step", "Watched"]
 
+# A source checkout on sys.path with nothing installed (`scripts/gpu_check.sh` on a GPU host's own Python): the
+# folders that pyproject's package-dir installs as ddpviz.app, ddpviz.engine and ddpviz.workers sit beside this
+# one, so they are found there. An installed ddpviz (no pyproject.toml beside its folder) is left as it is.
+_checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if os.path.isfile(os.path.join(_checkout, "pyproject.toml")) and _checkout not in __path__:
+    __path__.append(_checkout)
+
 STEP_RULES = ("optimizer", "explicit")
 _session: Any = None  # the process's engine.attach.session.Session, False when not recording, None: not asked yet
 

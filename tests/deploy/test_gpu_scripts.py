@@ -16,9 +16,22 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 
 
-def gpu_check(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPT), "--system-python", sys.executable, *args], capture_output=True,
+def gpu_check(*args: str, env: dict | None = None, python: str = sys.executable) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), "--system-python", python, *args], capture_output=True,
                           text=True, timeout=120, env={**os.environ, **(env or {})})
+
+
+def host_python(tmp_path: Path, *paths: Path) -> str:
+    """A Python that has this one's packages but not ddpviz installed, as a GPU host's own Python: `-S`
+    (no site: .pth files, the editable install's finder among them, are not read) with `paths` and the
+    site-packages folders on its path."""
+    import site
+
+    wrapper = tmp_path / "host-python"
+    path = os.pathsep.join([*map(str, paths), *site.getsitepackages()])
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="$PYTHONPATH:{path}" exec {sys.executable} -S "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
 
 
 def test_a_cuda_13_torch_on_a_cuda_12_driver_is_named_before_anything_runs(tmp_path):
@@ -37,7 +50,8 @@ def test_a_cuda_13_torch_on_a_cuda_12_driver_is_named_before_anything_runs(tmp_p
         cuda = SimpleNamespace(is_available=lambda: False, device_count=lambda: 0)
     """))
     out = tmp_path / "out"
-    proc = gpu_check("--out", str(out), env={"PYTHONPATH": str(fake)})
+    # ddpviz not installed in the host's Python: the script's PYTHONPATH must make the checkout importable
+    proc = gpu_check("--out", str(out), python=host_python(tmp_path, fake))
     text = proc.stdout + proc.stderr
     assert proc.returncode == 2, text
     assert "driver 550.54.15 (CUDA 12.4 at most); torch 2.13.0 built for CUDA 13.0" in text

@@ -27,11 +27,11 @@ CPU_MODEL = dict(model="mlp", width=256, depth=20, global_batch_size=32, dataset
                  world_size=2, device="cpu")  # ~5.3 MB of gradients, 257 KB a layer: 1, 6 and 22 buckets
 
 
-def cost_rows(measure, count, cfg) -> list[dict[str, Any]]:
-    """Per cap: `measure(cfg)` (a `measure_overhead` result) and `count(cfg)` buckets, with
+def cost_rows(measure, count, cfg, caps: tuple[float, ...] = CAPS_MB) -> list[dict[str, Any]]:
+    """Per cap of `caps`: `measure(cfg)` (a `measure_overhead` result) and `count(cfg)` buckets, with
     `extra_s` (ddpviz − plain median step) and `per_bucket_us` against the first cap's run."""
     rows = []
-    for cap in CAPS_MB:
+    for cap in caps:
         c = cfg.model_copy(update=dict(bucket_cap_mb=cap))
         got = measure(c)
         rows.append(dict(bucket_cap_mb=cap, buckets=count(c), plain_ms=got["plain_median_step_s"] * 1e3,
@@ -69,6 +69,41 @@ def verdict(rows: list[dict[str, Any]], gpu: bool) -> tuple[str, bool]:
     else:
         ok = slope is not None and slope <= PER_BUCKET_TARGET_US
     return text, ok
+
+
+def check_gpu_bucket_cost(models: dict[str, dict[str, Any]], series: tuple[tuple[str, str, tuple[float, ...]], ...],
+                          rounds: int, block_steps: int) -> tuple[str, dict[str, Any]]:
+    """The GPU check (issue 31.1): per (model, bucket_timing, caps) of `series`, ddpviz against plain DDP at
+    each cap (`cost_rows`), every figure reported; the verdict judges the series that run the default
+    path on NCCL (`bucket_timing` "auto" resolved by `engine.config.effective_bucket_timing`): every ratio
+    of those <= `RATIO_TARGET`. The others (the path a user can choose) are reported beside it.
+
+    Raises:
+        CheckFailed: two sides trained different weights, or a default-path ratio above the target.
+    """
+    from ddpviz.engine.config import RunConfig, effective_bucket_timing
+    from ddpviz.engine.harness.bucket_cost import bucket_count
+    from ddpviz.engine.harness.overhead import measure_overhead
+
+    out, texts, ok = [], [], True
+    for model, timing, caps in series:
+        cfg = RunConfig(mode="ddp", **models[model], bucket_timing=timing)
+        path = effective_bucket_timing(cfg, "nccl")
+        rows = cost_rows(lambda c: measure_overhead(c, rounds, block_steps=block_steps), bucket_count, cfg, caps)
+        judged = path == effective_bucket_timing(cfg.model_copy(update=dict(bucket_timing="auto")), "nccl")
+        text, met = verdict(rows, True)
+        out.append(dict(model=model, bucket_timing=timing, path=path, judged=judged, rows=rows, target_met=met,
+                        config=cfg.to_json_dict()))
+        texts.append(f"{model} bucket_timing={timing} ({path}{', the default' if judged else ''}): {text}")
+        if max(r["max_param_diff"] for r in rows) > MAX_PARAM_DIFF:
+            raise CheckFailed(f"{model} {timing}: plain and ddpviz DDP trained different weights",
+                              dict(series=out))
+        ok = ok and (met or not judged)
+    fig = dict(series=out, target=f"ratio <= {RATIO_TARGET} on the default path", target_met=ok)
+    text = " | ".join(texts) + f"; target {fig['target']} {'met' if ok else 'missed'}"
+    if not ok:
+        raise CheckFailed(text, fig)
+    return text, fig
 
 
 def check_bucket_cost(gpu: bool, base: dict[str, Any] | None = None, rounds: int = 2,

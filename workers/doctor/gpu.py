@@ -222,12 +222,21 @@ def check_launched_sync() -> tuple[str, dict[str, Any]]:
     return f"a launched DDP rank on NCCL: {why}", fig
 
 
-def check_overhead() -> tuple[str, dict[str, Any]]:
-    """Instrumented vs plain DDP at 0.1, 1 and 25 MB buckets on the small GPT, one GPU, with µs
-    per bucket (`workers.doctor.cost`, issue 31.6)."""
-    from ddpviz.workers.doctor.cost import check_bucket_cost
+# The overhead check's runs (issue 31.1): the small GPT at 0.1, 1 and 25 MB on both bucket paths, the
+# 99.5 M GPT at 25 and 1 MB on the default one (0.1 MB would be ~1,000 buckets a step)
+OVERHEAD_MODELS = dict(gpt_256x4=dict(SMALL_GPT, world_size=1),
+                       gpt_100m=dict(GPT_100M, world_size=1, global_batch_size=8, device="cuda", eval_every=0,
+                                     step_delay_s=0.0))
+OVERHEAD_SERIES = (("gpt_256x4", "hook", (25.0, 1.0, 0.1)), ("gpt_256x4", "recorder", (25.0, 1.0, 0.1)),
+                   ("gpt_100m", "auto", (25.0, 1.0)))
 
-    return check_bucket_cost(True, dict(SMALL_GPT, world_size=1), rounds=6, block_steps=10)
+
+def check_overhead() -> tuple[str, dict[str, Any]]:
+    """Instrumented vs plain DDP, one GPU, at each of `OVERHEAD_SERIES`' caps, with µs per bucket
+    (`workers.doctor.cost.check_gpu_bucket_cost`, issue 31.1 and 31.6)."""
+    from ddpviz.workers.doctor.cost import check_gpu_bucket_cost
+
+    return check_gpu_bucket_cost(OVERHEAD_MODELS, OVERHEAD_SERIES, rounds=6, block_steps=10)
 
 
 def check_multi_gpu() -> tuple[str, dict[str, Any]]:
