@@ -62,8 +62,8 @@ class NoHookBuckets:
         backend = dist.get_backend(ddp.process_group)
         self.layout_reader = LayoutBuckets(ddp, names)
         self.sampling = backend == "gloo"  # the profiler's spans are gloo's (engine.modes.ddp.sampled)
-        if flight is None and backend == "nccl" and recorder_on() and dump_function() is not None:
-            flight = FlightReader()
+        if flight is None and backend == "nccl" and recorder_on() and dump_function(backend) is not None:
+            flight = FlightReader(backend=backend)
         ordered = [names.get(p.data_ptr(), "?") for p in ddp.module.parameters() if p.requires_grad]
         self.flight = FlightBuckets(flight, lambda: reducer_layout(ddp), ordered) if flight is not None else None
         self.synced = 0  # synced backwards since the last `resolved` (several in a step: bytes carried)

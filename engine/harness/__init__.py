@@ -7,4 +7,5 @@
     attach_sync  `doctor --gpu`'s probe that an attached DDP adds no host-device synchronisation
     launched_sync  `doctor --gpu`'s probe that a launched DDP rank synchronises only on its instrumented steps
     bucket_cost  what ddpviz's DDP adds per bucket and per step against plain torch DDP (`ddpviz bench --bucket-cost`)
+    flight_cost  what reading PyTorch's flight recorder costs per entry held, and how much of a dump holds the GIL
 """

@@ -85,7 +85,7 @@ def flight_cost(held: tuple[int, ...] = HELD) -> dict[str, Any]:
     cuda = torch.cuda.is_available()
     backend = "nccl" if cuda else "gloo"
     enable_recorder(BUFFER, backend)
-    dump = dump_function()
+    dump = dump_function(backend)
     if dump is None:
         raise RuntimeError("this torch has no flight recorder dump (_dump_fr_trace / _dump_nccl_trace)")
     device = torch.device("cuda:0" if cuda else "cpu")

@@ -13,7 +13,8 @@ machine: its rounds ranged 0.93-1.8x on one build; blocks a fraction of a second
 Step time: the interval between consecutive step starts on rank 0 within a block (ddpviz:
 `start_ts` of its `step` events; plain: the same clock, `wall_ts(perf_counter())`), so it
 includes whatever runs between steps; each block's first interval (after a wait) is dropped and
-its median taken. A round's ratio is ddpviz's block median over plain's; the reported `ratio` is
+its median taken. On CUDA the host queues work steps ahead of the GPU, so there a block's step
+time is its wall time per step, GPU work included (`block_walls`). A round's ratio is ddpviz's block median over plain's; the reported `ratio` is
 the median of the rounds' ratios, with a 90% bootstrap interval over rounds. The first
 `warmup_blocks` blocks of each side are not counted. Background work of the idle side keeps
 running during the other side's blocks (ddpviz's memory timer, its rank event flushes and its
@@ -213,7 +214,10 @@ def measure_overhead(cfg: RunConfig, rounds: int = 10, block_steps: int = DEFAUL
         plain_starts = json.loads(Path(tmp, "plain.json").read_text())["step_starts"]
         plain_params = torch.load(Path(tmp, "plain_params.pt"))
     ours_starts, ours_params, _ = got["ddpviz"]
-    p_med, d_med = block_medians(plain_starts, block_steps), block_medians(ours_starts, block_steps)
+    if plan.kind == "cuda":  # the host runs ahead of the GPU: a block's wall, its GPU work waited for
+        p_med, d_med = block_walls(ctl.block_log, "plain", block_steps), block_walls(ctl.block_log, run_id, block_steps)
+    else:
+        p_med, d_med = block_medians(plain_starts, block_steps), block_medians(ours_starts, block_steps)
     rows = [dict(plain_median_step_s=p, ddpviz_median_step_s=d, ratio=d / p)
             for p, d in list(zip(p_med, d_med))[warmup_blocks:]]
     ratios = [r["ratio"] for r in rows]
@@ -226,5 +230,20 @@ def measure_overhead(cfg: RunConfig, rounds: int = 10, block_steps: int = DEFAUL
                              for side, s in (("plain", plain_starts), ("ddpviz", ours_starts))},
                 max_param_diff=float((plain_params - ours_params).abs().max()),
                 backend=plan.backend, device_kind=plan.kind, config=cfg.to_json_dict(),
-                source="measured: rank 0's intervals between step starts, sides taking turns in "
-                       "blocks (ABBA); median of each round's ddpviz/plain block-median ratio")
+                source=CUDA_SOURCE if plan.kind == "cuda" else CPU_SOURCE)
+
+
+CPU_SOURCE = ("measured: rank 0's intervals between step starts, sides taking turns in blocks (ABBA); median "
+              "of each round's ddpviz/plain block-median ratio")
+CUDA_SOURCE = ("measured: each block's wall time per step, from the turn controller's release to every rank's "
+               "'done', sent once the block's GPU work completed (torch.cuda.synchronize at the block's end); "
+               "sides taking turns in blocks (ABBA); median of each round's ddpviz/plain ratio")
+
+
+def block_walls(block_log: list, side: str, block_steps: int) -> list[float]:
+    """Per block of `side`, in order: (done - released) / `block_steps`, seconds per step, from the
+    turn controller's log (`TurnController.block_log`: (side, released, done), unix s). On CUDA each
+    rank says done only after its queued GPU work completed (`engine.measure.turns.settle_gpu`), so
+    this counts the GPU's time, where intervals between host step starts count how fast the host
+    queued the work (steps ahead of the GPU when nothing synchronises)."""
+    return [(done - released) / block_steps for s, released, done in block_log if s == side]

@@ -92,11 +92,13 @@ class TurnGate:
         """Call before each step: at a block boundary, report the block done and wait for a turn."""
         if step % self.block_steps == 0:
             if step > 0:
+                settle_gpu()
                 self.conn.send("done")
             self._wait_go()
 
     def at_end(self) -> None:
         """Call after the last step: report the last block done and wait to be released."""
+        settle_gpu()
         self.conn.send("done")
         self._wait_go()
         self.conn.close()
@@ -109,6 +111,17 @@ class TurnGate:
         msg = self.conn.recv()
         if msg != "go":
             raise RuntimeError(f"turn gate: expected 'go' from the controller, got {msg!r}")
+
+
+def settle_gpu() -> None:
+    """Wait for this process's queued CUDA work (nothing where torch never initialised CUDA): a block is
+    done when its GPU work is, so none of it runs, and is timed, in the other side's turn. A loop that
+    never synchronises (plain DDP, ddpviz's late-read steps) can be steps ahead of the GPU on the host."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def gate_from_env(side: str, rank: int) -> TurnGate | None:

@@ -177,6 +177,22 @@ def _with_env(i: int, fn: Callable, env: dict[str, str], *args) -> None:
 TrainRank = Callable[[RunConfig, str, int, Path, str, str, EventSink, str], None]
 
 
+PROFILE_ENV = "DDPVIZ_PROFILE_RANK"  # a folder: each rank's cProfile stats (rank<R>.pstats), a diagnostic
+
+
+def _profiler(folder: str | None):
+    """A running `cProfile.Profile` when `folder` is set (`PROFILE_ENV`: where ddpviz's own Python time goes
+    in a rank, e.g. on a GPU host; it slows the rank), else None."""
+    if not folder:
+        return None
+    import cProfile
+
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    profile = cProfile.Profile()
+    profile.enable()
+    return profile
+
+
 def run_rank(train: TrainRank, cfg_dict: dict, run_id: str, workdir: str, backend: str,
              device_kind: str, host: str = "", env: dict[str, str] | None = None) -> None:
     """Run `train(cfg, run_id, rank, workdir, backend, device_kind, sink, host)` as one rank.
@@ -195,6 +211,7 @@ def run_rank(train: TrainRank, cfg_dict: dict, run_id: str, workdir: str, backen
     wd = Path(workdir)
     (wd / f"local{local}.json").write_text(json.dumps(dict(rank=rank, pid=os.getpid(), host=host)))
     sink = rank_sink(wd / f"local{local}.jsonl")
+    profile = _profiler(os.environ.get(PROFILE_ENV))
     try:
         train(RunConfig(**cfg_dict), run_id, rank, wd, backend, device_kind, sink, host)
     except BaseException as exc:
@@ -203,6 +220,9 @@ def run_rank(train: TrainRank, cfg_dict: dict, run_id: str, workdir: str, backen
                                     traceback="".join(traceback.format_exception(exc))))
         raise
     finally:
+        if profile is not None:
+            profile.disable()
+            profile.dump_stats(Path(os.environ[PROFILE_ENV], f"rank{rank}.pstats"))
         sink.close()
         if sink.unreported_lost:  # the event file failed to the end: say so beside it
             write_lost(wd, local, dict(rank=rank, events_lost=sink.unreported_lost,

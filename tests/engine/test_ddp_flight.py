@@ -203,7 +203,7 @@ def test_a_launched_nccl_rank_sets_the_recorder_before_its_process_group(monkeyp
     for k in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_ENABLE_TIMING"):
         monkeypatch.setenv(k, "")  # recorded, so whatever the rank sets is undone after the test
         monkeypatch.delenv(k)
-    monkeypatch.setattr(flight, "dump_function", lambda: (lambda **kw: b""))
+    monkeypatch.setattr(flight, "dump_function", lambda backend="gloo": (lambda **kw: b""))
     seen = {}
 
     def init_rank(cfg, backend, device_kind):
@@ -322,3 +322,46 @@ def test_kineto_rows_read_the_same_spans_as_pytorchs_own_event_list():
     reference = pair_spans([(e.name, e.time_range.start, e.time_range.end) for e in prof.events()])
     assert reference is not None and len(reference) == 2
     assert [x for span in mine for x in span] == pytest.approx([x for span in reference for x in span], abs=1e-6)
+
+
+def test_nccl_reads_the_recorder_that_holds_nccls_collectives(monkeypatch):
+    """NCCL's entries are in a flight recorder of their own (`_dump_nccl_trace`); `_dump_fr_trace` dumps the
+    generic one, which holds gloo's: on the H100 (torch 2.11) the latter returned no entry after 1,024 NCCL
+    all-reduces. Stand-ins for both dumps, each saying which it is."""
+    import torch._C._distributed_c10d as c10d
+
+    from ddpviz.engine.modes.ddp.flight import dump_function
+
+    def nccl(**kw):
+        return pickle.dumps({"entries": [dict(record_id=0, profiling_name="nccl:all_reduce", time_created_ns=5)]})
+
+    def generic(**kw):
+        return pickle.dumps({"entries": []})
+
+    monkeypatch.setattr(c10d, "_dump_nccl_trace", nccl, raising=False)
+    monkeypatch.setattr(c10d, "_dump_fr_trace", generic, raising=False)
+    assert dump_function("nccl") is nccl and dump_function("gloo") is generic
+    assert [e["profiling_name"] for e in FlightReader(backend="nccl").read()] == ["nccl:all_reduce"]
+    assert FlightReader(backend="gloo").read() == []
+    monkeypatch.delattr(c10d, "_dump_nccl_trace")  # a build without NCCL: the generic dump is all there is
+    assert dump_function("nccl") is generic
+
+
+def test_flight_cost_reads_back_every_entry_it_made_on_gloo():
+    """`engine.harness.flight_cost` on this machine's backend: the recorder it reads must hold the all-reduces it
+    issued (on the H100 the wrong dump gave 0 of 1,024), each read timed."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(1) as pool:  # its own process: the recorder's buffer is read when the process group is made
+        got = pool.apply(_flight_cost_small)
+    assert got["backend"] == "gloo"
+    assert [(r["held"], r["entries"]) for r in got["rows"]] == [(4, 4), (12, 12)]
+    assert all(r["dump_ms"] > 0 and r["us_per_entry"] > 0 for r in got["rows"])
+    assert "time_created_ns" in got["entry_keys"] and got["duration_ms_present"] is False  # gloo: no GPU time
+
+
+def _flight_cost_small():
+    from ddpviz.engine.harness.flight_cost import flight_cost
+
+    return flight_cost((4, 12))

@@ -191,6 +191,13 @@ def test_dp_on_cuda_peak_is_the_steps_not_the_processes():
     # 2.11), so the H200 measured 137,560,064 B = 4 x 32 MiB + 3.2 MiB for this ~36 KB model (issue 31).
     # The bound is on the training's part: at least the parameters device 0 holds, at most 16 MiB
     # (the 3.2 MiB measured, with room; the freed 256 MiB would break it if the peak were not reset).
+    import gc
+
+    # earlier tests in this process may leave CUDA tensors in reference cycles: held at every step's start and
+    # not the training's, they would count in the floor until the gc.collect() below frees them (the doctor's
+    # H100 run: floor 137,510,912 B > 137,363,456 B live after it, 147,456 B of such garbage; alone, the same run
+    # had a floor of 68,157,440 B, every byte of it still live after the run)
+    gc.collect()
     big = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda:0")  # 256 MiB
     del big
     result, sink = run(mode="dp", **SMALL)
@@ -207,8 +214,6 @@ def test_dp_on_cuda_peak_is_the_steps_not_the_processes():
     assert param_bytes <= max(e["peak_training_bytes"] for e in later) < 16 * 1024 * 1024
     # the floor is a library's: it outlives the training, so the allocator's live blocks now
     # (memory_snapshot, the run's tensors gone) still hold at least the last step's floor
-    import gc
-
     gc.collect()
     active = sum(b["size"] for seg in torch.cuda.memory_snapshot() if seg["device"] == 0
                  for b in seg["blocks"] if b["state"] == "active_allocated")

@@ -22,7 +22,11 @@ from ddpviz.workers.doctor.report import CheckFailed
 CAPS_MB = (25.0, 1.0, 0.1)  # the 25 MB run first: the others' per-bucket figure is against it
 RATIO_TARGET = 1.03  # GPU: instrumented / plain median step time
 PER_BUCKET_TARGET_US = 30.0  # CPU: host time ddpviz adds per bucket per step
-MAX_PARAM_DIFF = 1e-4  # both sides must have trained the same weights
+MAX_PARAM_DIFF = 1e-4  # both sides must have trained the same weights (CPU: bit-equal but for float rounding)
+# On CUDA kernels with atomics (fp32 attention backward) differ run to run, and training amplifies it: plain vs ddpviz
+# on the 99.5 M GPT differed by 3.3e-5 after 70 SGD steps and 2.5e-2 after 180 (H100, 2026-12-05), with the same data
+# and config. The bound there only catches different work (another batch or learning rate moves weights by ~lr).
+MAX_PARAM_DIFF_CUDA = 0.1
 CPU_MODEL = dict(model="mlp", width=256, depth=20, global_batch_size=32, dataset="digits", optimizer="sgd", lr=0.01,
                  world_size=2, device="cpu")  # ~5.3 MB of gradients, 257 KB a layer: 1, 6 and 22 buckets
 
@@ -95,8 +99,9 @@ def check_gpu_bucket_cost(models: dict[str, dict[str, Any]], series: tuple[tuple
         out.append(dict(model=model, bucket_timing=timing, path=path, judged=judged, rows=rows, target_met=met,
                         config=cfg.to_json_dict()))
         texts.append(f"{model} bucket_timing={timing} ({path}{', the default' if judged else ''}): {text}")
-        if max(r["max_param_diff"] for r in rows) > MAX_PARAM_DIFF:
-            raise CheckFailed(f"{model} {timing}: plain and ddpviz DDP trained different weights",
+        if max(r["max_param_diff"] for r in rows) > MAX_PARAM_DIFF_CUDA:
+            raise CheckFailed(f"{model} {timing}: plain and ddpviz DDP trained different weights "
+                              f"(max |Δθ| {max(r['max_param_diff'] for r in rows):.2e} > {MAX_PARAM_DIFF_CUDA:g})",
                               dict(series=out))
         ok = ok and (met or not judged)
     fig = dict(series=out, target=f"ratio <= {RATIO_TARGET} on the default path", target_met=ok)
@@ -131,3 +136,4 @@ def check_bucket_cost(gpu: bool, base: dict[str, Any] | None = None, rounds: int
     if gpu and not ok:
         raise CheckFailed(text, fig)
     return text + ("" if gpu else " (CPU: reported, not enforced)"), fig
+

@@ -222,13 +222,14 @@ def check_launched_sync() -> tuple[str, dict[str, Any]]:
     return f"a launched DDP rank on NCCL: {why}", fig
 
 
-# The overhead check's runs (issue 31.1): the small GPT at 0.1, 1 and 25 MB on both bucket paths, the
-# 99.5 M GPT at 25 and 1 MB on the default one (0.1 MB would be ~1,000 buckets a step)
+# The overhead check's runs (issue 31.1): the small GPT at 0.1, 1 and 25 MB and the 99.5 M GPT at 25 and 1 MB
+# (0.1 MB would be ~1,000 buckets a step), each on both bucket paths
 OVERHEAD_MODELS = dict(gpt_256x4=dict(SMALL_GPT, world_size=1),
                        gpt_100m=dict(GPT_100M, world_size=1, global_batch_size=8, device="cuda", eval_every=0,
                                      step_delay_s=0.0))
 OVERHEAD_SERIES = (("gpt_256x4", "hook", (25.0, 1.0, 0.1)), ("gpt_256x4", "recorder", (25.0, 1.0, 0.1)),
-                   ("gpt_100m", "auto", (25.0, 1.0)))
+                   ("gpt_100m", "hook", (25.0, 1.0)), ("gpt_100m", "recorder", (25.0, 1.0)))
+OVERHEAD_ROUNDS, OVERHEAD_BLOCK_STEPS = 8, 20
 
 
 def check_overhead() -> tuple[str, dict[str, Any]]:
@@ -236,7 +237,7 @@ def check_overhead() -> tuple[str, dict[str, Any]]:
     (`workers.doctor.cost.check_gpu_bucket_cost`, issue 31.1 and 31.6)."""
     from ddpviz.workers.doctor.cost import check_gpu_bucket_cost
 
-    return check_gpu_bucket_cost(OVERHEAD_MODELS, OVERHEAD_SERIES, rounds=6, block_steps=10)
+    return check_gpu_bucket_cost(OVERHEAD_MODELS, OVERHEAD_SERIES, OVERHEAD_ROUNDS, OVERHEAD_BLOCK_STEPS)
 
 
 def check_multi_gpu() -> tuple[str, dict[str, Any]]:
@@ -285,3 +286,21 @@ def check_screenshots(stack, state: dict[str, Any], out_dir: Path) -> tuple[str,
         raise CheckSkipped("no GPU runs in Redis to show (gpu_runs_through_queue did not pass)")
     paths = take_screenshots(stack, state["queue_runs"], out_dir)
     return f"{len(paths)} screenshots in {out_dir}", dict(paths=[str(p) for p in paths])
+
+
+if __name__ == "__main__":  # the GPU series alone, as JSON: python -m ddpviz.workers.doctor.gpu OUT [model:timing]
+    import json
+    import sys
+
+    from ddpviz.workers.doctor.cost import check_gpu_bucket_cost
+    from ddpviz.workers.doctor.report import CheckFailed as _Failed
+
+    wanted = set(sys.argv[2:])  # "model:timing" to run only those series (default: all)
+    series = tuple(s for s in OVERHEAD_SERIES if not wanted or f"{s[0]}:{s[1]}" in wanted)
+    try:
+        line, figures = check_gpu_bucket_cost(OVERHEAD_MODELS, series, OVERHEAD_ROUNDS, OVERHEAD_BLOCK_STEPS)
+    except _Failed as exc:
+        line, figures = str(exc), exc.figures
+    print(line)
+    with open(sys.argv[1], "w") as f:
+        json.dump(figures, f, indent=1, default=str)

@@ -65,7 +65,7 @@ def flight_recorder_path(cfg: Any, backend: str, model: Any) -> bool:
 
     if any(expect_sparse_gradient(model)):  # the layout's sizes are dense; what a sparse bucket sends
         return False  # (values and indices, `Reducer::mark_variable_ready_sparse`) only the hook sees
-    if backend != "nccl" or dump_function() is None:
+    if backend != "nccl" or dump_function(backend) is None:
         return True  # no comm hook; the recorder stays off (`LayoutBuckets`)
     from ddpviz.engine.modes.ddp.buckets import caps_bytes
 
@@ -96,13 +96,18 @@ def enable_recorder(entries: int, backend: str, environ: dict[str, str] | None =
     return int(given or entries)
 
 
-def dump_function() -> Callable[..., bytes] | None:
-    """PyTorch's dump of the flight recorder for this version (None where there is none)."""
+def dump_function(backend: str = "gloo") -> Callable[..., bytes] | None:
+    """PyTorch's dump of the flight recorder that holds `backend`'s collectives, for this version (None
+    where there is none). NCCL's entries are in a recorder of their own (`FlightRecorder<CUDAEvent>`,
+    dumped by `_dump_nccl_trace`); `_dump_fr_trace` dumps the generic one, which holds gloo's. On the
+    H100 (torch 2.11, NCCL 2.28.9) `_dump_fr_trace` returned no entry after 1,024 NCCL all-reduces
+    (docs/gpu/2026-12-05-h100/flight_cost.json), so on NCCL `_dump_nccl_trace` comes first."""
     try:
         import torch._C._distributed_c10d as c10d
     except ImportError:
         return None
-    return getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None)
+    order = ("_dump_nccl_trace", "_dump_fr_trace") if backend == "nccl" else ("_dump_fr_trace", "_dump_nccl_trace")
+    return next((f for f in (getattr(c10d, name, None) for name in order) if f is not None), None)
 
 
 def entry_nbytes(entry: dict[str, Any]) -> int | None:
@@ -123,13 +128,14 @@ class FlightReader:
     """Reads the entries the flight recorder added since the last read.
 
     Args:
-        dump: the dump function (`dump_function()`); a stand-in in tests.
+        dump: the dump function (`dump_function(backend)`); a stand-in in tests.
+        backend: whose collectives to read ("nccl" or "gloo": `dump_function`), when `dump` is not given.
     Raises:
         RuntimeError: this torch has no flight-recorder dump.
     """
 
-    def __init__(self, dump: Callable[..., bytes] | None = None):
-        self.dump = dump or dump_function()
+    def __init__(self, dump: Callable[..., bytes] | None = None, backend: str = "gloo"):
+        self.dump = dump or dump_function(backend)
         if self.dump is None:
             raise RuntimeError("this torch has no flight recorder dump (_dump_fr_trace / _dump_nccl_trace)")
         self.last_record_id = -1

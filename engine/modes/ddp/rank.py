@@ -105,7 +105,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
                                predivided=True)  # the loss is scaled by 1/world below
     if use_recorder:  # no comm hook: DDP divides while copying into buckets; no Python per bucket
         rec.predivided = False
-        flight = FlightBuckets(FlightReader(), lambda: reducer_layout(ddp),
+        flight = FlightBuckets(FlightReader(backend=backend), lambda: reducer_layout(ddp),
                                [n for n, p in model.named_parameters() if p.requires_grad]) \
             if recorder_on() else LayoutBuckets(ddp, names)
     else:
