@@ -14,8 +14,10 @@ Step time: the interval between consecutive step starts on rank 0 within a block
 `start_ts` of its `step` events; plain: the same clock, `wall_ts(perf_counter())`), so it
 includes whatever runs between steps; each block's first interval (after a wait) is dropped and
 its median taken. On CUDA the host queues work steps ahead of the GPU, so there a block's step
-time is its wall time per step, GPU work included (`block_walls`). A round's ratio is ddpviz's block median over plain's; the reported `ratio` is
-the median of the rounds' ratios, with a 90% bootstrap interval over rounds. The first
+time is its wall time per step, GPU work included (`block_walls`). A round's ratio is ddpviz's
+block figure over plain's; the reported `ratio` is the median of the rounds' ratios, with a 90%
+bootstrap interval over rounds, and `ratio_untraced` the same over the rounds whose ddpviz block
+held no memory-traced step (`untraced_figures`). The first
 `warmup_blocks` blocks of each side are not counted. Background work of the idle side keeps
 running during the other side's blocks (ddpviz's memory timer, its rank event flushes and its
 launcher's file follower), so their cost, a few ms of CPU per second, is shared by both sides.
@@ -110,9 +112,10 @@ def _plain_rank(rank: int, cfg_dict: dict, backend: str, device_kind: str, init_
         leave_process_group()
 
 
-def _ddpviz_run(cfg: RunConfig, run_id: str) -> tuple[list[float], torch.Tensor, list[float]]:
-    """Run `cfg` as ddpviz DDP; rank 0's step starts (unix s), final parameters, and step ends (unix s:
-    `start_ts + step_time_s`, the moment the step's training work ended).
+def _ddpviz_run(cfg: RunConfig, run_id: str) -> tuple[list[float], torch.Tensor, list[float], dict[str, set[int]]]:
+    """Run `cfg` as ddpviz DDP; rank 0's step starts (unix s), final parameters, step ends (unix s:
+    `start_ts + step_time_s`, the moment the step's training work ended), and its instrumented steps:
+    ``{"traced": memory-traced steps (their step events' `memory_traced`), "metered": steps with a `gil` event}``.
 
     Raises:
         RuntimeError: the run did not succeed (its error included).
@@ -125,7 +128,10 @@ def _ddpviz_run(cfg: RunConfig, run_id: str) -> tuple[list[float], torch.Tensor,
     if result.status != "succeeded":
         raise RuntimeError(f"ddpviz DDP run {result.status}: {(result.error or {}).get('exception')}")
     steps = sorted((e for e in sink.of_type("step") if e.get("rank", 0) == 0), key=lambda e: e["step"])
-    return [e["start_ts"] for e in steps], result.final_params, [e["start_ts"] + e["step_time_s"] for e in steps]
+    marked = dict(traced={e["step"] for e in steps if e.get("memory_traced")},
+                  metered={e["step"] for e in sink.of_type("gil") if e.get("rank", 0) == 0})
+    ends = [e["start_ts"] + e["step_time_s"] for e in steps]
+    return [e["start_ts"] for e in steps], result.final_params, ends, marked
 
 
 def turn_order(blocks: int, a: str = "plain", b: str = "ddpviz") -> list[str]:
@@ -146,8 +152,10 @@ def measure_overhead(cfg: RunConfig, rounds: int = 10, block_steps: int = DEFAUL
     Returns:
         JSON-able dict: ``ratio`` (median over rounds of ddpviz / plain block median),
         ``ratio_interval_90`` (bootstrap), ``plain_median_step_s``, ``ddpviz_median_step_s``
-        (medians over the counted blocks), ``rounds`` (per round: each side's block median and
-        the ratio, in the order run), ``schedule`` ([side, released, done] per block, unix s),
+        (medians over the counted blocks), ``rounds`` (per round: each side's block figure, the
+        ratio, and the ddpviz block's memory-traced and metered steps, in the order run),
+        ``ratio_untraced``, ``ratio_untraced_interval_90``, ``rounds_untraced`` (`untraced_figures`),
+        ``schedule`` ([side, released, done] per block, unix s),
         ``block_spans`` (per side, each block's first and last step start, unix s),
         ``max_param_diff`` (final parameters, plain vs ddpviz), ``backend``, ``device_kind``,
         ``config``, ``source``.
@@ -213,15 +221,18 @@ def measure_overhead(cfg: RunConfig, rounds: int = 10, block_steps: int = DEFAUL
             raise side_failed() from got["ddpviz_error"]
         plain_starts = json.loads(Path(tmp, "plain.json").read_text())["step_starts"]
         plain_params = torch.load(Path(tmp, "plain_params.pt"))
-    ours_starts, ours_params, _ = got["ddpviz"]
+    ours_starts, ours_params, _, marked = got["ddpviz"]
     if plan.kind == "cuda":  # the host runs ahead of the GPU: a block's wall, its GPU work waited for
         p_med, d_med = block_walls(ctl.block_log, "plain", block_steps), block_walls(ctl.block_log, run_id, block_steps)
     else:
         p_med, d_med = block_medians(plain_starts, block_steps), block_medians(ours_starts, block_steps)
-    rows = [dict(plain_median_step_s=p, ddpviz_median_step_s=d, ratio=d / p)
-            for p, d in list(zip(p_med, d_med))[warmup_blocks:]]
+    rows = [dict(plain_median_step_s=p, ddpviz_median_step_s=d, ratio=d / p,
+                 **{f"ddpviz_{k}_steps": sorted(x for x in marked[k] if b * block_steps <= x < (b + 1) * block_steps)
+                    for k in ("traced", "metered")})
+            for b, (p, d) in list(enumerate(zip(p_med, d_med)))[warmup_blocks:]]
     ratios = [r["ratio"] for r in rows]
     return dict(ratio=statistics.median(ratios), ratio_interval_90=median_interval(ratios),
+                **untraced_figures(rows),
                 plain_median_step_s=statistics.median(p_med[warmup_blocks:]),
                 ddpviz_median_step_s=statistics.median(d_med[warmup_blocks:]),
                 rounds=rows, block_steps=block_steps, warmup_blocks=warmup_blocks,
@@ -238,6 +249,18 @@ CPU_SOURCE = ("measured: rank 0's intervals between step starts, sides taking tu
 CUDA_SOURCE = ("measured: each block's wall time per step, from the turn controller's release to every rank's "
                "'done', sent once the block's GPU work completed (torch.cuda.synchronize at the block's end); "
                "sides taking turns in blocks (ABBA); median of each round's ddpviz/plain ratio")
+
+
+def untraced_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ratio over the rounds whose ddpviz block held no memory-traced step (``ratio_untraced``, its
+    ``ratio_untraced_interval_90`` and ``rounds_untraced``), None where every block held one. A run traces
+    steps 0-2, every k-th (k >= 50) and its last (`engine.measure.memory_sampler.should_trace_memory`):
+    ~7 of this harness's ~180 steps, a few of a long run's thousands, so their share of a block here is far
+    above their share of a long run; the other instrumented steps (metered: every 8th) are in every block.
+    Where blocks are timed by their wall (CUDA), a traced step's extra time is in its block's figure."""
+    plain = [r["ratio"] for r in rows if not r["ddpviz_traced_steps"]]
+    return dict(ratio_untraced=statistics.median(plain) if plain else None,
+                ratio_untraced_interval_90=median_interval(plain) if plain else None, rounds_untraced=len(plain))
 
 
 def block_walls(block_log: list, side: str, block_steps: int) -> list[float]:

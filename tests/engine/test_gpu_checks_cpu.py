@@ -93,6 +93,11 @@ def test_overhead_sides_take_turns_and_do_the_same_work_on_gloo():
     assert out["ratio"] == pytest.approx(sum(ratios) / 2)  # the median of two rounds
     for r in out["rounds"]:
         assert r["ratio"] == pytest.approx(r["ddpviz_median_step_s"] / r["plain_median_step_s"])
+    # the counted ddpviz blocks are steps 4-7 and 8-11: 12 steps trace 0-2 and the last (11); the meter reads
+    # the first 8 steps and every 8th (engine.measure.gil.MeterGate), so 4-7 and 8
+    assert [(r["ddpviz_traced_steps"], r["ddpviz_metered_steps"]) for r in out["rounds"]] == \
+        [([], [4, 5, 6, 7]), ([11], [8])]
+    assert out["rounds_untraced"] == 1 and out["ratio_untraced"] == out["rounds"][0]["ratio"]
     with pytest.raises(ValueError, match="block_steps must be >= 4"):
         measure_overhead(cfg, rounds=1, block_steps=3)
 

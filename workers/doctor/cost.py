@@ -41,7 +41,8 @@ def cost_rows(measure, count, cfg, caps: tuple[float, ...] = CAPS_MB) -> list[di
         rows.append(dict(bucket_cap_mb=cap, buckets=count(c), plain_ms=got["plain_median_step_s"] * 1e3,
                          ddpviz_ms=got["ddpviz_median_step_s"] * 1e3, ratio=got["ratio"],
                          ratio_interval_90=got["ratio_interval_90"], max_param_diff=got["max_param_diff"],
-                         extra_s=got["ddpviz_median_step_s"] - got["plain_median_step_s"]))
+                         extra_s=got["ddpviz_median_step_s"] - got["plain_median_step_s"],
+                         ratio_untraced=got.get("ratio_untraced"), rounds=got.get("rounds")))
     base = rows[0]
     for r in rows:
         dn = r["buckets"] - base["buckets"]
@@ -62,7 +63,9 @@ def slope_us(rows: list[dict[str, Any]]) -> float | None:
 def verdict(rows: list[dict[str, Any]], gpu: bool) -> tuple[str, bool]:
     """(one line per cap, whether the targets are met)."""
     text = "; ".join(f"{r['bucket_cap_mb']:g} MB: {r['buckets']} buckets, ddpviz {r['ddpviz_ms']:.2f} vs plain "
-                     f"{r['plain_ms']:.2f} ms ({r['ratio']:.3f}x)" +
+                     f"{r['plain_ms']:.2f} ms ({r['ratio']:.3f}x" +
+                     (f", {r['ratio_untraced']:.3f}x over blocks with no memory-traced step"
+                      if r.get("ratio_untraced") is not None else "") + ")" +
                      (f", {r['per_bucket_us']:.0f} µs per bucket" if r["per_bucket_us"] is not None else "")
                      for r in rows)
     slope = slope_us(rows)
