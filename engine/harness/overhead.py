@@ -147,7 +147,8 @@ def measure_overhead(cfg: RunConfig, rounds: int = 10, block_steps: int = DEFAUL
     """Plain vs ddpviz DDP on `cfg`, taking turns block by block (module docstring).
 
     `cfg`'s mode is forced to ddp, with no step delay, evaluation only at the end, no probe, and
-    steps = (warmup_blocks + rounds) x block_steps (its own `steps` is not used).
+    steps = (warmup_blocks + rounds + tail) x block_steps (its own `steps` is not used), tail 1 on CUDA:
+    a last block, not counted, that holds the run's end (its evaluation and checks).
 
     Returns:
         JSON-able dict: ``ratio`` (median over rounds of ddpviz / plain block median),
@@ -175,10 +176,13 @@ def measure_overhead(cfg: RunConfig, rounds: int = 10, block_steps: int = DEFAUL
         raise ValueError(f"block_steps must be >= 4 (got {block_steps})")
     if cfg.nnodes != 1:
         raise ValueError(f"nnodes must be 1 for the overhead measurement (got {cfg.nnodes})")
-    blocks = warmup_blocks + rounds
+    plan = resolve_plan(cfg.model_copy(update=dict(mode="ddp")))
+    # on CUDA a block counts everything until its rank says done: the run's last block also holds its final
+    # evaluation, replica check and memory trace, which plain never does, so a last block is run and not counted
+    tail_blocks = 1 if plan.kind == "cuda" else 0
+    blocks = warmup_blocks + rounds + tail_blocks
     cfg = cfg.model_copy(update=dict(mode="ddp", step_delay_s=0.0, eval_every=0, probe=False,
                                      steps=blocks * block_steps))
-    plan = resolve_plan(cfg)
     run_id = f"overhead-{uuid.uuid4().hex[:8]}"  # the ddpviz side's name at the gate (engine.components.loop)
     ctl = TurnController({"plain": cfg.world_size, run_id: cfg.world_size}, block_steps)
     got: dict[str, Any] = {}
@@ -222,6 +226,7 @@ def measure_overhead(cfg: RunConfig, rounds: int = 10, block_steps: int = DEFAUL
         plain_starts = json.loads(Path(tmp, "plain.json").read_text())["step_starts"]
         plain_params = torch.load(Path(tmp, "plain_params.pt"))
     ours_starts, ours_params, _, marked = got["ddpviz"]
+    counted = slice(warmup_blocks, warmup_blocks + rounds)
     if plan.kind == "cuda":  # the host runs ahead of the GPU: a block's wall, its GPU work waited for
         p_med, d_med = block_walls(ctl.block_log, "plain", block_steps), block_walls(ctl.block_log, run_id, block_steps)
     else:
@@ -229,12 +234,12 @@ def measure_overhead(cfg: RunConfig, rounds: int = 10, block_steps: int = DEFAUL
     rows = [dict(plain_median_step_s=p, ddpviz_median_step_s=d, ratio=d / p,
                  **{f"ddpviz_{k}_steps": sorted(x for x in marked[k] if b * block_steps <= x < (b + 1) * block_steps)
                     for k in ("traced", "metered")})
-            for b, (p, d) in list(enumerate(zip(p_med, d_med)))[warmup_blocks:]]
+            for b, (p, d) in list(enumerate(zip(p_med, d_med)))[counted]]
     ratios = [r["ratio"] for r in rows]
     return dict(ratio=statistics.median(ratios), ratio_interval_90=median_interval(ratios),
                 **untraced_figures(rows),
-                plain_median_step_s=statistics.median(p_med[warmup_blocks:]),
-                ddpviz_median_step_s=statistics.median(d_med[warmup_blocks:]),
+                plain_median_step_s=statistics.median(p_med[counted]),
+                ddpviz_median_step_s=statistics.median(d_med[counted]), tail_blocks=tail_blocks,
                 rounds=rows, block_steps=block_steps, warmup_blocks=warmup_blocks,
                 schedule=[["ddpviz" if s == run_id else s, a, b] for s, a, b in ctl.block_log],
                 block_spans={side: [[s[b], s[b + block_steps - 1]] for b in range(0, len(s), block_steps)]

@@ -117,11 +117,16 @@ def settle_gpu() -> None:
     """Wait for this process's queued CUDA work (nothing where torch never initialised CUDA): a block is
     done when its GPU work is, so none of it runs, and is timed, in the other side's turn. A loop that
     never synchronises (plain DDP, ddpviz's late-read steps) can be steps ahead of the GPU on the host."""
-    import sys
-
-    torch = sys.modules.get("torch")
+    torch = loaded_torch()
     if torch is not None and torch.cuda.is_initialized():
         torch.cuda.synchronize()
+
+
+def loaded_torch():
+    """torch if this process imported it, else None (the gate never imports torch itself)."""
+    import sys
+
+    return sys.modules.get("torch")
 
 
 def gate_from_env(side: str, rank: int) -> TurnGate | None:

@@ -29,6 +29,7 @@ import contextlib
 import json
 import multiprocessing
 import os
+import sys
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
@@ -180,17 +181,26 @@ TrainRank = Callable[[RunConfig, str, int, Path, str, str, EventSink, str], None
 PROFILE_ENV = "DDPVIZ_PROFILE_RANK"  # a folder: each rank's cProfile stats (rank<R>.pstats), a diagnostic
 
 
-def _profiler(folder: str | None):
-    """A running `cProfile.Profile` when `folder` is set (`PROFILE_ENV`: where ddpviz's own Python time goes
-    in a rank, e.g. on a GPU host; it slows the rank), else None."""
+def _profiler(folder: str | None, rank: int):
+    """When `folder` is set (`PROFILE_ENV`: where ddpviz's own Python time goes in a rank, e.g. on a GPU
+    host; it slows the rank), a running `cProfile.Profile` and the function that stops it and writes
+    `folder/rank<rank>.pstats`; else None. Neither raises: a folder it cannot write is said on stderr."""
     if not folder:
         return None
     import cProfile
 
-    Path(folder).mkdir(parents=True, exist_ok=True)
+    path = Path(folder).resolve() / f"rank{rank}.pstats"
     profile = cProfile.Profile()
     profile.enable()
-    return profile
+
+    def stop() -> None:
+        profile.disable()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            profile.dump_stats(path)
+        except OSError as exc:
+            print(f"ddpviz: {PROFILE_ENV}: could not write {path}: {exc}", file=sys.stderr)
+    return stop
 
 
 def run_rank(train: TrainRank, cfg_dict: dict, run_id: str, workdir: str, backend: str,
@@ -211,7 +221,7 @@ def run_rank(train: TrainRank, cfg_dict: dict, run_id: str, workdir: str, backen
     wd = Path(workdir)
     (wd / f"local{local}.json").write_text(json.dumps(dict(rank=rank, pid=os.getpid(), host=host)))
     sink = rank_sink(wd / f"local{local}.jsonl")
-    profile = _profiler(os.environ.get(PROFILE_ENV))
+    profile = _profiler(os.environ.get(PROFILE_ENV), rank)
     try:
         train(RunConfig(**cfg_dict), run_id, rank, wd, backend, device_kind, sink, host)
     except BaseException as exc:
@@ -221,8 +231,7 @@ def run_rank(train: TrainRank, cfg_dict: dict, run_id: str, workdir: str, backen
         raise
     finally:
         if profile is not None:
-            profile.disable()
-            profile.dump_stats(Path(os.environ[PROFILE_ENV], f"rank{rank}.pstats"))
+            profile()  # a diagnostic: it never hides the rank's own error or skips the rest
         sink.close()
         if sink.unreported_lost:  # the event file failed to the end: say so beside it
             write_lost(wd, local, dict(rank=rank, events_lost=sink.unreported_lost,

@@ -41,3 +41,20 @@ def test_a_run_succeeds_with_a_stale_master_port_in_the_launchers_environment(mo
     result = run_training(cfg, type("Quiet", (), {"emit": lambda s, e: None, "close": lambda s: None})(),
                           "stale-port", workdir=tmp_path)
     assert result.status == "succeeded", result.error
+
+
+def test_the_rank_profiler_writes_its_stats_and_never_raises(tmp_path, capsys):
+    """`DDPVIZ_PROFILE_RANK` (a diagnostic of ddpviz's own Python time in a rank): stats a reader can load, and a
+    folder it cannot write said on stderr, not raised (it runs in the rank's `finally`)."""
+    import pstats
+
+    from ddpviz.engine.modes.ranks import _profiler
+
+    assert _profiler(None, 0) is None and _profiler("", 0) is None
+    stop = _profiler(str(tmp_path / "p"), 3)
+    sum(i * i for i in range(1000))
+    stop()
+    assert pstats.Stats(str(tmp_path / "p" / "rank3.pstats")).total_calls > 0
+    (tmp_path / "file").write_text("")
+    _profiler(str(tmp_path / "file" / "sub"), 0)()  # a file where the folder should be
+    assert "could not write" in capsys.readouterr().err

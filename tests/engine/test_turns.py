@@ -49,14 +49,14 @@ def test_a_cuda_side_says_done_only_after_its_gpu_work_and_its_block_time_counts
     synchronize calls; a block's 'done' must follow one (else the side's queued GPU work would run in the
     other side's turn), and the block's step time is its wall per step from the controller's log
     (hand-worked: released at 10.0, done at 10.5, 5 steps -> 0.1 s a step)."""
-    import sys
     import threading
     import types
 
     from ddpviz.engine.harness.overhead import block_walls
+    from ddpviz.engine.measure import turns
     from ddpviz.engine.measure.turns import TurnController, TurnGate
 
-    calls = []
+    calls = []  # the gate's synchronize calls and what it sends, in order
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: True,
                                                             synchronize=lambda: calls.append("sync")))
     ctl = TurnController({"a": 1}, block_steps=2, timeout_s=20)
@@ -64,17 +64,19 @@ def test_a_cuda_side_says_done_only_after_its_gpu_work_and_its_block_time_counts
 
     def side():
         gate = TurnGate(ctl.spec, "a", 0)
+        send = gate.conn.send
+        gate.conn.send = lambda msg: (calls.append(msg), send(msg))
         for step in range(4):
             gate.at_step(step)
             seen.append(("step", step, len(calls)))
         gate.at_end()
 
-    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(turns, "loaded_torch", lambda: fake)  # not sys.modules: other threads may import torch
     t = threading.Thread(target=side, daemon=True)
     t.start()
     ctl.run(["a", "a"], alive=lambda: True)
     t.join(10)
-    assert calls == ["sync", "sync"]  # one at each block's end: after step 1 and after step 3
-    assert [n for _, step, n in seen] == [0, 0, 1, 1]
+    assert calls == ["sync", "done", "sync", "done"]  # each block's GPU work waited for before it says done
+    assert [n for _, step, n in seen] == [0, 0, 2, 2]
     assert block_walls([("a", 10.0, 10.5), ("b", 10.5, 11.0), ("a", 11.0, 11.2)], "a", 5) == \
         pytest.approx([0.1, 0.04])

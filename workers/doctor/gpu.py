@@ -295,7 +295,12 @@ if __name__ == "__main__":  # the GPU series alone, as JSON: python -m ddpviz.wo
     from ddpviz.workers.doctor.cost import check_gpu_bucket_cost
     from ddpviz.workers.doctor.report import CheckFailed as _Failed
 
+    if len(sys.argv) < 2:
+        sys.exit("usage: python -m ddpviz.workers.doctor.gpu OUT.json [model:timing ...]")
     wanted = set(sys.argv[2:])  # "model:timing" to run only those series (default: all)
+    known = {f"{m}:{t}" for m, t, _ in OVERHEAD_SERIES}
+    if wanted - known:
+        sys.exit(f"unknown series {sorted(wanted - known)}; known: {sorted(known)}")
     series = tuple(s for s in OVERHEAD_SERIES if not wanted or f"{s[0]}:{s[1]}" in wanted)
     try:
         line, figures = check_gpu_bucket_cost(OVERHEAD_MODELS, series, OVERHEAD_ROUNDS, OVERHEAD_BLOCK_STEPS)
