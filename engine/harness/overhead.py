@@ -154,7 +154,7 @@ def measure_overhead(cfg: RunConfig, rounds: int = 10, block_steps: int = DEFAUL
         JSON-able dict: ``ratio`` (median over rounds of ddpviz / plain block median),
         ``ratio_interval_90`` (bootstrap), ``plain_median_step_s``, ``ddpviz_median_step_s``
         (medians over the counted blocks), ``rounds`` (per round: each side's block figure, the
-        ratio, and the ddpviz block's memory-traced and metered steps, in the order run),
+        ratio, the ddpviz block's memory-traced and metered steps and its `own_step_time`, in order),
         ``ratio_untraced``, ``ratio_untraced_interval_90``, ``rounds_untraced`` (`untraced_figures`),
         ``schedule`` ([side, released, done] per block, unix s),
         ``block_spans`` (per side, each block's first and last step start, unix s),
@@ -225,13 +225,14 @@ def measure_overhead(cfg: RunConfig, rounds: int = 10, block_steps: int = DEFAUL
             raise side_failed() from got["ddpviz_error"]
         plain_starts = json.loads(Path(tmp, "plain.json").read_text())["step_starts"]
         plain_params = torch.load(Path(tmp, "plain_params.pt"))
-    ours_starts, ours_params, _, marked = got["ddpviz"]
+    ours_starts, ours_params, ours_ends, marked = got["ddpviz"]
     counted = slice(warmup_blocks, warmup_blocks + rounds)
     if plan.kind == "cuda":  # the host runs ahead of the GPU: a block's wall, its GPU work waited for
         p_med, d_med = block_walls(ctl.block_log, "plain", block_steps), block_walls(ctl.block_log, run_id, block_steps)
     else:
         p_med, d_med = block_medians(plain_starts, block_steps), block_medians(ours_starts, block_steps)
     rows = [dict(plain_median_step_s=p, ddpviz_median_step_s=d, ratio=d / p,
+                 ddpviz_own_step_s=own_step_time(ours_starts, ours_ends, marked, b, block_steps),
                  **{f"ddpviz_{k}_steps": sorted(x for x in marked[k] if b * block_steps <= x < (b + 1) * block_steps)
                     for k in ("traced", "metered")})
             for b, (p, d) in list(enumerate(zip(p_med, d_med)))[counted]]
@@ -254,6 +255,18 @@ CPU_SOURCE = ("measured: rank 0's intervals between step starts, sides taking tu
 CUDA_SOURCE = ("measured: each block's wall time per step, from the turn controller's release to every rank's "
                "'done', sent once the block's GPU work completed (torch.cuda.synchronize at the block's end); "
                "sides taking turns in blocks (ABBA); median of each round's ddpviz/plain ratio")
+
+
+def own_step_time(starts: list[float], ends: list[float], marked: dict[str, set[int]], block: int,
+                  block_steps: int) -> float | None:
+    """The median of ddpviz's own `step_time_s` (`ends` − `starts`, s) over block `block`'s steps that were
+    neither memory-traced nor metered (None if none): on CUDA its CUDA events' time from the step's first mark to
+    its last, so a block's wall per step well above it is time between steps (the host's, or the GPU waiting for
+    it), not inside them."""
+    skip = marked["traced"] | marked["metered"]
+    own = [ends[i] - starts[i] for i in range(block * block_steps, min(len(starts), (block + 1) * block_steps))
+           if i not in skip]
+    return statistics.median(own) if own else None
 
 
 def untraced_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:

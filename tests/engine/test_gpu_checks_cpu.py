@@ -98,6 +98,11 @@ def test_overhead_sides_take_turns_and_do_the_same_work_on_gloo():
     assert [(r["ddpviz_traced_steps"], r["ddpviz_metered_steps"]) for r in out["rounds"]] == \
         [([], [4, 5, 6, 7]), ([11], [8])]
     assert out["rounds_untraced"] == 1 and out["ratio_untraced"] == out["rounds"][0]["ratio"]
+    # ddpviz's own step time over a block's plain steps: block 1's are all metered (none), block 2's are 9 and 10
+    assert out["rounds"][0]["ddpviz_own_step_s"] is None and 0 < out["rounds"][1]["ddpviz_own_step_s"] < 1
+    from ddpviz.engine.harness.overhead import own_step_time
+    assert own_step_time([0, 1, 2, 3, 4, 5], [0.5, 1.1, 2.3, 3.7, 4.2, 5.9], dict(traced={1}, metered={4}), 0, 6) \
+        == pytest.approx(0.6)  # by hand: steps 0, 2, 3, 5 take 0.5, 0.3, 0.7, 0.9 s; their median 0.6
     with pytest.raises(ValueError, match="block_steps must be >= 4"):
         measure_overhead(cfg, rounds=1, block_steps=3)
 
