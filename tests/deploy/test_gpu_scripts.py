@@ -82,3 +82,20 @@ def test_a_missing_requirement_is_named_before_anything_runs(tmp_path):
     assert proc.returncode == 2 and "gpu_check: not usable here:" in proc.stderr, proc.stderr
     assert "torch (missing)" in proc.stderr and "redis (missing)" in proc.stderr and "gpu_wheels.sh" in proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_gpu_diag_runs_its_steps_on_cpu_and_leaves_its_files(tmp_path):
+    """scripts/gpu_diag.sh --cpu (issue 31's diagnostic, tried where there is no GPU): the flight recorder's cost,
+    then a hook and a recorder run, each profiled (cProfile of the training thread without py-spy)."""
+    import json
+    import pstats
+
+    out = tmp_path / "diag"
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_diag.sh"), "--system-python", sys.executable, "--out",
+                           str(out), "--cpu"], capture_output=True, text=True, timeout=240)
+    log = (out / "diag.log").read_text()
+    assert proc.returncode == 0, log[-3000:]
+    assert json.loads((out / "flight_cost.json").read_text())["rows"][0]["entries"] > 0
+    for timing in ("hook", "recorder"):
+        assert f"train {timing} rc=0" in log
+        assert pstats.Stats(str(out / f"rank0-{timing}.pstats")).total_calls > 0
