@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Where ddpviz's per-step cost goes on a GPU (issue 31): one device call after `scripts/gpu_check.sh`.
 #
-# Usage: scripts/gpu_diag.sh [--system-python PY] [--wheels DIR] [--out OUT] [--cpu]
+# Usage: scripts/gpu_diag.sh [--system-python PY] [--wheels DIR] [--out OUT] [--cpu]; exit 1 if a step failed
+#   --system-python PY  default: .venv/bin/python where it exists, else python3
 #   --wheels DIR  wheels to install into a temporary folder on PYTHONPATH (scripts/gpu_wheels.sh's, plus
 #                 py-spy's if you want all threads sampled: `pip download --no-deps --only-binary=:all:
 #                 --python-version 3.12 --platform manylinux1_x86_64 -d DIR py-spy`)
@@ -18,7 +19,7 @@
 #   diag.log          everything printed
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=python3 WHEELS= OUT_DIR=${OUT:-ddpviz-diag} CPU=
+PY= WHEELS= OUT_DIR=${OUT:-ddpviz-diag} CPU= FAILED=
 while [ $# -gt 0 ]; do
   case $1 in
     --system-python) PY=$2; shift 2 ;;
@@ -29,6 +30,7 @@ while [ $# -gt 0 ]; do
     *) echo "gpu_diag: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+[ -n "$PY" ] || { [ -x .venv/bin/python ] && PY=.venv/bin/python || PY=python3; }
 mkdir -p "$OUT_DIR"
 LOG=$OUT_DIR/diag.log
 SITE=$(mktemp -d /tmp/ddpviz-diag-XXXXXX)
@@ -42,14 +44,14 @@ step() { echo "== $1 $(date -u +%T)" >>"$LOG"; }
 
 step flight_cost
 timeout 90 "$PY" -m ddpviz.engine.harness.flight_cost "$OUT_DIR/flight_cost.json" >>"$LOG" 2>&1
-echo "flight_cost rc=$?" >>"$LOG"
+rc=$?; echo "flight_cost rc=$rc" >>"$LOG"; [ $rc -eq 0 ] || FAILED="$FAILED flight_cost"
 
 if [ -n "$CPU" ]; then
   MODEL=(--device cpu --world-size 2 --model mlp --width 128 --depth 3 --global-batch-size 64 --steps 100)
 else
   step overhead
   timeout 330 "$PY" -m ddpviz.workers.doctor.gpu "$OUT_DIR/overhead.json" >>"$LOG" 2>&1
-  echo "overhead rc=$?" >>"$LOG"
+  rc=$?; echo "overhead rc=$rc" >>"$LOG"; [ $rc -eq 0 ] || FAILED="$FAILED overhead"
   MODEL=(--device cuda --world-size 1 --model gpt --dataset text --width 256 --depth 4 --n-head 4 --block-size 128
          --global-batch-size 16 --steps 300)
 fi
@@ -70,7 +72,8 @@ for timing in hook recorder; do
     cp "$prof/rank0.pstats" "$OUT_DIR/rank0-$timing.pstats" 2>>"$LOG"
     rm -rf "$prof"
   fi
-  echo "train $timing rc=$rc" >>"$LOG"
+  echo "train $timing rc=$rc" >>"$LOG"; [ $rc -eq 0 ] || FAILED="$FAILED train-$timing"
 done
 step done
 grep -E "^(== |flight_cost rc|overhead rc|train .* rc|run .* (succeeded|failed))|target" "$LOG"
+[ -z "$FAILED" ] || { echo "gpu_diag: failed:$FAILED (see $LOG)" >&2; exit 1; }

@@ -99,3 +99,13 @@ def test_gpu_diag_runs_its_steps_on_cpu_and_leaves_its_files(tmp_path):
     for timing in ("hook", "recorder"):
         assert f"train {timing} rc=0" in log
         assert pstats.Stats(str(out / f"rank0-{timing}.pstats")).total_calls > 0
+
+
+def test_gpu_diag_says_a_failed_step_and_exits_1(tmp_path):
+    """A Python without torch: every step fails, and the script says which and exits 1 (it exited 0 before)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True, timeout=60)
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_diag.sh"), "--system-python",
+                           str(tmp_path / "bare" / "bin" / "python"), "--out", str(tmp_path / "d"), "--cpu"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": ""})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "gpu_diag: failed: flight_cost train-hook train-recorder" in proc.stderr

@@ -302,6 +302,10 @@ if __name__ == "__main__":  # the GPU series alone, as JSON: python -m ddpviz.wo
     if wanted - known:
         sys.exit(f"unknown series {sorted(wanted - known)}; known: {sorted(known)}")
     series = tuple(s for s in OVERHEAD_SERIES if not wanted or f"{s[0]}:{s[1]}" in wanted)
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("no CUDA device visible: these series run on a GPU (on CPU: `ddpviz doctor`'s bucket_cost_cpu)")
     try:
         line, figures = check_gpu_bucket_cost(OVERHEAD_MODELS, series, OVERHEAD_ROUNDS, OVERHEAD_BLOCK_STEPS)
     except _Failed as exc:
