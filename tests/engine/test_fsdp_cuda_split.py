@@ -16,6 +16,8 @@ FIELDS = dict(mode="fsdp", model="mlp", width=32, depth=2, world_size=1, global_
 
 
 def _worker(_i, store_path, q):
+    import time
+
     import torch
     import torch.distributed as dist
 
@@ -44,7 +46,24 @@ def _worker(_i, store_path, q):
     runner = StepRunner(cfg, 0, 1, "gloo", device, ds, model, units, opt, log, FsdpMemoryProbe(model, opt, device),
                         tel, {})
     runner.host_clock = False  # what a CUDA device sets: collectives on FSDP2's streams
-    q.put([runner.train_step(step) for step in range(cfg.steps)])
+
+    class CountingClock:  # host marks, as CPU's; counts the step's waits for the device
+        settles = 0
+
+        def mark(self):
+            return time.perf_counter()
+
+        def seconds(self, a, b):
+            return b - a
+
+        def settle(self):
+            CountingClock.settles += 1
+
+    syncs = []
+    torch.cuda.synchronize = lambda *a, **k: syncs.append(a)  # any direct wait besides the clock's
+    runner.clock = CountingClock()
+    steps = [runner.train_step(step) for step in range(cfg.steps)]
+    q.put(dict(steps=steps, settles=CountingClock.settles, syncs=len(syncs)))
 
 
 @pytest.fixture(scope="module")
@@ -55,13 +74,20 @@ def steps(tmp_path_factory):
     return run_reference(_worker, (store,), nprocs=1, results=1)[0]
 
 
+def test_a_cuda_step_waits_for_the_device_once(steps):
+    """One `StepClock.settle` a step (a synchronize on CUDA), no other synchronize, and no loss read before it:
+    the step used to synchronise after its forward, its backward and its optimizer, and read each micro-batch's
+    loss with `.item()`."""
+    assert steps["settles"] == len(steps["steps"]) == FIELDS["steps"] and steps["syncs"] == 0
+
+
 def test_exposed_comm_is_null_and_said_not_measured(steps):
-    for s in steps:
+    for s in steps["steps"]:
         assert s["comm_exposed_s"] is None and s["comm_exposed_measured"] is False
 
 
 def test_forward_and_backward_are_the_passes_whole_wall_times(steps):
-    for s in (s for s in steps if s.get("phase_spans")):
+    for s in (s for s in steps["steps"] if s.get("phase_spans")):
         spans = {p["phase"]: p["end_s"] - p["start_s"] for p in s["phase_spans"]}
         assert s["forward_s"] == pytest.approx(spans["forward"], rel=1e-9)
         assert s["backward_s"] == pytest.approx(spans["backward"], rel=1e-9)

@@ -14,8 +14,9 @@ Step split (CPU): FSDP2 issues gloo collectives with ``async_op=False`` on the t
 so time inside them is not compute: `forward_s` and `backward_s` are the wall time of each pass
 minus the union of the collective spans in it, and `comm_exposed_s` is that union. On CUDA the
 collectives run on FSDP2's comm streams and the host clock cannot tell exposed from hidden time:
-`comm_exposed_s` is null (not measured), `forward_s`/`backward_s` are the passes' wall times, and
-the step says `comm_exposed_measured: false`.
+`comm_exposed_s` is null (not measured), `forward_s`/`backward_s` are the passes' whole times
+between CUDA events on the compute stream, and the step says `comm_exposed_measured: false`. The step
+waits for the GPU once, at its end (`StepClock.settle`), and reads its loss after that.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ddpviz.engine.components.faults import maybe_diverge, maybe_fail
 from ddpviz.engine.components.training import autocast, loss_fn
 from ddpviz.engine.config import RunConfig
 from ddpviz.engine.data import BatchPlan, Dataset
+from ddpviz.engine.measure.clocks import StepClock
 from ddpviz.engine.measure.telemetry import Telemetry, now, step_fields, wall_ts
 from ddpviz.engine.modes.fsdp.collectives import CollectiveLog, exposed_comm_s, theory_bytes, volume_fields
 from ddpviz.engine.measure.ledger import TensorLedger
@@ -65,6 +67,9 @@ class StepRunner:
         self.formula = f"{gathers + 1}(n−1)/n·P" if cfg.grad_accum_steps == 1 else \
             f"({gathers} all-gathers + 1 reduce-scatter)·(n−1)/n·P"
         self.host_clock = device.type == "cpu"
+        # the step's phases: host marks on CPU, CUDA events on CUDA, read after the step's one synchronize
+        # (`StepClock.settle`: a synchronize per phase and a loss `.item()` per micro-batch would wait 4 times)
+        self.clock = StepClock(device)
         self.ledger: TensorLedger | None = None  # the memory sampler's, set by the rank
         self.last_phases: list[tuple[str, float, float]] = []  # the last step's spans, perf_counter s
         for name, mod in units:  # after FSDP2's own pre-forward: the unit is unsharded here
@@ -78,12 +83,9 @@ class StepRunner:
             self.ledger.retag([full], "comm_buffers")
         self.probe.point(f"{rec['kind']} start {rec['unit']}", rec["phase"])
 
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def _micro(self, step: int, micro: int, sampled: bool, spans: list) -> float:
-        """Forward and backward of one micro-batch; returns its loss (already / grad_accum_steps)."""
+    def _micro(self, step: int, micro: int, sampled: bool, marks: list) -> torch.Tensor:
+        """Forward and backward of one micro-batch; returns its loss (already / grad_accum_steps, detached,
+        not read: reading it would wait for the GPU), and appends its (phase, start mark, end mark)."""
         cfg, last = self.cfg, micro == self.cfg.grad_accum_steps - 1
         idx = self.plan.rank_indices(step * cfg.grad_accum_steps + micro, self.rank)
         x, y = self.ds.x_train[idx].to(self.device), self.ds.y_train[idx].to(self.device)
@@ -91,19 +93,17 @@ class StepRunner:
         if cfg.grad_accum_steps > 1:  # reduce-scatter once per step, like DDP's no_sync
             self.model.set_requires_gradient_sync(last)
         self.log.phase = "forward"
-        t1 = now()
+        m1 = self.clock.mark()
         with (self.probe.acts.hooks() if sampled else contextlib.nullcontext()), autocast(cfg, self.device.type):
             loss = loss_fn(self.model(x), y) / cfg.grad_accum_steps
-        self._sync()
-        t2 = now()
+        m2 = self.clock.mark()
         self.probe.point("forward end", "forward")
         self.log.phase = "backward"
         loss.backward()
-        self._sync()
-        t3 = now()
+        m3 = self.clock.mark()
         self.log.phase = None
-        spans += [("forward", t1, t2), ("backward", t2, t3)]
-        return loss.item()
+        marks += [("forward", m1, m2), ("backward", m2, m3)]
+        return loss.detach()
 
     def train_step(self, step: int) -> dict[str, Any]:
         self.progress["step"] = step
@@ -112,19 +112,23 @@ class StepRunner:
         if traced:
             self.probe.begin()
             self.probe.point("step start", "forward")
-        t0 = now()
+        t0, m0 = now(), self.clock.mark()
         self.log.begin_step()
-        spans: list[tuple[str, float, float]] = []
-        loss = sum(self._micro(step, m, traced, spans) for m in range(self.cfg.grad_accum_steps))
+        marks: list[tuple[str, Any, Any]] = []
+        losses = [self._micro(step, m, traced, marks) for m in range(self.cfg.grad_accum_steps)]
         if self.ledger is not None and self.ledger.active:  # FSDP2 sets the reduced shards as .grad
             self.ledger.retag([p.grad for p in self.model.parameters()], "grads")
         self.probe.point("backward end", "backward")
-        t4 = now()
+        m4 = self.clock.mark()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         maybe_diverge(self.cfg, self.rank, step, self.model)
-        self._sync()
-        t5 = now()
+        m5 = self.clock.mark()
+        self.clock.settle()  # the step's one wait for the GPU (none on CPU)
+        at = lambda m: t0 + self.clock.seconds(m0, m)  # noqa: E731  (a mark as host perf_counter seconds)
+        t4, t5 = at(m4), at(m5)
+        spans = [(phase, at(a), at(b)) for phase, a, b in marks]
+        loss = sum(float(v) for v in losses)
         self.probe.point("optimizer end", "optimizer")
         records = self.log.resolved()
         fwd = sum(b - a for p, a, b in spans if p == "forward")
