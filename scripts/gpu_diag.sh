@@ -47,7 +47,7 @@ timeout 90 "$PY" -m ddpviz.engine.harness.flight_cost "$OUT_DIR/flight_cost.json
 rc=$?; echo "flight_cost rc=$rc" >>"$LOG"; [ $rc -eq 0 ] || FAILED="$FAILED flight_cost"
 
 if [ -n "$CPU" ]; then
-  MODEL=(--device cpu --world-size 2 --model mlp --width 128 --depth 3 --global-batch-size 64 --steps 100)
+  MODEL=(--device cpu --world-size 1 --model mlp --width 64 --depth 3 --global-batch-size 32 --steps 40)
 else
   step overhead
   timeout 330 "$PY" -m ddpviz.workers.doctor.gpu "$OUT_DIR/overhead.json" >>"$LOG" 2>&1
