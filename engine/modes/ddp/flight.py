@@ -22,8 +22,8 @@ pickle of its entries. What an entry holds depends on the version and backend, c
   (2.13) gives none, so a gloo bucket's all-reduce end is not measured (`comm_end_s` null).
 
 `ready_s` (when the bucket's last gradient arrived) is not measured on this path: null, never a
-stand-in. A dump costs ~5-15 µs per entry the buffer holds plus its unpickling (issue 31: 166
-entries 4.8 ms on an H200 host; 200 entries ~1-2 ms here), so the buffer is sized to one step's
+stand-in. A dump with its unpickling costs 11.4-12.6 µs per entry the buffer holds on an H100 host
+(docs/gpu/2026-12-05-h100/flight_cost.json; ~5-6 µs here on gloo), so the buffer is sized to two steps'
 buckets plus slack (`buffer_entries`) and read once per step, stack traces left out.
 """
 
