@@ -43,7 +43,7 @@ export PYTHONPATH=$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 step() { echo "== $1 $(date -u +%T)" >>"$LOG"; }
 
 step flight_cost
-timeout 90 "$PY" -m ddpviz.engine.harness.flight_cost "$OUT_DIR/flight_cost.json" >>"$LOG" 2>&1
+timeout 90 "$PY" -m ddpviz.engine.harness.flight_cost "$OUT_DIR/flight_cost.json" ${CPU:+--held 4,16} >>"$LOG" 2>&1
 rc=$?; echo "flight_cost rc=$rc" >>"$LOG"; [ $rc -eq 0 ] || FAILED="$FAILED flight_cost"
 
 if [ -n "$CPU" ]; then

@@ -12,7 +12,8 @@ how often ddpviz's recorder path may read it, and on which thread.
   thread would cost the training thread nothing while dumping; 0.0: it holds the GIL throughout).
 
 It also says which fields the entries carry on this version and backend (e.g. `duration_ms` is NCCL
-with `TORCH_NCCL_ENABLE_TIMING=1` only). Run: `python -m ddpviz.engine.harness.flight_cost [OUT.json]`.
+with `TORCH_NCCL_ENABLE_TIMING=1` only).
+Run: `python -m ddpviz.engine.harness.flight_cost [OUT.json] [--held 16,64]` (default held: `HELD`).
 """
 
 from __future__ import annotations
@@ -125,11 +126,17 @@ def flight_cost(held: tuple[int, ...] = HELD) -> dict[str, Any]:
                        f"{REPEATS}; gil_free = a counting thread's pace during dumps / during a sleep")
 
 
-if __name__ == "__main__":
-    got = flight_cost()
+if __name__ == "__main__":  # python -m ddpviz.engine.harness.flight_cost [OUT.json] [--held 16,64,...]
+    args = sys.argv[1:]
+    held = HELD
+    if "--held" in args:
+        i = args.index("--held")
+        held = tuple(int(n) for n in args[i + 1].split(","))
+        del args[i:i + 2]
+    got = flight_cost(held)
     text = json.dumps(got, indent=1, default=str)
-    if len(sys.argv) > 1:
-        with open(sys.argv[1], "w") as f:
+    if args:
+        with open(args[0], "w") as f:
             f.write(text)
     print(text)
     os._exit(0)
