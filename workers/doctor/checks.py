@@ -264,7 +264,7 @@ def run_doctor(out_dir: str | Path, *, gpu: bool = False, url: str | None = None
             if not gpu:  # with --gpu the GPU's own overhead check runs the same three sizes
                 from ddpviz.workers.doctor.cost import check_bucket_cost
 
-                report.add(run_check("bucket_cost_cpu", lambda: check_bucket_cost(False), log))
+                report.add(run_check("bucket_cost_cpu", check_bucket_cost, log))
             if gpu:
                 from ddpviz.workers.doctor.gpu import run_gpu_checks
 
