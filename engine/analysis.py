@@ -35,14 +35,24 @@ def ring_factor(n: int) -> float:
 
 
 def bucket_bandwidths(buckets: Iterable[Event], world_size: int) -> list[Event]:
-    """Each bucket event with `comm_s`, `algbw_bytes_per_s` and `busbw_bytes_per_s` added."""
+    """Each bucket event with `comm_s` (its all-reduce's end minus start, else its measured
+    `comm_duration_s`: the GPU duration NCCL's flight recorder gives with no span), `algbw_bytes_per_s`
+    and `busbw_bytes_per_s` added."""
     out = []
     for b in buckets:
-        comm = (b.get("comm_end_s") or 0) - (b.get("comm_start_s") or 0)
+        comm = comm_seconds(b)
         alg = b["nbytes"] / comm if comm > 0 else None
         out.append({**b, "comm_s": comm, "algbw_bytes_per_s": alg,
                     "busbw_bytes_per_s": alg * ring_factor(world_size) if alg else None})
     return out
+
+
+def comm_seconds(b: Event) -> float:
+    """A bucket's all-reduce time (s): `comm_end_s` - `comm_start_s` where both were measured, else its
+    `comm_duration_s` (a duration measured without a position), else 0 (none measured)."""
+    if _timed(b):
+        return b["comm_end_s"] - b["comm_start_s"]
+    return b.get("comm_duration_s") or 0.0
 
 
 def _timed(b: Event) -> bool:

@@ -24,10 +24,12 @@ BucketTiming = Literal["hook", "recorder", "auto"]
 def effective_bucket_timing(cfg: "RunConfig", backend: str) -> str:
     """"hook" or "recorder" for a launched DDP run on `backend` ("gloo" or "nccl"): the config's, or
     for "auto" the recorder on gloo (no Python per bucket; ready times and exposed comm from DDP's
-    reducer every step) and the hook on NCCL, where the recorder path reads PyTorch's flight-recorder
-    dump on the training thread every step (11.4-12.6 µs per entry held, dump and unpickling, on an H100)
-    and was no lighter there: ddpviz ÷ plain DDP 1.030-1.048x (recorder) vs 1.042-1.049x (hook) on a
-    99.5 M GPT, 1.29-1.49x vs 1.28-1.49x on a small one (docs/gpu/2026-12-05-h100)."""
+    reducer every step) and the hook on NCCL (every bucket's GPU spans every step). There the recorder
+    path, which read PyTorch's flight-recorder dump every step (11.4-12.6 µs per entry held on an H100),
+    was no lighter: ddpviz ÷ plain DDP 1.030-1.048x (recorder) vs 1.042-1.049x (hook) on a 99.5 M GPT,
+    1.29-1.49x vs 1.28-1.49x on a small one (docs/gpu/2026-12-05-h100). Since 2026-12-05 (night) it reads
+    only DDP's reducer (bytes, order, host launch times; `engine.modes.ddp.flight.LayoutBuckets`), not yet
+    measured on a GPU: "auto" stays the hook on NCCL until a GPU run shows that path's cost."""
     if cfg.bucket_timing != "auto":
         return cfg.bucket_timing
     return "recorder" if backend == "gloo" else "hook"

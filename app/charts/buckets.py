@@ -100,6 +100,8 @@ def bucket_timeline(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: pd.D
            alt.Tooltip("comm_start_ms:Q", title="all-reduce start (ms)", format=".2f"),
            alt.Tooltip("comm_end_ms:Q", title="all-reduce end (ms)", format=".2f"),
            alt.Tooltip("algbw_gbps:Q", title="algbw (GB/s)", format=".3f"),
+           *([alt.Tooltip("enqueue_ms:Q", title="host launch (ms, host clock)", format=".2f")]
+             if "enqueue_ms" in rows else []),
            *([alt.Tooltip("source:N", title="measured by")] if "source" in rows else [])]
     layers.append(alt.Chart(rows.assign(kind=KINDS[1])).mark_rect().encode(
         x=alt.X("comm_start_ms:Q", scale=scale), x2="comm_end_ms:Q", y=y, y2="y1:Q",

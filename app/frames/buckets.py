@@ -140,12 +140,15 @@ def bucket_frame(events: Iterable[Event], step: int | None = None) -> pd.DataFra
     several, e.g. a GAN's two; 0 when the events do not say), bucket_index, bucket (its name:
     "3", or "DDP 1 · 3" when the step has buckets of several DDPs), row (the bucket's row in a
     rank's lane, the same on every rank: DDP by DDP, bucket by bucket), nbytes, mib, num_params,
-    ready_ms, comm_start_ms, comm_end_ms, comm_ms, algbw_gbps (bytes / all-reduce time, GB/s =
-    1e9 B/s), source (how the event says its fields were measured; "" when it does not say); the
+    ready_ms, comm_start_ms, comm_end_ms, comm_ms (end - start, else the event's `comm_duration_s`: a GPU
+    duration with no span), algbw_gbps (bytes / all-reduce time, GB/s =
+    1e9 B/s), enqueue_ms (the host's launch of the all-reduce, host clock: a CUDA step's no-hook
+    path, not on the GPU's timeline), source (how the event says its fields were measured; "" when it
+    does not say); the
     times are NaN (not measured, never 0) where the event's are null.
     """
     cols = ["step", "rank", "ddp_index", "bucket_index", "bucket", "row", "nbytes", "mib", "num_params",
-            "ready_ms", "comm_start_ms", "comm_end_ms", "comm_ms", "algbw_gbps", "source"]
+            "ready_ms", "comm_start_ms", "comm_end_ms", "comm_ms", "algbw_gbps", "enqueue_ms", "source"]
     events = list(events)
     step = latest_complete_step(events, "bucket") if step is None else step
     evs = [e for e in of_type(events, "bucket") if e["step"] == step]
@@ -156,9 +159,12 @@ def bucket_frame(events: Iterable[Event], step: int | None = None) -> pd.DataFra
         "bucket_index": int(e["bucket_index"]),
         "nbytes": int(e.get("nbytes", 0)), "num_params": e.get("num_params"),
         "ready_ms": _ms(e.get("ready_s")), "comm_start_ms": _ms(e.get("comm_start_s")),
-        "comm_end_ms": _ms(e.get("comm_end_s")), "source": e.get("source") or ""} for e in evs])
+        "comm_end_ms": _ms(e.get("comm_end_s")), "duration_ms": _ms(e.get("comm_duration_s")),
+        "enqueue_ms": _ms(e.get("enqueue_s")),
+        "source": e.get("source") or ""} for e in evs])
     df["mib"] = df["nbytes"] / MIB
-    df["comm_ms"] = df["comm_end_ms"] - df["comm_start_ms"]
+    # a GPU duration measured without a span (the flight recorder on NCCL) still gives the all-reduce's time
+    df["comm_ms"] = (df["comm_end_ms"] - df["comm_start_ms"]).fillna(df["duration_ms"])
     secs = (df["comm_ms"] / 1000.0).where(df["comm_ms"] > 0)
     df["algbw_gbps"] = df["nbytes"] / secs / 1e9
     keys = sorted(set(zip(df["ddp_index"], df["bucket_index"])))

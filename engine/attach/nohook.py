@@ -11,10 +11,11 @@ Its `bucket` events come from the launched runs' readers (`engine.modes.ddp.flig
   all-reduce times null (`source` says not measured) — except on the sampled steps (the
   memory-traced ones, `engine.attach.memory.STEPS_HINT`: 0-2 and every 200th), where PyTorch's
   profiler gives `ready_s`, `comm_start_s`, `comm_end_s` and `sampled: true` (`engine.modes.ddp.sampled`);
-- NCCL with the flight recorder on (`ddpviz run` sets its variables, `engine.attach.env`): the same
-  layout every step, and on the sampled steps `FlightBuckets` — enqueue times and, where the GPU
-  finished the collective by the step's end, its duration (read without a synchronize, so the last
-  buckets' ends may be null), `sampled: true`. The recorder is read on sampled steps only: a dump
+- CUDA: the same layout every step with each bucket's host launch (`enqueue_s`, the reducer's stamps,
+  `LayoutBuckets`), and with NCCL's flight recorder on (`ddpviz run` sets its variables,
+  `engine.attach.env`) on the sampled steps `FlightBuckets` — host enqueue times and, where NCCL's
+  watchdog had retired the collective by the read, its GPU duration (`comm_duration_s`; no span: the GPU
+  starts later than the host enqueues), `sampled: true`. The recorder is read on sampled steps only: a dump
   costs ~5-30 µs per entry it holds (issue 31: 166 entries 4.8 ms on an H200 host), more than the
   Python hook it replaces on a step of few buckets. A sampled step whose all-reduces the recorder
   did not all hold (a buffer too small, a recorder off) keeps the layout, times null, its `source`

@@ -114,6 +114,18 @@ def test_bucket_frame_ms_and_algbw():
     assert b0["mib"] == pytest.approx(40000 / 2**20)
 
 
+def test_bucket_frame_takes_a_gpu_duration_without_a_span_and_keeps_the_host_launch_apart():
+    """A CUDA no-hook step: host launch (`enqueue_s`) and, on a sampled NCCL step, GPU duration
+    (`comm_duration_s`), no span: the frame has the duration and bandwidth, and no start or end."""
+    ev = dict(type="bucket", run_id="r", step=3, rank=0, bucket_index=0, nbytes=3_000_000, num_params=2,
+              ready_s=None, comm_start_s=None, comm_end_s=None, enqueue_s=0.0125, comm_duration_s=0.0015,
+              source="flight recorder: bytes, host enqueue time and GPU duration")
+    (b,) = fb.bucket_frame([ev]).itertuples()
+    assert math.isnan(b.comm_start_ms) and math.isnan(b.comm_end_ms) and math.isnan(b.ready_ms)
+    assert b.comm_ms == pytest.approx(1.5) and b.algbw_gbps == pytest.approx(2.0)
+    assert b.enqueue_ms == pytest.approx(12.5)
+
+
 def test_bucket_frame_keeps_two_ddps_buckets_apart_in_rows_of_their_own():
     # an attached GAN: G's bucket 0 and 1, D's bucket 0, on two ranks, in one backward
     def b(rank, ddp, idx, ready):

@@ -20,6 +20,18 @@ def test_busbw_is_algbw_times_the_ring_factor():
     assert ring_factor(2) == 1.0 and ring_factor(8) == pytest.approx(1.75)
 
 
+def test_a_gpu_duration_without_a_span_still_gives_the_bandwidth():
+    """The flight recorder's GPU duration on NCCL comes with no span (`comm_duration_s`): bandwidth uses it;
+    a measured span wins over it; with neither, no bandwidth (never a 0 that was not measured)."""
+    dur, span, none = bucket_bandwidths([
+        dict(nbytes=2_000_000, comm_start_s=None, comm_end_s=None, comm_duration_s=0.004),
+        dict(nbytes=2_000_000, comm_start_s=0.1, comm_end_s=0.3, comm_duration_s=0.004),
+        dict(nbytes=2_000_000, comm_start_s=None, comm_end_s=None, comm_duration_s=None)], world_size=2)
+    assert dur["comm_s"] == pytest.approx(0.004) and dur["algbw_bytes_per_s"] == pytest.approx(5e8)
+    assert span["comm_s"] == pytest.approx(0.2) and span["algbw_bytes_per_s"] == pytest.approx(1e7)
+    assert none["algbw_bytes_per_s"] is None and none["busbw_bytes_per_s"] is None
+
+
 def test_ring_model_recovers_a_known_latency_and_bandwidth():
     alpha, beta, n = 20e-6, 10e9, 4  # 20 us per hop, 10 GB/s links
     buckets = [dict(nbytes=b, comm_start_s=0.0, comm_end_s=2 * (n - 1) * alpha + ring_factor(n) * b / beta)

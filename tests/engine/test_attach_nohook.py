@@ -82,17 +82,18 @@ def _nccl(monkeypatch, entries):
     return NoHookBuckets(ddp, names, flight=FlightReader(lambda **kw: pickle.dumps({"entries": entries})))
 
 
-def test_nccl_buckets_take_enqueue_times_and_gpu_durations_from_the_recorder(monkeypatch):
+def test_nccl_buckets_take_enqueue_times_and_gpu_durations_from_the_recorder_but_no_span(monkeypatch):
     b = _nccl(monkeypatch, [_entry(1, 999_000_000, 60, 0.5),  # before the backward: the last step's
                             _entry(2, 1_001_000_000, 8, 0.25), _entry(3, 1_003_000_000, 15)])  # the last still running
     assert not b.sampling  # the profiler's spans are gloo's
     b.begin_backward(sample=True)
     out = b.resolved()
     assert [r["nbytes"] for r in out] == [32, 60] and [r["num_params"] for r in out] == [2, 2]
-    assert [r["comm_start_s"] for r in out] == pytest.approx([0.001, 0.003])
-    assert out[0]["comm_end_s"] == pytest.approx(0.00125) and out[1]["comm_end_s"] is None
+    assert [r["enqueue_s"] for r in out] == pytest.approx([0.001, 0.003])
+    assert out[0]["comm_duration_s"] == pytest.approx(0.00025) and out[1]["comm_duration_s"] is None
     assert out[0]["param_names"] == ["1.weight", "1.bias"] and "GPU duration" in out[0]["source"]
-    assert all(r["ready_s"] is None and r["sampled"] is True and "no comm hook" in r["nbytes_source"] for r in out)
+    assert all(r["ready_s"] is None and r["comm_start_s"] is None and r["comm_end_s"] is None for r in out)
+    assert all(r["sampled"] is True and "no comm hook" in r["nbytes_source"] for r in out)
 
 
 def test_nccl_reads_the_recorder_on_sampled_steps_only(monkeypatch):
@@ -107,7 +108,7 @@ def test_nccl_reads_the_recorder_on_sampled_steps_only(monkeypatch):
     assert dumps == [] and [r["nbytes"] for r in out] == [32, 60]
     assert all(r["comm_start_s"] is None and r["comm_end_s"] is None and r["sampled"] is False for r in out)
     b.begin_backward(sample=True)
-    assert [r["comm_start_s"] for r in b.resolved()] == pytest.approx([0.001, 0.003]) and dumps == [1]
+    assert [r["enqueue_s"] for r in b.resolved()] == pytest.approx([0.001, 0.003]) and dumps == [1]
 
 
 def test_a_step_the_recorder_did_not_hold_whole_gets_the_layout_and_claims_no_time(monkeypatch):

@@ -17,8 +17,8 @@ import torch
 from plain_ddp import plain_ddp
 
 from ddpviz.engine.config import RunConfig
-from ddpviz.engine.modes.ddp.flight import (READY_EXPOSED_SOURCE, READY_SOURCE, FlightBuckets, FlightReader,
-                                            buffer_entries, enable_recorder, recorder_on)
+from ddpviz.engine.modes.ddp.flight import (ENQUEUE_SOURCE, READY_EXPOSED_SOURCE, READY_SOURCE, FlightBuckets,
+                                            FlightReader, buffer_entries, enable_recorder, launches, recorder_on)
 from ddpviz.engine.measure.memory_sampler import should_trace_memory
 from ddpviz.engine.modes.ddp.rank import NO_BUCKET_TIMES, exposed_comm
 from ddpviz.engine.modes.ddp.sampled import PROFILER_SOURCE, pair_spans
@@ -103,9 +103,10 @@ def _entry(rid, created_ns, numel, duration_ms=None, name="nccl:all_reduce"):
     return e
 
 
-def test_nccl_entries_give_gpu_durations_and_leave_out_what_came_before(monkeypatch):
-    """A stand-in NCCL dump: `duration_ms` -> comm_end_s = enqueue + duration; entries created
-    before the backward (a broadcast, the last step's buckets) and other collectives are not buckets."""
+def test_nccl_entries_give_enqueue_times_and_gpu_durations_but_no_span(monkeypatch):
+    """A stand-in NCCL dump: `time_created_ns` -> enqueue_s, `duration_ms` -> comm_duration_s, and no
+    span made of the two (the GPU starts later than the host enqueues); entries created before the
+    backward (a broadcast, the last step's buckets) and other collectives are not buckets."""
     monkeypatch.setattr("time.time_ns", lambda: 1_000_000_000)
     fb = FlightBuckets(FlightReader(lambda **kw: b""), lambda: [((3, 2), 400), ((1, 0), 800)], ["a", "b", "c", "d"])
     fb.begin_backward()
@@ -113,10 +114,11 @@ def test_nccl_entries_give_gpu_durations_and_leave_out_what_came_before(monkeypa
                             _entry(3, 1_003_000_000, 7, name="nccl:all_gather"), _entry(4, 1_004_000_000, 200, 1.0)])
     out = fb.resolved()
     assert [b["nbytes"] for b in out] == [400, 800]
-    assert [b["comm_start_s"] for b in out] == pytest.approx([0.002, 0.004])
-    assert [b["comm_end_s"] for b in out] == pytest.approx([0.00225, 0.005])
+    assert [b["enqueue_s"] for b in out] == pytest.approx([0.002, 0.004])
+    assert [b["comm_duration_s"] for b in out] == pytest.approx([0.00025, 0.001])
+    assert all(b[k] is None for b in out for k in ("ready_s", "comm_start_s", "comm_end_s"))
     assert [b["param_names"] for b in out] == [["d", "c"], ["b", "a"]] and out[1]["is_last"]
-    assert "GPU duration" in out[0]["source"] and out[0]["ready_s"] is None
+    assert "GPU duration" in out[0]["source"] and "start and end not measured" in out[0]["source"]
 
 
 def test_a_backward_taken_and_read_after_the_next_began_gets_its_own_entries_and_later_durations(monkeypatch):
@@ -135,13 +137,14 @@ def test_a_backward_taken_and_read_after_the_next_began_gets_its_own_entries_and
                             _entry(3, 1_500_000_000, 4, name="gloo:all_gather"),  # the replica check: no bucket
                             _entry(4, 2_001_000_000, 100, 0.75), _entry(5, 2_003_000_000, 200)])
     one = first()
-    assert [b["comm_start_s"] for b in one] == pytest.approx([0.001, 0.002])
-    assert [b["comm_end_s"] for b in one] == pytest.approx([0.0015, 0.00225])
+    assert [b["enqueue_s"] for b in one] == pytest.approx([0.001, 0.002])
+    assert [b["comm_duration_s"] for b in one] == pytest.approx([0.0005, 0.00025])
     fb.reader.dump = _dump([_entry(5, 2_003_000_000, 200, 2.0)])  # the same entry, retired since: a duration
     two = second()
     assert [b["nbytes"] for b in two] == [400, 800]
-    assert [b["comm_start_s"] for b in two] == pytest.approx([0.001, 0.003])
-    assert two[0]["comm_end_s"] == pytest.approx(0.00175) and two[1]["comm_end_s"] is None  # read at step 0's read
+    assert [b["enqueue_s"] for b in two] == pytest.approx([0.001, 0.003])
+    assert two[0]["comm_duration_s"] == pytest.approx(0.00075) and two[1]["comm_duration_s"] is None  # step 0's read
+    assert "not measured" in two[1]["source"]
 
 
 def test_a_layout_that_does_not_match_the_entries_gives_no_parameter_counts():
@@ -152,12 +155,11 @@ def test_a_layout_that_does_not_match_the_entries_gives_no_parameter_counts():
     assert b["nbytes"] == 400 and b["num_params"] is None and "param_names" not in b
 
 
-def test_exposed_comm_is_not_measured_without_enqueue_times_or_on_cuda():
+def test_exposed_comm_is_not_measured_without_ready_times():
     assert exposed_comm([dict(ready_s=None, comm_start_s=None)], 0.010, cuda=False) == (
         None, dict(comm_exposed_measured=False, comm_exposed_note=NO_BUCKET_TIMES))
-    gloo = [dict(ready_s=None, comm_start_s=0.001), dict(ready_s=None, comm_start_s=0.004)]
-    assert exposed_comm(gloo, 0.010, cuda=False)[0] == pytest.approx(0.006)
-    assert exposed_comm(gloo, 0.010, cuda=True) == (None, dict(comm_exposed_measured=False))
+    launched = [dict(ready_s=None, enqueue_s=0.001), dict(ready_s=None, enqueue_s=0.004)]  # CUDA, no hook
+    assert exposed_comm(launched, 0.010, cuda=True) == (None, dict(comm_exposed_measured=False))
     hook = [dict(ready_s=0.002, comm_start_s=0.002), dict(ready_s=0.007, comm_start_s=0.007)]
     assert exposed_comm(hook, 0.010, cuda=True)[0] == pytest.approx(0.003)
 
@@ -192,10 +194,10 @@ class _GroupMade(Exception):
     pass
 
 
-def test_a_launched_nccl_rank_sets_the_recorder_before_its_process_group(monkeypatch):
-    """torch reads the flight recorder's buffer size when the process group is made (on gloo 2.13 a
-    size set after init_process_group was ignored): the rank must set it before `init_rank`. CPU
-    twin of the NCCL path: a stand-in dump makes the rank take it; the process group is not made."""
+def test_a_launched_nccl_rank_leaves_the_flight_recorder_off(monkeypatch):
+    """The recorder path reads DDP's reducer on every backend: a launched NCCL rank must not turn the
+    flight recorder on (a dump per step cost 0.55-1.6 ms on an H100 host). CPU twin: a stand-in dump
+    exists, so the old path would have set the buffer before the process group; it is not made."""
     import os
 
     from ddpviz.engine.modes.ddp import flight, rank
@@ -214,8 +216,86 @@ def test_a_launched_nccl_rank_sets_the_recorder_before_its_process_group(monkeyp
     cfg = RunConfig(mode="ddp", world_size=2, width=16, depth=2, bucket_timing="recorder", steps=3)
     with pytest.raises(_GroupMade):
         rank._train_rank(cfg, "r", 0, None, "nccl", "cpu", None, "")
-    assert seen["TORCH_NCCL_ENABLE_TIMING"] == "1"
-    assert int(seen["TORCH_FR_BUFFER_SIZE"]) == buffer_entries(3)  # one 25 MB bucket: ceil(P / cap) + 2
+    assert seen == {"TORCH_FR_BUFFER_SIZE": None, "TORCH_NCCL_ENABLE_TIMING": None}
+
+
+def test_launches_are_the_running_latest_ready_time():
+    """DDP launches bucket k once it and every bucket before it are ready (`Reducer::mark_bucket_ready`)."""
+    assert launches([0.002, 0.001, 0.005, 0.004]) == [0.002, 0.002, 0.005, 0.005]
+    assert launches([]) == []
+
+
+ENQUEUE_VS_RECORDER = r"""
+import json, os, sys, time
+os.environ["TORCH_FR_BUFFER_SIZE"] = "64"  # before the process group: torch reads it then
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from ddpviz.engine.modes.ddp.flight import FlightReader, LayoutBuckets
+from ddpviz.engine.modes.launcher import free_port
+
+class Sleep(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(0.03)
+        return grad
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        return self.second(Sleep.apply(self.first(x)))
+
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+torch.manual_seed(0)
+ddp = DDP(Net(), bucket_cap_mb=0.01)  # one bucket per layer
+log = LayoutBuckets(ddp, {p.data_ptr(): n for n, p in ddp.module.named_parameters()}, host_enqueue=True)
+reader = FlightReader(backend="gloo")
+x, out = torch.randn(8, 64), []
+for step in range(4):
+    loss = ddp(x)
+    log.forward_returned()
+    loss = loss.square().mean()
+    log.begin_backward()
+    origin_unix_ns = time.time_ns()
+    loss.backward()
+    rows = log.resolved()
+    created = [(e["time_created_ns"] - origin_unix_ns) / 1e9 for e in reader.read()
+               if str(e.get("profiling_name", "")).endswith("all_reduce")]
+    out.append(dict(rows=rows, created=created))
+dist.destroy_process_group()
+print(json.dumps(out))
+"""
+
+
+def test_cuda_launch_times_are_the_enqueue_times_pytorchs_flight_recorder_gives(tmp_path):
+    """On CUDA the no-hook path reports the reducer's stamps as launch times (`enqueue_s`), the host
+    enqueue NCCL's flight recorder stamps as `time_created_ns`, without its dump. CPU twin, with the
+    independent reference this machine has: the same labelling (`host_enqueue=True`) on a 1-rank gloo
+    DDP with PyTorch's flight recorder on, whose entries carry `time_created_ns` (torch 2.13); two
+    buckets, a 30 ms sleep in the backward between them. Each bucket's `enqueue_s` must be within
+    2 ms of its all-reduce's creation, with no span and no ready time claimed."""
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "enqueue.py"
+    script.write_text(ENQUEUE_VS_RECORDER)
+    got = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr[-2000:]
+    steps = json.loads(got.stdout.strip().splitlines()[-1])
+    for step in steps[2:]:  # DDP's layout is rebuilt in the second forward
+        rows, created = step["rows"], step["created"]
+        assert len(created) == len(rows) == 2, step
+        assert [r["source"] for r in rows] == [ENQUEUE_SOURCE] * 2
+        assert all(r["ready_s"] is None and r["comm_start_s"] is None and r["comm_end_s"] is None for r in rows)
+        assert [r["enqueue_s"] for r in rows] == pytest.approx(created, abs=0.002), step
+        assert rows[1]["enqueue_s"] - rows[0]["enqueue_s"] >= 0.03
 
 
 class _SleepInBackward(torch.autograd.Function):

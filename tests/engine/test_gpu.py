@@ -60,6 +60,31 @@ def test_ddp_on_nccl_matches_single_with_cuda_timed_buckets():
             assert 0 <= b["ready_s"] <= b["comm_start_s"] < b["comm_end_s"], (key, b)
 
 
+def test_ddp_recorder_path_on_nccl_gives_launch_times_and_claims_no_span():
+    """`bucket_timing="recorder"` on NCCL: no hook, no flight-recorder read; every step after DDP's rebuilt
+    layout is known carries each bucket's host launch (`enqueue_s`, the reducer's stamps), in index
+    order, and no ready time or span; training equals single's (DDP's own C++ path)."""
+    from ddpviz.engine.modes.ddp.flight import ENQUEUE_SOURCE
+
+    fields = {**SMALL, "steps": 8}
+    ddp, sink = run(mode="ddp", bucket_cap_mb=0.01, bucket_timing="recorder", **fields)
+    single, _ = run(mode="single", **fields)
+    torch.testing.assert_close(ddp.final_params, single.final_params, rtol=1e-4, atol=1e-5)
+    by_step: dict[tuple[int, int], list[dict]] = {}
+    for b in sink.of_type("bucket"):
+        by_step.setdefault((b["rank"], b["step"]), []).append(b)
+    late = {k: bs for k, bs in by_step.items() if k[1] >= 4}
+    assert len(late) == N * 4
+    for key, bs in late.items():
+        bs.sort(key=lambda b: b["bucket_index"])
+        assert len(bs) >= 2 and all(b["source"] == ENQUEUE_SOURCE for b in bs), key
+        assert all(b["ready_s"] is None and b["comm_start_s"] is None and b["comm_end_s"] is None for b in bs), key
+        launches = [b["enqueue_s"] for b in bs]
+        assert 0 <= launches[0] and launches == sorted(launches), (key, launches)
+    steps = [e for e in sink.of_type("step") if e["step"] >= 4]
+    assert all(e["comm_exposed_s"] is None and e["comm_exposed_measured"] is False for e in steps)
+
+
 def test_memory_comes_from_the_allocator_and_nvml():
     _, sink = run(mode="single", **SMALL)
     mem = [e for e in sink.of_type("memory") if e.get("kind") != "sample"]  # traced steps' events

@@ -96,13 +96,13 @@ def test_compare_carries_the_note_to_its_report():
 
 
 def test_auto_is_the_recorder_on_gloo_and_the_hook_on_nccl():
-    """The default `bucket_timing="auto"`: no Python per bucket on gloo; on NCCL the hook, since the
-    recorder path reads the flight recorder's dump on the training thread every step there. What the
-    rank runs is `flight_recorder_path`'s answer (a stand-in model: it builds nothing on NCCL here)."""
+    """The default `bucket_timing="auto"`: no Python per bucket on gloo; on NCCL the hook, until the
+    no-hook path's cost there is measured on a GPU. What the rank runs is `no_hook_path`'s answer (a
+    stand-in model: it builds nothing on NCCL here)."""
     import torch
 
     from ddpviz.engine.config import RunConfig, effective_bucket_timing
-    from ddpviz.engine.modes.ddp.flight import flight_recorder_path
+    from ddpviz.engine.modes.ddp.flight import no_hook_path
 
     auto = RunConfig()
     assert auto.bucket_timing == "auto"
@@ -110,7 +110,7 @@ def test_auto_is_the_recorder_on_gloo_and_the_hook_on_nccl():
     for chosen in ("hook", "recorder"):
         assert {effective_bucket_timing(RunConfig(bucket_timing=chosen), b) for b in ("gloo", "nccl")} == {chosen}
     model = torch.nn.Linear(4, 2)
-    assert flight_recorder_path(auto, "gloo", model) is True
-    assert flight_recorder_path(auto, "nccl", model) is False
+    assert no_hook_path(auto, "gloo", model) is True
+    assert no_hook_path(auto, "nccl", model) is False
     sparse = torch.nn.Sequential(torch.nn.Embedding(10, 4, sparse=True), torch.nn.Linear(4, 2))
-    assert flight_recorder_path(auto, "gloo", sparse) is False  # the hook sees what a sparse bucket sends
+    assert no_hook_path(auto, "gloo", sparse) is False  # the hook sees what a sparse bucket sends

@@ -1,30 +1,36 @@
-"""Bucket records with no Python per bucket: DDP's own C++ all-reduce, read back from PyTorch's
-flight recorder (issue 31).
+"""Bucket records with no Python per bucket: DDP's own C++ all-reduce, read back from DDP's reducer
+and, on an attached NCCL run's sampled steps, from PyTorch's flight recorder (issue 31).
 
 A Python comm hook costs ~500 µs per bucket per step on 2 gloo ranks of this 2-core machine and
 50-75 µs on an H200 (issue 31), PyTorch's own `allreduce_hook` as much; DDP with no hook costs
 nothing extra. A DDP takes one comm hook for its life (`Reducer::register_comm_hook`: "can only be
-called once"), so the choice is made per run, not per step (`use_flight_recorder`). With no hook,
+called once"), so the choice is made per run, not per step (`no_hook_path`). With no hook,
 DDP's reducer divides each gradient by world_size while copying it into its bucket and all-reduces
 the bucket (sum) in C++, in bucket-index order (`Reducer::mark_bucket_ready`).
 
-Every collective is then recorded by PyTorch's flight recorder when its buffer is non-zero
-(`TORCH_FR_BUFFER_SIZE`, or `TORCH_NCCL_TRACE_BUFFER_SIZE` on older NCCL builds; torch 2.13 reads
-it when the process group is made — on gloo a size set after `init_process_group` was ignored —
-so it is set before the group, `engine.modes.ddp.rank`, and by `ddpviz run` in the child's env), and
-`torch._C._distributed_c10d._dump_fr_trace()` (`_dump_nccl_trace()` on older versions) returns a
+Every step (`LayoutBuckets`): the reducer's layout (bytes, parameters, order) and its own stamp of
+each gradient (`Reducer::get_backward_stats`, ~7 µs a read): on CPU the bucket's ready time, on CUDA
+the host time its all-reduce was launched (`enqueue_s`). A launched run reads nothing else, on
+any backend: the flight recorder is not turned on.
+
+The flight recorder (`FlightReader`, `FlightBuckets`; `ddpviz run` turns it on for NCCL scripts,
+`engine.attach.env`, read on sampled steps only, `engine.attach.nohook`): every collective is
+recorded when its buffer is non-zero (`TORCH_FR_BUFFER_SIZE`, or `TORCH_NCCL_TRACE_BUFFER_SIZE` on
+older NCCL builds; torch 2.13 reads it when the process group is made), and
+`torch._C._distributed_c10d._dump_nccl_trace()` / `_dump_fr_trace()` (`dump_function`) returns a
 pickle of its entries. What an entry holds depends on the version and backend, checked per entry:
 
 - `time_created_ns` (unix ns, host clock): when the reducer handed the bucket to the backend — the
   bucket's all-reduce enqueue time, every version and backend seen (gloo 2.13, NCCL 2.11);
 - `input_sizes` / `input_dtypes`: the bucket's element count and dtype, so its bytes;
-- `duration_ms`: GPU time of the collective, NCCL with `TORCH_NCCL_ENABLE_TIMING=1` only; gloo
-  (2.13) gives none, so a gloo bucket's all-reduce end is not measured (`comm_end_s` null).
+- `duration_ms`: GPU time of the collective, NCCL with `TORCH_NCCL_ENABLE_TIMING=1` only, set when
+  NCCL's watchdog retires the work (`FlightRecorder::retire_id`, a loop of ~100 ms), so a read soon
+  after the step may find none yet; gloo (2.13) gives none.
 
-`ready_s` (when the bucket's last gradient arrived) is not measured on this path: null, never a
-stand-in. A dump with its unpickling costs 11.4-12.6 µs per entry the buffer holds on an H100 host
-(docs/gpu/2026-12-05-h100/flight_cost.json; ~5-6 µs here on gloo), so the buffer is sized to two steps'
-buckets plus slack (`buffer_entries`) and read once per step, stack traces left out.
+Enqueue and duration are kept apart (`enqueue_s`, `comm_duration_s`): the GPU starts a collective
+later than its host enqueue, so they make no span (`comm_start_s`/`comm_end_s` null). `ready_s` is
+not measured there. A dump with its unpickling costs 11.4-12.6 µs per entry the buffer holds on an
+H100 host (docs/gpu/2026-12-05-h100/flight_cost.json; ~5-6 µs here on gloo): read rarely, small.
 """
 
 from __future__ import annotations
@@ -43,43 +49,28 @@ DTYPE_BYTES = {"Float": 4, "Half": 2, "BFloat16": 2, "Double": 8, "Long": 8, "In
 SOURCE = "flight recorder"  # the `bucket` events' `source` on this path (+ what it measured)
 
 
-def flight_recorder_path(cfg: Any, backend: str, model: Any) -> bool:
+def no_hook_path(cfg: Any, backend: str, model: Any) -> bool:
     """Whether this rank's DDP runs with no comm hook (`effective_bucket_timing` "recorder": "auto" on gloo; overlap
-    on, no compression hook, no sparse gradient); on NCCL (with a torch that has a dump) it also turns the flight
-    recorder on with a buffer for two steps' buckets. Call before the process group is made (the
-    buffer size is read then).
-
-    Not on gloo: the recorder gathers each entry's Python stack under the GIL, and with ddpviz's
-    own threads alive that cost 1.9 ms per bucket on 2 gloo ranks here (torch 2.13, 48 buckets;
-    the Python hook 0.6 ms, no hook ~0: docs/bench/bucket-cost-cpu-2core.json); there the
-    buckets come from the reducer's layout (`LayoutBuckets`), times not measured.
-
-    Buckets per step: each bucket DDP closes holds at least its cap (`Reducer`'s assignment rule),
-    so there are at most ceil(P / cap) + 2 (the smaller first bucket, the rest), and never more
-    than the trainable parameters."""
+    on, no compression hook, no sparse gradient). Its buckets then come from DDP's reducer (`LayoutBuckets`),
+    on every backend; the flight recorder is not turned on (on NCCL it was read every step: 11.4-12.6 µs
+    per entry held, ~0.55 ms a step at 15 buckets on an H100 host, most of that path's 1.030-1.048x over
+    plain DDP, docs/gpu/2026-12-05-h100). On gloo the recorder would also gather each entry's Python stack
+    under the GIL: 1.9 ms per bucket on 2 gloo ranks here (torch 2.13, 48 buckets; the Python hook 0.6 ms,
+    no hook ~0: docs/bench/bucket-cost-cpu-2core.json)."""
     from ddpviz.engine.config import effective_bucket_timing
 
     if effective_bucket_timing(cfg, backend) != "recorder" or not cfg.overlap or cfg.comm_hook != "none":
         return False
     from ddpviz.engine.modes.ddp.buckets import expect_sparse_gradient
 
-    if any(expect_sparse_gradient(model)):  # the layout's sizes are dense; what a sparse bucket sends
-        return False  # (values and indices, `Reducer::mark_variable_ready_sparse`) only the hook sees
-    if backend != "nccl" or dump_function(backend) is None:
-        return True  # no comm hook; the recorder stays off (`LayoutBuckets`)
-    from ddpviz.engine.modes.ddp.buckets import caps_bytes
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    total = sum(p.numel() * p.element_size() for p in params)
-    first, cap = caps_bytes(cfg)
-    expected = min(len(params), -(-total // cap) + 2)
-    enable_recorder(buffer_entries(expected), backend)
-    return True
+    # the layout's sizes are dense; what a sparse bucket sends (values and indices,
+    # `Reducer::mark_variable_ready_sparse`) only the hook sees
+    return not any(expect_sparse_gradient(model))
 
 
 def buffer_entries(expected_buckets: int) -> int:
-    """Flight-recorder entries to keep: two steps' buckets plus `SLACK_ENTRIES` (a read per step
-    then never misses one, and costs in proportion to one step's buckets)."""
+    """Flight-recorder entries to keep: two steps' buckets plus `SLACK_ENTRIES` (a read after a sampled
+    step then finds all its buckets, and costs in proportion to one step's buckets)."""
     return 2 * max(1, expected_buckets) + SLACK_ENTRIES
 
 
@@ -197,9 +188,10 @@ class FlightBuckets:
     def resolved(self) -> list[dict[str, Any]]:
         """This backward's buckets (call after it): `bucket_index` (launch order = index order),
         `nbytes` (from the entry), `num_params` and, when the layout is new, `param_names` (DDP's
-        layout, used only where its bucket count and bytes match the entries), `comm_start_s`
-        (enqueue, seconds from the backward's start), `comm_end_s` (start + `duration_ms` where the
-        recorder has it, else None), `ready_s` None, `source`, `sampled` False."""
+        layout, used only where its bucket count and bytes match the entries), `enqueue_s` (host,
+        seconds from the backward's start), `comm_duration_s` (GPU, `duration_ms` where the recorder
+        has it, else None), `ready_s`, `comm_start_s`, `comm_end_s` None (`_record`), `source`,
+        `sampled` False."""
         return self._resolve(self.origin_ns, None)
 
     def taken(self) -> Callable[[], list[dict[str, Any]]]:
@@ -232,13 +224,18 @@ class FlightBuckets:
         return out
 
     def _record(self, i: int, e: dict[str, Any], n: int, origin_ns: int) -> dict[str, Any]:
-        start = (e["time_created_ns"] - origin_ns) / 1e9
+        """One bucket's fields from its entry: the host enqueue and, where NCCL measured it, the GPU
+        duration, each in a field of its own. Not a span: the GPU starts the collective when its stream
+        reaches it, later than the enqueue by however far the host ran ahead, so enqueue + duration
+        would place the all-reduce where it did not run (`comm_start_s`/`comm_end_s` null)."""
         dur_ms = e.get("duration_ms")
-        measured = "bytes and enqueue time" + (" and GPU duration" if dur_ms is not None else
-                                               "; all-reduce end not measured (no duration on this backend)")
+        measured = "bytes, host enqueue time" + (
+            " and GPU duration (NCCL's CUDA events); the GPU's start and end not measured" if dur_ms is not None
+            else "; all-reduce start, end and duration not measured (none recorded yet on this backend)")
         return dict(bucket_index=i, nbytes=entry_nbytes(e), num_params=None, is_last=i == n - 1, ready_s=None,
-                    comm_start_s=start, comm_end_s=start + dur_ms / 1e3 if dur_ms is not None else None,
-                    enqueue_s=start, sampled=False, source=f"{SOURCE}: {measured}")
+                    comm_start_s=None, comm_end_s=None, enqueue_s=(e["time_created_ns"] - origin_ns) / 1e9,
+                    comm_duration_s=dur_ms / 1e3 if dur_ms is not None else None, sampled=False,
+                    source=f"{SOURCE}: {measured}")
 
 
 def reducer_layout(ddp: Any) -> list[tuple[tuple[int, ...] | None, int]] | None:
@@ -266,6 +263,11 @@ READY_SOURCE = ("DDP's reducer: bytes, parameters and order from its layout; rea
                 "of the bucket's last parameter (Reducer::get_backward_stats, C++, every step); all-reduce start "
                 "and end not measured (no comm hook; flight recorder off on gloo)")
 READY_EXPOSED_SOURCE = "backward end minus the last gradient's ready time (DDP's reducer, Reducer::get_backward_stats)"
+ENQUEUE_SOURCE = ("DDP's reducer: bytes, parameters and order from its layout; enqueue = the host time the reducer "
+                  "launched the bucket's all-reduce (its last gradient's stamp, Reducer::get_backward_stats, C++, every "
+                  "step, or an earlier bucket's launch if later: buckets launch in index order); CUDA module: the GPU "
+                  "reaches the gradient and the all-reduce later, so ready, all-reduce start and end are not measured "
+                  "(no comm hook, no recorder read)")
 
 
 class LayoutBuckets:
@@ -281,17 +283,26 @@ class LayoutBuckets:
     bucket's `ready_s` is its last parameter's (the bucket indices: DDP's logged rebuilt layout,
     `reducer_layout`). Their origin is taken when DDP's forward returned (`forward_returned`), just
     after `prepare_for_backward` stamped it, so a ready time is late by that gap (µs; the exposed
-    comm derived from it is short by as much, never long). Not on CUDA: the reducer stamps host
-    times when the autograd hook runs, not when the GPU produced the gradient.
+    comm derived from it is short by as much, never long).
+
+    On CUDA modules the same stamps are host times: when the autograd engine ran the gradient's hook, which
+    queued work the GPU runs later. There DDP launches a bucket's all-reduce right after the stamp of its last
+    gradient (`Reducer::mark_variable_ready` -> `mark_bucket_ready`, buckets in index order), so the stamps
+    give each bucket's launch (`enqueue_s`: the latest stamp of it and of every bucket before it), the host
+    enqueue the NCCL flight recorder's `time_created_ns` also gives, without a dump per step (11.4-12.6 µs
+    per entry held on an H100 host, docs/gpu/2026-12-05-h100/flight_cost.json); `ready_s` and the all-reduce
+    times stay null (`ENQUEUE_SOURCE`), and no profiler runs on sampled steps (its spans are gloo's).
 
     Args:
         ddp: the `DistributedDataParallel`.
         names: parameter name by `data_ptr()`.
+        host_enqueue: report the stamps as launch times (`enqueue_s`) instead of ready times; default:
+            the DDP's module is on CUDA.
     """
 
     LAYOUT_READS = 3
 
-    def __init__(self, ddp: Any, names: dict[int, str]):
+    def __init__(self, ddp: Any, names: dict[int, str], host_enqueue: bool | None = None):
         from ddpviz.engine.modes.ddp.sampled import SampledSpans
 
         self.ddp, self.names, self.passes = ddp, names, 0
@@ -300,7 +311,8 @@ class LayoutBuckets:
         self._named: Any = None
         self.sample_next = False  # set by the rank before a sampled step (its full spans: `SampledSpans`)
         self.sampler = SampledSpans()
-        self.ready_times = getattr(getattr(ddp, "device", None), "type", "cpu") == "cpu"
+        self.host_enqueue = getattr(getattr(ddp, "device", None), "type", "cpu") == "cuda" \
+            if host_enqueue is None else host_enqueue
         self._forward_ns: int | None = None  # when the latest synced forward returned
         self._origin_ns = 0  # the backward's start (`begin_backward`)
 
@@ -328,7 +340,7 @@ class LayoutBuckets:
         """Call right before the backward whose buckets should be recorded."""
         self.passes += 1
         self._origin_ns = time.perf_counter_ns()
-        if self.sample_next:
+        if self.sample_next and not self.host_enqueue:
             self.sampler.start()
 
     def taken(self) -> Callable[[], list[dict[str, Any]]]:
@@ -350,6 +362,9 @@ class LayoutBuckets:
             spans = None  # the profiler saw another number of all-reduces: claim nothing
         fwd, self._forward_ns = self._forward_ns, None  # one synced forward's origin, used once
         readies = None if spans or fwd is None else self._readies(fwd)
+        if readies and self.host_enqueue:
+            return [dict(self._row(i, (None, None, None), ENQUEUE_SOURCE, fresh), enqueue_s=t)
+                    for i, t in enumerate(launches(readies))]
         source = PROFILER_SOURCE if spans else READY_SOURCE if readies else LAYOUT_SOURCE
         return [self._row(i, spans[i] if spans else (readies[i] if readies else None, None, None), source, fresh)
                 for i in range(n)]
@@ -369,7 +384,7 @@ class LayoutBuckets:
         forward's origin once. For a DDP rank's ordinary steps (`engine.modes.ddp.rank`), whose bucket
         events are then `steady_rows` with these times: what `resolved` gives, without building them."""
         if self.passes <= self.LAYOUT_READS or self._named is not self._layout or self.sampler.active \
-                or self._forward_ns is None:
+                or self._forward_ns is None or self.host_enqueue:
             return None
         fwd, self._forward_ns = self._forward_ns, None
         return self._readies(fwd)
@@ -388,7 +403,7 @@ class LayoutBuckets:
             self._layout = [(tuple(self.names.get(p.data_ptr(), "?") for p in b.parameters()),
                              b.buffer().numel() * b.buffer().element_size())
                             for b in self.ddp.reducer._get_zeros_like_grad_buckets()]
-            logged = reducer_layout(self.ddp) if self.ready_times else None
+            logged = reducer_layout(self.ddp)
             self._groups = [ix for ix, _ in logged] if logged and all(ix is not None for ix, _ in logged) \
                 and [b for _, b in logged] == [b for _, b in self._layout] else None
 
@@ -404,6 +419,17 @@ class LayoutBuckets:
             return [(base + max(stats[j] for j in group)) / 1e9 for group in self._groups]
         except (IndexError, ValueError):  # a layout the stamps do not cover: claim nothing
             return None
+
+
+def launches(readies: list[float]) -> list[float]:
+    """Each bucket's all-reduce launch from its ready time (s, bucket-index order): DDP's reducer launches
+    bucket k once it and every bucket before it are ready (`Reducer::mark_bucket_ready` walks `next_bucket_`
+    in index order), so at the latest of their ready times."""
+    out, latest = [], float("-inf")
+    for r in readies:
+        latest = max(latest, r)
+        out.append(latest)
+    return out
 
 
 def recorder_on(environ: dict[str, str] | None = None) -> bool:

@@ -38,8 +38,7 @@ from ddpviz.engine.models import build_model
 from ddpviz.engine.modes.ddp.buckets import ddp_bucket_cap_arg
 from ddpviz.engine.modes.ddp.comm_hook import recording_hook
 from ddpviz.engine.modes.ddp.comm_hooks import compose, selected_hook, volume_label
-from ddpviz.engine.modes.ddp.flight import (READY_EXPOSED_SOURCE, READY_SOURCE, FlightBuckets, FlightReader,
-                                            LayoutBuckets, flight_recorder_path, recorder_on, reducer_layout)
+from ddpviz.engine.modes.ddp.flight import READY_EXPOSED_SOURCE, READY_SOURCE, LayoutBuckets, no_hook_path
 from ddpviz.engine.modes.ddp.memory import BufferProbe, MemoryBucketRecorder, keep_before_traced
 from ddpviz.engine.modes.ranks import init_rank, progress, run_rank
 
@@ -51,22 +50,16 @@ NO_BUCKET_TIMES = ("not measured on this step (bucket_timing=recorder on gloo: n
 def exposed_comm(buckets: list[dict], last_bwd_s: float, cuda: bool) -> tuple[float | None, dict]:
     """(exposed comm of the step's last backward in s, extra step fields): the backward's time after
     its last bucket was ready — with the Python hook its `ready_s`, with no hook on gloo the reducer's own
-    ready time (`LayoutBuckets`, `comm_exposed_source` says so); on the flight-recorder path the
-    last bucket's enqueue (`comm_start_s`: DDP launches each bucket as soon as it and every bucket
-    before it are ready), host clock, so CPU only: on CUDA the backward's end is a GPU event and the
-    enqueue a host time, and the figure is not measured (None, `comm_exposed_measured` false); nor
-    without ready or enqueue times (`LayoutBuckets` before DDP's rebuilt layout is known)."""
+    ready time (`LayoutBuckets`, `comm_exposed_source` says so). Not measured (None, `comm_exposed_measured`
+    false) without ready times: with no hook on CUDA, where the reducer's stamps are host launch times and
+    the backward's end a GPU event; on gloo before DDP's rebuilt layout is known (`NO_BUCKET_TIMES`)."""
     if not buckets or buckets[0].get("ready_s") is not None:
         exposed = max(0.0, last_bwd_s - max((b["ready_s"] for b in buckets), default=last_bwd_s))
         reducer = bool(buckets) and buckets[0].get("source") == READY_SOURCE
         return exposed, dict(comm_exposed_source=READY_EXPOSED_SOURCE) if reducer else {}
-    starts = [b["comm_start_s"] for b in buckets if b.get("comm_start_s") is not None]
     if cuda:
         return None, dict(comm_exposed_measured=False)
-    if not starts:
-        return None, dict(comm_exposed_measured=False, comm_exposed_note=NO_BUCKET_TIMES)
-    return max(0.0, last_bwd_s - max(starts)), dict(
-        comm_exposed_source="backward end minus the last bucket's all-reduce enqueue (flight recorder)")
+    return None, dict(comm_exposed_measured=False, comm_exposed_note=NO_BUCKET_TIMES)
 
 
 class ReplicasDiverged(RuntimeError):
@@ -87,9 +80,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
                 sink, host: str) -> None:
     ds = load_dataset(cfg)
     model = build_model(cfg, ds)  # seeded by cfg.seed: the same weights on every rank, before or after the group
-    # before the process group: torch (2.13 checked) reads the flight recorder's buffer size when it
-    # makes the group, not at its first collective; set later, the recorder stays at its default
-    use_recorder = flight_recorder_path(cfg, backend, model)
+    no_hook = no_hook_path(cfg, backend, model)
     env = init_rank(cfg, backend, device_kind)
     local_rank, world, device = env.local_rank, env.world_size, env.device
     tel = Telemetry(sink, run_id, rank=rank, device=env.device_name, host=host)
@@ -103,18 +94,15 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
     rec = MemoryBucketRecorder(world, cfg.overlap, names,  # its marks read this thread's clocks too
                                MeteredClock(CudaClock(device) if device.type == "cuda" else HostClock(), meter),
                                predivided=True)  # the loss is scaled by 1/world below
-    if use_recorder:  # no comm hook: DDP divides while copying into buckets; no Python per bucket
+    bucket_log: LayoutBuckets | MemoryBucketRecorder = rec
+    if no_hook:  # no comm hook: DDP divides while copying into buckets; no Python per bucket
         rec.predivided = False
-        flight = FlightBuckets(FlightReader(backend=backend), lambda: reducer_layout(ddp),
-                               [n for n, p in model.named_parameters() if p.requires_grad]) \
-            if recorder_on() else LayoutBuckets(ddp, names)
+        bucket_log = LayoutBuckets(ddp, names)  # the reducer's stamps: ready (CPU) or launch (CUDA) times
     else:
-        flight = None
         selected = selected_hook(cfg)
         if selected is not None:  # fp16/bf16/PowerSGD inside the recording; it averages: no pre-division
             compose(rec, *selected)
         ddp.register_comm_hook(rec, recording_hook)
-    bucket_log = flight or rec
     opt = make_optimizer(cfg, ddp.parameters())
     plan = BatchPlan(len(ds), world, cfg.micro_batch_per_device, cfg.seed)
     P = param_bytes(model)
@@ -278,8 +266,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
 
         if later is not None and not metered and not traced:  # read once its events completed: no synchronize
             # `() -> this step's bucket rows`, called once its marks completed: the hook's records of this
-            # backward (`BucketRecorder.taken`), the flight recorder's entries of it (`FlightBuckets.taken`)
-            # or the layout's rows read now (`LayoutBuckets.taken`)
+            # backward (`BucketRecorder.taken`) or the layout's rows read now (`LayoutBuckets.taken`)
             rows = bucket_log.taken()
             later.add_step(step, clock, m0, m5, losses, lambda s, loss: fields_at(t0 + s, loss, buckets=rows()))
             return None

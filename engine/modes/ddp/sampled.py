@@ -14,7 +14,7 @@ runs under `torch.profiler.profile` (CPU activity), which records, with no hook:
 
 Times are seconds from the `ddpviz:backward` range opened right before `backward()`. Cost: the
 profiled backward is slower, and reading its events (`kineto_rows`, raw, not `prof.events()`'s tree)
-0.5-5 ms here, paid on sampled steps only. CUDA is not handled here (NCCL uses the flight recorder's durations).
+0.5-5 ms here, paid on sampled steps only. CUDA is not handled here (no profiler runs there: `LayoutBuckets`).
 """
 
 from __future__ import annotations
