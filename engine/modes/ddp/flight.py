@@ -263,11 +263,11 @@ READY_SOURCE = ("DDP's reducer: bytes, parameters and order from its layout; rea
                 "of the bucket's last parameter (Reducer::get_backward_stats, C++, every step); all-reduce start "
                 "and end not measured (no comm hook; flight recorder off on gloo)")
 READY_EXPOSED_SOURCE = "backward end minus the last gradient's ready time (DDP's reducer, Reducer::get_backward_stats)"
-ENQUEUE_SOURCE = ("DDP's reducer: bytes, parameters and order from its layout; enqueue = the host time the reducer "
-                  "launched the bucket's all-reduce (its last gradient's stamp, Reducer::get_backward_stats, C++, every "
-                  "step, or an earlier bucket's launch if later: buckets launch in index order); CUDA module: the GPU "
-                  "reaches the gradient and the all-reduce later, so ready, all-reduce start and end are not measured "
-                  "(no comm hook, no recorder read)")
+ENQUEUE_SOURCE = ("DDP's reducer: bytes, parameters and order from its layout; enqueue = the host time the "
+                  "reducer launched the bucket's all-reduce (its last gradient's stamp, Reducer::get_backward_stats, "
+                  "C++, every step, or an earlier bucket's launch if later: buckets launch in index order); CUDA "
+                  "module: the GPU reaches the gradient and the all-reduce later, so ready, all-reduce start and end "
+                  "are not measured (no comm hook, no recorder read)")
 
 
 class LayoutBuckets:
