@@ -19,6 +19,7 @@ from ddpviz.app import form
 from ddpviz.app.connection import get_client
 from ddpviz.app.navigation import forget_on_arrival
 from ddpviz.app.widgets import field_widget, show_errors
+from ddpviz.app.window import TERMINAL
 from ddpviz.engine.config import ConfigError
 from ddpviz.workers.sweeps import MEMBER_NAMES, submit_trio
 
@@ -154,19 +155,38 @@ def launch_status(launched: dict[str, str], records: dict[str, dict[str, Any] | 
     return "success", "Every run passed its pre-flight checks and is training or done: Live shows its steps."
 
 
-@st.fragment(run_every=STATUS_REFRESH_S)
+def settled(records: dict[str, dict[str, Any]]) -> bool:
+    """Whether every run's record is in a final state (`app.window.TERMINAL`: succeeded, failed,
+    canceled, lost): its status line can no longer change."""
+    return bool(records) and all(r.get("status") in TERMINAL for r in records.values())
+
+
 def status_line(launched: dict[str, str]) -> None:
-    """`launch_status`, read again every `STATUS_REFRESH_S` while the page is open."""
+    """`launch_status`, read again every `STATUS_REFRESH_S` while a run may still change; once every run
+    is settled the fragment stops polling (the page reruns once, as `app.runsets.live_body` does)."""
     client = get_client()
     if client is None:
         return
+    flag = "launch_status_polling"
+
+    def tick() -> None:
+        try:
+            records = {run_id: client.get_run(run_id) for run_id in launched}
+        except Exception as exc:  # Redis went away: the banner above still names the runs
+            st.warning(f"Could not read the runs' status: {type(exc).__name__}: {exc}")
+            return
+        kind, text = launch_status(launched, records)
+        getattr(st, kind)(text)
+        if st.session_state.get(flag) and settled(records):
+            st.session_state[flag] = False
+            st.rerun()
+
     try:
-        records = {run_id: client.get_run(run_id) for run_id in launched}
-    except Exception as exc:  # Redis went away: the banner above still names the runs
-        st.warning(f"Could not read the runs' status: {type(exc).__name__}: {exc}")
-        return
-    kind, text = launch_status(launched, records)
-    getattr(st, kind)(text)
+        polling = not settled({run_id: client.get_run(run_id) for run_id in launched})
+    except Exception:  # Redis went away: keep polling, the fragment says so and retries
+        polling = True
+    st.session_state[flag] = polling
+    st.fragment(tick, run_every=STATUS_REFRESH_S if polling else None)()
 
 
 def launched_panel() -> None:

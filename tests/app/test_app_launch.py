@@ -133,3 +133,20 @@ def test_arrived_tells_a_rerun_from_a_page_change():
     navigation.note_page(state, "")
     navigation.forget_on_arrival(state, ("launched",))
     assert "launched" not in state
+
+
+def test_the_status_line_stops_polling_once_every_run_is_settled(fake_client, app_test):
+    """The status line read Redis every 2 s for as long as the page stayed open, runs long finished
+    included. It polls while a run may still change (queued, started) and stops once each is
+    succeeded, failed, canceled or lost; the reference is the client's stored status."""
+    at = app_test()
+    at.button(key="launch_pair").click().run()
+    dp_id, ddp_id = at.session_state["launched"]
+    assert at.session_state["launch_status_polling"] is True  # queued
+    fake_client.runs[dp_id].update(status="succeeded")
+    fake_client.runs[ddp_id].update(status="started")
+    at.run()
+    assert at.session_state["launch_status_polling"] is True  # DDP still training
+    fake_client.runs[ddp_id].update(status="lost")
+    at.run()
+    assert not at.exception and at.session_state["launch_status_polling"] is False
