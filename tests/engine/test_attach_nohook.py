@@ -139,3 +139,39 @@ def test_exposed_comm_is_measured_only_when_every_bucket_has_its_ready_time():
     assert comm_exposed([dict(ready_s=0.002), dict(ready_s=None)], 0.010) == (
         0.0, dict(comm_exposed_measured=False, comm_exposed_note=NOT_MEASURED_NOTE))
     assert comm_exposed([], 0.010)[1]["comm_exposed_measured"] is False
+
+
+def _cuda_layout(monkeypatch, stats):
+    """`LayoutBuckets` of a stand-in CUDA DDP whose reducer stamps `stats` (ns from its forward's end), or
+    none at all (`stats` None: a torch without `get_backward_stats`)."""
+    from ddpviz.engine.modes.ddp.flight import LayoutBuckets
+
+    ddp = _StandInDDP()
+    ddp.device = torch.device("cuda")  # a device object only: nothing runs on it
+    if stats is not None:
+        ddp.reducer.get_backward_stats = lambda: stats
+    clock = iter([5_000, 6_000])  # the forward's end, then the backward's start (ns)
+    monkeypatch.setattr("time.perf_counter_ns", lambda: next(clock))
+    log = LayoutBuckets(ddp, {p.data_ptr(): n for n, p in ddp.module.named_parameters()})
+    log.forward_returned()
+    log.begin_backward()
+    return log.resolved()
+
+
+def test_a_cuda_ddps_stamps_are_its_buckets_launches_in_index_order(monkeypatch):
+    """Hand-worked: bucket 0 holds parameters 2 and 3, bucket 1 parameters 0 and 1 (the stand-in's rebuilt
+    layout). Bucket 1's own last stamp (1,500 ns after the forward) is before bucket 0's (4,000): DDP
+    launches it only after bucket 0, so both launch at 4,000 ns - 1,000 ns (the backward began 1,000 ns
+    after the forward's end). No ready time or span is claimed on CUDA."""
+    from ddpviz.engine.modes.ddp.flight import ENQUEUE_SOURCE
+
+    rows = _cuda_layout(monkeypatch, [1_000, 1_500, 3_000, 4_000])
+    assert [r["enqueue_s"] for r in rows] == pytest.approx([3e-6, 3e-6])
+    assert all(r["source"] == ENQUEUE_SOURCE and r["ready_s"] is None and r["comm_start_s"] is None
+               and r["comm_end_s"] is None for r in rows)
+
+
+def test_a_torch_without_the_reducers_stamps_gets_the_layout_and_no_error(monkeypatch):
+    rows = _cuda_layout(monkeypatch, None)
+    assert [r["nbytes"] for r in rows] == [32, 60]
+    assert all("enqueue_s" not in r and r["ready_s"] is None and r["comm_start_s"] is None for r in rows)

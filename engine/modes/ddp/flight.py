@@ -413,11 +413,11 @@ class LayoutBuckets:
         layout's indices."""
         if self._groups is None or len(self._groups) != len(self._layout):
             return None
-        stats = self.ddp.reducer.get_backward_stats()
         base = fwd - self._origin_ns
-        try:
+        try:  # a torch without the reducer's stamps (AttributeError) or a layout they do not cover: claim nothing
+            stats = self.ddp.reducer.get_backward_stats()
             return [(base + max(stats[j] for j in group)) / 1e9 for group in self._groups]
-        except (IndexError, ValueError):  # a layout the stamps do not cover: claim nothing
+        except (AttributeError, IndexError, ValueError):
             return None
 
 
