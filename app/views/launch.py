@@ -126,7 +126,8 @@ def launch_status(launched: dict[str, str], records: dict[str, dict[str, Any] | 
     "error" naming each run that failed, was canceled or lost, with its record's reason (a pre-flight
     refusal comes back this way: PowerSGD on gloo with several buckets, a pair whose DDP run was
     refused); else "info" while any waits for a worker or is in its pre-flight checks (started, its
-    record without the `run_started` event the engine sends once they passed); else "success". Kind
+    record without the `run_started` event the engine sends once they passed); else "success": that every
+    run finished where each succeeded, else that they passed their checks. Kind
     is a Streamlit call's name (`st.error`, `st.info`, `st.success`)."""
     recs = {run_id: records.get(run_id) or {} for run_id in launched}  # a run not found yet: no record
     ended = []
@@ -152,6 +153,10 @@ def launch_status(launched: dict[str, str], records: dict[str, dict[str, Any] | 
                 if recs[r].get("status") == "started" and not recs[r].get("started")]
     if checking:
         return "info", "A worker took them; pre-flight checks under way for " + ", ".join(checking) + "."
+    if all(recs[r].get("status") == "succeeded" for r in launched):
+        return "success", ("Finished: " + ", ".join(_named(r, m) for r, m in launched.items())
+                           + (" succeeded" if len(launched) == 1 else " all succeeded")
+                           + ". Live and Compare show them; the Runs page keeps them.")
     return "success", "Every run passed its pre-flight checks and is training or done: Live shows its steps."
 
 

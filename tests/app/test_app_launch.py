@@ -147,6 +147,11 @@ def test_the_status_line_stops_polling_once_every_run_is_settled(fake_client, ap
     fake_client.runs[ddp_id].update(status="started")
     at.run()
     assert at.session_state["launch_status_polling"] is True  # DDP still training
-    fake_client.runs[ddp_id].update(status="lost")
+    fake_client.runs[ddp_id].update(status="succeeded", started=True)
     at.run()
     assert not at.exception and at.session_state["launch_status_polling"] is False
+    assert at.success[0].value.startswith("Finished: ") and at.success[0].value.endswith(
+        "all succeeded. Live and Compare show them; the Runs page keeps them.")
+    fake_client.runs[ddp_id].update(status="lost")
+    at.run()
+    assert at.session_state["launch_status_polling"] is False and not at.success
