@@ -1,7 +1,7 @@
 """One-step views open on a typical step, never the traced final one; unmeasured spans stay NaN.
 
 A hand-built 300-step DDP run shaped like the tour's (issue 33): every step 10-12 ms except the traced
-ones (`should_trace_memory`: 0-2, every 50th, the last), 40 ms with `memory_traced`; the final step's
+ones (`should_trace_memory`: 0-2, every 200th, the last), 40 ms with `memory_traced`; the final step's
 exposed comm 29 ms against 2 ms. The window keeps bucket events of steps 0, 1 and the newest 8.
 """
 
@@ -227,7 +227,7 @@ def _all_steps_run() -> list[dict]:
 
 
 def test_past_its_window_live_still_leaves_the_sampled_first_steps_out():
-    """bucket_timing=recorder, 700 steps: spans only on the traced steps (0-2, every 50th, the
+    """bucket_timing=recorder, 700 steps: spans only on the traced steps (0-2, every 200th, the
     last), which say `sampled`. Live's window keeps 500 steps of step events, so steps 0 and 1 are
     no longer known as traced by their step events; their bucket events still say `sampled`. Seen in
     Chromium: Live opened on "Step 1 (sampled)" past step 500 (and the view re-drawn hid a tooltip)."""

@@ -134,8 +134,9 @@ def test_downsample_keeps_the_peak_the_ends_and_the_order():
 
 @pytest.mark.parametrize("steps,traced", [
     (5, [0, 1, 2, 4]),
-    (300, [0, 1, 2, 50, 100, 150, 200, 250, 299]),  # never two within 50 steps
-    (3000, [0, 1, 2] + list(range(150, 3000, 150)) + [2999]),  # 20 more over a long run
+    (300, [0, 1, 2, 200, 299]),  # never two within 200 steps (but the last)
+    (3000, [0, 1, 2] + list(range(200, 3000, 200)) + [2999]),  # every 200th: 14 more
+    (8000, [0, 1, 2] + list(range(400, 8000, 400)) + [7999]),  # 20 more over a long run
 ])
 def test_which_steps_are_traced(steps, traced):
     assert [s for s in range(steps) if should_trace_memory(s, steps)] == traced
