@@ -139,7 +139,8 @@ def bucket_timeline(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: pd.D
 def unmeasured_words(buckets: pd.DataFrame) -> str:
     """What a step without all-reduce ends lacks: "all-reduce start and end" where ready times were
     measured (bucket_timing=recorder on gloo: DDP's reducer), "all-reduce ends" where starts were
-    (the flight recorder's enqueue times), else "bucket times"."""
+    (an event with a start and no end), else "bucket times" (e.g. a CUDA no-hook step: host launch
+    times only, `enqueue_ms`, which are not on the GPU's timeline)."""
     if buckets["comm_start_ms"].notna().any():
         return "all-reduce ends"
     return "all-reduce start and end" if buckets["ready_ms"].notna().any() else "bucket times"
