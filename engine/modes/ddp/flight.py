@@ -258,10 +258,10 @@ def reducer_layout(ddp: Any) -> list[tuple[tuple[int, ...] | None, int]] | None:
 from ddpviz.engine.modes.ddp.sampled import PROFILER_SOURCE  # noqa: E402  (sampled steps' source)
 
 LAYOUT_SOURCE = ("DDP's reducer layout: bytes, parameters and order measured; ready, all-reduce start and end "
-                 "not measured (no comm hook; flight recorder off on gloo)")
+                 "not measured (no comm hook, no flight recorder read)")
 READY_SOURCE = ("DDP's reducer: bytes, parameters and order from its layout; ready = its own gradient-ready time "
                 "of the bucket's last parameter (Reducer::get_backward_stats, C++, every step); all-reduce start "
-                "and end not measured (no comm hook; flight recorder off on gloo)")
+                "and end not measured (no comm hook, no flight recorder read)")
 READY_EXPOSED_SOURCE = "backward end minus the last gradient's ready time (DDP's reducer, Reducer::get_backward_stats)"
 ENQUEUE_SOURCE = ("DDP's reducer: bytes, parameters and order from its layout; enqueue = the host time the "
                   "reducer launched the bucket's all-reduce (its last gradient's stamp, Reducer::get_backward_stats, "
