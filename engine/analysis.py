@@ -37,7 +37,7 @@ def ring_factor(n: int) -> float:
 def bucket_bandwidths(buckets: Iterable[Event], world_size: int) -> list[Event]:
     """Each bucket event with `comm_s` (its all-reduce's end minus start, else its measured
     `comm_duration_s`: the GPU duration NCCL's flight recorder gives with no span), `algbw_bytes_per_s`
-    and `busbw_bytes_per_s` added."""
+    and `busbw_bytes_per_s` added. The ring fit's callers pass only spans (`mark_alone`)."""
     out = []
     for b in buckets:
         comm = comm_seconds(b)

@@ -107,8 +107,8 @@ class RunConfig(BaseModel):
     # all-reduce, so no Python per bucket (cost per bucket within noise of 0 here): bytes, parameters and
     # order from DDP's reducer and, on gloo, every bucket's ready time (the reducer's own stamps) and the
     # step's exposed comm, every step; all-reduce start and end on the profiled (memory-traced) steps, so
-    # overlap % is "not measured" on longer runs; on NCCL enqueue times and GPU durations from PyTorch's
-    # flight recorder. "hook" = ddpviz's Python comm hook on every bucket: ready, start and end measured
+    # overlap % is "not measured" on longer runs; on CUDA each bucket's host launch (the same stamps), no
+    # GPU times. "hook" = ddpviz's Python comm hook on every bucket: ready, start and end measured
     # on every step, for ~0.1-0.5 ms per bucket per step on gloo here (PRESETS["overlap"] uses it).
     # "auto" (default): recorder on gloo, hook on NCCL (`effective_bucket_timing`). Sparse gradients,
     # overlap=false and comm_hook need the hook and use it whatever this says (engine/modes/ddp/flight.py)

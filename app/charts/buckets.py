@@ -129,7 +129,11 @@ def bucket_timeline(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: pd.D
     if not buckets.empty and buckets["comm_end_ms"].isna().all():
         sub += f"; {unmeasured_words(buckets)} not measured on this step"
         sources = sorted({str(x).split(":")[0] for x in buckets.get("source", [])} - {"", "nan", "None"})
-        sub += f" (measured by {', '.join(sources)}; hover a bucket for how)" if sources else ""
+        drawn = buckets["ready_ms"].notna().any() or buckets["comm_start_ms"].notna().any()
+        how = "hover a bucket for how" if drawn else "nothing of theirs to draw on this axis" + (
+            ": their host launch times are on the host's clock, not the GPU's"
+            if "enqueue_ms" in buckets and buckets["enqueue_ms"].notna().any() else "")
+        sub += f" (measured by {', '.join(sources)}; {how})" if sources else ""
     head = title(label, sub)
     return alt.layer(*layers).properties(
         title=head, width=WIDTH,

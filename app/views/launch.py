@@ -154,16 +154,17 @@ def launch_status(launched: dict[str, str], records: dict[str, dict[str, Any] | 
     if checking:
         return "info", "A worker took them; pre-flight checks under way for " + ", ".join(checking) + "."
     if all(recs[r].get("status") == "succeeded" for r in launched):
+        one = len(launched) == 1
         return "success", ("Finished: " + ", ".join(_named(r, m) for r, m in launched.items())
-                           + (" succeeded" if len(launched) == 1 else " all succeeded")
-                           + ". Live and Compare show them; the Runs page keeps them.")
+                           + (" succeeded. Live shows it" if one else " all succeeded. Live and Compare show them")
+                           + "; the Runs page keeps " + ("it." if one else "them."))
     return "success", "Every run passed its pre-flight checks and is training or done: Live shows its steps."
 
 
 def settled(records: dict[str, dict[str, Any]]) -> bool:
     """Whether every run's record is in a final state (`app.window.TERMINAL`: succeeded, failed,
     canceled, lost): its status line can no longer change."""
-    return bool(records) and all(r.get("status") in TERMINAL for r in records.values())
+    return bool(records) and all((r or {}).get("status") in TERMINAL for r in records.values())
 
 
 def status_line(launched: dict[str, str]) -> None:

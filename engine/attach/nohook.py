@@ -42,8 +42,9 @@ SCRIPT_HOOK_NBYTES_SOURCE = ("DDP's reducer layout: the bucket buffer's bytes, b
 SCRIPT_HOOK_SOURCE = ("DDP's reducer layout: bucket bytes (before the script's comm hook), parameters and order; "
                       "ready, all-reduce start and end not measured: the script's comm hook holds DDP's one hook "
                       "slot (bucket_timing=recorder neither registers a hook nor wraps the script's)")
-FLIGHT_MISSED_SOURCE = ("DDP's reducer layout: bytes and order; times not measured: the flight recorder held "
-                        "{got} all-reduces of this backward for {want} buckets")
+FLIGHT_MISSED_SOURCE = ("DDP's reducer layout: bytes and order, the host launch (enqueue_s) from its stamps where "
+                        "given; GPU durations not measured: the flight recorder held {got} all-reduces of this "
+                        "backward for {want} buckets")
 NOT_MEASURED_NOTE = "not measured on this step (bucket_timing=recorder: bucket times on sampled steps only)"
 
 

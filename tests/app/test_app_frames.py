@@ -240,3 +240,20 @@ def test_runs_whose_accuracy_agrees_at_every_evaluation_are_named_and_others_are
     other = pd.DataFrame(rows("DP", [(10, 0.5), (20, 0.8)]) + rows("X", [(10, 0.4), (20, 0.8)]))
     assert coinciding_runs(other) == []
     assert coinciding_runs(pd.DataFrame(rows("DP", [(10, 0.5)]))) == []
+
+
+def test_a_cuda_no_hook_step_says_its_host_launches_are_not_drawn_instead_of_hover():
+    """The CUDA no-hook path gives host launch times only: no mark is drawn, so the subtitle must not
+    tell the reader to hover a bucket; it says why nothing is drawn."""
+    from ddpviz.app.charts.buckets import bucket_timeline
+    from ddpviz.engine.modes.ddp.flight import ENQUEUE_SOURCE
+
+    evs = [dict(type="bucket", run_id="r", step=4, rank=0, bucket_index=i, nbytes=1000, num_params=1, ready_s=None,
+                comm_start_s=None, comm_end_s=None, enqueue_s=0.001 * (i + 1), source=ENQUEUE_SOURCE)
+           for i in range(2)]
+    buckets = fb.bucket_frame(evs).assign(lane="rank 0")
+    backward = pd.DataFrame([{"rank": 0, "start_ms": 0.0, "end_ms": 5.0, "lane": "rank 0"}])
+    exposed = pd.DataFrame(columns=["rank", "start_ms", "end_ms", "exposed_ms", "reported_ms", "lane"])
+    spec = bucket_timeline(buckets, backward, exposed, run="r").to_dict()
+    words = " ".join(spec["title"]["subtitle"])
+    assert "hover a bucket" not in words and "host launch times are on the host's clock" in words

@@ -155,3 +155,15 @@ def test_the_status_line_stops_polling_once_every_run_is_settled(fake_client, ap
     fake_client.runs[ddp_id].update(status="lost")
     at.run()
     assert at.session_state["launch_status_polling"] is False and not at.success
+
+
+def test_a_run_deleted_while_the_page_polls_raises_nothing_and_keeps_polling(fake_client, app_test):
+    """`get_run` returns None for a run no longer stored (deleted from the Runs page): the status line's
+    check must not raise on it (it did: `None.get`) and keeps polling."""
+    at = app_test()
+    at.button(key="launch_pair").click().run()
+    dp_id, ddp_id = at.session_state["launched"]
+    fake_client.runs[ddp_id].update(status="succeeded")
+    del fake_client.runs[dp_id]
+    at.run()
+    assert not at.exception and at.session_state["launch_status_polling"] is True

@@ -79,8 +79,7 @@ def test_ddp_recorder_path_on_nccl_gives_launch_times_and_claims_no_span():
         bs.sort(key=lambda b: b["bucket_index"])
         assert len(bs) >= 2 and all(b["source"] == ENQUEUE_SOURCE for b in bs), key
         assert all(b["ready_s"] is None and b["comm_start_s"] is None and b["comm_end_s"] is None for b in bs), key
-        launches = [b["enqueue_s"] for b in bs]
-        assert 0 <= launches[0] and launches == sorted(launches), (key, launches)
+        assert all(b["enqueue_s"] is not None and b["enqueue_s"] >= 0 for b in bs), key
     steps = [e for e in sink.of_type("step") if e["step"] >= 4]
     assert all(e["comm_exposed_s"] is None and e["comm_exposed_measured"] is False for e in steps)
 

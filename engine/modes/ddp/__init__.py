@@ -7,6 +7,6 @@
     buckets     the bucket layout, before anything launches, by PyTorch's own assignment rule
     memory      what a DDP rank adds to memory tracing and the replica check
     probe       the all-reduce probe on the run's own process group (nccl-tests style)
-flight      `bucket_timing=recorder`: buckets from DDP's reducer and PyTorch's flight recorder, no Python per bucket
+flight      `bucket_timing=recorder`: buckets from DDP's reducer (and, attached NCCL, the flight recorder), no Python per bucket
 sampled     `bucket_timing=recorder` on sampled steps: full bucket spans from PyTorch's profiler
 """

@@ -10,8 +10,8 @@ the bucket (sum) in C++, in bucket-index order (`Reducer::mark_bucket_ready`).
 
 Every step (`LayoutBuckets`): the reducer's layout (bytes, parameters, order) and its own stamp of
 each gradient (`Reducer::get_backward_stats`, ~7 µs a read): on CPU the bucket's ready time, on CUDA
-the host time its all-reduce was launched (`enqueue_s`). A launched run reads nothing else, on
-any backend: the flight recorder is not turned on.
+the host time its all-reduce was launched (`enqueue_s`); on gloo's sampled steps also PyTorch's
+profiler (`engine.modes.ddp.sampled`). A launched run never turns the flight recorder on.
 
 The flight recorder (`FlightReader`, `FlightBuckets`; `ddpviz run` turns it on for NCCL scripts,
 `engine.attach.env`, read on sampled steps only, `engine.attach.nohook`): every collective is
@@ -271,7 +271,7 @@ ENQUEUE_SOURCE = ("DDP's reducer: bytes, parameters and order from its layout; e
 
 
 class LayoutBuckets:
-    """One rank's bucket records from DDP's own reducer, no recorder (gloo): the buckets DDP
+    """One rank's bucket records from DDP's own reducer, no recorder: the buckets DDP
     all-reduced (`reducer._get_zeros_like_grad_buckets()`: the current layout's sizes and
     parameters, read on the first `LAYOUT_READS` backwards — DDP rebuilds once, in the second
     forward — then kept), all-reduce times null.
@@ -297,7 +297,7 @@ class LayoutBuckets:
         ddp: the `DistributedDataParallel`.
         names: parameter name by `data_ptr()`.
         host_enqueue: report the stamps as launch times (`enqueue_s`) instead of ready times; default:
-            the DDP's module is on CUDA.
+            the DDP's module is on an accelerator (CUDA or any other non-CPU device).
     """
 
     LAYOUT_READS = 3
@@ -311,7 +311,8 @@ class LayoutBuckets:
         self._named: Any = None
         self.sample_next = False  # set by the rank before a sampled step (its full spans: `SampledSpans`)
         self.sampler = SampledSpans()
-        self.host_enqueue = getattr(getattr(ddp, "device", None), "type", "cpu") == "cuda" \
+        # any accelerator: its stamps are host times of work the device runs later
+        self.host_enqueue = getattr(getattr(ddp, "device", None), "type", "cpu") != "cpu" \
             if host_enqueue is None else host_enqueue
         self._forward_ns: int | None = None  # when the latest synced forward returned
         self._origin_ns = 0  # the backward's start (`begin_backward`)
@@ -351,7 +352,8 @@ class LayoutBuckets:
 
     def resolved(self) -> list[dict[str, Any]]:
         """This backward's buckets: bucket_index, nbytes, num_params, param_names (when the layout
-        is new), times None, `source`, `sampled` False."""
+        is new), `ready_s` (CPU) or `enqueue_s` (CUDA, `host_enqueue`) where the reducer's stamps map to
+        the layout, all-reduce times None except on a profiled gloo step, `source`, `sampled`."""
         if self.passes <= self.LAYOUT_READS or not self._layout:
             self._read_layout()
         fresh = self._named != self._layout
