@@ -165,9 +165,6 @@ class FlightBuckets:
                  names: list[str] | None = None):
         self.reader, self._layout_fn, self.names = reader, layout, names or []
         self.origin_ns = 0
-        self._starts: dict[int, int] = {}  # backward number -> its start (ns), while one taken may need it
-        self._backwards = 0
-        self._unclaimed: list[dict[str, Any]] = []  # entries read but not yet given to a backward
         self._layout: list[tuple[Any, int]] | None = None  # kept once rebuilt (DDP rebuilds once)
         self._named: Any = None  # the layout whose parameter names were last emitted
 
@@ -182,8 +179,6 @@ class FlightBuckets:
     def begin_backward(self) -> None:
         """Call right before the backward whose buckets should be recorded."""
         self.origin_ns = time.time_ns()  # entries created before it (broadcasts, checks) are left out
-        self._backwards += 1
-        self._starts[self._backwards] = self.origin_ns
 
     def resolved(self) -> list[dict[str, Any]]:
         """This backward's buckets (call after it): `bucket_index` (launch order = index order),
@@ -192,27 +187,9 @@ class FlightBuckets:
         seconds from the backward's start), `comm_duration_s` (GPU, `duration_ms` where the recorder
         has it, else None), `ready_s`, `comm_start_s`, `comm_end_s` None (`_record`), `source`,
         `sampled` False."""
-        return self._resolve(self.origin_ns, None)
-
-    def taken(self) -> Callable[[], list[dict[str, Any]]]:
-        """`resolved` of this backward, to call later, once the step's work completed (a CUDA rank's step
-        read late, `engine.measure.deferred`): the recorder is read then, so an NCCL entry's `duration_ms`
-        (set when NCCL's watchdog retires the work) can be there; the entries are this backward's, those
-        created from its start to the next backward's (read in step order)."""
-        origin, number = self.origin_ns, self._backwards
-        return lambda: self._resolve(origin, number)
-
-    def _resolve(self, origin_ns: int, number: int | None) -> list[dict[str, Any]]:
-        """The buckets of the backward begun at `origin_ns` (the `number`-th; None: the latest): the
-        all-reduce entries created from then to the next backward's start, if one began."""
-        until = self._starts.get(number + 1) if number is not None else None
-        self._starts = {k: v for k, v in self._starts.items() if number is not None and k > number}
-        self._unclaimed += self.reader.read()
-        mine = [e for e in self._unclaimed if origin_ns <= e.get("time_created_ns", 0)
-                and (until is None or e.get("time_created_ns", 0) < until)]
-        self._unclaimed = [e for e in self._unclaimed if until is not None and e.get("time_created_ns", 0) >= until]
+        mine = [e for e in self.reader.read() if self.origin_ns <= e.get("time_created_ns", 0)]
         entries = [e for e in mine if _is_allreduce(e)]
-        out = [self._record(i, e, len(entries), origin_ns) for i, e in enumerate(entries)]
+        out = [self._record(i, e, len(entries), self.origin_ns) for i, e in enumerate(entries)]
         layout = self.layout()
         if [b for _, b in layout] == [r["nbytes"] for r in out]:
             fresh = self._named != layout
