@@ -57,6 +57,15 @@ def loss_fn(output, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
 
 
+def micro_loss(output, y: torch.Tensor, accum: int) -> torch.Tensor:
+    """`loss_fn` of one of a step's `accum` micro-batches, divided by `accum` so that their gradients
+    add up to the step's mean. At `accum == 1` the loss itself: a division by 1 changes no value but is
+    one more op in the forward and in the backward (`DivBackward0`), which a plain training loop does
+    not run, so every loop of ours (and the benchmarks' plain references) scales through here."""
+    loss = loss_fn(output, y)
+    return loss / accum if accum > 1 else loss
+
+
 def make_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:
     """SGD (no momentum, so k steps are easy to reproduce) or AdamW (weight_decay 0.01)."""
     params = list(params)

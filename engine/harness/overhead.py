@@ -59,8 +59,8 @@ def _plain_rank(rank: int, cfg_dict: dict, backend: str, device_kind: str, init_
     environment holds `engine.measure.turns.GATE_ENV`."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ddpviz.engine.components.training import (autocast, batch_to, cpu_threads_per_rank, flat_params, loss_fn,
-                                                   make_optimizer)
+    from ddpviz.engine.components.training import (autocast, batch_to, cpu_threads_per_rank, flat_params,
+                                                   make_optimizer, micro_loss)
     from ddpviz.engine.data import BatchPlan, load_dataset
     from ddpviz.engine.models import build_model
     from ddpviz.engine.modes.ddp.buckets import ddp_bucket_cap_arg
@@ -96,7 +96,7 @@ def _plain_rank(rank: int, cfg_dict: dict, backend: str, device_kind: str, init_
                 x, y = batch_to(ds.x_train[idx], device), batch_to(ds.y_train[idx], device)  # as the rank
                 with contextlib.nullcontext() if micro == accum - 1 else ddp.no_sync():
                     with autocast(cfg, device.type):
-                        loss = loss_fn(ddp(x), y) / accum
+                        loss = micro_loss(ddp(x), y, accum)
                     loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=not cfg.gradient_as_bucket_view)

@@ -14,7 +14,8 @@ import torch.nn as nn
 
 from ddpviz.engine.components.faults import maybe_fail
 from ddpviz.engine.components.loop import drive
-from ddpviz.engine.components.training import autocast, batch_to, cpu_device_threads, evaluate, loss_fn, make_optimizer
+from ddpviz.engine.components.training import (autocast, batch_to, cpu_device_threads, evaluate, make_optimizer,
+                                               micro_loss)
 from ddpviz.engine.config import RunConfig
 from ddpviz.engine.data import BatchPlan, Dataset
 from ddpviz.engine.measure.clocks import StepClock
@@ -44,7 +45,7 @@ def train_single(cfg: RunConfig, ds: Dataset, model: nn.Module, device: torch.de
             maybe_fail(cfg, 0, step)
             m1 = clock.mark()
             with autocast(cfg, device.type):
-                loss = loss_fn(model(x), y) / cfg.grad_accum_steps
+                loss = micro_loss(model(x), y, cfg.grad_accum_steps)
             m2 = clock.mark()
             loss.backward()
             micro_marks.append((m1, m2, clock.mark()))

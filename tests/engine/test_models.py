@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from ddpviz.engine.components.training import loss_fn
+from ddpviz.engine.components.training import loss_fn, micro_loss
 from ddpviz.engine.config import RunConfig
 from ddpviz.engine.data import load_dataset
 from ddpviz.engine.events import ListSink
@@ -50,3 +50,28 @@ def test_gpt_learns_the_prose_in_200_steps():
     result = run_training(cfg, ListSink(), "gpt-learns")
     assert result.status == "succeeded", result.error
     assert result.summary["val_loss"] < 3.0, result.summary["val_loss"]
+
+
+def _graph_ops(t: torch.Tensor) -> list[str]:
+    """The autograd graph's node names from `t` back (the ops its backward runs)."""
+    seen, todo = [], [t.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is not None and node.name() not in seen:
+            seen.append(node.name())
+            todo += [n for n, _ in node.next_functions]
+    return seen
+
+
+def test_a_micro_batch_loss_divides_only_when_there_are_several():
+    """One micro-batch a step (every plain loop): the loss itself, no division op in the forward or the
+    backward, so the benchmarks' plain references and ddpviz's loops run the same ops; several: each a share."""
+    torch.manual_seed(0)
+    w = torch.randn(8, 3, requires_grad=True)
+    out, y = torch.randn(5, 8) @ w, torch.tensor([0, 1, 2, 1, 0])
+    plain = torch.nn.functional.cross_entropy(out, y)  # the reference: what a plain loop computes
+    one = micro_loss(out, y, 1)
+    assert torch.equal(one, plain) and "DivBackward0" not in _graph_ops(one)
+    assert _graph_ops(one) == _graph_ops(loss_fn(out, y))
+    four = micro_loss(out, y, 4)
+    assert four.item() == pytest.approx(plain.item() / 4, rel=1e-6) and four.grad_fn.name() == "DivBackward0"

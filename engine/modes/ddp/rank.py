@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddpviz.engine.components.faults import maybe_diverge, maybe_fail
 from ddpviz.engine.components.loop import drive
-from ddpviz.engine.components.training import (autocast, batch_to, evaluate, flat_params, loss_fn, make_optimizer,
+from ddpviz.engine.components.training import (autocast, batch_to, evaluate, flat_params, make_optimizer, micro_loss,
                                                should_eval)
 from ddpviz.engine.config import RunConfig
 from ddpviz.engine.data import BatchPlan, load_dataset
@@ -208,7 +208,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
             out = ddp(x)
             if layout:  # the reducer's ready-time origin
                 bucket_log.forward_returned()
-            loss = loss_fn(out, y)
+            loss = micro_loss(out, y, 1)
         t2 = now()
         bucket_log.begin_backward()
         (loss / world if world > 1 and rec.predivided else loss).backward()
@@ -243,7 +243,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
                     out = ddp(x)
                     if last_micro and layout:  # the reducer's ready-time origin
                         bucket_log.forward_returned()
-                    loss = loss_fn(out, y) / cfg.grad_accum_steps
+                    loss = micro_loss(out, y, cfg.grad_accum_steps)
                 m2 = clock.mark()
                 if last_micro:
                     bucket_log.begin_backward()

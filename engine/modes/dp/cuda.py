@@ -32,7 +32,7 @@ from torch.nn.parallel import gather, replicate, scatter
 
 from ddpviz.engine.components.devices import DevicePlan
 from ddpviz.engine.components.loop import drive
-from ddpviz.engine.components.training import (autocast, batch_to, evaluate, logits_of, loss_fn, make_optimizer,
+from ddpviz.engine.components.training import (autocast, batch_to, evaluate, logits_of, make_optimizer, micro_loss,
                                                should_eval)
 from ddpviz.engine.config import RunConfig
 from ddpviz.engine.data import BatchPlan, Dataset
@@ -133,7 +133,7 @@ class CudaDP:
         out = _timed(book, clock, "gather", micro, ids, lambda: gather(outs, 0))
         traffic.to_hub("gather", micro, [tensor_nbytes(tensor_leaves(o)) for o in outs])  # every tensor
         book.start("loss", 0, micro, clock.mark(0))
-        loss = loss_fn(out, y) / self.cfg.grad_accum_steps
+        loss = micro_loss(out, y, self.cfg.grad_accum_steps)
         mark_loss_end(out, book, clock, micro, traffic)
         loss.backward()
         if self.check and micro == 0:

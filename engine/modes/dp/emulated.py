@@ -28,8 +28,8 @@ from ddpviz.engine.components.training import (
     autocast,
     cpu_device_threads,
     evaluate,
-    loss_fn,
     make_optimizer,
+    micro_loss,
     should_eval,
 )
 from ddpviz.engine.config import RunConfig
@@ -252,7 +252,7 @@ class EmulatedDP:
         outs = self._forward(reps, chunks, log, step)
         gathered = self._hub("gather", lambda: self._gather(outs, log), log)
         with Measured(self.gil) as m, self._on(0, "loss"):
-            loss = loss_fn(gathered.output, y) / accum
+            loss = micro_loss(gathered.output, y, accum)
             loss.backward()  # only d(loss)/d(gathered), on device 0
         self.gil.add("loss", 0, m.span)
         log.add("loss", 0, m.span.begin.wall_s, m.span.end.wall_s)

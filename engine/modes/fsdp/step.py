@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 
 from ddpviz.engine.components.faults import maybe_diverge, maybe_fail
-from ddpviz.engine.components.training import autocast, loss_fn
+from ddpviz.engine.components.training import autocast, micro_loss
 from ddpviz.engine.config import RunConfig
 from ddpviz.engine.data import BatchPlan, Dataset
 from ddpviz.engine.measure.clocks import StepClock
@@ -95,7 +95,7 @@ class StepRunner:
         self.log.phase = "forward"
         m1 = self.clock.mark()
         with (self.probe.acts.hooks() if sampled else contextlib.nullcontext()), autocast(cfg, self.device.type):
-            loss = loss_fn(self.model(x), y) / cfg.grad_accum_steps
+            loss = micro_loss(self.model(x), y, cfg.grad_accum_steps)
         m2 = self.clock.mark()
         self.probe.point("forward end", "forward")
         self.log.phase = "backward"
