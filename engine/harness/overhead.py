@@ -233,7 +233,7 @@ def measure_overhead(cfg: RunConfig, rounds: int = 10, block_steps: int = DEFAUL
         p_med, d_med = block_medians(plain_starts, block_steps), block_medians(ours_starts, block_steps)
     rows = [dict(plain_median_step_s=p, ddpviz_median_step_s=d, ratio=d / p,
                  ddpviz_own_step_s=own_step_time(ours_starts, ours_ends, marked, b, block_steps),
-                 **{f"ddpviz_{k}_steps": sorted(x for x in marked[k] if b * block_steps <= x < (b + 1) * block_steps)
+                 **{f"ddpviz_{k}_steps": sorted(x for x in marked[k] if x in block_range(b, block_steps))
                     for k in ("traced", "metered")})
             for b, (p, d) in list(enumerate(zip(p_med, d_med)))[counted]]
     ratios = [r["ratio"] for r in rows]
@@ -257,6 +257,11 @@ CUDA_SOURCE = ("measured: each block's wall time per step, from the turn control
                "sides taking turns in blocks (ABBA); median of each round's ddpviz/plain ratio")
 
 
+def block_range(block: int, block_steps: int) -> range:
+    """The steps of block `block` (0-based): the one home of a block's step range in this harness."""
+    return range(block * block_steps, (block + 1) * block_steps)
+
+
 def own_step_time(starts: list[float], ends: list[float], marked: dict[str, set[int]], block: int,
                   block_steps: int) -> float | None:
     """The median of ddpviz's own `step_time_s` (`ends` − `starts`, s) over block `block`'s steps that were
@@ -264,8 +269,7 @@ def own_step_time(starts: list[float], ends: list[float], marked: dict[str, set[
     its last, so a block's wall per step well above it is time between steps (the host's, or the GPU waiting for
     it), not inside them."""
     skip = marked["traced"] | marked["metered"]
-    own = [ends[i] - starts[i] for i in range(block * block_steps, min(len(starts), (block + 1) * block_steps))
-           if i not in skip]
+    own = [ends[i] - starts[i] for i in block_range(block, block_steps) if i < len(starts) and i not in skip]
     return statistics.median(own) if own else None
 
 

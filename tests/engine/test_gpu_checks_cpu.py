@@ -103,6 +103,9 @@ def test_overhead_sides_take_turns_and_do_the_same_work_on_gloo():
     from ddpviz.engine.harness.overhead import own_step_time
     assert own_step_time([0, 1, 2, 3, 4, 5], [0.5, 1.1, 2.3, 3.7, 4.2, 5.9], dict(traced={1}, metered={4}), 0, 6) \
         == pytest.approx(0.6)  # by hand: steps 0, 2, 3, 5 take 0.5, 0.3, 0.7, 0.9 s; their median 0.6
+    # a last block cut short (steps 4-5 of a block of 4 from step 4): its steps there, 4 metered: step 5's 0.9 s
+    assert own_step_time([0, 1, 2, 3, 4, 5], [0.5, 1.1, 2.3, 3.7, 4.2, 5.9], dict(traced=set(), metered={4}), 1, 4) \
+        == pytest.approx(0.9)
     with pytest.raises(ValueError, match="block_steps must be >= 4"):
         measure_overhead(cfg, rounds=1, block_steps=3)
 
