@@ -20,7 +20,9 @@ _X = alt.X("world_size:Q", title="world size (devices)", scale=alt.Scale(type="l
 
 
 def _lines_and_points(pred: pd.DataFrame, measured: pd.DataFrame, y: alt.Y, fmt: str) -> list:
-    color = alt.Color("series:N", legend=legend("", orient="bottom", columns=2), scale=_SERIES)
+    # the legend names only what is drawn: no "(measured)" entries without measured points
+    scale = _SERIES if not measured.empty else alt.Scale(domain=SERIES[:2], range=[_DP, _DDP])
+    color = alt.Color("series:N", legend=legend("", orient="bottom", columns=2), scale=scale)
     tip = [alt.Tooltip("series:N", title="what"), alt.Tooltip("world_size:Q", title="devices"),
            alt.Tooltip("nnodes:Q", title="hosts"),
            alt.Tooltip(f"{y.shorthand.split(':')[0]}:Q", format=fmt),
@@ -50,10 +52,13 @@ def efficiency_chart(pred: pd.DataFrame, measured: pd.DataFrame, *, scenario: st
     y = alt.Y("efficiency:Q", title="efficiency (% of linear)", axis=alt.Axis(format="%"),
               scale=alt.Scale(domain=[0, min(top, 1.5)], clamp=True))
     ideal = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(strokeDash=[2, 2], color="#777").encode(y="y:Q")
-    layers = _lines_and_points(pred, measured.dropna(subset=["efficiency"]), y, ".0%")
+    drawn = measured.dropna(subset=["efficiency"])
+    layers = _lines_and_points(pred, drawn, y, ".0%")
+    unmeasured = "" if drawn.empty == measured.empty else \
+        "; no measured points: they need the set's single-device run (one device's measured samples/s)"
     return alt.layer(*layers, ideal).properties(
         title=title("Scaling efficiency (predicted)",
-                    f"samples/s(n) ÷ (n · one device's); grey: linear; for {scenario}"),
+                    f"samples/s(n) ÷ (n · one device's); grey: linear; for {scenario}{unmeasured}"),
         width=WIDTH, height=HEIGHT + 60)
 
 

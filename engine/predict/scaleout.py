@@ -347,7 +347,8 @@ def predict(inputs: dict[str, RunInputs], world_sizes: list[int], sc: Scenario) 
     Returns:
         Rows ``{mode, world_size, nnodes, step_time_s, samples_per_s, efficiency, ...}``;
         efficiency = samples/s(n) / (n · samples/s of one device), one device being the DDP
-        prediction at n = 1 (no communication) when DDP inputs exist, else DP's. DP rows beyond
+        prediction at n = 1 (no communication) when DDP inputs exist, else DP's. DP at n = 1 is
+        that one device's step (`one_device_dp`), so both modes start at 100%. DP rows beyond
         one host are left out.
 
     Raises:
@@ -364,9 +365,25 @@ def predict(inputs: dict[str, RunInputs], world_sizes: list[int], sc: Scenario) 
         if mode not in inputs:
             continue
         for n in sorted(set(world_sizes)):
-            p = fns[mode](inputs[mode], n, sc)
+            if mode == "dp" and n == 1 and base_mode == "ddp":
+                p = one_device_dp(one)
+            else:
+                p = fns[mode](inputs[mode], n, sc)
             if p is None:
                 continue
             p["efficiency"] = p["samples_per_s"] / (n * one["samples_per_s"])
             rows.append(p)
     return rows
+
+
+ONE_DEVICE_DP = ("DataParallel on one device runs its module directly (torch.nn.parallel.DataParallel.forward: "
+                 "`if len(self.device_ids) == 1: return self.module(...)`): no scatter, replicas, threads or "
+                 "reduce, so its step is one device's, the same as DDP's at n = 1")
+
+
+def one_device_dp(one: dict[str, Any]) -> dict[str, Any]:
+    """DP's row at n = 1 from `one`, the one-device step (`predict_ddp` at n = 1): its step time and
+    samples/s, nothing copied (`ONE_DEVICE_DP` says why)."""
+    return dict(mode="dp", world_size=1, nnodes=1, step_time_s=one["step_time_s"], samples_per_s=one["samples_per_s"],
+                phases=dict(step=one["step_time_s"]), comm_s=0.0, device0_bytes=0.0,
+                link=dict(alpha_s=0.0, beta_bytes_per_s=math.inf, what="none (one device)"), note=ONE_DEVICE_DP)

@@ -158,3 +158,21 @@ def _predicted_modes(at) -> set[str]:
     rows = [r for d in chart.proto.datasets if d.data.data
             for r in pa.ipc.open_stream(io.BytesIO(d.data.data)).read_all().to_pylist()]
     return {r["mode"] for r in rows if r.get("kind") == "predicted"}
+
+
+def test_the_efficiency_legend_names_only_what_is_drawn():
+    """Measured runs without the set's single-device run have no efficiency: no "(measured)" entries in
+    the legend and the subtitle says why; with it, their points and entries come back."""
+    pred = pd.DataFrame([dict(mode=m, series=f"{m.upper()} (predicted)", kind="predicted", world_size=n, nnodes=1,
+                              samples_per_s=100.0 * n, efficiency=1.0, step_time_ms=1.0, comm_ms=0.0,
+                              busiest_bytes=0.0) for m in ("dp", "ddp") for n in (1, 2)])
+    measured = pd.DataFrame([dict(mode="ddp", series="DDP (measured)", kind="measured", world_size=2, nnodes=1,
+                                  samples_per_s=150.0, efficiency=None, step_time_ms=1.0, comm_ms=None,
+                                  busiest_bytes=None, run_id="r1")])
+    spec = cs.efficiency_chart(pred, measured, scenario="PCIe").to_dict()
+    assert spec["layer"][0]["encoding"]["color"]["scale"]["domain"] == ["DP (predicted)", "DDP (predicted)"]
+    assert "single-device run" in " ".join(spec["title"]["subtitle"]) and len(spec["layer"]) == 2
+    measured["efficiency"] = 0.75
+    spec = cs.efficiency_chart(pred, measured, scenario="PCIe").to_dict()
+    assert spec["layer"][1]["encoding"]["color"]["scale"]["domain"] == cs.SERIES and len(spec["layer"]) == 3
+    assert "single-device run" not in " ".join(spec["title"]["subtitle"])

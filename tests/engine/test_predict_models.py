@@ -6,7 +6,7 @@ import pytest
 
 from ddpviz.engine.predict.inputs import RunInputs
 from ddpviz.engine.predict.presets import LINKS, custom_link
-from ddpviz.engine.predict.scaleout import Scenario, cpu_threads, predict_ddp, predict_dp, time_share
+from ddpviz.engine.predict.scaleout import Scenario, cpu_threads, predict, predict_ddp, predict_dp, time_share
 from ddpviz.engine.predict.step_models import (
     bucket_pipeline,
     exposed_s,
@@ -191,3 +191,17 @@ def test_dp_beyond_one_host_is_not_predicted():
     sc = Scenario(link=LINKS["pcie4"], inter_link=LINKS["eth100"], devices_per_host=8)
     assert predict_dp(_dp_inputs(), 16, sc) is None
     assert math.isfinite(predict_dp(_dp_inputs(), 8, sc)["step_time_s"])
+
+
+def test_dp_and_ddp_start_from_one_devices_step():
+    """At n = 1 DataParallel calls its module directly (torch.nn.parallel.DataParallel.forward), so DP's
+    step is one device's, as DDP's (no peer to all-reduce with): by hand, DDP measured at n = 2 with 32 samples
+    per rank, at n = 1 a device computes 64: forward 4 ms, backward 8 ms, optimizer 1, other 0.5 = 13.5 ms for
+    both modes, each at 100% efficiency; at n = 2 DP is its own model again (copies through device 0)."""
+    sc = Scenario(link=custom_link(10e-6, 1e9))
+    rows = predict({"dp": _dp_inputs(), "ddp": _ddp_inputs()}, [1, 2], sc)
+    at = {(r["mode"], r["world_size"]): r for r in rows}
+    assert at["ddp", 1]["step_time_s"] == pytest.approx(13.5 * MS)
+    assert at["dp", 1]["step_time_s"] == pytest.approx(13.5 * MS)
+    assert at["dp", 1]["efficiency"] == pytest.approx(1.0) and at["ddp", 1]["efficiency"] == pytest.approx(1.0)
+    assert at["dp", 2]["step_time_s"] == pytest.approx(predict_dp(_dp_inputs(), 2, sc)["step_time_s"])
