@@ -214,6 +214,18 @@ def fit_ring_model(buckets: Iterable[Event], world_size: int) -> Event | None:
                            for b in buckets if _timed(b)), world_size)
 
 
+def size_label(nbytes: float) -> str:
+    """A message size for text: MiB from 1 MiB up, else KiB (binary units, as the probe's sizes)."""
+    return f"{nbytes / 2**20:.3g} MiB" if nbytes >= 2**20 else f"{nbytes / 1024:.4g} KiB"
+
+
+def fit_covers(fit: Event, sizes: Iterable[float]) -> bool:
+    """Whether every size lies inside the sizes a ring model was fitted on (`points_used`); a model is
+    extrapolated outside them, where a link's regime may differ (`fit_ring_range`). True with no sizes."""
+    sizes, used = list(sizes), fit.get("points_used") or []
+    return not sizes or bool(used) and min(used) <= min(sizes) and max(sizes) <= max(used)
+
+
 def predict_ring_s(model: Event, nbytes: float) -> float:
     """All-reduce time the fitted model predicts for `nbytes`."""
     return model["latency_s"] + model["s_per_byte"] * nbytes

@@ -18,6 +18,7 @@ from ddpviz.app.connection import require_client
 from ddpviz.app.frames import buckets as frames_buckets
 from ddpviz.app.frames import topology as ftop
 from ddpviz.app.frames.dp import thread_states_frame
+from ddpviz.engine.analysis import fit_covers, size_label
 
 STAR_TEXT = """
 **DataParallel: a star.** One process drives every device from threads. Each step device 0
@@ -111,11 +112,19 @@ def theory_section(windows, labels) -> None:
     if fit and fit.get("beta_bytes_per_s"):
         frame = ftop.allreduce_time_frame(p_bytes, fit["alpha_s"], fit["beta_bytes_per_s"], THEORY_SIZES,
                                           ALLREDUCE_MODELS)
-        st.altair_chart(allreduce_time_chart(
-            frame, mark_n=n,
-            subtitle=f"α = {fit['alpha_s'] * 1e6:.3g} µs, β = {fit['beta_bytes_per_s'] / 1e9:.3g} GB/s "
-                     "fitted on this set's all-reduce probe (measured); the models are theory"),
-            key="learn_theory_time")
+        st.altair_chart(allreduce_time_chart(frame, mark_n=n, subtitle=fitted_link_words(fit, p_bytes)),
+                        key="learn_theory_time")
+
+
+def fitted_link_words(fit: dict, p_bytes: float) -> str:
+    """The all-reduce time chart's subtitle: α and β are a ring model fitted to the probe's measured
+    times over the sizes it names (not measurements themselves), and whether P lies outside them."""
+    used = fit.get("points_used") or []
+    where = f" at {size_label(min(used))}–{size_label(max(used))}" if used else ""
+    outside = "" if fit_covers(fit, [p_bytes]) else \
+        f"; P = {size_label(p_bytes)} lies outside those sizes: extrapolated"
+    return (f"α = {fit['alpha_s'] * 1e6:.3g} µs, β = {fit['beta_bytes_per_s'] / 1e9:.3g} GB/s: a ring model fitted "
+            f"to this set's all-reduce probe{where} (fitted, not measured){outside}; the models are theory")
 
 
 def lock_section(windows, labels) -> None:

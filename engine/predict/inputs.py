@@ -31,7 +31,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-from ddpviz.engine.analysis import fit_ring_model, ring_factor
+from ddpviz.engine.analysis import fit_covers, fit_ring_model, ring_factor, size_label
 from ddpviz.engine.summary import interval_union_s, run_steps, steady_steps
 
 Event = dict[str, Any]
@@ -178,13 +178,17 @@ def alone(buckets: list[Event]) -> list[Event]:
 
 
 def fit_link(probe: Event | None, buckets: list[Event], world_size: int) -> dict[str, Any] | None:
-    """This machine's alpha/beta for DDP: the probe's fit, else the buckets' (see module doc)."""
+    """This machine's alpha/beta for DDP: the probe's fit, else the buckets' (see module doc). With
+    the probe's, `source` names the sizes it was fitted on and, where the run's buckets lie outside
+    them, says the model is extrapolated there (`_outside_fit`)."""
     if probe and probe.get("fit") and probe["fit"].get("beta_bytes_per_s"):
         f = probe["fit"]
+        used = f.get("points_used") or []
+        span = f" ({size_label(min(used))}–{size_label(max(used))})" if used else ""
         return dict(alpha_s=max(0.0, float(f.get("alpha_s") or 0.0)),
                     beta_bytes_per_s=float(f["beta_bytes_per_s"]),
                     source=f"all-reduce probe of this run ({probe.get('source') or 'measured'}), "
-                           f"ring model fitted to {len(f.get('points_used') or [])} sizes")
+                           f"ring model fitted to {len(used)} sizes{span}{_outside_fit(probe, buckets)}")
     if world_size < 2:
         return None
     solo = alone(buckets)
@@ -205,6 +209,25 @@ def fit_link(probe: Event | None, buckets: list[Event], world_size: int) -> dict
                 source=f"median busbw of {len(rates)} in-run bucket all-reduces "
                        f"{'that ran alone' if solo else '(none ran alone)'}; no probe, and no line "
                        "through their times (one size, or a negative latency or slope): alpha taken as 0")
+
+
+def _outside_fit(probe: Event, buckets: list[Event]) -> str:
+    """What `fit_link`'s source adds when the run's bucket sizes lie outside the sizes the probe's ring
+    model was fitted on: the model is extrapolated there, with the probe's own measured time at the
+    nearest size to the run's median bucket against the model's time for it ("" when inside, or
+    without bucket sizes or points)."""
+    f, sizes = probe["fit"], [b["nbytes"] for b in buckets if b.get("nbytes")]
+    used, points = f.get("points_used") or [], probe.get("points") or []
+    if not used or fit_covers(f, sizes):
+        return ""
+    size = statistics.median(sizes)
+    out = f"; the run's buckets ({size_label(size)}, median) lie outside those sizes: the model is extrapolated there"
+    near = min(points, key=lambda p: abs(p["nbytes"] - size), default=None)
+    if near and f.get("s_per_byte") is not None and f.get("latency_s") is not None:
+        model = f["latency_s"] + f["s_per_byte"] * near["nbytes"]
+        out += (f" (at {size_label(near['nbytes'])} the probe measured {near['time_s'] * 1e3:.3g} ms, "
+                f"the model says {model * 1e3:.3g} ms)")
+    return out
 
 
 def dp_phase_costs(phases: list[Event], steps: dict[int, Event], device0: str) -> dict[str, dict[str, float]]:

@@ -257,3 +257,15 @@ def test_a_cuda_no_hook_step_says_its_host_launches_are_not_drawn_instead_of_hov
     spec = bucket_timeline(buckets, backward, exposed, run="r").to_dict()
     words = " ".join(spec["title"]["subtitle"])
     assert "hover a bucket" not in words and "host launch times are on the host's clock" in words
+
+
+def test_the_learn_pages_link_words_say_fitted_and_where_it_is_extrapolated():
+    """α and β are a fit to the probe's times over 4-64 MiB, never "measured"; P = 0.19 MiB lies below:
+    extrapolated. P = 8 MiB lies inside: nothing said of extrapolation."""
+    from ddpviz.app.views.learn import fitted_link_words
+
+    fit = dict(alpha_s=928.9e-6, beta_bytes_per_s=1.604e9, points_used=[4 << 20, 64 << 20])
+    words = fitted_link_words(fit, 0.19 * 2**20)
+    assert "fitted, not measured" in words and "(measured)" not in words and "at 4 MiB–64 MiB" in words
+    assert "P = 194.6 KiB lies outside those sizes: extrapolated" in words and "α = 929 µs" in words
+    assert "extrapolated" not in fitted_link_words(fit, 8 << 20)

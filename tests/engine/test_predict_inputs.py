@@ -230,3 +230,20 @@ def test_bucket_layout_interleaves_two_ddps_buckets_in_launch_order():
     # one DDP: bucket order kept, even where a later bucket was ready first
     one = bucket_layout([b(0, 0, 0.004, 10), b(0, 1, 0.003, 11), b(0, 2, 0.010, 12)])
     assert [x["nbytes"] for x in one] == [10, 11, 12]
+
+
+def test_the_links_source_says_where_the_probes_model_is_extrapolated():
+    """The probe's line fitted on 4-64 MiB; the run's buckets (0.3 and 0.7 MB) lie below it: the source says
+    so, with the probe's own time at the nearest size (512 KiB: 0.5 ms) against the model's, by hand
+    1.858 ms + 524,288 B x 0.623 ns/B = 2.185 ms. Fitted over the buckets' sizes instead: nothing added."""
+    pts = [dict(nbytes=n, time_s=t) for n, t in ((131072, 0.3e-3), (524288, 0.5e-3), (4 << 20, 4.5e-3))]
+    fit = dict(alpha_s=928.9e-6, beta_bytes_per_s=1.604e9, latency_s=1.858e-3, s_per_byte=0.623e-9,
+               points_used=[4 << 20, 64 << 20])
+    probe = dict(type="allreduce_probe", rank=0, backend="gloo", world_size=2, dtype="float32", iters=5,
+                 warmup_iters=1, points=pts, source="measured: probe", fit=fit)
+    src = measure_run(_ddp_events(probe=probe)).link_fit["source"]
+    assert "fitted to 2 sizes (4 MiB–64 MiB)" in src and "extrapolated" in src
+    assert "(at 512 KiB the probe measured 0.5 ms, the model says 2.18 ms)" in src
+    fit["points_used"] = [131072, 4 << 20]
+    src = measure_run(_ddp_events(probe=probe)).link_fit["source"]
+    assert "(128 KiB–4 MiB)" in src and "extrapolated" not in src
