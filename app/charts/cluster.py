@@ -30,16 +30,19 @@ def gpu_memory_chart(gpus: pd.DataFrame) -> alt.LayerChart:
 
 
 def worker_runs_chart(runs: pd.DataFrame) -> alt.Chart:
-    """A bar per run on its worker's lane, start to end (`app.frames.cluster.worker_runs_frame`)."""
+    """A bar per run on its worker's lane, start to end (`app.frames.cluster.worker_runs_frame`); runs
+    on one worker side by side in its lane (`yOffset`), so a DP+DDP pair, trained at once in turns by one
+    job, shows two bars over the same time instead of one hiding the other."""
     return alt.Chart(runs).mark_bar(height=alt.RelativeBandSize(0.6), stroke="white",
                                     strokeWidth=1).encode(
         x=alt.X("start:T", title="time (local, h:m:s)", axis=alt.Axis(format="%H:%M:%S")),
         x2="end:T",
-        y=alt.Y("worker:N", title="worker"),
+        y=alt.Y("worker:N", title="worker"), yOffset=alt.YOffset("run:N"),
         color=alt.Color("mode:N", legend=legend("mode"), scale=MODE_COLOURS),
         tooltip=[alt.Tooltip("worker:N"), alt.Tooltip("run:N"), alt.Tooltip("status:N"),
                  alt.Tooltip("start:T", format="%H:%M:%S"),
                  alt.Tooltip("end:T", format="%H:%M:%S")],
     ).properties(title=title("Runs per worker over time",
-                             "one worker runs one job at a time; more workers run in parallel"),
+                             "a bar per run; a worker's runs side by side in its lane (a DP+DDP pair trains "
+                             "at once, taking turns); more workers run in parallel"),
                  width=WIDTH, height=rows_height(runs, "worker"))

@@ -95,8 +95,8 @@ def live_throughput_chart(recent: pd.DataFrame, earlier: pd.DataFrame, runs: lis
         title=title("Throughput per step", subtitle=[
             f"newest {window_steps} steps: a dot per step (mean over ranks), line = rolling median of "
             f"{SMOOTH_STEPS}",
-            "earlier steps: dashed = mean per bin, band = min–max · drag to pan, shift + wheel to zoom, "
-            "double-click to reset"]))
+            f"steps before those (once a run is past {window_steps}): dashed = mean per bin, band = min–max · "
+            "drag to pan, shift + wheel to zoom, double-click to reset"]))
 
 
 def accuracy_chart(accuracy: pd.DataFrame, runs: list[str], modes: dict[str, str] | None = None) -> alt.Chart:

@@ -364,6 +364,12 @@ def test_cluster_frames():
                                   {"run_id": "r2", "worker": None, "started_at": None}], now=30)
     assert len(runs) == 1 and (runs["end"] - runs["start"]).iloc[0].total_seconds() == 10
     _check_chart(charts_cluster.worker_runs_chart(runs))
+    # a pair on one worker: both runs over the same seconds, each its own bar in the worker's lane
+    both = (("dp1", "dp", 47.0), ("ddp1", "ddp", 50.0))
+    pair = fcl.worker_runs_frame([{"run_id": r, "worker": "w", "started_at": 10.0, "finished_at": end,
+                                   "config": {"mode": m}} for r, m, end in both], now=60)
+    enc = charts_cluster.worker_runs_chart(pair).to_dict()["encoding"]
+    assert enc["y"]["field"] == "worker" and enc["yOffset"]["field"] == "run" and pair["run"].nunique() == 2
 
 
 # ---- topology --------------------------------------------------------------------------------
