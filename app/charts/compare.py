@@ -29,8 +29,8 @@ def loss_chart(steps: pd.DataFrame, modes: dict[str, str] | None = None) -> alt.
         x=STEP_X, y=y, color=colour, tooltip=tip) for i, run in enumerate(runs)]
     return alt.layer(*layers).properties(
         title=title("Loss per step", "same config and seed: the curves should nearly coincide; the modes sum "
-                    "gradients in different orders, so float rounding parts them slowly and the final losses "
-                    "differ a little (drawn thick to thin in legend order)"),
+                    "gradients in different orders, so float rounding can part them, slowly (drawn thick to thin "
+                    "in legend order)"),
         width=WIDTH, height=HEIGHT)
 
 

@@ -15,7 +15,6 @@ from ddpviz.app.frames import base as frames
 from ddpviz.app.frames.base import MIB, latest_complete_step, of_type
 
 Event = dict[str, Any]
-MAX_NAMES = 6  # parameter names listed per bucket row before "… +k more"
 
 
 def bucket_steps(events: Iterable[Event]) -> list[int]:
@@ -83,17 +82,24 @@ def exposed_per_step(events: Iterable[Event], run: str) -> pd.DataFrame:
 
 def layout_frame(buckets: list[dict[str, Any]] | None) -> pd.DataFrame:
     """A bucket layout (`bucket_preview` initial/rebuilt, or measured) as a table:
-    bucket, KiB, tensors, parameters (names, in the order DDP reduces them)."""
+    bucket, KiB, tensors, parameters (in the order DDP reduces them: every name up to two, else the
+    first and the last, "first … last", which a table cell holds; `layout_names` lists them all)."""
     rows = []
     for b in buckets or []:
         names = list(b.get("param_names") or [])
-        shown = ", ".join(names[:MAX_NAMES]) + (f", … +{len(names) - MAX_NAMES} more"
-                                                if len(names) > MAX_NAMES else "")
+        shown = ", ".join(names) if len(names) <= 2 else f"{names[0]} … {names[-1]}"
         if b.get("sparse"):
             shown += " (sparse gradient: KiB of its values and indices)"
         rows.append({"bucket": int(b["bucket_index"]), "KiB": b.get("nbytes", 0) / 1024,
                      "tensors": b.get("num_params", len(names)), "parameters": shown})
     return pd.DataFrame(rows, columns=["bucket", "KiB", "tensors", "parameters"])
+
+
+def layout_names(buckets: list[dict[str, Any]] | None) -> str:
+    """Markdown: every bucket's parameter names, in the order DDP reduces them (`layout_frame`'s cells
+    show the first and the last)."""
+    return "\n".join(f"- bucket {int(b['bucket_index'])}: " + ", ".join(f"`{n}`" for n in b.get("param_names") or [])
+                     for b in buckets or [])
 
 
 def measured_layouts(events: Iterable[Event], rank: int = 0) -> dict[int, list[dict[str, Any]]]:

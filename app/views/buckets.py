@@ -76,6 +76,8 @@ def layouts(w, label: str) -> None:
         st.caption(second)
         st.dataframe(fb.layout_frame(preview.get("rebuilt")), hide_index=True,
                      key=f"bkt_rebuilt_{w.run_id}", column_config=_LAYOUT_COLUMNS)
+    with st.expander("Every parameter of each rebuilt bucket, in the order DDP reduces them"):
+        st.markdown(fb.layout_names(preview.get("rebuilt")) or "no rebuilt layout in the preview")
     seen = ", ".join(f"step {s}: {fb.buckets_text(len(b))}" for s, b in measured.items())
     if seen:
         st.caption(f"Measured in this run (rank 0, when the layout appeared or changed): {seen}; "

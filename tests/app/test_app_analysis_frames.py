@@ -152,6 +152,11 @@ def test_bucket_layouts_match_pytorch_rule(ddp_events):
     table = fb.layout_frame(preview["rebuilt"])
     assert table["tensors"].tolist() == [4, 2, 2]
     assert table["KiB"].sum() == pytest.approx(P / 1024)
+    # a cell holds the first and the last name (all of them up to two); the list under the table every name
+    names = [b["param_names"] for b in preview["rebuilt"]]
+    assert table["parameters"].tolist() == [f"{n[0]} … {n[-1]}" if len(n) > 2 else ", ".join(n) for n in names]
+    assert fb.layout_names(preview["rebuilt"]).count("`") == 2 * sum(map(len, names))
+    assert fb.layout_frame([dict(bucket_index=0, nbytes=8, param_names=["a", "b", "c"])])["parameters"][0] == "a … c"
 
 
 def test_exposed_is_after_last_ready(ddp_events):
