@@ -19,6 +19,55 @@ def test_batching_sink_delivers_everything_in_order_in_batches(tmp_path):
     assert max(batches) <= 100 and len(batches) < 1050 / 5
 
 
+def test_batching_sink_keeps_order_while_flush_races_its_thread():
+    """The emitting thread never locks; its thread and `flush()` from another thread take and write in
+    turns: every event written once, in the order emitted (batches of a step's events, as a rank hands over)."""
+    import threading
+
+    writer = ListSink()
+    sink = BatchingSink(writer, max_batch=7, flush_interval_s=0.001)
+    stop = threading.Event()
+
+    def flusher():
+        while not stop.is_set():
+            sink.flush()
+
+    other = threading.Thread(target=flusher)
+    other.start()
+    for i in range(0, 6000, 3):
+        sink.emit_many([make_event("log", "r", level="info", message=str(j)) for j in range(i, i + 3)])
+    stop.set()
+    other.join()
+    sink.close()
+    assert [e["message"] for e in writer.events] == [str(i) for i in range(6000)]
+
+
+def test_a_flush_waits_for_a_write_in_progress():
+    """A slow write (0.3 s) of the first events under way in one thread, then more events and a flush() from
+    another: the later events are written after the first, never overtaking them."""
+    import threading
+
+    written, first = [], threading.Event()
+
+    class Slow(ListSink):
+        def write_batch(self, events):
+            if not first.is_set():
+                first.set()
+                time.sleep(0.3)
+            written.extend(e["message"] for e in events)
+
+    sink = BatchingSink(Slow(), max_batch=100, flush_interval_s=60)
+    sink.emit_many([make_event("log", "r", level="info", message=m) for m in ("a1", "a2")])
+    slow = threading.Thread(target=sink.flush)
+    slow.start()
+    assert first.wait(5)
+    sink.emit_many([make_event("log", "r", level="info", message="b1")])
+    sink.flush()
+    slow.join()
+    sink.close()
+    assert written == ["a1", "a2", "b1"]
+
+
 def test_writer_errors_do_not_reach_the_training_loop():
     class Broken:
         def write_batch(self, events):
