@@ -5,7 +5,9 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from ddpviz.app.charts.style import MEMORY_USE_HUES, MODE_COLOURS, WIDTH, legend, rows_height, title
+from ddpviz.app.charts.style import MEMORY_USE_HUES, MODE_COLOURS, ROW_PX, WIDTH, legend, rows_height, title
+
+LEGEND_MODES_PX = 150  # the mode legend's four entries and title: the box never clips them
 
 
 def gpu_memory_chart(gpus: pd.DataFrame) -> alt.LayerChart:
@@ -31,13 +33,14 @@ def gpu_memory_chart(gpus: pd.DataFrame) -> alt.LayerChart:
 
 def worker_runs_chart(runs: pd.DataFrame) -> alt.Chart:
     """A bar per run on its worker's lane, start to end (`app.frames.cluster.worker_runs_frame`); runs
-    on one worker side by side in its lane (`yOffset`), so a DP+DDP pair, trained at once in turns by one
-    job, shows two bars over the same time instead of one hiding the other."""
+    that overlapped on one worker stacked in its lane by their `slot` (`yOffset`), so a DP+DDP pair, trained
+    at once in turns by one job, shows two bars over the same time instead of one hiding the other."""
+    slots = int(runs["slot"].max()) + 1 if not runs.empty else 1
     return alt.Chart(runs).mark_bar(height=alt.RelativeBandSize(0.6), stroke="white",
                                     strokeWidth=1).encode(
         x=alt.X("start:T", title="time (local, h:m:s)", axis=alt.Axis(format="%H:%M:%S")),
         x2="end:T",
-        y=alt.Y("worker:N", title="worker"), yOffset=alt.YOffset("run:N"),
+        y=alt.Y("worker:N", title="worker"), yOffset=alt.YOffset("slot:N"),
         color=alt.Color("mode:N", legend=legend("mode"), scale=MODE_COLOURS),
         tooltip=[alt.Tooltip("worker:N"), alt.Tooltip("run:N"), alt.Tooltip("status:N"),
                  alt.Tooltip("start:T", format="%H:%M:%S"),
@@ -45,4 +48,4 @@ def worker_runs_chart(runs: pd.DataFrame) -> alt.Chart:
     ).properties(title=title("Runs per worker over time",
                              "a bar per run; a worker's runs side by side in its lane (a DP+DDP pair trains "
                              "at once, taking turns); more workers run in parallel"),
-                 width=WIDTH, height=rows_height(runs, "worker"))
+                 width=WIDTH, height=max(rows_height(runs, "worker", row_px=ROW_PX * slots), LEGEND_MODES_PX))

@@ -94,7 +94,7 @@ def live_throughput_chart(recent: pd.DataFrame, earlier: pd.DataFrame, runs: lis
         width=WIDTH, height=HEIGHT + 90,
         title=title("Throughput per step", subtitle=[
             f"newest {window_steps} steps: a dot per step (mean over ranks), line = rolling median of "
-            f"{SMOOTH_STEPS}",
+            f"{SMOOTH_STEPS} steps",
             f"steps before those (once a run is past {window_steps}): dashed = mean per bin, band = min–max · "
             "drag to pan, shift + wheel to zoom, double-click to reset"]))
 

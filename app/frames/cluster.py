@@ -52,8 +52,10 @@ def gpu_frame(workers: Iterable[dict[str, Any]]) -> pd.DataFrame:
 
 def worker_runs_frame(runs: Iterable[dict[str, Any]], now: float) -> pd.DataFrame:
     """Runs that a worker started: worker, run (label · id), mode, status, start, end (local
-    datetimes; a running run ends now)."""
-    cols = ["worker", "run", "mode", "status", "start", "end"]
+    datetimes; a running run ends now), and `slot`: 0 for a run that overlaps none before it on its
+    worker, else the lowest slot free at its start (a DP+DDP pair trains at once: slots 0 and 1), so the
+    chart stacks only runs that ran at the same time."""
+    cols = ["worker", "run", "mode", "status", "start", "end", "slot"]
     rows = []
     for r in runs:
         if not r.get("worker") or not r.get("started_at"):
@@ -63,5 +65,10 @@ def worker_runs_frame(runs: Iterable[dict[str, Any]], now: float) -> pd.DataFram
         rows.append({"worker": r["worker"], "run": f"{label} · {r['run_id'][:6]}",
                      "mode": (r.get("config") or {}).get("mode"), "status": r.get("status"),
                      "start": dt.datetime.fromtimestamp(r["started_at"]),
-                     "end": dt.datetime.fromtimestamp(max(end, r["started_at"]))})
+                     "end": dt.datetime.fromtimestamp(max(end, r["started_at"])), "slot": 0})
+    busy: dict[Any, list] = {}  # per worker, each slot's latest end
+    for row in sorted(rows, key=lambda x: x["start"]):
+        ends = busy.setdefault(row["worker"], [])
+        row["slot"] = next((i for i, e in enumerate(ends) if e <= row["start"]), len(ends))
+        ends[row["slot"]:row["slot"] + 1] = [row["end"]]
     return pd.DataFrame(rows, columns=cols)

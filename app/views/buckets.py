@@ -67,7 +67,7 @@ def layouts(w, label: str) -> None:
     cfg = w.config
     first, second = fb.layout_captions(preview, bool(cfg.get("find_unused_parameters"))
                                        and not cfg.get("static_graph"))
-    left, right = st.columns([2, 3])
+    left, right = st.columns(2)  # equal: each table's parameter cell holds "first … last"
     with left:
         st.caption(first)
         st.dataframe(fb.layout_frame(preview.get("initial")), hide_index=True,

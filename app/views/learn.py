@@ -123,8 +123,10 @@ def fitted_link_words(fit: dict, p_bytes: float) -> str:
     where = f" at {size_label(min(used))}–{size_label(max(used))}" if used else ""
     outside = "" if fit_covers(fit, [p_bytes]) else \
         f"; P = {size_label(p_bytes)} lies outside those sizes: extrapolated"
+    same = "; with no latency (α = 0) ring and tree take the same time, one line over the other" \
+        if fit["alpha_s"] <= 0 else ""
     return (f"α = {fit['alpha_s'] * 1e6:.3g} µs, β = {fit['beta_bytes_per_s'] / 1e9:.3g} GB/s: a ring model fitted "
-            f"to this set's all-reduce probe{where} (fitted, not measured){outside}; the models are theory")
+            f"to this set's all-reduce probe{where} (fitted, not measured){outside}{same}; the models are theory")
 
 
 def lock_section(windows, labels) -> None:

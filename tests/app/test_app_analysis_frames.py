@@ -370,11 +370,15 @@ def test_cluster_frames():
     assert len(runs) == 1 and (runs["end"] - runs["start"]).iloc[0].total_seconds() == 10
     _check_chart(charts_cluster.worker_runs_chart(runs))
     # a pair on one worker: both runs over the same seconds, each its own bar in the worker's lane
-    both = (("dp1", "dp", 47.0), ("ddp1", "ddp", 50.0))
-    pair = fcl.worker_runs_frame([{"run_id": r, "worker": "w", "started_at": 10.0, "finished_at": end,
-                                   "config": {"mode": m}} for r, m, end in both], now=60)
+    # then a single run after it, and one on another worker at the same time: slots 0, 1, 0, 0
+    both = (("dp1", "dp", 10.0, 47.0, "w"), ("ddp1", "ddp", 10.0, 50.0, "w"), ("s1", "single", 55.0, 58.0, "w"),
+            ("o1", "ddp", 10.0, 50.0, "v"))
+    pair = fcl.worker_runs_frame([{"run_id": r, "worker": w, "started_at": a, "finished_at": b,
+                                   "config": {"mode": m}} for r, m, a, b, w in both], now=60)
+    got = sorted(zip(pair["run"].str.split(" · ").str[1], pair["slot"]))
+    assert got == [("ddp1", 1), ("dp1", 0), ("o1", 0), ("s1", 0)]
     enc = charts_cluster.worker_runs_chart(pair).to_dict()["encoding"]
-    assert enc["y"]["field"] == "worker" and enc["yOffset"]["field"] == "run" and pair["run"].nunique() == 2
+    assert enc["y"]["field"] == "worker" and enc["yOffset"]["field"] == "slot"
 
 
 # ---- topology --------------------------------------------------------------------------------
