@@ -329,8 +329,8 @@ class BatchingSink:
             self._wake.set()
 
     def emit_many(self, events: list[dict[str, Any]]) -> None:
-        """`emit` for each, at once: no lock (a step's events, 1.4 µs against 4.5 with a Condition's, in one
-        process here), the writer thread woken only for a full batch."""
+        """`emit` for each, at once: no lock (a step's events 1.9-2.0 µs against 4.5 with a Condition's, one
+        process here, 2026-12-06), the writer thread woken only for a full batch."""
         self._buf.extend(events)
         if len(self._buf) >= self.max_batch:
             self._wake.set()
