@@ -307,6 +307,7 @@ def steady_samples(steady: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """What the verdict (`engine.verdict`) needs of a run's steady steps (rows of `run_steps`):
 
     - `steady_samples_per_s`: each steady step's samples/s, in step order (its bootstrap samples);
+    - `steady_step_time_s`: each of those steps' time (s), in the same order (the mean gap's samples);
     - `steady_mean_s`: the mean over those steps of each of `STEP_PARTS` (seconds; means add up,
       medians do not), None for a part some step did not measure, and `untimed_s`: the mean of
       step time minus the timed parts (forward, backward, optimizer and, where measured, exposed
@@ -320,4 +321,5 @@ def steady_samples(steady: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if rows:
         mean_s["untimed_s"] = statistics.fmean(
             r["step_time_s"] - sum(r.get(k) or 0.0 for k in STEP_PARTS if k != "step_time_s") for r in rows)
-    return {"steady_samples_per_s": [round(r["samples_per_s"], 3) for r in rows], "steady_mean_s": mean_s}
+    return {"steady_samples_per_s": [round(r["samples_per_s"], 3) for r in rows],
+            "steady_step_time_s": [round(r["step_time_s"], 7) for r in rows], "steady_mean_s": mean_s}

@@ -47,7 +47,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ddpviz.engine.measure.bootstrap import ratio_interval
+from ddpviz.engine.measure.bootstrap import mean_difference_interval, ratio_interval
 from ddpviz.engine.summary import OVERLAP_NOT_MEASURED, OVERLAP_NOT_MEASURED_SHORT
 
 LEVEL = 0.90  # the interval's coverage
@@ -103,6 +103,11 @@ class Verdict:
         gil_share: {"dp", "ddp"}: max over devices of the median GIL-wait share of the step.
         overlap: DDP's overlap (1 − exposed/total all-reduce time), None without buckets.
         overlap_note: why `overlap` is None where buckets were recorded (the summary's `overlap_note`).
+        gap_interval_ms: the gap's `LEVEL` interval (ms): a block bootstrap of the two runs' steady step
+            times (the summaries' `steady_step_time_s`), the difference of their means; None for summaries
+            without them. The parts have none: each is a mean measured once.
+        median_gap_ms: DP's median step time minus DDP's (ms, from the same step times), None without them:
+            said beside the gap of the means where the two differ.
     """
 
     leader: str
@@ -121,6 +126,8 @@ class Verdict:
     gil_share: dict[str, float | None] = field(default_factory=dict)
     overlap: float | None = None
     overlap_note: str = ""
+    gap_interval_ms: list[float] | None = None
+    median_gap_ms: float | None = None
 
     def headline(self) -> str:
         """One sentence: who is ahead, by how much, and the interval."""
@@ -142,6 +149,14 @@ class Verdict:
         named = sorted(((sign * v, k) for k, v in self.parts_ms.items()), reverse=True)
         parts = "; ".join(f"{PART_NAMES[k]} {v:+.2f} ms" for v, k in named)
         text = f"{longer} mean step is {by:.2f} ms longer"
+        if self.gap_interval_ms is not None:
+            lo, hi = sorted(sign * x for x in self.gap_interval_ms)
+            text += f" ({LEVEL:.0%} interval {lo:.2f}–{hi:.2f} ms"
+            medians_differ = self.median_gap_ms is not None and \
+                abs(self.median_gap_ms - self.gap_ms) > max(0.05, 0.1 * abs(self.gap_ms))
+            if medians_differ:
+                text += f"; the medians differ by {sign * self.median_gap_ms:.2f} ms: the parts add up to the means"
+            text += ")"
         if (self.leader == "ddp" and self.gap_ms < 0) or (self.leader == "dp" and self.gap_ms > 0):
             # the mean and the median disagree: a few slow steps (e.g. evaluation, a preempted rank)
             # weigh on the mean the parts add up to, not on the median the verdict compares
@@ -247,10 +262,17 @@ def verdict(dp: dict[str, Any] | None, ddp: dict[str, Any] | None) -> Verdict | 
     lo, hi = ratio_interval(xb, xa, block_for(len(xb)), block_for(len(xa)), level=LEVEL)
     parts, untimed, note = split
     ta, tb = dp["steady_mean_s"]["step_time_s"] * 1e3, ddp["steady_mean_s"]["step_time_s"] * 1e3
+    sa, sb = dp.get("steady_step_time_s") or [], ddp.get("steady_step_time_s") or []
+    gap_interval = median_gap = None
+    if min(len(sa), len(sb)) >= MIN_STEADY_STEPS:
+        gap_interval = [x * 1e3 for x in mean_difference_interval(sa, sb, block_for(len(sa)), block_for(len(sb)),
+                                                                   level=LEVEL)]
+        median_gap = (statistics.median(sa) - statistics.median(sb)) * 1e3
     return Verdict(leader=leader_of((lo, hi)), ratio=b / a, interval=(lo, hi), dp_samples_per_s=a,
                    ddp_samples_per_s=b, steps={"dp": len(xa), "ddp": len(xb)}, dp_step_ms=ta, ddp_step_ms=tb,
                    gap_ms=ta - tb, parts_ms=parts, not_measured_ms=untimed, not_measured_note=note,
                    gil_wait_ms={m: (None if g is None else g * 1e3) for m, g in
                                 (("dp", _mean_of(dp.get("gil_wait_s"))), ("ddp", _mean_of(ddp.get("gil_wait_s"))))},
                    gil_share={"dp": _max_of(dp.get("gil_wait_share")), "ddp": _max_of(ddp.get("gil_wait_share"))},
-                   overlap=_f(ddp.get("overlap")), overlap_note=str(ddp.get("overlap_note") or ""))
+                   overlap=_f(ddp.get("overlap")), overlap_note=str(ddp.get("overlap_note") or ""),
+                   gap_interval_ms=gap_interval, median_gap_ms=median_gap)

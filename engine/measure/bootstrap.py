@@ -53,14 +53,14 @@ def blocks_of(values: Sequence[float], block: int) -> list[list[float]]:
 
 
 def resampled_medians(values: Sequence[float], block: int, rng: random.Random,
-                      resamples: int = BOOTSTRAP_RESAMPLES) -> list[float]:
-    """The median of each of `resamples` block-bootstrap resamples of `values` (in resample
-    order): as many blocks as `values` has, drawn with replacement and joined."""
+                      resamples: int = BOOTSTRAP_RESAMPLES, stat=statistics.median) -> list[float]:
+    """`stat` (the median by default) of each of `resamples` block-bootstrap resamples of `values` (in
+    resample order): as many blocks as `values` has, drawn with replacement and joined."""
     blocks = blocks_of(values, block)
     out = []
     for _ in range(resamples):
         drawn = rng.choices(blocks, k=len(blocks))
-        out.append(statistics.median([v for b in drawn for v in b]))
+        out.append(stat([v for b in drawn for v in b]))
     return out
 
 
@@ -99,3 +99,17 @@ def ratio_interval(num: Sequence[float], den: Sequence[float], block_num: int, b
     if any(b == 0 for b in bottoms):
         raise ValueError("a resampled median of the denominator is 0")
     return percentile_interval([t / b for t, b in zip(tops, bottoms)], level)
+
+
+def mean_difference_interval(a: Sequence[float], b: Sequence[float], block_a: int, block_b: int,
+                             level: float = 0.90, seed: int = 0) -> list[float]:
+    """Interval of mean(a) − mean(b) for two independent series (two runs' step times): each resample
+    draws both series' blocks afresh and subtracts their means (means, as a step's parts add up).
+
+    Raises:
+        ValueError: an empty series or a block < 1.
+    """
+    rng = random.Random(seed)
+    tops = resampled_medians(a, block_a, rng, stat=statistics.fmean)
+    bottoms = resampled_medians(b, block_b, rng, stat=statistics.fmean)
+    return percentile_interval([t - u for t, u in zip(tops, bottoms)], level)

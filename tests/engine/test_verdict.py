@@ -158,3 +158,31 @@ def test_bootstrap_blocks_by_hand():
     assert blocks_of([1, 2, 3, 4, 5], 2) == [[1, 2], [3, 4], [5]]
     with pytest.raises(ValueError, match="block must be >= 1"):
         blocks_of([1.0], 0)
+
+
+def test_the_gap_of_the_means_comes_with_its_interval_and_the_medians_where_they_differ():
+    """With each run's steady step times: DP's 10 ms for 10 steps then 12 ms (mean 11, as DP_MEAN), DDP's 8 ms.
+    Blocks of 4 steps (20 steps, at least 5 blocks): a resampled DP mean lies in [10, 12], so the gap's interval
+    lies in [2, 4] ms and holds 3; the medians agree (11 - 8). Then DP's 9.5 ms for 15 steps and 15.5 for 5: the
+    same mean, the median 9.5, so the medians' 1.5 ms is said beside the means' 3.0."""
+    dp, ddp = summaries([100.0, 110.0] * 10, [150.0, 160.0] * 10)
+    dp["steady_step_time_s"], ddp["steady_step_time_s"] = [0.010] * 10 + [0.012] * 10, [0.008] * 20
+    v = verdict(dp, ddp)
+    lo, hi = v.gap_interval_ms
+    assert 2.0 <= lo < 3.0 < hi <= 4.0 and v.median_gap_ms == pytest.approx(3.0)
+    assert f"DP's mean step is 3.00 ms longer (90% interval {lo:.2f}–{hi:.2f} ms): " in v.why()
+    dp["steady_step_time_s"] = [0.0095] * 15 + [0.0155] * 5
+    v = verdict(dp, ddp)
+    assert v.median_gap_ms == pytest.approx(1.5)
+    assert "; the medians differ by 1.50 ms: the parts add up to the means)" in v.why()
+    # summaries written before they carried step times: no interval, nothing claimed
+    del dp["steady_step_time_s"]
+    assert verdict(dp, ddp).gap_interval_ms is None and "interval" not in verdict(dp, ddp).why()
+
+
+def test_the_mean_difference_interval_by_hand():
+    from ddpviz.engine.measure.bootstrap import mean_difference_interval
+
+    assert mean_difference_interval([5.0] * 8, [2.0] * 6, 2, 3) == [3.0, 3.0]  # no spread: the difference itself
+    lo, hi = mean_difference_interval([1.0] * 5 + [3.0] * 5, [0.0] * 10, 5, 5)
+    assert lo == 1.0 and hi == 3.0  # two blocks, all 1s or all 3s: both drawn twice in some resample of 2000
