@@ -18,7 +18,6 @@ from ddpviz.app.charts import live as charts_live
 from ddpviz.app.charts import memory as charts_memory
 from ddpviz.app.charts import steps as charts
 from ddpviz.app.charts.buckets import bucket_timeline
-from ddpviz.app.frames import base as frames
 from ddpviz.app.frames import buckets as frames_buckets
 from ddpviz.app.frames import detail
 from ddpviz.app.frames import dp as fd
@@ -26,6 +25,7 @@ from ddpviz.app.frames import memory as fm
 from ddpviz.app.frames import steps as fsteps
 from ddpviz.app.outage import REDIS_DOWN, show_outage
 from ddpviz.app.window import TERMINAL, RunWindow
+from ddpviz.engine.analysis import format_bytes, format_rate
 from ddpviz.engine.stages import where_failed
 
 # Windows shared by several panels are read at most this often: below the status panel's
@@ -410,7 +410,7 @@ def _bucket_caption(w: RunWindow, buckets: pd.DataFrame) -> None:
     bw = r0["algbw_gbps"].dropna()
     med = statistics.median(bw) if len(bw) else float("nan")
     said = detail.step_text(int(buckets["step"].iloc[0]), w.of_type("step"), w.of_type("bucket"))
-    rate = (f"median all-reduce algbw {frames.format_rate(med * 1e9)} (rank {int(r0['rank'].iloc[0])})" if len(bw)
+    rate = (f"median all-reduce algbw {format_rate(med * 1e9)} (rank {int(r0['rank'].iloc[0])})" if len(bw)
             else "all-reduce algbw not measured on this step")
     # where an ordinary step has no all-reduce span, name the kept steps that have one (the tour, issue 33:
     # a first-time user never saw a measured all-reduce on the default run's typical step)
@@ -418,7 +418,7 @@ def _bucket_caption(w: RunWindow, buckets: pd.DataFrame) -> None:
     where = (f" All-reduce spans were measured on the sampled steps ({', '.join(map(str, timed[:6]))}"
              f"{'…' if len(timed) > 6 else ''}): open one on the Bucket timeline page, or launch with "
              "bucket_timing=hook to time every step." if not len(bw) and timed else "")
-    st.caption(f"{said}: {len(r0)} bucket(s), {frames.format_bytes(r0['nbytes'].sum())} of gradients per rank; "
+    st.caption(f"{said}: {len(r0)} bucket(s), {format_bytes(r0['nbytes'].sum())} of gradients per rank; "
                f"{rate}. Every kept step, on the Bucket timeline page.{where}")
 
 

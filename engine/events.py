@@ -373,9 +373,9 @@ class BatchingSink:
                 return
 
     def flush(self) -> None:
-        """Write everything buffered now (from the caller's thread)."""
-        if self._buf:
-            self._flush_now()
+        """Write everything buffered now (from the caller's thread); returns once every event emitted
+        before the call is written, a write already under way in another thread included."""
+        self._flush_now()
 
     def close(self) -> None:
         self._closed = True

@@ -36,6 +36,8 @@ def worker_runs_chart(runs: pd.DataFrame) -> alt.Chart:
     that overlapped on one worker stacked in its lane by their `slot` (`yOffset`), so a DP+DDP pair, trained
     at once in turns by one job, shows two bars over the same time instead of one hiding the other."""
     slots = int(runs["slot"].max()) + 1 if not runs.empty else 1
+    t = title("Runs per worker over time", "a bar per run; a worker's runs side by side in its lane (a DP+DDP pair "
+              "trains at once, taking turns); more workers run in parallel")
     return alt.Chart(runs).mark_bar(height=alt.RelativeBandSize(0.6), stroke="white",
                                     strokeWidth=1).encode(
         x=alt.X("start:T", title="time (local, h:m:s)", axis=alt.Axis(format="%H:%M:%S")),
@@ -45,7 +47,5 @@ def worker_runs_chart(runs: pd.DataFrame) -> alt.Chart:
         tooltip=[alt.Tooltip("worker:N"), alt.Tooltip("run:N"), alt.Tooltip("status:N"),
                  alt.Tooltip("start:T", format="%H:%M:%S"),
                  alt.Tooltip("end:T", format="%H:%M:%S")],
-    ).properties(title=title("Runs per worker over time",
-                             "a bar per run; a worker's runs side by side in its lane (a DP+DDP pair trains "
-                             "at once, taking turns); more workers run in parallel"),
-                 width=WIDTH, height=max(rows_height(runs, "worker", row_px=ROW_PX * slots), LEGEND_MODES_PX))
+    ).properties(title=t, width=WIDTH,
+                 height=max(rows_height(runs, "worker", row_px=ROW_PX * slots, title_params=t), LEGEND_MODES_PX))

@@ -11,7 +11,8 @@ import altair as alt
 import pandas as pd
 
 from ddpviz.app.charts.style import HEIGHT, STEP_X, WIDTH, legend, rows_height, run_scale, title, volume_scale
-from ddpviz.app.frames.base import MIB, byte_unit, format_bytes
+from ddpviz.app.frames.base import MIB
+from ddpviz.engine.analysis import byte_unit, format_bytes
 from ddpviz.app.frames.steps import VOLUME_KINDS as WHICH
 
 
@@ -58,7 +59,7 @@ def speedup_chart(compare: pd.DataFrame) -> alt.LayerChart:
 
 def _in_unit(df: pd.DataFrame, mib_col: str) -> tuple[pd.DataFrame, str, alt.Scale]:
     """`df` with `amount` (its `mib_col` in the unit that suits its largest value: B, KiB, MiB,
-    GiB, `app.frames.base.byte_unit`) and `label` (each value written out, `format_bytes`: every
+    GiB, `engine.analysis.byte_unit`) and `label` (each value written out, `format_bytes`: every
     bar says its number), the unit's name, and an x scale from 0 with room for the labels (never
     a degenerate [0, 0] domain, whose ticks read "0.000000", when every value is 0)."""
     nbytes = df[mib_col].fillna(0.0) * MIB

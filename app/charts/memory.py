@@ -18,7 +18,8 @@ import altair as alt
 import pandas as pd
 
 from ddpviz.app.charts.style import PHASE_COLOURS, PHASE_HUES, WIDTH, device_scale, legend, stacked_legends, title
-from ddpviz.app.frames.base import MIB, byte_unit
+from ddpviz.app.frames.base import MIB
+from ddpviz.engine.analysis import byte_unit
 from ddpviz.app.frames.dp import DP_PHASES
 from ddpviz.app.frames.memory import DEVICE_SOURCES, HOST_SOURCES, SOURCE_LABELS, TIMER_NOTES
 from ddpviz.engine.events import AFTER_STEP_PHASE, REPLICA_CHECK_PHASE

@@ -20,8 +20,10 @@ _X = alt.X("world_size:Q", title="world size (devices)", scale=alt.Scale(type="l
 
 
 def _lines_and_points(pred: pd.DataFrame, measured: pd.DataFrame, y: alt.Y, fmt: str) -> list:
-    # the legend names only what is drawn: no "(measured)" entries without measured points
-    scale = _SERIES if not measured.empty else alt.Scale(domain=SERIES[:2], range=[_DP, _DDP])
+    # the legend names only what is drawn: a series without rows (no DP run in the set, no measured points) is left out
+    present = set(pred["series"]) | set(measured["series"])
+    shown = [(s, hue) for s, hue in zip(SERIES, [_DP, _DDP, _DP, _DDP]) if s in present]
+    scale = alt.Scale(domain=[s for s, _ in shown], range=[hue for _, hue in shown])
     color = alt.Color("series:N", legend=legend("", orient="bottom", columns=2), scale=scale)
     tip = [alt.Tooltip("series:N", title="what"), alt.Tooltip("world_size:Q", title="devices"),
            alt.Tooltip("nnodes:Q", title="hosts"),

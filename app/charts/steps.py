@@ -12,7 +12,8 @@ import pandas as pd
 
 from ddpviz.app.charts.style import HEIGHT, PHASE_HUES, STEP_X, WIDTH, legend, rows_height, run_scale, title, volume_scale
 from ddpviz.app.frames import steps as fsteps
-from ddpviz.app.frames.base import MIB, byte_unit
+from ddpviz.app.frames.base import MIB
+from ddpviz.engine.analysis import byte_unit
 from ddpviz.app.frames.steps import SMOOTH_STEPS, SPLIT_PARTS
 
 _SPLIT_ROW_PX, _SPLIT_BAR_PX = 58, 22  # a run's row in the split: its name over its bar
@@ -72,7 +73,7 @@ def split_chart(split: pd.DataFrame) -> alt.LayerChart:
 
 def comm_volume_chart(volume: pd.DataFrame) -> alt.Chart:
     """Bytes each device sent + received in its latest reported step, in the unit the largest bar reads best in
-    (`app.frames.base.byte_unit`) (measured, derived or unlabelled, as its
+    (`engine.analysis.byte_unit`) (measured, derived or unlabelled, as its
     events say: `app.frames.steps.comm_volume_frame`'s `source`, a legend entry for each) beside
     the theory.
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+
 MIB = 1024 * 1024
 Event = dict[str, Any]
 
@@ -43,46 +44,6 @@ def run_label(run: dict[str, Any] | None, run_id: str) -> str:
 
 def mib(nbytes: float | None) -> float:
     return float("nan") if nbytes is None else nbytes / MIB
-
-
-# The one home of how a size or a rate is written: the unit that keeps the number readable
-# (a 20-parameter model's 84 B gradients are "84 B", not "0.00 MiB").
-BYTE_UNITS = [("B", 1), ("KiB", 1024), ("MiB", MIB), ("GiB", 1024 * MIB)]  # binary, as PyTorch's memory stats
-RATE_UNITS = [("B/s", 1), ("kB/s", 1e3), ("MB/s", 1e6), ("GB/s", 1e9)]  # decimal, as NCCL's algbw and busbw
-
-
-def byte_unit(nbytes: float | None) -> tuple[str, float]:
-    """(name, bytes in one) of the largest binary unit (B, KiB, MiB, GiB) not above `nbytes`;
-    B for 0, None or NaN. Pick it once for a whole axis from the largest value on it."""
-    return _unit(nbytes, BYTE_UNITS)
-
-
-def format_bytes(nbytes: float | None) -> str:
-    """`nbytes` with three significant figures in the unit `byte_unit` picks: "84 B", "3.39 KiB",
-    "548 KiB", "25.0 MiB", "1.20 GiB"; "n/a" for None or NaN."""
-    return _format(nbytes, BYTE_UNITS)
-
-
-def format_rate(bytes_per_s: float | None) -> str:
-    """A bandwidth in bytes/s, in decimal units (B/s, kB/s, MB/s, GB/s), three significant figures."""
-    return _format(bytes_per_s, RATE_UNITS)
-
-
-def _unit(value: float | None, units: list[tuple[str, float]]) -> tuple[str, float]:
-    if value is None or value != value or value <= 0:
-        return units[0]
-    return [u for u in units if u[1] <= abs(value)][-1] if abs(value) >= 1 else units[0]
-
-
-def _format(value: float | None, units: list[tuple[str, float]]) -> str:
-    if value is None or value != value:
-        return "n/a"
-    name, size = _unit(value, units)
-    v = value / size
-    if size == 1 and float(v).is_integer():
-        return f"{int(v)} {name}"
-    digits = 0 if abs(v) >= 100 else 1 if abs(v) >= 10 else 2  # three significant figures, never "1e+03"
-    return f"{v:,.{digits}f} {name}"
 
 
 def latest_complete_step(events: Iterable[Event], type_: str) -> int | None:

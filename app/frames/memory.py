@@ -16,7 +16,8 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from ddpviz.app.frames.base import MIB, format_bytes, of_type
+from ddpviz.app.frames.base import MIB, of_type
+from ddpviz.engine.analysis import format_bytes
 
 Event = dict[str, Any]
 SOURCE_LABELS = {"tensors": "tensors (live-tensor ledger)",
@@ -94,7 +95,7 @@ def _mib(nbytes: float | None) -> float:
 
 def peak_caption(peaks: pd.DataFrame) -> str | None:
     """"peak X on D; imbalance max/min Y×" over the devices' measured peaks (X in the unit
-    `app.frames.base.format_bytes` picks), or None."""
+    `engine.analysis.format_bytes` picks), or None."""
     src = ", ".join(sorted(SOURCE_LABELS.get(s, s) for s in set(peaks["source"])))
     if peaks["training_mib"].notna().any() and peaks.dropna(subset=["training_mib"])["device"].nunique() \
             == peaks["device"].nunique():  # CUDA: the library's floor held apart (issue 31)

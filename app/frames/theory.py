@@ -25,6 +25,7 @@ from ddpviz.engine.analysis import (
     bucket_bandwidths,
     busbw_vs_probe,
     fit_ring_model,
+    format_bytes,
     mark_alone,
     median_busbw_ratio,
     predict_ring_s,
@@ -138,10 +139,6 @@ def ratio_summary(events: Iterable[Event], probe: Event | None, world_size: int)
 
 
 # ---- words for the page ------------------------------------------------------------------------
-def _size(nbytes: float) -> str:
-    return f"{nbytes / 2**20:g} MiB" if nbytes >= 2**20 else f"{nbytes / 1024:g} KiB"
-
-
 def peers(world_size: int) -> str:
     """"the other rank" (2 ranks) or "the other ranks": the words for whom a rank waits."""
     return "the other rank" if world_size == 2 else "the other ranks"
@@ -163,28 +160,28 @@ def probe_note(probe: Event, world_size: int) -> str:
     """Which probe sizes were measured, which were fitted, and why the others were not."""
     pts = probe.get("points") or []
     fit = probe.get("fit")
-    sizes = (f"{len(pts)} sizes from {_size(pts[0]['nbytes'])} to {_size(pts[-1]['nbytes'])}, each"
-             if len(pts) > 1 else f"one size, {_size(pts[0]['nbytes'])},")
+    sizes = (f"{len(pts)} sizes from {format_bytes(pts[0]['nbytes'])} to {format_bytes(pts[-1]['nbytes'])}, each"
+             if len(pts) > 1 else f"one size, {format_bytes(pts[0]['nbytes'])},")
     text = (f"**Probe** (measured after training, {probe.get('backend')}, float32): {sizes} "
             f"the median of {probe.get('iters')} all-reduces timed one at a time (a barrier before "
             f"each, after {probe.get('warmup_iters')} warm-up rounds), the slowest rank's.")
     if probe.get("run_nbytes"):
-        text += (f" First the run's own bucket sizes ({', '.join(_size(b) for b in probe['run_nbytes'])}), "
+        text += (f" First the run's own bucket sizes ({', '.join(format_bytes(b) for b in probe['run_nbytes'])}), "
                  "so each in-run bucket is compared with the probe at its size.")
     if probe.get("skipped_nbytes"):
         text += (f" Skipped by the {probe.get('budget_s', 0):g} s time budget: "
-                 f"{', '.join(_size(b) for b in probe['skipped_nbytes'])}.")
+                 f"{', '.join(format_bytes(b) for b in probe['skipped_nbytes'])}.")
     if not fit:
         return text + (" No ring model: its time did not grow with size." if len(pts) > 1 else
                        " No ring model: a line needs at least two sizes.")
     used = fit["points_used"]
     left = [p["nbytes"] for p in pts if p["nbytes"] not in set(used)]
-    text += (f" Ring model fitted to the {len(used)} sizes {_size(used[0])}–{_size(used[-1])}: "
+    text += (f" Ring model fitted to the {len(used)} sizes {format_bytes(used[0])}–{format_bytes(used[-1])}: "
              f"{describe_fit(fit, world_size)}.")
     if fit.get("within_tolerance", True):
         text += (f" That is the widest range of sizes one line predicts within "
                  f"{fit.get('tolerance', 0.2):.0%} (worst miss {fit.get('max_rel_residual', 0):.0%})")
-        text += (f"; not fitted: {', '.join(_size(b) for b in left)}, where the time leaves that "
+        text += (f"; not fitted: {', '.join(format_bytes(b) for b in left)}, where the time leaves that "
                  "line (a noisy size, or a change of regime: caches, protocols): see the hollow "
                  "probe points."
                  if left else ".")

@@ -18,7 +18,7 @@ from ddpviz.app.connection import require_client
 from ddpviz.app.frames import buckets as frames_buckets
 from ddpviz.app.frames import topology as ftop
 from ddpviz.app.frames.dp import thread_states_frame
-from ddpviz.engine.analysis import fit_covers, size_label
+from ddpviz.engine.analysis import fit_covers, format_bytes
 
 STAR_TEXT = """
 **DataParallel: a star.** One process drives every device from threads. Each step device 0
@@ -120,9 +120,9 @@ def fitted_link_words(fit: dict, p_bytes: float) -> str:
     """The all-reduce time chart's subtitle: α and β are a ring model fitted to the probe's measured
     times over the sizes it names (not measurements themselves), and whether P lies outside them."""
     used = fit.get("points_used") or []
-    where = f" at {size_label(min(used))}–{size_label(max(used))}" if used else ""
-    outside = "" if fit_covers(fit, [p_bytes]) else \
-        f"; P = {size_label(p_bytes)} lies outside those sizes: extrapolated"
+    where = f" at {format_bytes(min(used))}–{format_bytes(max(used))}" if used else ""
+    outside = "" if not used or fit_covers(fit, [p_bytes]) else \
+        f"; P = {format_bytes(p_bytes)} lies outside those sizes: extrapolated"
     same = "; with no latency (α = 0) ring and tree take the same time, one line over the other" \
         if fit["alpha_s"] <= 0 else ""
     return (f"α = {fit['alpha_s'] * 1e6:.3g} µs, β = {fit['beta_bytes_per_s'] / 1e9:.3g} GB/s: a ring model fitted "

@@ -243,7 +243,8 @@ def measure_overhead(cfg: RunConfig, rounds: int = 10, block_steps: int = DEFAUL
                 ddpviz_median_step_s=statistics.median(d_med[counted]), tail_blocks=tail_blocks,
                 rounds=rows, block_steps=block_steps, warmup_blocks=warmup_blocks,
                 schedule=[["ddpviz" if s == run_id else s, a, b] for s, a, b in ctl.block_log],
-                block_spans={side: [[s[b], s[b + block_steps - 1]] for b in range(0, len(s), block_steps)]
+                block_spans={side: [[s[r[0]], s[r[-1]]] for r in map(lambda k: block_range(k, block_steps),
+                                                                        range(len(s) // block_steps))]
                              for side, s in (("plain", plain_starts), ("ddpviz", ours_starts))},
                 max_param_diff=float((plain_params - ours_params).abs().max()),
                 backend=plan.backend, device_kind=plan.kind, config=cfg.to_json_dict(),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import statistics
-from typing import Sequence
+from typing import Callable, Sequence
 
 BOOTSTRAP_RESAMPLES = 2000
 
@@ -53,9 +53,10 @@ def blocks_of(values: Sequence[float], block: int) -> list[list[float]]:
 
 
 def resampled_medians(values: Sequence[float], block: int, rng: random.Random,
-                      resamples: int = BOOTSTRAP_RESAMPLES, stat=statistics.median) -> list[float]:
-    """`stat` (the median by default) of each of `resamples` block-bootstrap resamples of `values` (in
-    resample order): as many blocks as `values` has, drawn with replacement and joined."""
+                      resamples: int = BOOTSTRAP_RESAMPLES,
+                      stat: Callable[[list[float]], float] = statistics.median) -> list[float]:
+    """The median (or `stat`, e.g. `statistics.fmean`) of each of `resamples` block-bootstrap resamples of
+    `values` (in resample order): as many blocks as `values` has, drawn with replacement and joined."""
     blocks = blocks_of(values, block)
     out = []
     for _ in range(resamples):

@@ -31,7 +31,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-from ddpviz.engine.analysis import fit_covers, fit_ring_model, ring_factor, size_label
+from ddpviz.engine.analysis import fit_covers, fit_ring_model, format_bytes, ring_factor
 from ddpviz.engine.summary import interval_union_s, run_steps, steady_steps
 
 Event = dict[str, Any]
@@ -184,7 +184,7 @@ def fit_link(probe: Event | None, buckets: list[Event], world_size: int) -> dict
     if probe and probe.get("fit") and probe["fit"].get("beta_bytes_per_s"):
         f = probe["fit"]
         used = f.get("points_used") or []
-        span = f" ({size_label(min(used))}–{size_label(max(used))})" if used else ""
+        span = f" ({format_bytes(min(used))}–{format_bytes(max(used))})" if used else ""
         return dict(alpha_s=max(0.0, float(f.get("alpha_s") or 0.0)),
                     beta_bytes_per_s=float(f["beta_bytes_per_s"]),
                     source=f"all-reduce probe of this run ({probe.get('source') or 'measured'}), "
@@ -221,11 +221,12 @@ def _outside_fit(probe: Event, buckets: list[Event]) -> str:
     if not used or fit_covers(f, sizes):
         return ""
     size = statistics.median(sizes)
-    out = f"; the run's buckets ({size_label(size)}, median) lie outside those sizes: the model is extrapolated there"
+    out = (f"; the run's buckets ({format_bytes(size)}, median) lie outside those sizes: the model is "
+           "extrapolated there")
     near = min(points, key=lambda p: abs(p["nbytes"] - size), default=None)
     if near and f.get("s_per_byte") is not None and f.get("latency_s") is not None:
         model = f["latency_s"] + f["s_per_byte"] * near["nbytes"]
-        out += (f" (at {size_label(near['nbytes'])} the probe measured {near['time_s'] * 1e3:.3g} ms, "
+        out += (f" (at {format_bytes(near['nbytes'])} the probe measured {near['time_s'] * 1e3:.3g} ms, "
                 f"the model says {model * 1e3:.3g} ms)")
     return out
 

@@ -376,9 +376,10 @@ def predict(inputs: dict[str, RunInputs], world_sizes: list[int], sc: Scenario) 
     return rows
 
 
-ONE_DEVICE_DP = ("DataParallel on one device runs its module directly (torch.nn.parallel.DataParallel.forward: "
-                 "`if len(self.device_ids) == 1: return self.module(...)`): no scatter, replicas, threads or "
-                 "reduce, so its step is one device's, the same as DDP's at n = 1")
+ONE_DEVICE_DP = ("DataParallel on one device checks its parameters' device, scatters the inputs to it and runs "
+                 "its module directly (torch.nn.parallel.DataParallel.forward: `if len(self.device_ids) == 1: "
+                 "return self.module(...)`): no replicas, threads, gather or reduce, so its step is one device's, "
+                 "the same as DDP's at n = 1")
 
 
 def one_device_dp(one: dict[str, Any]) -> dict[str, Any]:

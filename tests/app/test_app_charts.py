@@ -145,7 +145,7 @@ def test_dp_phase_chart(two_runs):
 def test_comm_volume_chart_says_measured_or_derived(two_runs):
     dp, ddp = two_runs
     spec = _check(charts.comm_volume_chart(fsteps.comm_volume_frame(dp)),
-                  "sent + received per step (KiB)", "device", "bytes")  # 240000 B: KiB (app.frames.base.byte_unit)
+                  "sent + received per step (KiB)", "device", "bytes")  # 240000 B: KiB (engine.analysis.byte_unit)
     assert {r["which"]: r["amount"] for r in _data(spec)[0] if r["device"] == "cpu:0"} == pytest.approx(
         {"measured": 240000 / 1024, "theory": 240000 / 1024})
     rows = _data(spec)[0]

@@ -162,7 +162,8 @@ def test_the_long_run_chart_says_what_is_binned_and_never_cuts_a_legend(fake_cli
     assert not at.exception
     spec = titled(at, "Throughput per step")
     sub = " ".join(spec["title"]["subtitle"])
-    assert "newest 500 steps: a dot per step" in sub and "steps before those (once a run is past 500): dashed = mean per bin" in sub
+    assert "newest 500 steps: a dot per step" in sub
+    assert "steps before those (once a run is past 500): dashed = mean per bin" in sub
     dots, _, band, _ = spec["layer"]
     assert [r["step"] for r in rows(at, "Throughput per step", dots)] == list(range(4500, 5000))
     binned = rows(at, "Throughput per step", band)

@@ -266,7 +266,9 @@ def test_the_learn_pages_link_words_say_fitted_and_where_it_is_extrapolated():
 
     fit = dict(alpha_s=928.9e-6, beta_bytes_per_s=1.604e9, points_used=[4 << 20, 64 << 20])
     words = fitted_link_words(fit, 0.19 * 2**20)
-    assert "fitted, not measured" in words and "(measured)" not in words and "at 4 MiB–64 MiB" in words
-    assert "P = 194.6 KiB lies outside those sizes: extrapolated" in words and "α = 929 µs" in words
+    assert "fitted, not measured" in words and "(measured)" not in words and "at 4.00 MiB–64.0 MiB" in words
+    assert "P = 195 KiB lies outside those sizes: extrapolated" in words and "α = 929 µs" in words
     assert "extrapolated" not in fitted_link_words(fit, 8 << 20) and "same time" not in words
     assert "ring and tree take the same time" in fitted_link_words({**fit, "alpha_s": 0.0}, 8 << 20)
+    # a fit that names no sizes: nothing said of where it holds
+    assert "extrapolated" not in fitted_link_words({**fit, "points_used": []}, 0.19 * 2**20)

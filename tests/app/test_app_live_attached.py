@@ -1,7 +1,7 @@
 """The Live page of an attached run (`ddpviz run -- torchrun SCRIPT`), on a recorded real one
 (tests/app/data, recorded.ATTACHED): what it trained says the script, not "on None"; the place of
 the accuracy chart shows the script's own loss and says there is no validation; sizes read in
-the unit that suits them (`app.frames.base.format_bytes`); the step split leaves its plot room.
+the unit that suits them (`engine.analysis.format_bytes`); the step split leaves its plot room.
 And a run opened after it ran (head and tail read, the middle not) says which steps it skipped."""
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def test_sizes_read_in_the_unit_that_suits_them(live):
                                          (561156, "548 KiB"), (25 * 2**20, "25.0 MiB"),
                                          (1.2 * 2**30, "1.20 GiB")])
 def test_format_bytes(nbytes, text):
-    from ddpviz.app.frames.base import format_bytes
+    from ddpviz.engine.analysis import format_bytes
 
     assert format_bytes(nbytes) == text
 
@@ -74,7 +74,7 @@ def test_format_rate_and_the_bytes_axis():
     import pandas as pd
 
     from ddpviz.app.charts.steps import comm_volume_chart
-    from ddpviz.app.frames.base import format_rate
+    from ddpviz.engine.analysis import format_rate
 
     assert [format_rate(r) for r in (420e3, 3.5e7, 1.9e9)] == ["420 kB/s", "35.0 MB/s", "1.90 GB/s"]
     tiny = pd.DataFrame({"device": ["cpu:0"], "sent_mib": [84 / 2**20], "recv_mib": [84 / 2**20],

@@ -174,5 +174,9 @@ def test_the_efficiency_legend_names_only_what_is_drawn():
     assert "single-device run" in " ".join(spec["title"]["subtitle"]) and len(spec["layer"]) == 2
     measured["efficiency"] = 0.75
     spec = cs.efficiency_chart(pred, measured, scenario="PCIe").to_dict()
-    assert spec["layer"][1]["encoding"]["color"]["scale"]["domain"] == cs.SERIES and len(spec["layer"]) == 3
+    assert spec["layer"][1]["encoding"]["color"]["scale"]["domain"] == ["DP (predicted)", "DDP (predicted)",
+                                                                      "DDP (measured)"] and len(spec["layer"]) == 3
+    # a set with no DP run: DDP's entries only
+    spec = cs.predicted_throughput_chart(pred[pred["mode"] == "ddp"], measured, scenario="PCIe").to_dict()
+    assert spec["layer"][0]["encoding"]["color"]["scale"]["domain"] == ["DDP (predicted)", "DDP (measured)"]
     assert "single-device run" not in " ".join(spec["title"]["subtitle"])

@@ -242,8 +242,8 @@ def test_the_links_source_says_where_the_probes_model_is_extrapolated():
     probe = dict(type="allreduce_probe", rank=0, backend="gloo", world_size=2, dtype="float32", iters=5,
                  warmup_iters=1, points=pts, source="measured: probe", fit=fit)
     src = measure_run(_ddp_events(probe=probe)).link_fit["source"]
-    assert "fitted to 2 sizes (4 MiB–64 MiB)" in src and "extrapolated" in src
+    assert "fitted to 2 sizes (4.00 MiB–64.0 MiB)" in src and "extrapolated" in src
     assert "(at 512 KiB the probe measured 0.5 ms, the model says 2.18 ms)" in src
     fit["points_used"] = [131072, 4 << 20]
     src = measure_run(_ddp_events(probe=probe)).link_fit["source"]
-    assert "(128 KiB–4 MiB)" in src and "extrapolated" not in src
+    assert "(128 KiB–4.00 MiB)" in src and "extrapolated" not in src

@@ -194,7 +194,7 @@ def test_dp_beyond_one_host_is_not_predicted():
 
 
 def test_dp_and_ddp_start_from_one_devices_step():
-    """At n = 1 DataParallel calls its module directly (torch.nn.parallel.DataParallel.forward), so DP's
+    """At n = 1 DataParallel runs its module directly (torch.nn.parallel.DataParallel.forward), so DP's
     step is one device's, as DDP's (no peer to all-reduce with): by hand, DDP measured at n = 2 with 32 samples
     per rank, at n = 1 a device computes 64: forward 4 ms, backward 8 ms, optimizer 1, other 0.5 = 13.5 ms for
     both modes, each at 100% efficiency; at n = 2 DP is its own model again (copies through device 0)."""
