@@ -10,7 +10,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from ddpviz.app.charts.style import MODE_HUES, extra_title_px, legend, stacked_legends, title
+from ddpviz.app.charts.style import CHROME_PX, MODE_HUES, WIDTH, extra_title_px, legend, stacked_legends, title
 from ddpviz.app.frames.topology import ROLES
 
 SIZE_PX = 430  # square plot: a circle must stay a circle
@@ -80,4 +80,4 @@ def allreduce_time_chart(frame: pd.DataFrame, *, subtitle: str, mark_n: int | No
             strokeDash=[4, 3], color="#555").encode(x="world_size:Q"))
     t = title("Ring vs tree: one all-reduce (theory)", subtitle)
     # room for every subtitle line: a long one (the fitted link's words) squashed the plot and cut the title
-    return alt.layer(*layers).properties(title=t, width=SIZE_PX, height=260 + extra_title_px(t))
+    return alt.layer(*layers).properties(title=t, width=WIDTH, height=260 + CHROME_PX + extra_title_px(t))

@@ -106,7 +106,7 @@ def theory_section(windows, labels) -> None:
             st.altair_chart(topology_chart(nodes, edges, heading=f"{kind}, n\u00a0=\u00a0{n} (theory)",
                                            subtitle=subs[kind], max_mib=top, arrows=kind.startswith("ring")),
                             key=f"learn_theory_{kind.split()[0]}")
-    st.caption(f"P = {p_bytes / 2**20:.3f} MiB: the gradient bytes of {labels[rid]}'s model. "
+    st.caption(f"P = {format_bytes(p_bytes)}: the gradient bytes of {labels[rid]}'s model. "
                + ftop.THEORY_NOTE + ". " + NCCL_ALGO_NOTE)
     fit = next((e.get("fit") for w2 in windows.values() for e in w2.of_type("allreduce_probe") if e.get("fit")), None)
     if fit and fit.get("beta_bytes_per_s"):
