@@ -11,7 +11,7 @@ with a 90% interval from the two caps' bootstrap intervals (lowest and highest s
 Bucket counts: PyTorch's own assignment rule on the run's gradient-ready order
 (`engine.modes.ddp.buckets.preview_buckets`, the rebuilt layout).
 
-`plain_alone(cfg)`: whole runs taking turns (plain, ddpviz, plain, ddpviz, ...), each alone on the
+`plain_alone(cfg)`: whole runs, each ddpviz run between two plain ones (plain, ddpviz, plain), each alone on the
 machine, so ddpviz's background threads (memory timer, event flusher, launcher's follower) are
 not charged to the plain side as they are while the sides interleave (`measure_overhead`'s
 design). Step time: rank 0's median interval between step starts after `warmup_steps`. Beside it,
@@ -165,31 +165,47 @@ class OwnThreadsCpu:
 
 # 800-step runs with 50 left out (2026-12-05): six rounds ratios 1.19-1.25, where 120-step runs had moved
 # 1.12-1.47 between tries (docs/bench/small-step-alone-2026-12-05.json)
+def bracketed(before: float, ours: float, after: float) -> tuple[float, float]:
+    """(ours over the mean of the plain runs before and after it, after over before): a run bracketed by
+    two plain runs (A B A) cancels a drift of the machine that is linear over the three runs, and the two
+    plain runs against each other (A/A) show what the harness resolves."""
+    return ours / ((before + after) / 2), after / before
+
+
 def plain_alone(cfg: RunConfig, rounds: int = 4, warmup_steps: int = 50) -> dict[str, Any]:
-    """ddpviz DDP vs plain torch DDP, whole runs taking turns, each alone (module docstring)."""
+    """ddpviz DDP vs plain torch DDP, whole runs alone, each ddpviz run between two plain ones
+    (`bracketed`; module docstring). Besides the A/B figures, `plain_vs_plain`: the second plain run
+    over the first, per round, and their median and interval: the harness's own noise (2026-12-06 here:
+    0.86-1.14 between back-to-back identical runs)."""
     from ddpviz.engine.harness.overhead import _ddpviz_run
 
     cfg = cfg.model_copy(update=dict(mode="ddp", step_delay_s=0.0, eval_every=0, probe=False))
     rows = []
     for k in range(rounds):
         with tempfile.TemporaryDirectory(prefix="ddpviz-alone-") as tmp:
-            order = ("plain", "ddpviz") if k % 2 == 0 else ("ddpviz", "plain")
-            got = {}
-            for side in order:
+            got = []
+            for side in ("plain", "ddpviz", "plain"):
                 with OwnThreadsCpu() as threads:
                     starts, ends = _plain_run(cfg, tmp) if side == "plain" else _ddpviz_run(cfg, f"alone-{k}")[::2]
-                got[side] = (*_step_intervals_s(starts, warmup_steps), between_steps_s(starts, ends, warmup_steps),
-                             threads)
-        (pm, pa, pg, _), (dm, da, dg, threads) = got["plain"], got["ddpviz"]
-        rows.append(dict(order=list(order), plain_median_step_s=pm, ddpviz_median_step_s=dm,
-                         plain_mean_step_s=pa, ddpviz_mean_step_s=da, ratio=dm / pm, mean_ratio=da / pa,
-                         plain_between_steps_s=pg, ddpviz_between_steps_s=dg,
-                         background_us_per_step=None if threads.total_ns is None else threads.total_ns / 1e3 / cfg.steps,
-                         background_by_thread_us_per_step={n: ns / 1e3 / cfg.steps for n, ns in threads.by_name.items()}))
+                got.append((*_step_intervals_s(starts, warmup_steps), between_steps_s(starts, ends, warmup_steps),
+                            threads))
+        (pm, pa, pg, _), (dm, da, dg, threads), (qm, qa, qg, _) = got
+        ratio, aa = bracketed(pm, dm, qm)
+        rows.append(dict(order=["plain", "ddpviz", "plain"], plain_median_step_s=[pm, qm], ddpviz_median_step_s=dm,
+                         plain_mean_step_s=[pa, qa], ddpviz_mean_step_s=da, ratio=ratio,
+                         mean_ratio=bracketed(pa, da, qa)[0], plain_vs_plain=aa,
+                         plain_between_steps_s=(pg + qg) / 2, ddpviz_between_steps_s=dg,
+                         background_us_per_step=None if threads.total_ns is None
+                         else threads.total_ns / 1e3 / cfg.steps,
+                         background_by_thread_us_per_step={n: ns / 1e3 / cfg.steps
+                                                           for n, ns in threads.by_name.items()}))
     ratios, means = [r["ratio"] for r in rows], [r["mean_ratio"] for r in rows]
-    added = [(r["ddpviz_between_steps_s"] - r["plain_between_steps_s"]) / r["plain_median_step_s"] for r in rows]
+    aas = [r["plain_vs_plain"] for r in rows]
+    plain_step = [statistics.fmean(r["plain_median_step_s"]) for r in rows]
+    added = [(r["ddpviz_between_steps_s"] - r["plain_between_steps_s"]) / p for r, p in zip(rows, plain_step)]
     return dict(ratio=statistics.median(ratios), ratio_interval_90=median_interval(ratios),
                 mean_ratio=statistics.median(means), mean_ratio_interval_90=median_interval(means),
+                plain_vs_plain=statistics.median(aas), plain_vs_plain_interval_90=median_interval(aas),
                 between_steps_us=dict(plain=statistics.median(r["plain_between_steps_s"] for r in rows) * 1e6,
                                       ddpviz=statistics.median(r["ddpviz_between_steps_s"] for r in rows) * 1e6),
                 between_steps_share=statistics.median(added), between_steps_share_interval_90=median_interval(added),
@@ -197,9 +213,11 @@ def plain_alone(cfg: RunConfig, rounds: int = 4, warmup_steps: int = 50) -> dict
                 else statistics.median(r["background_us_per_step"] for r in rows),
                 rounds=rows,
                 warmup_steps=warmup_steps, config=cfg.to_json_dict(),
-                source="measured: whole runs taking turns (ABBA), each alone; rank 0's intervals between step "
-                       "starts: `ratio` of their medians (a typical step), `mean_ratio` of their means (the run's "
-                       "pace, sampled steps included); medians of the rounds' ddpviz/plain ratios; "
+                source="measured: whole runs, each alone, every ddpviz run between two plain ones (A B A, "
+                       "`bracketed`); rank 0's intervals between step starts: `ratio` of the medians (a typical "
+                       "step) over the mean of the two plain runs', `mean_ratio` of the means (the run's pace, "
+                       "sampled steps included); medians over the rounds; `plain_vs_plain`: the second plain run "
+                       "over the first (the harness's own noise: a ratio inside it is not resolved); "
                        "`between_steps_us`: rank 0's median time from a step's end to the next start (the training "
                        "thread's work between steps, `between_steps_s`), and `between_steps_share` ddpviz's extra "
                        "there over plain's median step; `background_us_per_step`: CPU of ddpviz's own threads (event "

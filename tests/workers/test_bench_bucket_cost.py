@@ -17,8 +17,8 @@ def test_the_record_has_each_bucket_timing_and_converts_to_microseconds(monkeypa
 
     monkeypatch.setattr(harness, "bucket_cost", bucket_cost)
     monkeypatch.setattr(harness, "plain_alone", lambda cfg, rounds: dict(
-        ratio=1.0, ratio_interval_90=[1, 1], mean_ratio=1.0, timing=cfg.bucket_timing,
-        between_steps_us=dict(plain=1.0, ddpviz=50.0), between_steps_share=0.03, between_steps_share_interval_90=[0.02, 0.04]))
+        ratio=1.0, ratio_interval_90=[1, 1], mean_ratio=1.0, timing=cfg.bucket_timing, plain_vs_plain=1.1,
+        plain_vs_plain_interval_90=[0.9, 1.2], between_steps_us=dict(plain=1.0, ddpviz=50.0), between_steps_share=0.03, between_steps_share_interval_90=[0.02, 0.04]))
     monkeypatch.setattr(harness, "in_thread_cost", lambda cfg, caps: dict(
         per_bucket_us=2.5, timing=cfg.bucket_timing, caps=[dict(cpu_us=40.0, buckets=1), dict(cpu_us=160.0, buckets=49)]))
     monkeypatch.setattr(harness, "direct_cost", lambda cfg, caps: dict(
@@ -78,3 +78,12 @@ def test_the_direct_figure_is_the_slope_over_pytorchs_bucket_counts(monkeypatch)
     assert n > 1 and [c["buckets"] for c in got["caps"]] == [1, n]
     assert got["between_steps_us_per_bucket"] == pytest.approx(300.0 / (n - 1))
     assert got["background_us_per_bucket"] == pytest.approx(240.0 / (n - 1))
+
+
+def test_a_run_between_two_plain_ones_cancels_a_linear_drift_by_hand():
+    """Plain runs at 1.0 then 1.2 ms (the machine slowing steadily), ddpviz's between them at 1.1: the same
+    speed, ratio 1.0, and the plain runs against each other 1.2 (the drift the harness sees)."""
+    from ddpviz.engine.harness.bucket_cost import bracketed
+
+    assert bracketed(1.0, 1.1, 1.2) == pytest.approx((1.0, 1.2))
+    assert bracketed(2.0, 2.2, 2.0) == pytest.approx((1.1, 1.0))  # no drift: 10% slower

@@ -41,7 +41,9 @@ def measure_bucket_cost(rounds: int = 5, alone_rounds: int = 6, say=print) -> di
         say(f"  {us:.0f} µs per bucket (90% interval {per_bucket['per_bucket_interval_90'][0] * 1e6:.0f}-"
             f"{per_bucket['per_bucket_interval_90'][1] * 1e6:.0f}); small steps vs plain alone "
             f"{alone['ratio']:.2f}x ({alone['ratio_interval_90'][0]:.2f}-{alone['ratio_interval_90'][1]:.2f}) by the median "
-            f"step, {alone['mean_ratio']:.2f}x by the mean (sampled steps included); between steps (the training "
+            f"step, {alone['mean_ratio']:.2f}x by the mean (sampled steps included), plain against plain "
+            f"{alone['plain_vs_plain']:.2f}x ({alone['plain_vs_plain_interval_90'][0]:.2f}-"
+            f"{alone['plain_vs_plain_interval_90'][1]:.2f}: the harness's noise); between steps (the training "
             f"thread's own turn) {alone['between_steps_us']['ddpviz']:.0f} µs against plain's "
             f"{alone['between_steps_us']['plain']:.0f}: {alone['between_steps_share'] * 100:.1f}% of a plain step "
             f"({alone['between_steps_share_interval_90'][0] * 100:.1f}-{alone['between_steps_share_interval_90'][1] * 100:.1f})")
