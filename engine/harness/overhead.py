@@ -278,9 +278,10 @@ def untraced_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The ratio over the rounds whose ddpviz block held no memory-traced step (``ratio_untraced``, its
     ``ratio_untraced_interval_90`` and ``rounds_untraced``), None where every block held one. A run traces
     steps 0-2, every k-th (k >= 200) and its last (`engine.measure.memory_sampler.should_trace_memory`):
-    4 of this harness's ~180 steps (0-2 and the last), a few of a long run's thousands, so their share of a block here is far
-    above their share of a long run; the other instrumented steps (metered: every 8th) are in every block.
-    Where blocks are timed by their wall (CUDA), a traced step's extra time is in its block's figure."""
+    4 of this harness's ~180 steps (0-2 and the last), a few of a long run's thousands, so their share of a
+    block here is far above their share of a long run; the other instrumented steps (metered: the first 8,
+    then one in 32) are in most blocks. Where blocks are timed by their wall (CUDA), a traced step's extra
+    time is in its block's figure."""
     plain = [r["ratio"] for r in rows if not r["ddpviz_traced_steps"]]
     return dict(ratio_untraced=statistics.median(plain) if plain else None,
                 ratio_untraced_interval_90=median_interval(plain) if plain else None, rounds_untraced=len(plain))

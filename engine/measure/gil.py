@@ -29,7 +29,7 @@ tries on the 2-core development VM, loaded, CPython 3.11, 2026-12-04).
 
 Inside a loaded training process a reading costs far more (34 µs median in a DDP rank here), so
 the launched DDP ranks and CPU DP read only on sampled steps (`MeterGate`: the first 8, then
-every 8th); the `gil` events' `source` says so.
+one in 32); the `gil` events' `source` says so.
 
 Where `/proc/self/task/<tid>/schedstat` or the thread CPU clock is missing (not Linux, a kernel
 without CONFIG_SCHED_INFO), the fields are None and `source` says why; a blocked time is never
@@ -373,12 +373,16 @@ def median_share(shares: Iterable[float | None]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-METER_EVERY_STEPS = 8  # a DDP rank reads its thread clocks on its first 8 steps, then every 8th (`MeterGate`)
+# A DDP rank (and CPU DP) reads its thread clocks on its first 8 steps, then on one step in 32 (`MeterGate`).
+# One in 8 until 2026-12-06: with every step but the first unmetered (a scratch ablation, each ddpviz run between
+# two plain ones) the small step's mean pace against plain DDP went 1.04-1.12x -> 0.99-1.00x (two tries each;
+# docs/bench/small-step-bracketed-2026-12-06.json): a metered step takes the fully marked path, not only the reads.
+METER_FIRST_STEPS, METER_EVERY_STEPS = 8, 32
 
 
 class MeterGate:
     """Which steps the meter reads thread clocks on (a DDP rank's `MeteredClock`s, CPU DP's
-    `GilMeter`): every step below `every`, then every `every`-th (`step % every == 0`); the other
+    `GilMeter`): every step below `first`, then one in `every` (`step % every == 0`); the other
     steps' marks are time-only and no `gil` event is emitted for them (DP's `dp_phase` events then
     carry `gil_wait_s` null).
 
@@ -390,17 +394,19 @@ class MeterGate:
 
     Args:
         every: the sampling period in steps (>= 1; 1 reads every step).
+        first: the steps read at the start (default `METER_FIRST_STEPS`, at most `every`).
     """
 
-    def __init__(self, every: int = METER_EVERY_STEPS) -> None:
+    def __init__(self, every: int = METER_EVERY_STEPS, first: int = METER_FIRST_STEPS) -> None:
         self.every, self.on = max(1, every), True
+        self.first = min(first, self.every)
 
     def begin_step(self, step: int) -> bool:
         """Set `on` for `step`; returns it."""
-        self.on = step < self.every or step % self.every == 0
+        self.on = step < self.first or step % self.every == 0
         return self.on
 
     def note(self) -> str:
         """What the `gil` events' `source` adds about the sampling."""
-        return (f"; read on the first {self.every} steps and then every {self.every}th (a reading costs tens of "
-                "µs in a loaded rank)") if self.every > 1 else ""
+        return (f"; read on the first {self.first} steps and then on one step in {self.every} (a reading costs "
+                "tens of µs in a loaded rank)") if self.every > 1 else ""
