@@ -160,7 +160,7 @@ def test_no_layer_is_drawn_from_an_empty_dataset(two_runs):
     the browser's console (issue 33's tour, on Live and Theory): the time chart's algbw (none on
     it), an older run's memory step whose readings have no curve (no chart). Live's bins before any
     step is binned are left so, on purpose (`live_throughput_chart`): exactly those two layers."""
-    from test_app_analysis_frames import _load
+    from recorded_frames import load as _load
     from test_app_chart_text import _empty_views, _spec
 
     from ddpviz.app.charts import theory as charts_theory

@@ -8,7 +8,7 @@ import math
 
 import eventgen as g
 import pytest
-from test_app_analysis_frames import _check_chart
+from recorded_frames import check_chart as _check_chart
 
 from ddpviz.app.charts import dp as charts_dp
 from ddpviz.app.frames import dp as fd

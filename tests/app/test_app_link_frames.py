@@ -1,0 +1,143 @@
+"""The links' frames and charts: Theory (bucket and probe bandwidths, the ring fits) and Learn's topology
+(who sends whom how many bytes), on recorded real runs (`recorded_frames`) and hand-made events; the
+formulas written out here (nccl-tests' busbw, the ring's 2(n-1)/n)."""
+
+import pytest
+
+from ddpviz.app.charts import theory as charts_theory
+from ddpviz.app.charts import topology as charts_topology
+from ddpviz.app.frames import base as frames
+from ddpviz.app.frames import theory as ft
+from ddpviz.app.frames import topology as ftop
+from recorded_frames import check_chart as _check_chart, ddp_events, load as _load  # noqa: F401 (fixtures)
+
+
+# ---- theory ----------------------------------------------------------------------------------
+def _bucket(step, idx, nbytes, start, end, rank=0):
+    return {"type": "bucket", "step": step, "rank": rank, "bucket_index": idx, "nbytes": nbytes,
+            "comm_start_s": start, "comm_end_s": end}
+
+
+def test_bucket_frame_busbw_and_alone_on_the_recorded_run(ddp_events):
+    bw = ft.bucket_frame(ddp_events, 2)
+    assert len(bw) == sum(1 for e in ddp_events if e["type"] == "bucket")
+    ok = bw.dropna()
+    assert (ok["busbw_gbps"] / ok["algbw_gbps"]).round(9).unique().tolist() == [1.0]  # n = 2
+    assert ok["algbw_gbps"].tolist() == pytest.approx(
+        (ok["nbytes"] / (ok["time_ms"] / 1e3) / 1e9).tolist())
+    assert set(bw["series"]) <= {ft.ALONE, ft.OVERLAPPED}
+    assert (bw["series"] == ft.ALONE).tolist() == bw["alone"].tolist()
+
+
+def test_bucket_fit_uses_only_buckets_that_ran_alone():
+    a, c = 0.002, 1e-9  # 2 ms latency, 1 ns/byte
+    evs, t = [], 0.0
+    for step in (0, 1, 2):
+        for i, n in enumerate((1_000_000, 3_000_000, 5_000_000)):
+            start, t = t, t + a + c * n  # one after another: each ran alone
+            evs.append(_bucket(step, i, n, start, t))
+    evs.append(_bucket(2, 3, 5_000_000, t - 0.001, t + 1.0))  # overlaps the last: would spoil it
+    model, counts = ft.bucket_fit(evs, 4)
+    assert counts == dict(timed=10, warmup=3, overlapped=2, used=5)
+    assert model["latency_s"] == pytest.approx(a) and model["s_per_byte"] == pytest.approx(c)
+    assert model["beta_bytes_per_s"] == pytest.approx((2 * 3 / 4) / c)
+    assert "GB/s" in ft.describe_fit(model, 4)
+    assert "5 ran alone. Ring model fitted to those 5" in ft.bucket_note(model, counts, 4)
+    assert "2 overlapped another bucket" in ft.bucket_note(model, counts, 4)
+
+
+def test_model_lines_follow_the_ring_formula():
+    model = {"latency_s": 1e-3, "s_per_byte": 1e-9}
+    lines = ft.model_lines({ft.FIT_PROBE: model, ft.FIT_BUCKETS: None}, 1024, 2**20, 4)
+    assert set(lines["series"]) == {ft.FIT_PROBE} and len(lines) == ft.LINE_POINTS
+    last = lines.iloc[-1]
+    assert last["nbytes"] == pytest.approx(2**20)
+    assert last["time_ms"] == pytest.approx((1e-3 + 1e-9 * 2**20) * 1e3)
+    assert last["busbw_gbps"] == pytest.approx(1.5 * 2**20 / (1e-3 + 1e-9 * 2**20) / 1e9)
+    flat = {"latency_s": 1e-3, "s_per_byte": 0.0}  # no β: not drawn (busbw would grow unbounded)
+    assert ft.model_lines({ft.FIT_BUCKETS: flat}, 1024, 2**20, 4).empty
+
+
+def test_probe_frame_and_notes_on_the_recorded_probe():
+    events = _load("real_ddp_probe_mlp_ws2.jsonl")
+    probe = ft.latest_probe(events)
+    pf = ft.probe_frame(probe)
+    assert pf["nbytes"].tolist() == [p["nbytes"] for p in probe["points"]]
+    assert pf.loc[pf["fitted"], "nbytes"].tolist() == probe["fit"]["points_used"]
+    note = ft.probe_note(probe, 2)
+    assert f"median of {probe['iters']}" in note and "Skipped by the" in note
+    summary = ft.ratio_summary(events, probe, 2)
+    assert summary["median_alone"] is not None and summary["n_alone"] > 0
+    assert ft.probe_frame(None).empty and ft.latest_probe(_load("real_ddp_mlp_ws2.jsonl")) is None
+    made = {"type": "allreduce_probe", "fit": {"points_used": [8192]},
+            "points": [{"nbytes": b, "time_s": 1e-3, "algbw_bytes_per_s": b / 1e-3,
+                        "busbw_bytes_per_s": b / 1e-3} for b in (4096, 8192, 16384)]}
+    pf = ft.probe_frame(made)
+    assert pf["fitted"].tolist() == [False, True, False]
+    assert pf["busbw_gbps"].tolist() == pytest.approx([4.096e-3, 8.192e-3, 16.384e-3])
+
+
+def test_theory_charts_label_measured_and_fitted(ddp_events):
+    events = _load("real_ddp_probe_mlp_ws2.jsonl")
+    probe = ft.latest_probe(events)
+    pf, bk = ft.probe_frame(probe), ft.bucket_frame(events, 2)
+    model, _ = ft.bucket_fit(events, 2)
+    lines = ft.model_lines({ft.FIT_PROBE: probe["fit"], ft.FIT_BUCKETS: model},
+                           *ft.size_range(pf, bk), 2)
+    for chart in (charts_theory.bandwidth_chart(pf, bk, lines, run="DDP"),
+                  charts_theory.time_chart(pf, bk, lines, run="DDP"),
+                  charts_theory.time_chart(ft.probe_frame(None), ft.bucket_frame(ddp_events, 2),
+                                           lines.iloc[0:0], run="DDP")):
+        spec = _check_chart(chart)
+        domain = {s for layer in spec["layer"] for s in layer["encoding"]["color"]["scale"]["domain"]}
+        assert all("(measured" in s or "(fitted model)" in s for s in domain), domain
+
+
+# ---- topology --------------------------------------------------------------------------------
+def _vol(device, rank, sent, recv):
+    return {"type": "comm_volume", "step": 3, "device": device, "rank": rank,
+            "sent_bytes": sent, "recv_bytes": recv}
+
+
+def test_star_links_carry_each_device_bytes():
+    mib = frames.MIB
+    vol = [_vol("cuda:0", 0, 2 * mib, 2 * mib), _vol("cuda:1", 0, mib, mib),
+           _vol("cuda:2", 0, mib, 3 * mib)]
+    nodes, edges = ftop.star(ftop.latest_volume(vol))
+    assert nodes.loc[0, ["x", "y"]].tolist() == [0.0, 0.0]  # the hub in the centre
+    assert edges["link"].tolist() == ["cuda:0 ↔ cuda:1", "cuda:0 ↔ cuda:2"]
+    assert edges["mib"].tolist() == [2.0, 4.0]
+
+
+def test_ring_links_follow_rank_order_and_do_not_overlap():
+    vol = [_vol(f"cpu:{r}", r, frames.MIB, frames.MIB) for r in (1, 0)]
+    nodes, edges = ftop.ring(ftop.latest_volume(vol), {0: "rank 0 @ a", 1: "rank 1 @ b"})
+    assert nodes["label"].tolist() == ["rank 0 @ a", "rank 1 @ b"]
+    assert edges["link"].tolist() == ["rank 0 → rank 1", "rank 1 → rank 0"]
+    assert edges["mib"].tolist() == [1.0, 1.0]
+    assert edges.loc[0, "x"] != pytest.approx(edges.loc[1, "x2"])  # shifted apart for n = 2
+    spec = _check_chart(charts_topology.topology_chart(nodes, edges, heading="ring",
+                                                       subtitle="s", arrows=True))
+    assert spec["autosize"]["type"] == "pad"
+    # the legend names what is drawn: ranks, no hub or replicas on a ring (seen in a fresh user's tour)
+    roles = [layer["encoding"]["color"]["scale"]["domain"] for layer in spec["layer"]
+             if "color" in layer.get("encoding", {}) and layer["encoding"]["color"].get("field") == "role"]
+    assert roles == [["rank"]]
+    star_nodes, star_edges = ftop.star([_vol(f"cpu:{d}", 0, frames.MIB, frames.MIB) for d in (0, 1)])
+    star = charts_topology.topology_chart(star_nodes, star_edges, heading="star", subtitle="s").to_dict()
+    assert [layer["encoding"]["color"]["scale"]["domain"] for layer in star["layer"]
+            if layer["encoding"].get("color", {}).get("field") == "role"] == [ftop.ROLES[:2]]
+
+
+def test_the_bandwidth_chart_says_when_busbw_lies_on_algbw():
+    """A real 2-rank probe: busbw = algbw (factor 2(n-1)/n = 1), so the subtitle says one line hides the
+    other; with busbw made 1.5x algbw (as at n = 4) it does not."""
+    events = _load("real_ddp_probe_mlp_ws2.jsonl")
+    probe = ft.latest_probe(events)
+    pf, bk = ft.probe_frame(probe), ft.bucket_frame(events, 2)
+    model, _ = ft.bucket_fit(events, 2)
+    lines = ft.model_lines({ft.FIT_PROBE: probe["fit"], ft.FIT_BUCKETS: model}, *ft.size_range(pf, bk), 2)
+    for factor, said in ((1.0, True), (1.5, False)):
+        frame = pf.assign(busbw_gbps=pf["algbw_gbps"] * factor)
+        spec = charts_theory.bandwidth_chart(frame, bk, lines, run="DDP").to_dict()
+        assert ("one line lies on the other" in " ".join(spec["title"]["subtitle"])) is said
