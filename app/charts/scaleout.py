@@ -25,16 +25,20 @@ def _lines_and_points(pred: pd.DataFrame, measured: pd.DataFrame, y: alt.Y, fmt:
     shown = [(s, hue) for s, hue in zip(SERIES, [_DP, _DDP, _DP, _DDP]) if s in present]
     scale = alt.Scale(domain=[s for s, _ in shown], range=[hue for _, hue in shown])
     color = alt.Color("series:N", legend=legend("", orient="bottom", columns=2), scale=scale)
+    # the legend's symbols as drawn: an open circle for a predicted point, a filled diamond for a measured
+    # one (one legend: Vega-Lite merges the colour and shape legends of one field and title)
+    shape = alt.Shape("series:N", legend=legend("", orient="bottom", columns=2), scale=alt.Scale(
+        domain=[s for s, _ in shown], range=["diamond" if "measured" in s else "circle" for s, _ in shown]))
     tip = [alt.Tooltip("series:N", title="what"), alt.Tooltip("world_size:Q", title="devices"),
            alt.Tooltip("nnodes:Q", title="hosts"),
            alt.Tooltip(f"{y.shorthand.split(':')[0]}:Q", format=fmt),
            alt.Tooltip("step_time_ms:Q", title="step (ms)", format=".3f")]
     layers = [alt.Chart(pred).mark_line(strokeWidth=2, strokeDash=[6, 3],
                                         point=alt.OverlayMarkDef(size=30, filled=False)).encode(
-        x=_X, y=y, color=color, tooltip=tip)]
+        x=_X, y=y, color=color, shape=shape, tooltip=tip)]
     if not measured.empty:
         layers.append(alt.Chart(measured).mark_point(size=120, filled=True, opacity=0.9).encode(
-            x=_X, y=y, color=color, shape=alt.value("diamond"), tooltip=tip + [alt.Tooltip("run_id:N")]))
+            x=_X, y=y, color=color, shape=shape, tooltip=tip + [alt.Tooltip("run_id:N")]))
     return layers
 
 

@@ -50,11 +50,12 @@ def gpu_frame(workers: Iterable[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
-def worker_runs_frame(runs: Iterable[dict[str, Any]], now: float) -> pd.DataFrame:
+def worker_runs_frame(runs: Iterable[dict[str, Any]], now: float, since: float | None = None) -> pd.DataFrame:
     """Runs that a worker started: worker, run (label · id), mode, status, start, end (local
     datetimes; a running run ends now), and `slot`: 0 for a run that overlaps none before it on its
     worker, else the lowest slot free at its start (a DP+DDP pair trains at once: slots 0 and 1), so the
-    chart stacks only runs that ran at the same time."""
+    chart stacks only runs that ran at the same time. With `since` (epoch s), only runs that were still
+    running at that moment or started after it: the time axis spans the window, not the whole history."""
     cols = ["worker", "run", "mode", "status", "start", "end", "slot"]
     rows = []
     for r in runs:
@@ -62,6 +63,8 @@ def worker_runs_frame(runs: Iterable[dict[str, Any]], now: float) -> pd.DataFram
             continue
         label = r.get("label") or (r.get("config") or {}).get("mode", "?")
         end = r.get("finished_at") or now
+        if since is not None and end < since:
+            continue
         rows.append({"worker": r["worker"], "run": f"{label} · {r['run_id'][:6]}",
                      "mode": (r.get("config") or {}).get("mode"), "status": r.get("status"),
                      "start": dt.datetime.fromtimestamp(r["started_at"]),

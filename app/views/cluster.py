@@ -15,6 +15,10 @@ from ddpviz.app.outage import guarded
 REFRESH_S = 2.0
 STALE_S = 10.0  # a heartbeat older than this is flagged (workers beat every few seconds)
 RUNS_SHOWN = 200
+# the runs chart's window: a run still running at its start or started after it is drawn, so a new pair is not a
+# sliver at the end of the whole history (None: every run of the latest RUNS_SHOWN)
+WINDOWS_S = {"15 min": 15 * 60.0, "1 hour": 3600.0, "1 day": 86400.0, "all runs": None}
+DEFAULT_WINDOW = "1 hour"
 
 
 @guarded
@@ -41,9 +45,15 @@ def workers_panel(client) -> None:
     elif not df.empty:
         st.caption("CPU only: no worker reports an NVIDIA GPU (NVML), so there is no GPU memory "
                    "or utilisation to show.")
-    runs = fc.worker_runs_frame(client.list_runs(limit=RUNS_SHOWN), now)
+    window = st.segmented_control("Time window of the runs chart", list(WINDOWS_S), default=DEFAULT_WINDOW,
+                                  key="cluster_window", required=True) or DEFAULT_WINDOW
+    window_s = WINDOWS_S[window]
+    runs = fc.worker_runs_frame(client.list_runs(limit=RUNS_SHOWN), now,
+                                since=None if window_s is None else now - window_s)
     if not runs.empty:
         st.altair_chart(cc.worker_runs_chart(runs), key="cluster_runs")
+    else:
+        st.caption(f"No run on any worker in the last {window}: pick a longer window above.")
 
 
 st.title("Cluster")

@@ -176,7 +176,8 @@ def _cut(specs) -> list[str]:
                     if leg.get("title") and _px(leg["title"]) > (leg.get("titleLimit", LEGEND_TITLE_LIMIT) or 1e9):
                         cut += [f"{page} '{name}': legend title '{leg['title']}'"]
                     if leg.get("orient") in ("top", "bottom"):
-                        sides[leg["orient"]][(channel, enc.get("field"))] = _legend_px(
+                        # keyed by field and title: Vega-Lite merges one field's colour and shape legends
+                        sides[leg["orient"]][(enc.get("field"), leg.get("title"))] = _legend_px(
                             {"title": enc.get("title"), **leg}, shown)
                 y_axis |= channel == "y" and enc.get("axis", {}) is not None
                 axis = enc.get("axis", {}) if channel in ("x", "y") else None

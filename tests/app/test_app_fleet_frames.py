@@ -78,3 +78,7 @@ def test_cluster_frames():
     assert got == [("ddp1", 1), ("dp1", 0), ("o1", 0), ("s1", 0)]
     enc = charts_cluster.worker_runs_chart(pair).to_dict()["encoding"]
     assert enc["y"]["field"] == "worker" and enc["yOffset"]["field"] == "slot"
+    # a window from 48 s: dp1 ended at 47 (left out), ddp1 still ran at 48 (kept, with its own slot), s1 after
+    late = fcl.worker_runs_frame([{"run_id": r, "worker": w, "started_at": a, "finished_at": b,
+                                   "config": {"mode": m}} for r, m, a, b, w in both], now=60, since=48.0)
+    assert sorted(zip(late["run"].str.split(" · ").str[1], late["slot"])) == [("ddp1", 0), ("o1", 0), ("s1", 0)]

@@ -180,3 +180,6 @@ def test_the_efficiency_legend_names_only_what_is_drawn():
     spec = cs.predicted_throughput_chart(pred[pred["mode"] == "ddp"], measured, scenario="PCIe").to_dict()
     assert spec["layer"][0]["encoding"]["color"]["scale"]["domain"] == ["DDP (predicted)", "DDP (measured)"]
     assert "single-device run" not in " ".join(spec["title"]["subtitle"])
+    # the legend's symbols are the marks drawn: circles for predicted points, diamonds for measured ones
+    shape = spec["layer"][1]["encoding"]["shape"]["scale"]
+    assert dict(zip(shape["domain"], shape["range"])) == {"DDP (predicted)": "circle", "DDP (measured)": "diamond"}

@@ -203,5 +203,7 @@ def test_dp_and_ddp_start_from_one_devices_step():
     at = {(r["mode"], r["world_size"]): r for r in rows}
     assert at["ddp", 1]["step_time_s"] == pytest.approx(13.5 * MS)
     assert at["dp", 1]["step_time_s"] == pytest.approx(13.5 * MS)
+    phases = {k: v for k, v in at["dp", 1]["phases"].items() if v}  # the one device's parts, by hand
+    assert phases == pytest.approx({"forward": 4 * MS, "backward": 8 * MS, "optimizer": 1 * MS, "other": 0.5 * MS})
     assert at["dp", 1]["efficiency"] == pytest.approx(1.0) and at["ddp", 1]["efficiency"] == pytest.approx(1.0)
     assert at["dp", 2]["step_time_s"] == pytest.approx(predict_dp(_dp_inputs(), 2, sc)["step_time_s"])
