@@ -76,6 +76,7 @@ def _install(env):
 
     from ddpviz.engine.attach.ddp import patch_ddp
     from ddpviz.engine.attach.dp import patch_data_parallel
+    from ddpviz.engine.modes.ddp.sampled import watch_script_profiler
     from ddpviz.engine.attach.fsdp import patch_fsdp
     from ddpviz.engine.attach.errors import install_excepthook
     from ddpviz.engine.attach.env import PROBE_ENV
@@ -99,6 +100,7 @@ def _install(env):
     patch_ddp(s, tracker)
     patch_fsdp(s, tracker)
     patch_data_parallel(s, tracker)
+    s.guard("profiler", watch_script_profiler)  # the script's own profiler first (engine.modes.ddp.sampled)
 
     torch.Tensor.backward = _as_backward(s, tracker, torch.Tensor.backward)
     # `torch.autograd.backward(tensors, ...)` is a backward too (`Tensor.backward` calls it: the

@@ -3,12 +3,16 @@
 
     torchrun --nproc-per-node 2 train_regression.py --epochs 2 --accum 2
 
+`--profile` runs PyTorch's profiler over the first optimizer steps, as research code does (a schedule:
+warm-up 2 steps, record 2), and reports how many events its trace held.
+
 With TRAIN_REPORT=FILE.json in the environment it also writes, at the end, what it counted
 itself (optimizer steps, micro-steps, the loss of each step), DDP's own logging data, and
 saves its final parameters to FILE.json's sibling `.pt` (for checking a run against another).
 """
 
 import argparse
+import contextlib
 import json
 import os
 import time
@@ -17,6 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.profiler import ProfilerActivity, profile, schedule
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
@@ -37,6 +42,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-2)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--bucket-cap-mb", type=float, default=0.25)
+    ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
@@ -52,7 +58,12 @@ def main() -> None:
     loader = DataLoader(ds, batch_size=args.batch_size, sampler=sampler, drop_last=True)
 
     steps = micro_steps = 0
-    losses = []
+    losses, traced = [], []
+    prof = contextlib.nullcontext()
+    if args.profile:
+        prof = profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=2, active=2),
+                       on_trace_ready=lambda p: traced.append(len(p.events())))
+        prof.__enter__()
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         step_loss = 0.0
@@ -73,11 +84,14 @@ def main() -> None:
                 opt.zero_grad()
                 steps += 1
                 losses.append(step_loss)
+                if args.profile:
+                    prof.step()
                 if rank == 0 and steps % 5 == 0:
                     print(f"epoch {epoch} step {steps} loss {step_loss:.4f} "
                           f"{(time.perf_counter() - t0) * 1e3:.1f} ms", flush=True)
                 step_loss = 0.0
 
+    prof.__exit__(None, None, None)
     report = os.environ.get("TRAIN_REPORT")
     if report:
         path = report.replace(".json", f".rank{rank}.json")
@@ -86,7 +100,8 @@ def main() -> None:
                            ddp_logging={k: v for k, v in ddp._get_ddp_logging_data().items()
                                         if isinstance(v, (int, str, float))},
                            param_names=[n for n, _ in model.named_parameters()],
-                           comm_hooks=len(getattr(ddp, "_comm_hooks", []))), fh)  # Python hooks DDP holds
+                           comm_hooks=len(getattr(ddp, "_comm_hooks", [])),  # Python hooks DDP holds
+                           profiled_events=traced), fh)
         torch.save({n: p.detach().clone() for n, p in model.named_parameters()},
                    path.replace(".json", ".pt"))
     dist.destroy_process_group()

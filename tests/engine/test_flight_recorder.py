@@ -59,6 +59,32 @@ def test_enable_recorder_sizes_the_buffer_and_keeps_a_users_choice():
     assert env["TORCH_FR_BUFFER_SIZE"] == "36" and env["TORCH_NCCL_ENABLE_TIMING"] == "1"
     mine = {"TORCH_FR_BUFFER_SIZE": "2000"}
     assert enable_recorder(36, "gloo", mine) == 2000 and "TORCH_NCCL_ENABLE_TIMING" not in mine
+    # the one name each torch reads: the deprecated alias on 2.9+ makes every rank print a warning
+    for version, names in (("2.13.0+cpu", {"TORCH_FR_BUFFER_SIZE"}), ("2.9.1", {"TORCH_FR_BUFFER_SIZE"}),
+                           ("2.8.0+cu128", {"TORCH_NCCL_TRACE_BUFFER_SIZE"}),
+                           ("nightly", {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"})):
+        env = {}
+        enable_recorder(36, "gloo", env, torch_version=version)
+        assert set(env) == names, version
+
+
+def test_an_attached_gloo_script_prints_no_warning_of_ddpvizs_recorder_variables(tmp_path):
+    """Reference: the same process group made with no ddpviz variable prints nothing; with the variables
+    `ddpviz run --bucket-timing recorder` sets, still nothing (the deprecated alias warned on every rank)."""
+    import subprocess
+    import sys
+
+    from ddpviz.engine.attach.env import set_bucket_timing
+
+    code = ("import torch.distributed as dist; dist.init_process_group('gloo', init_method='file://%s', rank=0, "
+            "world_size=1); dist.all_reduce(__import__('torch').ones(1)); dist.destroy_process_group()")
+    env: dict[str, str] = {}
+    set_bucket_timing(env, "recorder")
+    for extra in ({}, env):
+        store = tmp_path / f"pg{len(extra)}"
+        proc = subprocess.run([sys.executable, "-c", code % store], capture_output=True, text=True, timeout=120,
+                              env={**__import__("os").environ, **extra})
+        assert proc.returncode == 0 and "deprecated" not in proc.stderr, (extra, proc.stderr[-1000:])
 
 
 def test_the_recorder_is_on_only_with_a_buffer():

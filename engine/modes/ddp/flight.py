@@ -74,14 +74,39 @@ def buffer_entries(expected_buckets: int) -> int:
     return 2 * max(1, expected_buckets) + SLACK_ENTRIES
 
 
-def enable_recorder(entries: int, backend: str, environ: dict[str, str] | None = None) -> int:
+def buffer_env_names(torch_version: str | None) -> tuple[str, ...]:
+    """The buffer variable(s) to set for a torch of `torch_version` ("2.13.0+cpu"; None: unknown). Torch 2.9
+    renamed `TORCH_NCCL_TRACE_BUFFER_SIZE` to `TORCH_FR_BUFFER_SIZE`, keeping the old name as an alias that
+    warns on every rank when set ("Environment variable TORCH_NCCL_TRACE_BUFFER_SIZE is deprecated", seen in an
+    attached script's output on torch 2.13): the new name from 2.9, the old one before, both where unknown."""
+    try:
+        major, minor = (int(x) for x in (torch_version or "").split("+")[0].split(".")[:2])
+    except ValueError:
+        return FR_BUFFER_ENV, NCCL_BUFFER_ENV
+    return (FR_BUFFER_ENV,) if (major, minor) >= (2, 9) else (NCCL_BUFFER_ENV,)
+
+
+def installed_torch_version() -> str | None:
+    """The installed torch's version from its package metadata (no torch import), or None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return None
+
+
+def enable_recorder(entries: int, backend: str, environ: dict[str, str] | None = None,
+                    torch_version: str | None = None) -> int:
     """Turn the flight recorder on for this process (before its first collective); returns the
-    buffer size in force. A size the user already set is kept; on NCCL, `TORCH_NCCL_ENABLE_TIMING`
-    is set to 1 unless set, so entries carry `duration_ms`."""
+    buffer size in force. A size the user already set is kept; the variable set is the one the torch of
+    `torch_version` reads (`buffer_env_names`; default: the installed torch's). On NCCL,
+    `TORCH_NCCL_ENABLE_TIMING` is set to 1 unless set, so entries carry `duration_ms`."""
     env = os.environ if environ is None else environ
     given = env.get(FR_BUFFER_ENV) or env.get(NCCL_BUFFER_ENV)
     if not given:
-        env[FR_BUFFER_ENV] = env[NCCL_BUFFER_ENV] = str(entries)
+        for name in buffer_env_names(torch_version or installed_torch_version()):
+            env[name] = str(entries)
     if backend == "nccl":
         env.setdefault(NCCL_TIMING_ENV, "1")
     return int(given or entries)
@@ -318,6 +343,7 @@ class LayoutBuckets:
         """Call right before the backward whose buckets should be recorded."""
         self.passes += 1
         self._origin_ns = time.perf_counter_ns()
+        self.sampler.stood_aside = None
         if self.sample_next and not self.host_enqueue:
             self.sampler.start()
 
@@ -345,6 +371,8 @@ class LayoutBuckets:
             return [dict(self._row(i, (None, None, None), ENQUEUE_SOURCE, fresh), enqueue_s=t)
                     for i, t in enumerate(launches(readies))]
         source = PROFILER_SOURCE if spans else READY_SOURCE if readies else LAYOUT_SOURCE
+        if self.sampler.stood_aside and not spans:  # a sampled step that could not be profiled: say why
+            source += f"; this sampled step's all-reduce start and end not measured: {self.sampler.stood_aside}"
         return [self._row(i, spans[i] if spans else (readies[i] if readies else None, None, None), source, fresh)
                 for i in range(n)]
 

@@ -15,15 +15,83 @@ runs under `torch.profiler.profile` (CPU activity), which records, with no hook:
 Times are seconds from the `ddpviz:backward` range opened right before `backward()`. Cost: the
 profiled backward is slower, and reading its events (`kineto_rows`, raw, not `prof.events()`'s tree)
 0.5-5 ms here, paid on sampled steps only. CUDA is not handled here (no profiler runs there: `LayoutBuckets`).
+
+A process has one profiler (Kineto's one session). An attached script that runs its own
+(`torch.profiler.profile`, with or without a schedule) must keep it whole: starting ddpviz's inside the
+script's left the script's with no events, and during its schedule's warm-up (prepared, not yet
+recording, which no torch query shows) made the process crash at its next record (SIGSEGV, torch 2.13,
+2026-12-06). So ddpviz stands aside for the rest of the process once the script has used one
+(`watch_script_profiler` notes every start that is not ddpviz's), and whenever one is on
+(`profiler_busy`); those sampled steps keep the reducer's ready times, their all-reduce times not measured.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import os
+import threading
+from typing import Any, Callable
 
 PROFILER_SOURCE = ("profiler, sampled step: ready = DDP's all-reduce launch (c10d::allreduce_), all-reduce start "
                    "and end = gloo:all_reduce on gloo's worker thread")
 ORIGIN = "ddpviz:backward"
+# where torch's profilers start Kineto or the legacy profiler: `profile._prepare_trace` / `_start_trace`
+# (torch.autograd.profiler, read in torch 2.13), `emit_nvtx`/`emit_itt`, and the legacy profiler
+WATCHED = (("torch.autograd.profiler", ("_prepare_profiler", "_enable_profiler")),
+           ("torch.autograd.profiler_legacy", ("_enable_profiler_legacy",)))
+SCRIPT_PROFILER = "the script runs PyTorch's profiler itself (a process has one; ddpviz's sampled steps stand aside)"
+ON_DEMAND = "Kineto's on-demand profiling is on (KINETO_USE_DAEMON): it may start the process's one profiler at any time"
+UNWATCHED = "this torch's profiler entry points were not found, so the script's own profiling cannot be seen"
+_WATCH: dict[str, Any] = {"installed": False, "failed": False, "seen": False}
+_OURS = threading.local()  # set while ddpviz itself starts a profiler
+
+
+def _noting(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def noted(*args: Any, **kwargs: Any) -> Any:
+        if not getattr(_OURS, "on", False):
+            _WATCH["seen"] = True
+        return fn(*args, **kwargs)
+    noted.__ddpviz_noting__ = True
+    return noted
+
+
+def watch_script_profiler() -> bool:
+    """In an attached process, before the script runs: wrap torch's profiler entry points (`WATCHED`) so a
+    profiler started by anyone but ddpviz is noted (`profiler_busy` then says so for good). Idempotent; the
+    wrapped functions pass every argument and result through. Returns False (and ddpviz never profiles in
+    this process) where one of them is missing in this torch."""
+    import importlib
+
+    if _WATCH["installed"] or _WATCH["failed"]:
+        return _WATCH["installed"]
+    found = []
+    try:
+        for module_name, names in WATCHED:
+            module = importlib.import_module(module_name)
+            found += [(module, n, getattr(module, n, None)) for n in names]
+    except Exception:  # noqa: BLE001  (any failure: ddpviz never profiles here)
+        found.append((None, "", None))
+    if any(fn is None for _, _, fn in found):
+        _WATCH["failed"] = True
+        return False
+    for module, name, fn in found:
+        if not getattr(fn, "__ddpviz_noting__", False):
+            setattr(module, name, _noting(fn))
+    _WATCH["installed"] = True
+    return True
+
+
+def profiler_busy() -> str | None:
+    """Why ddpviz must not start a profiler now (module docstring), or None."""
+    import torch
+
+    if _WATCH["seen"] or getattr(torch.autograd.profiler, "_is_profiler_enabled", False) \
+            or torch._C._autograd._profiler_enabled():
+        return SCRIPT_PROFILER
+    if os.environ.get("KINETO_USE_DAEMON"):
+        return ON_DEMAND
+    return UNWATCHED if _WATCH["failed"] else None
 
 
 class SampledSpans:
@@ -32,17 +100,26 @@ class SampledSpans:
     def __init__(self) -> None:
         self._prof: Any = None
         self._range: Any = None
+        self.stood_aside: str | None = None  # why the latest `start` profiled nothing (`profiler_busy`)
 
     @property
     def active(self) -> bool:
         return self._prof is not None
 
     def start(self) -> None:
-        """Right before `backward()`."""
+        """Right before `backward()`; profiles nothing where `profiler_busy` says why (`stood_aside`)."""
         from torch.profiler import ProfilerActivity, profile, record_function
 
-        self._prof = profile(activities=[ProfilerActivity.CPU])
-        self._prof.__enter__()
+        self.stood_aside = profiler_busy()
+        if self.stood_aside:
+            return
+        _OURS.on = True
+        try:
+            prof = profile(activities=[ProfilerActivity.CPU])
+            prof.__enter__()
+        finally:
+            _OURS.on = False
+        self._prof = prof
         self._range = record_function(ORIGIN)
         self._range.__enter__()
 
