@@ -386,5 +386,6 @@ def one_device_dp(one: dict[str, Any]) -> dict[str, Any]:
     """DP's row at n = 1 from `one`, the one-device step (`predict_ddp` at n = 1): its step time and
     samples/s and its phases, nothing copied (`ONE_DEVICE_DP` says why)."""
     return dict(mode="dp", world_size=1, nnodes=1, step_time_s=one["step_time_s"], samples_per_s=one["samples_per_s"],
-                phases={k: one[f"{k}_s"] for k in ("forward", "backward", "optimizer", "other")}, comm_s=0.0, device0_bytes=0.0,
+                phases={k: one[f"{k}_s"] for k in ("forward", "backward", "optimizer", "other")},
+                comm_s=0.0, device0_bytes=0.0,
                 link=dict(alpha_s=0.0, beta_bytes_per_s=math.inf, what="none (one device)"), note=ONE_DEVICE_DP)

@@ -40,7 +40,8 @@ ORIGIN = "ddpviz:backward"
 WATCHED = (("torch.autograd.profiler", ("_prepare_profiler", "_enable_profiler")),
            ("torch.autograd.profiler_legacy", ("_enable_profiler_legacy",)))
 SCRIPT_PROFILER = "the script runs PyTorch's profiler itself (a process has one; ddpviz's sampled steps stand aside)"
-ON_DEMAND = "Kineto's on-demand profiling is on (KINETO_USE_DAEMON): it may start the process's one profiler at any time"
+ON_DEMAND = ("Kineto's on-demand profiling is on (KINETO_USE_DAEMON): it may start the process's one profiler "
+             "at any time")
 UNWATCHED = "this torch's profiler entry points were not found, so the script's own profiling cannot be seen"
 _WATCH: dict[str, Any] = {"installed": False, "failed": False, "seen": False}
 _OURS = threading.local()  # set while ddpviz itself starts a profiler
