@@ -129,10 +129,11 @@ def report(client, run_id: str, world_sizes: list[int], scenario: Scenario, *,
 
     Returns:
         ``{run_id, single_samples_per_s, calibration, calibration_runs, scenario, fixed_fraction,
-        predictions, validation, out_of_sample, measured, assumptions}``: predictions for
-        `scenario`; validation always for this machine's link and measured compute (the only
+        predictions, validation, validation_not_checked, out_of_sample, measured, assumptions}``: predictions
+        for `scenario`; validation always for this machine's link and measured compute (the only
         prediction real runs here can check), each row's `in_fit` saying whether the run fed the
-        fit; `out_of_sample` the error on the runs that did not, with their count.
+        fit, empty with `validation_not_checked` saying why where that prediction cannot be made (no link
+        fitted here); `out_of_sample` the error on the runs that did not, with their count.
 
     Raises:
         KeyError: no run `run_id`.
@@ -161,14 +162,20 @@ def report(client, run_id: str, world_sizes: list[int], scenario: Scenario, *,
     baseline = measured_inputs.get("single")
     # the sources name the baseline's run when it set f or κ (engine.predict.calibrate)
     fitted = bool(baseline and baseline.run_id) and (baseline.run_id in f_source or baseline.run_id in k_source)
-    checked = validate(predict(modes, sorted({p["world_size"] for p in points} | {1}), here), points,
-                       in_sample(points, fit_ids, fitted))
+    try:  # a check that cannot be made (no link fit here: a preset was picked) leaves the predictions standing
+        checked = validate(predict(modes, sorted({p["world_size"] for p in points} | {1}), here), points,
+                           in_sample(points, fit_ids, fitted))
+        not_checked = None
+    except ValueError as exc:
+        checked, not_checked = [], exc.args[0]
+    fit_sizes = sorted({i.world_size for m, i in measured_inputs.items() if m in ("dp", "ddp")})
     single = members.get("single")
     return dict(run_id=run_id, single_samples_per_s=((single or {}).get("summary") or {}).get("samples_per_s"),
                 calibration={m: _describe(i) for m, i in measured_inputs.items()},
                 scenario=sc.describe(), fixed_fraction=dict(value=f, source=f_source),
                 contention=dict(value=kappa, source=k_source),
-                predictions=rows, validation=checked, out_of_sample=out_of_sample(checked),
+                predictions=rows, validation=checked, validation_not_checked=not_checked,
+                out_of_sample=out_of_sample(checked, fit_sizes),
                 calibration_runs=sorted(fit_ids), measured=points,
                 assumptions=assumptions(modes, sc, f_source, k_source))
 

@@ -86,11 +86,16 @@ def assumptions(modes: dict[str, RunInputs], sc: Scenario, f_source: str,
 def out_of_sample_line(rep: dict) -> str:
     """The model's error on the runs outside the fit, with their count, in words (the only
     error that tests it: `engine.predict.validation`)."""
+    if rep.get("validation_not_checked"):
+        return f"predicted vs measured on this machine: not checked ({rep['validation_not_checked']})"
     oos = rep.get("out_of_sample") or {}
     n, err = oos.get("runs", 0), oos.get("step_time_error_pct") or {}
     left = f"; {oos['in_fit']} run(s) that fed the fit are not counted" if oos.get("in_fit") else ""
     if not n:
         return ("out of sample: no run outside the fit yet, so nothing tests the prediction (run this "
                 f"config at another world size){left}")
+    same = oos.get("at_fit_world_sizes", 0)
+    same = ("; all at the fit's world size: repeats, so this is run-to-run noise, not a test of scaling"
+            if same == n else f"; {same} of them at the fit's world size (repeats)" if same else "")
     return (f"out of sample: {n} run(s), step-time error |median| {err['median_abs']:.1f}%, "
-            f"|max| {err['max_abs']:.1f}%{left}")
+            f"|max| {err['max_abs']:.1f}%{same}{left}")

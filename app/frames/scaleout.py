@@ -12,6 +12,7 @@ import pandas as pd
 
 from ddpviz.app.frames import base as frames
 from ddpviz.app.frames import buckets as fb
+from ddpviz.engine.predict.scaleout import busiest_bytes
 
 Report = dict[str, Any]
 PRED_COLUMNS = ["mode", "series", "kind", "world_size", "nnodes", "samples_per_s", "efficiency",
@@ -25,13 +26,13 @@ def series(mode: str, kind: str) -> str:
 
 def prediction_frame(rep: Report) -> pd.DataFrame:
     """One row per predicted (mode, world size). `comm_ms`: DDP's exposed all-reduce, DP's four
-    copy phases; `busiest_bytes`: DDP's bytes per rank, DP's device 0 (sent + received)."""
+    copy phases; `busiest_bytes`: sent + received per step by a DDP rank or DP's device 0 (`busiest_bytes`)."""
     rows = [{"mode": p["mode"], "series": series(p["mode"], "predicted"), "kind": "predicted",
              "world_size": p["world_size"], "nnodes": p.get("nnodes", 1),
              "samples_per_s": p["samples_per_s"], "efficiency": p["efficiency"],
              "step_time_ms": p["step_time_s"] * 1e3,
              "comm_ms": 1e3 * (p["comm_exposed_s"] if p["mode"] == "ddp" else p.get("comm_s", 0.0)),
-             "busiest_bytes": p.get("bytes_per_rank", p.get("device0_bytes", 0.0))}
+             "busiest_bytes": busiest_bytes(p)}
             for p in rep.get("predictions") or []]
     return pd.DataFrame(rows, columns=PRED_COLUMNS)
 
@@ -54,15 +55,14 @@ OUT_OF_SAMPLE = "out of sample"
 
 
 def validation_frame(rep: Report) -> pd.DataFrame:
-    """Predicted vs measured per real run: ms, samples/s, the errors in % (the report's own), and
-    `fit`: `OUT_OF_SAMPLE`, or `IN_FIT` with why (`engine.predict.validation.in_sample`) for a run
-    that fed the fit, whose error tests nothing."""
-    cols = ["run", "mode", "world size", "fit", "measured step (ms)", "predicted step (ms)", "step error %",
-            "measured samples/s", "predicted samples/s", "samples/s error %"]
-    rows = [[v["run_id"], v["mode"], v["world_size"],
-             f"{IN_FIT} ({v.get('in_fit_reason')})" if v.get("in_fit") else OUT_OF_SAMPLE,
+    """Predicted vs measured per real run: step times (ms) and the step error in % (the report's own),
+    `fit`: `OUT_OF_SAMPLE` or `IN_FIT` for a run that fed the fit, whose error tests nothing, and `why`: the
+    reason it is in the fit (`engine.predict.validation.in_sample`), else empty. Samples/s are left out:
+    with the global batch fixed they are the step time again (the CLI prints them)."""
+    cols = ["run", "mode", "world size", "fit", "measured step (ms)", "predicted step (ms)", "step error %", "why"]
+    rows = [[v["run_id"], v["mode"], v["world_size"], IN_FIT if v.get("in_fit") else OUT_OF_SAMPLE,
              v["measured_step_time_s"] * 1e3, v["predicted_step_time_s"] * 1e3, v["step_time_error_pct"],
-             v["measured_samples_per_s"], v["predicted_samples_per_s"], v["samples_per_s_error_pct"]]
+             v.get("in_fit_reason") or "" if v.get("in_fit") else ""]
             for v in rep.get("validation") or []]
     return pd.DataFrame(rows, columns=cols)
 

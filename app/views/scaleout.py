@@ -201,6 +201,9 @@ def body(client, run_id: str, kwargs: dict, world_sizes: list[int]) -> None:
 def validation_table(rep: dict) -> None:
     st.markdown("**Predicted vs measured on this machine** (this machine's link, measured compute; "
                 "every finished run of the same config on the same hardware)")
+    if rep.get("validation_not_checked"):
+        st.info(out_of_sample_line(rep), icon=":material/info:")
+        return
     table = fso.validation_frame(rep)
     st.markdown(f"**{out_of_sample_line(rep)}**. A run that fed the fit (marked \"{fso.IN_FIT}\") "
                 "comes back by construction: its error tests nothing.")
@@ -208,13 +211,13 @@ def validation_table(rep: dict) -> None:
         st.caption("No finished DP or DDP run of this config yet: launch a world-size sweep on the "
                    "Sweeps page to check the prediction.")
         return
-    pct = st.column_config.NumberColumn(format="%+.1f%%")
-    st.dataframe(table, hide_index=True, key="so_validation", column_config={
-        "step error %": pct, "samples/s error %": pct,
+    st.dataframe(table.drop(columns=["why"]), hide_index=True, key="so_validation", column_config={
+        "step error %": st.column_config.NumberColumn(format="%+.1f%%"),
         "measured step (ms)": st.column_config.NumberColumn(format="%.3f"),
-        "predicted step (ms)": st.column_config.NumberColumn(format="%.3f"),
-        "measured samples/s": st.column_config.NumberColumn(format="%.0f"),
-        "predicted samples/s": st.column_config.NumberColumn(format="%.0f")})
+        "predicted step (ms)": st.column_config.NumberColumn(format="%.3f")})
+    why = table[table["why"] != ""]
+    if not why.empty:
+        st.caption("In the fit: " + "; ".join(f"{r} ({w})" for r, w in zip(why["run"], why["why"])))
 
 
 st.title("Scale-out")

@@ -65,11 +65,12 @@ def validate(predicted: list[dict[str, Any]], measured: list[dict[str, Any]],
     return out
 
 
-def out_of_sample(validation: list[dict[str, Any]]) -> dict[str, Any]:
+def out_of_sample(validation: list[dict[str, Any]], fit_world_sizes: list[int] | None = None) -> dict[str, Any]:
     """The model's error on the runs that fed nothing into the fit (`validate` rows, `in_fit`
     false): ``{runs, step_time_error_pct: {median_abs, max_abs}, samples_per_s_error_pct:
-    {median_abs, max_abs}}`` (percent; None without such runs), and `in_fit` (how many rows were
-    left out)."""
+    {median_abs, max_abs}}`` (percent; None without such runs), `in_fit` (how many rows were
+    left out), and `at_fit_world_sizes`: how many of those runs ran at a world size the fit's runs had
+    (`fit_world_sizes`): a repeat at the fitted size tests run-to-run noise, not the scaling."""
     rows = [v for v in validation if not v.get("in_fit")]
 
     def spread(key: str) -> dict[str, float | None]:
@@ -81,5 +82,6 @@ def out_of_sample(validation: list[dict[str, Any]]) -> dict[str, Any]:
         return dict(median_abs=median, max_abs=errs[-1])
 
     return dict(runs=len(rows), in_fit=len(validation) - len(rows),
+                at_fit_world_sizes=sum(v["world_size"] in (fit_world_sizes or []) for v in rows),
                 step_time_error_pct=spread("step_time_error_pct"),
                 samples_per_s_error_pct=spread("samples_per_s_error_pct"))

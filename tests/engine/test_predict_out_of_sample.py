@@ -44,3 +44,21 @@ def test_only_fit_runs_leave_nothing_to_report():
     rows = validate(PRED, MEASURED[:2], in_sample(MEASURED[:2], {"fit-dp", "fit-ddp"}, True))
     oos = out_of_sample(rows)
     assert oos["runs"] == 0 and oos["in_fit"] == 2 and oos["step_time_error_pct"]["max_abs"] is None
+
+
+def test_repeats_at_the_fits_world_size_are_counted_as_such_and_said():
+    """A run outside the fit at the fit's world size (2 here) repeats it: its error is run-to-run noise. By
+    hand: dp4 and ddp4 ran at 4 (scaling), a repeat "ddp2b" at 2."""
+    from ddpviz.workers.scaleout_text import out_of_sample_line
+
+    measured = MEASURED + [_m("ddp2b", "ddp", 2, 0.0066)]
+    rows = validate(PRED, measured, in_sample(measured, {"fit-dp", "fit-ddp"}, baseline_fitted=True))
+    oos = out_of_sample(rows, [2])
+    assert oos["runs"] == 3 and oos["at_fit_world_sizes"] == 1
+    assert "; 1 of them at the fit's world size (repeats)" in out_of_sample_line(dict(out_of_sample=oos))
+    only = out_of_sample([v for v in rows if v["run_id"] == "ddp2b"], [2])
+    assert only["at_fit_world_sizes"] == 1 == only["runs"]
+    assert "all at the fit's world size" in out_of_sample_line(dict(out_of_sample=only))
+    assert out_of_sample(rows)["at_fit_world_sizes"] == 0  # sizes not given: nothing claimed
+    line = out_of_sample_line(dict(out_of_sample=oos, validation_not_checked="link: needs a fit"))
+    assert line == "predicted vs measured on this machine: not checked (link: needs a fit)"

@@ -22,13 +22,16 @@ FILES = {"single": "real_single_mlp_ws2.jsonl", "dp": "real_dp_mlp_ws2.jsonl", "
          "fsdp": "real_fsdp_mlp_ws2.jsonl"}
 
 
-def _store_trio(client, single_optimizer_scale: float = 1.0, host: dict | None = None) -> dict[str, str]:
+def _store_trio(client, single_optimizer_scale: float = 1.0, host: dict | None = None,
+                edit=lambda mode, e: e) -> dict[str, str]:
     """A single/DP/DDP/FSDP set finished with the recorded runs (as tests/app/recorded.py plays
-    them); the single run's optimizer steps scaled by `single_optimizer_scale`, and `host`'s
-    fields added to each run_started (the recordings predate host_cpu_count)."""
+    them); the single run's optimizer steps scaled by `single_optimizer_scale`, `host`'s
+    fields added to each run_started (the recordings predate host_cpu_count), and each event passed
+    through `edit(mode, event)` (None: left out)."""
     _, ids = submit_trio(client, CONFIG)
     for mode, rid in ids.items():
         events = [{**json.loads(line), "run_id": rid} for line in (DATA / FILES[mode]).open() if line.strip()]
+        events = [e for e in (edit(mode, e) for e in events) if e is not None]
         events = [{**e, **(host or {})} if e.get("type") == "run_started" else e for e in events]
         if mode == "single":
             events = [{**e, "optimizer_s": e["optimizer_s"] * single_optimizer_scale}
@@ -139,3 +142,24 @@ def test_predict_table_and_refusals(recorded_trio, redis_url):
     assert res.returncode == 2 and "inter_link" in res.stderr and "Traceback" not in res.stderr
     res = ddpviz("predict", ids["ddp"], "--alpha-s", "1e-6", env=env)
     assert res.returncode == 2 and "beta_bytes_per_s" in res.stderr
+
+
+def test_a_preset_link_predicts_where_this_machine_has_no_link_fit_and_the_check_says_why(redis_client):
+    """A DDP run with nothing to fit this machine's link on (no probe event, no timed bucket: a sweep's run,
+    bucket_timing=recorder): this machine's link is refused naming the field, a preset link predicts, and the
+    check against real runs (always this machine's link) is reported as not made, with the reason, instead
+    of taking the predictions down."""
+    from ddpviz.workers.client import DdpvizClient
+
+    def no_link(mode, e):
+        if mode == "ddp" and e.get("type") == "probe":
+            return None
+        return {**e, "comm_start_s": None, "comm_end_s": None} if e.get("type") == "bucket" else e
+
+    client = DdpvizClient(redis=redis_client)
+    ids = _store_trio(client, host=HOST, edit=no_link)
+    with pytest.raises(ValueError, match="link: this machine's link needs a DDP run"):
+        report(client, ids["ddp"], [1, 2, 4], scenario_from())
+    rep = report(client, ids["ddp"], [1, 2, 4], scenario_from("pcie4"))
+    assert {(p["mode"], p["world_size"]) for p in rep["predictions"]} >= {("ddp", 1), ("ddp", 2), ("ddp", 4)}
+    assert rep["validation"] == [] and rep["validation_not_checked"].startswith("link: this machine's link")

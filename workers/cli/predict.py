@@ -16,6 +16,7 @@ import json
 import sys
 
 from ddpviz.engine.predict.presets import AS_MEASURED, COMPUTES, DEFAULT_UTILISATION, LINKS, THIS_MACHINE
+from ddpviz.engine.predict.scaleout import busiest_bytes
 
 
 def parse_world_sizes(text: str) -> list[int]:
@@ -37,10 +38,10 @@ def _print_table(rep: dict) -> None:
     sc = rep["scenario"]
     print(f"predicted for link {sc['link']}, compute {sc['compute']} (calibrated on {rep['run_id']})")
     print(f"{'MODE':<5} {'N':>4} {'HOSTS':>5} {'STEP (ms)':>10} {'SAMPLES/S':>11} {'EFFICIENCY':>10} "
-          f"{'COMM (ms)':>10}  BYTES/STEP ON THE BUSIEST DEVICE")
+          f"{'COMM (ms)':>10}  BYTES/STEP ON THE BUSIEST DEVICE (SENT + RECEIVED)")
     for p in rep["predictions"]:
         comm = p.get("comm_exposed_s", p.get("comm_s", 0.0))
-        nbytes = p.get("bytes_per_rank", p.get("device0_bytes", 0.0))
+        nbytes = busiest_bytes(p)
         print(f"{p['mode']:<5} {p['world_size']:>4} {p['nnodes']:>5} {p['step_time_s'] * 1e3:>10.3f} "
               f"{p['samples_per_s']:>11,.0f} {p['efficiency']:>10.0%} {comm * 1e3:>10.3f}  {nbytes:,.0f}")
     if rep["validation"]:
