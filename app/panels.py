@@ -236,7 +236,8 @@ def show_verdict(windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
         names = f"{labels.get(pair[0], pair[0])} vs {labels.get(pair[1], pair[1])}"
         box = st.success if v.leader == "ddp" else st.info
         box(f"**{explain.verdict_text(v, final)}**  \n({names}; the interval from a block bootstrap of each "
-            "run's per-step samples/s; each part measured once, what no timer covered named \"not measured\")",
+            "run's per-step samples/s; each part measured once, what no timer covered named \"not measured\"; the "
+            "parts split the *mean* steps, while the step-split chart shows *medians*)",
             icon=":material/balance:")
     elif pair is not None and explain.waiting_text(windows):
         st.caption(explain.waiting_text(windows))

@@ -58,6 +58,24 @@ def sort_key(run: Run) -> tuple:
             cfg.get("bucket_cap_mb") or 0, run.get("created_at") or 0)
 
 
+# which two runs of a set Live opens on: DP then DDP (the pair the verdict compares), then FSDP, single
+PAIR_FIRST = {"dp": 0, "ddp": 1, "fsdp": 2, "single": 3}
+
+
+def latest_pair(runs: list[Run], most: int = 2) -> list[str]:
+    """The newest run and, if it belongs to a group (a DP/DDP pair, a single/DP/DDP/FSDP set), its group
+    mates, at most `most` of them, in `PAIR_FIRST` order (before 2026-12-06: DP, then by run id, so a set
+    could open on DP and FSDP, with no verdict)."""
+    if not runs:
+        return []
+    newest = max(runs, key=lambda r: r.get("created_at") or 0)
+    if not newest.get("group"):
+        return [newest["run_id"]]
+    mates = [r for r in runs if r.get("group") == newest["group"]]
+    mates.sort(key=lambda r: (PAIR_FIRST.get(mode(r), len(PAIR_FIRST)), r["run_id"]))
+    return [r["run_id"] for r in mates[:most]]
+
+
 def set_label(members: list[Run]) -> str:
     """``"DP · DDP — mlp ×2, 12 steps, bucket cap 0.1 MiB — 08:35:02 (1a2b3c) · failed"``: what a
     picker shows for a set. The DDP run's knobs that differ from the defaults (a preset's) and any

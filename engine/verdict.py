@@ -150,23 +150,27 @@ class Verdict:
         sign = 1 if self.gap_ms >= 0 else -1
         named = sorted(((sign * v, k) for k, v in self.parts_ms.items()), reverse=True)
         parts = "; ".join(f"{PART_NAMES[k]} {v:+.2f} ms" for v, k in named)
-        text = f"{longer} mean step is {by:.2f} ms longer"
         # the leader by the medians has the longer mean step: a few slow steps (e.g. evaluation, a
         # preempted rank) weigh on the mean the parts add up to, not on the median the verdict compares
         disagree = (self.leader == "ddp" and self.gap_ms < 0) or (self.leader == "dp" and self.gap_ms > 0)
         m = self.median_gap_ms
         median_words = None if m is None else f"{'DP' if m >= 0 else 'DDP'}'s median step is {abs(m):.2f} ms longer"
+        if disagree:  # the medians first, as the headline; then the means the parts split
+            by_medians = median_words or f"{'DDP' if self.leader == 'ddp' else 'DP'} is ahead"
+            text = (f"By the medians the verdict compares, {by_medians}; the means, which also count a few slow "
+                    f"steps, make {longer} step {by:.2f} ms longer")
+        else:
+            text = f"{longer} mean step is {by:.2f} ms longer"
         if self.gap_interval_ms is not None:
             lo, hi = sorted(sign * x for x in self.gap_interval_ms)
             text += f" ({LEVEL:.0%} interval {lo:.2f}–{hi:.2f} ms"
-            text += ": it holds 0, within noise" if lo <= 0 else ""
+            if lo <= 0:  # beside a decided verdict, not "within noise": the medians decided it
+                text += (": it holds 0, within noise" if self.leader == "level" else
+                         ": it reaches 0; the means, with their few slow steps, are noisier than the medians")
             if median_words and not disagree and abs(m - self.gap_ms) > max(
                     MEDIAN_GAP_SAID_MS, MEDIAN_GAP_SAID_SHARE * abs(self.gap_ms)):
                 text += f"; {median_words}: the parts add up to the means"
             text += ")"
-        if disagree:  # said once, with the medians' gap where the summaries carry step times
-            by_medians = median_words or f"{'DDP' if self.leader == 'ddp' else 'DP'} is ahead"
-            text += f" (means, which count its few slow steps; by the medians the verdict compares, {by_medians})"
         text += f": {parts}" if parts else ""
         text += f"; not measured: {sign * self.not_measured_ms:+.2f} ms ({self.not_measured_note})."
         dp, ddp = self.gil_wait_ms.get("dp"), self.gil_wait_ms.get("ddp")

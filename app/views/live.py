@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ddpviz.app import panels
+from ddpviz.app import panels, runsets
 from ddpviz.app.connection import require_client
 from ddpviz.app.frames import base as frames
 from ddpviz.app.window import RunWindow
@@ -33,18 +33,6 @@ STATUS_REFRESH_S = 0.5  # status badge and step counter: cheap (no charts)
 MAX_RUNS = 2
 
 
-def latest_pair(runs: list[dict]) -> list[str]:
-    """The newest run and, if it belongs to a group (a DP/DDP pair), its group mates (max 2)."""
-    if not runs:
-        return []
-    newest = max(runs, key=lambda r: r.get("created_at") or 0)
-    if not newest.get("group"):
-        return [newest["run_id"]]
-    mates = [r for r in runs if r.get("group") == newest["group"]]
-    mates.sort(key=lambda r: ((r.get("config") or {}).get("mode") != "dp", r["run_id"]))
-    return [r["run_id"] for r in mates[:MAX_RUNS]]
-
-
 def wanted_runs(runs: list[dict]) -> list[str]:
     """Runs asked for by the URL, else by another page, else the latest pair."""
     from_url = [i for i in st.query_params.get("runs", "").split(",") if i]
@@ -52,7 +40,7 @@ def wanted_runs(runs: list[dict]) -> list[str]:
         return from_url[:MAX_RUNS]
     if "live_runs" in st.session_state:  # an empty choice made here is kept
         return st.session_state["live_runs"][:MAX_RUNS]
-    return latest_pair(runs)
+    return runsets.latest_pair(runs, MAX_RUNS)
 
 
 def pick_runs(client) -> list[str]:

@@ -102,6 +102,18 @@ def test_live_page_defaults_to_latest_pair_and_draws_charts(fake_client, app_tes
     assert not at.session_state["live_polling"]  # both finished: polling stopped
 
 
+def test_a_single_dp_ddp_fsdp_set_opens_on_its_dp_ddp_pair():
+    """The set's ids sort FSDP ("a...") and single before DDP ("z..."): Live still opens on DP and DDP, the
+    pair the verdict compares (before, it took DP and the first id: FSDP)."""
+    from ddpviz.app.runsets import latest_pair
+
+    runs = [dict(run_id=i, group="g", created_at=1.0, config=dict(mode=m))
+            for i, m in (("a-fsdp", "fsdp"), ("b-single", "single"), ("z-ddp", "ddp"), ("c-dp", "dp"))]
+    assert latest_pair(runs) == ["c-dp", "z-ddp"]
+    assert latest_pair(runs[:2]) == ["a-fsdp", "b-single"]
+    assert latest_pair([dict(run_id="x", created_at=2.0, config=dict(mode="ddp"))] + runs) == ["x"]
+
+
 def test_live_page_draws_memory_over_the_whole_run_beside_the_step(fake_client, app_test):
     events = g.full_run("ddp1", "ddp", 4)
     for rank in range(2):  # 20 readings a second for 2 s, rank r holding (r + 1) * 100 MiB
