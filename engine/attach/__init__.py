@@ -84,7 +84,7 @@ def _install(env):
     from ddpviz.engine.attach.probe import ProbeAtEnd
     from ddpviz.engine.attach.session import Session
     from ddpviz.engine.attach.started import StartedEmitter
-    from ddpviz.engine.attach.steps import StepTracker
+    from ddpviz.engine.attach.steps import COMPILED, COMPILED_NOTE, StepTracker
 
     s = Session(env)
     tracker = StepTracker(s)
@@ -116,6 +116,8 @@ def _install(env):
         probe.install()
 
     def at_exit() -> None:
+        if COMPILED:  # the script compiled a watched module: its forwards were not timed (say so, once)
+            s.note(COMPILED_NOTE)
         if probe is not None:
             s.guard("probe", probe.at_exit)
         s.guard("steps", tracker.close)

@@ -25,7 +25,7 @@ from typing import Any, Iterable
 import torch
 
 from ddpviz.engine.attach.session import Session
-from ddpviz.engine.attach.steps import StepTracker, batch_samples
+from ddpviz.engine.attach.steps import StepTracker, batch_samples, compiled_away
 
 
 def ensure_installed(environ: dict[str, str] | None = None) -> Session:
@@ -63,9 +63,11 @@ class ModuleWatch:
         module.register_forward_pre_hook(self._pre, with_kwargs=True)
         module.register_forward_hook(self._post, always_call=True)  # a forward that raised still ends
 
+    @compiled_away
     def _pre(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         self.s.guard("steps", self.tracker.forward_start, self, False, batch_samples(args, kwargs))
 
+    @compiled_away
     def _post(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
         self.s.guard("steps", self.tracker.forward_end)
 

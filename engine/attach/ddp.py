@@ -43,6 +43,7 @@ from ddpviz.engine.attach.memory import STEPS_HINT
 from ddpviz.engine.attach.nohook import NoHookBuckets, comm_exposed
 from ddpviz.engine.attach.overrides import apply_tune
 from ddpviz.engine.attach.session import DeferredMarks, Session
+from ddpviz.engine.attach.steps import compiled_away
 from ddpviz.engine.measure.clocks import CudaClock, HostClock
 from ddpviz.engine.measure.memory_sampler import should_trace_memory
 from ddpviz.engine.measure.telemetry import wall_ts
@@ -165,10 +166,12 @@ class Watch(DeferredMarks):
         """The module the DDP wraps (the script's model)."""
         return self.ddp.module
 
+    @compiled_away
     def _pre(self, module: DDP, args: tuple, kwargs: dict) -> None:
         synced = bool(module.require_backward_grad_sync and torch.is_grad_enabled())
         self.s.guard("steps", self.tracker.forward_start, self, synced, _samples(args, kwargs))
 
+    @compiled_away
     def _post(self, module: DDP, args: tuple, output: Any) -> None:
         if self.nohook is not None and module.require_backward_grad_sync and torch.is_grad_enabled():
             self.s.guard("bucket timing", self.nohook.forward_returned)  # the reducer's ready-time origin

@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 
 from ddpviz.engine.attach.session import DeferredMarks, Session
+from ddpviz.engine.attach.steps import compiled_away
 
 PART = "data parallel"  # the guard's name for this instrumentation
 CPU_NOTE = "nn.DataParallel on CPU runs the module unwrapped: no DP phases to record"
@@ -66,12 +67,14 @@ class DpWatch(DeferredMarks):
         dp._ddpviz_watch = self
 
     # -- the DP module's forward (hooks) ----------------------------------------------------------
+    @compiled_away
     def _pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         from ddpviz.engine.attach.steps import batch_samples
 
         self.s.guard("steps", self.tracker.forward_start, self, False, batch_samples(args, kwargs))
         self.s.guard(PART, self._begin_forward)
 
+    @compiled_away
     def _post(self, module: nn.Module, args: tuple, output: Any) -> None:
         self.s.guard("steps", self.tracker.forward_end)
 

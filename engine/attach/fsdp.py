@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from ddpviz.engine.attach.memory import STEPS_HINT
 from ddpviz.engine.attach.session import DeferredMarks, Session
+from ddpviz.engine.attach.steps import compiled_away
 from ddpviz.engine.measure.clocks import CudaClock, HostClock
 from ddpviz.engine.measure.telemetry import wall_ts
 from ddpviz.engine.modes.fsdp.collectives import CollectiveLog, exposed_comm_s, install_recorders, theory_bytes, volume_fields
@@ -75,6 +76,7 @@ class FsdpWatch(DeferredMarks):
         module.register_forward_pre_hook(self._pre, prepend=True, with_kwargs=True)  # before FSDP2's all-gather
         module.register_forward_hook(self._post, always_call=True)
 
+    @compiled_away
     def _pre(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         outermost = self.tracker.fwd_depth == 0
         if outermost and self.module is None:
@@ -90,6 +92,7 @@ class FsdpWatch(DeferredMarks):
                 self.log.begin_step()
             self.log.phase = "forward" if torch.is_grad_enabled() else None  # evaluation is not recorded
 
+    @compiled_away
     def _post(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
         self.s.guard("steps", self.tracker.forward_end)
 

@@ -61,6 +61,41 @@ SCALED_LOSS_SOURCE = ("sum of the losses given to GradScaler.scale (unscaled; ba
 EXPLICIT_LOSS_SOURCE = "ddpviz.step(loss=...)"
 
 
+def _is_compiling() -> Callable[[], bool]:
+    fn = getattr(getattr(torch, "compiler", None), "is_compiling", None)  # torch >= 2.3
+    return fn or getattr(torch._dynamo, "is_compiling", lambda: False)
+
+
+is_compiling = _is_compiling()
+
+
+# set (at trace time, and replayed by each compiled call) once a hook of ddpviz's was traced by TorchDynamo
+COMPILED: dict[str, bool] = {}
+COMPILED_NOTE = ("the script compiles a module ddpviz watches (torch.compile of its DDP or model): ddpviz's "
+                 "forward hooks stand aside inside compiled code, so those forwards are not timed and their steps "
+                 "not recorded; compiling the model inside DDP (DDP(torch.compile(model)), nanoGPT's way) is "
+                 "recorded")
+
+
+def compiled_away(hook: Callable) -> Callable:
+    """A module hook of ddpviz's that does nothing while TorchDynamo traces it (`torch.compile` of the script's
+    module; `COMPILED` notes it). Traced, its clock reads were a graph break inside ddpviz's code with a
+    warning on every rank ("Dynamo does not know how to trace the builtin time.perf_counter"; an exception under
+    `warnings.filterwarnings("error")`), and the script's compiled graph was not the one it gets without ddpviz
+    (found 2026-12-06). Traced as nothing, it leaves the script's graph as it is; such forwards are not timed
+    (`COMPILED_NOTE`). Outside tracing the hook runs: one flag read per call."""
+    import functools
+
+    @functools.wraps(hook)
+    def hook_unless_compiling(*args: Any, **kwargs: Any) -> Any:
+        if is_compiling():
+            COMPILED["traced"] = True
+            return None
+        return hook(*args, **kwargs)
+
+    return hook_unless_compiling
+
+
 def batch_samples(args: tuple, kwargs: dict) -> int:
     """The leading dimension of the first tensor in a forward call's arguments (0 if none):
     what the wrapped module saw of the batch."""
