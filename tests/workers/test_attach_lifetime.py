@@ -5,7 +5,7 @@ both trainings' steps.
 A report of 2026-12-06 said the attached script hung in the second DDP's first collective. Under torchrun's
 own store (`init_process_group("gloo")` twice, env://) plain torch 2.13 hangs there too, in 5 of 10 tries
 here: the second group's store keys meet the first's. With a store of its own per group (as below) neither
-hangs: plain 6 of 6, attached 6 of 6 before and after that day's changes.
+hangs: plain 6 of 6, attached 3 of 3 (and 4 of 4 with a release of ddpviz's references at destroy, not kept).
 """
 
 from __future__ import annotations
