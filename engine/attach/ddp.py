@@ -31,6 +31,7 @@ buckets come from DDP's reducer (`engine.attach.nohook`); the forward hooks stay
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
@@ -339,7 +340,11 @@ def patch_ddp(session: Session, tracker: Any) -> None:
         watch = getattr(self, "_ddpviz_watch", None)
         if watch is None or watch.state.user_hook is not None:
             return register(self, state, hook)  # not watched, or a second hook: DDP says what it says
+        if hasattr(self, "_check_comm_hook"):  # DDP's own checks first (e.g. bf16 hooks need CUDA and NCCL)
+            self._check_comm_hook(hook)
         watch.state.user_state, watch.state.user_hook = state, hook
+        with contextlib.suppress(Exception):  # DDP's logging data names the script's hook, as without ddpviz
+            self.logger._set_comm_hook_name(hook.__qualname__)
         if watch.nohook is not None:  # no hook of ours: DDP runs the script's, unwrapped
             watch.nohook.note_script_hook(hook)
             return register(self, state, hook)
