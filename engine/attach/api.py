@@ -24,7 +24,7 @@ from typing import Any, Iterable
 
 import torch
 
-from ddpviz.engine.attach.session import Session
+from ddpviz.engine.attach.session import PickledAsDetached, Session
 from ddpviz.engine.attach.steps import StepTracker, batch_samples, compiled_away
 
 
@@ -46,7 +46,7 @@ def ensure_installed(environ: dict[str, str] | None = None) -> Session:
     return install(env)
 
 
-class ModuleWatch:
+class ModuleWatch(PickledAsDetached):
     """A model registered by `ddpviz.watch()` that is not a DDP: its forward's time and the
     leading dimension of the first tensor it receives (this rank's samples), fed to the step
     tracker like a DDP's forward that all-reduces nothing (`synced` False; not a no_sync micro-step).

@@ -29,6 +29,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from ddpviz.engine.attach.session import PickledAsDetached
 from ddpviz.engine.modes.ddp.comm_hook import BucketRecorder, wire_nbytes
 
 BUCKET_BYTES = "bucket buffer (DDP's flat gradients, float32 here)"
@@ -36,7 +37,7 @@ HOOK_BYTES = "tensors the script's comm hook handed to torch.distributed.all_red
 _tap = threading.local()  # .rec: the record of the bucket whose script hook is running, on this thread
 
 
-class HookState:
+class HookState(PickledAsDetached):
     """What `timed_comm_hook` needs for one DDP.
 
     Args:

@@ -189,7 +189,34 @@ class _LazySink:
             self._sink.close()
 
 
-class DeferredMarks:
+def _inert(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+class Detached:
+    """What a pickled or deep-copied module keeps of ddpviz: hooks that do nothing (any attribute is a
+    no-op function), not watched. `PickledAsDetached` makes ddpviz's objects pickle as this."""
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _inert
+
+    def __reduce__(self) -> tuple:
+        return Detached, ()
+
+
+class PickledAsDetached:
+    """A ddpviz object that the script's modules reach (its forward hooks are this object's methods; a DDP's
+    `_ddpviz_watch` and comm hook state) pickles and deep-copies as a `Detached`: a script that saves its model
+    or DDP whole (`torch.save(ddp)`, `pickle.dumps`, `copy.deepcopy`) does as without ddpviz. Before
+    2026-12-06 the pickle reached the session's open event file ("cannot pickle '_io.FileIO' object")."""
+
+    def __reduce__(self) -> tuple:
+        return Detached, ()
+
+
+class DeferredMarks(PickledAsDetached):
     """A watch whose CUDA marks of a step are read at a later step's end, once `Event.query()`
     says they completed (never a synchronize during training). A subclass keeps `deferred` (oldest
     first), sets `DEFERRED_PART` (its guard's part name) and defines `_item_marks(item)` and

@@ -48,7 +48,7 @@ from typing import Any, Callable
 
 import torch
 
-from ddpviz.engine.attach.session import Session
+from ddpviz.engine.attach.session import Detached, Session
 from ddpviz.engine.measure.deferred import LossReading
 from ddpviz.engine.measure.telemetry import now, step_fields
 
@@ -90,6 +90,8 @@ def compiled_away(hook: Callable) -> Callable:
     def hook_unless_compiling(*args: Any, **kwargs: Any) -> Any:
         if is_compiling():
             COMPILED["traced"] = True
+            return None
+        if type(args[0]) is Detached:  # a deep copy's hook (copy keeps the function, its self detached)
             return None
         return hook(*args, **kwargs)
 
