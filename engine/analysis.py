@@ -361,3 +361,10 @@ def theory_bytes(mode: str, world_size: int, param_bytes: int) -> dict[int, int]
     if mode == "ddp":
         return {i: int(ring_factor(n) * param_bytes) for i in range(n)}
     return {0: 0}
+
+
+def busiest_bytes(p: dict[str, Any]) -> float:
+    """Bytes sent + received per step on the busiest device of a scale-out prediction row
+    (`engine.predict.scaleout.predict`): a DDP rank, twice its `bytes_per_rank` (each way: a ring all-reduce
+    sends what it receives, 2(n−1)/n·P), or DP's device 0 (`device0_bytes`, sent + received already)."""
+    return 2 * p["bytes_per_rank"] if "bytes_per_rank" in p else p.get("device0_bytes", 0.0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import altair as alt
 import pandas as pd
 
@@ -31,16 +33,20 @@ def gpu_memory_chart(gpus: pd.DataFrame) -> alt.LayerChart:
         width=WIDTH, height=rows_height(gpus, "gpu"))
 
 
-def worker_runs_chart(runs: pd.DataFrame) -> alt.Chart:
+def worker_runs_chart(runs: pd.DataFrame, window: tuple[Any, Any, str] | None = None) -> alt.Chart:
     """A bar per run on its worker's lane, start to end (`app.frames.cluster.worker_runs_frame`); runs
     that overlapped on one worker stacked in its lane by their `slot` (`yOffset`), so a DP+DDP pair, trained
-    at once in turns by one job, shows two bars over the same time instead of one hiding the other."""
+    at once in turns by one job, shows two bars over the same time instead of one hiding the other.
+    `window`: (start, end, words) of the time axis (local datetimes), named in the subtitle; bars that
+    began before it are clipped at its edge. None: the axis fits the runs."""
     slots = int(runs["slot"].max()) + 1 if not runs.empty else 1
-    t = title("Runs per worker over time", "a bar per run; a worker's runs side by side in its lane (a DP+DDP pair "
-              "trains at once, taking turns); more workers run in parallel")
-    return alt.Chart(runs).mark_bar(height=alt.RelativeBandSize(0.6), stroke="white",
-                                    strokeWidth=1).encode(
-        x=alt.X("start:T", title="time (local, h:m:s)", axis=alt.Axis(format="%H:%M:%S")),
+    span = f"the last {window[2]}" if window else "every run shown"
+    t = title("Runs per worker over time", f"{span}; a bar per run; a worker's runs side by side in its lane (a "
+              "DP+DDP pair trains at once, taking turns); more workers run in parallel")
+    scale = alt.Scale(domain=[window[0].isoformat(), window[1].isoformat()]) if window else alt.Undefined
+    return alt.Chart(runs).mark_bar(height=alt.RelativeBandSize(0.6), stroke="white", strokeWidth=1,
+                                    clip=True).encode(
+        x=alt.X("start:T", title="time (local, h:m:s)", axis=alt.Axis(format="%H:%M:%S"), scale=scale),
         x2="end:T",
         y=alt.Y("worker:N", title="worker"), yOffset=alt.YOffset("slot:N"),
         color=alt.Color("mode:N", legend=legend("mode"), scale=MODE_COLOURS),

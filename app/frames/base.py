@@ -32,14 +32,19 @@ def latest_volumes(events: Iterable[Event]) -> list[Event]:
     return [latest[k] for k in sorted(latest)]
 
 
+def devices_used(cfg: dict[str, Any]) -> Any:
+    """The devices a run trained on: its `world_size`, except a single run's, which is one device (its
+    config keeps the set's world size: it computes that many devices' global batch on one)."""
+    return 1 if cfg.get("mode") == "single" else cfg.get("world_size", "?")
+
+
 def run_label(run: dict[str, Any] | None, run_id: str) -> str:
-    """Short legend name of a run: its label if set, else ``"<mode> ×<world_size> · <id[:6]>"``."""
+    """Short legend name of a run: its label if set, else ``"<mode> ×<devices> · <id[:6]>"`` (`devices_used`)."""
     run = run or {}
     if run.get("label"):
         return str(run["label"])
     cfg = run.get("config") or {}
-    mode, ws = cfg.get("mode", "?"), cfg.get("world_size", "?")
-    return f"{mode} ×{ws} · {run_id[:6]}"
+    return f"{cfg.get('mode', '?')} ×{devices_used(cfg)} · {run_id[:6]}"
 
 
 def mib(nbytes: float | None) -> float:

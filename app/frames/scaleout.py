@@ -12,7 +12,7 @@ import pandas as pd
 
 from ddpviz.app.frames import base as frames
 from ddpviz.app.frames import buckets as fb
-from ddpviz.engine.predict.scaleout import busiest_bytes
+from ddpviz.engine.analysis import busiest_bytes
 
 Report = dict[str, Any]
 PRED_COLUMNS = ["mode", "series", "kind", "world_size", "nnodes", "samples_per_s", "efficiency",

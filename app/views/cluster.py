@@ -3,6 +3,7 @@ memory and utilisation from NVML where a worker has GPUs, and which runs each wo
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 
 import streamlit as st
@@ -51,7 +52,9 @@ def workers_panel(client) -> None:
     runs = fc.worker_runs_frame(client.list_runs(limit=RUNS_SHOWN), now,
                                 since=None if window_s is None else now - window_s)
     if not runs.empty:
-        st.altair_chart(cc.worker_runs_chart(runs), key="cluster_runs")
+        span = None if window_s is None else (dt.datetime.fromtimestamp(now - window_s), dt.datetime.fromtimestamp(now),
+                                              window)
+        st.altair_chart(cc.worker_runs_chart(runs, span), key="cluster_runs")
     else:
         st.caption(f"No run on any worker in the last {window}: pick a longer window above.")
 

@@ -376,13 +376,6 @@ def predict(inputs: dict[str, RunInputs], world_sizes: list[int], sc: Scenario) 
     return rows
 
 
-def busiest_bytes(p: dict[str, Any]) -> float:
-    """Bytes sent + received per step on the busiest device of a `predict` row: a DDP rank, twice its
-    `bytes_per_rank` (each way: a ring all-reduce sends what it receives, 2(n−1)/n·P), or DP's device 0
-    (`device0_bytes`, sent + received already)."""
-    return 2 * p["bytes_per_rank"] if "bytes_per_rank" in p else p.get("device0_bytes", 0.0)
-
-
 ONE_DEVICE_DP = ("DataParallel on one device checks its parameters' device, scatters the inputs to it and runs "
                  "its module directly (torch.nn.parallel.DataParallel.forward: `if len(self.device_ids) == 1: "
                  "return self.module(...)`): no replicas, threads, gather or reduce, so its step is one device's, "

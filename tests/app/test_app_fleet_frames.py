@@ -82,3 +82,11 @@ def test_cluster_frames():
     late = fcl.worker_runs_frame([{"run_id": r, "worker": w, "started_at": a, "finished_at": b,
                                    "config": {"mode": m}} for r, m, a, b, w in both], now=60, since=48.0)
     assert sorted(zip(late["run"].str.split(" · ").str[1], late["slot"])) == [("ddp1", 0), ("o1", 0), ("s1", 0)]
+    # the chart's axis spans the window, named in its subtitle; without one it fits the runs
+    import datetime as dt
+
+    a, b = dt.datetime.fromtimestamp(48.0), dt.datetime.fromtimestamp(60.0)
+    spec = charts_cluster.worker_runs_chart(late, (a, b, "12 s")).to_dict()
+    assert spec["encoding"]["x"]["scale"]["domain"] == [a.isoformat(), b.isoformat()]
+    assert "the last 12 s" in spec["title"]["subtitle"][0]
+    assert "scale" not in charts_cluster.worker_runs_chart(late).to_dict()["encoding"]["x"]

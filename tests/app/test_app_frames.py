@@ -172,6 +172,9 @@ def test_run_label_and_runs_frame():
            "summary": {"samples_per_s": 1234.5}, "created_at": g.T0}
     assert frames.run_label(run, run["run_id"]) == "ddp ×2 · abcdef"
     assert frames.run_label({**run, "label": "mine"}, "x") == "mine"
+    single = {**run, "config": {"mode": "single", "world_size": 2}}  # a set's single run: one device
+    assert frames.run_label(single, run["run_id"]) == "single ×1 · abcdef"
+    assert fruns.runs_frame([single])["world_size"].tolist() == [1]
     older = {**run, "run_id": "old", "created_at": g.T0 - 10, "summary": None}
     df = fruns.runs_frame([older, run])
     assert df["run_id"].tolist() == ["abcdef123456", "old"]

@@ -15,8 +15,8 @@ import argparse
 import json
 import sys
 
+from ddpviz.engine.analysis import busiest_bytes
 from ddpviz.engine.predict.presets import AS_MEASURED, COMPUTES, DEFAULT_UTILISATION, LINKS, THIS_MACHINE
-from ddpviz.engine.predict.scaleout import busiest_bytes
 
 
 def parse_world_sizes(text: str) -> list[int]:
