@@ -33,8 +33,9 @@ def _lines_and_points(pred: pd.DataFrame, measured: pd.DataFrame, y: alt.Y, fmt:
            alt.Tooltip("nnodes:Q", title="hosts"),
            alt.Tooltip(f"{y.shorthand.split(':')[0]}:Q", format=fmt),
            alt.Tooltip("step_time_ms:Q", title="step (ms)", format=".3f")]
+    # predicted points filled like their legend symbols (a legend draws every point symbol filled)
     layers = [alt.Chart(pred).mark_line(strokeWidth=2, strokeDash=[6, 3],
-                                        point=alt.OverlayMarkDef(size=30, filled=False)).encode(
+                                        point=alt.OverlayMarkDef(size=30, filled=True)).encode(
         x=_X, y=y, color=color, shape=shape, tooltip=tip)]
     if not measured.empty:
         layers.append(alt.Chart(measured).mark_point(size=120, filled=True, opacity=0.9).encode(
@@ -44,11 +45,20 @@ def _lines_and_points(pred: pd.DataFrame, measured: pd.DataFrame, y: alt.Y, fmt:
 
 def predicted_throughput_chart(pred: pd.DataFrame, measured: pd.DataFrame, *, scenario: str) -> alt.LayerChart:
     """Predicted samples/s vs world size per mode (dashed), measured runs on top (diamonds)."""
-    y = alt.Y("samples_per_s:Q", title="samples/s", scale=alt.Scale(type="log"))
+    y = alt.Y("samples_per_s:Q", title="samples/s (log scale)", scale=alt.Scale(type="log"))
     return alt.layer(*_lines_and_points(pred, measured, y, ",.0f")).properties(
         title=title("Throughput vs world size (predicted)",
-                    f"dashed: predicted for {scenario}"),
+                    f"dashed: predicted for {scenario}{_dp_ends(pred)}"),
         width=WIDTH, height=HEIGHT + 60)
+
+
+def _dp_ends(pred: pd.DataFrame) -> str:
+    """Where DP's line stops short of DDP's, why (`engine.predict.scaleout.predict_dp`: one process drives
+    the devices of one host)."""
+    dp, ddp = pred[pred["mode"] == "dp"], pred[pred["mode"] == "ddp"]
+    if dp.empty or ddp.empty or dp["world_size"].max() >= ddp["world_size"].max():
+        return ""
+    return f"; DP ends at {int(dp['world_size'].max())} devices: one process drives one host's devices"
 
 
 def efficiency_chart(pred: pd.DataFrame, measured: pd.DataFrame, *, scenario: str) -> alt.LayerChart:
@@ -64,7 +74,7 @@ def efficiency_chart(pred: pd.DataFrame, measured: pd.DataFrame, *, scenario: st
         "; no measured points: they need the set's single-device run (one device's measured samples/s)"
     return alt.layer(*layers, ideal).properties(
         title=title("Scaling efficiency (predicted)",
-                    f"samples/s(n) ÷ (n · one device's); grey: linear; for {scenario}{unmeasured}"),
+                    f"samples/s(n) ÷ (n · one device's); grey: linear; for {scenario}{unmeasured}{_dp_ends(pred)}"),
         width=WIDTH, height=HEIGHT + 60)
 
 

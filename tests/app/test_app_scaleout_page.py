@@ -186,3 +186,17 @@ def test_the_efficiency_legend_names_only_what_is_drawn():
     # the legend's symbols are the marks drawn: circles for predicted points, diamonds for measured ones
     shape = spec["layer"][1]["encoding"]["shape"]["scale"]
     assert dict(zip(shape["domain"], shape["range"])) == {"DDP (predicted)": "circle", "DDP (measured)": "diamond"}
+
+
+def test_where_dps_line_stops_short_the_subtitle_says_why():
+    """DP is predicted on one host only (`predict_dp`: None beyond it): its line ends at 8 where DDP's goes on."""
+    rows = [dict(mode=m, series=f"{m.upper()} (predicted)", kind="predicted", world_size=n, nnodes=1,
+                 samples_per_s=100.0 * n, efficiency=1.0, step_time_ms=1.0, comm_ms=0.0, busiest_bytes=0.0)
+            for m, sizes in (("dp", (1, 2, 4, 8)), ("ddp", (1, 2, 4, 8, 16))) for n in sizes]
+    pred = pd.DataFrame(rows)
+    for chart in (cs.predicted_throughput_chart, cs.efficiency_chart):
+        sub = " ".join(chart(pred, pred.iloc[:0], scenario="PCIe").to_dict()["title"]["subtitle"])
+        assert "DP ends at 8 devices" in sub
+        level = pred[pred["world_size"] <= 8]
+        assert "DP ends" not in " ".join(chart(level, level.iloc[:0], scenario="PCIe").to_dict()["title"]["subtitle"])
+
