@@ -16,6 +16,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from ddpviz.app.frames import base as frames
 from ddpviz.workers.sweeps import parse_shape  # one parser for the form and the sweep
 
 SWEEP_COLUMNS = ["run_id", "label", "mode", "world_size", "bucket_cap_mb", "overlap", "status",
@@ -31,11 +32,11 @@ def sweep_frame(runs: Iterable[dict[str, Any]]) -> pd.DataFrame:
         mode = cfg.get("mode")
         rows.append({
             "run_id": r["run_id"], "label": r.get("label") or r["run_id"][:8], "mode": mode,
-            "world_size": 1 if mode == "single" else cfg.get("world_size"),
+            "world_size": frames.devices_used(cfg),
             "bucket_cap_mb": cfg.get("bucket_cap_mb"), "overlap": cfg.get("overlap"),
             "status": r.get("status"), "samples_per_s": s.get("samples_per_s"),
             "step_time_ms": _ms(s.get("step_time_s")),
-            "comm_exposed_ms": _ms(s.get("comm_exposed_s")), "overlap_frac": s.get("overlap"),
+            "comm_exposed_ms": _ms(s.get("comm_exposed_s")), "overlap_frac": s.get("overlap") if mode in ("ddp", "fsdp") else None,  # DP: no all-reduce
             "width": cfg.get("width"), "depth": cfg.get("depth"),
             "gil_wait_share": mean_share(s.get("gil_wait_share"))})
     return pd.DataFrame(rows, columns=SWEEP_COLUMNS)

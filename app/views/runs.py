@@ -43,20 +43,24 @@ def runs_table(df) -> list[str]:
         placeholder="—",  # a run without samples/s: a dash, and `note` says why
         column_config={
             "open": st.column_config.LinkColumn("open", display_text="Live ↗", width="small"),
-            "run_id": st.column_config.TextColumn("run id"),
-            "world_size": st.column_config.NumberColumn("world size", format="%d"),
-            "samples_per_s": st.column_config.NumberColumn("samples/s", format="%.0f",
+            "run_id": st.column_config.TextColumn("run id", width="small"),
+            "mode": st.column_config.TextColumn("mode", width="small"),
+            "model": st.column_config.TextColumn("model", width="small"),
+            "status": st.column_config.TextColumn("status", width="small"),
+            "world_size": st.column_config.NumberColumn("devices", format="%d", width="small",
+                                                        help="world size; a single run: one device"),
+            "samples_per_s": st.column_config.NumberColumn("samples/s", format="%.0f", width="small",
                                                            help="median over steps after warm-up"),
-            "val_accuracy": st.column_config.NumberColumn("val accuracy", format="%.3f",
+            "val_accuracy": st.column_config.NumberColumn("val acc.", format="%.3f", width="small",
                                                           help="final validation accuracy (blank: no evaluation)"),
-            "wall_s": st.column_config.NumberColumn("wall time (s)", format="%.1f",
+            "wall_s": st.column_config.NumberColumn("wall (s)", format="%.1f", width="small",
                                                     help="measured: the run's end minus its start, as recorded; the two runs of a "
                                                          "DP/DDP pair train in turns, so each one's wall time "
                                                          "holds the other's turns too: compare samples/s"),
             "note": st.column_config.TextColumn("note", help="why a run has no samples/s"),
             "source": st.column_config.TextColumn("source", help="launched by ddpviz, or attached: "
                                                   "a script run under `ddpviz run` (its file and host)"),
-            "created": st.column_config.DatetimeColumn("created", format="YYYY-MM-DD HH:mm:ss"),
+            "created": st.column_config.DatetimeColumn("created", format="MM-DD HH:mm:ss", width="small"),
             "pinned": st.column_config.CheckboxColumn("pinned", width="small",
                                                       help="kept whatever the retention policy"),
         })

@@ -107,15 +107,27 @@ def results(client, sweep_id: str) -> None:
             st.info("Waiting for the first finished run…", icon=":material/hourglass_empty:")
         else:
             st.altair_chart(cs.bucket_sweep_chart(long), key="sweep_bucket")
-    st.dataframe(df.drop(columns=["overlap"]), hide_index=True, key="sweep_table",
+    small = dict(width="small")
+    st.dataframe(df.drop(columns=["overlap"]), hide_index=True, key="sweep_table", placeholder="—",
                  column_config={
-                     "samples_per_s": st.column_config.NumberColumn("samples/s", format="%.0f"),
-                     "step_time_ms": st.column_config.NumberColumn("step (ms)", format="%.2f"),
+                     "run_id": st.column_config.TextColumn("run id", **small),
+                     "mode": st.column_config.TextColumn("mode", **small),
+                     "world_size": st.column_config.NumberColumn("devices", format="%d", **small),
+                     "bucket_cap_mb": st.column_config.NumberColumn("cap (MB)", format="%g", **small),
+                     "status": st.column_config.TextColumn("status", **small),
+                     "samples_per_s": st.column_config.NumberColumn("samples/s", format="%.0f", **small),
+                     "step_time_ms": st.column_config.NumberColumn("step (ms)", format="%.2f", **small),
                      "comm_exposed_ms": st.column_config.NumberColumn(
-                         "exposed comm · DP: copies (ms)", format="%.2f",
-                         help="DDP, FSDP: collective time not hidden behind backward; DP: its "
+                         "comm (ms)", format="%.2f", **small,
+                         help="DDP, FSDP: collective time not hidden behind backward (exposed); DP: its "
                               "scatter/gather/reduce/broadcast, copies through device 0"),
-                     "overlap_frac": st.column_config.NumberColumn("overlap", format="percent")})
+                     "overlap_frac": st.column_config.NumberColumn(
+                         "overlap", format="percent", **small,
+                         help="DDP: share of its all-reduce hidden behind backward (blank: not measured); "
+                              "DP has no all-reduce to overlap"),
+                     "width": st.column_config.NumberColumn("width", format="%d", **small),
+                     "depth": st.column_config.NumberColumn("depth", format="%d", **small),
+                     "gil_wait_share": st.column_config.NumberColumn("GIL wait", format="percent", **small)})
     active = int(df["status"].isin(ACTIVE).sum())
     if active:
         st.caption(f"{active} run(s) still queued or running: the charts fill in as they finish.")

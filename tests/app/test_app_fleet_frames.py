@@ -27,6 +27,11 @@ def test_efficiency_frame():
     assert eff.loc["ddp ×2", "efficiency"] == pytest.approx(1800 / (2 * 1000))
     assert eff.loc["ddp ×4", "efficiency"] == pytest.approx(3000 / (4 * 1000))
     assert "dp ×4" not in eff.index  # not finished
+    # DP has no all-reduce: no overlap figure, where its summary's 0 read "overlap 0%"
+    dp = fs.sweep_frame([{**_rec("d", "dp", 2, 900.0), "summary": {"samples_per_s": 900.0, "overlap": 0.0}}])
+    assert dp["overlap_frac"].isna().all()
+    ddp = fs.sweep_frame([{**_rec("e", "ddp", 2, 900.0), "summary": {"samples_per_s": 900.0, "overlap": 0.5}}])
+    assert ddp["overlap_frac"].tolist() == [0.5]
     _check_chart(charts_sweeps.efficiency_chart(eff.reset_index()))
     _check_chart(charts_sweeps.throughput_vs_world_chart(eff.reset_index()))
 
