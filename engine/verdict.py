@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ddpviz.engine.measure.bootstrap import mean_difference_interval, ratio_interval
+from ddpviz.engine.measure.gil_rank import BACKWARD_LEFT_OUT, CUDA_BACKWARD
 from ddpviz.engine.summary import OVERLAP_NOT_MEASURED, OVERLAP_NOT_MEASURED_SHORT
 
 LEVEL = 0.90  # the interval's coverage
@@ -56,6 +57,7 @@ MIN_BLOCKS = 5  # blocks shrink (to 1 step) so a short run still has this many
 MIN_STEADY_STEPS = 6  # fewer steady steps in either run: no verdict yet
 # the medians' gap is said beside the means' where they differ by more than both of these
 MEDIAN_GAP_SAID_MS, MEDIAN_GAP_SAID_SHARE = 0.05, 0.1
+BACKWARD_UNMETERED = (BACKWARD_LEFT_OUT, CUDA_BACKWARD)  # in a DDP rank's `gil` source: its backward not metered
 GIL_SMALL_SHARE = 0.02  # a GIL-wait share below this is said to be small
 DEVICE0_PHASES = ("scatter", "gather", "reduce")
 REBUILD_PHASES = ("broadcast",)
@@ -130,6 +132,9 @@ class Verdict:
     overlap_note: str = ""
     gap_interval_ms: list[float] | None = None
     median_gap_ms: float | None = None
+    # DDP's `gil` events leave its all-reducing backward out (no ready mark in the training thread:
+    # bucket_timing=recorder, or CUDA): its GIL figure covers forward and the optimizer only
+    ddp_backward_unmetered: bool = False
 
     def headline(self) -> str:
         """One sentence: who is ahead, by how much, and the interval."""
@@ -175,8 +180,10 @@ class Verdict:
         text += f"; not measured: {sign * self.not_measured_ms:+.2f} ms ({self.not_measured_note})."
         dp, ddp = self.gil_wait_ms.get("dp"), self.gil_wait_ms.get("ddp")
         if dp is not None:
+            scope = " in forward and the optimizer (their all-reducing backward is not metered)" \
+                if self.ddp_backward_unmetered else ""
             text += (f" Inside those parts, not added to them: DP's device threads waited for the GIL "
-                     f"{dp:.2f} ms a step" + (f", DDP's ranks {ddp:.2f} ms" if ddp is not None else "")
+                     f"{dp:.2f} ms a step" + (f", DDP's ranks {ddp:.2f} ms{scope}" if ddp is not None else "")
                      + " (measured: schedstat).")
             share = self.gil_share.get("dp")
             if share is not None and share < GIL_SMALL_SHARE:
@@ -284,4 +291,5 @@ def verdict(dp: dict[str, Any] | None, ddp: dict[str, Any] | None) -> Verdict | 
                                 (("dp", _mean_of(dp.get("gil_wait_s"))), ("ddp", _mean_of(ddp.get("gil_wait_s"))))},
                    gil_share={"dp": _max_of(dp.get("gil_wait_share")), "ddp": _max_of(ddp.get("gil_wait_share"))},
                    overlap=_f(ddp.get("overlap")), overlap_note=str(ddp.get("overlap_note") or ""),
-                   gap_interval_ms=gap_interval, median_gap_ms=median_gap)
+                   gap_interval_ms=gap_interval, median_gap_ms=median_gap,
+                   ddp_backward_unmetered=any(k in str(ddp.get("gil_source") or "") for k in BACKWARD_UNMETERED))

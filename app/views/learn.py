@@ -144,7 +144,9 @@ def lock_section(windows, labels) -> None:
                "GIL's dark teal part is small there; narrow, deep models (Sweeps → shape) make it large. "
                "\"Outside its timed work\" is the step's wall time less the thread's timed spans: a DP device "
                "thread waiting to be handed its next piece; a DDP rank's time outside forward, backward (its "
-               "all-reduce wait included) and the optimizer step: its batch, the loss read, ddpviz's bookkeeping.")
+               "all-reduce wait included) and the optimizer step: its batch, the loss read, ddpviz's bookkeeping "
+               "— and its whole backward where the backward is not metered: bucket_timing=recorder (the default "
+               "on gloo: no ready mark in the rank's thread) or CUDA (backward runs in autograd's device thread).")
 
 
 def body(windows, labels) -> None:

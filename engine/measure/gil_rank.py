@@ -46,6 +46,11 @@ class MeteredClock:
         return self.clock.done(mark.mark)
 
 
+# what a rank's `gil` source says when its all-reducing backward is not metered (`engine.verdict` reads them)
+CUDA_BACKWARD = "backward runs in autograd's device thread"
+BACKWARD_LEFT_OUT = "the backward that all-reduces is left out"
+
+
 def rank_step_fields(micro_marks: Sequence[tuple[MeteredMark, MeteredMark, MeteredMark]],
                      opt_marks: tuple[MeteredMark, MeteredMark], step_wall_s: float,
                      last_ready: MeteredMark | None, cuda: bool, note: str = "") -> dict:
@@ -81,11 +86,10 @@ def rank_step_fields(micro_marks: Sequence[tuple[MeteredMark, MeteredMark, Meter
             phases["backward"].append(Span(b.clocks, last_ready.clocks))  # type: ignore[union-attr]
             other = Span(last_ready.clocks, c.clocks).blocked_s or 0.0  # type: ignore[union-attr]
     spans = [s for group in phases.values() for s in group]
-    note = ("; DDP rank: the training thread in forward and the optimizer (CUDA: backward runs in "
-            "autograd's device thread)" if cuda else
-            "; DDP rank: the training thread in forward and the optimizer; the backward that all-reduces is "
-            "left out (no ready mark in this thread: no comm hook, bucket_timing=recorder; its wait for the "
-            "all-reduce cannot be told apart from lock wait)" if not split else
+    note = (f"; DDP rank: the training thread in forward and the optimizer (CUDA: {CUDA_BACKWARD})" if cuda else
+            f"; DDP rank: the training thread in forward and the optimizer; {BACKWARD_LEFT_OUT} (no ready mark "
+            "in this thread: no comm hook, bucket_timing=recorder; its wait for the all-reduce cannot be told "
+            "apart from lock wait)" if not split else
             "; DDP rank: the training thread in forward, the optimizer and backward up to its last "
             "bucket's ready mark; blocked after it, waiting for the all-reduce, is other_wait_s") + note
     out = span_fields(spans, step_wall_s, note=note)

@@ -15,7 +15,10 @@ APP_MODULES = sorted("ddpviz." + ".".join(p.relative_to(APP_DIR.parent).with_suf
                      if p.stem != "__init__" and p.parent.name != "views")  # pages: scripts, see test_layout
 TORCH_FREE_ENGINE = {"ddpviz.engine", "ddpviz.engine.measure", "ddpviz.engine.measure.bootstrap", "ddpviz.engine.config", "ddpviz.engine.analysis", "ddpviz.engine.export",
                      "ddpviz.engine.events", "ddpviz.engine.stages", "ddpviz.engine.summary", "ddpviz.engine.result", "ddpviz.engine.verdict",
-                     "ddpviz.engine.measure.own_threads"}  # events: through workers.store (history, sweeps); own_threads: events' writer thread names itself
+                     "ddpviz.engine.measure.own_threads",
+                     "ddpviz.engine.measure.gil", "ddpviz.engine.measure.gil_rank"}
+# events: through workers.store (history, sweeps); own_threads: events' writer thread names itself; gil, gil_rank:
+# the verdict reads what a DDP rank's `gil` source says (BACKWARD_LEFT_OUT)
 
 
 def _loaded_after(*groups: list[str]) -> list[set[str]]:

@@ -206,3 +206,15 @@ def test_the_mean_difference_interval_by_hand():
     assert mean_difference_interval([5.0] * 8, [2.0] * 6, 2, 3) == [3.0, 3.0]  # no spread: the difference itself
     lo, hi = mean_difference_interval([1.0] * 5 + [3.0] * 5, [0.0] * 10, 5, 5)
     assert lo == 1.0 and hi == 3.0  # two blocks, all 1s or all 3s: both drawn twice in some resample of 2000
+
+
+def test_ddps_gil_figure_says_its_backward_was_not_metered_where_its_source_says_so():
+    """A DDP rank with no ready mark in its thread (bucket_timing=recorder) meters forward and the optimizer only
+    (engine.measure.gil_rank); the sentence must not present that figure as the whole step's."""
+    from ddpviz.engine.measure.gil_rank import BACKWARD_LEFT_OUT
+
+    dp, ddp = summaries([100.0, 110.0] * 10, [150.0, 160.0] * 10)
+    assert "not metered" not in verdict(dp, ddp).why()
+    ddp["gil_source"] = f"measured: schedstat; DDP rank: the training thread in forward and the optimizer; {BACKWARD_LEFT_OUT}"
+    assert ("DDP's ranks 0.10 ms in forward and the optimizer (their all-reducing backward is not metered) "
+            "(measured: schedstat)") in verdict(dp, ddp).why()
