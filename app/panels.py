@@ -383,13 +383,13 @@ def detail_panel(client, windows: dict[str, RunWindow], labels: dict[str, str], 
             from ddpviz.app.panels_fsdp import VOLUME_CAPTION
 
             st.caption(VOLUME_CAPTION)
-        else:
-            st.caption("DP: the bytes of every tensor copied (measured); DDP: the bucket bytes handed "
-                       "to all-reduce (measured) × 2(n−1)/n (derived, ring all-reduce). Theory (P = "
-                       "gradient bytes, n = devices), each way: DP device 0 sends (n−1)·P and receives as "
-                       "much, the others P; ring all-reduce 2(n−1)/n·P per rank. The bars add sent and "
-                       "received. Bars are labelled by the source their events give (unlabelled: an "
-                       "older run's, which give none).")
+        else:  # each run's column says its own mode's (side by side, one caption for both read twice)
+            what = ("the bytes of every tensor copied (measured). Theory (P = gradient bytes, n = devices), each "
+                    "way: device 0 sends (n−1)·P and receives as much, the others P." if w.mode == "dp" else
+                    "the bucket bytes handed to all-reduce (measured) × 2(n−1)/n (derived, ring all-reduce). "
+                    "Theory (P = gradient bytes, n = devices): 2(n−1)/n·P per rank each way.")
+            st.caption(f"{w.mode.upper()}: {what} The bars add sent and received, labelled by the source their "
+                       "events give (unlabelled: an older run's, which give none).")
 
 
 def live_bucket_timeline(w: RunWindow, buckets: pd.DataFrame):

@@ -197,8 +197,10 @@ class Verdict:
         if self.leader == "dp":
             text += (" DP's copies are at RAM speed here (threads of one CPU process); on GPUs they "
                      "cross PCIe or NVLink through device 0, which DDP's all-reduce avoids.")
-        if self.leader != "ddp":
+        if self.leader == "dp":
             text += f" {CPU_NOTE}"
+        elif self.leader == "level":  # the headline already named a quieter machine: the figures only
+            text += " For scale, the default pair" + CPU_NOTE.split("the default pair", 1)[1]
         return text
 
     def text(self) -> str:

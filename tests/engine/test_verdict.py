@@ -80,6 +80,9 @@ def test_a_level_pair_says_level_within_noise_and_what_would_separate_them():
     assert "level on this machine, within noise" in v.headline()
     assert "What would separate them: more steps" in v.headline()
     assert "measured in turns (`ddpviz compare --modes dp,ddp`)" in v.why()  # the page says what this machine did
+    # the headline named a quieter machine already: the figures follow without saying it again
+    assert "whether the cores are free" not in v.why() and "For scale, the default pair (batch 256)" in v.why()
+    assert "whether the cores are free" in verdict(*summaries([150.0] * 8, [100.0] * 8)).why()  # DP ahead: said
 
 
 def test_only_a_ddp_win_goes_without_the_note_on_what_the_cpu_did():
