@@ -96,11 +96,12 @@ def _run_status(client, w: RunWindow, label: str) -> None:
         st.caption(explain.EMULATION_NOTE)
     cfg = w.config
     # a mode's own knobs only: DP has no buckets and overlaps nothing (the tour, issue 33: "DP · bucket
-    # cap 25.0 MiB · overlap True")
+    # cap 25.0 MiB · overlap setting on": the setting, not a measured overlap)
     knobs = (f" · reshard_after_forward {cfg.get('reshard_after_forward')} · params "
              f"{cfg.get('fsdp_param_dtype')}, reduce {cfg.get('fsdp_reduce_dtype')}"
              if cfg.get("mode") == "fsdp" else
-             f" · bucket cap {cfg.get('bucket_cap_mb')} MiB · overlap {cfg.get('overlap')}{_one_bucket(w)}"
+             f" · bucket cap {cfg.get('bucket_cap_mb')} MiB · overlap setting "
+             f"{'on' if cfg.get('overlap') else 'off'}{_one_bucket(w)}"
              if cfg.get("mode") == "ddp" else "")
     known = cfg.get("global_batch_size") is not None  # an attached run's, once rank 0 has started
     st.caption(f"`{w.run_id}` · {what_trained(w)}" + (f" · global batch {cfg.get('global_batch_size')}{knobs}"

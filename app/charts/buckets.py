@@ -14,7 +14,7 @@ import pandas as pd
 from ddpviz.app.charts.style import (CHROME_PX, HEIGHT, PHASE_HUES, ROW_PX, STEP_X, WIDTH, extra_title_px, legend,
                                      run_scale, title)
 
-KINDS = ["backward (compute)", "all-reduce (one bucket)", "bucket ready",
+KINDS = ["backward (compute)", "all-reduce (a bar per bucket)", "bucket ready",
          "exposed comm",  # exposed: after the last bucket was ready
          "all-reduce began (end not measured)"]  # a step whose events carry the start only
 # drawn opaque: the legend's swatch is the mark's colour (`app.charts.style.PHASE_HUES`: one per meaning)
@@ -28,7 +28,7 @@ def _kind_colour(bars: bool, starts: bool) -> alt.Color:
     """The legend of a step's marks: backward, bucket ready and exposed comm always (every step has
     them, so Live's spec stays the same from step to step); the all-reduce's bar only where a bucket's
     all-reduce end was measured, its start mark only where the start alone was (a recorder step
-    listed "all-reduce (one bucket)" and drew none: the tour, issue 33)."""
+    listed "all-reduce (a bar per bucket)" and drew none: the tour, issue 33)."""
     shown = [k for i, k in enumerate(KINDS) if i in (0, 2, 3) or (i == 1 and bars) or (i == 4 and starts)]
     return alt.Color("kind:N", legend=legend("", orient="bottom", columns=2),
                      scale=alt.Scale(domain=shown, range=[COLOURS[KINDS.index(k)] for k in shown]))

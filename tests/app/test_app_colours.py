@@ -10,7 +10,7 @@ from test_app_chart_text import _built, _walk, specs  # noqa: F401 (the fixture)
 
 from ddpviz.app.charts import style
 
-ALIASES = {"backward (compute)": "backward", "all-reduce (one bucket)": "all-reduce",
+ALIASES = {"backward (compute)": "backward", "all-reduce (a bar per bucket)": "all-reduce",
            "all-reduce began (end not measured)": "all-reduce",
            "waiting for the all-reduce": "exposed comm", "waiting for the GIL": "gil",
            # one series drawn on two charts (bandwidth, time)

@@ -148,7 +148,7 @@ def test_live_page_shows_full_error(fake_client, app_test):
     assert at.code[0].value == err["traceback"]
     # a run that ended before its first step is waited for no more (the tour, issue 33: a refused pair)
     assert not [i.value for i in at.info if i.value.startswith("Waiting for")]
-    assert "bucket cap 25.0 MiB · overlap True" in next(c.value for c in at.caption if c.value.startswith("`bad`"))
+    assert "bucket cap 25.0 MiB · overlap setting on" in next(c.value for c in at.caption if c.value.startswith("`bad`"))
     assert "The run ended (failed) before the first step came." in [c.value for c in at.caption]
 
 
@@ -227,7 +227,7 @@ def test_live_names_the_steps_whose_all_reduce_was_timed_when_the_typical_one_ha
     at = app_test("views/live.py", runs="rec")
     assert not at.exception
     card = next(c.value for c in at.caption if c.value.startswith("`rec`"))
-    assert card.endswith("overlap True (one bucket: nothing to overlap)"), card  # one bucket a step
+    assert card.endswith("overlap setting on (one bucket: nothing to overlap)"), card  # one bucket a step
     caption = next(c.value for c in at.caption if "bucket(s)" in c.value)
     assert "typical" in caption and "all-reduce algbw not measured on this step" in caption
     assert "All-reduce spans were measured on the sampled steps (0, 1, 11)" in caption, caption

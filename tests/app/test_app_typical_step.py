@@ -257,7 +257,7 @@ def test_past_its_window_live_still_leaves_the_sampled_first_steps_out():
 
 def test_a_step_without_measured_all_reduces_does_not_list_one_in_its_legend():
     """The tour (issue 33): a recorder step (ready times, exposed comm, no all-reduce spans) listed
-    "all-reduce (one bucket)" in its legend and drew none; a hook step lists and draws it."""
+    "all-reduce (a bar per bucket)" in its legend and drew none; a hook step lists and draws it."""
     from ddpviz.app.charts.buckets import KINDS, bucket_timeline
 
     def legend_of(spans: bool) -> list[str]:
