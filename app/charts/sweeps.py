@@ -8,6 +8,13 @@ import pandas as pd
 from ddpviz.app.charts.style import HEIGHT, MODE_COLOURS, SWEEP_HUES, WIDTH, legend, title
 
 _MODE_RANGE = dict(zip(MODE_COLOURS.domain, MODE_COLOURS.range))  # the app's colour of each mode
+
+
+def _modes_drawn(df: pd.DataFrame) -> alt.Scale:
+    """The app's mode colours for the modes `df` has only: the legend names what is drawn (it listed fsdp
+    beside a sweep with no FSDP run)."""
+    present = [m for m in MODE_COLOURS.domain if m in set(df["mode"])]
+    return alt.Scale(domain=present, range=[_MODE_RANGE[m] for m in present])
 _WHICH = alt.Scale(domain=list(SWEEP_HUES), range=list(SWEEP_HUES.values()))
 
 
@@ -23,7 +30,7 @@ def efficiency_chart(eff: pd.DataFrame) -> alt.LayerChart:
     lines = alt.Chart(eff).mark_line(strokeWidth=2, point=alt.OverlayMarkDef(size=70)).encode(
         x=x, y=alt.Y("efficiency:Q", title="efficiency (% of linear)",
                      axis=alt.Axis(format="%")),
-        color=alt.Color("mode:N", legend=legend("mode"), scale=MODE_COLOURS), tooltip=tip)
+        color=alt.Color("mode:N", legend=legend("mode"), scale=_modes_drawn(eff)), tooltip=tip)
     ideal = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(strokeDash=[5, 4],
                                                             color="#555").encode(y="y:Q")
     return alt.layer(lines, ideal).properties(
@@ -38,7 +45,7 @@ def throughput_vs_world_chart(eff: pd.DataFrame) -> alt.Chart:
         x=alt.X("world_size:Q", title="world size (devices)",
                 axis=alt.Axis(tickMinStep=1, format="d")),
         y=alt.Y("samples_per_s:Q", title="samples/s (median)"),
-        color=alt.Color("mode:N", legend=legend("mode"), scale=MODE_COLOURS),
+        color=alt.Color("mode:N", legend=legend("mode"), scale=_modes_drawn(eff)),
         tooltip=[alt.Tooltip("label:N", title="run"),
                  alt.Tooltip("samples_per_s:Q", title="samples/s", format=",.0f")],
     ).properties(title=title("Throughput vs world size", "median samples/s after warm-up"),

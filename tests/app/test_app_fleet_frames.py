@@ -33,6 +33,9 @@ def test_efficiency_frame():
     ddp = fs.sweep_frame([{**_rec("e", "ddp", 2, 900.0), "summary": {"samples_per_s": 900.0, "overlap": 0.5}}])
     assert ddp["overlap_frac"].tolist() == [0.5]
     _check_chart(charts_sweeps.efficiency_chart(eff.reset_index()))
+    # the legend names the modes drawn (single and ddp here), not every mode the app knows
+    spec = charts_sweeps.efficiency_chart(eff.reset_index()).to_dict()
+    assert spec["layer"][0]["encoding"]["color"]["scale"]["domain"] == ["single", "ddp"]
     _check_chart(charts_sweeps.throughput_vs_world_chart(eff.reset_index()))
 
 
