@@ -35,6 +35,23 @@ from ddpviz.engine.modes.ddp.comm_hook import BucketRecorder, wire_nbytes
 BUCKET_BYTES = "bucket buffer (DDP's flat gradients, float32 here)"
 HOOK_BYTES = "tensors the script's comm hook handed to torch.distributed.all_reduce"
 _tap = threading.local()  # .rec: the record of the bucket whose script hook is running, on this thread
+# All-reduces a script hook's futures launch from their callbacks, after the hook returned (PowerSGD's second
+# pass, Q, in `compute_qs`): no bucket's hook is running then, so they are counted per process while any
+# script hook's future is pending, and taken into the step's `comm_volume` (`take_late_bytes`). Before
+# 2026-12-06 they were not counted: a PowerSGD step read 772 B where the script's own count was 1,604.
+_late = {"pending": 0, "bytes": 0, "calls": 0}
+_late_lock = threading.Lock()
+LATE_BYTES = ("; + {nbytes:,} B in {calls} all-reduce(s) the hook's futures launched after it returned (counted "
+              "for the step, not a bucket)")
+
+
+def take_late_bytes() -> tuple[int, int]:
+    """(bytes, calls) of the all-reduces counted since the last take that no running hook owned, while a
+    script hook's future was pending; the count starts again at 0."""
+    with _late_lock:
+        got = _late["bytes"], _late["calls"]
+        _late["bytes"] = _late["calls"] = 0
+    return got
 
 
 class HookState(PickledAsDetached):
@@ -65,7 +82,12 @@ def _record(state: HookState, bucket: dist.GradBucket) -> dict:
 
 
 def _ended(state: HookState, rec: dict, fut: torch.futures.Future) -> torch.futures.Future:
+    with _late_lock:
+        _late["pending"] += 1
+
     def done(f: torch.futures.Future):
+        with _late_lock:
+            _late["pending"] -= 1
         rec["comm_end"] = state.recorder.clock.mark()
         if "comm_start" not in rec:  # the hook called no all_reduce we could see
             rec["comm_start"] = rec["ready"]
@@ -109,13 +131,17 @@ def tap_all_reduce() -> None:
     @functools.wraps(original)
     def all_reduce(tensor, *args, **kwargs):
         rec = getattr(_tap, "rec", None)
-        if rec is not None:
-            try:
+        try:
+            if rec is not None:
                 if "comm_start" not in rec:
                     rec["comm_start"] = _tap.clock.mark()
                 rec["nbytes"] += wire_nbytes(tensor)
-            except Exception:
-                pass  # counting is optional; the collective is not
+            elif _late["pending"]:  # launched by a pending hook future's callback (see `_late`)
+                with _late_lock:
+                    _late["bytes"] += wire_nbytes(tensor)
+                    _late["calls"] += 1
+        except Exception:
+            pass  # counting is optional; the collective is not
         return original(tensor, *args, **kwargs)
 
     all_reduce._ddpviz_tap = True
