@@ -119,6 +119,9 @@ def _run_status(client, w: RunWindow, label: str) -> None:
         st.warning(f"{e['message']} ({', '.join(map(str, e.get('buffers', [])))}): real DataParallel "
                    "does the same; single-device training keeps them (measured at step "
                    f"{e.get('step')})", icon=":material/warning:")
+    notes = run_notes(w)
+    if notes:
+        st.warning("From ddpviz in the run: " + " · ".join(notes), icon=":material/info:")
     if w.error:
         _show_error(w.error, w.status)
     if w.status in ("queued", "started") and st.button("Cancel", key=f"cancel_{w.run_id}"):
@@ -131,6 +134,18 @@ def events_lost(w: RunWindow) -> int:
     summary = (w.finished or {}).get("summary") or {}
     logged = sum(int(e.get("events_lost") or 0) for e in w.of_type("log"))
     return max(int(summary.get("events_lost") or 0), logged)
+
+
+def run_notes(w: RunWindow) -> list[str]:
+    """The run's `log` warnings that name what ddpviz could not record (a compiled forward, a rank that
+    ended without closing its record, a part switched off after an error), each once, in order; DP's
+    buffer warning and lost-event counts have their own boxes."""
+    seen: dict[str, None] = {}
+    for e in w.of_type("log"):
+        if e.get("level") == "warning" and e.get("message") and "buffers_discarded" not in e \
+                and not e.get("events_lost"):
+            seen.setdefault(str(e["message"]), None)
+    return list(seen)
 
 
 def discard_logs(w: RunWindow) -> list[dict[str, Any]]:

@@ -95,7 +95,7 @@ def make_spool(given: str | None, name: str, say: Callable[[str], None]) -> Path
 def remove_spool(spool: Path) -> None:
     """Remove the files of a spool folder (events, meta, sent, ending, error; nothing else), then
     the folder if that left it empty."""
-    for pattern in ("events-*.jsonl", "meta.json", "sent.json", "ending.json", "error.json", "*.tmp"):
+    for pattern in ("events-*.jsonl", "meta.json", "sent.json", "ending.json", "error.json", "*.tmp", "open-rank*"):
         for path in spool.glob(pattern):
             try:
                 path.unlink()

@@ -29,6 +29,8 @@ from ddpviz.engine.attach.env import PUMP_INTERVAL_S, RUN_ID_ENV, SPOOL_ENV, buc
 from ddpviz.engine.events import emit_all, make_event, rank_sink
 from ddpviz.engine.measure.telemetry import Telemetry
 
+OPEN_MARKER = "open-rank{rank}-pid{pid}"  # in the spool while a rank's record is open (`Session._open_sink`)
+
 
 class Session:
     """This process's part of an attached run.
@@ -100,9 +102,13 @@ class Session:
         return self._local_world_size or self.world_size
 
     def _open_sink(self):
-        """This process's event file, created 0600 (it may name the script's arguments)."""
+        """This process's event file, created 0600 (it may name the script's arguments), and its open
+        marker (`OPEN_MARKER`), removed by `close`: one left behind tells `ddpviz run` that the process
+        ended without closing its record (`os._exit`, a kill), so its last events may be missing."""
         path = self.spool / f"events-rank{self.rank}-pid{os.getpid()}.jsonl"
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+        self._marker = self.spool / OPEN_MARKER.format(rank=self.rank, pid=os.getpid())
+        os.close(os.open(self._marker, os.O_WRONLY | os.O_CREAT, 0o600))
         return rank_sink(path, flush_interval_s=PUMP_INTERVAL_S)
 
     def set_device(self, kind: str, index: int | None) -> None:
@@ -162,6 +168,12 @@ class Session:
             self.sink.close()
         except Exception:
             pass
+        marker = getattr(self, "_marker", None)
+        if marker is not None:  # every event is written: the record is closed
+            try:
+                marker.unlink()
+            except OSError:
+                pass
 
 
 class _LazySink:

@@ -114,6 +114,22 @@ def test_a_single_dp_ddp_fsdp_set_opens_on_its_dp_ddp_pair():
     assert latest_pair([dict(run_id="x", created_at=2.0, config=dict(mode="ddp"))] + runs) == ["x"]
 
 
+def test_the_run_card_shows_what_ddpviz_could_not_record_once(fake_client, app_test):
+    """A run's `log` warnings (a rank that left its record open, a compiled forward) show on its card, each
+    once; DP's buffer warning and the lost-event count keep their own boxes, info-level logs none."""
+    events = g.full_run("ddp1", "ddp", 4)
+    said = "rank 1 (pid 7) ended without closing its record (os._exit, or a kill)"
+    events += [{"type": "log", "run_id": "ddp1", "ts": g.T0 + 5, "rank": r, "level": "warning", "message": said}
+               for r in (0, 1)]
+    events.append({"type": "log", "run_id": "ddp1", "ts": g.T0 + 5, "level": "info", "message": "tuned"})
+    fake_client.add_run("ddp1", {"mode": "ddp", "world_size": 2, "steps": 4}, status="succeeded", events=events,
+                        created_at=g.T0, label="DDP")
+    at = app_test("views/live.py")
+    assert not at.exception
+    boxes = [w.value for w in at.warning if w.value.startswith("From ddpviz in the run")]
+    assert boxes == [f"From ddpviz in the run: {said}"]
+
+
 def test_live_page_draws_memory_over_the_whole_run_beside_the_step(fake_client, app_test):
     events = g.full_run("ddp1", "ddp", 4)
     for rank in range(2):  # 20 readings a second for 2 s, rank r holding (r + 1) * 100 MiB

@@ -59,8 +59,47 @@ def test_a_second_process_group_after_destroy_trains_as_without_ddpviz_and_both_
     assert plain.returncode == 0, plain.stderr[-3000:]
     attached, run_id = run_attached([*cmd, str(tmp_path / "pg-att")], redis_url, tmp_path / "att.json",
                                     tmp_path / "spool", timeout=120)
-    assert attached.returncode == 0, attached.stderr[-3000:]  # before: killed by the timeout, hung
+    assert attached.returncode == 0, attached.stderr[-3000:]
+    assert "without closing its record" not in attached.stderr  # every rank closed its record at exit
     sums = [[line for line in p.stdout.splitlines() if line.startswith("CHECKSUM")] for p in (plain, attached)]
     assert sums[0] == sums[1] and len(sums[0]) == 2
     record = DdpvizClient(redis=redis_client).get_run(run_id)
     assert record["status"] == "succeeded" and record["summary"]["steps_done"] == 20
+
+
+EXITS = textwrap.dedent("""
+    import os
+    import torch, torch.distributed as dist, torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo")
+    ddp = DDP(nn.Linear(4, 1))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for _ in range(5):
+        ddp(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    dist.barrier()
+    os._exit(0)  # no atexit, no flush: what some scripts do to skip a slow teardown
+""")
+
+
+def test_a_rank_that_ends_with_os_exit_is_said_to_have_left_its_record_open(tmp_path, redis_url, redis_client):
+    """Reference: the script's own exit code, 0 with and without ddpviz. The record may miss the rank's last
+    events (the writer flushes every 0.1 s); before 2026-12-06 nothing said so and a run of 0 recorded steps
+    read as a whole success."""
+    from ddpviz.workers.client import DdpvizClient
+    from ddpviz.workers.history import read_all_events
+
+    script = tmp_path / "exits.py"
+    script.write_text(EXITS)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+           str(free_port()), str(script)]
+    assert run_plain(cmd, tmp_path / "plain.json", timeout=120).returncode == 0
+    attached, run_id = run_attached(cmd, redis_url, tmp_path / "att.json", tmp_path / "spool", timeout=120)
+    assert attached.returncode == 0, attached.stderr[-3000:]
+    said = [line for line in attached.stderr.splitlines() if "ended without closing its record" in line]
+    assert sorted(line.split()[2] for line in said) == ["0", "1"], attached.stderr[-3000:]  # "ddpviz: rank N"
+    logs = [e for e in read_all_events(DdpvizClient(redis=redis_client), run_id) if e["type"] == "log"]
+    assert sorted(e["rank"] for e in logs if "without closing its record" in e.get("message", "")) == [0, 1]
+    assert not list((tmp_path / "spool").glob("open-rank*"))

@@ -289,6 +289,31 @@ class Launch:
         else:
             refresh_summary(self.store, self.run_id)
 
+    def unclosed(self) -> None:
+        """Ranks that ended without closing their record (their open marker is still in the spool,
+        `engine.attach.session.OPEN_MARKER`: `os._exit`, a kill): said on stderr and as a `log` event of
+        the run, so a record missing its last events (up to a flush interval) is not taken as whole."""
+        import json
+        import re
+
+        from ddpviz.engine.attach.env import PUMP_INTERVAL_S
+        from ddpviz.engine.events import make_event
+
+        lines = []
+        for marker in sorted(self.spool.glob("open-rank*-pid*")):
+            m = re.fullmatch(r"open-rank(\d+)-pid(\d+)", marker.name)
+            if m is None:
+                continue
+            message = (f"rank {m.group(1)} (pid {m.group(2)}) ended without closing its record (os._exit, or a "
+                       f"kill): the events of its last {PUMP_INTERVAL_S:g} s or so may be missing")
+            _say(message)
+            lines.append(json.dumps(make_event("log", self.run_id, level="warning", message=message,
+                                               rank=int(m.group(1)))))
+            marker.unlink(missing_ok=True)
+        if lines:
+            with open(self.spool / "events-launcher.jsonl", "a") as fh:
+                fh.write("\n".join(lines) + "\n")
+
     def ending(self, exit_code: int) -> dict[str, Any]:
         """How the run ended: ``{status, error, exit_code, ended_at}`` (see the module docstring)."""
         from ddpviz.engine.attach.env import OFF_ENV
@@ -316,6 +341,10 @@ class Launch:
         from ddpviz.workers.spool import _write_json
 
         ending = self.ending(exit_code)
+        try:
+            self.unclosed()
+        except OSError:
+            pass
         _write_json(self.spool / "ending.json", ending)
 
         def hurry(sig: int, frame: Any) -> None:
