@@ -42,7 +42,6 @@ Every hook runs under the session's guard (`engine.attach.session.Session.guard`
 from __future__ import annotations
 
 import threading
-import time
 import weakref
 from typing import Any, Callable
 

@@ -164,7 +164,8 @@ def test_live_page_shows_full_error(fake_client, app_test):
     assert at.code[0].value == err["traceback"]
     # a run that ended before its first step is waited for no more (the tour, issue 33: a refused pair)
     assert not [i.value for i in at.info if i.value.startswith("Waiting for")]
-    assert "bucket cap 25.0 MiB · overlap setting on" in next(c.value for c in at.caption if c.value.startswith("`bad`"))
+    card = next(c.value for c in at.caption if c.value.startswith("`bad`"))
+    assert "bucket cap 25.0 MiB · overlap setting on" in card
     assert "The run ended (failed) before the first step came." in [c.value for c in at.caption]
 
 

@@ -218,6 +218,7 @@ def test_ddps_gil_figure_says_its_backward_was_not_metered_where_its_source_says
 
     dp, ddp = summaries([100.0, 110.0] * 10, [150.0, 160.0] * 10)
     assert "not metered" not in verdict(dp, ddp).why()
-    ddp["gil_source"] = f"measured: schedstat; DDP rank: the training thread in forward and the optimizer; {BACKWARD_LEFT_OUT}"
+    ddp["gil_source"] = f"measured: schedstat; DDP rank: the training thread in forward and the optimizer; " \
+                        f"{BACKWARD_LEFT_OUT}"
     assert ("DDP's ranks 0.10 ms in forward and the optimizer (their all-reducing backward is not metered) "
             "(measured: schedstat)") in verdict(dp, ddp).why()

@@ -18,10 +18,12 @@ from ddpviz.workers.connection import free_port
 EXAMPLES = REPO / "examples" / "attach"
 
 
-def torchrun(script: str, *args: str, nproc: int = 2) -> list[str]:
-    """``python -m torch.distributed.run --nproc-per-node N --master-port P examples/attach/SCRIPT ARGS``."""
+def torchrun(script: str | Path, *args: str, nproc: int = 2) -> list[str]:
+    """``python -m torch.distributed.run --nproc-per-node N --master-port P SCRIPT ARGS``; a `str` names a script
+    of examples/attach, a `Path` is the script itself (one a test wrote)."""
+    path = script if isinstance(script, Path) else EXAMPLES / script
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-            "--master-port", str(free_port()), str(EXAMPLES / script), *args]
+            "--master-port", str(free_port()), str(path), *args]
 
 
 # What a rank printed when it aborted at exit, after training, in a plain reference run (no ddpviz
@@ -57,6 +59,20 @@ def run_attached(cmd: list[str], redis_url: str, report: Path, spool: Path, *ext
     proc = subprocess.run([*ddpviz_argv(), "run", "--spool", str(spool), *extra, "--", *cmd], env=env,
                           capture_output=True, text=True, timeout=timeout)
     return proc, run_id_of(proc.stderr)
+
+
+def plain_and_attached(tmp: Path, script_text: str, redis_url: str, *args: str, timeout: float = 120,
+                       ) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess, str]:
+    """`script_text` written to TMP/script.py, run on 2 torchrun ranks without ddpviz, then under `ddpviz run`:
+    (plain, attached, the run id). Asserts both exited 0."""
+    script = tmp / "script.py"
+    script.write_text(script_text)
+    cmd = torchrun(script, *args)
+    plain = run_plain(cmd, tmp / "plain.json", timeout=timeout)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    attached, run_id = run_attached(cmd, redis_url, tmp / "att.json", tmp / "spool", timeout=timeout)
+    assert attached.returncode == 0, attached.stderr[-3000:]
+    return plain, attached, run_id
 
 
 def run_id_in(line: str) -> str | None:

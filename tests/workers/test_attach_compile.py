@@ -7,15 +7,13 @@ differed from the plain one (DDPOptimizer's bucket check then passed attached wh
 
 from __future__ import annotations
 
-import sys
 import textwrap
 
 import pytest
-from attach_tools import run_attached, run_plain
+from attach_tools import plain_and_attached
 from wtools import REPO
 
 from ddpviz.engine.attach.steps import COMPILED_NOTE
-from ddpviz.workers.connection import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -43,14 +41,7 @@ SCRIPT = textwrap.dedent("""
 
 def test_a_compiled_ddp_trains_as_without_ddpviz_and_the_record_says_why_its_steps_are_missing(
         tmp_path, redis_url):
-    script = tmp_path / "train_compiled.py"
-    script.write_text(SCRIPT)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-           str(free_port()), str(script)]
-    plain = run_plain(cmd, tmp_path / "plain.json", timeout=300)
-    assert plain.returncode == 0, plain.stderr[-3000:]
-    attached, _ = run_attached(cmd, redis_url, tmp_path / "att.json", tmp_path / "spool", timeout=300)
-    assert attached.returncode == 0, attached.stderr[-3000:]  # 1 before: the warning raised under "error"
+    plain, attached, _ = plain_and_attached(tmp_path, SCRIPT, redis_url, timeout=300)  # attached: 1 before
     sums = [[line for line in p.stdout.splitlines() if line.startswith("CHECKSUM")] for p in (plain, attached)]
     assert sums[0] == sums[1] and len(sums[0]) == 1
     assert "Dynamo does not know" not in attached.stderr and str(REPO / "engine") not in attached.stderr

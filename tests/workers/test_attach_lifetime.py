@@ -10,13 +10,11 @@ hangs: plain 6 of 6, attached 3 of 3 (and 4 of 4 with a release of ddpviz's refe
 
 from __future__ import annotations
 
-import sys
 import textwrap
 
 import pytest
-from attach_tools import run_attached, run_plain
+from attach_tools import plain_and_attached
 
-from ddpviz.workers.connection import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +37,8 @@ SCRIPT = textwrap.dedent("""
             print(f"CHECKSUM{tag} {sum(p.double().sum().item() for p in model.parameters()):.10g}", flush=True)
 
     for tag in ("1", "2"):  # a store of its own each time (torchrun's: plain torch hung in 5 of 10 re-inits)
-        dist.init_process_group("gloo", init_method=f"file://{sys.argv[1]}.{tag}", rank=int(os.environ["RANK"]),
+        store = f"file://{sys.argv[1]}.{os.getppid()}.{tag}"  # the ranks' parent: their torchrun, one per run
+        dist.init_process_group("gloo", init_method=store, rank=int(os.environ["RANK"]),
                                 world_size=int(os.environ["WORLD_SIZE"]))
         train(tag)
         dist.barrier()
@@ -51,15 +50,7 @@ def test_a_second_process_group_after_destroy_trains_as_without_ddpviz_and_both_
         tmp_path, redis_url, redis_client):
     from ddpviz.workers.client import DdpvizClient
 
-    script = tmp_path / "train_twice.py"
-    script.write_text(SCRIPT)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-           str(free_port()), str(script)]
-    plain = run_plain([*cmd, str(tmp_path / "pg-plain")], tmp_path / "plain.json", timeout=120)
-    assert plain.returncode == 0, plain.stderr[-3000:]
-    attached, run_id = run_attached([*cmd, str(tmp_path / "pg-att")], redis_url, tmp_path / "att.json",
-                                    tmp_path / "spool", timeout=120)
-    assert attached.returncode == 0, attached.stderr[-3000:]
+    plain, attached, run_id = plain_and_attached(tmp_path, SCRIPT, redis_url, str(tmp_path / "pg"))
     assert "without closing its record" not in attached.stderr  # every rank closed its record at exit
     sums = [[line for line in p.stdout.splitlines() if line.startswith("CHECKSUM")] for p in (plain, attached)]
     assert sums[0] == sums[1] and len(sums[0]) == 2
@@ -91,13 +82,7 @@ def test_a_rank_that_ends_with_os_exit_is_said_to_have_left_its_record_open(tmp_
     from ddpviz.workers.client import DdpvizClient
     from ddpviz.workers.history import read_all_events
 
-    script = tmp_path / "exits.py"
-    script.write_text(EXITS)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-           str(free_port()), str(script)]
-    assert run_plain(cmd, tmp_path / "plain.json", timeout=120).returncode == 0
-    attached, run_id = run_attached(cmd, redis_url, tmp_path / "att.json", tmp_path / "spool", timeout=120)
-    assert attached.returncode == 0, attached.stderr[-3000:]
+    _, attached, run_id = plain_and_attached(tmp_path, EXITS, redis_url)
     said = [line for line in attached.stderr.splitlines() if "ended without closing its record" in line]
     assert sorted(line.split()[2] for line in said) == ["0", "1"], attached.stderr[-3000:]  # "ddpviz: rank N"
     logs = [e for e in read_all_events(DdpvizClient(redis=redis_client), run_id) if e["type"] == "log"]

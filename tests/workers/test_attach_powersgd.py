@@ -6,13 +6,11 @@ step, in a run without ddpviz. Before 2026-12-06 a step read 772 B where the scr
 
 from __future__ import annotations
 
-import sys
 import textwrap
 
 import pytest
-from attach_tools import run_attached, run_plain
+from attach_tools import plain_and_attached
 
-from ddpviz.workers.connection import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -53,14 +51,7 @@ def test_powersgd_steps_count_every_byte_the_hook_all_reduces(tmp_path, redis_ur
     from ddpviz.workers.client import DdpvizClient
     from ddpviz.workers.history import read_all_events
 
-    script = tmp_path / "train_powersgd.py"
-    script.write_text(SCRIPT)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-           str(free_port()), str(script)]
-    plain = run_plain(cmd, tmp_path / "plain.json", timeout=120)
-    assert plain.returncode == 0, plain.stderr[-3000:]
-    attached, run_id = run_attached(cmd, redis_url, tmp_path / "att.json", tmp_path / "spool", timeout=120)
-    assert attached.returncode == 0, attached.stderr[-3000:]
+    plain, _, run_id = plain_and_attached(tmp_path, SCRIPT, redis_url)
     counted = [line for line in plain.stdout.splitlines() if line.startswith("COUNTED ")]
     want = __import__("json").loads(counted[0].removeprefix("COUNTED "))
     assert want[3] > 0 and want[3] != want[0]  # from step 3 PowerSGD compresses: P and Q, not the bucket
