@@ -69,8 +69,8 @@ PART_NAMES = {
     "allreduce": "DDP's all-reduce left exposed after backward",
 }
 SEPARATE = ("What would separate them: more steps (a longer run narrows the interval), a quieter "
-            "machine (the two runs take turns on the same cores, and other work there moves each run's "
-            "speed), or GPUs, where DP's broadcast and reduce through device 0 cross PCIe or NVLink while "
+            "machine (other work on the same cores moves each run's speed), or GPUs, where DP's broadcast "
+            "and reduce through device 0 cross PCIe or NVLink while "
             "DDP's ring all-reduce splits the bytes between the links.")
 # What the default pair did on a 2-core CPU, measured in turns (docs/bench/default-pair-b256-turns-tries.json,
 # issue 33.3): said with every level or DP-ahead verdict, so a reader knows the machine, not the
@@ -172,6 +172,8 @@ class Verdict:
             if lo <= 0:  # beside a decided verdict, not "within noise": the medians decided it
                 text += (": it holds 0, within noise" if self.leader == "level" else
                          ": it reaches 0; the means, with their few slow steps, are noisier than the medians")
+            elif self.leader == "level":  # the means differ beyond noise where the medians do not
+                text += ": the means differ beyond noise; the medians, which the verdict compares, do not"
             if median_words and not disagree and abs(m - self.gap_ms) > max(
                     MEDIAN_GAP_SAID_MS, MEDIAN_GAP_SAID_SHARE * abs(self.gap_ms)):
                 text += f"; {median_words}: the parts add up to the means"

@@ -72,6 +72,10 @@ def efficiency_chart(pred: pd.DataFrame, measured: pd.DataFrame, *, scenario: st
     layers = _lines_and_points(pred, drawn, y, ".0%")
     unmeasured = "" if drawn.empty == measured.empty else \
         "; no measured points: they need the set's single-device run (one device's measured samples/s)"
+    above = drawn[drawn["efficiency"] > min(top, 1.5)]
+    if not above.empty:  # clamped at the top edge: say so, with the highest, so none reads as ~1.5x
+        unmeasured += (f"; {len(above)} measured point(s) above the axis sit at its top edge (up to "
+                       f"{above['efficiency'].max():.0%}: a slow single-device baseline, e.g. a short run)")
     return alt.layer(*layers, ideal).properties(
         title=title("Scaling efficiency (predicted)",
                     f"samples/s(n) ÷ (n · one device's); grey: linear; for {scenario}{unmeasured}{_dp_ends(pred)}"),

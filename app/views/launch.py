@@ -15,7 +15,7 @@ from typing import Any
 
 import streamlit as st
 
-from ddpviz.app import form
+from ddpviz.app import form, runsets
 from ddpviz.app.connection import get_client
 from ddpviz.app.navigation import forget_on_arrival
 from ddpviz.app.widgets import field_widget, show_errors
@@ -204,7 +204,9 @@ def launched_panel() -> None:
     ids = list(launched)
     st.info(launched_text(launched), icon=":material/rocket_launch:")
     status_line(launched)
-    live = ids[-2:]  # Live shows two runs: of a compare set, DDP and FSDP
+    # Live shows two runs: of a set, DP and DDP, the pair its verdict compares (`runsets.latest_pair`)
+    live = runsets.latest_pair([dict(run_id=i, group="launched", created_at=0.0, config=dict(mode=m))
+                                for i, m in launched.items()])
     st.page_link(LIVE_PAGE, label="Watch them live", icon=":material/monitoring:",
                  query_params={"runs": ",".join(live)})
     if len(ids) > 1:

@@ -57,10 +57,10 @@ def runs_table(df) -> list[str]:
                                                     help="measured: the run's end minus its start, as recorded; the two runs of a "
                                                          "DP/DDP pair train in turns, so each one's wall time "
                                                          "holds the other's turns too: compare samples/s"),
-            "note": st.column_config.TextColumn("note", help="why a run has no samples/s"),
-            "source": st.column_config.TextColumn("source", help="launched by ddpviz, or attached: "
+            "note": st.column_config.TextColumn("note", width="small", help="why a run has no samples/s"),
+            "source": st.column_config.TextColumn("source", width="small", help="launched by ddpviz, or attached: "
                                                   "a script run under `ddpviz run` (its file and host)"),
-            "created": st.column_config.DatetimeColumn("created", format="MM-DD HH:mm:ss", width="small"),
+            "created": st.column_config.DatetimeColumn("created", format="MM-DD HH:mm:ss", width="medium"),
             "pinned": st.column_config.CheckboxColumn("pinned", width="small",
                                                       help="kept whatever the retention policy"),
         })

@@ -108,9 +108,9 @@ def results(client, sweep_id: str) -> None:
         else:
             st.altair_chart(cs.bucket_sweep_chart(long), key="sweep_bucket")
     small = dict(width="small")
-    st.dataframe(df.drop(columns=["overlap"]), hide_index=True, key="sweep_table", placeholder="—",
+    # the label names each run (its id is on the Runs page): the table fits 1,400 px without it
+    st.dataframe(df.drop(columns=["overlap", "run_id"]), hide_index=True, key="sweep_table", placeholder="—",
                  column_config={
-                     "run_id": st.column_config.TextColumn("run id", **small),
                      "mode": st.column_config.TextColumn("mode", **small),
                      "world_size": st.column_config.NumberColumn("devices", format="%d", **small),
                      "bucket_cap_mb": st.column_config.NumberColumn("cap (MB)", format="%g", **small),

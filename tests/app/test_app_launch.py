@@ -87,6 +87,8 @@ def test_the_banner_names_each_runs_mode_and_clears_after_another_page(fake_clie
     assert banner == "Submitted 4 runs: " + ", ".join(f"`{by_mode[m]}` {names[m]}" for m in names)
     assert at.info[1].value.startswith("Waiting for a worker: ")  # queued: no worker took them yet
     assert [p.proto.label for p in at.get("page_link")] == ["Watch them live", "Compare them"]
+    live = at.get("page_link")[0].proto.query_string  # Live opens on the set's DP and DDP (was DDP and FSDP)
+    assert live == f"runs={by_mode['dp']}%2C{by_mode['ddp']}", live
     at.segmented_control(key="launch_what").set_value("pair").run()  # a rerun of the page keeps it
     assert at.info[0].value == banner
     at.switch_page("views/runs.py").run()

@@ -179,6 +179,11 @@ def test_the_efficiency_legend_names_only_what_is_drawn():
     spec = cs.efficiency_chart(pred, measured, scenario="PCIe").to_dict()
     assert spec["layer"][1]["encoding"]["color"]["scale"]["domain"] == ["DP (predicted)", "DDP (predicted)",
                                                                       "DDP (measured)"] and len(spec["layer"]) == 3
+    assert "above the axis" not in " ".join(spec["title"]["subtitle"])
+    measured["efficiency"] = 3.39  # clamped at the axis' top (1.2 here): the subtitle says so, with the value
+    sub = " ".join(cs.efficiency_chart(pred, measured, scenario="PCIe").to_dict()["title"]["subtitle"])
+    assert "1 measured point(s) above the axis sit at its top edge (up to 339%" in sub
+    measured["efficiency"] = 0.75
     # a set with no DP run: DDP's entries only
     spec = cs.predicted_throughput_chart(pred[pred["mode"] == "ddp"], measured, scenario="PCIe").to_dict()
     assert spec["layer"][0]["encoding"]["color"]["scale"]["domain"] == ["DDP (predicted)", "DDP (measured)"]

@@ -198,6 +198,9 @@ def test_the_gap_of_the_means_comes_with_its_interval_and_the_medians_where_they
     for a, b in zip(level, (dp, ddp)):
         a["steady_step_time_s"] = b["steady_step_time_s"]
     assert verdict(*level).leader == "level" and ": it holds 0, within noise" in verdict(*level).why()
+    # level by the medians, yet the means' interval (DP 10-12 ms against DDP's 8) lies above 0: said so
+    level[0]["steady_step_time_s"], level[1]["steady_step_time_s"] = [0.010] * 10 + [0.012] * 10, [0.008] * 20
+    assert ": the means differ beyond noise; the medians, which the verdict compares, do not)" in verdict(*level).why()
     # summaries written before they carried step times: no interval, nothing claimed
     del dp["steady_step_time_s"]
     assert verdict(dp, ddp).gap_interval_ms is None and "interval" not in verdict(dp, ddp).why()
