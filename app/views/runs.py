@@ -40,6 +40,10 @@ def runs_table(df) -> list[str]:
     df.insert(0, "open", [f"live?runs={rid}" for rid in df["run_id"]])
     event = st.dataframe(
         df, key="runs_table", hide_index=True, on_select="rerun", selection_mode="multi-row",
+        # what a row is and how it did first, then when and pinned: at 1,400 px the grid shows those, and
+        # accuracy, model, source and note come into view by scrolling right
+        column_order=["open", "run_id", "label", "mode", "world_size", "status", "samples_per_s", "wall_s", "created",
+                      "pinned", "val_accuracy", "model", "source", "note"],
         placeholder="—",  # a run without samples/s: a dash, and `note` says why
         column_config={
             "open": st.column_config.LinkColumn("open", display_text="Live ↗", width="small"),
