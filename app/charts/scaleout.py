@@ -91,6 +91,7 @@ def bytes_chart(df: pd.DataFrame) -> alt.Chart:
         color=alt.Color("series:N", legend=legend("", orient="bottom"),
                         scale=alt.Scale(domain=SERIES[:2], range=[_DP, _DDP])),
         tooltip=[alt.Tooltip("series:N", title="what"), alt.Tooltip("world_size:Q", title="devices"),
+                 alt.Tooltip("mib:Q", title="MiB (sent + received)", format=".3f"),
                  alt.Tooltip("busiest_bytes:Q", title="bytes", format=",.0f")],
     ).properties(title=title("Where the star breaks (predicted)",
                              "bytes on the busiest device. DP: device 0 moves (n−1)·P each way; DDP: each rank 2(n−1)/n·P each way"),
