@@ -74,6 +74,8 @@ SLOWEST_MODULES_S = {
     "tests/workers/test_security.py": 53, "tests/workers/test_reliability_redis.py": 50,
     "tests/engine/test_knobs.py": 47, "tests/workers/test_doctor.py": 46,
     "tests/workers/test_ddpviz_api.py": 46, "tests/workers/test_attach_fail_open.py": 44,
+    "tests/workers/test_attach_lifetime.py": 45, "tests/workers/test_attach_compile.py": 25,
+    "tests/workers/test_attach_powersgd.py": 20,  # 2026-12-06: estimates (lifetime's first test: 30 s in a clean clone)
     "tests/app/test_app_browser_live.py": 40, "tests/engine/test_fsdp_knobs.py": 39,
     "tests/app/test_app_browser.py": 39, "tests/engine/test_failures.py": 37,
     "tests/engine/test_correctness.py": 36, "tests/engine/test_fsdp_memory_peak.py": 33,
