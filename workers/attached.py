@@ -1,15 +1,24 @@
 """An attached run's record in Redis (`ddpviz run`, `ddpviz upload`): created started, ended with
-its status, error and a summary built from its stream, and its failure read from torchrun's error
-file (torch.distributed.elastic writes the failing rank's exception and traceback to
-TORCHELASTIC_ERROR_FILE, `error.json` in the run's spool folder).
+its status, error and a summary built from its stream; and what the run's spool folder says of the
+ended command: its failure read from torchrun's error file (torch.distributed.elastic writes the
+failing rank's exception and traceback to TORCHELASTIC_ERROR_FILE, `error.json` in the spool), whether
+anything trained under the instrumentation (`ending_of`), and ranks that left their record open
+(`note_unclosed`).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+NOTHING_INSTRUMENTED = ("no process of the command trained under the instrumentation (none became a rank: "
+                        "torchrun's workers, the launcher's own child, or a process that initialised a "
+                        "process group); nothing was recorded. A single training process started by another "
+                        "launcher (e.g. `accelerate launch --cpu`) is recorded when it calls ddpviz.watch(model)")
 
 
 def failure(spool: Path, exit_code: int) -> dict[str, Any]:
@@ -30,6 +39,57 @@ def failure(spool: Path, exit_code: int) -> dict[str, Any]:
         err = make_error(f"CommandFailed: the command exited with code {exit_code}", None, stage="training")
     err["exit_code"] = exit_code
     return err
+
+
+def ending_of(spool: Path, exit_code: int, canceled: str | None, say: Callable[[str], None]) -> dict[str, Any]:
+    """How the command's run ended: ``{status, error, exit_code, ended_at}``. `canceled`: the cancel's story
+    (then status canceled); else exit 0 is succeeded, unless no process wrote an event file (failed,
+    ``NothingInstrumented``, said with `say`); any other exit is failed with `failure`'s error."""
+    from ddpviz.engine.attach.env import OFF_ENV
+
+    nothing = not any(spool.glob("events-*.jsonl")) and os.environ.get(OFF_ENV) != "1"
+    if canceled:
+        ending = dict(status="canceled", error={"rank": None, "exception": f"Canceled: {canceled}",
+                                                "traceback": None}, exit_code=exit_code)
+    elif exit_code == 0 and nothing:
+        say(NOTHING_INSTRUMENTED)
+        ending = dict(status="failed", error={"rank": None, "exception": f"NothingInstrumented: {NOTHING_INSTRUMENTED}",
+                                              "traceback": None, "exit_code": 0}, exit_code=0)
+    elif exit_code == 0:
+        ending = dict(status="succeeded", error=None, exit_code=0)
+    else:
+        ending = dict(status="failed", error=failure(spool, exit_code), exit_code=exit_code)
+    ending["ended_at"] = time.time()  # when the command ended: an upload records this, not its own time
+    return ending
+
+
+def note_unclosed(spool: Path, run_id: str, say: Callable[[str], None]) -> list[str]:
+    """Ranks that ended without closing their record (their open marker is still in `spool`,
+    `engine.attach.session.OPEN_MARKER`: `os._exit`, a kill): each said with `say` and written to the spool
+    as a `log` warning of the run (sent with its events), so a record missing its last events (up to a
+    flush interval) is not taken as whole. Returns the messages; the markers are removed.
+
+    Raises:
+        OSError: the spool cannot be written.
+    """
+    from ddpviz.engine.attach.env import PUMP_INTERVAL_S
+    from ddpviz.engine.events import make_event
+
+    said, lines = [], []
+    for marker in sorted(spool.glob("open-rank*-pid*")):
+        m = re.fullmatch(r"open-rank(\d+)-pid(\d+)", marker.name)
+        if m is None:
+            continue
+        message = (f"rank {m.group(1)} (pid {m.group(2)}) ended without closing its record (os._exit, or a "
+                   f"kill): the events of its last {PUMP_INTERVAL_S:g} s or so may be missing")
+        say(message)
+        said.append(message)
+        lines.append(json.dumps(make_event("log", run_id, level="warning", message=message, rank=int(m.group(1)))))
+        marker.unlink(missing_ok=True)
+    if lines:
+        with open(spool / "events-launcher.jsonl", "a") as fh:
+            fh.write("\n".join(lines) + "\n")
+    return said
 
 
 def create_record(store: Any, run_id: str, cmd: list[str] | None, label: str | None,

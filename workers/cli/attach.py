@@ -38,8 +38,8 @@ from typing import Any
 import redis
 
 from ddpviz.engine.attach.env import PUMP_INTERVAL_S  # events are forwarded this often
-from ddpviz.workers.attached import create_record, failure, record_ending, refresh_summary
-from ddpviz.workers.cli.command_env import command_env
+from ddpviz.workers.attached import create_record, ending_of, note_unclosed, record_ending, refresh_summary
+from ddpviz.workers.cli.command_env import command_env, launchers_processes
 from ddpviz.workers.cli.exits import EXIT_REFUSED
 from ddpviz.workers.cli.upload import _store, cmd_upload, upload_hint  # noqa: F401 (cmd_upload: `ddpviz upload`)
 
@@ -57,10 +57,6 @@ FINAL_SEND_S = 5.0  # at the end, how long to keep trying to store what is left 
 # runs in their gaps (waits on the all-reduce, the data loader) instead of taking a core's share
 # from them (issue 24's cost rule). A separate process, so no lock the ranks need is held by it.
 LAUNCHER_NICE = 10
-NOTHING_INSTRUMENTED = ("no process of the command trained under the instrumentation (none became a rank: "
-                        "torchrun's workers, the launcher's own child, or a process that initialised a "
-                        "process group); nothing was recorded. A single training process started by another "
-                        "launcher (e.g. `accelerate launch --cpu`) is recorded when it calls ddpviz.watch(model)")
 APP_URL_UNKNOWN = "`ddpviz up` prints its address"  # no `up` recorded one on this Redis
 
 
@@ -151,28 +147,12 @@ class Launch:
         """Signal COMMAND's process group; with SIGKILL also the group of every instrumented process
         still alive (torchrun starts each worker in a session of its own, which a signal to
         torchrun's group does not reach; torchrun passes SIGTERM and SIGINT on itself)."""
-        groups = [self.proc.pid] + (self.instrumented_pids() if sig == signal.SIGKILL else [])
+        groups = [self.proc.pid] + (launchers_processes(os.getpid()) if sig == signal.SIGKILL else [])
         for pgid in groups:
             try:
                 os.killpg(pgid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
-
-    def instrumented_pids(self) -> list[int]:
-        """Pids of this user's processes whose environment names this launcher (`LAUNCHER_ENV`:
-        every process COMMAND started, instrumented or not; not another node's launcher's, which
-        shares the run id under ``--join``; Linux /proc)."""
-        from ddpviz.engine.attach.env import LAUNCHER_ENV
-
-        mark = f"{LAUNCHER_ENV}={os.getpid()}".encode()
-        out = []
-        for entry in Path("/proc").glob("[0-9]*"):
-            try:
-                if mark in (entry / "environ").read_bytes().split(b"\0"):
-                    out.append(int(entry.name))
-            except (ValueError, OSError):
-                continue
-        return out
 
     def stop(self, sig: int, why: str) -> None:
         """Pass `sig` to the command; the first time, start the `kill_after_s` clock."""
@@ -289,49 +269,9 @@ class Launch:
         else:
             refresh_summary(self.store, self.run_id)
 
-    def unclosed(self) -> None:
-        """Ranks that ended without closing their record (their open marker is still in the spool,
-        `engine.attach.session.OPEN_MARKER`: `os._exit`, a kill): said on stderr and as a `log` event of
-        the run, so a record missing its last events (up to a flush interval) is not taken as whole."""
-        import json
-        import re
-
-        from ddpviz.engine.attach.env import PUMP_INTERVAL_S
-        from ddpviz.engine.events import make_event
-
-        lines = []
-        for marker in sorted(self.spool.glob("open-rank*-pid*")):
-            m = re.fullmatch(r"open-rank(\d+)-pid(\d+)", marker.name)
-            if m is None:
-                continue
-            message = (f"rank {m.group(1)} (pid {m.group(2)}) ended without closing its record (os._exit, or a "
-                       f"kill): the events of its last {PUMP_INTERVAL_S:g} s or so may be missing")
-            _say(message)
-            lines.append(json.dumps(make_event("log", self.run_id, level="warning", message=message,
-                                               rank=int(m.group(1)))))
-            marker.unlink(missing_ok=True)
-        if lines:
-            with open(self.spool / "events-launcher.jsonl", "a") as fh:
-                fh.write("\n".join(lines) + "\n")
-
     def ending(self, exit_code: int) -> dict[str, Any]:
-        """How the run ended: ``{status, error, exit_code, ended_at}`` (see the module docstring)."""
-        from ddpviz.engine.attach.env import OFF_ENV
-
-        nothing = not any(self.spool.glob("events-*.jsonl")) and os.environ.get(OFF_ENV) != "1"
-        if self.canceled:
-            ending = dict(status="canceled", error={"rank": None, "exception": f"Canceled: {self.ended_how(exit_code)}",
-                                                    "traceback": None}, exit_code=exit_code)
-        elif exit_code == 0 and nothing:
-            _say(NOTHING_INSTRUMENTED)
-            ending = dict(status="failed", error={"rank": None, "exception": f"NothingInstrumented: {NOTHING_INSTRUMENTED}",
-                                                  "traceback": None, "exit_code": 0}, exit_code=0)
-        elif exit_code == 0:
-            ending = dict(status="succeeded", error=None, exit_code=0)
-        else:
-            ending = dict(status="failed", error=failure(self.spool, exit_code), exit_code=exit_code)
-        ending["ended_at"] = time.time()  # when the command ended: an upload records this, not its own time
-        return ending
+        """How the run ended (`workers.attached.ending_of`), what the spool shows said on stderr."""
+        return ending_of(self.spool, exit_code, self.ended_how(exit_code) if self.canceled else None, say=_say)
 
     def finish(self, exit_code: int) -> bool:
         """Send what is left and record how the run ended. False when not every event was stored
@@ -342,7 +282,7 @@ class Launch:
 
         ending = self.ending(exit_code)
         try:
-            self.unclosed()
+            note_unclosed(self.spool, self.run_id, say=_say)
         except OSError:
             pass
         _write_json(self.spool / "ending.json", ending)

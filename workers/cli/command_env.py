@@ -31,7 +31,7 @@ def command_env(run_id: str, spool: Path, cmd: list[str], probe: bool = False,
                                           set_bucket_timing)
 
     env = child_environment(os.environ, run_id, spool)
-    env[LAUNCHER_ENV] = str(os.getpid())  # which processes are this launcher's (`Launch.instrumented_pids`)
+    env[LAUNCHER_ENV] = str(os.getpid())  # which processes are this launcher's (`launchers_processes`)
     env[COMMAND_ENV] = json.dumps(cmd)
     env["TORCHELASTIC_ERROR_FILE"] = str(spool / "error.json")
     if probe:
@@ -40,3 +40,20 @@ def command_env(run_id: str, spool: Path, cmd: list[str], probe: bool = False,
     if not is_torchrun(cmd):
         env[SOLO_ENV] = str(os.getpid())
     return env
+
+
+def launchers_processes(launcher_pid: int) -> list[int]:
+    """Pids of this user's processes whose environment names launcher `launcher_pid` (`LAUNCHER_ENV`, set by
+    `command_env`: every process the command started, instrumented or not; not another node's launcher's,
+    which shares the run id under ``--join``; Linux /proc)."""
+    from ddpviz.engine.attach.env import LAUNCHER_ENV
+
+    mark = f"{LAUNCHER_ENV}={launcher_pid}".encode()
+    out = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if mark in (entry / "environ").read_bytes().split(b"\0"):
+                out.append(int(entry.name))
+        except (ValueError, OSError):
+            continue
+    return out
