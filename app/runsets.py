@@ -71,9 +71,12 @@ def latest_pair(runs: list[Run], most: int = 2) -> list[str]:
     newest = max(runs, key=lambda r: r.get("created_at") or 0)
     if not newest.get("group"):
         return [newest["run_id"]]
-    mates = [r for r in runs if r.get("group") == newest["group"]]
-    mates.sort(key=lambda r: (PAIR_FIRST.get(mode(r), len(PAIR_FIRST)), r["run_id"]))
-    return [r["run_id"] for r in mates[:most]]
+    return pair_first({r["run_id"]: mode(r) for r in runs if r.get("group") == newest["group"]}, most)
+
+
+def pair_first(modes: dict[str, str], most: int = 2) -> list[str]:
+    """Of runs {run_id: mode}, the first `most` in `PAIR_FIRST` order (DP, DDP, FSDP, single), ties by id."""
+    return sorted(modes, key=lambda rid: (PAIR_FIRST.get(modes[rid], len(PAIR_FIRST)), rid))[:most]
 
 
 def set_label(members: list[Run]) -> str:

@@ -75,14 +75,15 @@ SEPARATE = ("What would separate them: more steps (a longer run narrows the inte
 # What the default pair did on a 2-core CPU, measured in turns (docs/bench/default-pair-b256-turns-tries.json,
 # issue 33.3): said with every level or DP-ahead verdict, so a reader knows the machine, not the
 # method, can decide.
-CPU_NOTE = ("On 2 CPU cores the answer depends on whether the cores are free: the default pair (batch 256) "
-            "measured in turns (`ddpviz compare --modes dp,ddp`) was DDP ahead beyond noise in 5 of 5 tries "
-            "on a quiet machine (1.48-1.56x) and, with one busy process beside it, ahead in 5 of 5 by less "
-            "one morning (1.07-1.11x; the interval's low end below 1.05 once), by 1.39-1.50x one evening "
-            "(docs/verdict.md): DDP's ranks meet at every all-reduce, so "
-            "whichever rank the other process preempts holds up both, while DP's one process goes on with "
-            "the core it has; smaller batches (32) were level or DP ahead there "
-            "(docs/bench/default-pair-b256-turns-tries.json).")
+CPU_FIGURES = ("the default pair (batch 256) "
+               "measured in turns (`ddpviz compare --modes dp,ddp`) was DDP ahead beyond noise in 5 of 5 tries "
+               "on a quiet machine (1.48-1.56x) and, with one busy process beside it, ahead in 5 of 5 by less "
+               "one morning (1.07-1.11x; the interval's low end below 1.05 once), by 1.39-1.50x one evening "
+               "(docs/verdict.md): DDP's ranks meet at every all-reduce, so "
+               "whichever rank the other process preempts holds up both, while DP's one process goes on with "
+               "the core it has; smaller batches (32) were level or DP ahead there "
+               "(docs/bench/default-pair-b256-turns-tries.json).")
+CPU_NOTE = f"On 2 CPU cores the answer depends on whether the cores are free: {CPU_FIGURES}"
 SOURCE = ("measured: ratio of the median samples/s over each run's steady steps; 90% interval from a "
           "block bootstrap of the per-step samples/s (engine.verdict); parts: means over steady steps")
 
@@ -202,7 +203,7 @@ class Verdict:
         if self.leader == "dp":
             text += f" {CPU_NOTE}"
         elif self.leader == "level":  # the headline already named a quieter machine: the figures only
-            text += " For scale, the default pair" + CPU_NOTE.split("the default pair", 1)[1]
+            text += f" For scale, {CPU_FIGURES}"
         return text
 
     def text(self) -> str:

@@ -32,10 +32,11 @@ def latest_volumes(events: Iterable[Event]) -> list[Event]:
     return [latest[k] for k in sorted(latest)]
 
 
-def devices_used(cfg: dict[str, Any]) -> Any:
-    """The devices a run trained on: its `world_size`, except a single run's, which is one device (its
-    config keeps the set's world size: it computes that many devices' global batch on one)."""
-    return 1 if cfg.get("mode") == "single" else cfg.get("world_size", "?")
+def devices_used(cfg: dict[str, Any]) -> int | None:
+    """The devices a run trained on: its `world_size` (None if the config has none), except a single run's,
+    which is one device (its config keeps the set's world size: it computes that many devices' global batch
+    on one)."""
+    return 1 if cfg.get("mode") == "single" else cfg.get("world_size")
 
 
 def run_label(run: dict[str, Any] | None, run_id: str) -> str:
@@ -44,7 +45,7 @@ def run_label(run: dict[str, Any] | None, run_id: str) -> str:
     if run.get("label"):
         return str(run["label"])
     cfg = run.get("config") or {}
-    return f"{cfg.get('mode', '?')} ×{devices_used(cfg)} · {run_id[:6]}"
+    return f"{cfg.get('mode', '?')} ×{devices_used(cfg) or '?'} · {run_id[:6]}"
 
 
 def mib(nbytes: float | None) -> float:

@@ -42,7 +42,7 @@ class RunView:
 
     @property
     def world_size(self) -> int:
-        return 1 if self.mode == "single" else int(self.config.get("world_size") or 1)
+        return int(frames.devices_used(self.config) or 1)
 
     @property
     def summary(self) -> dict[str, Any]:

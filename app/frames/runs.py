@@ -71,7 +71,7 @@ def runs_frame(runs: Iterable[dict[str, Any]]) -> pd.DataFrame:
         rows.append({
             "run_id": r["run_id"], "label": r.get("label") or "", "mode": cfg.get("mode"),
             "model": cfg.get("model"), "source": run_source(r),
-            "world_size": frames_base.devices_used(cfg) if cfg else None,
+            "world_size": frames_base.devices_used(cfg),
             "status": r.get("status"), "samples_per_s": summary.get("samples_per_s"),
             "val_accuracy": summary.get("val_accuracy"), "wall_s": wall_seconds(r),
             "note": no_throughput_reason(r),

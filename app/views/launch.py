@@ -204,9 +204,8 @@ def launched_panel() -> None:
     ids = list(launched)
     st.info(launched_text(launched), icon=":material/rocket_launch:")
     status_line(launched)
-    # Live shows two runs: of a set, DP and DDP, the pair its verdict compares (`runsets.latest_pair`)
-    live = runsets.latest_pair([dict(run_id=i, group="launched", created_at=0.0, config=dict(mode=m))
-                                for i, m in launched.items()])
+    # Live shows two runs: of a set, DP and DDP, the pair its verdict compares
+    live = runsets.pair_first(launched)
     st.page_link(LIVE_PAGE, label="Watch them live", icon=":material/monitoring:",
                  query_params={"runs": ",".join(live)})
     if len(ids) > 1:

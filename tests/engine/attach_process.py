@@ -23,6 +23,19 @@ dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.
 '''
 
 
+# its end: the group closed, what it printed flushed, and out with no exit handler (ddpviz's would write more)
+EPILOGUE = r'''
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)
+'''
+
+
+def plain_and_attached(tmp: Path, script: str, prefixes: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """`run_script` without ddpviz, then with it: (plain lines, attached lines)."""
+    return run_script(tmp, script, "plain", prefixes), run_script(tmp, script, "attached", prefixes)
+
+
 def run_script(tmp: Path, script: str, how: str, prefixes: tuple[str, ...]) -> list[str]:
     """Run `script` as ``python -c SCRIPT HOW`` with a run id and a spool under `tmp`; its stdout lines that
     start with one of `prefixes`. Asserts the process exited 0."""

@@ -5,7 +5,7 @@ ddpviz. Before 2026-12-06 ddpviz took the hook without DDP's checks: a bf16 hook
 
 from __future__ import annotations
 
-from attach_process import PREAMBLE, run_script
+from attach_process import EPILOGUE, PREAMBLE, plain_and_attached
 
 SCRIPT = PREAMBLE + r'''
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -20,17 +20,14 @@ for hook in (default_hooks.bf16_compress_hook, annotated, default_hooks.fp16_com
         print(hook.__name__, "registered", ddp._get_ddp_logging_data().get("comm_hook"))
     except Exception as exc:
         print(hook.__name__, type(exc).__name__, str(exc).splitlines()[0])
-dist.destroy_process_group()
-sys.stdout.flush()
-os._exit(0)
-'''
+''' + EPILOGUE
 
 
 SAID = ("bf16_compress_hook", "annotated", "fp16_compress_hook")  # the script's result lines
 
 
 def test_the_scripts_hook_is_checked_and_named_as_ddp_does_without_ddpviz(tmp_path):
-    plain, attached = (run_script(tmp_path, SCRIPT, how, SAID) for how in ("plain", "attached"))
+    plain, attached = plain_and_attached(tmp_path, SCRIPT, SAID)
     assert len(plain) == 3 and plain[0].startswith("bf16_compress_hook TypeError BF16 all reduce"), plain
     assert plain[1].startswith("annotated ValueError")
     assert plain[2] == "fp16_compress_hook registered fp16_compress_hook"

@@ -6,7 +6,7 @@ inside a memory-traced step (steps 0-2, every 200th), whose phase hooks are loca
 
 from __future__ import annotations
 
-from attach_process import PREAMBLE, run_script
+from attach_process import EPILOGUE, PREAMBLE, plain_and_attached
 
 SCRIPT = PREAMBLE + r'''
 torch.manual_seed(0)
@@ -29,16 +29,13 @@ for how, save in (("torch.save", saved), ("pickle", lambda m: pickle.loads(pickl
             print(how, what, f"{save(m)(x).sum().item():.6f}")
         except Exception as exc:
             print(how, what, type(exc).__name__, exc)
-dist.destroy_process_group()
-sys.stdout.flush()
-os._exit(0)
-'''
+''' + EPILOGUE
 
 
 SAID = ("torch.save", "pickle", "deepcopy")  # the script's result lines
 
 
 def test_a_ddp_or_model_saved_whole_is_saved_and_loads_as_without_ddpviz(tmp_path):
-    plain, attached = (run_script(tmp_path, SCRIPT, how, SAID) for how in ("plain", "attached"))
+    plain, attached = plain_and_attached(tmp_path, SCRIPT, SAID)
     assert len(plain) == 6 and all(len(line.split(" ")) == 3 for line in plain), plain  # every save worked
     assert attached == plain
