@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 import orjson
 
@@ -289,6 +289,17 @@ class CallbackSink:
         pass
 
 
+class Later:
+    """Events built by a `BatchingSink`'s writer thread, not by the thread that emits them:
+    `fn(*args)` -> a list of `count` events, called once when the sink takes them, in their place in
+    the order. For a hot path (a DDP rank's ordinary steps) whose arguments are its only per-step work."""
+
+    __slots__ = ("fn", "args", "count")
+
+    def __init__(self, fn: Callable[..., list[dict[str, Any]]], args: tuple, count: int):
+        self.fn, self.args, self.count = fn, args, count
+
+
 class BatchingSink:
     """Buffers events and writes them to `writer` from a background thread.
 
@@ -335,11 +346,29 @@ class BatchingSink:
         if len(self._buf) >= self.max_batch:
             self._wake.set()
 
+    def emit_later(self, later: Later) -> None:
+        """Queue events that the writer thread builds (`Later`) where `emit_many` would put them: the
+        emitting thread pays one append (a DDP rank's ordinary step: its bucket and step events)."""
+        self._buf.append(later)
+        if len(self._buf) >= self.max_batch:
+            self._wake.set()
+
     def _flush_now(self) -> None:
-        """Take what is buffered now and write it, in order (a taker holds `_write_lock` from take to write)."""
+        """Take what is buffered now and write it, in order (a taker holds `_write_lock` from take to write);
+        a `Later` is built here, in its place. A builder that raises loses its events, counted like a failed
+        write's (`lost_events`, then a `log` event in the run): telemetry never kills training."""
         with self._write_lock:
             buf = self._buf
-            batch = [buf.popleft() for _ in range(len(buf))]
+            batch: list[dict[str, Any]] = []
+            for _ in range(len(buf)):
+                item = buf.popleft()
+                if type(item) is not Later:
+                    batch.append(item)
+                    continue
+                try:
+                    batch.extend(item.fn(*item.args))
+                except Exception as exc:
+                    self._count_lost(item.count, exc, batch[-1:])
             for i in range(0, len(batch), self.max_batch):
                 self._write_chunk(batch[i:i + self.max_batch])
 
@@ -350,15 +379,19 @@ class BatchingSink:
         try:
             self.writer.write_batch(chunk)
         except Exception as exc:  # telemetry must not kill training
-            lost = len(chunk) - (1 if reported else 0)
             self.dropped_batches += 1
-            self.lost_events += lost
-            self.unreported_lost += lost
-            self.last_error = exc
-            if not self._lost_from and chunk:
-                self._lost_from = {k: chunk[-1][k] for k in ("run_id", "rank", "device") if k in chunk[-1]}
+            self._count_lost(len(chunk) - (1 if reported else 0), exc, chunk)
         else:
             self.unreported_lost -= reported
+
+    def _count_lost(self, lost: int, exc: BaseException, near: list[dict[str, Any]]) -> None:
+        """Count `lost` events as lost (reported in the run by the next write); `near`: events whose
+        run_id, rank and device name where they were lost, when no earlier loss did."""
+        self.lost_events += lost
+        self.unreported_lost += lost
+        self.last_error = exc
+        if not self._lost_from and near:
+            self._lost_from = {k: near[-1][k] for k in ("run_id", "rank", "device") if k in near[-1]}
 
     def _loop(self) -> None:
         name_this_thread()

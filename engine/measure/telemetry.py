@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ddpviz.engine.events import EventSink, emit_all, make_event, make_events
+from ddpviz.engine.events import EventSink, Later, emit_all, make_event, make_events
 
 
 class Telemetry:
@@ -36,6 +36,15 @@ class Telemetry:
     def hand_over(self, events: list[dict[str, Any]]) -> None:
         """Give built events (`build`, `head`) to the sink at once, in order."""
         emit_all(self.sink, events)
+
+    def hand_over_later(self, later: Later) -> None:
+        """Give the sink events it builds itself (`Later`, on a `BatchingSink`'s writer thread), in their
+        place in the order; a sink that cannot is handed `later`'s events built now."""
+        emit_later = getattr(self.sink, "emit_later", None)
+        if emit_later is not None:
+            emit_later(later)
+        else:
+            emit_all(self.sink, later.fn(*later.args))
 
     def build_many(self, type_: str, rows: list[dict[str, Any]], **common: Any) -> list[dict[str, Any]]:
         """The events `emit_many` would hand to the sink, not handed over (for `hand_over`)."""

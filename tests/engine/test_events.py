@@ -3,7 +3,8 @@
 import json
 import time
 
-from ddpviz.engine.events import BatchingSink, JsonlTail, JsonlWriter, ListSink, make_event, read_jsonl
+from ddpviz.engine.events import BatchingSink, JsonlTail, JsonlWriter, Later, ListSink, make_event, read_jsonl
+from ddpviz.engine.measure.telemetry import Telemetry
 
 
 def test_batching_sink_delivers_everything_in_order_in_batches(tmp_path):
@@ -40,6 +41,56 @@ def test_batching_sink_keeps_order_while_flush_races_its_thread():
     other.join()
     sink.close()
     assert [e["message"] for e in writer.events] == [str(i) for i in range(6000)]
+
+
+def _logs(*messages):
+    return [make_event("log", "r", level="info", message=m) for m in messages]
+
+
+def test_events_built_later_take_their_place_in_the_order_and_are_built_off_the_emitting_thread():
+    """A DDP rank's ordinary steps hand over a `Later` (engine.modes.ddp.rank ordinary_events): the writer's
+    thread builds its events, where `emit_many` would have put them."""
+    import threading
+
+    writer = ListSink()
+    sink = BatchingSink(writer, max_batch=5, flush_interval_s=0.001)
+    built_on = []
+
+    def build(a, b):
+        built_on.append(threading.current_thread().name)
+        return _logs(a, b)
+
+    for i in range(0, 300, 4):
+        sink.emit(_logs(str(i))[0])
+        sink.emit_later(Later(build, (str(i + 1), str(i + 2)), 2))
+        sink.emit_many(_logs(str(i + 3)))
+    sink.close()
+    assert [e["message"] for e in writer.events] == [str(i) for i in range(300)]
+    assert len(built_on) == 75 and threading.current_thread().name not in built_on
+
+
+def test_a_builder_that_raises_loses_its_events_visibly_and_the_rest_arrive():
+    writer = ListSink()
+    sink = BatchingSink(writer, flush_interval_s=60)  # writes only when flushed
+
+    def broken():
+        raise KeyError("ready_s")
+
+    sink.emit_many(_logs("a"))
+    sink.emit_later(Later(broken, (), 3))
+    sink.emit_many(_logs("b"))
+    sink.flush()
+    sink.emit_many(_logs("c"))
+    sink.close()
+    assert [e["message"] for e in writer.events if e["level"] == "info"] == ["a", "b", "c"]
+    (log,) = [e for e in writer.events if e["level"] == "error"]
+    assert log["events_lost"] == 3 and "ready_s" in log["error"] and sink.lost_events == 3
+
+
+def test_telemetry_builds_a_later_at_once_for_a_sink_that_cannot_defer():
+    sink = ListSink()
+    Telemetry(sink, "r").hand_over_later(Later(_logs, ("x", "y"), 2))
+    assert [e["message"] for e in sink.events] == ["x", "y"]
 
 
 def test_a_flush_waits_for_a_write_in_progress():

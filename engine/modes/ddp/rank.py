@@ -25,7 +25,7 @@ from ddpviz.engine.components.training import (autocast, batch_to, evaluate, fla
                                                should_eval)
 from ddpviz.engine.config import RunConfig
 from ddpviz.engine.data import BatchPlan, load_dataset
-from ddpviz.engine.events import mark_nonfinite
+from ddpviz.engine.events import Later, mark_nonfinite
 from ddpviz.engine.measure.clocks import CudaClock, HostClock, StepClock
 from ddpviz.engine.measure.deferred import deferred_steps
 from ddpviz.engine.measure.gil import MeterGate
@@ -166,27 +166,46 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
     def ordinary_finish(step: int, t0: float, t2: float, t4: float, fwd: float, bwd: float, optimizer_s: float,
                         loss: float) -> dict:
         """`finish` for an ordinary step whose buckets are the steady layout's with the reducer's ready
-        times (`LayoutBuckets.steady_readies`): the same events, built from per-layout heads
-        (`Telemetry.head`) and handed over with the step event (`emit_step`); else `finish` itself."""
+        times (`LayoutBuckets.steady_readies`): the same events, from per-layout heads (`Telemetry.head`).
+        Once the layout is known they are built by the event writer's thread (`ordinary_events`, handed
+        over as a `Later` by `emit_step`): this thread keeps the readings only, and returns the one field
+        `drive` reads (the loss). Else `finish` itself."""
         readies = bucket_log.steady_readies() if layout else None
         if readies is None:
             return finish(step, t0, t4, fwd, bwd, bwd, t2, optimizer_s, loss, traced=False)
         ts = time.time()
-        new_layout = heads[0] is not bucket_log.layout
-        if new_layout:
-            heads[:2] = bucket_log.layout, [tel.head("bucket", **row) for row in bucket_log.steady_rows()]
+        if heads[0] is bucket_log.layout:
+            staged[step] = Later(ordinary_events, (heads[1], heads[2], ts, step, readies, t0, t2, t4, fwd, bwd,
+                                                   optimizer_s, loss), len(readies) + 1)
+            return {"loss": loss}  # what drive reads (check_loss); the step event is built with the rest
+        heads[:2] = bucket_log.layout, [tel.head("bucket", **row) for row in bucket_log.steady_rows()]
         buckets = [{**h, "ts": ts, "step": step, "ready_s": r} for h, r in zip(heads[1], readies)]
         exposed, exposed_fields = exposed_comm(buckets, bwd, False)
-        if new_layout and volume_due(buckets, False):  # one layout, the same sizes: nothing new to say
+        if volume_due(buckets, False):  # a new layout with new sizes: one comm_volume
             buckets.append(tel.build("comm_volume", step=step, **volume[1]))
         staged[step] = buckets
         return fields_of(t0, t4, fwd, bwd, t2, optimizer_s, loss, exposed, exposed_fields)
+
+    def ordinary_events(bucket_heads: list[dict], step_head: dict, ts: float, step: int, readies: list[float],
+                        t0: float, t2: float, t4: float, fwd: float, bwd: float, optimizer_s: float,
+                        loss: float) -> list[dict]:
+        """An ordinary step's bucket events and step event, from its readings (`ordinary_finish`); called on
+        the event writer's thread (`BatchingSink`), so it reads nothing that changes after the step."""
+        events = [{**h, "ts": ts, "step": step, "ready_s": r} for h, r in zip(bucket_heads, readies)]
+        exposed, exposed_fields = exposed_comm(events, bwd, False)
+        fields = fields_of(t0, t4, fwd, bwd, t2, optimizer_s, loss, exposed, exposed_fields)
+        events.append({**step_head, "ts": ts, "step": step,
+                       **(fields if loss - loss == 0 else mark_nonfinite(fields))})
+        return events
 
     def emit_step(step: int, fields: dict) -> None:
         """The step event (`engine.components.loop.drive`), with the step's staged events before it."""
         events = staged.pop(step, None)
         if not events:
             tel.emit("step", step=step, **fields)
+            return
+        if type(events) is Later:  # an ordinary step's: built on the writer's thread, `fields` among them
+            tel.hand_over_later(events)
             return
         loss = fields["loss"]  # the one field a step can make non-finite (the rest are clock differences)
         events.append({**heads[2], "ts": events[0]["ts"], "step": step,
@@ -198,7 +217,8 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         events as `train_step`'s, its phases read with the host clock directly (no mark objects, no
         per-micro-batch lists), its events built by `ordinary_finish`. On 2 gloo ranks, MLP 128x3: the
         training thread's time between steps 79-106 -> 56-59 µs (`plain_alone`'s `between_steps_us`;
-        docs/bench/small-step-alone-2026-12-05.json, "ordinary_steps", "lean_ordinary_events")."""
+        docs/bench/small-step-alone-2026-12-05.json, "ordinary_steps", "lean_ordinary_events"), then 51-54 ->
+        33-42 µs with the events built on the writer's thread (docs/bench/small-step-later-2026-12-06.json)."""
         t0 = now()
         idx = plan.rank_indices(step, rank)
         x, y = ds.x_train[idx].to(device), ds.y_train[idx].to(device)
