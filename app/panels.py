@@ -27,6 +27,7 @@ from ddpviz.app.outage import REDIS_DOWN, show_outage
 from ddpviz.app.window import TERMINAL, RunWindow
 from ddpviz.engine.analysis import format_bytes, format_rate
 from ddpviz.engine.stages import where_failed
+from ddpviz.engine.verdict import MIN_STEADY_STEPS
 
 # Windows shared by several panels are read at most this often: below the status panel's
 # period (app/views/live.STATUS_REFRESH_S), so each of its runs reads what arrived since.
@@ -204,11 +205,8 @@ def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, st
     steps = steps_of(windows, labels)
     if steps.empty:
         return _waiting("the first step", windows)
-    medians = {run: float(df["samples_per_s"].median())  # the run summary's steps (fsteps.steady_steps)
-               for run, df in fsteps.steady_steps(steps).groupby("run", sort=False)}
-    for col, (run, v) in zip(st.columns(len(medians)), medians.items()):
-        others = [(r, o) for r, o in medians.items() if r != run and o > 0]
-        delta = f"{v / others[0][1]:.2f}× {others[0][0]}" if others else None
+    tiles = fsteps.throughput_tiles(steps, MIN_STEADY_STEPS)  # the run summary's steps (fsteps.steady_steps)
+    for col, (run, (v, delta)) in zip(st.columns(len(tiles)), tiles.items()):
         col.metric(f"{run}: median samples/s", f"{v:,.0f}", delta=delta, delta_color="off",
                    delta_arrow="off")
     earlier = pd.concat([_segmented(w.history.frame(labels[rid]), w.unread_steps) for rid, w in windows.items()],
@@ -318,10 +316,7 @@ def split_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -
     _chart(charts.split_chart(split), "chart_split")
     missing = "".join(f" {run}: {why} (its forward and backward include it)."
                       for run, why in fsteps.unmeasured_parts(steps).items())
-    st.caption("exposed comm: all-reduce time not hidden behind backward; DP copies: device 0's "
-               "scatter, gather, reduce and broadcast, copies through one device (not a collective); "
-               "other: data loading "
-               "and synchronisation. Steps after the first, median over the window." + missing)
+    st.caption(fsteps.split_note(set(split["part"])) + missing)
 
 
 # ---- memory ---------------------------------------------------------------------------------

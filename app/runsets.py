@@ -11,6 +11,7 @@ Pure helpers (grouping, labels) come first; the Streamlit parts (pickers, pollin
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
 from typing import Any, Callable
 
 import streamlit as st
@@ -119,6 +120,21 @@ def unique_labels(runs: list[Run]) -> dict[str, str]:
     if len(set(labels.values())) < len(labels):
         labels = {rid: f"{lab} · {rid[:6]}" for rid, lab in labels.items()}
     return labels
+
+
+def picker_labels(runs: list[Run]) -> dict[str, str]:
+    """Run id -> what a run picker shows: the run's label, and where two runs share it (two pairs launched
+    without a name are both "DP" and "DDP") its launch time and short id, ``"DDP — 12-06 05:02:57
+    (4d2795)"``, so every entry tells its run apart."""
+    labels = {r["run_id"]: frames.run_label(r, r["run_id"]) for r in runs}
+    shared = {lab for lab, n in Counter(labels.values()).items() if n > 1}
+    out = {}
+    for r in runs:
+        lab = labels[r["run_id"]]
+        created = r.get("created_at")
+        when = dt.datetime.fromtimestamp(created).strftime("%m-%d %H:%M:%S") if created else "?"
+        out[r["run_id"]] = f"{lab} — {when} ({r['run_id'][:6]})" if lab in shared else lab
+    return out
 
 
 # ---- Streamlit ------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import altair as alt
 import pandas as pd
 
 from ddpviz.app.charts.buckets import EXPOSED_NOTE, bucket_timeline
-from ddpviz.app.charts.style import HEIGHT, MODE_HUES, WIDTH, legend, title
+from ddpviz.app.charts.style import HEIGHT, MODE_HUES, WIDTH, extra_title_px, legend, title
 
 SERIES = ["DP (predicted)", "DDP (predicted)", "DP (measured)", "DDP (measured)"]
 _DP, _DDP = MODE_HUES["dp"][0], MODE_HUES["ddp"][0]  # one colour per mode, every page
@@ -76,10 +76,11 @@ def efficiency_chart(pred: pd.DataFrame, measured: pd.DataFrame, *, scenario: st
     if not above.empty:  # clamped at the top edge: say so, with the highest, so none reads as ~1.5x
         unmeasured += (f"; {len(above)} measured point(s) above the axis sit at its top edge (up to "
                        f"{above['efficiency'].max():.0%}: a slow single-device baseline, e.g. a short run)")
-    return alt.layer(*layers, ideal).properties(
-        title=title("Scaling efficiency (predicted)",
-                    f"samples/s(n) ÷ (n · one device's); grey: linear; for {scenario}{unmeasured}{_dp_ends(pred)}"),
-        width=WIDTH, height=HEIGHT + 60)
+    head = title("Scaling efficiency (predicted)",
+                 f"samples/s(n) ÷ (n · one device's); grey: linear; for {scenario}{unmeasured}{_dp_ends(pred)}")
+    # room for the subtitle's lines (the clamp's note makes 4-5): under Streamlit's autosize "fit" they pushed the
+    # title out of the box and squeezed the plot (seen in Chromium)
+    return alt.layer(*layers, ideal).properties(title=head, width=WIDTH, height=HEIGHT + 60 + extra_title_px(head))
 
 
 def bytes_chart(df: pd.DataFrame) -> alt.Chart:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from ddpviz.app.charts.style import HEIGHT, MODE_COLOURS, SWEEP_HUES, WIDTH, legend, title
+from ddpviz.app.charts.style import HEIGHT, MODE_COLOURS, SWEEP_HUES, WIDTH, extra_title_px, legend, title
 
 _MODE_RANGE = dict(zip(MODE_COLOURS.domain, MODE_COLOURS.range))  # the app's colour of each mode
 
@@ -33,10 +33,25 @@ def efficiency_chart(eff: pd.DataFrame) -> alt.LayerChart:
         color=alt.Color("mode:N", legend=legend("mode"), scale=_modes_drawn(eff)), tooltip=tip)
     ideal = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(strokeDash=[5, 4],
                                                             color="#555").encode(y="y:Q")
-    return alt.layer(lines, ideal).properties(
-        title=title("Scaling efficiency vs world size",
-                    "samples/s(n) ÷ (n · samples/s of one device); dashed: linear scaling"),
-        width=WIDTH, height=HEIGHT)
+    head = title("Scaling efficiency vs world size",
+                 "samples/s(n) ÷ (n · samples/s of one device); dashed: linear scaling" + _above_linear(eff))
+    # room for the subtitle's lines: under Streamlit's autosize "fit" they cut the title and squeezed the plot
+    return alt.layer(lines, ideal).properties(title=head, width=WIDTH, height=HEIGHT + extra_title_px(head))
+
+
+SUSPECT_EFFICIENCY = 1.5  # above this share of linear, look at the baseline first (as Scale-out's clamp)
+
+
+def _above_linear(eff: pd.DataFrame) -> str:
+    """Where runs sit far above linear, the words that send the reader to the single-device baseline every
+    efficiency divides by: a baseline slowed while it ran (e.g. beside the sweep's other runs on the same
+    cores) raises them all."""
+    high = eff[eff["efficiency"] > SUSPECT_EFFICIENCY]
+    single = eff.loc[eff["mode"] == "single", "samples_per_s"]
+    if high.empty or single.empty:
+        return ""
+    return (f"; {len(high)} run(s) above {SUSPECT_EFFICIENCY:.0%} (up to {high['efficiency'].max():.0%}): check the "
+            f"one-device baseline ({float(single.iloc[0]):,.0f} samples/s), slow if it ran beside other runs")
 
 
 def throughput_vs_world_chart(eff: pd.DataFrame) -> alt.Chart:

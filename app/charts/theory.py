@@ -7,6 +7,8 @@ Bytes through each device (DP's hub vs DDP's ring) reuse `app.charts.compare.byt
 
 from __future__ import annotations
 
+import json
+
 import altair as alt
 import pandas as pd
 
@@ -21,9 +23,40 @@ _SUB_MARKS = ("Dashed: fitted models, drawn over every size; filled probe points
               "hollow not; hollow ochre: overlapped buckets.")
 
 
+# Each series' legend symbol as its marks are drawn (one legend merges every layer's, and Vega-Lite drew
+# every entry as a filled circle, the fitted models' dashed lines too): a line for a series drawn as a line
+# only, dashed as the fitted models are; a ring for the overlapped buckets (hollow points); a filled circle
+# for the others (the probe's points on its line, fitted ones filled; the buckets that ran alone).
+_DASH = [6, 3]  # the fitted models' strokeDash, on the chart and in the legend
+# a ring (outer circle one way, inner the other: filled, the middle stays empty): Vega-Lite fills every
+# symbol of a legend whose layers hold filled points, whatever its `symbolFillColor`
+RING = "M-1,0A1,1 0 1,1 1,0A1,1 0 1,1 -1,0ZM-0.6,0A0.6,0.6 0 1,0 0.6,0A0.6,0.6 0 1,0 -0.6,0Z"
+_LINE, _DASHED = dict(shape="stroke", dash=[]), dict(shape="stroke", dash=_DASH)
+_DOT, _RING_DOT = dict(shape="circle", dash=[]), dict(shape=RING, dash=[])
+SYMBOLS = {PROBE_BUS: _DOT, PROBE_TIME: _DOT, PROBE_ALG: _LINE, ALONE: _DOT, OVERLAPPED: _RING_DOT,
+           FIT_PROBE: _DASHED, FIT_BUCKETS: _DASHED}
+
+
+def _per_series(what: str) -> alt.ExprRef:
+    """A legend property per entry: a Vega expression looking the entry's series (`datum.value`) up in
+    `SYMBOLS` (a JSON object is a Vega object literal)."""
+    return alt.ExprRef(f"{json.dumps({s: v[what] for s, v in SYMBOLS.items()})}[datum.value]")
+
+
+def _if_line(line, other) -> alt.ExprRef:
+    """`line` for a series drawn as a line, else `other`. A test, not a lookup: Vega lays out the legend's
+    symbol column with the symbols' size and stroke width, and with a lookup there it laid the labels over
+    the symbols (seen in Chromium)."""
+    lines = [s for s, v in SYMBOLS.items() if v["shape"] == "stroke"]
+    return alt.ExprRef(f"indexof({json.dumps(lines)}, datum.value) >= 0 ? {line} : {other}")
+
+
 def _colour(present: list[str]) -> alt.Color:
     domain = [s for s in SERIES if s in present]
-    return alt.Color("series:N", legend=legend("series", orient="right"),
+    symbols = dict(symbolType=_per_series("shape"), symbolDash=_per_series("dash"), symbolSize=_if_line(220, 80),
+                   symbolStrokeWidth=_if_line(2.5, 0), symbolStrokeColor=alt.ExprRef("scale('color', datum.value)"),
+                   labelOffset=8)  # clear of the longer line symbols
+    return alt.Color("series:N", legend=legend("series", orient="right", **symbols),
                      scale=alt.Scale(domain=domain, range=[_COLOURS[s] for s in domain]))
 
 
@@ -66,7 +99,7 @@ def _layers(probe: pd.DataFrame, buckets: pd.DataFrame, lines: pd.DataFrame, y: 
               (dots[~fitted], "point", enc, dict(filled=False, size=50)),
               (bk[~alone], "point", btip, dict(filled=False, size=30, opacity=0.6)),
               (bk[alone], "point", btip, dict(filled=True, size=45, opacity=0.8)),  # on top
-              (ln, "line", dict(enc, detail="series:N"), dict(strokeWidth=2.5, strokeDash=[6, 3]))]
+              (ln, "line", dict(enc, detail="series:N"), dict(strokeWidth=2.5, strokeDash=_DASH))]
     # no layer without data (the time chart has no algbw, a run may have no bucket alone...): an
     # empty one draws nothing and makes Vega warn "Infinite extent" for its fields
     return [_marks(df, mark, e, **props) for df, mark, e, props in layers if not df.empty]

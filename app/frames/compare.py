@@ -112,8 +112,9 @@ def _row(v: RunView) -> dict[str, Any]:
         "step_time_ms": pick("step_time_s", "step_time_ms"),
         "forward_ms": pick("forward_s", "forward_ms"),
         "backward_ms": pick("backward_s", "backward_ms"),
-        # DP's `comm_exposed_s` is its copies through device 0 (`fsteps.DP_COPIES`), never exposed comm
-        "comm_exposed_ms": float("nan") if v.mode == "dp" else pick("comm_exposed_s", "comm_exposed_ms"),
+        # DP's `comm_exposed_s` is its copies through device 0 (`fsteps.DP_COPIES`), never exposed comm; a
+        # single device communicates with nobody (its 0 is a constant, engine/modes/single.py): "—", not "0.00"
+        "comm_exposed_ms": float("nan") if v.mode in ("dp", "single") else pick("comm_exposed_s", "comm_exposed_ms"),
         "dp_copies_ms": pick("comm_exposed_s", "comm_exposed_ms") if v.mode == "dp" else float("nan"),
         "comm_exposed_note": s.get("comm_exposed_note") or fsteps.unmeasured_parts(steps).get(v.label),
         "optimizer_ms": pick("optimizer_s", "optimizer_ms"),

@@ -95,16 +95,21 @@ def bytes_frame(rep: Report) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def crossover(rep: Report) -> int | None:
-    """The smallest predicted world size > 1 from which DDP's samples/s beats DP's for good
-    (None if DP never falls behind, or one mode is missing)."""
+def _ddp_ahead(rep: Report) -> pd.Series | None:
+    """world size (> 1, both modes predicted) -> DDP's predicted samples/s above DP's; None without both."""
     pred = prediction_frame(rep)
     wide = pred.pivot_table(index="world_size", columns="mode", values="samples_per_s")
     if not {"dp", "ddp"} <= set(wide.columns):
         return None
     wide = wide.dropna()
-    ahead = (wide["ddp"] > wide["dp"])[wide.index > 1]
-    for n in ahead.index:
+    return (wide["ddp"] > wide["dp"])[wide.index > 1]
+
+
+def crossover(rep: Report) -> int | None:
+    """The smallest predicted world size > 1 from which DDP's samples/s beats DP's for good
+    (None if DP never falls behind, or one mode is missing)."""
+    ahead = _ddp_ahead(rep)
+    for n in [] if ahead is None else ahead.index:
         if ahead.loc[n:].all():
             return int(n)
     return None
@@ -113,15 +118,22 @@ def crossover(rep: Report) -> int | None:
 def crossover_text(rep: Report) -> str:
     """The DP-vs-DDP sentence under the predictions, said only of what was modelled: when one mode
     has no prediction (no measured run of it in the set to calibrate on), it says so and states
-    nothing about that mode."""
+    nothing about that mode. Where DDP is ahead at some sizes but not for good (on a CPU host, ahead
+    at the run's own n and behind beyond the cores), it names both, never "does not pull ahead"."""
     modes = set(prediction_frame(rep)["mode"])
     missing = [m.upper() for m in ("dp", "ddp") if m not in modes]
     if missing:
         return (f"{' and '.join(missing)} not modelled (no measured {' or '.join(missing)} run in this "
                 f"run's set to calibrate on): nothing is predicted or said about {' or '.join(missing)} here.")
     cross = crossover(rep)
-    return (f"Predicted: DDP's samples/s pulls ahead of DP's from n = {cross} on." if cross else
-            "Predicted: DDP does not pull ahead of DP at these world sizes.")
+    if cross:
+        return f"Predicted: DDP's samples/s pulls ahead of DP's from n = {cross} on."
+    ahead = _ddp_ahead(rep)
+    at, behind = ([str(n) for n, a in ahead.items() if bool(a) == want] for want in (True, False))
+    if at:
+        return (f"Predicted: DDP's samples/s is ahead of DP's at n = {', '.join(at)} and behind at "
+                f"n = {', '.join(behind)}: no world size from which it stays ahead.")
+    return "Predicted: DDP does not pull ahead of DP at these world sizes."
 
 
 def this_machine_means(backend: str | None = None) -> str:
@@ -131,3 +143,47 @@ def this_machine_means(backend: str | None = None) -> str:
         backend or "", f"{backend} on this host" if backend else "the run's backend on this host")
     return ("\"This machine\" is this host as measured: the link's α and β fitted to the run's own "
             f"all-reduces ({link}: its buckets and its probe) and the compute its runs measured.")
+
+
+def _rank_compute_s(row: dict[str, Any]) -> float:
+    """A device's own work in a predicted row: a DDP rank's forward + backward + optimizer (every rank steps);
+    DP's forward and backward phases (its optimizer runs on device 0 alone, not time-shared)."""
+    if row["mode"] == "ddp":
+        return row["forward_s"] + row["backward_s"] + row["optimizer_s"]
+    return row["phases"]["forward"] + row["phases"]["backward"]
+
+
+_WORK = {"ddp": "a DDP rank's forward + backward + optimizer", "dp": "a DP device's forward + backward"}
+
+
+def host_slowdown_text(rep: Report, *, as_measured: bool, fitted_link: bool) -> str | None:
+    """Why efficiency collapses with compute as measured on a CPU host, or None where it does not apply.
+
+    On CPU the predictor time-shares the host's cores among the ranks (`engine.predict.scaleout`: k(n) =
+    n·t/cores scales the compute, optimizer and gloo's all-reduce) and keeps the share of compute that does not
+    shrink with the batch, so a rank's own work grows with n: efficiency then falls towards 0, which
+    "measured compute" alone does not explain. Said only when that growth is in the report: compute as measured,
+    a CPU calibration run (DDP's, else DP's), and a device's predicted work (`_rank_compute_s`) at the largest world
+    size above the one at the run's own. Names the figures: the cores, the run, both compute times, the share.
+    `as_measured`, `fitted_link`: the scenario's compute is the measured one, its link the one fitted to the run
+    (the page knows the presets; frames import no `engine.predict`)."""
+    if not as_measured:
+        return None
+    mode = next((m for m in ("ddp", "dp") if m in rep.get("calibration", {})), None)
+    cal = rep.get("calibration", {}).get(mode) or {}
+    rows = {p["world_size"]: p for p in rep.get("predictions") or [] if p["mode"] == mode}
+    n_m, cores = cal.get("world_size"), cal.get("host_cpu_count")
+    if cal.get("device_kind") != "cpu" or not cores or n_m not in rows:
+        return None
+    top = max(rows)
+    at_run, at_top = _rank_compute_s(rows[n_m]), _rank_compute_s(rows[top])
+    if top <= n_m or at_top <= at_run * 1.05:
+        return None
+    comm = ", its gloo all-reduces slowing down with it" if mode == "ddp" and fitted_link else ""
+    share = (rep.get("fixed_fraction") or {}).get("value")
+    fixed = f"; {share:.0%} of the measured compute does not shrink with the smaller batch per rank" if share else ""
+    return (f"Why efficiency falls: compute is this host's as measured, and on its {cores} CPU cores it grows with "
+            f"world size. Ranks beyond the cores time-share them, so {_WORK[mode]}, {at_run * 1e3:.2f} ms at the "
+            f"run's n = {n_m} ({mode.upper()} run {str(cal.get('run_id', ''))[:8]}), is predicted at "
+            f"{at_top * 1e3:.2f} ms at n = {top}{comm}{fixed}. The prediction carries this host's slowdown; a GPU "
+            "compute preset predicts other hardware.")

@@ -10,8 +10,8 @@ from typing import Iterable
 import pandas as pd
 
 from ddpviz.app.frames.base import Event, latest_volumes, mib, of_type
-from ddpviz.engine.summary import (COMM_NOT_MEASURED, DP_COPIES, DP_COPIES_PART, EXPOSED_COMM_PART,  # noqa: F401
-                                   comm_part, run_steps, steady_positions)  # DP_COPIES, comm_part: for the views
+from ddpviz.engine.summary import (COMM_NOT_MEASURED, DP_COPIES, DP_COPIES_PART,  # noqa: F401 (DP_COPIES: views)
+                                   EXPOSED_COMM_PART, WARMUP_STEPS, comm_part, run_steps, steady_positions)
 
 STEP_COLUMNS = ["run", "step", "samples", "samples_per_s", "samples_per_s_smooth", "step_time_ms",
                 "forward_ms", "backward_ms", "comm_exposed_ms", "optimizer_ms", "loss", "instrument"]
@@ -62,7 +62,9 @@ def split_frame(steps: pd.DataFrame, modes: dict[str, str] | None = None) -> pd.
     ms, order. `steps` is `steps_frame` output (one or several runs). `other` is the step time the
     four parts do not cover (data loading, synchronisation), clipped at 0. A part a run did not
     measure (FSDP's exposed comm on CUDA) has no row, never a number: `unmeasured_parts` names it.
-    `modes` (run -> mode) names a DP run's communication part `DP_COPIES_PART` (`comm_part`).
+    `modes` (run -> mode) names a DP run's communication part `DP_COPIES_PART` (`comm_part`); a
+    `single` run has none (one device communicates with nobody: its `comm_exposed_s` is a constant 0,
+    engine/modes/single.py), so neither its bar nor a legend drawn from it names one.
     """
     cols = ["run", "part", "ms", "order"]
     if steps.empty:
@@ -72,10 +74,28 @@ def split_frame(steps: pd.DataFrame, modes: dict[str, str] | None = None) -> pd.
         med = df.median(numeric_only=True)
         parts = [med["forward_ms"], med["backward_ms"], med["comm_exposed_ms"], med["optimizer_ms"]]
         parts.append(max(0.0, med["step_time_ms"] - sum(v for v in parts if v == v)))
-        names = ["forward", "backward", comm_part((modes or {}).get(run)), "optimizer", "other"]
+        mode = (modes or {}).get(run)
+        names = ["forward", "backward", None if mode == "single" else comm_part(mode), "optimizer", "other"]
         rows += [{"run": run, "part": p, "ms": float(v), "order": SPLIT_PARTS.index(p)}
-                 for p, v in zip(names, parts) if v == v]
+                 for p, v in zip(names, parts) if v == v and p is not None]
     return pd.DataFrame(rows, columns=cols)
+
+
+def throughput_tiles(steps: pd.DataFrame, min_steps: int) -> dict[str, tuple[float, str | None]]:
+    """run -> (median samples/s over its steady steps (`steady_steps`), its ratio to the first other run's,
+    e.g. "1.08× DDP"). The ratio only once every run has `min_steps` steady steps (the verdict's
+    `engine.verdict.MIN_STEADY_STEPS`): before, a pair in turns set DP's ten steps against DDP's one warm-up
+    step and read "17.54× DDP" under a verdict that said it was too early to tell; until then the ratio's
+    place says when it comes."""
+    steady = {run: df["samples_per_s"] for run, df in steady_steps(steps).groupby("run", sort=False)}
+    medians = {run: float(v.median()) for run, v in steady.items()}
+    enough = all(len(v.dropna()) >= min_steps for v in steady.values())
+    out = {}
+    for run, v in medians.items():
+        other = next(((r, o) for r, o in medians.items() if r != run and o > 0), None)
+        ratio = f"{v / other[1]:.2f}× {other[0]}" if other and enough else None
+        out[run] = (v, ratio or (f"ratio after {min_steps} steady steps" if other else None))
+    return out
 
 
 def unmeasured_parts(steps: pd.DataFrame) -> dict[str, str]:
@@ -85,6 +105,21 @@ def unmeasured_parts(steps: pd.DataFrame) -> dict[str, str]:
         return {}
     return {run: f"exposed comm {COMM_NOT_MEASURED}" for run, df in steady_steps(steps).groupby("run", sort=False)
             if df["comm_exposed_ms"].isna().all()}
+
+
+SPLIT_WORDS = {EXPOSED_COMM_PART: "all-reduce time not hidden behind backward",
+               DP_COPIES_PART: "device 0's scatter, gather, reduce and broadcast, copies through one device "
+                               "(not a collective)",
+               "other": "data loading and synchronisation"}
+
+
+def split_note(parts: set[str]) -> str:
+    """The words under the step split for the parts it draws (`parts`), so a single run's caption
+    explains no communication it did not have."""
+    said = "; ".join(f"{p}: {w}" for p, w in SPLIT_WORDS.items() if p in parts)
+    return (f"{said}. " if said else "") + (f"Median over the window's steps after the first {WARMUP_STEPS}, "
+                                             "leaving out those carrying the instrument's own work, as the median "
+                                             "samples/s.")
 
 
 def eval_frame(events: Iterable[Event], run: str) -> pd.DataFrame:

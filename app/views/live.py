@@ -57,12 +57,10 @@ def pick_runs(client) -> list[str]:
         st.session_state["live_wanted"] = wanted
         st.session_state["live_pick"] = wanted
     options = list(dict.fromkeys(wanted + list(by_id)))
-
-    def describe(rid: str) -> str:  # no status here: the badges below stay current, this doesn't
-        return frames.run_label(by_id.get(rid) or client.get_run(rid), rid)
-
+    # no status here: the badges below stay current, this doesn't; two runs of one label tell apart
+    names = runsets.picker_labels([{**(by_id.get(rid) or client.get_run(rid) or {}), "run_id": rid} for rid in options])
     picked = st.multiselect("Runs (one or two)", options, key="live_pick",
-                            max_selections=MAX_RUNS, format_func=describe)
+                            max_selections=MAX_RUNS, format_func=names.get)
     if picked:
         st.query_params["runs"] = ",".join(picked)
     elif "runs" in st.query_params:

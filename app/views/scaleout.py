@@ -175,6 +175,10 @@ def body(client, run_id: str, kwargs: dict, world_sizes: list[int]) -> None:
     with right:
         st.altair_chart(cs.efficiency_chart(pred, measured if same_here else measured.iloc[0:0],
                                             scenario=what), key="so_eff")
+    slowdown = fso.host_slowdown_text(rep, as_measured=rep["scenario"]["compute"] == AS_MEASURED,
+                                      fitted_link=rep["scenario"]["link"] == THIS_MACHINE)  # ~0% at n = 8 on 2 cores
+    if slowdown:
+        st.caption(slowdown)
     if not same_here:
         st.caption("Measured runs ran on this machine, not on the chosen link or compute: they are "
                    "drawn on the throughput chart for scale only; the table compares them with this "
