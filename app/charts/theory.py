@@ -19,8 +19,19 @@ _COLOURS = {PROBE_BUS: THEORY_HUES["probe"], PROBE_TIME: THEORY_HUES["probe"], P
             ALONE: THEORY_HUES["alone"], OVERLAPPED: THEORY_HUES["overlapped"], FIT_PROBE: THEORY_HUES["fit probe"],
             FIT_BUCKETS: THEORY_HUES["fit buckets"]}
 _X = alt.X("kib:Q", title="message size (KiB, log scale)", scale=alt.Scale(type="log"))
-_SUB_MARKS = ("Dashed: fitted models, drawn over every size; filled probe points were fitted, "
-              "hollow not; hollow ochre: overlapped buckets.")
+
+
+def _marks_note(probe: pd.DataFrame, buckets: pd.DataFrame, lines: pd.DataFrame) -> str:
+    """The subtitle's words on the marks, for the marks drawn only: the dashed fitted models, the probe's
+    filled (fitted) and hollow points, the hollow ochre overlapped buckets."""
+    said = ["Dashed: fitted models, drawn over every size"] if not lines.empty else []
+    if not probe.empty and "fitted" in probe:
+        fitted = probe["fitted"].astype(bool)
+        said.append("filled probe points were fitted, hollow not" if not fitted.all() else
+                    "every probe point was fitted")
+    if not buckets.empty and not buckets["alone"].astype(bool).all():
+        said.append("hollow ochre: overlapped buckets")
+    return "; ".join(said)[:1].upper() + "; ".join(said)[1:] + "." if said else ""
 
 
 # Each series' legend symbol as its marks are drawn (one legend merges every layer's, and Vega-Lite drew
@@ -116,7 +127,8 @@ def bandwidth_chart(probe: pd.DataFrame, buckets: pd.DataFrame, lines: pd.DataFr
     return alt.layer(*layers).properties(
         title=title(f"{run}: all-reduce bandwidth vs message size",
                     "busbw = algbw · 2(n−1)/n (nccl-tests), algbw = bytes / time"
-                    + (" (equal at n = 2: one line lies on the other). " if same else ". ") + _SUB_MARKS),
+                    + (" (equal at n = 2: one line lies on the other). " if same else ". ")
+                    + _marks_note(probe, buckets, lines)),
         width=WIDTH, height=HEIGHT + 60)
 
 
@@ -127,5 +139,5 @@ def time_chart(probe: pd.DataFrame, buckets: pd.DataFrame, lines: pd.DataFrame, 
     layers = _layers(probe, buckets, lines, "time_ms", "all-reduce time (ms, log scale)")
     return alt.layer(*layers).properties(
         title=title(f"{run}: all-reduce time vs message size",
-                    "ring model t = 2(n−1)·α + 2(n−1)/n · bytes/β. " + _SUB_MARKS),
+                    "ring model t = 2(n−1)·α + 2(n−1)/n · bytes/β. " + _marks_note(probe, buckets, lines)),
         width=WIDTH, height=HEIGHT + 60)

@@ -110,6 +110,26 @@ def test_the_theory_legend_draws_each_series_as_its_marks(chart):
     assert charts_theory.RING.count("M") == 2  # two circles, the inner one cut out: a ring, not a dot
 
 
+@pytest.mark.parametrize("chart", [charts_theory.bandwidth_chart, charts_theory.time_chart])
+def test_the_theory_subtitle_names_only_the_marks_drawn(chart):
+    """"hollow ochre: overlapped buckets" only where a bucket overlapped; the dashed models only where drawn."""
+    events = _events(FILES["ddp-probe"])
+    probe = ft.latest_probe(events)
+    pf, bk = ft.probe_frame(probe), ft.bucket_frame(events, 2, min_step=1)
+    model, _ = ft.bucket_fit(events, 2)
+    lines = ft.model_lines({ft.FIT_PROBE: probe["fit"], ft.FIT_BUCKETS: model}, *ft.size_range(pf, bk), 2)
+    assert not bk["alone"].astype(bool).all() and bk["alone"].astype(bool).any()  # the recording has both kinds
+
+    def subtitle(buckets, lines):
+        sub = chart(pf, buckets, lines, run="DDP").to_dict()["title"]["subtitle"]
+        return " ".join(sub) if isinstance(sub, list) else sub
+
+    assert "hollow ochre: overlapped buckets" in subtitle(bk, lines) and "Dashed: fitted" in subtitle(bk, lines)
+    alone_only = subtitle(bk[bk["alone"].astype(bool)], lines)
+    assert "overlapped" not in alone_only and "Dashed: fitted" in alone_only
+    assert "Dashed" not in subtitle(bk, lines.iloc[0:0])
+
+
 # -- 3: Scale-out on a small CPU host -----------------------------------------------------------------------
 
 CORES = 2  # the recorded runs ran on a 2-core VM; their run_started predates `host_cpu_count`
