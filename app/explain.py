@@ -130,8 +130,9 @@ def _pair_note(plan: dict[str, Any], dp_status: str | None, ddp_status: str | No
 
 
 def verdict_text(v: Verdict, final: bool) -> str:
-    """The verdict as the pages show it ("so far" while a run is going)."""
-    return v.text() if final else f"So far: {v.text()}"
+    """The verdict's headline as the pages' box shows it ("so far" while a run is going): who is ahead, by
+    how much, its interval. What decided it (`Verdict.why`) goes under it, folded (`panels.show_verdict`)."""
+    return v.headline() if final else f"So far: {v.headline()}"
 
 
 def waiting_text(windows: dict[str, Any]) -> str | None:

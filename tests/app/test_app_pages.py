@@ -248,3 +248,20 @@ def test_live_names_the_steps_whose_all_reduce_was_timed_when_the_typical_one_ha
     caption = next(c.value for c in at.caption if "bucket(s)" in c.value)
     assert "typical" in caption and "all-reduce algbw not measured on this step" in caption
     assert "All-reduce spans were measured on the sampled steps (0, 1, 11)" in caption, caption
+
+
+def test_the_verdict_box_says_who_leads_and_folds_the_parts_that_decided_it(fake_client, app_test):
+    """The box holds the headline (who is ahead, by how much, the interval); the gap's parts, each in ms, and
+    what was not measured sit under a fold (a reviewer's tour: ~15 lines of figures in one box)."""
+    from ddpviz.app.panels import VERDICT_WHY
+
+    _add_pair(fake_client, steps=30)
+    at = app_test("views/live.py")
+    assert not at.exception
+    boxes = [e.value for e in at.success] + [e.value for e in at.info]
+    verdict, = [b for b in boxes if "interval" in b and "samples/s" in b]
+    assert " ahead" in verdict or "level" in verdict
+    assert "not measured:" not in verdict and " ms;" not in verdict
+    fold, = [e for e in at.expander if e.label == VERDICT_WHY]
+    why = " ".join(m.value for m in fold.markdown)
+    assert "mean step is" in why and "not measured:" in why and " ms" in why
