@@ -45,6 +45,7 @@ from ddpviz.engine.attach.nohook import NoHookBuckets, comm_exposed
 from ddpviz.engine.attach.overrides import apply_tune
 from ddpviz.engine.attach.session import DeferredMarks, Session
 from ddpviz.engine.attach.steps import compiled_away
+from ddpviz.engine.attach.transparent import past_wrappers, wrapper
 from ddpviz.engine.measure.clocks import CudaClock, HostClock
 from ddpviz.engine.measure.memory_sampler import should_trace_memory
 from ddpviz.engine.measure.telemetry import wall_ts
@@ -332,9 +333,11 @@ def patch_ddp(session: Session, tracker: Any) -> None:
     """Wrap `DDP.__init__` and `DDP.register_comm_hook` (see the module docstring)."""
     init, register = DDP.__init__, DDP.register_comm_hook
 
+    @wrapper
     @functools.wraps(init)
     def __init__(self, *args, **kwargs):
-        init(self, *args, **kwargs)
+        with past_wrappers(init):  # DDP's warnings name the script's line, as without ddpviz
+            init(self, *args, **kwargs)
         try:
             watch_ddp(session, tracker, self)
         except HookTaken as exc:  # e.g. DDP(mixed_precision=...) registers its own upcast hook

@@ -31,6 +31,7 @@ import torch.nn as nn
 
 from ddpviz.engine.attach.session import DeferredMarks, Session
 from ddpviz.engine.attach.steps import compiled_away
+from ddpviz.engine.attach.transparent import past_wrappers, wrapper
 
 PART = "data parallel"  # the guard's name for this instrumentation
 CPU_NOTE = "nn.DataParallel on CPU runs the module unwrapped: no DP phases to record"
@@ -224,9 +225,11 @@ def patch_data_parallel(session: Session, tracker: Any) -> None:
     cls = nn.DataParallel
     init = cls.__init__
 
+    @wrapper
     @functools.wraps(init)
     def __init__(self, *args, **kwargs):
-        init(self, *args, **kwargs)
+        with past_wrappers(init):  # DataParallel's warnings name the script's line (engine.attach.transparent)
+            init(self, *args, **kwargs)
         if not self.device_ids:
             session.guard(PART, session.emit, "log", level="info", message=CPU_NOTE)
         else:

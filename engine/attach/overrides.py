@@ -32,6 +32,8 @@ import os
 import sys
 from typing import Any
 
+from ddpviz.engine.attach.transparent import past_wrappers, wrapper
+
 DDP_KWARGS_ENV = "DDPVIZ_TUNE_DDP_KWARGS"
 COMM_HOOK_ENV = "DDPVIZ_TUNE_COMM_HOOK"
 STOP_AFTER_ENV = "DDPVIZ_TUNE_STOP_AFTER"
@@ -138,11 +140,13 @@ def wrap_ddp_init(session: Any, env: dict[str, str]) -> None:
     init = DDP.__init__
     signature = inspect.signature(init)
 
+    @wrapper
     @functools.wraps(init)
     def __init__(self, *args, **kwargs):
         bound = signature.bind(self, *args, **kwargs)
         bound.arguments.update(applied)  # over the script's own, keyword or positional
-        init(*bound.args, **bound.kwargs)
+        with past_wrappers(init):  # DDP's warnings name the script's line (engine.attach.transparent)
+            init(*bound.args, **bound.kwargs)
         if hook is not None:
             self.register_comm_hook(*_hook(hook, self.process_group))
         session.guard("tune", _tune_ddp_event, session, self, applied, hook)
