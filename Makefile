@@ -44,8 +44,10 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 install: $(VENV)/.installed
 dev: $(VENV)/.installed-dev
 
+# UP_ARGS: `ddpviz up`'s options, e.g. make demo UP_ARGS="--port 8502 --workers 2"
+UP_ARGS ?=
 demo: $(VENV)/.installed
-	$(BIN)/ddpviz up
+	$(BIN)/ddpviz up $(UP_ARGS)
 
 # Four pytest-xdist workers, a module per worker at a time (module fixtures are built once), the
 # longest modules first (tests/conftest.py): on this 2-core machine the suite spends much of its

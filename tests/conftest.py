@@ -7,12 +7,22 @@ database before and after each test.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pytest
 
 from ddpviz import workers  # noqa: F401  first, so RQ's keys get the ddpviz: prefix in every test module
+
+# ddpviz's per-user state (`ddpviz up`'s URL for the user's other commands, workers.connection.up_url): a folder
+# of this test process's own, inherited by what it starts, so an `up` a test runs is never found by another
+# test's commands, nor by the developer's own
+_HOME = tempfile.mkdtemp(prefix="ddpviz-test-home-")
+os.environ["DDPVIZ_HOME"] = _HOME
+atexit.register(shutil.rmtree, _HOME, True)
 
 # Dedicated, flushed by tests; one per pytest-xdist worker (gw0 → 15, gw1 → 14, ...), so workers
 # sharing one $REDIS_URL never flush each other's keys.

@@ -21,6 +21,13 @@ NOTHING_INSTRUMENTED = ("no process of the command trained under the instrumenta
                         "launcher (e.g. `accelerate launch --cpu`) is recorded when it calls ddpviz.watch(model)")
 
 
+# a failed command whose ranks left no error file (an argparse error, a crash before training): the
+# terminal that ran `ddpviz run` has the command's own output, which ddpviz passes through and never reads
+NO_ERROR_FILE = ("Why is in its own output, in the terminal that ran `ddpviz run`: no rank left torchrun an error "
+                 "file (a rank whose main is decorated with torch.distributed.elastic.multiprocessing.errors.record "
+                 "leaves its exception and traceback here).")
+
+
 def failure(spool: Path, exit_code: int) -> dict[str, Any]:
     """The run's error: the first failing rank's exception and traceback from torchrun's error
     file, else the exit code."""
@@ -36,7 +43,8 @@ def failure(spool: Path, exit_code: int) -> dict[str, Any]:
     elif isinstance(msg, str):
         err = make_error(msg, None, stage="training")
     else:
-        err = make_error(f"CommandFailed: the command exited with code {exit_code}", None, stage="training")
+        err = make_error(f"CommandFailed: the command exited with code {exit_code}. {NO_ERROR_FILE}", None,
+                         stage="training")
     err["exit_code"] = exit_code
     return err
 

@@ -29,6 +29,10 @@ DEFAULT_URL = "redis://127.0.0.1:6379/0"
 # Written by `ddpviz up` while its embedded server runs, so `ddpviz submit` etc. in the same
 # folder find it without REDIS_URL; removed when `up` stops.
 URL_FILE = Path(".ddpviz") / "redis.url"
+# ... and for this user, wherever a command runs (`ddpviz run` from the user's own project folder, or an `up`
+# with --data-dir): "<url> <up's pid>" in `user_url_file()`, removed when that `up` stops; the latest `up` wins
+HOME_ENV = "DDPVIZ_HOME"  # the folder of ddpviz's per-user state (default ~/.ddpviz)
+USER_URL_NAME = "up.url"
 
 SOCKET_CONNECT_TIMEOUT_S = 5.0  # giving up on a TCP connect
 SOCKET_TIMEOUT_S = 30.0  # one command's reply (RQ raises this for its blocking pops)
@@ -106,7 +110,8 @@ def exposure_warning(url: str) -> str | None:
 
 def redis_url() -> str:
     """The Redis URL to use: ``$REDIS_URL``, else the one `ddpviz up` wrote to `URL_FILE` in the
-    current folder, else `DEFAULT_URL`."""
+    current folder, else the embedded server of this user's running `ddpviz up` (`up_url`), else
+    `DEFAULT_URL`."""
     url = os.environ.get(ENV_VAR, "").strip()
     if url:
         return url
@@ -114,7 +119,46 @@ def redis_url() -> str:
         written = URL_FILE.read_text(encoding="utf-8").strip()
         if written:
             return written
-    return DEFAULT_URL
+    return up_url() or DEFAULT_URL
+
+
+def user_url_file() -> Path:
+    """Where `ddpviz up` says its embedded server's URL for this user's other commands: `USER_URL_NAME` in
+    ``$DDPVIZ_HOME``, else in ~/.ddpviz."""
+    home = os.environ.get(HOME_ENV, "").strip()
+    return (Path(home) if home else Path.home() / ".ddpviz") / USER_URL_NAME
+
+
+def up_url() -> str | None:
+    """The URL in `user_url_file()` while the `ddpviz up` that wrote it runs (its pid alive); None without
+    one, or when that `up` is gone (killed before it could remove the file)."""
+    try:
+        url, pid = user_url_file().read_text(encoding="utf-8").split()
+        os.kill(int(pid), 0)  # PermissionError: the number is another user's process now, not that `up`
+    except (OSError, ValueError):
+        return None
+    return url
+
+
+def write_up_url(url: str) -> Path:
+    """Record `url` as this user's running `up`'s (`up_url`); returns the file. Only the owner can read it."""
+    path = user_url_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(f"{url} {os.getpid()}\n", encoding="utf-8")
+    tmp.chmod(0o600)
+    tmp.replace(path)  # whole or absent for a reader
+    return path
+
+
+def remove_up_url() -> None:
+    """Remove `user_url_file()` if this process wrote it (a later `up` may have replaced it)."""
+    path = user_url_file()
+    try:
+        if path.read_text(encoding="utf-8").split()[1] == str(os.getpid()):
+            path.unlink()
+    except (OSError, IndexError):
+        pass
 
 
 def connect(url: str | None = None, *, check: bool = True, retry_attempts: int = RETRY_ATTEMPTS,

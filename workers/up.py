@@ -18,7 +18,8 @@ import threading
 import uuid
 from pathlib import Path
 
-from ddpviz.workers.connection import ENV_VAR, URL_FILE, EmbeddedRedis, connect, redact
+from ddpviz.workers.connection import (ENV_VAR, URL_FILE, EmbeddedRedis, connect, redact, remove_up_url,
+                                       write_up_url)
 from ddpviz.workers.host.procs import UP_TOKEN_ENV, Child, sweep
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -84,6 +85,7 @@ def run_up(host: str = "127.0.0.1", port: int = 8501, n_workers: int = 1,
             server = EmbeddedRedis(Path(data_dir) / "redis").start()
             url = server.url
             url_file.write_text(url + "\n", encoding="utf-8")
+            write_up_url(url)  # `ddpviz run` from any folder of this user finds it (connection.up_url)
         connect(url).close()  # fail early, naming the URL
         env = {**os.environ, ENV_VAR: url, UP_TOKEN_ENV: token, "PYTHONUNBUFFERED": "1"}
         hostname = socket.gethostname()
@@ -178,5 +180,6 @@ def _shutdown(children: list[Child], token: str, server: EmbeddedRedis | None,
         child.stop(3.0)
     sweep(token)
     if server is not None:
+        remove_up_url()  # before the server stops: no command is sent to a Redis about to go
         server.stop()
         url_file.unlink(missing_ok=True)

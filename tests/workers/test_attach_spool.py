@@ -69,7 +69,8 @@ def test_the_failing_ranks_exception_comes_from_torchruns_error_file(tmp_path):
         "errorCode": 1}))
     err = failure(tmp_path, 1)
     assert (err["rank"], err["exception"], err["traceback"]) == (1, "ValueError: bad batch", "Traceback ...")
-    assert failure(tmp_path / "none", 3)["exception"].endswith("exited with code 3")
+    said = failure(tmp_path / "none", 3)["exception"]
+    assert said.startswith("CommandFailed: the command exited with code 3. ") and "terminal" in said
 
 
 def test_a_joined_nodes_events_go_out_once_another_node_stored_run_started(tmp_path, redis_client):

@@ -8,7 +8,8 @@ import pytest
 
 from ddpviz import workers  # noqa: F401  (sets RQ's key prefix)
 from ddpviz.workers import keys
-from ddpviz.workers.connection import URL_FILE, EmbeddedRedis, RedisUnavailable, connect, free_port, redact, redis_url
+from ddpviz.workers.connection import (URL_FILE, EmbeddedRedis, RedisUnavailable, connect, free_port, redact, redis_url,
+                                       remove_up_url, user_url_file, write_up_url)
 
 
 def test_every_key_is_under_the_prefix():
@@ -62,6 +63,32 @@ def test_redis_url_prefers_env_then_up_file_then_default(monkeypatch, tmp_path):
     assert redis_url() == "redis://127.0.0.1:7777/0"
     monkeypatch.setenv("REDIS_URL", "redis://10.0.0.1:6379/3")
     assert redis_url() == "redis://10.0.0.1:6379/3"
+
+
+def test_a_running_ups_url_is_found_from_any_folder_and_a_dead_ups_is_not(monkeypatch, tmp_path):
+    """`ddpviz run` from the user's own project folder finds the demo's embedded Redis (a new user's tour: it went
+    to 127.0.0.1:6379 and said Redis was unreachable while `ddpviz up` ran); the folder's own file still wins."""
+    import subprocess
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.setenv("DDPVIZ_HOME", str(tmp_path / "home"))
+    write_up_url("redis://127.0.0.1:7001/0")  # this process stands for the running `up`
+    assert user_url_file() == tmp_path / "home" / "up.url" and user_url_file().stat().st_mode & 0o077 == 0
+    assert redis_url() == "redis://127.0.0.1:7001/0"
+    URL_FILE.parent.mkdir()
+    URL_FILE.write_text("redis://127.0.0.1:7777/0\n")
+    assert redis_url() == "redis://127.0.0.1:7777/0"  # the folder's `up` first
+    URL_FILE.unlink()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    user_url_file().write_text(f"redis://127.0.0.1:7002/0 {gone.stdout.strip()}\n")  # an `up` killed by SIGKILL
+    assert redis_url() == "redis://127.0.0.1:6379/0"
+    remove_up_url()  # not this process's: left alone
+    assert user_url_file().exists()
+    write_up_url("redis://127.0.0.1:7001/0")
+    remove_up_url()
+    assert not user_url_file().exists()
 
 
 def test_embedded_redis_listens_on_loopback_and_persists_across_restart(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from wtools import TINY, alive, cli_env, ddpviz_argv, descendants, wait_for
 
 from ddpviz.workers import keys
 from ddpviz.workers.client import DdpvizClient
-from ddpviz.workers.connection import free_port
+from ddpviz.workers.connection import free_port, user_url_file
 from ddpviz.workers.up import default_app_path
 
 pytestmark = pytest.mark.slow
@@ -59,9 +60,17 @@ def test_up_serves_the_app_and_sigterm_leaves_nothing_behind(tmp_path):
         assert client.redis.get(keys.APP_URL) == f"http://127.0.0.1:{port}".encode()
         family = set(descendants(up.pid))
         assert len(family) >= 3  # redis-server, worker, streamlit
+        # a command of this user in another folder (`ddpviz run` in the user's project) finds this `up`'s Redis
+        elsewhere = tmp_path / "project"
+        elsewhere.mkdir()
+        found = subprocess.run([sys.executable, "-c", "from ddpviz.workers.connection import redis_url; "
+                                "print(redis_url())"], cwd=elsewhere, env=cli_env(None), capture_output=True,
+                               text=True, timeout=60)
+        assert found.stdout.strip() == url, found.stderr
     finally:
         out = _stop_and_check(up, family if "family" in locals() else set())
     assert f"http://127.0.0.1:{port}" in out
+    assert not user_url_file().exists()
     assert not (tmp_path / ".ddpviz" / "redis.url").exists()
     assert (tmp_path / ".ddpviz" / "redis" / "appendonly.aof").exists()  # the demo's data persist
     assert not _healthy(port)

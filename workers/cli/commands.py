@@ -267,7 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text, description=text)
         p.set_defaults(handler=fn)
         if redis:
-            p.add_argument("--url", default=None, help="Redis URL (default: $REDIS_URL)")
+            p.add_argument("--url", default=None, help="Redis URL (default: $REDIS_URL, else the embedded Redis of "
+                           "this user's running `ddpviz up`, else redis://127.0.0.1:6379/0)")
         return p
 
     p = command("train", cmd_train, "run one job here, without Redis", redis=False)
@@ -320,11 +321,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=sorted(EXPORT_FORMATS), default="jsonl",
                    help="jsonl: every event; csv: step events; trace: Chrome trace (Perfetto)")
 
-    p = command("up", cmd_up, "the demo: Redis, worker(s) and the app", redis=False)
-    p.add_argument("--host", default="127.0.0.1", help="address the app listens on")
-    p.add_argument("--port", type=int, default=8501, help="the app's port")
-    p.add_argument("--workers", type=int, default=1, help="worker processes to start")
-    p.add_argument("--data-dir", default=".ddpviz", help="folder for the embedded Redis' data")
+    p = command("up", cmd_up, "the demo: Redis ($REDIS_URL when set, else an embedded server that this user's "
+                "other ddpviz commands find from any folder), worker(s) and the app", redis=False)
+    p.add_argument("--host", default="127.0.0.1", help="address the app listens on (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8501, help="the app's port (default: 8501)")
+    p.add_argument("--workers", type=int, default=1, help="worker processes to start (default: 1)")
+    p.add_argument("--data-dir", default=".ddpviz", help="folder for the embedded Redis' data (default: .ddpviz)")
     p.add_argument("--app", help=argparse.SUPPRESS)  # another Streamlit script (tests)
 
     from ddpviz.workers.cli.attach import register as register_attach
