@@ -33,8 +33,15 @@ endif
 	rm -f $(VENV)/.torch-*
 	touch '$@'
 
+# The warm-up import writes the bytecode of torch, the app's libraries and ours once, at install: else the
+# demo's first processes (worker, launcher, ranks) and `make test`'s four workers each compile what they import
+# at the same moment (a new user's first pair after install sat ~75 s at "step 0 / 300" on a loaded 2-core VM,
+# 2026-12-06; how much of it was compiling was not measured).
+WARM_UP := $(BIN)/python -c "import ddpviz.workers.worker, ddpviz.engine.runner, torch._dynamo, torch.distributed.fsdp, streamlit, altair"
+
 $(VENV)/.installed: pyproject.toml $(TORCH_STAMP) | $(BIN)/python
 	$(BIN)/pip install -q --no-compile -e .
+	$(WARM_UP)
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
@@ -59,14 +66,13 @@ demo: $(VENV)/.installed
 # workers). Four xdist workers and their subprocesses share 2 cores, and an idle OpenMP thread spins
 # before it sleeps: a small model's 1,500 SGD steps took 4.25 s of CPU with 2 threads, 1.52 s with 1
 # (2026-12-03); test_models + test_correctness 25.1 -> 19.5 s of CPU.
-# The warm-up import writes the bytecode of torch, the app's libraries and ours once, before four
-# workers import them at the same moment and each compiles them itself (a fresh venv has none).
+# The warm-up import again (above): a .venv installed before it was part of the install.
 #
 # Then the `quiet` tests, alone in one process: they judge this machine's real-time behaviour (a
 # thread's GIL wait, the memory timer's latency, the all-reduce probe's fit), which the parallel
 # run's own load distorts (each went red there once: pyproject.toml's markers).
 test: $(VENV)/.installed-dev
-	$(BIN)/python -c "import ddpviz.workers.worker, ddpviz.engine.runner, torch._dynamo, torch.distributed.fsdp, streamlit, altair"
+	$(WARM_UP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 4 --dist loadscope -m "not quiet" --durations=12
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:xdist -m quiet
 

@@ -77,7 +77,8 @@ SEPARATE = ("What would separate them: more steps (a longer run narrows the inte
 # method, can decide.
 CPU_FIGURES = ("the default pair (batch 256) "
                "measured in turns (`ddpviz compare --modes dp,ddp`) was DDP ahead beyond noise in 5 of 5 tries "
-               "on a quiet machine (1.48-1.56x) and, with one busy process beside it, ahead in 5 of 5 by less "
+               "on a quiet machine both times (1.48-1.56x one morning, 1.31-1.66x one evening, the README's "
+               "record) and, with one busy process beside it, ahead in 5 of 5 by less "
                "one morning (1.07-1.11x; the interval's low end below 1.05 once), by 1.39-1.50x one evening "
                "(docs/verdict.md): DDP's ranks meet at every all-reduce, so "
                "whichever rank the other process preempts holds up both, while DP's one process goes on with "
