@@ -28,13 +28,24 @@ NO_ERROR_FILE = ("Why is in its own output, in the terminal that ran `ddpviz run
                  "leaves its exception and traceback here).")
 
 
+def first_rank_error(spool: Path) -> dict[str, Any] | None:
+    """The earliest rank exception in the spool (`engine.attach.errors.RANK_ERROR_FILE`, by `time_ns`): the
+    root cause where torchrun's copy names another rank that failed in the same second (its tie rule)."""
+    from ddpviz.workers.spool import read_json
+
+    docs = [d for d in (read_json(p) for p in spool.glob("error-rank*.json")) if isinstance(d, dict)]
+    timed = [(d["message"]["extraInfo"]["time_ns"], d) for d in docs
+             if isinstance((d.get("message") or {}).get("extraInfo", {}).get("time_ns"), int)]
+    return min(timed, key=lambda t: t[0])[1] if timed else None
+
+
 def failure(spool: Path, exit_code: int) -> dict[str, Any]:
-    """The run's error: the first failing rank's exception and traceback from torchrun's error
-    file, else the exit code."""
+    """The run's error: the first failing rank's exception and traceback (`first_rank_error`, else torchrun's
+    error file), else the exit code."""
     from ddpviz.workers.spool import read_json
     from ddpviz.workers.store import make_error
 
-    doc = read_json(spool / "error.json") or {}
+    doc = first_rank_error(spool) or read_json(spool / "error.json") or {}
     msg = doc.get("message")
     if isinstance(msg, dict):
         extra = msg.get("extraInfo") or {}

@@ -11,6 +11,7 @@ Files in a spool folder:
 | ``sent.json`` | the forwarder | bytes of each events file already stored in Redis, and whether `run_started` was |
 | ``ending.json`` | `ddpviz run` at the end | ``{status, error, exit_code, ended_at}``, for `ddpviz upload` to record |
 | ``error.json`` | torchrun (TORCHELASTIC_ERROR_FILE) | the failing rank's exception |
+| ``error-rank{R}.json`` | each failing rank (`engine.attach.errors`) | its exception, with `time_ns`: the earliest is the run's |
 
 Private by default: the folders are 0700 and the files 0600 (the command line may carry tokens);
 the default folder is ``.ddpviz/spool/RUN_ID`` (``.ddpviz/`` holds a ``.gitignore`` of ``*``), or,
@@ -95,7 +96,8 @@ def make_spool(given: str | None, name: str, say: Callable[[str], None]) -> Path
 def remove_spool(spool: Path) -> None:
     """Remove the files of a spool folder (events, meta, sent, ending, error; nothing else), then
     the folder if that left it empty."""
-    for pattern in ("events-*.jsonl", "meta.json", "sent.json", "ending.json", "error.json", "*.tmp", "open-rank*"):
+    for pattern in ("events-*.jsonl", "meta.json", "sent.json", "ending.json", "error.json", "error-rank*.json",
+                    "*.tmp", "open-rank*"):
         for path in spool.glob(pattern):
             try:
                 path.unlink()

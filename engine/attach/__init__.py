@@ -22,8 +22,9 @@ does (docs/events.md) into this process's spool file, which the launcher forward
     api       what the public `ddpviz` package (watch, step) calls: a model registered by hand, explicit steps
     started   `run_started` of an attached run (rank 0)
     memory    the memory sampler and live-tensor ledger on sampled steps
-    errors    the failing rank's exception into torchrun's error file
+    errors    the failing rank's exception into torchrun's error file, and timed to the ns into the spool
     overrides `ddpviz tune`'s trial settings: DDP arguments at construction, a comm hook, the stop after N steps
+    transparent  the constructors ddpviz wraps warn at the script's line, as without ddpviz
 
 Fail open: every hook runs under `Session.guard`; an error switches that part off, is said once,
 and training goes on. Nothing here touches the network.
@@ -109,7 +110,7 @@ def _install(env):
     _patch_grad_scaler(s, tracker)
     register_optimizer_step_pre_hook(lambda opt, a, k: s.guard("steps", tracker.optimizer_start, opt))
     register_optimizer_step_post_hook(lambda opt, a, k: s.guard("steps", tracker.optimizer_end, opt))
-    install_excepthook(lambda: s.rank if s.trained else None)
+    install_excepthook(lambda: s.rank if s.trained else None, s.spool)
     probe = None
     if (os.environ if env is None else env).get(PROBE_ENV) == "1":
         probe = ProbeAtEnd(s, tracker)

@@ -25,11 +25,20 @@ from typing import Callable
 _OURS = Path(__file__).resolve().parents[1]  # the folder installed as ddpviz.engine
 
 
+# each failing rank's payload, also in the run's spool (`install_excepthook`'s `spool`): torchrun copies the
+# failure with the smallest `timestamp`, in whole seconds, the lowest rank on a tie (ChildFailedError.
+# get_first_failure), so a rank 0 that failed in the same second because rank 1 died was named the root cause;
+# `ddpviz run` takes the earliest of these by `time_ns` (workers.attached.failure)
+RANK_ERROR_FILE = "error-rank{rank}.json"
+
+
 def error_payload(exc: BaseException, rank: int) -> dict:
-    """The error file's JSON: ``{"message": {"message", "extraInfo": {py_callstack, timestamp, rank}}}``."""
+    """The error file's JSON: ``{"message": {"message", "extraInfo": {py_callstack, timestamp, rank, time_ns}}}``
+    (`timestamp` whole seconds as torch writes and parses it; `time_ns` ddpviz's, which torch ignores)."""
+    now_ns = time.time_ns()
     return {"message": {"message": f"{type(exc).__name__}: {exc}",
                         "extraInfo": {"py_callstack": "".join(traceback.format_exception(exc)),
-                                      "timestamp": str(int(time.time())), "rank": rank}}}
+                                      "timestamp": str(now_ns // 10**9), "rank": rank, "time_ns": now_ns}}}
 
 
 def raised_in_ddpviz(tb) -> bool:
@@ -63,22 +72,29 @@ def child_failure(exc: BaseException) -> dict | None:
                                                        "timestamp": str(int(time.time()))}}}
 
 
-def install_excepthook(rank: int | None | Callable[[], int | None]) -> None:
+def install_excepthook(rank: int | None | Callable[[], int | None], spool: Path | None = None) -> None:
     """Write an uncaught exception to this worker's `TORCHELASTIC_ERROR_FILE` (unless something,
     e.g. `@record`, wrote one already, or the exception is ddpviz's own: `raised_in_ddpviz`),
     then call the previous hook. `rank`: the rank, or a callable giving it when the hook runs
     (None: a process that trained nothing, e.g. `accelerate launch` itself). A launcher's
-    `ChildFailedError` is written as its first failing rank's exception (`child_failure`)."""
+    `ChildFailedError` is written as its first failing rank's exception (`child_failure`).
+    A rank's own exception also goes to `spool`/`RANK_ERROR_FILE` (when given), with its `time_ns`."""
     previous = sys.excepthook
 
     def hook(exc_type, exc, tb):
         try:
-            path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-            if path and not os.path.exists(path) and isinstance(exc, Exception) and not raised_in_ddpviz(tb):
+            if isinstance(exc, Exception) and not raised_in_ddpviz(tb):
                 r = rank() if callable(rank) else rank
-                payload = child_failure(exc) or error_payload(exc.with_traceback(tb), r)
-                with open(path, "w") as fh:
-                    json.dump(payload, fh)
+                launcher = child_failure(exc)
+                payload = launcher or error_payload(exc.with_traceback(tb), r)
+                path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+                if path and not os.path.exists(path):
+                    with open(path, "w") as fh:
+                        json.dump(payload, fh)
+                if spool is not None and launcher is None and r is not None:  # 0600, as the spool's other files
+                    fd = os.open(spool / RANK_ERROR_FILE.format(rank=r), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                    with os.fdopen(fd, "w") as fh:
+                        json.dump(payload, fh)
         except Exception:
             pass
         previous(exc_type, exc, tb)

@@ -73,6 +73,34 @@ def test_the_failing_ranks_exception_comes_from_torchruns_error_file(tmp_path):
     assert said.startswith("CommandFailed: the command exited with code 3. ") and "terminal" in said
 
 
+def test_the_root_cause_is_the_rank_that_failed_first_not_torchruns_tie_pick(tmp_path, monkeypatch):
+    """Rank 1 raises; rank 0 fails in the same second because rank 1's process went (gloo: connection closed).
+    torchrun keeps whole seconds and takes the lowest rank on a tie (ChildFailedError.get_first_failure), so its
+    error.json named rank 0 (tests/workers/test_attach_endings.py went red so once, 2026-12-06). Each rank's
+    excepthook also leaves its exception in the spool with `time_ns`; the earliest is the run's error."""
+    import sys
+
+    from ddpviz.engine.attach.errors import error_payload, install_excepthook
+
+    monkeypatch.setattr(sys, "excepthook", lambda *a: None)
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    rank = {"r": 1}
+    install_excepthook(lambda: rank["r"], tmp_path)
+    try:
+        raise ValueError("bad batch at step 3")
+    except ValueError as exc:
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+    rank["r"] = 0
+    later = RuntimeError("Connection closed by peer")
+    sys.excepthook(type(later), later, None)
+    one, zero = (json.loads((tmp_path / f"error-rank{r}.json").read_text())["message"]["extraInfo"] for r in (1, 0))
+    assert one["time_ns"] < zero["time_ns"] and (tmp_path / "error-rank1.json").stat().st_mode & 0o077 == 0
+    (tmp_path / "error.json").write_text(json.dumps(error_payload(later, 0)))  # torchrun's copy: its tie pick
+    err = failure(tmp_path, 1)
+    assert (err["rank"], err["exception"]) == (1, "ValueError: bad batch at step 3")
+    assert "raise ValueError" in err["traceback"]
+
+
 def test_a_joined_nodes_events_go_out_once_another_node_stored_run_started(tmp_path, redis_client):
     """Rank 0 runs on node 0: node 1's spool never sees `run_started`. Its events wait only until
     node 0's launcher has stored it (they waited the whole 60 s hold before), and still come after it."""
