@@ -69,7 +69,7 @@ def test_collective_spans_lie_inside_the_pass_they_are_labelled_with(run, rank):
     _, sink = run
     step = last_step(sink, "step", rank)[0]
     spans = {s["phase"]: (s["start_s"], s["end_s"]) for s in step["phase_spans"]}
-    slack = 2e-3  # the log's origin is taken just after the step's start reading
+    slack = 2e-4  # one origin (the step's start mark, CollectiveLog.begin_step); 2e-3 with two readings failed
     for e in last_step(sink, "fsdp_collective", rank):
         lo, hi = spans[e["phase"]]
         assert lo - slack <= e["start_s"] < e["end_s"] <= hi + slack, e

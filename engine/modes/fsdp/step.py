@@ -113,7 +113,7 @@ class StepRunner:
             self.probe.begin()
             self.probe.point("step start", "forward")
         t0, m0 = now(), self.clock.mark()
-        self.log.begin_step()
+        self.log.begin_step(m0)  # one origin for the collectives and the phase spans
         marks: list[tuple[str, Any, Any]] = []
         losses = [self._micro(step, m, traced, marks) for m in range(self.cfg.grad_accum_steps)]
         if self.ledger is not None and self.ledger.active:  # FSDP2 sets the reduced shards as .grad
