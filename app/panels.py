@@ -131,7 +131,7 @@ def _run_status(client, w: RunWindow, label: str) -> None:
 
 def events_lost(w: RunWindow) -> int:
     """Events the run's writers dropped: the summary's `events_lost` once it has one, else the sum
-    over the `log` events that report a loss (`engine.events.loss_event`)."""
+    over the `log` events that report a loss (`engine.batching.loss_event`)."""
     summary = (w.finished or {}).get("summary") or {}
     logged = sum(int(e.get("events_lost") or 0) for e in w.of_type("log"))
     return max(int(summary.get("events_lost") or 0), logged)

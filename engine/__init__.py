@@ -8,6 +8,7 @@ The map of this folder (arrows point at what a module imports; nothing imports u
 Top level — the run's contracts and entry point:
     config     `RunConfig`, validated before anything runs (no torch)
     events     event shapes and the sinks that carry them out of a run
+    batching   a process's events written by a background thread, in batches (BatchingSink, Later)
     run        `run_training`: one job, reported through a sink (the workers' entry point)
     runner     does the work: pre-flight, `run_started`, the mode, `run_finished`
     result     `RunResult` (no torch)          stages   where a run failed (no torch)

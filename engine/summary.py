@@ -25,7 +25,7 @@ give `peak_training_bytes` / `library_floor_bytes` per device (the training's pe
 when there are any: step 0 allocates the workspaces inside the step), and `memory_imbalance` is then
 max/min of the training's peaks.
 `events_lost` sums the `events_lost` of the run's `log` events: events a rank's writer dropped
-(`engine.events.BatchingSink`), so a summary built without them says so.
+(`engine.batching.BatchingSink`), so a summary built without them says so.
 GIL wait per device is the median of its `gil` events' `gil_wait_share` over the same steady steps
 (engine.measure.gil: measured from the thread's CPU clock and run-queue wait).
 """

@@ -5,7 +5,7 @@ capped with ``XADD ... MAXLEN ~ n``: Redis trims whole macro-nodes, so a stream 
 somewhat more than `maxlen` entries, and trimming costs O(1) amortised (see the XADD docs,
 https://redis.io/docs/latest/commands/xadd/).
 
-Use with `engine.events.BatchingSink`, which calls `write_batch` from a background thread
+Use with `engine.batching.BatchingSink`, which calls `write_batch` from a background thread
 (`run_sink` builds the pair the worker uses):
 
     sink, writer = run_sink(redis, run_id)
@@ -36,7 +36,7 @@ OUTAGE_LIMIT_S = 300.0  # Redis unreachable longer than this fails the run
 CLOSE_TIMEOUT_S = 30.0  # close() keeps retrying what is pending this long
 WRITE_CHUNK = 512  # events per script call (or MULTI/EXEC)
 # The worker's BatchingSink writes to Redis this often (seconds): the last hop of an event's way
-# from a rank to the app (see engine.events.RANK_FLUSH_INTERVAL_S); one write per interval.
+# from a rank to the app (see engine.batching.RANK_FLUSH_INTERVAL_S); one write per interval.
 RUN_FLUSH_INTERVAL_S = 0.02
 
 # Appends every ARGV[2..] as one entry (field `e`) of stream KEYS[1], trimmed to ~ARGV[1] entries.
@@ -205,9 +205,9 @@ def run_sink(redis: redis.Redis, run_id: str, maxlen: int = DEFAULT_STREAM_MAXLE
     """The sink a worker gives the engine for one run, and its writer.
 
     Returns:
-        (`engine.events.BatchingSink` writing every `RUN_FLUSH_INTERVAL_S`, `RedisStreamWriter`).
+        (`engine.batching.BatchingSink` writing every `RUN_FLUSH_INTERVAL_S`, `RedisStreamWriter`).
     """
-    from ddpviz.engine.events import BatchingSink
+    from ddpviz.engine.batching import BatchingSink
 
     writer = RedisStreamWriter(redis, run_id, maxlen)
     return BatchingSink(writer, flush_interval_s=RUN_FLUSH_INTERVAL_S), writer

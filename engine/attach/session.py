@@ -2,7 +2,7 @@
 guard every piece of instrumentation runs under.
 
 Events go to this process's own JSONL file in the run's spool folder, written by a background
-thread (`engine.events.rank_sink`); the launcher (`ddpviz run`) forwards the files to Redis. The
+thread (`engine.batching.rank_sink`); the launcher (`ddpviz run`) forwards the files to Redis. The
 training process itself never touches the network, so a slow or lost Redis cannot slow or stop
 it (the issue's fail-open rule).
 
@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ddpviz.engine.attach.env import PUMP_INTERVAL_S, RUN_ID_ENV, SPOOL_ENV, bucket_timing
-from ddpviz.engine.events import emit_all, make_event, rank_sink
+from ddpviz.engine.events import emit_all, make_event
+from ddpviz.engine.batching import rank_sink
 from ddpviz.engine.measure.telemetry import Telemetry
 
 OPEN_MARKER = "open-rank{rank}-pid{pid}"  # in the spool while a rank's record is open (`Session._open_sink`)

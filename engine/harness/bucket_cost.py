@@ -300,7 +300,7 @@ def _in_thread_rank(rank: int, cfg_dict: dict, caps_mb: list[float], steps: int,
 
     from ddpviz.engine.components.training import loss_fn
     from ddpviz.engine.data import BatchPlan, load_dataset
-    from ddpviz.engine.events import rank_sink
+    from ddpviz.engine.batching import rank_sink
     from ddpviz.engine.measure.telemetry import Telemetry
     from ddpviz.engine.models import build_model
     from ddpviz.engine.modes.ddp.buckets import ddp_bucket_cap_arg

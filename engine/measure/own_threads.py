@@ -3,7 +3,7 @@
 Python names its threads for itself only; Linux shows every thread of a process as the process's
 name (`top -H`, `ps -L`, py-spy, /proc). `name_this_thread` gives the calling thread its Python name as
 its OS name (`prctl(PR_SET_NAME)`, 15 bytes), so the instrument's background threads — the event writer
-(`engine.events.BatchingSink`), the memory timer, the launcher's follower — show as `ddpviz-...` in a
+(`engine.batching.BatchingSink`), the memory timer, the launcher's follower — show as `ddpviz-...` in a
 user's own tools and in ours: `own_threads_cpu_ns` reads their on-CPU time from
 `/proc/<pid>/task/<tid>/schedstat` (field 1, ns; Documentation/scheduler/sched-stats.rst), which the
 bench uses for the instrument's background cost per step (`engine.harness.bucket_cost`).

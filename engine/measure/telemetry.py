@@ -9,7 +9,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ddpviz.engine.events import EventSink, Later, emit_all, make_event, make_events
+from ddpviz.engine.events import EventSink, emit_all, make_event, make_events
+from ddpviz.engine.batching import Later
 
 
 class Telemetry:

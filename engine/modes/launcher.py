@@ -28,13 +28,14 @@ from ddpviz.engine.components.devices import DevicePlan
 from ddpviz.engine.components.ports import free_port  # noqa: F401 (engine.modes.launcher.free_port: its old home)
 from ddpviz.engine.components.loop import Canceled
 from ddpviz.engine.config import RunConfig
-from ddpviz.engine.events import JsonlTail, loss_event
+from ddpviz.engine.events import JsonlTail
+from ddpviz.engine.batching import loss_event
 from ddpviz.engine.measure.own_threads import name_this_thread
 from ddpviz.engine.measure.turns import GATE_ENV
 from ddpviz.engine.modes.ranks import prepare_fork_server
 
 # How often rank event files are read and should_stop is polled: one hop of an event's way to
-# Redis (see engine.events.RANK_FLUSH_INTERVAL_S, which says what a wake-up costs and why 0.05 s).
+# Redis (see engine.batching.RANK_FLUSH_INTERVAL_S, which says what a wake-up costs and why 0.05 s).
 FOLLOW_INTERVAL_S = 0.05
 RDZV_TIMEOUT_S = 60  # rendezvous must complete within this many seconds
 STALL_TIMEOUTS = 10  # ranks that report no step for this many collective timeouts have stalled (`_Follower`),
@@ -184,7 +185,7 @@ RankFollower = _Follower  # the bench drives the real forwarding path with stand
 
 def report_lost(workdir: Path, nproc: int, out, run_id: str) -> int:
     """Emit, for each local rank that left `local<L>.lost.json` (`engine.modes.ranks.write_lost`),
-    the `log` event its own file could not carry (`engine.events.loss_event`); returns the events
+    the `log` event its own file could not carry (`engine.batching.loss_event`); returns the events
     lost in all."""
     total = 0
     for r in range(nproc):

@@ -51,7 +51,8 @@ import torch.distributed.nn.functional  # noqa: F401,E402  (isort: keep after to
 from ddpviz.engine.components.lifetime import PARENT_ENV, die_with_parent
 from ddpviz.engine.components.training import cpu_threads_per_rank
 from ddpviz.engine.config import RunConfig
-from ddpviz.engine.events import EventSink, rank_sink
+from ddpviz.engine.events import EventSink
+from ddpviz.engine.batching import rank_sink
 
 START_METHOD = "forkserver"  # how the launcher starts rank processes (see the module docstring)
 # imported once by the fork server, before it forks any rank (names that fail to import are skipped)

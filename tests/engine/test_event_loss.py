@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ddpviz.engine.events import BatchingSink, JsonlWriter, ListSink, make_event, read_jsonl
+from ddpviz.engine.events import JsonlWriter, ListSink, make_event, read_jsonl
+from ddpviz.engine.batching import BatchingSink
 from ddpviz.engine.summary import SummaryBuilder
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")

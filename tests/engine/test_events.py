@@ -3,7 +3,8 @@
 import json
 import time
 
-from ddpviz.engine.events import BatchingSink, JsonlTail, JsonlWriter, Later, ListSink, make_event, read_jsonl
+from ddpviz.engine.events import JsonlTail, JsonlWriter, ListSink, make_event, read_jsonl
+from ddpviz.engine.batching import BatchingSink, Later
 from ddpviz.engine.measure.telemetry import Telemetry
 
 

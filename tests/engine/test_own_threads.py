@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from ddpviz.engine.events import BatchingSink, ListSink
+from ddpviz.engine.events import ListSink
+from ddpviz.engine.batching import BatchingSink
 from ddpviz.engine.harness.bucket_cost import OwnThreadsCpu
 from ddpviz.engine.measure.own_threads import own_threads_cpu_ns
 

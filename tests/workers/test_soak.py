@@ -30,7 +30,8 @@ from ddpviz.workers.store import RunStore
 PRODUCER = textwrap.dedent("""
     import sys, time
     from ddpviz import workers
-    from ddpviz.engine.events import BatchingSink, make_event
+    from ddpviz.engine.events import make_event
+    from ddpviz.engine.batching import BatchingSink
     from ddpviz.workers.connection import connect
     from ddpviz.workers.sink import RedisStreamWriter
     url, run_id, maxlen, rate, total = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])

@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from ddpviz.engine.events import BatchingSink, make_event
+from ddpviz.engine.events import make_event
+from ddpviz.engine.batching import BatchingSink
 from ddpviz.workers import keys
 from ddpviz.workers.client import DdpvizClient
 from ddpviz.workers.sink import RedisStreamWriter

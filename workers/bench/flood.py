@@ -1,7 +1,7 @@
 """Figure 3: events per second one run pushes through the real path, every event accounted for.
 
 The path is the one a DDP run's events take: each rank process emits through its own
-`engine.events.rank_sink` (a background thread appending JSON lines to the rank's file), the
+`engine.batching.rank_sink` (a background thread appending JSON lines to the rank's file), the
 launcher's follower (`engine.modes.launcher.RankFollower`) tails the files and hands each event to the
 engine's summary builder and to the worker's sink (`workers.sink.run_sink`: a BatchingSink over
 a `RedisStreamWriter`), which appends to the run's Redis stream. Only the ranks are stand-ins:
@@ -57,7 +57,7 @@ def flood_events(run_id: str, rank: int, seq0: int, n: int, now: float) -> list[
 def flood_rank(workdir: str, local: int, run_id: str, rate_per_s: float, duration_s: float) -> None:
     """A stand-in rank process: emits `rate_per_s` events/s for `duration_s` through the rank's
     own sink, then writes ``flood<local>.json`` = {emitted, first_emit_ts, last_emit_ts}."""
-    from ddpviz.engine.events import rank_sink
+    from ddpviz.engine.batching import rank_sink
 
     wd = Path(workdir)
     sink = rank_sink(wd / f"local{local}.jsonl")

@@ -59,7 +59,8 @@ def emit_cost(events: list[dict[str, Any]], repeats: int = EMIT_REPEATS) -> dict
     types and the mean encoded size (bytes). Source: EMIT_SOURCE."""
     import tempfile
 
-    from ddpviz.engine.events import BatchingSink, JsonlWriter, encode_json
+    from ddpviz.engine.events import JsonlWriter, encode_json
+    from ddpviz.engine.batching import BatchingSink
     from ddpviz.engine.measure.telemetry import Telemetry
 
     drop = {"type", "run_id", "ts"}

@@ -42,7 +42,8 @@ def _client(args: argparse.Namespace):
 def cmd_train(args: argparse.Namespace) -> int:
     """Run one job in this process (DDP: rank processes on this host); no Redis."""
     from ddpviz.engine.config import validate_config
-    from ddpviz.engine.events import BatchingSink, CallbackSink, FanoutSink, JsonlWriter
+    from ddpviz.engine.events import CallbackSink, FanoutSink, JsonlWriter
+    from ddpviz.engine.batching import BatchingSink
     from ddpviz.workers.cli.flags import run_fields
     from ddpviz.workers.cli.progress import RunProgress, summary_line
     from ddpviz.workers.store import new_run_id

@@ -25,7 +25,8 @@ from ddpviz.engine.components.training import (autocast, batch_to, evaluate, fla
                                                should_eval)
 from ddpviz.engine.config import RunConfig
 from ddpviz.engine.data import BatchPlan, load_dataset
-from ddpviz.engine.events import Later, mark_nonfinite
+from ddpviz.engine.events import mark_nonfinite
+from ddpviz.engine.batching import Later
 from ddpviz.engine.measure.clocks import CudaClock, HostClock, StepClock
 from ddpviz.engine.measure.deferred import deferred_steps
 from ddpviz.engine.measure.gil import MeterGate
