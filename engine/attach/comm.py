@@ -81,13 +81,14 @@ def _record(state: HookState, bucket: dist.GradBucket) -> dict:
     return rec
 
 
-def _ended(state: HookState, rec: dict, fut: torch.futures.Future) -> torch.futures.Future:
+def _pending(delta: int) -> None:
     with _late_lock:
-        _late["pending"] += 1
+        _late["pending"] += delta
 
+
+def _ended(state: HookState, rec: dict, fut: torch.futures.Future) -> torch.futures.Future:
     def done(f: torch.futures.Future):
-        with _late_lock:
-            _late["pending"] -= 1
+        _pending(-1)
         rec["comm_end"] = state.recorder.clock.mark()
         if "comm_start" not in rec:  # the hook called no all_reduce we could see
             rec["comm_start"] = rec["ready"]
@@ -111,13 +112,22 @@ def timed_comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.
         group = state.recorder.group or dist.group.WORLD
         return group.allreduce([buf]).get_future().then(lambda f: f.value()[0])
     _tap.rec, _tap.clock = rec, state.recorder.clock
+    if rec is not None:  # pending from before the hook runs: its futures' callbacks may run on another
+        _pending(1)      # thread before it returns (before 2026-12-06 their all-reduces went uncounted)
     try:
         fut = state.user_hook(state.user_state, bucket)
+    except BaseException:
+        if rec is not None:
+            _pending(-1)
+        raise
     finally:
         _tap.rec = None
     if rec is None:
         return fut
-    return state.guard("bucket timing", _ended, state, rec, fut) or fut
+    ended = state.guard("bucket timing", _ended, state, rec, fut)
+    if ended is None:  # no callback to end the pending count
+        _pending(-1)
+    return ended or fut
 
 
 def tap_all_reduce() -> None:
