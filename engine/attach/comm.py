@@ -13,45 +13,28 @@ the synced backward's start), then:
   DDP would have produced;
 - when the script registered its own hook (fp16/bf16 compression, PowerSGD), calls it unchanged
   (`engine.attach.ddp` keeps the script's `register_comm_hook` call and hands the hook here).
-  The bytes are counted from the tensors that hook hands to `torch.distributed.all_reduce`
-  (fp16 compression halves them), all-reduce start is the first such call, and the end is when
-  the script's future completes (so it includes the hook's decompression); `nbytes_source` says
+  The bytes are counted from the tensors that hook hands to `torch.distributed.all_reduce`, in its
+  call and in the callbacks it chains on those collectives' futures (PowerSGD's P and Q), by the
+  launched runs' tap (`engine.modes.ddp.comm_hooks.run_tapped`; fp16 compression halves them);
+  all-reduce start is the first such call, and the end is when the script's future completes (so
+  it includes the hook's decompression); `nbytes_source` says
   which. DDP does the rest as it would have.
 
 The recording runs under the session's guard: an error in it switches bucket timing off and the
 all-reduce still happens (a hook that skipped it would hang every rank).
 """
 
-import functools
-import threading
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
 from ddpviz.engine.attach.session import PickledAsDetached
-from ddpviz.engine.modes.ddp.comm_hook import BucketRecorder, wire_nbytes
+from ddpviz.engine.modes.ddp.comm_hook import BucketRecorder
+from ddpviz.engine.modes.ddp.comm_hooks import run_tapped
 
 BUCKET_BYTES = "bucket buffer (DDP's flat gradients, float32 here)"
 HOOK_BYTES = "tensors the script's comm hook handed to torch.distributed.all_reduce"
-_tap = threading.local()  # .rec: the record of the bucket whose script hook is running, on this thread
-# All-reduces a script hook's futures launch from their callbacks, after the hook returned (PowerSGD's second
-# pass, Q, in `compute_qs`): no bucket's hook is running then, so they are counted per process while any
-# script hook's future is pending, and taken into the step's `comm_volume` (`take_late_bytes`). Before
-# 2026-12-06 they were not counted: a PowerSGD step read 772 B where the script's own count was 1,604.
-_late = {"pending": 0, "bytes": 0, "calls": 0}
-_late_lock = threading.Lock()
-LATE_BYTES = ("; + {nbytes:,} B in {calls} all-reduce(s) the hook's futures launched after it returned (counted "
-              "for the step, not a bucket)")
-
-
-def take_late_bytes() -> tuple[int, int]:
-    """(bytes, calls) of the all-reduces counted since the last take that no running hook owned, while a
-    script hook's future was pending; the count starts again at 0."""
-    with _late_lock:
-        got = _late["bytes"], _late["calls"]
-        _late["bytes"] = _late["calls"] = 0
-    return got
 
 
 class HookState(PickledAsDetached):
@@ -81,19 +64,15 @@ def _record(state: HookState, bucket: dist.GradBucket) -> dict:
     return rec
 
 
-def _pending(delta: int) -> None:
-    with _late_lock:
-        _late["pending"] += delta
-
-
-def _ended(state: HookState, rec: dict, fut: torch.futures.Future) -> torch.futures.Future:
+def _ended(state: HookState, rec: dict, fut: torch.futures.Future, tap: Any) -> torch.futures.Future:
     def done(f: torch.futures.Future):
-        _pending(-1)
         rec["comm_end"] = state.recorder.clock.mark()
-        if "comm_start" not in rec:  # the hook called no all_reduce we could see
+        if tap.first is None:  # the hook called no all_reduce we could see
             rec["comm_start"] = rec["ready"]
             rec["nbytes"], rec["nbytes_source"] = rec["bucket_nbytes"], BUCKET_BYTES + " (the script's hook "\
                 "handed no tensor to torch.distributed.all_reduce)"
+        else:
+            rec["comm_start"], rec["nbytes"] = tap.first, tap.nbytes
         return f.value()
 
     return fut.then(done)
@@ -111,48 +90,7 @@ def timed_comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.
             return state.recorder._launch(buf, rec)
         group = state.recorder.group or dist.group.WORLD
         return group.allreduce([buf]).get_future().then(lambda f: f.value()[0])
-    _tap.rec, _tap.clock = rec, state.recorder.clock
-    if rec is not None:  # pending from before the hook runs: its futures' callbacks may run on another
-        _pending(1)      # thread before it returns (before 2026-12-06 their all-reduces went uncounted)
-    try:
-        fut = state.user_hook(state.user_state, bucket)
-    except BaseException:
-        if rec is not None:
-            _pending(-1)
-        raise
-    finally:
-        _tap.rec = None
     if rec is None:
-        return fut
-    ended = state.guard("bucket timing", _ended, state, rec, fut)
-    if ended is None:  # no callback to end the pending count
-        _pending(-1)
-    return ended or fut
-
-
-def tap_all_reduce() -> None:
-    """Wrap `torch.distributed.all_reduce` so the tensors a script's comm hook all-reduces are
-    counted for its bucket (only while `timed_comm_hook` runs that hook on this thread; every
-    other call goes straight through)."""
-    original = dist.all_reduce
-    if getattr(original, "_ddpviz_tap", False):
-        return
-
-    @functools.wraps(original)
-    def all_reduce(tensor, *args, **kwargs):
-        rec = getattr(_tap, "rec", None)
-        try:
-            if rec is not None:
-                if "comm_start" not in rec:
-                    rec["comm_start"] = _tap.clock.mark()
-                rec["nbytes"] += wire_nbytes(tensor)
-            elif _late["pending"]:  # launched by a pending hook future's callback (see `_late`)
-                with _late_lock:
-                    _late["bytes"] += wire_nbytes(tensor)
-                    _late["calls"] += 1
-        except Exception:
-            pass  # counting is optional; the collective is not
-        return original(tensor, *args, **kwargs)
-
-    all_reduce._ddpviz_tap = True
-    dist.all_reduce = all_reduce
+        return state.user_hook(state.user_state, bucket)
+    fut, tap = run_tapped(state.user_hook, state.user_state, bucket, state.recorder.clock)
+    return state.guard("bucket timing", _ended, state, rec, fut, tap) or fut

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddpviz.engine.attach.comm import LATE_BYTES, HookState, take_late_bytes, tap_all_reduce, timed_comm_hook
+from ddpviz.engine.attach.comm import HookState, timed_comm_hook
 from ddpviz.engine.attach.memory import STEPS_HINT
 from ddpviz.engine.attach.nohook import NoHookBuckets, comm_exposed
 from ddpviz.engine.attach.overrides import apply_tune
@@ -113,14 +113,9 @@ class VolumeBook:
             b = sum(r["nbytes"] or 0 for r in out) + e.get("carried", {}).get(watch.ddp_index, 0)
             nbytes, sent, theory = nbytes + b, sent + int(ring * b), theory + int(ring * watch.param_bytes)
         sources = list(dict.fromkeys(out[0]["nbytes_source"] for _, out in parts if out))
-        late, calls = take_late_bytes()  # a script hook's own later all-reduces (engine.attach.comm._late)
-        if late:
-            ring = 2 * (parts[0][0].world_size - 1) / parts[0][0].world_size
-            nbytes, sent = nbytes + late, sent + int(ring * late)
         self.s.emit("comm_volume", step=step, allreduce_bytes=nbytes, sent_bytes=sent, recv_bytes=sent,
                     volume_source="derived (ring all-reduce)",
-                    allreduce_bytes_source=("; ".join(sources) if sources else "")
-                    + (LATE_BYTES.format(nbytes=late, calls=calls) if late else "") or None,
+                    allreduce_bytes_source="; ".join(sources) or None,
                     theory_sent_bytes=theory, theory_recv_bytes=theory, world_size=parts[0][0].world_size,
                     ddp_count=len(parts))
 
@@ -162,7 +157,6 @@ class Watch(DeferredMarks):
             for hook, _ in getattr(ddp, "_comm_hooks", None) or []:  # e.g. DDP(mixed_precision=...)'s
                 self.nohook.note_script_hook(hook)
         else:
-            tap_all_reduce()
             register(ddp, self.state, timed_comm_hook)
         ddp.register_forward_pre_hook(self._pre, with_kwargs=True)
         ddp.register_forward_hook(self._post, always_call=True)  # a forward that raised still ends

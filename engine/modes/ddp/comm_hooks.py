@@ -135,6 +135,20 @@ def _install_tap() -> None:
     dist.all_reduce = all_reduce
 
 
+def run_tapped(hook: Callable, state: Any, bucket: dist.GradBucket, clock) -> tuple[torch.futures.Future, _BucketTap]:
+    """`hook(state, bucket)` with a new `_BucketTap` current for its call and for every callback it chains on
+    its collectives' futures (module docstring), on whatever thread and whenever those run.
+
+    Returns:
+        (the future the hook returned, unwrapped for DDP; the tap: `first` (clock mark of the first
+        all-reduce, or None), `nbytes`, `collectives`, `dtypes`, complete once that future has).
+    """
+    _install_tap()
+    tap = _BucketTap(clock)
+    fut = _as_current(tap, hook, state, bucket)
+    return (fut._fut if isinstance(fut, _TappedFuture) else fut), tap
+
+
 class TimedHook:
     """Runs `hook(state, bucket)` for one bucket inside the recorder's timing (see the module doc).
 
@@ -147,15 +161,11 @@ class TimedHook:
 
     def __init__(self, hook: Callable, state: Any, name: str, clock):
         self.hook, self.state, self.name, self.clock = hook, state, name, clock
-        _install_tap()
 
     def __call__(self, bucket: dist.GradBucket, rec: dict[str, Any]) -> torch.futures.Future:
-        tap = _BucketTap(self.clock)
         rec["uncompressed_nbytes"] = rec["nbytes"]
         rec["comm_hook"] = self.name
-        fut = _as_current(tap, self.hook, self.state, bucket)
-        if isinstance(fut, _TappedFuture):
-            fut = fut._fut
+        fut, tap = run_tapped(self.hook, self.state, bucket, self.clock)
 
         def done(f: torch.futures.Future):
             value = f.value()
