@@ -40,32 +40,34 @@ def runs_table(df) -> list[str]:
     df.insert(0, "open", [f"live?runs={rid}" for rid in df["run_id"]])
     event = st.dataframe(
         df, key="runs_table", hide_index=True, on_select="rerun", selection_mode="multi-row",
-        # what a row is and how it did first, then when and pinned: at 1,400 px the grid shows those, and
-        # accuracy, model, source and note come into view by scrolling right
+        # what a row is and how it did first, then when, pinned, accuracy and model: widths in px so a 1,500 px
+        # window shows those with the whole run id (16 characters, what `ddpviz export` takes); source and note
+        # come into view by scrolling right
         column_order=["open", "run_id", "label", "mode", "world_size", "status", "samples_per_s", "wall_s", "created",
                       "pinned", "val_accuracy", "model", "source", "note"],
         placeholder="—",  # a run without samples/s: a dash, and `note` says why
         column_config={
-            "open": st.column_config.LinkColumn("open", display_text="Live ↗", width="small"),
-            "run_id": st.column_config.TextColumn("run id", width="small"),
-            "mode": st.column_config.TextColumn("mode", width="small"),
-            "model": st.column_config.TextColumn("model", width="small"),
-            "status": st.column_config.TextColumn("status", width="small"),
-            "world_size": st.column_config.NumberColumn("devices", format="%d", width="small",
+            "open": st.column_config.LinkColumn("open", display_text="Live ↗", width=64),
+            "run_id": st.column_config.TextColumn("run id", width=142),
+            "label": st.column_config.TextColumn("label", width=100),
+            "mode": st.column_config.TextColumn("mode", width=56),
+            "model": st.column_config.TextColumn("model", width=64),
+            "status": st.column_config.TextColumn("status", width=86),
+            "world_size": st.column_config.NumberColumn("devices", format="%d", width=64,
                                                         help="world size; a single run: one device"),
-            "samples_per_s": st.column_config.NumberColumn("samples/s", format="%.0f", width="small",
+            "samples_per_s": st.column_config.NumberColumn("samples/s", format="%.0f", width=82,
                                                            help="median over steps after warm-up"),
-            "val_accuracy": st.column_config.NumberColumn("val acc.", format="%.3f", width="small",
+            "val_accuracy": st.column_config.NumberColumn("val acc.", format="%.3f", width=66,
                                                           help="final validation accuracy (blank: no evaluation)"),
-            "wall_s": st.column_config.NumberColumn("wall (s)", format="%.1f", width="small",
+            "wall_s": st.column_config.NumberColumn("wall (s)", format="%.1f", width=66,
                                                     help="measured: the run's end minus its start, as recorded; the two runs of a "
                                                          "DP/DDP pair train in turns, so each one's wall time "
                                                          "holds the other's turns too: compare samples/s"),
             "note": st.column_config.TextColumn("note", width="small", help="why a run has no samples/s"),
             "source": st.column_config.TextColumn("source", width="small", help="launched by ddpviz, or attached: "
                                                   "a script run under `ddpviz run` (its file and host)"),
-            "created": st.column_config.DatetimeColumn("created", format="MM-DD HH:mm:ss", width="medium"),
-            "pinned": st.column_config.CheckboxColumn("pinned", width="small",
+            "created": st.column_config.DatetimeColumn("created", format="MM-DD HH:mm:ss", width=118),
+            "pinned": st.column_config.CheckboxColumn("pinned", width=60,
                                                       help="kept whatever the retention policy"),
         })
     st.caption("samples/s is the run's own pace (median over its steps after warm-up); wall time includes "
