@@ -149,6 +149,56 @@ class HangsAt4(nn.Module):
         return self.lin(x)
 
 
+class _SleepInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        import time
+
+        time.sleep(ctx.seconds)
+        return grad, None
+
+
+class Stamped(nn.Module):
+    """Two layers, 4 ms of sleep in the forward and 6 ms in the backward between them (two buckets at
+    bucket_cap_mb 0.002: 16,640 B and 2,600 B). Each parameter's post-accumulate-grad hook (PyTorch's, not the
+    reducer's) appends "name wall_ts" to $DDPVIZ_TEST_STAMPS/rank$RANK.txt when that variable is set: an
+    independent stamp of the moment each gradient was ready, on the clock `step` events place
+    `backward_start_ts` on (`engine.measure.telemetry.wall_ts` of `time.perf_counter()`)."""
+
+    def __init__(self):
+        import os
+
+        super().__init__()
+        self.first, self.second = nn.Linear(64, 64), nn.Linear(64, 10)
+        out = os.environ.get("DDPVIZ_TEST_STAMPS")
+        if out:
+            path = Path(out) / f"rank{os.environ.get('RANK', '0')}.txt"
+            for name, p in self.named_parameters():
+                p.register_post_accumulate_grad_hook(lambda p, n=name: _stamp(path, n))
+
+    def forward(self, x):
+        import time
+
+        if self.training:
+            time.sleep(0.004)
+        return self.second(_SleepInBackward.apply(torch.relu(self.first(x)), 0.006 if self.training else 0.0))
+
+
+def _stamp(path: Path, name: str) -> None:
+    import time
+
+    from ddpviz.engine.measure.telemetry import wall_ts
+
+    at = wall_ts(time.perf_counter())
+    with open(path, "a") as f:
+        f.write(f"{name} {at!r}\n")
+
+
 def no_validation(cfg) -> Dataset:
     """Digits with an empty validation split (0 samples)."""
     ds = digits(cfg)
@@ -193,9 +243,11 @@ sparseemb = ModelPlugin(build=lambda cfg: SparseEmbedding(),
                         dataset=lambda cfg: random_data("ids10", 1, 4, long_x=10), description="sparse embedding")
 boom = ModelPlugin(build=_boom, dataset=digits)
 nodata = ModelPlugin(build=lambda cfg: TwoHeads(), dataset=_no_data)
+stamped = ModelPlugin(build=lambda cfg: Stamped(), dataset=digits, description="gradient-ready stamps of its own")
 
 NAMES = ("twoheads", "bnhalves", "dictout", "tupleout", "scoresout", "letters27", "sparseemb", "boom",
-         "nodata", "nanat3", "nanat9", "infat3", "noval", "compiled", "tiny3", "dictbuild", "bigx", "hangat4")
+         "nodata", "nanat3", "nanat9", "infat3", "noval", "compiled", "tiny3", "dictbuild", "bigx", "hangat4",
+         "stamped")
 
 
 def install(root: Path) -> None:

@@ -49,6 +49,9 @@ def test_ordinary_steps_report_the_fields_buckets_and_volume_of_a_fully_marked_s
         assert readies == sorted(readies)
         # exposed comm = the backward's time after its last bucket was ready (engine.modes.ddp.rank.exposed_comm)
         whole_backward = fields["backward_s"] + fields["comm_exposed_s"]
+        # every bucket was ready inside this step's backward, as timed by the rank's own clock around it (not
+        # from the forward's start, nor the step's: the reducer's stamps minus the backward's start mark)
+        assert readies[-1] <= whole_backward + 1e-6, (step, readies, whole_backward)
         assert fields["comm_exposed_s"] == pytest.approx(max(0.0, whole_backward - readies[-1]), abs=1e-9)
 
 
@@ -120,3 +123,38 @@ def test_a_nan_loss_on_an_ordinary_step_is_marked_and_fails_the_run_at_its_rank_
     assert {b["ts"] for b in _by(sink.events, "bucket", field_models.BAD_RANK, 9)} == {bad["ts"]}  # the fast path
     for e in sink.events:
         json.loads(encode_json(e), parse_constant=lambda c: pytest.fail(f"{c} in {e['type']}"))
+
+
+@pytest.mark.usefixtures("field_plugins")
+def test_ordinary_steps_ready_times_are_those_pytorchs_own_gradient_hooks_saw(tmp_path, monkeypatch):
+    """Independent reference: each parameter's post-accumulate-grad hook stamps when its gradient was ready
+    (field_models.Stamped, in the rank process); a bucket's `ready_s` on an ordinary step is its last
+    gradient's stamp minus the step's backward start (`backward_start_ts`). The model sleeps 4 ms in its
+    forward and 6 ms in its backward between the two buckets, so a ready time counted from the step's or the
+    forward's start, or a bucket's time given to the other, is off by >= 4 ms."""
+    import statistics
+
+    monkeypatch.setenv("DDPVIZ_TEST_STAMPS", str(tmp_path))
+    cfg = dict(CFG, model="stamped", steps=16, width=None, depth=None, bucket_cap_mb=0.002)
+    cfg = {k: v for k, v in cfg.items() if v is not None}
+    _, sink = train(cfg)
+    diffs = []
+    for rank in (0, 1):
+        stamps = [(line.split()[0].split(".")[0], float(line.split()[1]))
+                  for line in (tmp_path / f"rank{rank}.txt").read_text().splitlines()]
+        layout = {}  # bucket index -> its layer, from the events that named the bucket's parameters
+        for b in sink.events:
+            if b["type"] == "bucket" and b.get("rank") == rank and b.get("param_names"):
+                layout[b["bucket_index"]] = {n.split(".")[0] for n in b["param_names"]}
+        assert sorted(map(sorted, layout.values())) == [["first"], ["second"]]
+        for step in range(8, 15):  # ordinary: not metered (0-7), not traced (0-2, the last)
+            f, = _by(sink.events, "step", rank, step)
+            begin = f["backward_start_ts"]
+            end = begin + f["backward_s"] + f["comm_exposed_s"]
+            for b in _by(sink.events, "bucket", rank, step):
+                layer, = layout[b["bucket_index"]]
+                ready = max(t for n, t in stamps if n == layer and begin <= t <= end + 1e-3)
+                diffs.append((ready - begin) - b["ready_s"])
+    assert len(diffs) == 28
+    assert statistics.median(abs(d) for d in diffs) < 1e-3, diffs
+    assert sum(abs(d) < 2e-3 for d in diffs) >= 24, diffs  # a preemption between the two stamps: rare
