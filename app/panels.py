@@ -435,7 +435,11 @@ def _bucket_caption(w: RunWindow, buckets: pd.DataFrame) -> None:
     where = (f" All-reduce spans were measured on the sampled steps ({', '.join(map(str, timed[:6]))}"
              f"{'…' if len(timed) > 6 else ''}): open one on the Bucket timeline page, or launch with "
              "bucket_timing=hook to time every step." if not len(bw) and timed else "")
-    st.caption(f"{said}: {len(r0)} bucket(s), {format_bytes(r0['nbytes'].sum())} of gradients per rank; "
+    grads, wire = int(r0["gradient_nbytes"].sum()), int(r0["nbytes"].sum())
+    hook = w.config.get("comm_hook")
+    hook = hook if hook and hook != "none" else "the comm hook"
+    sent = f" ({format_bytes(wire)} all-reduced: the tensors {hook} handed over)" if wire != grads else ""
+    st.caption(f"{said}: {len(r0)} bucket(s), {format_bytes(grads)} of gradients per rank{sent}; "
                f"{rate}. Every kept step, on the Bucket timeline page.{where}")
 
 

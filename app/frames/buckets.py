@@ -145,7 +145,9 @@ def bucket_frame(events: Iterable[Event], step: int | None = None) -> pd.DataFra
     Columns: step, rank, ddp_index (which DDP of the process: an attached script may build
     several, e.g. a GAN's two; 0 when the events do not say), bucket_index, bucket (its name:
     "3", or "DDP 1 · 3" when the step has buckets of several DDPs), row (the bucket's row in a
-    rank's lane, the same on every rank: DDP by DDP, bucket by bucket), nbytes, mib, num_params,
+    rank's lane, the same on every rank: DDP by DDP, bucket by bucket), nbytes (the bytes all-reduced: a comm
+    hook's compressed tensors where one ran), gradient_nbytes (the bucket's own gradients: the event's
+    `uncompressed_nbytes` where a hook ran, else nbytes), mib, num_params,
     ready_ms, comm_start_ms, comm_end_ms, comm_ms (end - start, else the event's `comm_duration_s`: a GPU
     duration with no span), algbw_gbps (bytes / all-reduce time, GB/s =
     1e9 B/s), enqueue_ms (the host's launch of the all-reduce, host clock: a CUDA step's no-hook
@@ -153,7 +155,8 @@ def bucket_frame(events: Iterable[Event], step: int | None = None) -> pd.DataFra
     does not say); the
     times are NaN (not measured, never 0) where the event's are null.
     """
-    cols = ["step", "rank", "ddp_index", "bucket_index", "bucket", "row", "nbytes", "mib", "num_params",
+    cols = ["step", "rank", "ddp_index", "bucket_index", "bucket", "row", "nbytes", "gradient_nbytes", "mib",
+            "num_params",
             "ready_ms", "comm_start_ms", "comm_end_ms", "comm_ms", "algbw_gbps", "enqueue_ms", "source"]
     events = list(events)
     step = latest_complete_step(events, "bucket") if step is None else step
@@ -164,6 +167,7 @@ def bucket_frame(events: Iterable[Event], step: int | None = None) -> pd.DataFra
         "step": e["step"], "rank": int(e.get("rank", 0)), "ddp_index": int(e.get("ddp_index") or 0),
         "bucket_index": int(e["bucket_index"]),
         "nbytes": int(e.get("nbytes", 0)), "num_params": e.get("num_params"),
+        "gradient_nbytes": int(e.get("uncompressed_nbytes") or e.get("nbytes", 0)),
         "ready_ms": _ms(e.get("ready_s")), "comm_start_ms": _ms(e.get("comm_start_s")),
         "comm_end_ms": _ms(e.get("comm_end_s")), "duration_ms": _ms(e.get("comm_duration_s")),
         "enqueue_ms": _ms(e.get("enqueue_s")),

@@ -57,7 +57,7 @@ class HookState(PickledAsDetached):
 
 def _record(state: HookState, bucket: dist.GradBucket) -> dict:
     rec = state.recorder._record(bucket)
-    rec["bucket_nbytes"] = rec["nbytes"]
+    rec["uncompressed_nbytes"] = rec["nbytes"]
     rec["nbytes_source"] = BUCKET_BYTES if state.user_hook is None else HOOK_BYTES
     if state.user_hook is not None:
         rec["nbytes"] = 0
@@ -69,7 +69,7 @@ def _ended(state: HookState, rec: dict, fut: torch.futures.Future, tap: Any) -> 
         rec["comm_end"] = state.recorder.clock.mark()
         if tap.first is None:  # the hook called no all_reduce we could see
             rec["comm_start"] = rec["ready"]
-            rec["nbytes"], rec["nbytes_source"] = rec["bucket_nbytes"], BUCKET_BYTES + " (the script's hook "\
+            rec["nbytes"], rec["nbytes_source"] = rec["uncompressed_nbytes"], BUCKET_BYTES + " (the script's hook "\
                 "handed no tensor to torch.distributed.all_reduce)"
         else:
             rec["comm_start"], rec["nbytes"] = tap.first, tap.nbytes

@@ -55,7 +55,7 @@ LAYOUT_BACKWARDS = 3  # synced backwards whose layouts are kept for run_started 
 
 
 def _layout(records: list[dict], names: dict[int, tuple[str, ...]]) -> list[dict[str, Any]]:
-    return [dict(bucket_index=r["bucket_index"], nbytes=r["bucket_nbytes"],
+    return [dict(bucket_index=r["bucket_index"], nbytes=r["uncompressed_nbytes"],
                  num_params=len(names.get(r["bucket_index"], ())),
                  param_names=list(names.get(r["bucket_index"], ())), sparse=False)
             for r in sorted(records, key=lambda r: r["bucket_index"])]

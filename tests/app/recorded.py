@@ -52,15 +52,18 @@ def overlap_pair(client) -> tuple[str, dict[bool, str]]:
 ATTACHED = "real_attached_regression_ws2.jsonl"
 
 
-def play_attached(client, run_id: str = "attached0regress") -> str:
+def play_attached(client, run_id: str = "attached0regress", edit=None) -> str:
     """The recorded attached run (`ATTACHED`) stored as `ddpviz run` stores one: a record made by
     `workers.attached.create_record`, its events, its `run_started` kept in the record and the
-    config it brings, then its ending. Returns the run id."""
+    config it brings, then its ending. `edit(event)`, when given, changes each event first (a variant of
+    the recording, e.g. a comm hook's). Returns the run id."""
     from ddpviz.workers import keys
     from ddpviz.workers.attached import create_record
 
     with open(DATA / ATTACHED, encoding="utf-8") as fh:
         events = [{**json.loads(line), "run_id": run_id} for line in fh if line.strip()]
+    for e in events if edit else ():
+        edit(e)
     started = next(e for e in events if e["type"] == "run_started")
     create_record(client.store, run_id, started["command"], None)
     client.store.save_started(run_id, started)

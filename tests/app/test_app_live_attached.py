@@ -61,6 +61,27 @@ def test_sizes_read_in_the_unit_that_suits_them(live):
     assert "0.00 MiB" not in captions and "0.000 GB/s" not in captions
 
 
+def test_a_comm_hooks_compressed_bytes_are_not_called_the_gradients(real_client, app_test):
+    """With fp16 compression (the recording made as a hook would have: each bucket all-reduces half its bytes,
+    `uncompressed_nbytes` its own), the caption gives the gradients' size and the bytes sent apart. Before
+    2026-12-06 a PowerSGD run's 41 KiB of gradients read "2.39 KiB of gradients per rank"."""
+    def fp16(e):
+        if e["type"] == "bucket":
+            e["uncompressed_nbytes"], e["nbytes"] = e["nbytes"], e["nbytes"] // 2
+        if e["type"] == "run_started":
+            e["config"] = {**e["config"], "comm_hook": "fp16_compress_hook"}
+
+    rid = play_attached(real_client, run_id="attached0fp16", edit=fp16)
+    at = app_test("views/live.py", runs=rid)
+    assert not at.exception, [e.value for e in at.exception]
+    captions = " ".join(c.value for c in at.caption)
+    buckets = [e for e in _events() if e["type"] == "bucket"]
+    last = max(e["step"] for e in buckets)
+    grads = sum(e["nbytes"] for e in buckets if e["step"] == last and e["rank"] == 0)
+    assert f"bucket(s), {_unit_text(grads)} of gradients per rank ({_unit_text(grads // 2)} all-reduced: the " \
+           "tensors fp16_compress_hook handed over)" in captions
+
+
 @pytest.mark.parametrize("nbytes,text", [(0, "0 B"), (84, "84 B"), (1023, "1023 B"), (1024, "1.00 KiB"),
                                          (561156, "548 KiB"), (25 * 2**20, "25.0 MiB"),
                                          (1.2 * 2**30, "1.20 GiB")])

@@ -179,7 +179,7 @@ class FakeRecorder:
         self.records, self.origin = [], None
 
     def resolved(self) -> list[dict]:
-        return [dict(bucket_index=i, nbytes=r["nbytes"], bucket_nbytes=r["nbytes"], nbytes_source=BUCKET_BYTES, ready_s=0.0,
+        return [dict(bucket_index=i, nbytes=r["nbytes"], uncompressed_nbytes=r["nbytes"], nbytes_source=BUCKET_BYTES, ready_s=0.0,
                      comm_start_s=0.0, comm_end_s=0.001) for i, r in enumerate(self.records)]
 
 

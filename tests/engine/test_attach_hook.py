@@ -138,7 +138,7 @@ def test_a_builtin_comm_hook_runs_as_its_python_twin_with_the_same_result(tmp_pa
     steps = sorted((e["rank"], e["step"]) for e in events if e["type"] == "step")
     assert steps == [(r, s) for r in (0, 1) for s in range(3)]
     assert {e["rank"] for e in buckets} == {0, 1}
-    assert all(e["nbytes"] * 2 == e["bucket_nbytes"] for e in buckets)  # fp16 on the wire
+    assert all(e["nbytes"] * 2 == e["uncompressed_nbytes"] for e in buckets)  # fp16 on the wire
 
 
 NO_DDP = """

@@ -60,7 +60,7 @@ def test_every_byte_a_script_hook_all_reduces_counts_for_its_bucket(launched_tap
             recorder.begin_backward()
             ddp(torch.randn(4, 8)).sum().backward()
             got = recorder.records
-            assert [(r["nbytes"], r["bucket_nbytes"], r["nbytes_source"]) for r in got] == [(128, 36, HOOK_BYTES)]
+            assert [(r["nbytes"], r["uncompressed_nbytes"], r["nbytes_source"]) for r in got] == [(128, 36, HOOK_BYTES)]
             assert got[0]["ready"] <= got[0]["comm_start"] <= got[0]["comm_end"], step
     finally:
         dist.all_reduce = original

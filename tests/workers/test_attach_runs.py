@@ -143,7 +143,7 @@ def test_a_scripts_own_fp16_comm_hook_is_wrapped_not_replaced(tmp_path, redis_ur
         rows = sorted((e for e in buckets[rank] if e["step"] == last), key=lambda e: e["bucket_index"])
         fp32 = ints(mine[rank]["ddp_logging"]["rebuilt_bucket_sizes"])
         assert [e["nbytes"] for e in rows] == [n // 2 for n in fp32]  # fp16 on the wire
-        assert [e["bucket_nbytes"] for e in rows] == fp32
+        assert [e["uncompressed_nbytes"] for e in rows] == fp32
         assert all("comm hook" in e["nbytes_source"] for e in rows)
         assert len(by_rank(events, "step")[rank]) == mine[rank]["steps"]
     assert client.get_run(run_id)["started"]["config"]["comm_hook"] == "fp16_compress_hook"
