@@ -172,7 +172,9 @@ def what_trained(w: RunWindow) -> str:
     model = w.config.get("model")
     if is_attached(w):
         script = (w.started or {}).get("script") or " ".join(w.config.get("command") or []) or "a script"
-        return f"{model} from {script}" if model else f"attached to {script}, model not known yet"
+        if model:
+            return f"{model} from {script}"
+        return f"attached to {script}, " + ("no DDP, DP or FSDP module seen" if w.done else "model not known yet")
     data = dataset_name(w)
     return f"{model} on {data}" if data else str(model or "model not known yet")
 
@@ -198,6 +200,10 @@ def steps_of(windows: dict[str, RunWindow], labels: dict[str, str]) -> pd.DataFr
     return pd.concat(parts, ignore_index=True) if parts else fsteps.steps_frame([], "")
 
 
+SAMPLES_NOT_SEEN_HELP = ("ddpviz counts samples at the forward of a DDP, DP or FSDP module; this run's steps had "
+                         "none. A script can give them: ddpviz.step(samples=...) (docs/attach.md)")
+
+
 def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
     """The median samples/s of each run above its throughput over the whole run: the window's
     steps one by one, earlier ones in bins (`app.charts.live.live_throughput_chart`, zoomable)."""
@@ -207,6 +213,9 @@ def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, st
         return _waiting("the first step", windows)
     tiles = fsteps.throughput_tiles(steps, MIN_STEADY_STEPS)  # the run summary's steps (fsteps.steady_steps)
     for col, (run, (v, delta)) in zip(st.columns(len(tiles)), tiles.items()):
+        if v != v:  # NaN: no step saw its samples (an attached script without DDP, DP or FSDP), never a 0
+            col.metric(f"{run}: median samples/s", "not measured", help=SAMPLES_NOT_SEEN_HELP)
+            continue
         col.metric(f"{run}: median samples/s", f"{v:,.0f}", delta=delta, delta_color="off",
                    delta_arrow="off")
     earlier = pd.concat([_segmented(w.history.frame(labels[rid]), w.unread_steps) for rid, w in windows.items()],

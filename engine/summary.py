@@ -84,9 +84,9 @@ def interval_union_s(intervals: list[tuple[float, float]]) -> float:
 def run_steps(step_events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per optimizer step of a run, in step order, from its `step` events (any ranks).
 
-    Each row: step, samples (max over ranks), the mean over ranks of `STEP_PARTS` (seconds; None
+    Each row: step, samples (max over ranks; None where no rank saw them), the mean over ranks of `STEP_PARTS` (seconds; None
     where a rank reported None: not measured, see `COMM_NOT_MEASURED`),
-    samples_per_s (samples / mean step time; None when that is 0), loss (mean over ranks: each
+    samples_per_s (samples / mean step time; None when that is 0 or samples is None), loss (mean over ranks: each
     rank's loss is the mean over its own shard; None with `loss_nonfinite` "nan"/"inf"/"-inf"
     when any rank's was non-finite, `engine.events.mark_nonfinite`), instrument (any rank's step carried memory tracing
     or a replica check), ranks (how many ranks reported it).
@@ -97,14 +97,16 @@ def run_steps(step_events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for step in sorted(by_step):
         evs = by_step[step]
-        row: dict[str, Any] = {"step": step, "samples": max(e.get("samples", 0) for e in evs)}
+        seen = [e["samples"] for e in evs if e.get("samples") is not None]  # null: not seen (an attached script
+        row: dict[str, Any] = {"step": step, "samples": max(seen) if seen else None}  # without DDP, DP or FSDP)
         for k in STEP_PARTS:  # a part some rank could not measure (None) is None for the step
             vals = [e.get(k, 0.0) for e in evs]
             row[k] = None if any(v is None for v in vals) else sum(vals) / len(vals)
         row["loss"], bad = mean_loss(evs, "loss")
         if bad:
             row["loss_nonfinite"] = bad
-        row["samples_per_s"] = row["samples"] / row["step_time_s"] if row["step_time_s"] > 0 else None
+        row["samples_per_s"] = (row["samples"] / row["step_time_s"] if row["samples"] is not None
+                                and row["step_time_s"] > 0 else None)
         row["instrument"] = any(bool(e.get(f)) for e in evs for f in INSTRUMENT_FLAGS)
         row["ranks"] = len(evs)
         rows.append(row)

@@ -43,7 +43,7 @@ def started_fields(s: Session, watch: Any, first_step: dict | None) -> dict[str,
     kind = watch.device.type if watch is not None else "cpu"
     backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else None
     first = first_step or {}
-    per_rank = first.get("samples", 0) // max(1, s.world_size) // max(1, first.get("micro_steps", 1))
+    per_rank = (first.get("samples") or 0) // max(1, s.world_size) // max(1, first.get("micro_steps", 1))
     names = ([f"cuda:{r % s.local_world_size}" for r in range(s.world_size)] if kind == "cuda"
              else [f"cpu:{r}" for r in range(s.world_size)])
     devices = [dict(name=n, kind=kind, total_memory_bytes=(

@@ -28,7 +28,8 @@ Its events (docs/events.md, "attached runs"):
   unscaled one), not the scaled tensor `backward()` got (`note_scaled`);
   `micro_steps`, `no_sync_micro_steps` (backwards whose forward ran under `no_sync()` /
   `require_backward_grad_sync = False`: DDP all-reduced nothing in them); in a process without a
-  DDP every `backward()` is a micro-step and forward time and samples are not seen (0);
+  DDP every `backward()` is a micro-step and forward time is not seen (0), samples not either (null, and
+  samples_per_s null: `SAMPLES_NOT_SEEN`);
 - `bucket` (the synced backward's buckets), as a launched DDP rank emits them, and `comm_volume` every step.
 
 Backwards are `Tensor.backward` and `torch.autograd.backward` (the one inside the other counted
@@ -53,6 +54,10 @@ from ddpviz.engine.measure.telemetry import now, step_fields
 
 SAMPLES_SOURCE = "batch dimension of the first tensor the DDP module received, summed over micro-steps, x world_size"
 EXPLICIT_SAMPLES_SOURCE = "ddpviz.step(samples=...) of this rank, x world_size"
+# no wrapped module's training forward in the step (a script without DDP, DP or FSDP): samples and samples/s are
+# null, never 0 (before 2026-12-06 Live read "median samples/s 0" for such a run)
+SAMPLES_NOT_SEEN = ("not seen: no DDP, DP or FSDP module's training forward in this step (give them with "
+                    "ddpviz.step(samples=...))")
 STEP_SOURCES = {False: "optimizer", True: "explicit"}  # by StepTracker.explicit
 LOSS_SOURCE = "sum of the scalar tensors backward() was called on"
 SCALED_LOSS_SOURCE = ("sum of the losses given to GradScaler.scale (unscaled; backward() got them "
@@ -323,11 +328,14 @@ class StepTracker:
         reading = LossReading([loss] if loss is not None else self.losses)
         loss_source = EXPLICIT_LOSS_SOURCE if loss is not None else (
             SCALED_LOSS_SOURCE if self.loss_scaled else LOSS_SOURCE)
-        source = EXPLICIT_SAMPLES_SOURCE if samples is not None else SAMPLES_SOURCE
+        seen = samples is not None or self.samples > 0
+        source = EXPLICIT_SAMPLES_SOURCE if samples is not None else SAMPLES_SOURCE if seen else SAMPLES_NOT_SEEN
         samples = (self.samples if samples is None else samples) * self.s.world_size
         fields = step_fields(start=self.start, loss=None, samples=samples, step_time_s=step_time,
                              forward_s=forward_s, backward_s=bwd, comm_exposed_s=exposed,
                              optimizer_s=opt_s, **extra)
+        if not seen:
+            fields.update(samples=None, samples_per_s=None)
         fields.update(other_s=max(0.0, step_time - forward_s - bwd - exposed - opt_s),
                       micro_steps=len(micro),
                       no_sync_micro_steps=sum(1 for m in micro if _syncs(m["watch"]) and not m["synced"]),

@@ -82,6 +82,26 @@ def test_a_comm_hooks_compressed_bytes_are_not_called_the_gradients(real_client,
            "tensors fp16_compress_hook handed over)" in captions
 
 
+def test_a_run_whose_samples_were_not_seen_reads_not_measured_not_zero(real_client, app_test):
+    """An attached script without DDP, DP or FSDP: its steps' samples are null (engine.attach.steps
+    SAMPLES_NOT_SEEN). Before 2026-12-06 Live read "median samples/s 0" and, the run over, "model not known yet"."""
+    def unseen(e):
+        if e["type"] == "step":
+            e["samples"] = e["samples_per_s"] = None
+        if e["type"] == "run_started":
+            e["config"] = {**e["config"], "global_batch_size": None, "model": None, "mode": "single"}
+        if e["type"] == "run_finished":
+            e["summary"] = {**e["summary"], "samples_per_s": None}
+
+    rid = play_attached(real_client, run_id="attached0unseen", edit=unseen)
+    at = app_test("views/live.py", runs=rid)
+    assert not at.exception, [e.value for e in at.exception]
+    tiles = {m.label: m.value for m in at.metric}
+    assert [v for k, v in tiles.items() if k.endswith("median samples/s")] == ["not measured"]
+    captions = " ".join(c.value for c in at.caption)
+    assert "no DDP, DP or FSDP module seen" in captions and "global batch" not in captions
+
+
 @pytest.mark.parametrize("nbytes,text", [(0, "0 B"), (84, "84 B"), (1023, "1023 B"), (1024, "1.00 KiB"),
                                          (561156, "548 KiB"), (25 * 2**20, "25.0 MiB"),
                                          (1.2 * 2**30, "1.20 GiB")])

@@ -169,10 +169,14 @@ def test_a_script_without_ddp_still_gets_its_steps_and_a_dataparallel_note(tmp_p
     steps = [e for e in events if e["type"] == "step"]
     assert [e["step"] for e in steps] == [0, 1, 2, 3]  # the script's four optimizer steps
     assert all(e["micro_steps"] == 1 and e["no_sync_micro_steps"] == 0 and e["loss"] > 0 for e in steps)
+    # no wrapped module saw the batch (16 samples): samples and samples/s not measured, never 0
+    assert all(e["samples"] is None and e["samples_per_s"] is None for e in steps)
+    assert all(e["samples_source"].startswith("not seen:") for e in steps)
     notes = [e["message"] for e in events if e["type"] == "log"]
     assert notes == ["nn.DataParallel on CPU runs the module unwrapped: no DP phases to record"]
     started = [e for e in events if e["type"] == "run_started"]
     assert len(started) == 1 and started[0]["mode"] == "single"
+    assert started[0]["config"]["global_batch_size"] is None and started[0]["micro_batch_per_device"] is None
 
 
 TWO_DDPS = """
