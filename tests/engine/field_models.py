@@ -149,7 +149,9 @@ class HangsAt4(nn.Module):
         return self.lin(x)
 
 
-class _SleepInBackward(torch.autograd.Function):
+class SleepInBackward(torch.autograd.Function):
+    """Identity forward; its backward sleeps `seconds`, so the layers before it get their gradients late."""
+
     @staticmethod
     def forward(ctx, x, seconds):
         ctx.seconds = seconds
@@ -186,7 +188,7 @@ class Stamped(nn.Module):
 
         if self.training:
             time.sleep(0.004)
-        return self.second(_SleepInBackward.apply(torch.relu(self.first(x)), 0.006 if self.training else 0.0))
+        return self.second(SleepInBackward.apply(torch.relu(self.first(x)), 0.006 if self.training else 0.0))
 
 
 def _stamp(path: Path, name: str) -> None:

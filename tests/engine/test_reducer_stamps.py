@@ -13,6 +13,7 @@ import torch
 
 from ddpviz.engine.modes.ddp.flight import ENQUEUE_SOURCE, READY_SOURCE, launches
 from ddpviz.engine.modes.ddp.sampled import pair_spans
+from tests.engine.field_models import SleepInBackward
 
 
 def test_launches_are_the_running_latest_ready_time():
@@ -99,22 +100,6 @@ def test_cuda_launch_times_are_the_enqueue_times_pytorchs_flight_recorder_gives(
         assert rows[1]["enqueue_s"] - rows[0]["enqueue_s"] >= 0.03
 
 
-class _SleepInBackward(torch.autograd.Function):
-    """Identity forward; its backward sleeps, so the layers before it get their gradients late."""
-
-    @staticmethod
-    def forward(ctx, x, seconds):
-        ctx.seconds = seconds
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        import time
-
-        time.sleep(ctx.seconds)
-        return grad, None
-
-
 def test_gloo_ready_times_come_from_ddps_reducer_on_every_step():
     """With no hook and no profiler (an ordinary step on gloo), each bucket's `ready_s` is DDP's
     reducer's own stamp of its last gradient. Independent references: a 30 ms sleep in the backward
@@ -140,7 +125,7 @@ def test_gloo_ready_times_come_from_ddps_reducer_on_every_step():
             self.first, self.second = first, second
 
         def forward(self, x):
-            return self.second(_SleepInBackward.apply(self.first(x), 0.03))
+            return self.second(SleepInBackward.apply(self.first(x), 0.03))
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:

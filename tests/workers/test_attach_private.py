@@ -2,7 +2,8 @@
 secret in the command's environment or the spool, spool folders 0700 and files 0600, the spool
 removed once every event is in Redis and kept (said so) when not, `.ddpviz/` ignored by git, an
 unwritable working directory falls back to a per-user temporary folder; a command in which no
-process trained ends failed ``NothingInstrumented``, not an empty success."""
+process trained ends failed ``NothingInstrumented``, not an empty success. The command line is kept with its
+secrets' values replaced (`workers.cli.command_env.redacted`)."""
 
 from __future__ import annotations
 
@@ -33,10 +34,12 @@ json.dump({"env": dict(os.environ), "spool": spool}, open(sys.argv[1], "w"))
 """
 
 
-def _run(tmp_path: Path, url: str, cwd: str, redis_url: str | None) -> tuple[subprocess.CompletedProcess, dict]:
+def _run(tmp_path: Path, url: str, cwd: str, redis_url: str | None, *args: str) -> tuple[subprocess.CompletedProcess,
+                                                                                       dict]:
     script, report = tmp_path / "probe.py", tmp_path / "probe.json"
     script.write_text(PROBE)
-    proc = subprocess.run([*ddpviz_argv(), "run", "--url", url, "--", sys.executable, str(script), str(report)],
+    proc = subprocess.run([*ddpviz_argv(), "run", "--url", url, "--", sys.executable, str(script), str(report),
+                           *args],
                           env=cli_env(redis_url, PYTHONPATH=""), cwd=cwd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, json.loads(report.read_text())
@@ -52,9 +55,10 @@ def test_no_secret_anywhere_and_a_private_spool_kept_when_redis_refuses(tmp_path
     secret_url = f"redis://:s3cret-token@127.0.0.1:{free_port()}/0"  # no server there: events kept
     work = tmp_path / "work"
     work.mkdir()
-    proc, seen = _run(tmp_path, secret_url, str(work), None)
+    # the script's own secrets on its command line (before 2026-12-06 kept whole in the environment and the spool)
+    proc, seen = _run(tmp_path, secret_url, str(work), None, "--api-token", "s3cret-arg", "--wandb-key=s3cret-key")
     assert "DDPVIZ_ATTACH_URL" not in seen["env"]
-    assert not [k for k, v in seen["env"].items() if "s3cret-token" in v]  # was DDPVIZ_ATTACH_URL
+    assert not [k for k, v in seen["env"].items() if "s3cret" in v]  # was DDPVIZ_ATTACH_URL, then the command
     assert str(Path(__file__).resolve().parents[2]) not in seen["env"]["PYTHONPATH"].split(":")  # no repository
     spool = Path(seen["spool"])
     assert spool.parent == work / ".ddpviz" / "spool"
@@ -65,7 +69,7 @@ def test_no_secret_anywhere_and_a_private_spool_kept_when_redis_refuses(tmp_path
     assert {f.name for f in files} >= {"meta.json", "ending.json"} and any(f.name.startswith("events-") for f in files)
     for f in files:
         assert _mode(f) == 0o600, f
-        assert "s3cret-token" not in f.read_text(), f
+        assert "s3cret" not in f.read_text(), f
 
 
 def test_an_unwritable_cwd_falls_back_to_a_per_user_temp_folder_and_a_stored_run_leaves_no_spool(

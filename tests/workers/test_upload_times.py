@@ -55,3 +55,23 @@ def test_runs_table_shows_wall_time_and_final_validation_accuracy():
     df = fruns.runs_frame([done, running]).set_index("run_id")
     assert df.loc["a", "wall_s"] == pytest.approx(60.5) and df.loc["a", "val_accuracy"] == 0.8125
     assert df.loc["b", ["wall_s", "val_accuracy"]].isna().all()  # not measured yet: blank, never 0
+
+
+def test_upload_falls_back_from_the_runs_own_dead_redis_to_the_running_up(tmp_path, redis_url, redis_client,
+                                                                           monkeypatch, capsys):
+    """The run's own Redis (kept in the spool) is gone, this user's `ddpviz up` runs: upload stores the run there
+    and says which it tried (before 2026-12-06 it stopped at the dead one, telling the user to run `ddpviz up`)."""
+    from ddpviz.workers.connection import remove_up_url, write_up_url
+
+    spool = _spool(tmp_path, "upl0adfallback")
+    meta = json.loads((spool / "meta.json").read_text())
+    (spool / "meta.json").write_text(json.dumps({**meta, "redis_url": "redis://127.0.0.1:1/0"}))
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    write_up_url(redis_url)  # as `ddpviz up` does (tests/conftest.py: this test's own DDPVIZ_HOME)
+    try:
+        assert cmd_upload(argparse.Namespace(spool=str(spool), url=None)) == 0
+    finally:
+        remove_up_url()
+    assert DdpvizClient(redis=redis_client).get_run("upl0adfallback")["status"] == "succeeded"
+    err = capsys.readouterr().err
+    assert "the run's own Redis, redis://127.0.0.1:1/0, did not answer; trying" in err

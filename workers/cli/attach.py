@@ -39,7 +39,7 @@ import redis
 
 from ddpviz.engine.attach.env import PUMP_INTERVAL_S  # events are forwarded this often
 from ddpviz.workers.attached import create_record, ending_of, note_unclosed, record_ending, refresh_summary
-from ddpviz.workers.cli.command_env import command_env, launchers_processes
+from ddpviz.workers.cli.command_env import command_env, launchers_processes, redacted
 from ddpviz.workers.cli.exits import EXIT_REFUSED
 from ddpviz.workers.cli.upload import _store, cmd_upload, upload_hint  # noqa: F401 (cmd_upload: `ddpviz upload`)
 
@@ -100,7 +100,7 @@ class Launch:
         self.heartbeat = None  # a workers.heartbeat.Heartbeat once the record exists (node 0)
 
     def create(self) -> None:
-        create_record(self.store, self.run_id, self.cmd, self.label, worker=self.launcher)
+        create_record(self.store, self.run_id, redacted(self.cmd), self.label, worker=self.launcher)
         self.beat()
 
     def beat(self) -> None:
@@ -354,7 +354,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_REFUSED
 
     # the run's Redis, for `ddpviz upload` (left out when it holds a password: no secret in the spool)
-    _write_json(spool / "meta.json", dict(run_id=run_id, command=cmd, label=args.name, joined=bool(args.join),
+    _write_json(spool / "meta.json", dict(run_id=run_id, command=redacted(cmd), label=args.name, joined=bool(args.join),
                                           host=socket.gethostname(), created_at=time.time(),
                                           redis_url=url if redact(url) == url else None))
     launch = Launch(run_id, spool, url, cmd, args.name, joined=bool(args.join), probe=args.probe,
@@ -402,5 +402,8 @@ def register(command) -> None:
                         "this long after (default: torchrun's own grace, TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30 s, "
                         f"+ {KILL_MARGIN_S:g} s); a second Ctrl-C kills at once")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run")
-    p = command("upload", cmd_upload, "send an attached run's spooled events to Redis")
+    p = command("upload", cmd_upload, "send an attached run's spooled events to Redis", redis=False)
+    p.add_argument("--url", default=None, help="Redis URL (default: $REDIS_URL; else the first that answers of the "
+                   "run's own, kept in the spool when it had no password, and the embedded Redis of this user's "
+                   "running `ddpviz up`, else redis://127.0.0.1:6379/0)")
     p.add_argument("spool", metavar="SPOOL")

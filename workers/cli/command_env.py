@@ -1,13 +1,15 @@
 """The environment `ddpviz run` (and `ddpviz tune`'s trials) give the command they start: the
 caller's, plus what the attach start-up hook reads (`engine.attach.env`) and torchrun's error file.
 
-No secret goes in: no Redis URL (the ranks never talk to Redis; `engine.attach.env.child_environment`).
+No secret goes in: no Redis URL (the ranks never talk to Redis; `engine.attach.env.child_environment`), and
+the command line it carries has its secrets' values replaced (`redacted`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 
@@ -16,6 +18,42 @@ def is_torchrun(cmd: list[str]) -> bool:
     workers are the ranks; any other command's own child is the training process itself."""
     return os.path.basename(cmd[0]) == "torchrun" or "torch.distributed.run" in cmd or \
         "torch.distributed.launch" in cmd
+
+
+# Words that make an argument's name a secret's (`redacted`), as whole words of the name: --api-token X,
+# --wandb-key=X, HF_TOKEN=X (not --tokenizer, --keep)
+SECRET_WORDS = frozenset({"token", "key", "apikey", "secret", "password", "passwd", "pwd", "auth", "authorization",
+                          "credential", "credentials"})
+REDACTED = "***"
+
+
+def _secret_name(name: str) -> bool:
+    return any(w in SECRET_WORDS for w in re.split(r"[^a-z0-9]+", name.lower()))
+
+
+def redacted(cmd: list[str]) -> list[str]:
+    """`cmd` as ddpviz stores and shows it (the run record, `run_started`, the spool's meta.json, the
+    command's environment): the value of every option whose name has one of `SECRET_WORDS` as a word
+    (``--api-token X`` and ``--api-token=X``; not a next argument that is itself an option) and of every
+    ``NAME=VALUE`` argument whose NAME does (``WANDB_API_KEY=X``) replaced by ``***``. The command itself
+    runs with its arguments as given."""
+    out: list[str] = []
+    hide = False
+    for arg in cmd:
+        if hide and not arg.startswith("-"):
+            out.append(REDACTED)
+            hide = False
+            continue
+        hide = False
+        name, eq, _ = arg.partition("=")
+        if eq and _secret_name(name):
+            out.append(f"{name}={REDACTED}")
+        elif arg.startswith("-") and _secret_name(arg):
+            out.append(arg)
+            hide = True
+        else:
+            out.append(arg)
+    return out
 
 
 def command_env(run_id: str, spool: Path, cmd: list[str], probe: bool = False,
@@ -32,7 +70,7 @@ def command_env(run_id: str, spool: Path, cmd: list[str], probe: bool = False,
 
     env = child_environment(os.environ, run_id, spool)
     env[LAUNCHER_ENV] = str(os.getpid())  # which processes are this launcher's (`launchers_processes`)
-    env[COMMAND_ENV] = json.dumps(cmd)
+    env[COMMAND_ENV] = json.dumps(redacted(cmd))  # what run_started records: no secret (`redacted`)
     env["TORCHELASTIC_ERROR_FILE"] = str(spool / "error.json")
     if probe:
         env[PROBE_ENV] = "1"

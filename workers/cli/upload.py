@@ -40,8 +40,9 @@ def upload_hint(spool: Path, url: str | None) -> str:
 
 def cmd_upload(args: argparse.Namespace) -> int:
     """Send a spool's events that are not yet stored, and record the run's ending. Redis: --url,
-    else $REDIS_URL, else the run's own (the spool's meta.json, when it had no password), else
-    the default (`workers.connection.redis_url`)."""
+    else $REDIS_URL, else the first that answers of the run's own (the spool's meta.json, when it had no
+    password) and the default (`workers.connection.redis_url`: this user's running `ddpviz up`'s, ...);
+    when none answers, the error names each one tried."""
     from ddpviz.workers.connection import redact, redis_url
     from ddpviz.workers.spool import read_json
 
@@ -50,8 +51,15 @@ def cmd_upload(args: argparse.Namespace) -> int:
     if not meta or "run_id" not in meta:
         _say(f"refused: {spool} is not a ddpviz spool folder (no meta.json with a run_id)")
         return EXIT_REFUSED
-    url = args.url or os.environ.get("REDIS_URL", "").strip() or meta.get("redis_url") or redis_url()
-    store = _store(url)
+    given = args.url or os.environ.get("REDIS_URL", "").strip()
+    urls = [given] if given else list(dict.fromkeys(u for u in (meta.get("redis_url"), redis_url()) if u))
+    store, url = None, urls[0]
+    for i, url in enumerate(urls):
+        if i:
+            _say(f"the run's own Redis, {redact(urls[i - 1])}, did not answer; trying {redact(url)}")
+        store = _store(url)
+        if store is not None:
+            break
     if store is None:
         from ddpviz.workers.connection import connect
 
