@@ -335,3 +335,12 @@ def test_a_long_efficiency_subtitle_gets_room_not_a_cut_title():
     swept = csw.efficiency_chart(rows).to_dict()
     assert "above 150%" in " ".join(swept["title"]["subtitle"])
     assert _plot_px(swept) == _plot_px(csw.throughput_vs_world_chart(rows).to_dict())
+
+
+@pytest.mark.parametrize("cap,text", [(0.0049991607666015625, "0.005"), (25.0, "25"), (0.1, "0.1"), (1000.0, "1,000"),
+                                      (1234.5, "1,230"), (0.25, "0.25"), (None, "None")])
+def test_a_bucket_cap_reads_in_plain_digits(cap, text):
+    """3 significant digits, never "1e+03" (a new user's 1,000 MiB cap for PowerSGD on gloo read so)."""
+    from ddpviz.app.panels_buckets import cap_text
+
+    assert cap_text(cap) == text

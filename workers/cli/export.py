@@ -37,7 +37,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(text)
-    print(f"{len(events)} events -> {path}", file=sys.stderr)
+    print(f"{len(events)} events of run {args.run_id} read; written as {args.format} to {path}", file=sys.stderr)
     return EXIT_OK
 
 
