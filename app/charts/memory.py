@@ -187,9 +187,16 @@ def memory_over_run_charts(run_memory: pd.DataFrame, run: str) -> list[alt.Layer
             x=x, y=y, y2="hi_mib:Q", color=colour)
         line = alt.Chart(df).mark_line(interpolate="step-after", strokeWidth=2).encode(
             x=x, y="mib:Q", color=colour, tooltip=tip)
-        charts.append(alt.layer(band, line, _extent(x, y, t_s=[0.0, 0.0], lo_mib=[lo, hi])).properties(
+        layers = [band, line]
+        shape = f"line: mean of each {bin_s:g} s bin, band: its min–max"
+        if df.groupby("device")["t_s"].nunique().min() < 2:  # one bin: a line of one point draws nothing
+            layers.append(alt.Chart(df).mark_point(filled=True, size=70).encode(x=x, y="mib:Q", color=colour,
+                                                                                 tooltip=tip))
+            shape = (f"a point: the mean of the run's {int(df['readings'].sum())} reading(s), all in one "
+                     f"{bin_s:g} s bin (a short run)")
+        charts.append(alt.layer(*layers, _extent(x, y, t_s=[0.0, 0.0], lo_mib=[lo, hi])).properties(
             title=title(f"Memory over the run: {SOURCE_LABELS.get(source, source)}",
                         f"{run} · measured: the memory timer's readings (20/s per device), {TIMER_NOTES[source]}; "
-                        f"line: mean of each {bin_s:g} s bin, band: its min–max"),
+                        + shape),
             width=WIDTH, height=_HOST_PX))
     return charts

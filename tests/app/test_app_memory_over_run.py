@@ -104,3 +104,28 @@ def test_one_chart_per_source_with_device_legend_and_titles():
     cuda = {(d["device"], round(d["t_s"])): d["mib"] for d in next(iter(specs[0]["datasets"].values()))}
     assert cuda == {("cuda:0", 0): 3.0, ("cuda:0", 1): 4.0, ("cuda:1", 0): 5.0, ("cuda:1", 1): 6.0}
     assert charts_memory.memory_over_run_charts(fm.memory_over_run_frame([], "x"), "x") == []
+
+
+def test_a_run_shorter_than_one_bin_draws_each_devices_reading_as_a_point():
+    """8 readings in 0.35 s, one bin per device: a step line of one point draws nothing (a new user's 30-step
+    run showed empty axes before 2026-12-06); a point per device marks the bin's mean, and the subtitle says so."""
+    h = ReadingHistory(bin_s=1.0)
+    for dev, mib in (("cpu:0", 10), ("cpu:1", 12)):
+        h.add(_readings(dev, [T0 + 0.05 * k for k in range(8)], [mib * MIB] * 8))
+    spec = charts_memory.memory_over_run_charts(fm.memory_over_run_frame(h.rows(), "run A", T0), "run A")[0].to_dict()
+    points = _visible_points(spec)
+    data = {d["device"]: d["mib"] for d in next(iter(spec["datasets"].values()))}
+    assert len(points) == 1 and points[0]["encoding"]["y"]["field"] == "mib"
+    assert data == {"cpu:0": 10.0, "cpu:1": 12.0}
+    assert "a point: the mean of the run's 16 reading(s)" in " ".join(spec["title"]["subtitle"])
+    # two bins: lines as before, no points
+    h.add(_readings("cpu:0", [T0 + 1.5], [11 * MIB]))
+    h.add(_readings("cpu:1", [T0 + 1.5], [13 * MIB]))
+    spec = charts_memory.memory_over_run_charts(fm.memory_over_run_frame(h.rows(), "run A", T0), "run A")[0].to_dict()
+    assert _visible_points(spec) == []
+
+
+def _visible_points(spec: dict) -> list[dict]:
+    """The layers that draw points one can see (not the invisible extent layer, opacity 0)."""
+    return [layer for layer in spec["layer"] if isinstance(layer["mark"], dict) and layer["mark"]["type"] == "point"
+            and layer["mark"].get("opacity", 1) > 0]
