@@ -101,7 +101,7 @@ def _run_status(client, w: RunWindow, label: str) -> None:
     knobs = (f" · reshard_after_forward {cfg.get('reshard_after_forward')} · params "
              f"{cfg.get('fsdp_param_dtype')}, reduce {cfg.get('fsdp_reduce_dtype')}"
              if cfg.get("mode") == "fsdp" else
-             f" · bucket cap {cfg.get('bucket_cap_mb')} MiB · overlap setting "
+             f" · bucket cap {frames_buckets.cap_text(cfg.get('bucket_cap_mb'))} MiB · overlap setting "
              f"{'on' if cfg.get('overlap') else 'off'}{_one_bucket(w)}"
              if cfg.get("mode") == "ddp" else "")
     known = cfg.get("global_batch_size") is not None  # an attached run's, once rank 0 has started
@@ -413,6 +413,10 @@ def detail_panel(client, windows: dict[str, RunWindow], labels: dict[str, str], 
                     "way: device 0 sends (n−1)·P and receives as much, the others P." if w.mode == "dp" else
                     "the bucket bytes handed to all-reduce (measured) × 2(n−1)/n (derived, ring all-reduce). "
                     "Theory (P = gradient bytes, n = devices): 2(n−1)/n·P per rank each way.")
+            hook = w.config.get("comm_hook")
+            if w.mode == "ddp" and hook and hook != "none":  # the theory is the uncompressed all-reduce's
+                what += (f" This run's {hook} all-reduces its own, compressed tensors: the measured bars are "
+                         "those; the theory is what DDP's own all-reduce of the gradients would send.")
             st.caption(f"{w.mode.upper()}: {what} The bars add sent and received, labelled by the source their "
                        "events give (unlabelled: an older run's, which give none).")
 

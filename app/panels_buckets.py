@@ -41,16 +41,6 @@ def step_word(note: str | None) -> str:
     return f" ({note})" if note else ""
 
 
-def cap_text(cap_mb) -> str:
-    """A bucket cap in MiB to 3 significant digits, never in exponent form: an attached run's is DDP's own
-    byte cap over 2**20 (0.0049991607666015625 for a script's 0.005 -> "0.005"; 1000 -> "1,000", which
-    read "1e+03" before 2026-12-06)."""
-    if not isinstance(cap_mb, (int, float)):
-        return str(cap_mb)
-    v = float(f"{cap_mb:.3g}")
-    return f"{v:,.0f}" if v >= 100 else f"{v:f}".rstrip("0").rstrip(".")
-
-
 def timeline(w, label: str, step: int, x_max: float | None) -> None:
     """One run's bucket timeline at `step` (x up to `x_max` ms when given) and its caption."""
     events = w.of_type("bucket")
@@ -70,7 +60,7 @@ def timeline(w, label: str, step: int, x_max: float | None) -> None:
     note = fsteps.step_notes(w.of_type("step"), events).get(step)
     exposed_ms = exposed["exposed_ms"].max()
     st.caption(f"Step {step}{step_word(note)} · "
-               f"{len(r0)} bucket(s) · bucket_cap_mb {cap_text(cfg.get('bucket_cap_mb'))} · overlap "
+               f"{len(r0)} bucket(s) · bucket_cap_mb {fb.cap_text(cfg.get('bucket_cap_mb'))} · overlap "
                f"{'on' if cfg.get('overlap') else 'off'} · exposed comm "
                + (f"{exposed_ms:.2f} ms (slowest rank)" if pd.notna(exposed_ms) else "not measured on this step"))
 

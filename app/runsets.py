@@ -17,6 +17,7 @@ from typing import Any, Callable
 import streamlit as st
 
 from ddpviz.app.frames import base as frames
+from ddpviz.app.frames.buckets import cap_text
 from ddpviz.app.outage import REDIS_DOWN, show_outage
 from ddpviz.app.window import RunWindow
 from ddpviz.engine.config import RunConfig
@@ -92,7 +93,7 @@ def set_label(members: list[Run]) -> str:
     group = (members[0].get("group") or members[0]["run_id"]) if members else ""
     ddp = next((r.get("config") or {} for r in members if mode(r) == "ddp"), {})
     knobs = "".join(f", {words}" for key, words in (
-        ("bucket_cap_mb", f"bucket cap {ddp.get('bucket_cap_mb')} MiB"), ("comm_hook", f"{ddp.get('comm_hook')} hook"),
+        ("bucket_cap_mb", f"bucket cap {cap_text(ddp.get('bucket_cap_mb'))} MiB"), ("comm_hook", f"{ddp.get('comm_hook')} hook"),
         ("bucket_timing", f"bucket timing {ddp.get('bucket_timing')}"), ("overlap", "overlap off"))
         if key in ddp and ddp.get(key) != RunConfig.model_fields[key].default)
     bad = sorted({str(r.get("status")) for r in members} & {"failed", "canceled", "lost"})

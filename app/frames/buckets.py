@@ -203,3 +203,13 @@ def backward_frame(events: Iterable[Event], step: int) -> pd.DataFrame:
              "end_ms": e.get("backward_s", 0.0) * 1000.0}
             for e in of_type(events, "step") if e["step"] == step]
     return pd.DataFrame(rows, columns=["rank", "start_ms", "end_ms"])
+
+
+def cap_text(cap_mb) -> str:
+    """A bucket cap in MiB to 3 significant digits, never in exponent form: an attached run's is DDP's own
+    byte cap over 2**20 (0.0049991607666015625 for a script's 0.005 -> "0.005"; 1000 -> "1,000", which
+    read "1e+03" before 2026-12-06)."""
+    if not isinstance(cap_mb, (int, float)):
+        return str(cap_mb)
+    v = float(f"{cap_mb:.3g}")
+    return f"{v:,.0f}" if v >= 100 else f"{v:f}".rstrip("0").rstrip(".")

@@ -165,7 +165,7 @@ def test_live_page_shows_full_error(fake_client, app_test):
     # a run that ended before its first step is waited for no more (the tour, issue 33: a refused pair)
     assert not [i.value for i in at.info if i.value.startswith("Waiting for")]
     card = next(c.value for c in at.caption if c.value.startswith("`bad`"))
-    assert "bucket cap 25.0 MiB · overlap setting on" in card
+    assert "bucket cap 25 MiB · overlap setting on" in card
     assert "The run ended (failed) before the first step came." in [c.value for c in at.caption]
 
 

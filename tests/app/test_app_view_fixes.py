@@ -341,6 +341,6 @@ def test_a_long_efficiency_subtitle_gets_room_not_a_cut_title():
                                       (1234.5, "1,230"), (0.25, "0.25"), (None, "None")])
 def test_a_bucket_cap_reads_in_plain_digits(cap, text):
     """3 significant digits, never "1e+03" (a new user's 1,000 MiB cap for PowerSGD on gloo read so)."""
-    from ddpviz.app.panels_buckets import cap_text
+    from ddpviz.app.frames.buckets import cap_text
 
     assert cap_text(cap) == text
