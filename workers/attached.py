@@ -113,8 +113,9 @@ def note_unclosed(spool: Path, run_id: str, say: Callable[[str], None]) -> list[
 
 def create_record(store: Any, run_id: str, cmd: list[str] | None, label: str | None,
                   worker: str | None = None, ran_at: float | None = None) -> None:
-    """A started run record for an attached run, config ``{mode, attached, command}`` until rank
-    0's `run_started` brings the rest. `worker`: the launcher's heartbeat name
+    """A started run record for an attached run, config ``{attached, command}`` until rank 0's
+    `run_started` brings the rest, its mode among them (no mode until then: a command in which nothing
+    trained, or that never started, was listed "ddp" before 2026-12-06). `worker`: the launcher's heartbeat name
     (`keys.attach_launcher`), by which a killed launcher's run is judged lost; None (`ddpviz
     upload` of a spool) leaves nothing to judge by. `ran_at` (unix s): when the run started, for
     a run stored after it ran (`ddpviz upload`: the spool's `meta.json` `created_at`); its record's
@@ -122,7 +123,7 @@ def create_record(store: Any, run_id: str, cmd: list[str] | None, label: str | N
     from ddpviz.workers import keys
     from ddpviz.workers.store import RunStatus
 
-    store.create(run_id, {"mode": "ddp", "attached": True, "command": cmd}, label=label)
+    store.create(run_id, {"attached": True, "command": cmd}, label=label)
     when = time.time() if ran_at is None else float(ran_at)
     store.transition(run_id, RunStatus.STARTED, allowed_from=[RunStatus.QUEUED],
                      fields={"started_at": repr(when), **({"worker": worker} if worker else {})},

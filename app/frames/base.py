@@ -45,6 +45,9 @@ def run_label(run: dict[str, Any] | None, run_id: str) -> str:
     if run.get("label"):
         return str(run["label"])
     cfg = run.get("config") or {}
+    if "mode" not in cfg and cfg.get("attached"):  # no rank started: what ran is the command, not a mode
+        script = next((a for a in cfg.get("command") or [] if a.endswith(".py")), None)
+        return f"{script or 'attached'} · {run_id[:6]}"
     return f"{cfg.get('mode', '?')} ×{devices_used(cfg) or '?'} · {run_id[:6]}"
 
 
