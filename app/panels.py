@@ -452,7 +452,8 @@ def _bucket_caption(w: RunWindow, buckets: pd.DataFrame) -> None:
     hook = w.config.get("comm_hook")
     hook = hook if hook and hook != "none" else "the comm hook"
     sent = f" ({format_bytes(wire)} all-reduced: the tensors {hook} handed over)" if wire != grads else ""
-    st.caption(f"{said}: {len(r0)} bucket(s), {format_bytes(grads)} of gradients per rank{sent}; "
+    again = frames_buckets.synced_backwards_note(w.of_type("step"), int(buckets["step"].iloc[0]))
+    st.caption(f"{said}{again}: {len(r0)} bucket(s), {format_bytes(grads)} of gradients per rank{sent}; "
                f"{rate}. Every kept step, on the Bucket timeline page.{where}")
 
 

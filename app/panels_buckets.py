@@ -62,7 +62,8 @@ def timeline(w, label: str, step: int, x_max: float | None) -> None:
     st.caption(f"Step {step}{step_word(note)} · "
                f"{len(r0)} bucket(s) · bucket_cap_mb {fb.cap_text(cfg.get('bucket_cap_mb'))} · overlap "
                f"{'on' if cfg.get('overlap') else 'off'} · exposed comm "
-               + (f"{exposed_ms:.2f} ms (slowest rank)" if pd.notna(exposed_ms) else "not measured on this step"))
+               + (f"{exposed_ms:.2f} ms (slowest rank)" if pd.notna(exposed_ms) else "not measured on this step")
+               + fb.synced_backwards_note(w.of_type("step"), step))
 
 
 

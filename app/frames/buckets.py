@@ -213,3 +213,14 @@ def cap_text(cap_mb) -> str:
         return str(cap_mb)
     v = float(f"{cap_mb:.3g}")
     return f"{v:,.0f}" if v >= 100 else f"{v:f}".rstrip("0").rstrip(".")
+
+
+def synced_backwards_note(step_events: Iterable[Event], step: int) -> str:
+    """"", or where `step` ran several backwards that all-reduced (an attached script accumulating gradients
+    without `no_sync()`: `micro_steps` - `no_sync_micro_steps` > 1 on some rank), a clause saying the buckets
+    drawn are its last backward's (an attached step's bucket events; `comm_volume` counts every backward's)."""
+    synced = [int(e.get("micro_steps") or 0) - int(e.get("no_sync_micro_steps") or 0)
+              for e in of_type(step_events, "step") if e.get("step") == step]
+    n = max(synced, default=0)
+    return (f" · the last of its {n} backwards that all-reduced (each sent its buckets; bytes per device count "
+            "them all)" if n > 1 else "")

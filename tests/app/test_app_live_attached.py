@@ -83,6 +83,24 @@ def test_a_comm_hooks_compressed_bytes_are_not_called_the_gradients(real_client,
     assert "This run's fp16_compress_hook all-reduces its own, compressed tensors" in captions  # bytes vs theory
 
 
+def test_a_step_of_several_synced_backwards_says_its_buckets_are_the_last_ones(real_client, app_test):
+    """A script accumulating over 3 micro-batches without no_sync(): DDP all-reduces in each backward, the step's
+    bucket events are its last backward's (a new user found 2 of 3 hidden, unsaid, 2026-12-06)."""
+    def three(e):
+        if e["type"] == "step":
+            e["micro_steps"], e["no_sync_micro_steps"] = 3, 0
+
+    rid = play_attached(real_client, run_id="attached0three", edit=three)
+    at = app_test("views/live.py", runs=rid)
+    assert not at.exception, [e.value for e in at.exception]
+    captions = " ".join(c.value for c in at.caption)
+    assert "the last of its 3 backwards that all-reduced" in captions
+    rid = play_attached(real_client, run_id="attached0nosync", edit=lambda e: e.update(
+        micro_steps=3, no_sync_micro_steps=2) if e["type"] == "step" else None)  # no_sync() on the first two
+    captions = " ".join(c.value for c in app_test("views/live.py", runs=rid).caption)
+    assert "backwards that all-reduced" not in captions
+
+
 def test_a_run_whose_samples_were_not_seen_reads_not_measured_not_zero(real_client, app_test):
     """An attached script without DDP, DP or FSDP: its steps' samples are null (engine.attach.steps
     SAMPLES_NOT_SEEN). Before 2026-12-06 Live read "median samples/s 0" and, the run over, "model not known yet"."""
