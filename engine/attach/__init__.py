@@ -110,7 +110,11 @@ def _install(env):
     _patch_grad_scaler(s, tracker)
     register_optimizer_step_pre_hook(lambda opt, a, k: s.guard("steps", tracker.optimizer_start, opt))
     register_optimizer_step_post_hook(lambda opt, a, k: s.guard("steps", tracker.optimizer_end, opt))
-    install_excepthook(lambda: s.rank if s.trained else None, s.spool)
+    # the rank of an exception: a process that wrote events, or one its launcher gave a RANK (a torchrun worker),
+    # before its first event too (an exception before any step was the run's error with rank null, though torchrun
+    # named the rank); not a launcher that trained nothing (`accelerate launch` itself)
+    given_rank = (os.environ if env is None else env).get("RANK") is not None
+    install_excepthook(lambda: s.rank if s.trained or given_rank else None, s.spool)
     probe = None
     if (os.environ if env is None else env).get(PROBE_ENV) == "1":
         probe = ProbeAtEnd(s, tracker)

@@ -67,6 +67,24 @@ def test_a_failing_rank_fails_the_run_with_its_exception(tmp_path, redis_url, cl
     assert "raise ValueError" in err["traceback"] and err["exit_code"] == proc.returncode
 
 
+EARLY = """
+import torch.distributed as dist
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    raise FileNotFoundError("data/shard-1.bin")  # before any step: no event of this rank yet
+dist.barrier()
+"""
+
+
+def test_a_rank_failing_before_its_first_step_is_named(tmp_path, redis_url, client):
+    """Reference: the script's own `dist.get_rank()` of the raising process. Before 2026-12-06 the run's error said
+    the exception with rank null (only a process that had written an event gave its rank)."""
+    proc, run_id = run_attached(_script(tmp_path, EARLY), redis_url, tmp_path / "r.json", tmp_path / "spool")
+    assert proc.returncode != 0
+    err = client.get_run(run_id)["error"]
+    assert err["exception"] == "FileNotFoundError: data/shard-1.bin" and err["rank"] == 1, err
+
+
 def _endless(tmp_path, redis_url, client) -> tuple[subprocess.Popen, str, object]:
     """`ddpviz run -- torchrun ENDLESS` started, once rank 1 has done three steps: (launcher, run id, spool)."""
     spool = tmp_path / "spool"
