@@ -41,23 +41,58 @@ def first_rank_error(spool: Path) -> dict[str, Any] | None:
 
 def failure(spool: Path, exit_code: int) -> dict[str, Any]:
     """The run's error: the first failing rank's exception and traceback (`first_rank_error`, else torchrun's
-    error file), else the exit code."""
+    error file), else the rank that exited first with a code of its own (`first_rank_exit`), else the
+    command's exit code."""
     from ddpviz.workers.spool import read_json
     from ddpviz.workers.store import make_error
 
     doc = first_rank_error(spool) or read_json(spool / "error.json") or {}
     msg = doc.get("message")
+    exited = first_rank_exit(spool)
+    first_error_ns = ((msg.get("extraInfo") or {}).get("time_ns") if isinstance(msg, dict) else None)
+    if exited is not None and isinstance(exited[2], int) and isinstance(first_error_ns, int) \
+            and exited[2] < first_error_ns:  # a rank exited on its own before any rank raised (e.g. because of it)
+        msg = None
     if isinstance(msg, dict):
         extra = msg.get("extraInfo") or {}
         err = make_error(msg.get("message") or f"exit code {exit_code}", extra.get("py_callstack"),
                          rank=extra.get("rank"), stage="training")
     elif isinstance(msg, str):
         err = make_error(msg, None, stage="training")
+    elif exited is not None:
+        rank, code, _ = exited
+        err = make_error(f"CommandFailed: rank {rank} exited with code {code}, without an exception, before any "
+                         f"rank raised one (torchrun then exits {exit_code} whatever the code). Why is in its own "
+                         "output, in the terminal that ran `ddpviz run` (e.g. sys.exit, or argparse's usage error).",
+                         None, rank=rank, stage="training")
     else:
         err = make_error(f"CommandFailed: the command exited with code {exit_code}. {NO_ERROR_FILE}", None,
                          stage="training")
     err["exit_code"] = exit_code
     return err
+
+
+def first_rank_exit(spool: Path) -> tuple[int, int, int | None] | None:
+    """(rank, exit code, when its Python exited: unix ns or None) of the rank that failed first by its own exit,
+    from the failed ranks' exit codes torchrun's ChildFailedError held (`engine.attach.errors.RANK_EXITS_FILE`): a
+    positive code (the rank's own exit: sys.exit, argparse) before a negative one (a signal: torchrun stopping the
+    others), then the earliest, then the lowest rank; the time from the rank's own atexit
+    (`RANK_EXIT_TIME_FILE`). None without that file."""
+    from ddpviz.engine.attach.errors import RANK_EXIT_TIME_FILE, RANK_EXITS_FILE
+    from ddpviz.workers.spool import read_json
+
+    doc = read_json(spool / RANK_EXITS_FILE)
+    failures = (doc or {}).get("failures") if isinstance(doc, dict) else None
+    rows = []
+    for rank, f in (failures or {}).items():
+        code = (f or {}).get("exitcode")
+        if isinstance(code, int) and code != 0 and str(rank).lstrip("-").isdigit():
+            rows.append((code < 0, (f or {}).get("timestamp") or 0, int(rank), code))
+    if not rows:
+        return None
+    _, _, rank, code = min(rows)
+    when = (read_json(spool / RANK_EXIT_TIME_FILE.format(rank=rank)) or {}).get("time_ns")
+    return rank, code, when if isinstance(when, int) else None
 
 
 def ending_of(spool: Path, exit_code: int, canceled: str | None, say: Callable[[str], None]) -> dict[str, Any]:

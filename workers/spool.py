@@ -94,10 +94,10 @@ def make_spool(given: str | None, name: str, say: Callable[[str], None]) -> Path
 
 
 def remove_spool(spool: Path) -> None:
-    """Remove the files of a spool folder (events, meta, sent, ending, error; nothing else), then
+    """Remove the files of a spool folder (events, meta, sent, ending, error, rank exits; nothing else), then
     the folder if that left it empty."""
     for pattern in ("events-*.jsonl", "meta.json", "sent.json", "ending.json", "error.json", "error-rank*.json",
-                    "*.tmp", "open-rank*"):
+                    "rank-exits.json", "exit-rank*.json", "*.tmp", "open-rank*"):
         for path in spool.glob(pattern):
             try:
                 path.unlink()

@@ -79,7 +79,7 @@ def _install(env):
     from ddpviz.engine.attach.dp import patch_data_parallel
     from ddpviz.engine.modes.ddp.sampled import watch_script_profiler
     from ddpviz.engine.attach.fsdp import patch_fsdp
-    from ddpviz.engine.attach.errors import install_excepthook
+    from ddpviz.engine.attach.errors import install_excepthook, note_exit
     from ddpviz.engine.attach.env import PROBE_ENV
     from ddpviz.engine.attach.memory import MemoryWatch
     from ddpviz.engine.attach.probe import ProbeAtEnd
@@ -121,6 +121,8 @@ def _install(env):
         probe.install()
 
     def at_exit() -> None:
+        if s.trained or given_rank:  # the moment this rank's Python exited (engine.attach.errors.note_exit)
+            s.guard("ending", note_exit, s.spool, s.rank)
         if COMPILED:  # the script compiled a watched module: its forwards were not timed (say so, once)
             s.note(COMPILED_NOTE)
         if probe is not None:

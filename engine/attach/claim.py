@@ -22,9 +22,10 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
-from ddpviz.engine.attach.env import RANK_PID_ENV
+from ddpviz.engine.attach.env import LAUNCHER_ENV, RANK_PID_ENV, SPOOL_ENV
 from ddpviz.engine.attach.imports import after_import
 
 C10D = "torch.distributed.distributed_c10d"  # where init_process_group is defined (torch >= 1.8)
@@ -57,8 +58,14 @@ def start_rank() -> None:
 
 
 def wait_for_process_group() -> None:
-    """This process is dormant: it becomes a rank if it initialises a process group."""
+    """This process is dormant: it becomes a rank if it initialises a process group. The command's own top
+    process (the launcher's child, e.g. torchrun) also keeps its failed ranks' exit codes
+    (`engine.attach.errors.install_launcher_hook`)."""
     after_import(C10D, _wrap_init_process_group)
+    if os.environ.get(LAUNCHER_ENV) == str(os.getppid()) and os.environ.get(SPOOL_ENV):
+        from ddpviz.engine.attach.errors import install_launcher_hook
+
+        install_launcher_hook(Path(os.environ[SPOOL_ENV]))
 
 
 def _wrap_init_process_group(c10d: Any) -> None:

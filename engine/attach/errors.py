@@ -100,3 +100,44 @@ def install_excepthook(rank: int | None | Callable[[], int | None], spool: Path 
         previous(exc_type, exc, tb)
 
     sys.excepthook = hook
+
+
+# the exit code of every rank that failed, as torchrun's ChildFailedError knows it ({"failures": {rank: {exitcode,
+# time_ns}}}): written by the command's own top process (torchrun) when it ends on that error. torchrun exits 1
+# whatever its workers' codes were (a rank's sys.exit(3) or argparse's exit 2), and a rank that exits without an
+# exception leaves no error file: this is the only place its own code survives (workers.attached.failure)
+RANK_EXITS_FILE = "rank-exits.json"
+# when a rank's Python exited (its atexit: after sys.exit, argparse's exit, the script's end or an uncaught exception),
+# so a rank's own exit orders against the other ranks' exceptions it caused (`workers.attached.failure`)
+RANK_EXIT_TIME_FILE = "exit-rank{rank}.json"
+
+
+def note_exit(spool: Path, rank: int) -> None:
+    """Write `spool`/`RANK_EXIT_TIME_FILE` for `rank` ({"time_ns": now}, 0600); from the rank's atexit."""
+    fd = os.open(spool / RANK_EXIT_TIME_FILE.format(rank=rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump({"time_ns": time.time_ns()}, fh)
+
+
+def install_launcher_hook(spool: Path) -> None:
+    """In the command's top process (torchrun, `engine.attach.claim.wait_for_process_group`): on an uncaught
+    `ChildFailedError` (duck-typed: `failures`, a {rank: ProcessFailure} dict, with `exitcode` and `timestamp`),
+    write each failed rank's exit code to `spool`/`RANK_EXITS_FILE` (0600), then call the previous hook. Imports
+    nothing; any error of its own is ignored."""
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        try:
+            failures = getattr(exc, "failures", None)
+            if isinstance(failures, dict) and failures:
+                doc = {"failures": {str(rank): {"exitcode": getattr(f, "exitcode", None),
+                                                "timestamp": getattr(f, "timestamp", None)}
+                                    for rank, f in failures.items()}}
+                fd = os.open(spool / RANK_EXITS_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "w") as fh:
+                    json.dump(doc, fh)
+        except Exception:
+            pass
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = hook

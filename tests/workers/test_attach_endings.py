@@ -85,6 +85,29 @@ def test_a_rank_failing_before_its_first_step_is_named(tmp_path, redis_url, clie
     assert err["exception"] == "FileNotFoundError: data/shard-1.bin" and err["rank"] == 1, err
 
 
+EXITS = """
+import sys, torch, torch.distributed as dist, torch.nn as nn
+dist.init_process_group("gloo")
+model = nn.parallel.DistributedDataParallel(nn.Linear(4, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(6):
+    if step == 2 and dist.get_rank() == 1:
+        sys.exit(3)  # no exception: rank 0 then fails in its all-reduce, "Connection closed by peer"
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+"""
+
+
+def test_a_rank_that_exits_with_its_own_code_is_the_root_cause_not_the_rank_it_left_waiting(tmp_path, redis_url,
+                                                                                             client):
+    """Reference: the script's own `sys.exit(3)` on rank 1. torchrun exits 1 and rank 0 raises (its peer is gone);
+    before 2026-12-06 the run's error was rank 0's "Connection closed by peer", the real cause unsaid."""
+    proc, run_id = run_attached(_script(tmp_path, EXITS), redis_url, tmp_path / "r.json", tmp_path / "spool")
+    assert proc.returncode == 1
+    err = client.get_run(run_id)["error"]
+    assert err["rank"] == 1 and err["exception"].startswith("CommandFailed: rank 1 exited with code 3"), err
+
+
 def _endless(tmp_path, redis_url, client) -> tuple[subprocess.Popen, str, object]:
     """`ddpviz run -- torchrun ENDLESS` started, once rank 1 has done three steps: (launcher, run id, spool)."""
     spool = tmp_path / "spool"
