@@ -111,15 +111,28 @@ def exposure_warning(url: str) -> str | None:
 def redis_url() -> str:
     """The Redis URL to use: ``$REDIS_URL``, else the one `ddpviz up` wrote to `URL_FILE` in the
     current folder, else the embedded server of this user's running `ddpviz up` (`up_url`), else
-    `DEFAULT_URL`."""
+    `DEFAULT_URL` (`url_and_source`)."""
+    return url_and_source()[0]
+
+
+def url_and_source(given: str | None = None) -> tuple[str, str]:
+    """(the Redis URL a command uses, where it came from, in words): `given` (--url), else `redis_url`'s
+    order. The words name the default as such, so a user whose `ddpviz up` this command did not find reads why
+    a run is missing."""
+    if given:
+        return given, "--url"
     url = os.environ.get(ENV_VAR, "").strip()
     if url:
-        return url
+        return url, f"${ENV_VAR}"
     if URL_FILE.is_file():
         written = URL_FILE.read_text(encoding="utf-8").strip()
         if written:
-            return written
-    return up_url() or DEFAULT_URL
+            return written, f"{URL_FILE} in this folder"
+    up = up_url()
+    if up:
+        return up, f"this user's running `ddpviz up` ({user_url_file()})"
+    return DEFAULT_URL, (f"the default: no running `ddpviz up` of this user found ({user_url_file()}); pass --url "
+                         f"or set {ENV_VAR}")
 
 
 def user_url_file() -> Path:

@@ -37,6 +37,15 @@ def _client(args: argparse.Namespace):
     return DdpvizClient(url=args.url)
 
 
+def no_run(run_id: str, url: str | None) -> str:
+    """"no run 'ID' in the Redis at URL (where that URL came from)": a missing run names the Redis asked
+    (`workers.connection.url_and_source`; a user whose `ddpviz up` was not found read only "no run")."""
+    from ddpviz.workers.connection import redact, url_and_source
+
+    used, source = url_and_source(url)
+    return f"no run {run_id!r} in the Redis at {redact(used)} ({source})"
+
+
 # -- train ------------------------------------------------------------------------------------
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -217,7 +226,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     client = _client(args)
     before = client.get_run(args.run_id)
     if before is None:
-        _err(f"no run {args.run_id!r}")
+        _err(no_run(args.run_id, args.url))
         return EXIT_FAILED
     if before["status"] in {s.value for s in TERMINAL}:
         _err(f"run {args.run_id} already ended ({before['status']}); nothing to cancel")
@@ -233,7 +242,7 @@ def cmd_requeue(args: argparse.Namespace) -> int:
     try:
         new_id = client.requeue(args.run_id)
     except KeyError:
-        _err(f"no run {args.run_id!r}")
+        _err(no_run(args.run_id, args.url))
         return EXIT_FAILED
     except ValueError as exc:
         if hasattr(exc, "errors"):  # ConfigError: the stored config no longer validates

@@ -26,7 +26,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     client = DdpvizClient(url=args.url)
     if client.get_run(args.run_id) is None:
-        _err(f"no run {args.run_id!r}")
+        from ddpviz.workers.cli.commands import no_run
+
+        _err(no_run(args.run_id, args.url))
         return EXIT_FAILED
     events = read_all_events(client, args.run_id)
     text = render(events, args.format)

@@ -1,0 +1,51 @@
+"""What the CLI stores and says: `ddpviz run` keeps the command line with its secrets' values replaced
+(`workers.cli.command_env.redacted`; the command itself runs with them), and a missing run names the Redis asked
+(`workers.cli.commands.no_run`). Reference: the arguments below, classified by hand."""
+
+from __future__ import annotations
+
+from ddpviz.workers.cli.command_env import REDACTED, command_env, redacted
+
+
+def test_a_secrets_value_is_replaced_in_every_form_and_nothing_else_is():
+    cmd = ["env", "HF_TOKEN=hf_abc", "torchrun", "--nproc-per-node", "2", "train.py", "--api-token", "tok123",
+           "--wandb-key=wk456", "--tokenizer", "gpt2", "--keep", "3", "--use-auth", "--lr", "3e-4",
+           "--password=", "OPENAI_API_KEY=sk-1", "model.hidden=64", "--secret"]
+    assert redacted(cmd) == ["env", f"HF_TOKEN={REDACTED}", "torchrun", "--nproc-per-node", "2", "train.py",
+                             "--api-token", REDACTED, f"--wandb-key={REDACTED}", "--tokenizer", "gpt2", "--keep", "3",
+                             "--use-auth", "--lr", "3e-4", f"--password={REDACTED}", f"OPENAI_API_KEY={REDACTED}",
+                             "model.hidden=64", "--secret"]
+    assert cmd[7] == "tok123"  # the caller's list is left as it was: the command runs with its arguments
+
+
+def test_the_commands_environment_carries_the_redacted_line(tmp_path):
+    import json
+
+    from ddpviz.engine.attach.env import COMMAND_ENV
+
+    env = command_env("r", tmp_path, ["python", "t.py", "--api-key", "sk-live-1"])
+    assert json.loads(env[COMMAND_ENV]) == ["python", "t.py", "--api-key", REDACTED]
+    assert not [k for k, v in env.items() if "sk-live-1" in v]
+
+
+def test_a_missing_run_names_the_redis_asked_and_why_that_one(tmp_path, monkeypatch, redis_url, capsys):
+    """A new user without their `ddpviz up` found (another DDPVIZ_HOME) read only "no run 'ID'" from the machine's
+    own Redis; the message now names the Redis and says it is the default, and how to pick another."""
+    import argparse
+
+    from ddpviz.workers.cli.export import cmd_export
+    from ddpviz.workers.connection import DEFAULT_URL, remove_up_url, url_and_source, write_up_url
+
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.chdir(tmp_path)  # no .ddpviz/redis.url here
+    url, source = url_and_source()
+    assert url == DEFAULT_URL and source.startswith("the default: no running `ddpviz up` of this user found")
+    write_up_url(redis_url)
+    try:
+        assert url_and_source() == (redis_url, url_and_source()[1]) and "running `ddpviz up`" in url_and_source()[1]
+    finally:
+        remove_up_url()
+    assert url_and_source("redis://h:1/2") == ("redis://h:1/2", "--url")
+    args = argparse.Namespace(run_id="n0such0run", url=redis_url, format="jsonl", out=None, dir=None)
+    assert cmd_export(args) == 1
+    assert f"no run 'n0such0run' in the Redis at {redis_url} (--url)" in capsys.readouterr().err
