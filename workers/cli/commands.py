@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Any, Callable
 
 from ddpviz.engine.export import EXPORT_FORMATS
-from ddpviz.workers.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_REFUSED
+from ddpviz.workers.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, no_run
 from ddpviz.workers.cli.export import cmd_export
 
 WAIT_POLL_S = 0.25  # `submit --wait` reads new events this often
@@ -35,15 +35,6 @@ def _client(args: argparse.Namespace):
     from ddpviz.workers.client import DdpvizClient
 
     return DdpvizClient(url=args.url)
-
-
-def no_run(run_id: str, url: str | None) -> str:
-    """"no run 'ID' in the Redis at URL (where that URL came from)": a missing run names the Redis asked
-    (`workers.connection.url_and_source`; a user whose `ddpviz up` was not found read only "no run")."""
-    from ddpviz.workers.connection import redact, url_and_source
-
-    used, source = url_and_source(url)
-    return f"no run {run_id!r} in the Redis at {redact(used)} ({source})"
 
 
 # -- train ------------------------------------------------------------------------------------

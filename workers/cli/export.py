@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ddpviz.workers.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_REFUSED
+from ddpviz.workers.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, no_run
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -26,8 +26,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     client = DdpvizClient(url=args.url)
     if client.get_run(args.run_id) is None:
-        from ddpviz.workers.cli.commands import no_run
-
         _err(no_run(args.run_id, args.url))
         return EXIT_FAILED
     events = read_all_events(client, args.run_id)
