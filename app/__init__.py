@@ -6,8 +6,8 @@ The map of this folder:
                 scaleout, cluster, tune
     frames/     events -> pandas DataFrames (pure: no Streamlit, no Altair)
     charts/     DataFrames -> Altair charts (pure: no Streamlit)
-    panels, panels_fsdp   the Live page's panels        window, step_history   bounded reads of a run
-    panels_buckets        bucket timelines side by side (the Bucket timeline and Tune pages)
+    panels, panels_fsdp, panels_memory   the Live page's panels    window, step_history   bounded reads of a run
+    panels_buckets        bucket timelines (Live's, and side by side on the Bucket timeline and Tune pages)
     runsets     the set of runs the analysis pages look at      form, widgets   the Launch form
     explain     sentences beside the numbers                    exports   downloads of a run
     connection, outage    the one Redis client, and the banner when Redis is away

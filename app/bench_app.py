@@ -38,7 +38,7 @@ from ddpviz.app.frames import memory as fm
 from ddpviz.app.frames import steps as fsteps
 from ddpviz.app.frames import theory as ft
 from ddpviz.app.frames.compare import bytes_frame, compare_frame, curves_frame, peak_memory_frame, side_by_side, thin, view_of
-from ddpviz.app.panels import live_bucket_timeline
+from ddpviz.app.panels_buckets import live_bucket_timeline
 from ddpviz.app.window import RunWindow
 
 MIB = 1024 * 1024

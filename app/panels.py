@@ -2,30 +2,26 @@
 
 `app/views/live.py` wraps each in its own `st.fragment(run_every=...)`; every panel first calls
 `refresh`, which reads new events at most every `POLL_INTERVAL_S` whichever panel asks first.
+The memory panel is in `app.panels_memory`; the bucket timeline's parts in `app.panels_buckets`.
 """
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 import pandas as pd
 import streamlit as st
 
-from ddpviz.app import explain, runsets
+from ddpviz.app import explain, panels_buckets, runsets
 from ddpviz.app.charts import dp as charts_dp
 from ddpviz.app.charts import live as charts_live
-from ddpviz.app.charts import memory as charts_memory
 from ddpviz.app.charts import steps as charts
-from ddpviz.app.charts.buckets import bucket_timeline
 from ddpviz.app.frames import buckets as frames_buckets
 from ddpviz.app.frames import detail
 from ddpviz.app.frames import dp as fd
-from ddpviz.app.frames import memory as fm
 from ddpviz.app.frames import steps as fsteps
 from ddpviz.app.outage import REDIS_DOWN, show_outage
 from ddpviz.app.window import TERMINAL, RunWindow
-from ddpviz.engine.analysis import format_bytes, format_rate
 from ddpviz.engine.stages import where_failed
 from ddpviz.engine.verdict import MIN_STEADY_STEPS
 
@@ -334,42 +330,6 @@ def split_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -
 
 
 # ---- memory ---------------------------------------------------------------------------------
-def memory_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
-    """Per run, side by side: the latest traced step as it happened (phases, bytes per device,
-    process or GPU; a shared y scale) with the measured peak imbalance, and under it memory over
-    the whole run per device (the memory timer's readings, `memory_readings`)."""
-    refresh(client, windows)
-    curves = {rid: fm.memory_curve_frame(w.of_type("memory"), labels[rid])
-              for rid, w in windows.items()}
-    over_run = {rid: fm.memory_over_run_frame(w.memory_history.rows(), labels[rid], w.start_ts)
-                for rid, w in windows.items()}
-    if all(c.empty for c in curves.values()) and all(o.empty for o in over_run.values()):
-        return _waiting("the first memory readings", windows)
-    held = [c.loc[c["source"].isin(fm.DEVICE_SOURCES), "mib"] for c in curves.values()]
-    y_max = max((float(h.max()) for h in held if not h.empty), default=None)
-    for col, (rid, curve) in zip(st.columns(len(curves)), curves.items()):
-        with col:
-            # one under the other, never a quarter of the page: titles and legends keep their room
-            _step_memory(windows[rid], curve, labels[rid], rid, y_max)
-            for i, chart in enumerate(charts_memory.memory_over_run_charts(over_run[rid], labels[rid])):
-                _chart(chart, f"chart_memory_run_{rid}_{i}")
-            if over_run[rid].empty and windows[rid].done:  # over: none will come
-                st.caption("No memory timer readings in this run (its events carry none).")
-            elif over_run[rid].empty:
-                _waiting("the memory timer's readings", windows[rid])
-
-
-def _step_memory(w: RunWindow, curve: pd.DataFrame, label: str, rid: str, y_max: float | None) -> None:
-    if curve.empty:
-        return _waiting("the first traced step's memory", w)
-    events = w.of_type("memory") + w.of_type("dp_phase") + w.of_type("step")
-    phases = fm.memory_phase_frame(events, int(curve["step"].iloc[0]))
-    for i, chart in enumerate(charts_memory.memory_curve_charts(curve, phases, label, y_max)):
-        _chart(chart, f"chart_memory_{rid}_{i}")
-    caption = fm.peak_caption(fm.memory_peak_frame(w.of_type("memory"), label))
-    st.caption(f"Step {int(curve['step'].iloc[0])} (memory traced: its time includes the tracing). " + (caption or ""))
-
-
 # ---- per-run detail ---------------------------------------------------------------------------
 def detail_panel(client, windows: dict[str, RunWindow], labels: dict[str, str], rid: str) -> None:
     """A typical step of one run (`detail.typical_detail_step`; FSDP: the latest): DDP bucket
@@ -383,8 +343,8 @@ def detail_panel(client, windows: dict[str, RunWindow], labels: dict[str, str], 
         if buckets.empty:
             _waiting("bucket events", w)
         else:
-            _chart(live_bucket_timeline(w, buckets), f"chart_buckets_{rid}")
-            _bucket_caption(w, buckets)
+            _chart(panels_buckets.live_bucket_timeline(w, buckets), f"chart_buckets_{rid}")
+            panels_buckets.detail_caption(w, buckets)
     elif w.mode == "fsdp":
         from ddpviz.app.panels_fsdp import fsdp_detail
 
@@ -419,42 +379,6 @@ def detail_panel(client, windows: dict[str, RunWindow], labels: dict[str, str], 
                          "those; the theory is what DDP's own all-reduce of the gradients would send.")
             st.caption(f"{w.mode.upper()}: {what} The bars add sent and received, labelled by the source their "
                        "events give (unlabelled: an older run's, which give none).")
-
-
-def live_bucket_timeline(w: RunWindow, buckets: pd.DataFrame):
-    """The Bucket timeline page's chart (a lane per rank, a row per bucket) of the latest
-    complete step; its title names no step, so the chart's spec — and the view, with a tooltip
-    on screen — stays the same from one refresh to the next."""
-    step = int(buckets["step"].iloc[0])
-    names = frames_buckets.rank_names(w.of_type("step") + w.of_type("bucket"))
-    backward = frames_buckets.backward_frame(w.of_type("step"), step)
-    exposed = frames_buckets.exposed_frame(buckets, w.of_type("step"))
-    return bucket_timeline(frames_buckets.with_rank_names(buckets, names),
-                           frames_buckets.with_rank_names(backward, names),
-                           frames_buckets.with_rank_names(exposed, names), run="Gradient buckets",
-                           latest=True, lanes=list(names.values()))
-
-
-def _bucket_caption(w: RunWindow, buckets: pd.DataFrame) -> None:
-    r0 = buckets[buckets["rank"] == buckets["rank"].min()]
-    bw = r0["algbw_gbps"].dropna()
-    med = statistics.median(bw) if len(bw) else float("nan")
-    said = detail.step_text(int(buckets["step"].iloc[0]), w.of_type("step"), w.of_type("bucket"))
-    rate = (f"median all-reduce algbw {format_rate(med * 1e9)} (rank {int(r0['rank'].iloc[0])})" if len(bw)
-            else "all-reduce algbw not measured on this step")
-    # where an ordinary step has no all-reduce span, name the kept steps that have one (the tour, issue 33:
-    # a first-time user never saw a measured all-reduce on the default run's typical step)
-    timed = [s for s in frames_buckets.measured_steps(w.of_type("bucket")) if s != int(buckets["step"].iloc[0])]
-    where = (f" All-reduce spans were measured on the sampled steps ({', '.join(map(str, timed[:6]))}"
-             f"{'…' if len(timed) > 6 else ''}): open one on the Bucket timeline page, or launch with "
-             "bucket_timing=hook to time every step." if not len(bw) and timed else "")
-    grads, wire = int(r0["gradient_nbytes"].sum()), int(r0["nbytes"].sum())
-    hook = w.config.get("comm_hook")
-    hook = hook if hook and hook != "none" else "the comm hook"
-    sent = f" ({format_bytes(wire)} all-reduced: the tensors {hook} handed over)" if wire != grads else ""
-    again = frames_buckets.synced_backwards_note(w.of_type("step"), int(buckets["step"].iloc[0]))
-    st.caption(f"{said}{again}: {len(r0)} bucket(s), {format_bytes(grads)} of gradients per rank{sent}; "
-               f"{rate}. Every kept step, on the Bucket timeline page.{where}")
 
 
 def all_done(windows: dict[str, RunWindow]) -> bool:

@@ -1,11 +1,14 @@
 """The bucket timeline drawn for one step of one or more runs side by side: the Bucket timeline
-page's and the Tune page's (a baseline trial beside a candidate's), one home for both.
+page's and the Tune page's (a baseline trial beside a candidate's), one home for both; and Live's
+typical-step bucket timeline with its caption (`live_bucket_timeline`, `detail_caption`).
 
 Each run's chart comes from `app.charts.buckets.bucket_timeline` on `app.frames.buckets` frames;
 side by side they share one time scale, so whose all-reduces end later is plain to see.
 """
 
 from __future__ import annotations
+
+import statistics
 
 import pandas as pd
 import streamlit as st
@@ -15,6 +18,8 @@ from ddpviz.app.frames import buckets as fb
 from ddpviz.app.frames import detail
 from ddpviz.app.frames import steps as fsteps
 from ddpviz.app.widgets import pick_step
+from ddpviz.app.window import RunWindow
+from ddpviz.engine.analysis import format_bytes, format_rate
 
 
 def step_selector(windows, key: str) -> int | None:
@@ -78,3 +83,40 @@ def side_by_side(windows, labels: dict[str, str], step: int) -> None:
     for col, (rid, w) in zip(st.columns(len(windows)), windows.items()):
         with col:
             timeline(w, labels[rid], step, x_max)
+
+
+def live_bucket_timeline(w: RunWindow, buckets: pd.DataFrame):
+    """The Bucket timeline page's chart (a lane per rank, a row per bucket) of the latest
+    complete step; its title names no step, so the chart's spec — and the view, with a tooltip
+    on screen — stays the same from one refresh to the next."""
+    step = int(buckets["step"].iloc[0])
+    names = fb.rank_names(w.of_type("step") + w.of_type("bucket"))
+    backward = fb.backward_frame(w.of_type("step"), step)
+    exposed = fb.exposed_frame(buckets, w.of_type("step"))
+    return bucket_timeline(fb.with_rank_names(buckets, names),
+                           fb.with_rank_names(backward, names),
+                           fb.with_rank_names(exposed, names), run="Gradient buckets",
+                           latest=True, lanes=list(names.values()))
+
+
+def detail_caption(w: RunWindow, buckets: pd.DataFrame) -> None:
+    """The caption under Live's bucket timeline of one run (`live_bucket_timeline`): the step, bytes, algbw."""
+    r0 = buckets[buckets["rank"] == buckets["rank"].min()]
+    bw = r0["algbw_gbps"].dropna()
+    med = statistics.median(bw) if len(bw) else float("nan")
+    said = detail.step_text(int(buckets["step"].iloc[0]), w.of_type("step"), w.of_type("bucket"))
+    rate = (f"median all-reduce algbw {format_rate(med * 1e9)} (rank {int(r0['rank'].iloc[0])})" if len(bw)
+            else "all-reduce algbw not measured on this step")
+    # where an ordinary step has no all-reduce span, name the kept steps that have one (the tour, issue 33:
+    # a first-time user never saw a measured all-reduce on the default run's typical step)
+    timed = [s for s in fb.measured_steps(w.of_type("bucket")) if s != int(buckets["step"].iloc[0])]
+    where = (f" All-reduce spans were measured on the sampled steps ({', '.join(map(str, timed[:6]))}"
+             f"{'…' if len(timed) > 6 else ''}): open one on the Bucket timeline page, or launch with "
+             "bucket_timing=hook to time every step." if not len(bw) and timed else "")
+    grads, wire = int(r0["gradient_nbytes"].sum()), int(r0["nbytes"].sum())
+    hook = w.config.get("comm_hook")
+    hook = hook if hook and hook != "none" else "the comm hook"
+    sent = f" ({format_bytes(wire)} all-reduced: the tensors {hook} handed over)" if wire != grads else ""
+    again = fb.synced_backwards_note(w.of_type("step"), int(buckets["step"].iloc[0]))
+    st.caption(f"{said}{again}: {len(r0)} bucket(s), {format_bytes(grads)} of gradients per rank{sent}; "
+               f"{rate}. Every kept step, on the Bucket timeline page.{where}")

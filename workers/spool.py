@@ -44,11 +44,10 @@ HOLD_FOR_STARTED_S = 60.0  # events wait at most this long for rank 0's run_star
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    """`obj` as JSON into `path` (0600), replaced whole."""
-    tmp = path.with_suffix(".tmp")
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
-        fh.write(json.dumps(obj))
-    os.replace(tmp, path)
+    """`obj` as JSON into `path` (0600), replaced whole (`engine.attach.errors.write_private`)."""
+    from ddpviz.engine.attach.errors import write_private
+
+    write_private(path, obj)
 
 
 def _private_dir(path: Path) -> Path:

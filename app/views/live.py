@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ddpviz.app import panels, runsets
+from ddpviz.app import panels, panels_memory, runsets
 from ddpviz.app.connection import require_client
 from ddpviz.app.frames import base as frames
 from ddpviz.app.window import RunWindow
@@ -119,7 +119,7 @@ with left:
     st.fragment(panels.accuracy_panel, run_every=every)(*args)  # same step axis, same width
 with right:
     st.fragment(panels.split_panel, run_every=every)(*args)
-st.fragment(panels.memory_panel, run_every=every)(*args)
+st.fragment(panels_memory.memory_panel, run_every=every)(*args)
 st.subheader("A typical step, per device")
 for col, rid in zip(st.columns(len(ids)), ids):
     with col:

@@ -20,7 +20,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 _OURS = Path(__file__).resolve().parents[1]  # the folder installed as ddpviz.engine
 
@@ -30,6 +30,16 @@ _OURS = Path(__file__).resolve().parents[1]  # the folder installed as ddpviz.en
 # get_first_failure), so a rank 0 that failed in the same second because rank 1 died was named the root cause;
 # `ddpviz run` takes the earliest of these by `time_ns` (workers.attached.failure)
 RANK_ERROR_FILE = "error-rank{rank}.json"
+
+
+def write_private(path: Path, doc: Any) -> None:
+    """`doc` as JSON in `path`, made 0600 (the spool's files are the user's alone: docs/attach.md) and replaced
+    whole (written to a ``.tmp`` beside it first): a reader sees the old file or the new one. The spool's one
+    writer of such files (`workers.spool` too)."""
+    tmp = path.with_suffix(".tmp")
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+        json.dump(doc, fh)
+    os.replace(tmp, path)
 
 
 def error_payload(exc: BaseException, rank: int) -> dict:
@@ -92,9 +102,7 @@ def install_excepthook(rank: int | None | Callable[[], int | None], spool: Path 
                     with open(path, "w") as fh:
                         json.dump(payload, fh)
                 if spool is not None and launcher is None and r is not None:  # 0600, as the spool's other files
-                    fd = os.open(spool / RANK_ERROR_FILE.format(rank=r), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                    with os.fdopen(fd, "w") as fh:
-                        json.dump(payload, fh)
+                    write_private(spool / RANK_ERROR_FILE.format(rank=r), payload)
         except Exception:
             pass
         previous(exc_type, exc, tb)
@@ -114,9 +122,7 @@ RANK_EXIT_TIME_FILE = "exit-rank{rank}.json"
 
 def note_exit(spool: Path, rank: int) -> None:
     """Write `spool`/`RANK_EXIT_TIME_FILE` for `rank` ({"time_ns": now}, 0600); from the rank's atexit."""
-    fd = os.open(spool / RANK_EXIT_TIME_FILE.format(rank=rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump({"time_ns": time.time_ns()}, fh)
+    write_private(spool / RANK_EXIT_TIME_FILE.format(rank=rank), {"time_ns": time.time_ns()})
 
 
 def install_launcher_hook(spool: Path) -> None:
@@ -133,9 +139,7 @@ def install_launcher_hook(spool: Path) -> None:
                 doc = {"failures": {str(rank): {"exitcode": getattr(f, "exitcode", None),
                                                 "timestamp": getattr(f, "timestamp", None)}
                                     for rank, f in failures.items()}}
-                fd = os.open(spool / RANK_EXITS_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                with os.fdopen(fd, "w") as fh:
-                    json.dump(doc, fh)
+                write_private(spool / RANK_EXITS_FILE, doc)
         except Exception:
             pass
         previous(exc_type, exc, tb)

@@ -20,17 +20,21 @@ from ddpviz.workers.history import read_all_events
 
 pytestmark = pytest.mark.slow
 
-FAILING = """
-import torch, torch.distributed as dist, torch.nn as nn
+# rank 1 stops at a step: an exception (FAILING), or an exit with a code of its own and no exception (EXITS: rank 0
+# then fails in its all-reduce, "Connection closed by peer")
+RANK_1_STOPS = """
+import sys, torch, torch.distributed as dist, torch.nn as nn
 dist.init_process_group("gloo")
 model = nn.parallel.DistributedDataParallel(nn.Linear(4, 4))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for step in range(6):
-    if step == 3 and dist.get_rank() == 1:
-        raise ValueError("bad batch at step 3")
+    if step == {step} and dist.get_rank() == 1:
+        {stop}
     model(torch.randn(2, 4)).sum().backward()
     opt.step()
 """
+FAILING = RANK_1_STOPS.format(step=3, stop='raise ValueError("bad batch at step 3")')
+EXITS = RANK_1_STOPS.format(step=2, stop="sys.exit(3)")
 
 ENDLESS = """
 import time, torch, torch.distributed as dist, torch.nn as nn
@@ -83,19 +87,6 @@ def test_a_rank_failing_before_its_first_step_is_named(tmp_path, redis_url, clie
     assert proc.returncode != 0
     err = client.get_run(run_id)["error"]
     assert err["exception"] == "FileNotFoundError: data/shard-1.bin" and err["rank"] == 1, err
-
-
-EXITS = """
-import sys, torch, torch.distributed as dist, torch.nn as nn
-dist.init_process_group("gloo")
-model = nn.parallel.DistributedDataParallel(nn.Linear(4, 4))
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(6):
-    if step == 2 and dist.get_rank() == 1:
-        sys.exit(3)  # no exception: rank 0 then fails in its all-reduce, "Connection closed by peer"
-    model(torch.randn(2, 4)).sum().backward()
-    opt.step()
-"""
 
 
 def test_a_rank_that_exits_with_its_own_code_is_the_root_cause_not_the_rank_it_left_waiting(tmp_path, redis_url,
