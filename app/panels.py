@@ -85,9 +85,10 @@ def _run_status(client, w: RunWindow, label: str) -> None:
     colour, icon = _BADGE.get(w.status, _BADGE["unknown"])
     st.markdown(f"##### {label}")
     st.badge(w.status, color=colour, icon=icon)
-    if w.steps_total:
+    if w.steps_total and not (is_attached(w) and w.status != "succeeded"):
         st.progress(min(1.0, w.steps_done / w.steps_total), text=f"step {w.steps_done} / {w.steps_total}")
-    else:  # an attached run (`ddpviz run`): the script's length is known only when it ends
+    else:  # an attached run (`ddpviz run`): the script's length is known only when it ends, and a script that
+        # failed or was stopped stores the steps it did as its `steps`: never "11 / 11" for a run cut short
         st.caption(f"step {w.steps_done} · attached: {' '.join(w.config.get('command') or []) or 'a script'}")
     if w.started and w.started.get("emulated"):
         st.caption(explain.EMULATION_NOTE)

@@ -79,7 +79,9 @@ def bucket_timeline(buckets: pd.DataFrame, backward: pd.DataFrame, exposed: pd.D
         axis=alt.Axis(values=centers, labelExpr=f"{names} : ''" if names else "''",
                       grid=False, ticks=False))
     scale = alt.Scale(domain=[0, x_max_ms], nice=False) if x_max_ms else alt.Scale()
-    x = alt.X("start_ms:Q", title="ms from backward start", scale=scale)
+    # each lane from its own rank's backward start: the ranks' backwards need not begin together (a new user read
+    # rank 1 finishing an all-reduce rank 0 had not joined, 2026-12-06), and hosts' clocks differ across nodes
+    x = alt.X("start_ms:Q", title="ms from each rank's own backward start", scale=scale)
     starts = rows[rows["comm_start_ms"].notna() & rows["comm_end_ms"].isna()] if not rows.empty else rows
     kind = _kind_colour(bool(not rows.empty and rows["comm_end_ms"].notna().any()), not starts.empty)
     layers = [

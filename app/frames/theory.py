@@ -102,17 +102,23 @@ def model_lines(fits: dict[str, Event | None], lo_bytes: float, hi_bytes: float,
                 world_size: int) -> pd.DataFrame:
     """Each fitted model over [lo_bytes, hi_bytes], log-spaced: series, nbytes, kib, time_ms,
     busbw_gbps (busbw = 2(n−1)/n · bytes / t(bytes)). A model whose time does not grow with size
-    (no β) is left out: its busbw would grow without bound (`describe_fit` says so in words)."""
+    (no β) is left out: its busbw would grow without bound (`describe_fit` says so in words). A model
+    that names the sizes it was fitted to (`points_used`, two or more) is drawn over those sizes only:
+    a line fitted to 2–16 MiB and carried down to 4 KiB predicted 0.005 ms where the probe measured
+    0.7 ms (a new user, 2026-12-06); the points it was not fitted to stay on the chart, hollow."""
     cols = ["series", "nbytes", "kib", "time_ms", "busbw_gbps"]
     if not lo_bytes or not hi_bytes or hi_bytes < lo_bytes:
         return pd.DataFrame(columns=cols)
-    span = math.log(hi_bytes / lo_bytes)
-    xs = [lo_bytes * math.exp(span * i / (LINE_POINTS - 1)) for i in range(LINE_POINTS)]
     rows = []
     for series, model in fits.items():
         if model is None or not model.get("s_per_byte", 0) > 0:
             continue
-        for x in xs:
+        used = model.get("points_used") or []
+        lo, hi = (max(lo_bytes, min(used)), min(hi_bytes, max(used))) if len(used) >= 2 else (lo_bytes, hi_bytes)
+        if hi < lo:
+            continue
+        span = math.log(hi / lo)
+        for x in (lo * math.exp(span * i / (LINE_POINTS - 1)) for i in range(LINE_POINTS)):
             t = predict_ring_s(model, x)
             rows.append({"series": series, "nbytes": x, "kib": x / 1024, "time_ms": t * 1e3,
                          "busbw_gbps": ring_factor(world_size) * x / t / 1e9 if t > 0 else math.nan})
@@ -151,6 +157,11 @@ def describe_fit(model: Event, world_size: int) -> str:
         return (f"time does not grow with size here (best line: flat at "
                 f"{model['latency_s'] * 1e3:.3f} ms), so no bandwidth can be read from it: "
                 f"waiting for {peers(world_size)} and noise dominate, not bytes")
+    if model["latency_s"] <= 0:  # on the fit's bound (a ≥ 0): these sizes cannot show a latency
+        return (f"α not resolved: the best line through these sizes meets zero time at zero bytes (its latency "
+                f"is held at its bound, 0), so they are bandwidth-bound and say nothing of the latency; "
+                f"β = {model['beta_bytes_per_s'] / 1e9:.3f} GB/s — t(bytes) = bytes × "
+                f"{model['s_per_byte'] * 1e9:.3f} ns/B over these sizes only")
     return (f"α = {model['alpha_s'] * 1e6:.1f} µs per hop (2(n−1) = {2 * (world_size - 1)} hops), "
             f"β = {model['beta_bytes_per_s'] / 1e9:.3f} GB/s — t(bytes) = "
             f"{model['latency_s'] * 1e3:.3f} ms + bytes × {model['s_per_byte'] * 1e9:.3f} ns/B")

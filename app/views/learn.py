@@ -123,9 +123,11 @@ def fitted_link_words(fit: dict, p_bytes: float) -> str:
     where = f" at {format_bytes(min(used))}–{format_bytes(max(used))}" if used else ""
     outside = "" if not used or fit_covers(fit, [p_bytes]) else \
         f"; P = {format_bytes(p_bytes)} lies outside those sizes: extrapolated"
-    same = "; with no latency (α = 0) ring and tree take the same time, one line over the other" \
+    same = "; with α taken as 0 ring and tree take the same time, one line over the other" \
         if fit["alpha_s"] <= 0 else ""
-    return (f"α = {fit['alpha_s'] * 1e6:.3g} µs, β = {fit['beta_bytes_per_s'] / 1e9:.3g} GB/s: a ring model fitted "
+    # α on the fit's bound (0) was not measured: those sizes are bandwidth-bound (app.frames.theory.describe_fit)
+    alpha = "α not resolved (held at 0)" if fit["alpha_s"] <= 0 else f"α = {fit['alpha_s'] * 1e6:.3g} µs"
+    return (f"{alpha}, β = {fit['beta_bytes_per_s'] / 1e9:.3g} GB/s: a ring model fitted "
             f"to this set's all-reduce probe{where} (fitted, not measured){outside}{same}; the models are theory")
 
 

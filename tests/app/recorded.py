@@ -52,11 +52,11 @@ def overlap_pair(client) -> tuple[str, dict[bool, str]]:
 ATTACHED = "real_attached_regression_ws2.jsonl"
 
 
-def play_attached(client, run_id: str = "attached0regress", edit=None) -> str:
+def play_attached(client, run_id: str = "attached0regress", edit=None, status=None) -> str:
     """The recorded attached run (`ATTACHED`) stored as `ddpviz run` stores one: a record made by
     `workers.attached.create_record`, its events, its `run_started` kept in the record and the
-    config it brings, then its ending. `edit(event)`, when given, changes each event first (a variant of
-    the recording, e.g. a comm hook's). Returns the run id."""
+    config it brings, then its ending (`status`, default succeeded). `edit(event)`, when given, changes each
+    event first (a variant of the recording, e.g. a comm hook's). Returns the run id."""
     from ddpviz.workers import keys
     from ddpviz.workers.attached import create_record
 
@@ -70,7 +70,7 @@ def play_attached(client, run_id: str = "attached0regress", edit=None) -> str:
     RedisStreamWriter(client.redis, run_id).write_batch(events)
     config = {**started["config"], "command": started["command"], "steps": events[-1]["summary"]["steps_done"]}
     client.redis.hset(keys.run(run_id), "config", json.dumps(config))
-    client.store.finish(run_id, RunStatus.SUCCEEDED, summary=events[-1].get("summary"))
+    client.store.finish(run_id, status or RunStatus.SUCCEEDED, summary=events[-1].get("summary"))
     return run_id
 
 

@@ -114,6 +114,28 @@ def test_live_bucket_timeline_is_the_bucket_pages_design_with_a_stable_title(two
     assert any(t["field"] == "nbytes" for t in comm["tooltip"])  # bytes on hover
 
 
+def test_each_ranks_lane_starts_at_its_own_backward_and_the_axis_says_so():
+    """Rank 1's backward began 4.4 ms after rank 0's (a new user's default run, 2026-12-06): on an axis titled
+    "ms from backward start" rank 1 seemed to finish an all-reduce rank 0 had not joined. The bucket times are
+    seconds from each rank's own backward start (docs/events.md), so both lanes begin at 0 and the axis says so."""
+    from ddpviz.app.charts.buckets import bucket_timeline
+    from ddpviz.app.frames.buckets import exposed_frame, with_rank_names
+
+    def b(rank, ready):
+        return dict(type="bucket", step=5, rank=rank, bucket_index=0, nbytes=1000, num_params=1, ready_s=ready,
+                    comm_start_s=ready, comm_end_s=ready + 0.0006, is_last=True)
+    events = [b(0, 0.0036), b(1, 0.0015),
+              dict(type="step", step=5, rank=0, backward_s=0.0036, comm_exposed_s=0.0006, backward_start_ts=100.0),
+              dict(type="step", step=5, rank=1, backward_s=0.0015, comm_exposed_s=0.0006, backward_start_ts=100.0044)]
+    buckets, names = fb.bucket_frame(events), {0: "rank 0", 1: "rank 1"}
+    spec = bucket_timeline(with_rank_names(buckets, names), with_rank_names(fb.backward_frame(events, 5), names),
+                           with_rank_names(exposed_frame(buckets, events), names), run="r").to_dict()
+    backward = spec["datasets"][spec["layer"][0]["data"]["name"]]
+    assert sorted((r["lane"], r["start_ms"], r["end_ms"]) for r in backward) == [
+        ("rank 0", 0.0, pytest.approx(3.6)), ("rank 1", 0.0, pytest.approx(1.5))]
+    assert spec["layer"][0]["encoding"]["x"]["title"] == "ms from each rank's own backward start"
+
+
 def test_two_ddps_buckets_get_rows_of_their_own_and_the_subtitle_says_whose():
     from ddpviz.app.charts.buckets import bucket_timeline
     from ddpviz.app.frames.buckets import exposed_frame, with_rank_names

@@ -46,6 +46,24 @@ def test_bucket_fit_uses_only_buckets_that_ran_alone():
     assert "2 overlapped another bucket" in ft.bucket_note(model, counts, 4)
 
 
+def test_a_latency_on_the_fits_bound_is_not_resolved_and_the_line_stays_on_its_sizes():
+    """The probe's widest range was 2-16 MiB, bandwidth-bound: the non-negative fit put the latency at its bound, 0.
+    A new user read "α = 0.0 µs per hop" as a measurement, and the dashed line carried down to 4 KiB predicted
+    0.005 ms where the probe measured 0.7 ms (2026-12-06). Hand-worked: t = 1.215 ns/B x bytes."""
+    mib = 2**20
+    pts = [(n * mib, 1.215e-9 * n * mib) for n in (2, 4, 8, 16)]
+    from ddpviz.engine import analysis
+
+    fit = analysis.fit_ring_times(pts, 2)
+    assert fit["latency_s"] == 0.0 and fit["s_per_byte"] == pytest.approx(1.215e-9)
+    words = ft.describe_fit(fit, 2)
+    assert "α not resolved" in words and "α = " not in words and "1.215 ns/B" in words
+    lines = ft.model_lines({ft.FIT_PROBE: fit}, 4096, 64 * mib, 2)
+    assert lines["nbytes"].min() == pytest.approx(2 * mib) and lines["nbytes"].max() == pytest.approx(16 * mib)
+    resolved = {**fit, "latency_s": 1e-4, "alpha_s": 5e-5}
+    assert ft.describe_fit(resolved, 2).startswith("α = 50.0 µs per hop")
+
+
 def test_model_lines_follow_the_ring_formula():
     model = {"latency_s": 1e-3, "s_per_byte": 1e-9}
     lines = ft.model_lines({ft.FIT_PROBE: model, ft.FIT_BUCKETS: None}, 1024, 2**20, 4)

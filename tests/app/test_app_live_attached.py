@@ -121,6 +121,24 @@ def test_a_run_whose_samples_were_not_seen_reads_not_measured_not_zero(real_clie
     assert "no DDP, DP or FSDP module seen" in captions and "global batch" not in captions
 
 
+@pytest.mark.parametrize("status", ["succeeded", "failed", "canceled"])
+def test_an_attached_run_cut_short_reads_its_steps_not_n_of_n(real_client, app_test, status):
+    """A script that failed or was stopped stores the steps it did as its `steps`: the new user's rank that
+    raised read "failed · step 11 / 11" (2026-12-06). Only a script that ended by itself reads "n / n"."""
+    from ddpviz.workers.store import RunStatus
+
+    rid = play_attached(real_client, run_id=f"attached0{status}", status=RunStatus(status))
+    at = app_test("views/live.py", runs=rid)
+    assert not at.exception, [e.value for e in at.exception]
+    n = next(e for e in _events() if e["type"] == "run_finished")["summary"]["steps_done"]
+    bars = [p.proto.text for p in at.get("progress")]
+    captions = " ".join(c.value for c in at.caption)
+    if status == "succeeded":
+        assert bars == [f"step {n} / {n}"]
+    else:
+        assert bars == [] and f"step {n} · attached: " in captions
+
+
 @pytest.mark.parametrize("nbytes,text", [(0, "0 B"), (84, "84 B"), (1023, "1023 B"), (1024, "1.00 KiB"),
                                          (561156, "548 KiB"), (25 * 2**20, "25.0 MiB"),
                                          (1.2 * 2**30, "1.20 GiB")])
