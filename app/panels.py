@@ -299,6 +299,8 @@ def _script_loss(windows: dict[str, RunWindow], labels: dict[str, str], attached
     if not steps.empty and steps["loss"].notna().any():
         _zoomable(charts_live.loss_chart(steps, [labels.get(r, r) for r in windows],
                                          runsets.modes_of(windows, labels)), "chart_loss", [charts_live.ZOOM])
+    elif all_done({rid: windows[rid] for rid in attached}):  # no loss will come: say so, not how one reads
+        return _waiting("a step's loss", {rid: windows[rid] for rid in attached})
     st.caption(ATTACHED_LOSS_NOTE)
 
 
@@ -359,9 +361,11 @@ def detail_panel(client, windows: dict[str, RunWindow], labels: dict[str, str], 
             _chart(charts_dp.dp_phase_chart(phases), f"chart_phases_{rid}")
             said = detail.step_text(int(phases["step"].iloc[0]), w.of_type("step"), w.of_type("dp_phase"))
             st.caption(f"{said}; every step on the DP timeline page.")
-    else:
+    elif w.mode == "single":
         st.caption("single device: no communication to show")
         return
+    else:  # no mode yet: an attached command before its first rank started (or that ended before: a missing script)
+        return _waiting("the first rank's start", w)
     volume = fsteps.comm_volume_frame(w.of_type("comm_volume"))
     if not volume.empty:
         _chart(charts.comm_volume_chart(volume), f"chart_volume_{rid}")

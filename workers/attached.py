@@ -39,10 +39,21 @@ def first_rank_error(spool: Path) -> dict[str, Any] | None:
     return min(timed, key=lambda t: t[0])[1] if timed else None
 
 
-def failure(spool: Path, exit_code: int) -> dict[str, Any]:
+def missing_scripts(cmd: list[str] | None, cwd: Path | None = None) -> list[str]:
+    """The command's script (its first ``*.py`` argument) when it names no file (relative to `cwd`, default the
+    current folder), else []:
+    Python exits 2 on them ("can't open file"), which otherwise reads like a script's own sys.exit (a new
+    user's misspelt path, 2026-12-06)."""
+    here = Path.cwd() if cwd is None else cwd
+    script = next((a for a in cmd or [] if a.endswith(".py") and not a.startswith("-")), None)  # what Python runs
+    return [script] if script is not None and not (here / script).is_file() else []
+
+
+def failure(spool: Path, exit_code: int, cmd: list[str] | None = None) -> dict[str, Any]:
     """The run's error: the first failing rank's exception and traceback (`first_rank_error`, else torchrun's
     error file), else the rank that exited first with a code of its own (`first_rank_exit`), else the
-    command's exit code."""
+    command's exit code; where no rank raised and `cmd` names a ``.py`` file that does not exist
+    (`missing_scripts`), the error says so first."""
     from ddpviz.workers.spool import read_json
     from ddpviz.workers.store import make_error
 
@@ -59,6 +70,10 @@ def failure(spool: Path, exit_code: int) -> dict[str, Any]:
                          rank=extra.get("rank"), stage="training")
     elif isinstance(msg, str):
         err = make_error(msg, None, stage="training")
+    elif missing_scripts(cmd) and (exited is None or exited[1] == 2):  # Python's exit on a file it cannot open
+        err = make_error(f"CommandFailed: no such script: {', '.join(missing_scripts(cmd))} (from {Path.cwd()}); "
+                         f"Python could not open it, so the command exited {exit_code} before anything trained.",
+                         None, rank=exited[0] if exited else None, stage="training")
     elif exited is not None:
         rank, code, _ = exited
         err = make_error(f"CommandFailed: rank {rank} exited with code {code}, without an exception, before any "
@@ -95,10 +110,12 @@ def first_rank_exit(spool: Path) -> tuple[int, int, int | None] | None:
     return rank, code, when if isinstance(when, int) else None
 
 
-def ending_of(spool: Path, exit_code: int, canceled: str | None, say: Callable[[str], None]) -> dict[str, Any]:
+def ending_of(spool: Path, exit_code: int, canceled: str | None, say: Callable[[str], None],
+              cmd: list[str] | None = None) -> dict[str, Any]:
     """How the command's run ended: ``{status, error, exit_code, ended_at}``. `canceled`: the cancel's story
     (then status canceled); else exit 0 is succeeded, unless no process wrote an event file (failed,
-    ``NothingInstrumented``, said with `say`); any other exit is failed with `failure`'s error."""
+    ``NothingInstrumented``, said with `say`); any other exit is failed with `failure`'s error (`cmd`: the
+    command, whose missing script it names)."""
     from ddpviz.engine.attach.env import OFF_ENV
 
     nothing = not any(spool.glob("events-*.jsonl")) and os.environ.get(OFF_ENV) != "1"
@@ -112,7 +129,7 @@ def ending_of(spool: Path, exit_code: int, canceled: str | None, say: Callable[[
     elif exit_code == 0:
         ending = dict(status="succeeded", error=None, exit_code=0)
     else:
-        ending = dict(status="failed", error=failure(spool, exit_code), exit_code=exit_code)
+        ending = dict(status="failed", error=failure(spool, exit_code, cmd), exit_code=exit_code)
     ending["ended_at"] = time.time()  # when the command ended: an upload records this, not its own time
     return ending
 

@@ -139,6 +139,23 @@ def test_an_attached_run_cut_short_reads_its_steps_not_n_of_n(real_client, app_t
         assert bars == [] and f"step {n} · attached: " in captions
 
 
+def test_a_command_that_failed_before_any_rank_started_says_so_not_single_device(real_client, app_test):
+    """`ddpviz run -- torchrun --nproc-per-node 2 train_regresion.py` (misspelt): the record has a command and no
+    event. Live read "single device: no communication to show" and the attached-loss note (a new user, 2026-12-06)."""
+    from ddpviz.app.panels import ATTACHED_LOSS_NOTE
+    from ddpviz.workers.attached import create_record
+    from ddpviz.workers.store import RunStatus, make_error
+
+    rid = "attached0missing"
+    create_record(real_client.store, rid, ["torchrun", "--nproc-per-node", "2", "train_regresion.py"], None)
+    real_client.store.finish(rid, RunStatus.FAILED, error=make_error("CommandFailed: no such script", None))
+    at = app_test("views/live.py", runs=rid)
+    assert not at.exception, [e.value for e in at.exception]
+    captions = " ".join(c.value for c in at.caption)
+    assert "single device" not in captions and ATTACHED_LOSS_NOTE not in captions
+    assert "ended (failed) before the first rank's start came" in captions
+
+
 @pytest.mark.parametrize("nbytes,text", [(0, "0 B"), (84, "84 B"), (1023, "1023 B"), (1024, "1.00 KiB"),
                                          (561156, "548 KiB"), (25 * 2**20, "25.0 MiB"),
                                          (1.2 * 2**30, "1.20 GiB")])

@@ -99,6 +99,21 @@ def test_a_rank_that_exits_with_its_own_code_is_the_root_cause_not_the_rank_it_l
     assert err["rank"] == 1 and err["exception"].startswith("CommandFailed: rank 1 exited with code 3"), err
 
 
+def test_a_script_that_does_not_exist_is_named_not_taken_for_the_scripts_own_exit(tmp_path, redis_url, client):
+    """A misspelt path: Python exits 2 in each rank ("can't open file"), which read "rank 0 exited with code 2,
+    without an exception ... (e.g. sys.exit, or argparse's usage error)" (a new user, 2026-12-06). Reference: the
+    same torchrun command without ddpviz, for the exit code; with the script's own `sys.exit(3)` the message
+    stays the rank's own exit (the test above)."""
+    cmd = torchrun(tmp_path / "train_regresion.py")
+    plain = subprocess.run(cmd, env=cli_env(None), capture_output=True, text=True, timeout=120)
+    proc, run_id = run_attached(cmd, redis_url, tmp_path / "r.json", tmp_path / "spool")
+    assert plain.returncode != 0 and proc.returncode == plain.returncode
+    assert "can't open file" in proc.stderr  # the command's own output, passed through
+    run = client.get_run(run_id)
+    assert run["status"] == "failed"
+    assert run["error"]["exception"].startswith(f"CommandFailed: no such script: {tmp_path / 'train_regresion.py'}")
+
+
 def _endless(tmp_path, redis_url, client) -> tuple[subprocess.Popen, str, object]:
     """`ddpviz run -- torchrun ENDLESS` started, once rank 1 has done three steps: (launcher, run id, spool)."""
     spool = tmp_path / "spool"

@@ -67,6 +67,31 @@ def test_the_terminal_answer(capsys):
     assert "none beat the baseline beyond noise" in capsys.readouterr().out
 
 
+def test_the_baseline_line_says_buckets_and_settings_in_words(capsys):
+    """A new user read "buckets [16793600] bytes, script's settings {'bucket_cap_mb': 25.0, ...}" (2026-12-06)."""
+    from ddpviz.workers.cli.tune_report import buckets_text, print_report
+
+    rep = _report(None)
+    rep["baseline"].update(bucket_bytes=[16793600], settings={"bucket_cap_mb": 25.0, "static_graph": False})
+    print_report(rep)
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == ("baseline: 2 ranks, step 20.000 ms (median of steady steps 5..29), 1 bucket of 16.0 MiB; "
+                     "the script's settings: bucket_cap_mb=25.0, static_graph=False")
+    mib = 2**20
+    assert buckets_text([25 * mib, 25 * mib, 2 * mib]) == "3 buckets (25.0 MiB, 25.0 MiB, 2.00 MiB)"
+    assert buckets_text([mib] * 7 + [1024]) == "8 buckets, 7.00 MiB in all (1.00 KiB to 1.00 MiB)"
+    assert buckets_text([]) == "no bucket recorded"
+
+
+def test_the_budget_line_says_what_it_fits():
+    from ddpviz.workers.cli.tune_report import plan_text
+
+    assert plan_text(4, 3, 4) == "4 candidate settings; the budget fits 3 rounds of the baseline against each of them"
+    assert plan_text(4, 2, 1) == "4 candidate settings; the budget fits 2 rounds of the baseline against the 1 predicted fastest"
+    assert plan_text(1, 1, 1) == "1 candidate setting; the budget fits 1 round of the baseline against it"
+    assert plan_text(2, 3, 2).endswith("against both of them") and plan_text(0, 0, 0) == "no candidate setting to try"
+
+
 def test_a_trial_stopped_at_its_time_limit_says_how_far_it_got_and_why_nothing_reported(tmp_path):
     from ddpviz.workers.cli.tune import _ending
 

@@ -271,7 +271,8 @@ class Launch:
 
     def ending(self, exit_code: int) -> dict[str, Any]:
         """How the run ended (`workers.attached.ending_of`), what the spool shows said on stderr."""
-        return ending_of(self.spool, exit_code, self.ended_how(exit_code) if self.canceled else None, say=_say)
+        return ending_of(self.spool, exit_code, self.ended_how(exit_code) if self.canceled else None, say=_say,
+                         cmd=self.cmd)
 
     def finish(self, exit_code: int) -> bool:
         """Send what is left and record how the run ended. False when not every event was stored

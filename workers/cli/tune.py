@@ -302,7 +302,9 @@ def tune(cmd: list[str], steps: int, warmup: int, budget_s: float, knobs: list[s
             c["predicted_ratio"], c["prediction_basis"] = predict_ratio(ref["measured"], c)
         cands.sort(key=lambda c: (c["predicted_ratio"] is None, c["predicted_ratio"] or 0.0))
         n_rounds, keep = plan(search.left_s(), ref["wall_s"] * 1.1, len(cands), rounds)
-        _say(f"{len(cands)} candidate(s); {n_rounds} round(s) of the baseline and {keep} of them fit the budget")
+        from ddpviz.workers.cli.tune_report import plan_text
+
+        _say(plan_text(len(cands), n_rounds, keep))
         baselines = _rounds(search, cands[:keep], n_rounds, ref["wall_s"] * 1.1)
         base = baseline_record(ref, baselines, warmup)
         trials = [judge(c, baselines, ref, base["loss_noise"], base["loss_tolerance"], warmup) for c in cands]

@@ -12,6 +12,33 @@ def _fmt(x: float | None, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def plan_text(candidates: int, rounds: int, keep: int) -> str:
+    """What the budget fits, in words: `rounds` rounds of the baseline against the `keep` candidates predicted
+    fastest, of `candidates` (it read "4 candidate(s); 3 round(s) of the baseline and 4 of them fit the budget")."""
+    if not candidates:
+        return "no candidate setting to try"
+    against = ("it" if candidates == 1 else "both of them" if keep == candidates == 2 else
+               "each of them" if keep == candidates else f"the {keep} predicted fastest")
+    return (f"{candidates} candidate setting{'s' * (candidates != 1)}; the budget fits {rounds} "
+            f"round{'s' * (rounds != 1)} of the baseline against {against}")
+
+
+def buckets_text(sizes: list[int] | None) -> str:
+    """DDP's buckets in words: "1 bucket of 16.0 MiB", "3 buckets (25.0 MiB, 25.0 MiB, 1.95 MiB)" (a new user read
+    the list `[16793600] bytes`, 2026-12-06); more than 6 as their count, total and range."""
+    from ddpviz.engine.analysis import format_bytes
+
+    sizes = list(sizes or [])
+    if not sizes:
+        return "no bucket recorded"
+    if len(sizes) == 1:
+        return f"1 bucket of {format_bytes(sizes[0])}"
+    if len(sizes) <= 6:
+        return f"{len(sizes)} buckets ({', '.join(format_bytes(n) for n in sizes)})"
+    return (f"{len(sizes)} buckets, {format_bytes(sum(sizes))} in all ({format_bytes(min(sizes))} to "
+            f"{format_bytes(max(sizes))})")
+
+
 def print_report(rep: dict[str, Any]) -> None:
     """The terminal answer: the trials side by side, the predictor's error, the best setting."""
     from rich.console import Console
@@ -21,9 +48,11 @@ def print_report(rep: dict[str, Any]) -> None:
     if not con.is_terminal:  # a pipe or a file: rich's 80 columns would fold the table
         con = Console(width=140)
     b = rep["baseline"]
-    con.print(f"baseline: {b['world_size']} rank(s), step {_fmt(b['step_time_s'] and b['step_time_s'] * 1e3)} ms "
-              f"(median of steady steps {rep['warmup']}..{rep['steps'] - 1}), buckets {b['bucket_bytes']} bytes, "
-              f"script's settings {b['settings']}")
+    con.print(f"baseline: {b['world_size']} rank{'s' * (b['world_size'] != 1)}, step "
+              f"{_fmt(b['step_time_s'] and b['step_time_s'] * 1e3)} ms (median of steady steps "
+              f"{rep['warmup']}..{rep['steps'] - 1}), {buckets_text(b['bucket_bytes'])}; the script's settings: "
+              + ", ".join(f"{k}={v}" for k, v in (b["settings"] or {}).items()), markup=False, highlight=False,
+              soft_wrap=True)
     table = Table(title=f"candidate / baseline step time, {rep['rounds']} round(s) taking turns")
     for col in ("setting", "predicted", "measured", "90% interval", "verdict", "loss diff", "check"):
         table.add_column(col, no_wrap=col in ("setting", "90% interval"))
