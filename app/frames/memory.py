@@ -162,11 +162,15 @@ def memory_over_run_frame(bins: list[dict[str, Any]], run: str, origin_ts: float
     Returns:
         RUN_MEMORY_COLUMNS: t_s (seconds from `origin_ts` to the middle of the bin's readings),
         mib (their mean), lo_mib / hi_mib (their min and max), readings (how many), bin_s
-        (the bins' width), source_label (`SOURCE_LABELS`), sorted by device, source, time.
+        (the bins' width), source_label (`SOURCE_LABELS`), sorted by device, source, time. `device` is
+        "host/device" only where the readings come from more than one host, as the other charts name them.
     """
     if not bins:
         return pd.DataFrame(columns=RUN_MEMORY_COLUMNS)
     df = pd.DataFrame(bins)
+    hosts = {d.split("/", 1)[0] if "/" in d else None for d in df["device"]}
+    if len(hosts) == 1 and None not in hosts:  # one host: its name only on this chart read "vm/cpu:0" beside
+        df["device"] = df["device"].str.split("/", n=1).str[1]  # every other chart's "cpu:0" (2026-12-06)
     first = float(df["first_ts"].min())
     origin = min(origin_ts, first) if origin_ts is not None else first
     out = pd.DataFrame({

@@ -17,7 +17,7 @@ from ddpviz.workers.tunes import label  # one name per setting: the terminal's a
 
 MEASURED = "measured (median of rounds, 90% bootstrap interval)"
 PREDICTED = "predicted (scale-out step model)"
-TABLE_COLUMNS = ["setting", "predicted ratio", "measured ratio", "90% interval", "verdict", "loss diff", "note",
+TABLE_COLUMNS = ["setting", "predicted ratio", "measured ratio", "90% interval", "verdict", "loss diff", "check",
                  "rejected"]
 
 Report = dict[str, Any]
@@ -32,10 +32,18 @@ def trials_frame(rep: Report) -> pd.DataFrame:
     """One row per candidate, in the report's order (by predicted ratio): `TABLE_COLUMNS`."""
     rows = [{"setting": label(t["knobs"]), "predicted ratio": t.get("predicted_ratio"),
              "measured ratio": t.get("ratio"), "90% interval": interval_text(t.get("interval")),
-             "verdict": t.get("verdict"), "loss diff": t.get("loss_max_abs_diff"), "note": t.get("note") or "",
+             "verdict": t.get("verdict"), "loss diff": t.get("loss_max_abs_diff"),
+             "check": (t.get("note") or "").split(":")[0],
              "rejected": bool(t.get("rejected"))}
             for t in rep.get("trials") or []]
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)
+
+
+def trial_notes(rep: Report) -> list[str]:
+    """Each trial's whole note ("setting: same math: losses within 1.01e-05 of the baseline's (largest ...)"),
+    for the lines under the table, whose `check` column holds its first words only: in the table the note was
+    cut at the page's width (a new user, 2026-12-06)."""
+    return [f"{label(t['knobs'])}: {t['note']}" for t in rep.get("trials") or [] if t.get("note")]
 
 
 def ratio_frame(rep: Report) -> pd.DataFrame:

@@ -49,7 +49,8 @@ def runs_table(df) -> list[str]:
         column_config={
             "open": st.column_config.LinkColumn("open", display_text="Live ↗", width=64),
             "run_id": st.column_config.TextColumn("run id", width=142),
-            "label": st.column_config.TextColumn("label", width=100),
+            # a tune's label shows its whole id ("tune fa58b4be1e · ..."; 100 px cut it, 2026-12-06), val acc. stays in view
+            "label": st.column_config.TextColumn("label", width=180),
             "mode": st.column_config.TextColumn("mode", width=56),
             "model": st.column_config.TextColumn("model", width=64),
             "status": st.column_config.TextColumn("status", width=86),

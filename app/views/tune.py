@@ -30,7 +30,8 @@ _TABLE = {"predicted ratio": st.column_config.NumberColumn(format="%.3f", help="
           "90% interval": st.column_config.TextColumn(help="bootstrap over rounds (docs/tune.md)"),
           "loss diff": st.column_config.NumberColumn(format="%.3g", help="largest |loss − baseline's loss|, "
                                                                           "first 10 steps, any rank"),
-          "note": st.column_config.TextColumn(width="large"),
+          "check": st.column_config.TextColumn(help="does it train the same math? Each trial's note is under the "
+                                                    "table"),
           "rejected": st.column_config.CheckboxColumn(help="changes the math, or its trial failed")}
 
 
@@ -52,6 +53,7 @@ def trials(rep: dict) -> None:
     """The trials table, the ratio chart, the predictor's error and what was not tried."""
     st.caption(ft.baseline_text(rep))
     st.dataframe(ft.trials_frame(rep), hide_index=True, column_config=_TABLE, key="tune_table")
+    st.caption(" · ".join(ft.trial_notes(rep)))
     ratios = ft.ratio_frame(rep)
     if not ratios.empty:
         st.altair_chart(ratio_chart(ratios), key="tune_ratios")

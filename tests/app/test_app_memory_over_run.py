@@ -129,3 +129,17 @@ def _visible_points(spec: dict) -> list[dict]:
     """The layers that draw points one can see (not the invisible extent layer, opacity 0)."""
     return [layer for layer in spec["layer"] if isinstance(layer["mark"], dict) and layer["mark"]["type"] == "point"
             and layer["mark"].get("opacity", 1) > 0]
+
+
+def test_one_hosts_devices_are_named_as_every_other_chart_names_them_and_two_hosts_keep_theirs():
+    """An attached run's readings carry their host: the chart read "vm/cpu:0" beside every other chart's "cpu:0"
+    (a new user, 2026-12-06). Across two hosts the host stays: "cpu:0" would then name two devices."""
+    one = ReadingHistory(bin_s=1.0)
+    for device in ("cpu:0", "cpu:1"):
+        one.add(_readings(device, [T0 + 0.2], [MIB], host="vm"))
+    assert sorted(fm.memory_over_run_frame(one.rows(), "run", origin_ts=T0)["device"]) == ["cpu:0", "cpu:1"]
+    two = ReadingHistory(bin_s=1.0)
+    for host in ("node-a", "node-b"):
+        two.add(_readings("cpu:0", [T0 + 0.2], [MIB], host=host))
+    assert sorted(fm.memory_over_run_frame(two.rows(), "run", origin_ts=T0)["device"]) == ["node-a/cpu:0",
+                                                                                          "node-b/cpu:0"]

@@ -58,7 +58,9 @@ def test_the_tune_page_shows_the_stored_search(stored, app_test):
     assert table.to_dict("records") == [{
         "setting": "bucket_cap_mb=0.005", "predicted ratio": trial["predicted_ratio"], "measured ratio": trial["ratio"],
         "90% interval": f"{trial['interval'][0]:.3f}–{trial['interval'][1]:.3f}", "verdict": "slower",
-        "loss diff": 0.0, "note": trial["note"], "rejected": False}]
+        "loss diff": 0.0, "check": "same math", "rejected": False}]
+    assert trial["note"].startswith("same math: ")  # the whole note under the table, which it does not fit
+    assert f"bucket_cap_mb=0.005: {trial['note']}" in [c.value for c in at.caption]
     specs = _specs(at)
     base, cand = [t for t in specs if t != RATIO_TITLE]
     assert list(specs)[0] == RATIO_TITLE and base.startswith("baseline · round 1: step ")
