@@ -64,6 +64,33 @@ def raised_in_ddpviz(tb) -> bool:
         return False
 
 
+def _is_ours(tb) -> bool:
+    try:
+        return Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(_OURS)
+    except (OSError, ValueError):
+        return False
+
+
+def without_own_frames(tb):
+    """Traceback `tb` with ddpviz's own frames (`ddpviz.engine`: the wrappers a script's backward or comm hook runs
+    through when attached) unlinked, so a script's traceback reads as without ddpviz (a new user's Ctrl-C showed
+    `engine/attach/__init__.py ... in timed_backward`, 2026-12-06). Kept whole when its innermost frame is ddpviz's
+    (`raised_in_ddpviz`: ddpviz's own error shows where it is). Relinks `tb_next` in place (writable since
+    Python 3.7); returns the first kept entry."""
+    if tb is None or raised_in_ddpviz(tb):
+        return tb
+    entries = []
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
+    kept = [t for t in entries if not _is_ours(t)]
+    if len(kept) == len(entries):
+        return entries[0]
+    for a, b in zip(kept, kept[1:]):
+        a.tb_next = b
+    return kept[0] if kept else entries[0]
+
+
 def child_failure(exc: BaseException) -> dict | None:
     """The error file's JSON for a launcher's `ChildFailedError`
     (torch.distributed.elastic.multiprocessing.errors: `get_first_failure()` gives the first
@@ -88,10 +115,20 @@ def install_excepthook(rank: int | None | Callable[[], int | None], spool: Path 
     then call the previous hook. `rank`: the rank, or a callable giving it when the hook runs
     (None: a process that trained nothing, e.g. `accelerate launch` itself). A launcher's
     `ChildFailedError` is written as its first failing rank's exception (`child_failure`).
-    A rank's own exception also goes to `spool`/`RANK_ERROR_FILE` (when given), with its `time_ns`."""
+    A rank's own exception also goes to `spool`/`RANK_ERROR_FILE` (when given), with its `time_ns`. What is
+    printed and written leaves ddpviz's wrapper frames out (`without_own_frames`)."""
     previous = sys.excepthook
 
     def hook(exc_type, exc, tb):
+        try:  # the script's frames only, in what is printed and what the error files hold
+            seen, e = set(), exc
+            while e is not None and id(e) not in seen:  # the exception and those chained to it
+                seen.add(id(e))
+                e.__traceback__ = without_own_frames(tb if e is exc else e.__traceback__)
+                e = e.__cause__ or e.__context__
+            tb = exc.__traceback__
+        except Exception:
+            pass
         try:
             if isinstance(exc, Exception) and not raised_in_ddpviz(tb):
                 r = rank() if callable(rank) else rank

@@ -78,3 +78,38 @@ def test_a_launchers_child_failed_error_is_written_as_its_first_failing_ranks_ex
     sys.excepthook(type(exc), exc, None)
     doc = json.loads(path.read_text())["message"]
     assert doc["message"] == "ValueError: bad batch on rank 1" and doc["extraInfo"]["rank"] == 1
+
+
+def test_a_scripts_traceback_leaves_ddpvizs_wrapper_frames_out_and_ddpvizs_own_error_keeps_them(tmp_path,
+                                                                                                  monkeypatch):
+    """A Ctrl-C in an attached script's backward printed `engine/attach/__init__.py ... in timed_backward` among
+    the script's frames (a new user, 2026-12-06). Reference: the frames of the same exception, ddpviz's left out
+    by hand; an error raised in ddpviz itself keeps every frame (it must show where it is)."""
+    import traceback
+
+    import ddpviz.engine.attach.errors as errors
+
+    shared: dict = {}
+    exec(compile("def wrapper(fn):\n    return fn()\n", str(errors._OURS / "attach" / "__init__.py"), "exec"), shared)
+    exec(compile("def train():\n    wrapper(inner)\n\ndef inner():\n    raise ValueError('bad batch')\n",
+                 str(tmp_path / "train.py"), "exec"), shared)
+    exec(compile("def broken():\n    raise RuntimeError('ours')\n", str(errors._OURS / "attach" / "ddp.py"), "exec"),
+         shared)
+    got = []
+    monkeypatch.setattr(sys, "excepthook", lambda t, e, tb: got.append([f.name for f in traceback.extract_tb(tb)]))
+    path = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+    install_excepthook(lambda: 0)
+    try:
+        shared["train"]()
+    except ValueError as exc:
+        full = [f.name for f in traceback.extract_tb(exc.__traceback__)]
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+    assert full[1:] == ["train", "wrapper", "inner"]
+    assert got[-1] == [n for n in full if n != "wrapper"]
+    assert "attach/__init__.py" not in json.loads(path.read_text())["message"]["extraInfo"]["py_callstack"]
+    try:
+        shared["wrapper"](shared["broken"])
+    except RuntimeError as exc:
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+    assert got[-1][1:] == ["wrapper", "broken"]
