@@ -108,7 +108,8 @@ def bytes_chart(volume: pd.DataFrame) -> alt.LayerChart:
     head = title("Bytes moved per device per step",
                  "theory: DP device 0 (n−1)·P each way, others P (parameters and gradients only: DP's measured "
                  "bytes also hold the inputs it scatters, the outputs it gathers and their gradients); ring "
-                 "all-reduce 2(n−1)/n·P each way per rank; FSDP 3(n−1)/n·P (2(n−1)/n·P without reshard)")
+                 "all-reduce 2(n−1)/n·P each way per rank; FSDP 3(n−1)/n·P (2(n−1)/n·P without reshard; on "
+                 "gloo, which runs reduce-scatter as an all-reduce, its measured bytes exceed this by (n−1)/n·P)")
     return _labelled(bars, "amount:Q", y, **offset).properties(
         title=head, width=WIDTH,
         height=rows_height(df, "where", row_px=34, title_params=head) + 10 * (df["which"].nunique() - 1))

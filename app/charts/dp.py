@@ -139,9 +139,14 @@ def thread_states_chart(states: pd.DataFrame) -> alt.Chart:
     GIL's colour. A state no device spent time in is left out, bars and legend: DP's threads
     never wait for an all-reduce, and a DDP rank only where its wait was measured apart."""
     states = states[states.groupby("state")["ms"].transform("sum") > 0]
+    from ddpviz.engine.measure.gil import METER_EVERY_STEPS, METER_FIRST_STEPS
+
+    # the metered steps only, warm-up among them: a bar can exceed Compare's median step, which a new user took
+    # for a contradiction when this said "over the run's steps" (2026-12-06)
     t = title("The lock: each device's thread in a step",
-              "DP: one process, a thread per device, one GIL; DDP: a process per "
-              "device, each with its own. Medians over the run's steps.")
+              "DP: one process, a thread per device, one GIL; DDP: a process per device, each with its own. "
+              f"Medians over the metered steps (the first {METER_FIRST_STEPS}, warm-up included, then one in "
+              f"{METER_EVERY_STEPS}), each state's apart: a bar need not add up to the median step on Compare.")
     return alt.Chart(states).mark_bar(height=alt.RelativeBandSize(0.6)).encode(
         x=alt.X("sum(ms):Q", title="median time per step (ms)", stack="zero"),
         y=alt.Y("device:N", title=None, sort=None, axis=alt.Axis(labelLimit=0)),

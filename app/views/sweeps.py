@@ -113,7 +113,7 @@ def results(client, sweep_id: str) -> None:
                  column_config={
                      "mode": st.column_config.TextColumn("mode", **small),
                      "world_size": st.column_config.NumberColumn("devices", format="%d", **small),
-                     "bucket_cap_mb": st.column_config.NumberColumn("cap (MB)", format="%g", **small),
+                     "bucket_cap_mb": st.column_config.NumberColumn("cap (MiB)", format="%g", **small),
                      "status": st.column_config.TextColumn("status", **small),
                      "samples_per_s": st.column_config.NumberColumn("samples/s", format="%.0f", **small),
                      "step_time_ms": st.column_config.NumberColumn("step (ms)", format="%.2f", **small),

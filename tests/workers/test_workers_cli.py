@@ -184,3 +184,47 @@ def test_compare_names_dps_copies_for_what_they_are_in_its_lines_and_json(monkey
     report = json.loads(capsys.readouterr().out)
     assert (report["dp"]["comm_part"], report["ddp"]["comm_part"]) == ("DP copies", "exposed comm")
     assert report["dp"]["step_time_split"]["comm_exposed_s"] == 0.002
+
+
+def test_compare_refuses_a_mode_twice_and_a_mode_flag_before_anything_runs(monkeypatch, capsys):
+    """`--modes ddp,ddp` trained two runs and printed one; `--mode zzz` was ignored and the default set ran
+    (a new user, 2026-12-06). Both are refused, exit 2, before compare is called."""
+    import ddpviz.engine.harness.compare as harness
+
+    called = []
+    monkeypatch.setattr(harness, "compare", lambda *a, **k: called.append(1) or {})
+    for argv, said in ((["--modes", "ddp,dp,ddp"], "--modes lists ddp twice"),
+                       (["--mode", "zzz", "--modes", "single"], "--mode: compare runs the modes of --modes")):
+        args = build_parser().parse_args(["compare", *argv, "--steps", "2"])
+        assert args.handler(args) == 2
+        assert said in capsys.readouterr().err
+    assert called == []
+
+
+def test_compare_gives_single_no_communication_figure_and_an_unchecked_sync_no_none(monkeypatch, capsys):
+    """single printed "exposed comm 0.00 ms replicas in sync None" and max |Δθ| unrounded (a new user,
+    2026-12-06); the Compare page shows a dash for single's communication (docs/views.md)."""
+    import ddpviz.engine.harness.compare as harness
+    from ddpviz.engine.result import RunResult
+
+    def fake(cfg, modes, on_mode, turns=None):
+        out = {m: harness.mode_report(RunResult("succeeded", summary={"samples_per_s": 10.0, "comm_exposed_s": 0.0}),
+                                      None, m) for m in modes}
+        out["fsdp"]["replicas_in_sync"], out["fsdp"]["max_param_diff_vs_single"] = None, 6.146728992462158e-08
+        return out
+    monkeypatch.setattr(harness, "compare", fake)
+    args = build_parser().parse_args(["compare", "--modes", "single,fsdp", "--steps", "2"])
+    assert args.handler(args) in (0, 1)
+    lines = dict(line.split(maxsplit=1) for line in capsys.readouterr().out.splitlines()
+                 if line[:6] in ("single", "fsdp  "))
+    assert "no communication (one device)" in lines["single"] and "0.00 ms" not in lines["single"]
+    assert "None" not in lines["single"] + lines["fsdp"] and lines["fsdp"].endswith("max |Δθ| vs single 6.15e-08")
+
+
+def test_runs_refuses_a_limit_below_one_naming_the_flag(capsys):
+    """`ddpviz runs --limit 0` and `--limit -3` printed a header and no run (a new user, 2026-12-06)."""
+    for bad in ("0", "-3", "x"):
+        with pytest.raises(SystemExit) as exit_:
+            build_parser().parse_args(["runs", "--limit", bad])
+        assert exit_.value.code == 2 and "argument --limit: must be" in capsys.readouterr().err
+    assert build_parser().parse_args(["runs", "--limit", "1"]).limit == 1

@@ -133,6 +133,11 @@ def test_predict_table_and_refusals(recorded_trio, redis_url):
     res = ddpviz("predict", ids["dp"], "--world-sizes", "2,4", env=env)
     assert res.returncode == 0, res.stderr
     assert "predicted vs measured on this machine" in res.stdout and "ddp      4" in res.stdout
+    # the runs the model was fitted to, by id: asked for the single run, it names its set's DP and DDP
+    assert f"calibrated on DP {ids['dp']} and DDP {ids['ddp']} and the single baseline {ids['single']})" in res.stdout
+    res = ddpviz("predict", ids["single"], "--world-sizes", "2", env=env)
+    assert res.returncode == 0 and f"and the single baseline {ids['single']}; " not in res.stdout
+    assert f"calibrated on DP {ids['dp']} and DDP {ids['ddp']} and the single baseline {ids['single']})" in res.stdout
     res = ddpviz("predict", "nosuchrun", env=env)
     assert res.returncode == 1 and "nosuchrun" in res.stderr
     res = ddpviz("predict", ids["ddp"], "--world-sizes", "0,2", env=env)

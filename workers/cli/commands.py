@@ -256,6 +256,21 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 # -- parser -----------------------------------------------------------------------------------
 
+def at_least_one(text: str) -> int:
+    """argparse type: a whole number >= 1 (`runs --limit 0` printed a header and no run, 2026-12-06).
+
+    Raises:
+        argparse.ArgumentTypeError: not a whole number, or below 1.
+    """
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1 (got {text!r})")
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (got {n})")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ddpviz.workers.cli.flags import add_run_flags
 
@@ -305,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "$DDPVIZ_KEEP_DAYS or 0 = no limit; pinned runs are kept)")
 
     p = command("runs", cmd_runs, "list recent runs")
-    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--limit", type=at_least_one, default=20, help="how many of the newest runs (>= 1; default 20)")
     p.add_argument("--json", action="store_true", help="print the records as JSON")
 
     p = command("cancel", cmd_cancel, "cancel a queued or running run")

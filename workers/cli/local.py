@@ -57,6 +57,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"ddpviz: error: --modes must be a comma-separated subset of {','.join(ALL_MODES)} "
               f"(got {args.modes!r})", file=sys.stderr)
         return 2
+    twice = sorted({m for m in modes if modes.count(m) > 1})
+    if twice:  # the report is keyed by mode: a second run of one would be trained and lost (a new user, 2026-12-06)
+        print(f"ddpviz: error: --modes lists {', '.join(twice)} twice: each mode runs once (got {args.modes!r})",
+              file=sys.stderr)
+        return 2
+    if "mode" in run_fields(args):  # compare runs every mode of --modes: a --mode was ignored, even a wrong one
+        print(f"ddpviz: error: --mode: compare runs the modes of --modes (got --mode {run_fields(args)['mode']!r}); "
+              f"use --modes, e.g. --modes {run_fields(args)['mode']}", file=sys.stderr)
+        return 2
     # Validated as the mode that accepts every flag given (FSDP knobs need mode fsdp).
     cfg = validate_config({**run_fields(args), "mode": "fsdp" if "fsdp" in modes else "ddp"})
     turns, how = compare_turns(args.turns, modes, cfg.steps)
@@ -79,7 +88,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         for mode, r in report.items():
             sps, up = r["samples_per_s"], r["speedup_vs_single"]
             exposed = r["step_time_split"].get("comm_exposed_s")
-            exposed = r.get("comm_exposed_note") or ("-" if exposed is None else f"{exposed * 1e3:.2f} ms")
+            exposed = r.get("comm_exposed_note") or ("-" if exposed is None or mode == "single"  # one device: none
+                                                     else f"{exposed * 1e3:.2f} ms")
             # against single only where single ran (the tour, issue 33: "- vs single" columns without it)
             single = "single" in report and mode != "single"
             up = ("-" if up is None else f"x{up:.2f}") + " vs single  " if single else ""
@@ -87,10 +97,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
             overlap = "" if mode not in ("ddp", "fsdp") else \
                 f"overlap {'not measured' if r['overlap'] is None else format(r['overlap'], '.0%')}  "
             diff = r["max_param_diff_vs_single"]
+            sync = r["replicas_in_sync"]  # None: not checked (single has one replica; FSDP holds shards)
             print(f"{mode:<6} {r['status']:<9} {sps or 0:>10.0f} samples/s  {up}"
-                  f"{r['comm_part']} {exposed}  {overlap}"
-                  f"replicas in sync {r['replicas_in_sync']}"
-                  + (f"  max |Δθ| vs single {'-' if diff is None else diff}" if single else ""))
+                  + (f"{r['comm_part']} {exposed}  " if mode != "single" else "no communication (one device)  ")
+                  + overlap + ("" if sync is None else f"replicas in sync {sync}")
+                  + (f"  max |Δθ| vs single {'-' if diff is None else format(diff, '.3g')}" if single else ""))
             gil = r.get("gil_wait_share") or {}
             if gil:  # engine.measure.gil: median share of the step each device's threads waited for the GIL
                 print("       waited for the GIL: " + ", ".join(

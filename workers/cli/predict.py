@@ -36,7 +36,13 @@ def parse_world_sizes(text: str) -> list[int]:
 
 def _print_table(rep: dict) -> None:
     sc = rep["scenario"]
-    print(f"predicted for link {sc['link']}, compute {sc['compute']} (calibrated on {rep['run_id']})")
+    # the runs the model was fitted to, by name: a single or FSDP run id calibrates on its set's DP and DDP
+    # (it read "calibrated on <the single run>", a new user, 2026-12-06)
+    cal = rep.get("calibration") or {}
+    on = " and ".join(f"{m.upper() if m != 'single' else 'the single baseline'} {cal[m]['run_id']}"
+                      for m in ("dp", "ddp", "single") if (cal.get(m) or {}).get("run_id"))
+    print(f"predicted for link {sc['link']}, compute {sc['compute']} (calibrated on {on or rep['run_id']}"
+          + (f"; the set of {rep['run_id']}" if rep["run_id"] not in on else "") + ")")
     print(f"{'MODE':<5} {'N':>4} {'HOSTS':>5} {'STEP (ms)':>10} {'SAMPLES/S':>11} {'EFFICIENCY':>10} "
           f"{'COMM (ms)':>10}  BYTES/STEP ON THE BUSIEST DEVICE (SENT + RECEIVED)")
     for p in rep["predictions"]:
