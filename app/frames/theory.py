@@ -24,6 +24,7 @@ from ddpviz.app.frames import base as frames
 from ddpviz.engine.analysis import (
     bucket_bandwidths,
     busbw_vs_probe,
+    fit_covers,
     fit_ring_model,
     format_bytes,
     mark_alone,
@@ -167,6 +168,28 @@ def describe_fit(model: Event, world_size: int) -> str:
             f"{model['latency_s'] * 1e3:.3f} ms + bytes × {model['s_per_byte'] * 1e9:.3f} ns/B")
 
 
+MISS_FACTOR = 2.0  # a fit that misses the probe's own time at a size by more than this is not drawn from there
+
+
+def fit_miss(probe: Event | None, nbytes: float) -> str | None:
+    """Why the probe's ring fit must not be carried to `nbytes` (bytes), or None: `nbytes` lies outside the sizes
+    it was fitted to and, at the probe's measured size nearest to it (by ratio), the fit's time is more than
+    `MISS_FACTOR` times off the measured one. A fit over 8-32 KiB (latency-bound) put a 198 KiB all-reduce at
+    16.6 ms where the probe measured 0.634 ms, and Learn drew its theory on it (a new user, 2026-12-06)."""
+    fit, pts = (probe or {}).get("fit"), [p for p in (probe or {}).get("points") or [] if p.get("time_s")]
+    if not fit or not pts or not nbytes or fit_covers(fit, [nbytes]):
+        return None
+    near = min(pts, key=lambda p: abs(math.log(p["nbytes"] / nbytes)))
+    said, got = predict_ring_s(fit, near["nbytes"]), near["time_s"]
+    off = max(said / got, got / said) if said > 0 else math.inf
+    if off <= MISS_FACTOR:
+        return None
+    used = fit["points_used"]
+    return (f"the probe's ring fit (sizes {format_bytes(used[0])}–{format_bytes(used[-1])}) says "
+            f"{said * 1e3:.3g} ms at {format_bytes(near['nbytes'])}, where the probe measured {got * 1e3:.3g} ms "
+            f"({off:.0f}× off): it is not carried to {format_bytes(nbytes)}")
+
+
 def probe_note(probe: Event, world_size: int) -> str:
     """Which probe sizes were measured, which were fitted, and why the others were not."""
     pts = probe.get("points") or []
@@ -187,6 +210,7 @@ def probe_note(probe: Event, world_size: int) -> str:
                        " No ring model: a line needs at least two sizes.")
     used = fit["points_used"]
     left = [p["nbytes"] for p in pts if p["nbytes"] not in set(used)]
+    misses = [m for m in (fit_miss(probe, b) for b in probe.get("run_nbytes") or []) if m]
     text += (f" Ring model fitted to the {len(used)} sizes {format_bytes(used[0])}–{format_bytes(used[-1])}: "
              f"{describe_fit(fit, world_size)}.")
     if fit.get("within_tolerance", True):
@@ -199,6 +223,8 @@ def probe_note(probe: Event, world_size: int) -> str:
     else:
         text += (f" No range of sizes fits one line within {fit.get('tolerance', 0.2):.0%}, so "
                  f"every size was fitted; the worst miss is {fit.get('max_rel_residual', 0):.0%}.")
+    if misses:  # the run's own bucket sizes lie where the line misses the probe: say so, not only "hollow points"
+        text += f" Beware at the run's bucket sizes: {misses[0]}."
     return text
 
 

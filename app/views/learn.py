@@ -18,6 +18,7 @@ from ddpviz.app.connection import require_client
 from ddpviz.app.frames import buckets as frames_buckets
 from ddpviz.app.frames import topology as ftop
 from ddpviz.app.frames.dp import thread_states_frame
+from ddpviz.app.frames.theory import fit_miss
 from ddpviz.engine.analysis import fit_covers, format_bytes
 
 STAR_TEXT = """
@@ -108,8 +109,12 @@ def theory_section(windows, labels) -> None:
                             key=f"learn_theory_{kind.split()[0]}")
     st.caption(f"P = {format_bytes(p_bytes)}: the gradient bytes of {labels[rid]}'s model. "
                + ftop.THEORY_NOTE + ". " + NCCL_ALGO_NOTE)
-    fit = next((e.get("fit") for w2 in windows.values() for e in w2.of_type("allreduce_probe") if e.get("fit")), None)
-    if fit and fit.get("beta_bytes_per_s"):
+    probe = next((e for w2 in windows.values() for e in w2.of_type("allreduce_probe") if e.get("fit")), None)
+    fit = (probe or {}).get("fit")
+    miss = fit_miss(probe, p_bytes)
+    if miss:  # a fit far off its own probe near P draws no theory at P (app.frames.theory.fit_miss)
+        st.caption(f"No all-reduce time chart: {miss}. A standalone `ddpviz probe` measures more sizes.")
+    elif fit and fit.get("beta_bytes_per_s"):
         frame = ftop.allreduce_time_frame(p_bytes, fit["alpha_s"], fit["beta_bytes_per_s"], THEORY_SIZES,
                                           ALLREDUCE_MODELS)
         st.altair_chart(allreduce_time_chart(frame, mark_n=n, subtitle=fitted_link_words(fit, p_bytes)),

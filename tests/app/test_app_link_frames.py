@@ -64,6 +64,26 @@ def test_a_latency_on_the_fits_bound_is_not_resolved_and_the_line_stays_on_its_s
     assert ft.describe_fit(resolved, 2).startswith("α = 50.0 µs per hop")
 
 
+def test_a_fit_far_off_its_own_probe_near_a_size_is_not_carried_there():
+    """A probe cut short by its budget fitted 8-32 KiB (latency-bound) and said 16.6 ms at 198 KiB, where it
+    measured 0.634 ms; Learn drew its theory on it (a new user, 2026-12-06). Hand-worked line: 0.3 ms + 83 ns/B."""
+    kib = 1024
+    from ddpviz.engine import analysis
+
+    pts = [{"nbytes": n * kib, "time_s": 3e-4 + 83e-9 * n * kib} for n in (8, 16, 32)]
+    fit = analysis.fit_ring_times([(p["nbytes"], p["time_s"]) for p in pts], 2)
+    assert fit["latency_s"] == pytest.approx(3e-4) and fit["s_per_byte"] == pytest.approx(83e-9)
+    probe = {"fit": fit, "points": [*pts, {"nbytes": 198 * kib, "time_s": 0.634e-3}], "run_nbytes": [198 * kib],
+             "backend": "gloo", "iters": 5, "warmup_iters": 1}
+    said = 3e-4 + 83e-9 * 198 * kib  # 17.1 ms
+    miss = ft.fit_miss(probe, 200 * kib)
+    assert miss is not None and f"({said / 0.634e-3:.0f}× off)" in miss and "198 KiB" in miss
+    assert ft.fit_miss(probe, 16 * kib) is None  # inside the fitted sizes
+    near = {**probe, "points": [*pts, {"nbytes": 198 * kib, "time_s": said / 1.9}]}
+    assert ft.fit_miss(near, 200 * kib) is None  # 1.9x: within MISS_FACTOR
+    assert "Beware at the run's bucket sizes: the probe's ring fit" in ft.probe_note(probe, 2)
+
+
 def test_model_lines_follow_the_ring_formula():
     model = {"latency_s": 1e-3, "s_per_byte": 1e-9}
     lines = ft.model_lines({ft.FIT_PROBE: model, ft.FIT_BUCKETS: None}, 1024, 2**20, 4)
