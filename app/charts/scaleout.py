@@ -61,9 +61,11 @@ def _dp_ends(pred: pd.DataFrame) -> str:
     return f"; DP ends at {int(dp['world_size'].max())} devices: one process drives one host's devices"
 
 
-def efficiency_chart(pred: pd.DataFrame, measured: pd.DataFrame, *, scenario: str) -> alt.LayerChart:
+def efficiency_chart(pred: pd.DataFrame, measured: pd.DataFrame, *, scenario: str,
+                     one_device: str = "one device's") -> alt.LayerChart:
     """Predicted scaling efficiency vs world size, linear (100%) dashed grey. Measured points
-    (give an empty frame to leave them out) beyond 1.5x linear sit clamped at the top."""
+    (give an empty frame to leave them out) beyond 1.5x linear sit clamped at the top. `one_device`: the
+    samples/s both series are divided by, in words (the subtitle's formula)."""
     top = max(1.2, float(pred["efficiency"].max()) if not pred.empty else 1.2)
     y = alt.Y("efficiency:Q", title="efficiency (% of linear)", axis=alt.Axis(format="%"),
               scale=alt.Scale(domain=[0, min(top, 1.5)], clamp=True))
@@ -77,7 +79,7 @@ def efficiency_chart(pred: pd.DataFrame, measured: pd.DataFrame, *, scenario: st
         unmeasured += (f"; {len(above)} measured point(s) above the axis sit at its top edge (up to "
                        f"{above['efficiency'].max():.0%}: a slow single-device baseline, e.g. a short run)")
     head = title("Scaling efficiency (predicted)",
-                 f"samples/s(n) ÷ (n · one device's); grey: linear; for {scenario}{unmeasured}{_dp_ends(pred)}")
+                 f"samples/s(n) ÷ (n · {one_device}); grey: linear; for {scenario}{unmeasured}{_dp_ends(pred)}")
     # room for the subtitle's lines (the clamp's note makes 4-5): under Streamlit's autosize "fit" they pushed the
     # title out of the box and squeezed the plot (seen in Chromium)
     return alt.layer(*layers, ideal).properties(title=head, width=WIDTH, height=HEIGHT + 60 + extra_title_px(head))

@@ -172,9 +172,12 @@ def body(client, run_id: str, kwargs: dict, world_sizes: list[int]) -> None:
     with left:
         st.altair_chart(cs.predicted_throughput_chart(pred, measured, scenario=what), key="so_tput")
     same_here = rep["scenario"]["link"] == THIS_MACHINE and rep["scenario"]["compute"] == AS_MEASURED
-    with right:
-        st.altair_chart(cs.efficiency_chart(pred, measured if same_here else measured.iloc[0:0],
-                                            scenario=what), key="so_eff")
+    single = rep.get("single_samples_per_s") if same_here else None
+    with right:  # one baseline for both series: the single run's measured rate where the points are drawn
+        st.altair_chart(cs.efficiency_chart(fso.on_measured_single(pred, single),
+                                            measured if same_here else measured.iloc[0:0], scenario=what,
+                                            one_device="the single run's measured samples/s" if single else
+                                            "the model's one device's"), key="so_eff")
     slowdown = fso.host_slowdown_text(rep, as_measured=rep["scenario"]["compute"] == AS_MEASURED,
                                       fitted_link=rep["scenario"]["link"] == THIS_MACHINE)  # ~0% at n = 8 on 2 cores
     if slowdown:

@@ -205,3 +205,25 @@ def test_where_dps_line_stops_short_the_subtitle_says_why():
         level = pred[pred["world_size"] <= 8]
         assert "DP ends" not in " ".join(chart(level, level.iloc[:0], scenario="PCIe").to_dict()["title"]["subtitle"])
 
+
+
+def test_predicted_and_measured_efficiency_share_the_measured_single_baseline():
+    """The calibration run (DDP x2, 35,526 samples/s, predicted the same) sat at 17% while the prediction read
+    41%: predictions were divided by the model's one device (43,691/s), the measured point by the single run
+    (102,559/s) (a new user, 2026-12-06). Re-based on the single run, both read 17.3%; the predicted line starts
+    at 42.6% at n = 1, where the model's one device stands against the real one. Hand-worked from those rates."""
+    from ddpviz.app.frames import scaleout as fso
+
+    rep = {"predictions": [dict(mode="ddp", world_size=n, nnodes=1, samples_per_s=sps, efficiency=sps / (n * 43691.0),
+                                step_time_s=256 / sps, comm_exposed_s=0.0, bytes_per_rank=0.0)
+                           for n, sps in ((1, 43691.0), (2, 35526.0))],
+           "measured": [dict(run_id="cal", mode="ddp", world_size=2, samples_per_s=35526.0, step_time_s=256 / 35526.0)]}
+    pred, measured = fso.prediction_frame(rep), fso.measured_frame(rep, 102559.0)
+    assert list(pred["efficiency"]) == pytest.approx([1.0, 35526 / 87382])  # the model's own baseline: 100%, 41%
+    both = fso.on_measured_single(pred, 102559.0)
+    assert list(both["efficiency"]) == pytest.approx([43691 / 102559, 35526 / 205118])  # 42.6%, 17.3%
+    assert both["efficiency"].iloc[1] == pytest.approx(measured["efficiency"].iloc[0])
+    assert fso.on_measured_single(pred, None) is pred
+    sub = " ".join(cs.efficiency_chart(both, measured, scenario="here",
+                                       one_device="the single run's measured samples/s").to_dict()["title"]["subtitle"])
+    assert "samples/s(n) ÷ (n · the single run's measured samples/s)" in sub
