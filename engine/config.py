@@ -7,7 +7,7 @@ Every refusal is a `ConfigError` whose message names the field and the rule, e.g
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -153,6 +153,13 @@ class RunConfig(BaseModel):
 
     def to_json_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+
+def devices_used(cfg: dict[str, Any]) -> int | None:
+    """The devices a run trained on: its `world_size` (None if the config has none), except a single run's,
+    which is one device (its config keeps the set's world size: it computes that many devices' global batch
+    on one)."""
+    return 1 if cfg.get("mode") == "single" else cfg.get("world_size")
 
 
 def cross_field_errors(cfg: RunConfig) -> list[tuple[str, str]]:

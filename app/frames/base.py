@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from ddpviz.engine.config import devices_used  # noqa: F401  (frames.devices_used: the pages' name for it)
 
 MIB = 1024 * 1024
 Event = dict[str, Any]
@@ -30,13 +31,6 @@ def latest_volumes(events: Iterable[Event]) -> list[Event]:
         if place not in latest or e["step"] >= latest[place]["step"]:
             latest[place] = e
     return [latest[k] for k in sorted(latest)]
-
-
-def devices_used(cfg: dict[str, Any]) -> int | None:
-    """The devices a run trained on: its `world_size` (None if the config has none), except a single run's,
-    which is one device (its config keeps the set's world size: it computes that many devices' global batch
-    on one)."""
-    return 1 if cfg.get("mode") == "single" else cfg.get("world_size")
 
 
 def run_label(run: dict[str, Any] | None, run_id: str) -> str:

@@ -63,6 +63,17 @@ def test_runs_table_pads_every_column_to_its_widest_cell():
     assert header.index("WORKER") == row.index("w1")
 
 
+def test_runs_table_counts_a_single_run_of_a_set_as_one_device():
+    """A set's single run keeps the set's world_size (2) in its config and trains on one device: `ddpviz runs`
+    read "single 2" where the app's Runs table reads 1 (a new user, 2026-12-06)."""
+    def rec(mode):
+        return dict(run_id=mode * 4, status="succeeded", label=None, config={"mode": mode, "world_size": 2,
+                    "steps": 5}, created_at=None, started_at=None, finished_at=None, worker="w1")
+    header, single, ddp = runs_table([rec("single"), rec("ddp")])
+    at = header.index("DEVICES") + len("DEVICES") - 1  # right-aligned under its header
+    assert (single[at], ddp[at]) == ("1", "2")
+
+
 # -- 14, 19: run_started kept in the record; host = the worker ------------------------------------
 
 @pytest.mark.slow

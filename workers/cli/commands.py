@@ -180,18 +180,22 @@ def _duration(rec: dict[str, Any]) -> str:
     return f"{end - rec['started_at']:.1f}s"
 
 
-RUNS_COLUMNS = ("RUN_ID", "STATUS", "LABEL", "MODE", "WS", "STEPS", "CREATED", "TIME", "WORKER")
-RIGHT_ALIGNED = {"WS", "STEPS", "TIME"}
+# DEVICES, as the app's Runs table: a single run of a set keeps the set's world_size in its config but trains on
+# one device (`ddpviz runs` read "single 2", a new user, 2026-12-06)
+RUNS_COLUMNS = ("RUN_ID", "STATUS", "LABEL", "MODE", "DEVICES", "STEPS", "CREATED", "TIME", "WORKER")
+RIGHT_ALIGNED = {"DEVICES", "STEPS", "TIME"}
 
 
 def runs_table(runs: list[dict[str, Any]]) -> list[str]:
     """`ddpviz runs` lines: a header and a row per run, each column as wide as its widest cell
     (labels are shown whole, so long ones never push the other columns out of line)."""
+    from ddpviz.engine.config import devices_used
+
     rows = []
     for r in runs:
         cfg = r["config"] or {}
         rows.append((r["run_id"], r["status"] or "-", r["label"] or "-", str(cfg.get("mode", "-")),
-                     str(cfg.get("world_size", "-")), str(cfg.get("steps", "-")), _when(r["created_at"]),
+                     str(devices_used(cfg) or "-"), str(cfg.get("steps", "-")), _when(r["created_at"]),
                      _duration(r), r["worker"] or "-"))
     widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(RUNS_COLUMNS)]
 
