@@ -91,6 +91,10 @@ class _Follower(threading.Thread):
         self.step_seen, self.step_at = -1, None  # the latest step reported, and when (monotonic s)
         self.longest = 0.0  # the longest wait between two step events so far (s)
         self.stalled: tuple[int, float] | None = None
+        # this run's rank fork server: the one seen while its ranks start. Only it may be killed: a follower that
+        # outlived its run killed every server started after it, and another test's ranks failed to start
+        # ("EOFError: unexpected EOF" from multiprocessing's forkserver, a clean-clone CI, 2026-12-06)
+        self.server_pid: int | None = None
 
     def pump(self) -> None:
         for t in self.tails:
@@ -128,12 +132,14 @@ class _Follower(threading.Thread):
                 self.killed.add(pid)
                 with contextlib.suppress(Exception):
                     os.kill(pid, signal.SIGKILL)
-        if len(infos) < self.nproc:
-            kill_fork_server()
+        if len(infos) < self.nproc and self.server_pid is not None:
+            kill_fork_server(self.server_pid)
 
     def run(self) -> None:
         name_this_thread()
         while not self.done.wait(FOLLOW_INTERVAL_S):
+            if self.server_pid is None:  # the server this run's ranks come from (started or reused by its agent)
+                self.server_pid = fork_server_pid()
             self.pump()
             if not self.canceled and self.should_stop is not None and self.should_stop():
                 self.canceled = True
@@ -150,16 +156,23 @@ class _Follower(threading.Thread):
             t.close()
 
 
-def kill_fork_server() -> bool:
-    """SIGKILL this process's rank fork server if it runs; returns whether one was signalled.
-
-    Reads multiprocessing's private `forkserver._forkserver._forkserver_pid` (CPython 3.8-3.13);
-    where that is missing, nothing happens and the caller's other means of stopping remain.
-    """
+def fork_server_pid() -> int | None:
+    """The pid of this process's running rank fork server, or None. Reads multiprocessing's private
+    `forkserver._forkserver._forkserver_pid` (CPython 3.8-3.13); None where that is missing."""
     from multiprocessing import forkserver
 
     pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
-    if not pid or pid in _FORK_SERVERS_KILLED or not _is_live_child(pid):
+    return pid if pid and _is_live_child(pid) else None
+
+
+def kill_fork_server(pid: int | None = None) -> bool:
+    """SIGKILL this process's rank fork server if it runs (`pid`: only if that is the one); returns whether one
+    was signalled. Where multiprocessing's private state is missing, nothing happens and the caller's other
+    means of stopping remain.
+    """
+    current = fork_server_pid()
+    pid = current if pid is None else pid
+    if not pid or pid != current or pid in _FORK_SERVERS_KILLED:
         return False  # once each: a killed server's pid, once reaped, may belong to anyone
     _FORK_SERVERS_KILLED.add(pid)
     with contextlib.suppress(OSError):
@@ -314,7 +327,8 @@ def launch_ranks(cfg: RunConfig, plan: DevicePlan, out, run_id: str,
         failure = None
     except Exception as exc:  # ChildFailedError, or the agent's own (rendezvous) errors
         failure = exc
-    follower.finish()
+    finally:  # never a follower left polling (and killing) after its run: a BaseException too ends it
+        follower.finish()
     report_lost(workdir, nproc, out, run_id)
     if follower.canceled:
         raise Canceled("canceled: every rank process was stopped")

@@ -50,3 +50,30 @@ def test_a_run_outlives_the_thread_that_started_the_fork_server(tmp_path):
         t.join()
     assert res["a"].status == "succeeded", res["a"].error
     assert res["b"].status == "succeeded", res["b"].error
+
+
+def test_a_follower_kills_only_its_own_runs_fork_server_never_a_later_one(tmp_path, monkeypatch):
+    """A canceled run's follower killed whatever fork server the process had at each pass: one that outlived its
+    run killed the server a later test had just started, whose ranks then failed ("EOFError: unexpected EOF",
+    multiprocessing.forkserver.read_signed; a clean-clone CI, 2026-12-06). Stand-ins: two child processes, the
+    run's server and a later one; multiprocessing's record names the later one."""
+    import subprocess
+    from multiprocessing import forkserver
+
+    from ddpviz.engine.modes.launcher import RankFollower
+
+    own, later = (subprocess.Popen(["sleep", "30"]) for _ in range(2))
+    try:
+        state = forkserver._forkserver
+        monkeypatch.setattr(state, "_forkserver_pid", later.pid)
+        follower = RankFollower(tmp_path, 2, None, None)  # no rank has written its info: none started
+        follower.server_pid, follower.canceled = own.pid, True
+        follower.kill_ranks()
+        assert later.poll() is None and own.poll() is None  # the later server is not this run's: left alone
+        monkeypatch.setattr(state, "_forkserver_pid", own.pid)  # while its own server runs: that one goes
+        follower.kill_ranks()
+        assert own.wait(timeout=10) == -9 and later.poll() is None
+    finally:
+        for p in (own, later):
+            p.kill()
+            p.wait()
