@@ -39,21 +39,20 @@ def first_rank_error(spool: Path) -> dict[str, Any] | None:
     return min(timed, key=lambda t: t[0])[1] if timed else None
 
 
-def missing_scripts(cmd: list[str] | None, cwd: Path | None = None) -> list[str]:
+def missing_script(cmd: list[str] | None, cwd: Path | None = None) -> str | None:
     """The command's script (its first ``*.py`` argument) when it names no file (relative to `cwd`, default the
-    current folder), else []:
-    Python exits 2 on them ("can't open file"), which otherwise reads like a script's own sys.exit (a new
-    user's misspelt path, 2026-12-06)."""
+    current folder), else None: Python exits 2 on it ("can't open file"), which otherwise reads like a script's
+    own sys.exit (a new user's misspelt path, 2026-12-06)."""
     here = Path.cwd() if cwd is None else cwd
     script = next((a for a in cmd or [] if a.endswith(".py") and not a.startswith("-")), None)  # what Python runs
-    return [script] if script is not None and not (here / script).is_file() else []
+    return script if script is not None and not (here / script).is_file() else None
 
 
 def failure(spool: Path, exit_code: int, cmd: list[str] | None = None) -> dict[str, Any]:
     """The run's error: the first failing rank's exception and traceback (`first_rank_error`, else torchrun's
     error file), else the rank that exited first with a code of its own (`first_rank_exit`), else the
     command's exit code; where no rank raised and `cmd` names a ``.py`` file that does not exist
-    (`missing_scripts`), the error says so first."""
+    (`missing_script`), the error says so first."""
     from ddpviz.workers.spool import read_json
     from ddpviz.workers.store import make_error
 
@@ -70,8 +69,8 @@ def failure(spool: Path, exit_code: int, cmd: list[str] | None = None) -> dict[s
                          rank=extra.get("rank"), stage="training")
     elif isinstance(msg, str):
         err = make_error(msg, None, stage="training")
-    elif missing_scripts(cmd) and (exited is None or exited[1] == 2):  # Python's exit on a file it cannot open
-        err = make_error(f"CommandFailed: no such script: {', '.join(missing_scripts(cmd))} (from {Path.cwd()}); "
+    elif (missing := missing_script(cmd)) and (exited is None or exited[1] == 2):  # Python's exit on a file
+        err = make_error(f"CommandFailed: no such script: {missing} (from {Path.cwd()}); "
                          f"Python could not open it, so the command exited {exit_code} before anything trained.",
                          None, rank=exited[0] if exited else None, stage="training")
     elif exited is not None:

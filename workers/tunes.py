@@ -30,6 +30,12 @@ def label(knobs: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in knobs.items()) or "baseline (the script's own settings)"
 
 
+def note_check(note: str | None) -> str:
+    """A trial note's verdict on the math, its words before the first colon ("same math: losses within ..." ->
+    "same math"): the terminal's and the Tune page's `check` column."""
+    return (note or "").split(":")[0]
+
+
 def trial_run_label(tune_id: str, knobs: dict[str, Any], round_: int | None) -> str:
     """A trial's run label: ``"tune 3f9c0a1b2d · bucket_cap_mb=4.0 · round 2"``; the baseline is
     ``baseline``, and the first baseline trial (before the rounds: the one candidates and

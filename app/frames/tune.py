@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from ddpviz.workers.tunes import label  # one name per setting: the terminal's and the app's
+from ddpviz.workers.tunes import label, note_check  # one name per setting, one check word: terminal and app
 
 MEASURED = "measured (median of rounds, 90% bootstrap interval)"
 PREDICTED = "predicted (scale-out step model)"
@@ -33,7 +33,7 @@ def trials_frame(rep: Report) -> pd.DataFrame:
     rows = [{"setting": label(t["knobs"]), "predicted ratio": t.get("predicted_ratio"),
              "measured ratio": t.get("ratio"), "90% interval": interval_text(t.get("interval")),
              "verdict": t.get("verdict"), "loss diff": t.get("loss_max_abs_diff"),
-             "check": (t.get("note") or "").split(":")[0],
+             "check": note_check(t.get("note")),
              "rejected": bool(t.get("rejected"))}
             for t in rep.get("trials") or []]
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)

@@ -56,12 +56,7 @@ def raised_in_ddpviz(tb) -> bool:
     last = None
     while tb is not None:
         last, tb = tb, tb.tb_next
-    if last is None:
-        return False
-    try:
-        return Path(last.tb_frame.f_code.co_filename).resolve().is_relative_to(_OURS)
-    except (OSError, ValueError):
-        return False
+    return last is not None and _is_ours(last)
 
 
 def _is_ours(tb) -> bool:
@@ -83,12 +78,10 @@ def without_own_frames(tb):
     while tb is not None:
         entries.append(tb)
         tb = tb.tb_next
-    kept = [t for t in entries if not _is_ours(t)]
-    if len(kept) == len(entries):
-        return entries[0]
+    kept = [t for t in entries if not _is_ours(t)]  # never empty: the innermost frame is not ddpviz's
     for a, b in zip(kept, kept[1:]):
         a.tb_next = b
-    return kept[0] if kept else entries[0]
+    return kept[0]
 
 
 def child_failure(exc: BaseException) -> dict | None:

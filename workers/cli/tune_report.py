@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddpviz.workers.tunes import label
+from ddpviz.workers.tunes import label, note_check
 
 
 def _fmt(x: float | None, spec: str = ".3f") -> str:
@@ -58,7 +58,7 @@ def print_report(rep: dict[str, Any]) -> None:
         table.add_column(col, no_wrap=col in ("setting", "90% interval"))
     notes = []
     for t in rep["trials"]:
-        iv, check = t["interval"], t["note"].split(":")[0]
+        iv, check = t["interval"], note_check(t["note"])
         if check != "same math":
             notes.append(f"{label(t['knobs'])}: {t['note']}")
         table.add_row(label(t["knobs"]), _fmt(t["predicted_ratio"]), _fmt(t["ratio"]),
