@@ -161,6 +161,17 @@ def build_model(cfg: RunConfig, ds) -> nn.Module:
     return model
 
 
+def builtin_param_count(cfg: RunConfig, ds) -> int | None:
+    """Trainable parameters of built-in model `cfg.model` for dataset `ds`, counted on PyTorch's meta device
+    (shapes only: no memory, no init, no random numbers drawn), so a model too large for the host can be
+    refused before it is built (`engine.components.preflight.check_model_fits`). None for a plugin (its
+    `build` may do anything)."""
+    if cfg.model not in ("mlp", "cnn", "gpt"):
+        return None
+    with torch.device("meta"):
+        return param_count(_build_builtin(cfg, ds))
+
+
 def param_count(model: nn.Module) -> int:
     """Trainable parameters, counting a tied tensor once."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -17,16 +17,16 @@ from typing import Any, Callable
 
 import torch
 
-from ddpviz.engine.components.devices import DevicePlan, PreflightError, resolve_plan
+from ddpviz.engine.components.devices import DevicePlan, PreflightError, available_memory, resolve_plan
 from ddpviz.engine.components.loop import Canceled
-from ddpviz.engine.components.preflight import check_model, probe_batch
+from ddpviz.engine.components.preflight import check_model, check_model_fits, probe_batch
 from ddpviz.engine.components.training import cpu_threads_per_rank, flat_params
 from ddpviz.engine.config import BUILTIN_MODELS, SCHEMA_VERSION, RunConfig
 from ddpviz.engine.data import load_dataset
 from ddpviz.engine.events import EventSink, make_event
 from ddpviz.engine.measure.sync import param_checksum
 from ddpviz.engine.measure.telemetry import Telemetry
-from ddpviz.engine.models import build_model, grad_bytes, param_count
+from ddpviz.engine.models import build_model, builtin_param_count, grad_bytes, param_count
 from ddpviz.engine.result import RunResult
 from ddpviz.engine.summary import SummaryBuilder
 
@@ -134,6 +134,8 @@ def execute(cfg: RunConfig, sink: EventSink, run_id: str, *,
         plan = resolve_plan(cfg)
         stage = "dataset"
         ds = load_dataset(cfg)
+        stage = "pre-flight"  # before a model too large for the host is built
+        check_model_fits(cfg, plan, builtin_param_count(cfg, ds), available_memory(plan))
         stage = "model build" if cfg.model in BUILTIN_MODELS else "plugin build"
         model = build_model(cfg, ds)
         stage = "pre-flight"

@@ -56,6 +56,9 @@ def comm_part(mode: str | None) -> str:
     return DP_COPIES_PART if mode == "dp" else EXPOSED_COMM_PART
 
 
+# A single device's comm: it talks to nobody, so no time was measured; its steps' 0.0 is a constant
+# (engine/modes/single.py), and compare's report gives null with these words (a new user, 2026-12-06).
+NO_COMM_ONE_DEVICE = "no communication (one device)"
 # What every reader shows where a step's `comm_exposed_s` is null: FSDP on CUDA, whose collectives
 # run on FSDP2's comm streams, which the host clock cannot tell hidden from exposed
 # (engine/modes/fsdp/step.py). Never a number in its place.

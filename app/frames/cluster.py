@@ -17,19 +17,35 @@ WORKER_COLUMNS = ["name", "host", "pid", "state", "current_run", "heartbeat_age_
                   "gpus"]
 
 
+def devices_text(devices: Iterable[Any]) -> str:
+    """A worker's devices (`workers.heartbeat.detect_devices`'s list) in words: the CPU with its cores, then its
+    GPUs counted by name, e.g. "CPU (16 cores) + 8 × NVIDIA H100". The CPU is one device whatever the world size:
+    on a host without GPUs, a run's gloo ranks are processes that share its cores, so "1 × cpu" beside a
+    2-rank run read as a missing device. "none reported" for an empty list."""
+    parts, gpus = [], {}
+    for d in devices:
+        if not isinstance(d, dict):
+            continue
+        if d.get("kind") == "cpu":
+            parts.append(f"CPU ({d['cores']} cores)" if d.get("cores") else "CPU")
+        else:
+            name = str(d.get("name") or d.get("kind") or "?")
+            gpus[name] = gpus.get(name, 0) + 1
+    parts += [f"{n} × {name}" for name, n in gpus.items()]
+    return " + ".join(parts) or "none reported"
+
+
 def workers_frame(workers: Iterable[dict[str, Any]], now: float) -> pd.DataFrame:
-    """One row per worker; `heartbeat_age_s` = now − last beat; `devices` a short description;
+    """One row per worker; `heartbeat_age_s` = now − last beat; `devices` in words (`devices_text`);
     `gpus` "CPU only" when the worker reported none."""
     rows = []
     for w in workers:
-        devs = w.get("devices") or []
-        kinds = sorted({str(d.get("kind", "?")) for d in devs if isinstance(d, dict)})
         gpus = w.get("gpus") or []
         rows.append({
             "name": w.get("name"), "host": w.get("host"), "pid": w.get("pid"),
             "state": w.get("state") or "?", "current_run": w.get("current_run") or "",
             "heartbeat_age_s": max(0.0, now - float(w["ts"])) if w.get("ts") else None,
-            "devices": f"{len(devs)} × {'/'.join(kinds) or '?'}" if devs else "none reported",
+            "devices": devices_text(w.get("devices") or []),
             "gpus": ", ".join(f"{g.get('index')}: {g.get('name')}" for g in gpus) or "CPU only"})
     return pd.DataFrame(rows, columns=WORKER_COLUMNS)
 

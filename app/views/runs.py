@@ -56,7 +56,7 @@ def runs_table(df) -> list[str]:
             "status": st.column_config.TextColumn("status", width=86),
             "world_size": st.column_config.NumberColumn("devices", format="%d", width=64,
                                                         help="world size; a single run: one device"),
-            "samples_per_s": st.column_config.NumberColumn("samples/s", format="%.0f", width=82,
+            "samples_per_s": st.column_config.NumberColumn("samples/s", format="%,.0f", width=82,
                                                            help="median over steps after warm-up"),
             "val_accuracy": st.column_config.NumberColumn("val acc.", format="%.3f", width=66,
                                                           help="final validation accuracy (blank: no evaluation)"),

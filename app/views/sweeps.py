@@ -115,7 +115,7 @@ def results(client, sweep_id: str) -> None:
                      "world_size": st.column_config.NumberColumn("devices", format="%d", **small),
                      "bucket_cap_mb": st.column_config.NumberColumn("cap (MiB)", format="%g", **small),
                      "status": st.column_config.TextColumn("status", **small),
-                     "samples_per_s": st.column_config.NumberColumn("samples/s", format="%.0f", **small),
+                     "samples_per_s": st.column_config.NumberColumn("samples/s", format="%,.0f", **small),
                      "step_time_ms": st.column_config.NumberColumn("step (ms)", format="%.2f", **small),
                      "comm_exposed_ms": st.column_config.NumberColumn(
                          "comm (ms)", format="%.2f", **small,
@@ -128,6 +128,9 @@ def results(client, sweep_id: str) -> None:
                      "width": st.column_config.NumberColumn("width", format="%d", **small),
                      "depth": st.column_config.NumberColumn("depth", format="%d", **small),
                      "gil_wait_share": st.column_config.NumberColumn("GIL wait", format="percent", **small)})
+    st.caption("— marks what a run has not: comm for a single device (it talks to nobody); overlap for DP and "
+               "single (no all-reduce to hide), and for a DDP or FSDP run whose overlap was not measured (its Live "
+               "page says why); GIL wait where no thread was metered.")
     active = int(df["status"].isin(ACTIVE).sum())
     if active:
         st.caption(f"{active} run(s) still queued or running: the charts fill in as they finish.")

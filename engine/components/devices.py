@@ -43,6 +43,18 @@ def host_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def available_memory(plan: DevicePlan) -> dict[str, int]:
+    """What `engine.components.preflight.check_model_fits` weighs a model against: ``{"host": bytes the host
+    can give without swapping (psutil's virtual_memory().available: Linux's MemAvailable)}`` plus, on CUDA, each
+    device name's total memory (from `resolve_plan`'s infos: no new CUDA call)."""
+    import psutil
+
+    out = {"host": int(psutil.virtual_memory().available)}
+    if plan.kind == "cuda":
+        out.update({name: int(info["total_memory_bytes"]) for name, info in zip(plan.names, plan.infos)})
+    return out
+
+
 def resolve_plan(cfg: RunConfig) -> DevicePlan:
     """Pick devices and backend for `cfg`.
 

@@ -25,6 +25,60 @@ from ddpviz.engine.config import RunConfig
 from ddpviz.engine.data import BatchPlan, BatchPlanError
 
 
+# fp32 copies of the model each device holds at least, per optimizer: weights and gradients, plus AdamW's two
+# moments (exp_avg, exp_avg_sq; torch.optim.AdamW's state) or nothing for plain SGD (no momentum:
+# engine.components.training.make_optimizer)
+OPTIMIZER_COPIES = {"adamw": 2, "sgd": 0}
+GIB = 1024 ** 3
+
+
+def model_state_bytes(cfg: RunConfig, n_params: int, devices: int) -> tuple[int, int]:
+    """A lower bound on the bytes `cfg` needs for its model on one host: (on the busiest device, on the whole
+    host), for `devices` devices (ranks or DP devices) on that host, fp32 (4 B a parameter, `amp` keeps fp32
+    parameters). Activations, DDP's buckets and the allocator's floor come on top, so a run can need more,
+    never less. Per device: single and DDP's ranks hold weights, gradients and the optimizer's state
+    (`OPTIMIZER_COPIES`); DP's device 0 the same, its other devices a replica's weights and gradients each
+    step (`torch.nn.parallel.replicate`); FSDP's ranks a 1/world_size shard of all three."""
+    state = 2 + OPTIMIZER_COPIES[cfg.optimizer]
+    per = 4 * n_params
+    if cfg.mode == "fsdp":
+        device = -(-state * per // cfg.world_size)
+        return device, device * devices
+    if cfg.mode == "dp":
+        return state * per, state * per + 2 * per * (devices - 1)
+    return state * per, state * per * devices
+
+
+def check_model_fits(cfg: RunConfig, plan, n_params: int | None, available: dict[str, int]) -> None:
+    """Refuse a model whose `model_state_bytes` does not fit, before it is built (a 3.2 B-parameter model was
+    accepted, and built, on a 24 GiB host: a new user, 2026-12-06). `plan` is the run's
+    `engine.components.devices.DevicePlan`; `available` maps "host" to the host's available memory
+    (psutil's `virtual_memory().available`) and, on CUDA, each device name to its total memory. A bound that
+    fits says nothing: the run may still run out of memory later (activations).
+
+    Raises:
+        PreflightError: field ``width`` for a built-in model (width and depth size it), naming the parameters,
+            the floor and what the host or device has.
+    """
+    if n_params is None:
+        return
+    device, host = model_state_bytes(cfg, n_params, len(plan.names))
+    count = f"{n_params / 1e9:.2f} B" if n_params >= 1e9 else f"{n_params / 1e6:.1f} M"
+    what = (f"the {cfg.model} model has {count} parameters: {cfg.mode} needs at least "
+            f"{{need:.1f}} GiB {{where}} for fp32 weights, gradients"
+            + (" and AdamW's two moments" if cfg.optimizer == "adamw" else "")
+            + ", more than the {have:.1f} GiB {whose}; lower width or depth")
+    if plan.kind == "cpu" and host > available.get("host", host):
+        raise PreflightError("width", what.format(need=host / GIB, where=f"on this host ({len(plan.names)} "
+                                                  f"{'device' if len(plan.names) == 1 else 'devices'})",
+                                                  have=available["host"] / GIB, whose="this host has available"))
+    if plan.kind == "cuda":
+        name = plan.names[0]  # the busiest device: device 0 (DP) or any rank's (the others hold as much)
+        if device > available.get(name, device):
+            raise PreflightError("width", what.format(need=device / GIB, where=f"on {name}",
+                                                      have=available[name] / GIB, whose=f"{name} has in all"))
+
+
 def probe_batch(cfg: RunConfig, ds) -> tuple[torch.Tensor, torch.Tensor]:
     """The first micro-batch of device 0 / rank 0: `cfg.micro_batch_per_device` samples (DP,
     DDP), or the whole global micro-batch for `mode=single` (one device gets all of it).

@@ -27,10 +27,14 @@ SPLIT = ("step_time_s", "forward_s", "backward_s", "comm_exposed_s", "optimizer_
 def mode_report(result: RunResult, single: RunResult | None, mode: str | None = None) -> dict[str, Any]:
     """One mode's entry of the comparison (see module docstring for the formulas). `comm_part` names what
     its `comm_exposed_s` is: DP's copies through device 0, or the other modes' exposed comm
-    (`engine.summary.comm_part`)."""
-    from ddpviz.engine.summary import comm_part
+    (`engine.summary.comm_part`); single's is null, `comm_exposed_note` saying why (it talks to nobody)."""
+    from ddpviz.engine.summary import NO_COMM_ONE_DEVICE, comm_part
 
     s = result.summary
+    split = {k: s.get(k) for k in SPLIT}
+    note = s.get("comm_exposed_note")  # why comm_exposed_s is null, if it is
+    if mode == "single":  # its 0.0 is a constant: no communication was measured, none exists
+        split["comm_exposed_s"], note = None, NO_COMM_ONE_DEVICE
     base = single.summary.get("samples_per_s") if single is not None else None
     sps = s.get("samples_per_s")
     diff = None
@@ -38,8 +42,7 @@ def mode_report(result: RunResult, single: RunResult | None, mode: str | None = 
         diff = float((result.final_params - single.final_params).abs().max())
     return dict(status=result.status, error=result.error, samples_per_s=sps,
                 speedup_vs_single=(sps / base) if sps and base else None,
-                step_time_split={k: s.get(k) for k in SPLIT}, comm_part=comm_part(mode),
-                comm_exposed_note=s.get("comm_exposed_note"),  # why comm_exposed_s is null, if it is
+                step_time_split=split, comm_part=comm_part(mode), comm_exposed_note=note,
                 peak_memory_bytes=s.get("peak_memory_bytes"), memory_imbalance=s.get("memory_imbalance"),
                 bytes_per_device=s.get("bytes_per_device"), overlap=s.get("overlap"),
                 overlap_note=s.get("overlap_note"),  # why overlap is null, if it is (bucket_timing=recorder)

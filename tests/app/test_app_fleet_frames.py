@@ -1,12 +1,15 @@
 """The fleet's frames and charts: Sweeps (efficiency, bucket sweeps) and Cluster (workers, GPUs, the runs
 on each worker over time), on hand-made records with answers worked out by hand."""
 
+import os
+
 import pytest
 
 from ddpviz.app.charts import cluster as charts_cluster
 from ddpviz.app.charts import sweeps as charts_sweeps
 from ddpviz.app.frames import cluster as fcl
 from ddpviz.app.frames import sweeps as fs
+from ddpviz.workers import heartbeat as workers_heartbeat
 from recorded_frames import check_chart as _check_chart  # noqa: F401 (fixtures)
 
 
@@ -66,7 +69,13 @@ GPU_WORKER = {"name": "gpu-box", "host": "h1", "pid": 7, "ts": 100.0, "state": "
 def test_cluster_frames():
     df = fcl.workers_frame([GPU_WORKER, {"name": "cpu", "ts": 99.0, "devices": []}], now=103.0)
     assert df["heartbeat_age_s"].tolist() == [3.0, 4.0]
-    assert df["devices"].tolist() == ["2 × cuda", "none reported"]
+    assert df["devices"].tolist() == ["2 × H100", "none reported"]
+    # a CPU host as detect_devices reports it: one CPU whatever the ranks (gloo ranks share its cores), not "1 × cpu"
+    cpu_host = workers_heartbeat.detect_devices()
+    assert fcl.devices_text(cpu_host[:1]) == f"CPU ({os.cpu_count()} cores)"
+    assert fcl.devices_text([{"kind": "cpu", "cores": 16}, {"kind": "cuda", "name": "NVIDIA H100"},
+                             {"kind": "cuda", "name": "NVIDIA H100"}, {"kind": "cuda", "name": "NVIDIA A10"}]) \
+        == "CPU (16 cores) + 2 × NVIDIA H100 + 1 × NVIDIA A10"
     assert df["gpus"].iloc[1] == "CPU only"
     gpus = fcl.gpu_frame([GPU_WORKER])
     assert gpus["used_gib"].tolist() == [1.0, 2.0] and gpus["total_gib"].tolist() == [80.0, 80.0]

@@ -219,6 +219,13 @@ def test_compare_gives_single_no_communication_figure_and_an_unchecked_sync_no_n
                  if line[:6] in ("single", "fsdp  "))
     assert "no communication (one device)" in lines["single"] and "0.00 ms" not in lines["single"]
     assert "None" not in lines["single"] + lines["fsdp"] and lines["fsdp"].endswith("max |Δθ| vs single 6.15e-08")
+    # --json: single's comm is null with its reason, not the engine's constant 0.0 (its steps measure nothing)
+    args = build_parser().parse_args(["compare", "--modes", "single,fsdp", "--steps", "2", "--json"])
+    args.handler(args)
+    report = json.loads(capsys.readouterr().out)
+    assert report["single"]["step_time_split"]["comm_exposed_s"] is None
+    assert report["single"]["comm_exposed_note"] == "no communication (one device)"
+    assert report["fsdp"]["step_time_split"]["comm_exposed_s"] == 0.0  # FSDP on CPU: measured, kept
 
 
 def test_runs_refuses_a_limit_below_one_naming_the_flag(capsys):

@@ -88,8 +88,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         for mode, r in report.items():
             sps, up = r["samples_per_s"], r["speedup_vs_single"]
             exposed = r["step_time_split"].get("comm_exposed_s")
-            exposed = r.get("comm_exposed_note") or ("-" if exposed is None or mode == "single"  # one device: none
-                                                     else f"{exposed * 1e3:.2f} ms")
+            exposed = r.get("comm_exposed_note") or ("-" if exposed is None else f"{exposed * 1e3:.2f} ms")
             # against single only where single ran (the tour, issue 33: "- vs single" columns without it)
             single = "single" in report and mode != "single"
             up = ("-" if up is None else f"x{up:.2f}") + " vs single  " if single else ""
@@ -99,7 +98,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             diff = r["max_param_diff_vs_single"]
             sync = r["replicas_in_sync"]  # None: not checked (single has one replica; FSDP holds shards)
             print(f"{mode:<6} {r['status']:<9} {sps or 0:>10.0f} samples/s  {up}"
-                  + (f"{r['comm_part']} {exposed}  " if mode != "single" else "no communication (one device)  ")
+                  + (f"{r['comm_part']} {exposed}  " if mode != "single" else f"{exposed}  ")
                   + overlap + ("" if sync is None else f"replicas in sync {sync}")
                   + (f"  max |Δθ| vs single {'-' if diff is None else format(diff, '.3g')}" if single else ""))
             gil = r.get("gil_wait_share") or {}
