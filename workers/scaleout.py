@@ -15,7 +15,7 @@ from typing import Any
 
 from ddpviz.engine.predict.inputs import PredictInputError, RunInputs, measure_run
 from ddpviz.engine.predict.presets import AS_MEASURED, THIS_MACHINE, compute, custom_link, link
-from ddpviz.engine.predict.scaleout import Scenario, contention, fixed_fraction, predict
+from ddpviz.engine.predict.scaleout import Scenario, compute_contention, contention, fixed_fraction, predict
 from ddpviz.engine.predict.validation import in_sample, out_of_sample, validate
 from ddpviz.workers.history import read_all_events
 from ddpviz.workers.scaleout_text import assumptions
@@ -128,8 +128,8 @@ def report(client, run_id: str, world_sizes: list[int], scenario: Scenario, *,
     """Everything the page draws and `ddpviz predict --json` prints.
 
     Returns:
-        ``{run_id, single_samples_per_s, calibration, calibration_runs, scenario, fixed_fraction,
-        predictions, validation, validation_not_checked, out_of_sample, measured, assumptions}``: predictions
+        ``{run_id, single_samples_per_s, calibration, calibration_runs, scenario, fixed_fraction, contention,
+        compute_contention, predictions, validation, validation_not_checked, out_of_sample, measured, assumptions}``: predictions
         for `scenario`; validation always for this machine's link and measured compute (the only
         prediction real runs here can check), each row's `in_fit` saying whether the run fed the
         fit, empty with `validation_not_checked` saying why where that prediction cannot be made (no link
@@ -152,12 +152,16 @@ def report(client, run_id: str, world_sizes: list[int], scenario: Scenario, *,
         kappa, k_source = 1.0, f"not used: compute from the {scenario.compute.label} preset (κ = 1)"
     base = modes.get("ddp") or modes["dp"]
     f, f_source = fixed_fraction(single, base, measured_kappa if base.mode == "ddp" else 1.0)
-    sc = replace(scenario, fixed_fraction=f, contention=kappa)
+    measured_kc, kc_source = compute_contention(single, base, measured_kappa, f)
+    k_c = measured_kc if scenario.compute is None else 1.0
+    if scenario.compute is not None:
+        kc_source = k_source
+    sc = replace(scenario, fixed_fraction=f, contention=kappa, compute_contention=k_c)
     rows = predict(modes, world_sizes, sc)
     record = next(iter(members.values()))
     points = measured_points(client, record)
     # validation is always this machine's link and measured compute, so its own κ
-    here = Scenario(fixed_fraction=f, dp_collectives="hub", contention=measured_kappa)
+    here = Scenario(fixed_fraction=f, dp_collectives="hub", contention=measured_kappa, compute_contention=measured_kc)
     fit_ids = {members[m]["run_id"] for m in measured_inputs}
     baseline = measured_inputs.get("single")
     # the sources name the baseline's run when it set f or κ (engine.predict.calibrate)
@@ -174,10 +178,11 @@ def report(client, run_id: str, world_sizes: list[int], scenario: Scenario, *,
                 calibration={m: _describe(i) for m, i in measured_inputs.items()},
                 scenario=sc.describe(), fixed_fraction=dict(value=f, source=f_source),
                 contention=dict(value=kappa, source=k_source),
+                compute_contention=dict(value=k_c, source=kc_source),
                 predictions=rows, validation=checked, validation_not_checked=not_checked,
                 out_of_sample=out_of_sample(checked, fit_sizes),
                 calibration_runs=sorted(fit_ids), measured=points,
-                assumptions=assumptions(modes, sc, f_source, k_source))
+                assumptions=assumptions(modes, sc, f_source, k_source, kc_source))
 
 
 def _describe(i: RunInputs) -> dict[str, Any]:

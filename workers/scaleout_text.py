@@ -38,7 +38,7 @@ def measured_lines(modes: dict[str, RunInputs]) -> list[str]:
 
 
 def assumption_lines(modes: dict[str, RunInputs], sc: Scenario, f_source: str,
-                     k_source: str = "κ = 1") -> list[str]:
+                     k_source: str = "κ = 1", kc_source: str | None = None) -> list[str]:
     """The modelling choices behind this prediction, as assumptions."""
     out = [f"Global batch fixed; each device computes B/n. Compute: {f_source}."]
     if sc.compute is None:
@@ -49,6 +49,9 @@ def assumption_lines(modes: dict[str, RunInputs], sc: Scenario, f_source: str,
             if "ddp" in modes:
                 out.append(f"CPU, DDP: a rank beside other ranks runs κ× slower than a device alone "
                            f"(κ at every n ≥ 2, 1 at n = 1; DP's threads are not given it): {k_source}.")
+                if sc.compute_contention is not None and sc.compute_contention != sc.contention and kc_source:
+                    out.append(f"CPU, DDP: its forward and backward run κ_c× slower beside other ranks instead: "
+                               f"{kc_source}.")
     else:
         gpu = sc.compute
         out.append(f"ASSUMPTION — compute on {gpu.label}: 6·N FLOPs per sample (Kaplan et al. 2020) at "
@@ -79,8 +82,8 @@ def assumption_lines(modes: dict[str, RunInputs], sc: Scenario, f_source: str,
 
 
 def assumptions(modes: dict[str, RunInputs], sc: Scenario, f_source: str,
-                k_source: str = "κ = 1") -> list[str]:
-    return measured_lines(modes) + assumption_lines(modes, sc, f_source, k_source)
+                k_source: str = "κ = 1", kc_source: str | None = None) -> list[str]:
+    return measured_lines(modes) + assumption_lines(modes, sc, f_source, k_source, kc_source)
 
 
 def out_of_sample_line(rep: dict) -> str:

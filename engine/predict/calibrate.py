@@ -1,6 +1,6 @@
 """Calibration of the scale-out predictor from a set's single-device baseline: the contention
-term κ (a DDP rank beside others against a device alone) and the share f of compute that does
-not grow with the batch. Pure Python (no torch); `engine.predict.scaleout` uses both (see its module doc
+term κ (a DDP rank beside others against a device alone), the share f of compute that does
+not grow with the batch, and the compute's own contention κ_c where κ cannot explain the forward. Pure Python (no torch); `engine.predict.scaleout` uses both (see its module doc
 and docs/predict.md).
 """
 
@@ -75,3 +75,33 @@ def fixed_fraction(single: RunInputs | None, run: RunInputs, kappa: float = 1.0)
     return f, (f"forward of the single baseline {single.run_id} (batch {single.global_batch_size}) "
                f"and of this run (batch {b_m:g} per device{', ÷ κ' if kappa != 1 else ''}): {f:.0%} "
                "of compute does not grow with the batch")
+
+
+def compute_contention(single: RunInputs | None, run: RunInputs, kappa: float, f: float) -> tuple[float, str]:
+    """κ_c: the contention a DDP rank's forward and backward carry, so the model's one device computes what the
+    single baseline measured: κ_c = fwd_m · (f + (1 − f)·B/b_m) / (k(n_m) · fwd_single), at least 1.
+
+    Equal to κ wherever `fixed_fraction` found f inside [0, 1] (that f puts the line through both forwards).
+    Where it had to clip f, κ (read from the optimizer step) cannot explain the rank's forward: measured on this
+    2-core VM (2026-12-06), a default MLP rank's forward took 3.56 ms at batch 128 against single's 1.30 ms at
+    256, while its optimizer step took 1.34x single's; with κ for both, the one-device prediction computed
+    2.7x what the single run measured. Only that the rank's compute is slower beside the others is measured,
+    not why (caches, memory bandwidth, the other ranks' gloo and ddpviz threads).
+
+    Returns:
+        (κ_c, source in words); (kappa, why) where no usable baseline or forward is given.
+    """
+    if single is None or single.mode != "single" or run.mode != "ddp" or run.world_size < 2 \
+            or (single.device_kind, single.cpu_threads_per_device) != (run.device_kind, run.cpu_threads_per_device) \
+            or run.device_kind != "cpu" or not run.host_cpu_count or single.global_batch_size != run.global_batch_size:
+        return kappa, "as κ (no single baseline of the same device size to set it apart)"
+    if not (single.forward_s > 0 and run.forward_s > 0):
+        return kappa, "as κ (no forward time in the runs)"
+    scale = f + (1 - f) * single.global_batch_size / run.per_device_batch
+    k_c = max(1.0, run.forward_s * scale / (time_share_of(run) * single.forward_s))
+    if abs(k_c - kappa) <= 1e-9 * kappa:
+        return kappa, "as κ (the forwards fit f inside 0–100%)"
+    return k_c, (f"forward of DDP rank {run.run_id} {run.forward_s * 1e3:.3f} ms (batch {run.per_device_batch:g}) "
+                 f"against the single baseline {single.run_id} alone {single.forward_s * 1e3:.3f} ms (batch "
+                 f"{single.global_batch_size}), with f = {f:.0%}: κ_c = {k_c:.2f}, so the one-device prediction "
+                 "computes what the baseline measured")

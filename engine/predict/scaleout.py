@@ -23,6 +23,9 @@ Compute (one device, batch b = B/n of the global batch B):
   bandwidth, caches, the others' gloo threads): u(n) = 1 at n = 1, κ at n ≥ 2, with κ measured
   as the rank's optimizer step over the single baseline's (`contention`: the same work in both),
   so DDP's compute, optimizer and host time carry u(n)/u(n_m) too. Without a baseline κ = 1.
+  Where the forwards cannot fit f inside [0, 1] with κ (the rank's forward at B/n_m, ÷ κ, slower than the
+  baseline's at B), its forward and backward carry their own κ_c instead (`compute_contention`), the one
+  that makes the one-device forward the baseline's measured one; κ_c = κ wherever f fits.
   With a GPU preset, forward + backward = 6·N·tokens·b / (peak · utilisation) (Kaplan et al. 2020,
   "Scaling laws", §2.1: 2N forward, 4N backward FLOPs per token), split 1:2; the optimizer
   streams (3 for SGD, 7 for AdamW)·P bytes at HBM bandwidth · utilisation; the host's Python stays
@@ -49,7 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddpviz.engine.analysis import ring_factor
-from ddpviz.engine.predict.calibrate import contention, fixed_fraction, time_share_of
+from ddpviz.engine.predict.calibrate import compute_contention, contention, fixed_fraction, time_share_of
 from ddpviz.engine.predict.inputs import RunInputs
 from ddpviz.engine.predict.presets import AS_MEASURED, DEFAULT_UTILISATION, THIS_MACHINE, ComputePreset, LinkPreset
 from ddpviz.engine.predict.step_models import (
@@ -66,7 +69,8 @@ from ddpviz.engine.predict.step_models import (
 )
 from ddpviz.engine.predict.validation import in_sample, out_of_sample, validate  # re-exported
 
-__all__ = ["Scenario", "predict", "predict_ddp", "predict_dp", "fixed_fraction", "contention", "validate",
+__all__ = ["Scenario", "predict", "predict_ddp", "predict_dp", "fixed_fraction", "contention", "compute_contention",
+           "validate",
            "in_sample", "out_of_sample",
            "cpu_threads", "time_share",
            "bucket_pipeline"]
@@ -88,6 +92,7 @@ class Scenario:
             NCCL do) or "nccl" (torch's broadcast_coalesced / reduce_add over NCCL, pipelined).
         contention: κ ≥ 1, how much slower a DDP rank's work runs beside the other ranks of its
             CPU host than the same work alone (`contention`; 1: none known).
+        compute_contention: κ_c ≥ 1 for a DDP rank's forward and backward (`compute_contention`); None: κ.
         allreduce_algo: DDP's all-reduce model, "ring" or "tree" (`step_models.ALLREDUCE_MODELS`:
             the same bandwidth term, latency 2(n−1)·α or 2·⌈log2 n⌉·α); theory either way.
     """
@@ -101,6 +106,7 @@ class Scenario:
     dp_collectives: str = "hub"
     contention: float = 1.0
     allreduce_algo: str = "ring"
+    compute_contention: float | None = None
 
     def describe(self) -> dict[str, Any]:
         return dict(link=self.link.key if self.link else THIS_MACHINE,
@@ -109,7 +115,8 @@ class Scenario:
                     compute=self.compute.key if self.compute else AS_MEASURED,
                     utilisation=self.utilisation if self.compute else None,
                     fixed_fraction=self.fixed_fraction, dp_collectives=self.dp_collectives,
-                    contention=self.contention, allreduce_algo=self.allreduce_algo)
+                    contention=self.contention, allreduce_algo=self.allreduce_algo,
+                    compute_contention=self.compute_contention)
 
 
 def check_scenario(sc: Scenario) -> None:
@@ -122,6 +129,8 @@ def check_scenario(sc: Scenario) -> None:
         raise ValueError(f"fixed_fraction must be in [0, 1] (got {sc.fixed_fraction})")
     if not (sc.contention >= 1 and math.isfinite(sc.contention)):
         raise ValueError(f"contention must be a finite number >= 1 (got {sc.contention})")
+    if sc.compute_contention is not None and not (sc.compute_contention >= 1 and math.isfinite(sc.compute_contention)):
+        raise ValueError(f"compute_contention must be a finite number >= 1 (got {sc.compute_contention})")
     if sc.dp_collectives not in ("hub", "nccl"):
         raise ValueError(f"dp_collectives must be 'hub' or 'nccl' (got {sc.dp_collectives!r})")
     if sc.allreduce_algo not in ALLREDUCE_MODELS:
@@ -130,18 +139,22 @@ def check_scenario(sc: Scenario) -> None:
 
 # -- compute --------------------------------------------------------------------------------
 
-def beside(n: int, sc: Scenario) -> float:
+def beside(n: int, sc: Scenario, compute: bool = False) -> float:
     """u(n): a DDP rank's slow-down from sharing its CPU host with other ranks; 1 alone (n = 1),
-    κ (`Scenario.contention`) beside others (n ≥ 2: every core busy, as at calibration)."""
-    return 1.0 if n == 1 else sc.contention
+    κ (`Scenario.contention`) beside others (n ≥ 2: every core busy, as at calibration); for its forward and
+    backward (`compute`) κ_c (`Scenario.compute_contention`, κ when None)."""
+    if n == 1:
+        return 1.0
+    return sc.compute_contention if compute and sc.compute_contention is not None else sc.contention
 
 
-def host_factor(r: RunInputs, n: int, sc: Scenario) -> float:
-    """k(n)/k(n_m) for a CPU run predicted as measured, else 1; for DDP also u(n)/u(n_m)."""
+def host_factor(r: RunInputs, n: int, sc: Scenario, compute: bool = False) -> float:
+    """k(n)/k(n_m) for a CPU run predicted as measured, else 1; for DDP also u(n)/u(n_m) (`beside`; with
+    `compute`, the forward's and backward's)."""
     if r.device_kind != "cpu" or sc.compute is not None or not r.host_cpu_count:
         return 1.0
     k = time_share(n, r.host_cpu_count) / time_share_of(r)
-    return k * (beside(n, sc) / beside(r.world_size, sc) if r.mode == "ddp" else 1.0)
+    return k * (beside(n, sc, compute) / beside(r.world_size, sc, compute) if r.mode == "ddp" else 1.0)
 
 
 def batch_scale(r: RunInputs, n: int, f: float) -> float:
@@ -212,7 +225,7 @@ def _compute(r: RunInputs, n: int, sc: Scenario, fwd_m: float, bwd_m: float) -> 
     """(forward_s, backward_s, optimizer_s) of one device at world size n."""
     if sc.compute is not None:
         return preset_compute_s(r, n, sc)
-    s = batch_scale(r, n, sc.fixed_fraction) * host_factor(r, n, sc)
+    s = batch_scale(r, n, sc.fixed_fraction) * host_factor(r, n, sc, compute=True)
     return fwd_m * s, bwd_m * s, r.optimizer_s * host_factor(r, n, sc)
 
 

@@ -4,7 +4,8 @@ import pytest
 
 from ddpviz.engine.predict.inputs import PredictInputError, measure_run
 from ddpviz.engine.predict.presets import compute
-from ddpviz.engine.predict.scaleout import Scenario, contention, fixed_fraction, predict, predict_ddp, predict_dp, validate
+from ddpviz.engine.predict.scaleout import (Scenario, compute_contention, contention, fixed_fraction, predict, predict_ddp,
+                                            predict_dp, validate)
 
 MS = 1e-3
 
@@ -247,3 +248,38 @@ def test_the_links_source_says_where_the_probes_model_is_extrapolated():
     fit["points_used"] = [131072, 4 << 20]
     src = measure_run(_ddp_events(probe=probe)).link_fit["source"]
     assert "(128 KiB–4.00 MiB)" in src and "extrapolated" not in src
+
+
+def test_compute_contention_puts_the_one_device_forward_on_the_baselines_where_f_is_clipped():
+    """The case a real 2-core run gave (2026-12-06): the rank's forward 4 ms over 32 samples, the baseline's
+    3 ms over 64, the optimizer 0.5 ms against 0.4 (κ = 1.25). ÷ κ the rank's forward is 3.2 ms at half the
+    batch: slower than the baseline's whole batch, so f is clipped to 1, and with κ alone the one-device
+    forward would be 3.2 ms where the baseline measured 3 ms. κ_c = 4 / 3 puts it on the baseline's 3 ms."""
+    run = measure_run(_ddp_events())
+    run.forward_s = 4 * MS
+    k = contention(_single(), run)[0]
+    f = fixed_fraction(_single(), run, k)[0]
+    assert (k, f) == (pytest.approx(1.25), 1.0)
+    k_c, source = compute_contention(_single(), run, k, f)
+    assert k_c == pytest.approx(4 / 3) and "κ_c = 1.33" in source
+    one = predict_ddp(run, 1, Scenario(fixed_fraction=f, contention=k, compute_contention=k_c))
+    assert one["forward_s"] == pytest.approx(3 * MS)  # the baseline's measured forward
+    assert one["backward_s"] == pytest.approx(4 * MS * 3 / 4)  # the rank's 4 ms ÷ κ_c
+    assert one["optimizer_s"] == pytest.approx(0.4 * MS)  # ÷ κ: the baseline's, as before
+    # at the run's own world size, and beyond, κ_c cancels: the rank's measured forward
+    assert predict_ddp(run, 2, Scenario(fixed_fraction=f, contention=k, compute_contention=k_c))["forward_s"] \
+        == pytest.approx(4 * MS)
+
+
+def test_compute_contention_is_kappa_wherever_f_fits():
+    """The by-hand line above (rank 2.5 ms at 32, κ = 1.25 -> 2 ms alone; baseline 3 ms at 64): f = 0.5 passes
+    through both forwards, so κ_c adds nothing; without a baseline, or for DP, κ_c is κ."""
+    run = measure_run(_ddp_events())
+    run.forward_s = 2.5 * MS
+    f = fixed_fraction(_single(), run, 1.25)[0]
+    assert compute_contention(_single(), run, 1.25, f) == (1.25, "as κ (the forwards fit f inside 0–100%)")
+    assert compute_contention(None, run, 1.25, f)[0] == 1.25
+    dp = measure_run(_dp_events())
+    assert compute_contention(_single(), dp, 1.0, 0.0)[0] == 1.0
+    with pytest.raises(ValueError, match="compute_contention"):
+        predict({"ddp": run}, [1], Scenario(compute_contention=0.5))
