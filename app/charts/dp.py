@@ -3,7 +3,7 @@
 Phases keep the Live page's colours (`app.charts.style.PHASE_COLOURS`); idle
 gaps are drawn as pale hatched-looking bars with the device's idle share written beside its lane.
 The GIL wait the engine measured in each span is a thin dark bar on a lane of its own under the
-device's (`app.frames.dp.gil_band_frame`), as long as the wait, over a faint outline of the span it
+device's (`app.frames.dp.gil_band_frame`), as long as the wait, on a thin grey line spanning the phase it
 fell in: where inside the span is not measured.
 """
 
@@ -27,6 +27,7 @@ from ddpviz.app.frames.dp import DP_PHASES, GIL_LANE
 
 IDLE = "idle (waiting)"
 GIL = "waiting for the GIL (measured: schedstat)"
+TRACK_COLOUR = "#bbbbbb"  # a GIL lane's track: the span its wait fell in
 _DOMAIN, _RANGE = DP_PHASES + [IDLE, GIL], PHASE_COLOURS + [PHASE_HUES["idle"], GIL_COLOUR]
 _PHASE = alt.Color("phase:N", legend=legend("phase", orient="bottom", columns=5),
                    scale=alt.Scale(domain=_DOMAIN, range=_RANGE), sort=_DOMAIN)
@@ -73,12 +74,13 @@ def dp_timeline(phases: pd.DataFrame, idle: pd.DataFrame, summary: pd.DataFrame,
         row_px = 40  # two lanes per device
     return alt.layer(*layers).properties(
         title=title(label, "device 0 broadcasts, reduces and steps while the others wait"
-                    + ("; dark bars: time its threads waited for the GIL in each phase" if with_gil else "")),
+                    + ("; GIL lanes: a dark bar as long as the threads waited for the GIL in the phase on its grey "
+                       "line (where inside it, not measured)" if with_gil else "")),
         width=WIDTH, height=rows_height(phases, "device", row_px=2 * row_px if with_gil else row_px) + LEGEND_PX)
 
 
 def _gil_layers(gil: pd.DataFrame, x: alt.X, y: alt.Y) -> list[alt.Chart]:
-    """The GIL lanes: each span's outline, and a bar as long as its measured wait."""
+    """The GIL lanes: each span as a thin grey track, and on it a bar as long as its measured wait."""
     y = alt.Y("lane:N", title=y.to_dict().get("title"), sort=y.to_dict().get("sort"),
               scale=alt.Scale(domain=y.to_dict().get("sort")))
     tip = [alt.Tooltip("device:N"), alt.Tooltip("span_phase:N", title="phase"),
@@ -86,8 +88,9 @@ def _gil_layers(gil: pd.DataFrame, x: alt.X, y: alt.Y) -> list[alt.Chart]:
            alt.Tooltip("span_ms:Q", title="span (ms)", format=".3f"),
            alt.Tooltip("share_pct:Q", title="% of the span", format=".0f")]
     data = gil.rename(columns={"phase": "span_phase"}).assign(phase=GIL)
-    outline = alt.Chart(data).mark_bar(height=alt.RelativeBandSize(0.35), fill="#ffffff", stroke="#999999",
-                                       strokeWidth=0.5).encode(
+    # the span as a thin track, not a box: white boxes outlined in grey read as the idle gaps above them (a new
+    # user, 2026-12-06), and a lane of them as idle time where the threads ran and never waited
+    outline = alt.Chart(data).mark_rule(strokeWidth=1, color=TRACK_COLOUR).encode(
         x=alt.X("span_start_ms:Q", title=x.to_dict().get("title")), x2="span_end_ms:Q", y=y, tooltip=tip)
     wait = alt.Chart(data).mark_bar(height=alt.RelativeBandSize(0.35)).encode(
         x=x, x2="end_ms:Q", y=y, color=_PHASE, tooltip=tip)

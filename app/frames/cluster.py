@@ -91,3 +91,16 @@ def worker_runs_frame(runs: Iterable[dict[str, Any]], now: float, since: float |
         row["slot"] = next((i for i, e in enumerate(ends) if e <= row["start"]), len(ends))
         ends[row["slot"]:row["slot"] + 1] = [row["end"]]
     return pd.DataFrame(rows, columns=cols)
+
+
+def runs_axis(runs: pd.DataFrame, now: float, window_s: float) -> tuple[dt.datetime, dt.datetime]:
+    """The runs chart's time axis for a window of `window_s` seconds up to `now`: from the window's start, or
+    from just before the first run drawn where that is later (a pad of 5% of what is shown, at least 10 s), to
+    now. Runs of the last 3 minutes in a 1-hour window were a sliver at its right edge (seen 2026-12-06)."""
+    end = dt.datetime.fromtimestamp(now)
+    start = dt.datetime.fromtimestamp(now - window_s)
+    if not runs.empty:
+        first = min(runs["start"].min(), end)
+        pad = max((end - first) * 0.05, dt.timedelta(seconds=10))
+        start = max(start, first - pad)
+    return start, end

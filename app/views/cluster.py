@@ -3,7 +3,6 @@ memory and utilisation from NVML where a worker has GPUs, and which runs each wo
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 
 import streamlit as st
@@ -52,8 +51,7 @@ def workers_panel(client) -> None:
     runs = fc.worker_runs_frame(client.list_runs(limit=RUNS_SHOWN), now,
                                 since=None if window_s is None else now - window_s)
     if not runs.empty:
-        span = None if window_s is None else (dt.datetime.fromtimestamp(now - window_s), dt.datetime.fromtimestamp(now),
-                                              window)
+        span = None if window_s is None else (*fc.runs_axis(runs, now, window_s), window)
         st.altair_chart(cc.worker_runs_chart(runs, span), key="cluster_runs")
     else:
         st.caption(f"No run on any worker in the last {window}: pick a longer window above.")

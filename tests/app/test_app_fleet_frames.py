@@ -107,3 +107,13 @@ def test_cluster_frames():
     assert spec["encoding"]["x"]["scale"]["domain"] == [a.isoformat(), b.isoformat()]
     assert "the last 12 s" in spec["title"]["subtitle"][0]
     assert "scale" not in charts_cluster.worker_runs_chart(late).to_dict()["encoding"]["x"]
+    # a 1-hour window whose runs all fell in its last 3 minutes: the axis starts 10 s (at least, 5% of what is
+    # shown) before the first run, not an hour back; runs older than the window leave it at the window's start
+    now = 10_000.0
+    recent = fcl.worker_runs_frame([{"run_id": "r", "worker": "w", "started_at": now - 180, "finished_at": now - 170,
+                                     "config": {"mode": "ddp"}}], now=now, since=now - 3600)
+    assert fcl.runs_axis(recent, now, 3600) == (dt.datetime.fromtimestamp(now - 190), dt.datetime.fromtimestamp(now))
+    old = fcl.worker_runs_frame([{"run_id": "r", "worker": "w", "started_at": now - 7200, "finished_at": now - 100,
+                                  "config": {"mode": "ddp"}}], now=now, since=now - 3600)
+    assert fcl.runs_axis(old, now, 3600)[0] == dt.datetime.fromtimestamp(now - 3600)
+    assert fcl.runs_axis(recent.iloc[:0], now, 3600)[0] == dt.datetime.fromtimestamp(now - 3600)

@@ -69,6 +69,11 @@ def test_timeline_draws_a_gil_lane_per_device_with_its_legend_entry():
     assert charts_dp.GIL in text and "cpu:1 · GIL wait" in text
     plain = charts_dp.dp_timeline(phases, fd.idle_frame(phases), fd.idle_summary(phases), run="DP").to_dict()
     assert "GIL wait" not in str(plain.get("layer"))
+    # the lane's span is a thin line, never a box like the idle gaps (white boxes outlined in grey read as idle)
+    gil_marks = [layer["mark"] for layer in spec["layer"] if "span_start_ms" in str(layer.get("encoding"))
+                 or "gil_ms" in str(layer.get("encoding"))]
+    assert sorted(m["type"] for m in gil_marks) == ["bar", "rule"]
+    assert not any(m.get("fill") or m["type"] == "bar" and not m.get("height") for m in gil_marks)
 
 
 
