@@ -24,6 +24,7 @@ from ddpviz.app.outage import REDIS_DOWN, show_outage
 from ddpviz.app.window import TERMINAL, RunWindow
 from ddpviz.engine.stages import where_failed
 from ddpviz.engine.verdict import MIN_STEADY_STEPS
+from ddpviz.workers.sink import DEFAULT_STREAM_MAXLEN as STREAM_MAXLEN
 
 # Windows shared by several panels are read at most this often: below the status panel's
 # period (app/views/live.STATUS_REFRESH_S), so each of its runs reads what arrived since.
@@ -109,6 +110,11 @@ def _run_status(client, w: RunWindow, label: str) -> None:
         last = evals[-1]
         st.caption(f"validation accuracy **{last['val_accuracy']:.3f}** (loss {last['val_loss']:.4f}) "
                    f"at step {last['step']}, on the held-out split")
+    if w.trimmed_before:
+        st.warning(f"This run's event stream keeps its newest events only (at most {STREAM_MAXLEN:,}): steps "
+                   f"0–{w.trimmed_before - 1} were trimmed from it, so its charts and exports start at step "
+                   f"{w.trimmed_before}. Its summary (the median samples/s above, the Runs table) was computed "
+                   "as it ran, over every step.", icon=":material/content_cut:")
     lost = events_lost(w)
     if lost:
         st.warning(f"{lost} event(s) of this run were lost on their way out of the training "
@@ -208,7 +214,9 @@ def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, st
     steps = steps_of(windows, labels)
     if steps.empty:
         return _waiting("the first step", windows)
-    tiles = fsteps.throughput_tiles(steps, MIN_STEADY_STEPS)  # the run summary's steps (fsteps.steady_steps)
+    # a finished run's own summary: every steady step, where the window holds its newest 500 (or a trimmed stream's)
+    final = {labels[rid]: w.summary.get("samples_per_s") for rid, w in windows.items() if w.done}
+    tiles = fsteps.throughput_tiles(steps, MIN_STEADY_STEPS, final)  # else the summary's steps (fsteps.steady_steps)
     for col, (run, (v, delta)) in zip(st.columns(len(tiles)), tiles.items()):
         if v != v:  # NaN: no step saw its samples (an attached script without DDP, DP or FSDP), never a 0
             col.metric(f"{run}: median samples/s", "not measured", help=SAMPLES_NOT_SEEN_HELP)
@@ -222,7 +230,8 @@ def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, st
                                                 runsets.modes_of(windows, labels)), "chart_throughput")
     note = ("Median samples/s: measured per step (samples / step time, the mean over ranks), the "
             "median over the steps after the first 3, leaving out the steps that carry the "
-            "instrument's own work (memory tracing, DP's replica checksums), as the run's summary does.")
+            "instrument's own work (memory tracing, DP's replica checksums), as the run's summary does; once a "
+            "run has ended, its summary's own figure, over every such step.")
     if not earlier.empty:
         note += (f" Steps before the newest {window} are drawn in bins of {int(earlier['bin_steps'].max())} "
                  "steps: each bin's mean samples/s and its min–max.")

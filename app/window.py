@@ -34,6 +34,7 @@ from typing import Any, Iterator, Protocol
 
 from ddpviz.app.step_history import ReadingHistory, StepHistory
 from ddpviz.engine.result import TERMINAL as _TERMINAL
+from ddpviz.workers.history import trimmed_before
 
 TERMINAL = tuple(s.value for s in _TERMINAL)  # lost: its worker stopped beating
 DETAIL_TYPES = ("bucket", "dp_phase", "comm_volume", "fsdp_collective", "fsdp_memory_curve")
@@ -141,6 +142,9 @@ class RunWindow:
         self.history = StepHistory()  # throughput of the steps dropped from the window, binned
         self.memory_history = ReadingHistory()  # every memory timer reading read, binned by time
         self.unread_steps: tuple[int, int] | None = None  # (first, last) step `_open` skipped, not yet read
+        # the first step the stream still holds when Redis trimmed its head (XADD MAXLEN: the stream keeps the
+        # newest `workers.sink.DEFAULT_STREAM_MAXLEN` events; a 64-device DP run of 300 steps lost steps 0-95)
+        self.trimmed_before: int | None = None
         self._gap: dict[str, Any] | None = None  # where the skipped middle's reading stands
 
     # ---- reading ---------------------------------------------------------------------------
@@ -189,6 +193,7 @@ class RunWindow:
             (events read, whether the head held the whole stream).
         """
         head, last_id = client.read_events(self.run_id, after_id="0-0", count=self.batch)
+        self.trimmed_before = trimmed_before(head)
         self.ingest(head)
         self.last_id = last_id or self.last_id
         read_tail = getattr(client, "read_tail", None)
@@ -326,10 +331,14 @@ class RunWindow:
         return int(self.config.get("steps") or 0)
 
     @property
+    def summary(self) -> dict[str, Any]:
+        """The run's summary (its record's, or its `run_finished` event's); {} before it has one."""
+        return (self.run or {}).get("summary") or (self.finished or {}).get("summary") or {}
+
+    @property
     def steps_done(self) -> int:
         """Optimizer steps completed (from step events, or the summary once finished)."""
-        summary = (self.run or {}).get("summary") or (self.finished or {}).get("summary") or {}
-        return max(self.latest_step + 1, int(summary.get("steps_done") or 0))
+        return max(self.latest_step + 1, int(self.summary.get("steps_done") or 0))
 
     @property
     def error(self) -> dict[str, Any] | None:

@@ -65,8 +65,20 @@ def rerun(client, run_id: str) -> str:
     return client.submit(run["config"], label=run.get("label") or None)
 
 
+def trimmed_before(head: list[dict[str, Any]]) -> int | None:
+    """The first step a run's stream still holds when Redis trimmed its head (`XADD MAXLEN ~`: a stream keeps
+    its newest `workers.sink.DEFAULT_STREAM_MAXLEN` events; a 64-device DP run of 300 steps lost steps 0-95, a
+    new user 2026-12-06), known by its first event not being `run_started`, which every run writes first; else
+    None. `head`: the stream's first events, oldest first."""
+    if not head or head[0].get("type") == "run_started":
+        return None
+    return min((e["step"] for e in head if isinstance(e.get("step"), int)), default=None)
+
+
 def read_all_events(client, run_id: str, max_events: int = 2_000_000) -> list[dict[str, Any]]:
-    """Every event of the run's stream, oldest first (at most `max_events`)."""
+    """Every event of the run's stream, oldest first (at most `max_events`). A stream whose head was trimmed
+    (`trimmed_before`) gets its `run_started` back from the run's record, which keeps it (`workers.store`), so an
+    export still says what ran."""
     out: list[dict[str, Any]] = []
     last = "0-0"
     while len(out) < max_events:
@@ -75,4 +87,8 @@ def read_all_events(client, run_id: str, max_events: int = 2_000_000) -> list[di
         out += batch
         if not batch:
             break
+    if out and trimmed_before(out) is not None:
+        started = (client.get_run(run_id) or {}).get("started")
+        if started:
+            out.insert(0, started)
     return out

@@ -282,6 +282,11 @@ def test_the_live_ratio_waits_for_the_verdicts_steady_steps(fake_client, app_tes
     later = fsteps.throughput_tiles(pd.concat([_steps("DP", [1000.0] * 12), _steps("DDP", [2000.0] * 12)]),
                                     MIN_STEADY_STEPS)
     assert later == {"DP": (1000.0, "0.50× DDP"), "DDP": (2000.0, "2.00× DP")}
+    # an ended run's tile is its summary's figure (every steady step), where the window holds only its newest
+    # steps or a trimmed stream's tail (a 64-device DP run read 1,483 against its summary's 1,251)
+    ended = fsteps.throughput_tiles(pd.concat([_steps("DP", [1000.0] * 12), _steps("DDP", [2000.0] * 12)]),
+                                    MIN_STEADY_STEPS, {"DP": 1251.0, "DDP": None})
+    assert ended == {"DP": (1251.0, "0.63× DDP"), "DDP": (2000.0, "1.60× DP")}
     fake_client.add_run("p", {"mode": "dp", "steps": 10}, status="started", label="DP",
                         events=g.full_run("p", "dp", steps=10)[:-1])
     fake_client.add_run("d", {"mode": "ddp", "steps": 10}, status="started", label="DDP",
