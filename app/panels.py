@@ -21,6 +21,7 @@ from ddpviz.app.frames import detail
 from ddpviz.app.frames import dp as fd
 from ddpviz.app.frames import steps as fsteps
 from ddpviz.app.outage import REDIS_DOWN, show_outage
+from ddpviz.app.widgets import plain
 from ddpviz.app.window import TERMINAL, RunWindow
 from ddpviz.engine.stages import where_failed
 from ddpviz.engine.verdict import MIN_STEADY_STEPS
@@ -84,7 +85,7 @@ def status_panel(client, windows: dict[str, RunWindow], labels: dict[str, str]) 
 
 def _run_status(client, w: RunWindow, label: str) -> None:
     colour, icon = _BADGE.get(w.status, _BADGE["unknown"])
-    st.markdown(f"##### {label}")
+    st.markdown(f"##### {plain(label)}")
     st.badge(w.status, color=colour, icon=icon)
     if w.steps_total and not (is_attached(w) and w.status != "succeeded"):
         st.progress(min(1.0, w.steps_done / w.steps_total), text=f"step {w.steps_done} / {w.steps_total}")
@@ -219,9 +220,9 @@ def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, st
     tiles = fsteps.throughput_tiles(steps, MIN_STEADY_STEPS, final)  # else the summary's steps (fsteps.steady_steps)
     for col, (run, (v, delta)) in zip(st.columns(len(tiles)), tiles.items()):
         if v != v:  # NaN: no step saw its samples (an attached script without DDP, DP or FSDP), never a 0
-            col.metric(f"{run}: median samples/s", "not measured", help=SAMPLES_NOT_SEEN_HELP)
+            col.metric(f"{plain(run)}: median samples/s", "not measured", help=SAMPLES_NOT_SEEN_HELP)
             continue
-        col.metric(f"{run}: median samples/s", f"{v:,.0f}", delta=delta, delta_color="off",
+        col.metric(f"{plain(run)}: median samples/s", f"{v:,.0f}", delta=delta, delta_color="off",
                    delta_arrow="off")
     earlier = pd.concat([_segmented(w.history.frame(labels[rid]), w.unread_steps) for rid, w in windows.items()],
                         ignore_index=True)
@@ -265,7 +266,7 @@ def show_verdict(windows: dict[str, RunWindow], labels: dict[str, str]) -> None:
     v, final = explain.pair_verdict(windows)
     pair = explain.newest_pair(windows)
     if v is not None and pair is not None:
-        names = f"{labels.get(pair[0], pair[0])} vs {labels.get(pair[1], pair[1])}"
+        names = f"{plain(labels.get(pair[0], pair[0]))} vs {plain(labels.get(pair[1], pair[1]))}"
         box = st.success if v.leader == "ddp" else st.info
         box(f"**{explain.verdict_text(v, final)}**  \n({names}; the interval from a block bootstrap of each "
             "run's per-step samples/s)", icon=":material/balance:")
@@ -348,7 +349,7 @@ def detail_panel(client, windows: dict[str, RunWindow], labels: dict[str, str], 
     timeline, FSDP unit timeline or DP phase timeline, and bytes moved."""
     refresh(client, windows)
     w = windows[rid]
-    st.markdown(f"##### {labels[rid]}")
+    st.markdown(f"##### {plain(labels[rid])}")
     if w.mode == "ddp":
         step = detail.typical_detail_step(w.of_type("bucket"), w.of_type("step"), "bucket")
         buckets = frames_buckets.bucket_frame(w.of_type("bucket"), step)

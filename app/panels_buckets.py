@@ -17,7 +17,7 @@ from ddpviz.app.charts.buckets import bucket_timeline
 from ddpviz.app.frames import buckets as fb
 from ddpviz.app.frames import detail
 from ddpviz.app.frames import steps as fsteps
-from ddpviz.app.widgets import pick_step
+from ddpviz.app.widgets import pick_step, plain
 from ddpviz.app.window import RunWindow
 from ddpviz.engine.analysis import format_bytes, format_rate
 
@@ -52,7 +52,7 @@ def timeline(w, label: str, step: int, x_max: float | None) -> None:
     names = fb.rank_names(w.of_type("step") + events)
     buckets = fb.bucket_frame(events, step)
     if buckets.empty:
-        st.info(f"{label}: no buckets recorded for step {step}.", icon=":material/info:")
+        st.info(f"{plain(label)}: no buckets recorded for step {step}.", icon=":material/info:")
         return
     backward = fb.backward_frame(w.of_type("step"), step)
     exposed = fb.exposed_frame(buckets, w.of_type("step"))

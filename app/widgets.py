@@ -1,7 +1,9 @@
-"""Form inputs shared by the pages that launch runs (Launch, Compare, Buckets, Sweeps)."""
+"""Form inputs shared by the pages that launch runs (Launch, Compare, Buckets, Sweeps), and `plain`, the escape
+every page uses to show user text (a run's label) inside Markdown."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import streamlit as st
@@ -11,6 +13,18 @@ from ddpviz.app import form
 # The few fields a quick launch asks for; the rest keep RunConfig's defaults.
 QUICK_FIELDS = ["world_size", "model", "dataset", "width", "depth", "global_batch_size", "steps",
                 "bucket_cap_mb", "step_delay_s"]
+
+
+# ASCII punctuation Markdown, Streamlit's directives (:red[..], :material/..:) and its LaTeX ($..$) act on; a
+# backslash before any ASCII punctuation shows it as itself (CommonMark, "Backslash escapes")
+_MARKDOWN_ACTIVE = re.compile(r"([\\`*_{}\[\]()#+\-.!|~<>$:&^])")
+
+
+def plain(text: Any) -> str:
+    """`text` escaped so that Markdown (st.markdown, captions, metric labels, alerts) shows it as typed: a run
+    labelled ':red[ALERT] **bold** $x^2$ [link](http://example.com)' rendered red, bold, LaTeX and a live link in
+    Live's headers (a new user, 2026-12-06). For text inside Markdown only; charts take labels as they are."""
+    return _MARKDOWN_ACTIVE.sub(r"\\\1", str(text))
 
 
 def field_widget(field: str, default: Any, prefix: str = "cfg") -> Any:

@@ -18,7 +18,7 @@ from ddpviz.app.connection import require_client
 from ddpviz.app.frames import buckets as fb
 from ddpviz.app.frames.compare import thin
 from ddpviz.app.panels_buckets import side_by_side, step_selector
-from ddpviz.app.widgets import quick_fields, show_errors
+from ddpviz.app.widgets import plain, quick_fields, show_errors
 from ddpviz.engine.config import ConfigError
 from ddpviz.workers.sweeps import submit_sweep
 
@@ -61,7 +61,7 @@ def layouts(w, label: str) -> None:
     """Step 0's layout and the rebuilt one, from `bucket_preview`, vs what ran."""
     preview = (w.started or {}).get("bucket_preview") or {}
     measured = fb.measured_layouts(w.of_type("bucket"))
-    st.markdown(f"**Bucket layout: {label}**")
+    st.markdown(f"**Bucket layout: {plain(label)}**")
     st.caption("Both tables are the preview: PyTorch's own assignment rule run on this model before training "
                "(the run's `bucket_preview`); the line under them is what the run measured.")
     cfg = w.config

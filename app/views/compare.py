@@ -24,7 +24,7 @@ from ddpviz.app.frames.compare import (
     side_by_side,
     view_of,
 )
-from ddpviz.app.widgets import quick_fields, show_errors
+from ddpviz.app.widgets import plain, quick_fields, show_errors
 from ddpviz.engine.config import ConfigError
 from ddpviz.workers.sweeps import submit_trio
 
@@ -119,7 +119,7 @@ def headline(table) -> None:
         peak, sps, speed = row["peak_mib_max"], row["samples_per_s"], row["speedup_vs_single"]
         rate = "—" if sps != sps else f"{sps:,.0f} samples/s" + ("" if speed != speed else f", {speed:.2f}× single")
         # short: a metric's label is cut with "…" at a quarter of a 1280 px page
-        col.metric(f"{row['run']}: peak memory", "—" if peak != peak else f"{peak:.2f} MiB",
+        col.metric(f"{plain(row['run'])}: peak memory", "—" if peak != peak else f"{peak:.2f} MiB",
                    delta=rate, delta_color="off", delta_arrow="off",
                    help="peak memory per device: the busiest device's peak, measured (see the "
                         "chart's legend for how)")

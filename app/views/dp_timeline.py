@@ -16,7 +16,7 @@ from ddpviz.app import runsets
 from ddpviz.app.charts.dp import dp_timeline, phase_totals_chart
 from ddpviz.app.connection import require_client
 from ddpviz.app.frames import dp as fd
-from ddpviz.app.widgets import pick_step
+from ddpviz.app.widgets import pick_step, plain
 
 MAX_RUNS = 2
 
@@ -49,7 +49,7 @@ def step_selector(windows) -> int | None:
 def one_run(w, label: str, step: int) -> None:
     phases = fd.dp_phase_frame(w.of_type("dp_phase"), step)
     if phases.empty:
-        st.info(f"{label}: no phases recorded for step {step}.", icon=":material/info:")
+        st.info(f"{plain(label)}: no phases recorded for step {step}.", icon=":material/info:")
         return
     summary = fd.idle_summary(phases)
     st.altair_chart(dp_timeline(phases, fd.idle_frame(phases), summary, run=label,

@@ -19,6 +19,7 @@ from ddpviz.app.frames import buckets as frames_buckets
 from ddpviz.app.frames import topology as ftop
 from ddpviz.app.frames.dp import thread_states_frame
 from ddpviz.app.frames.theory import fit_miss
+from ddpviz.app.widgets import plain
 from ddpviz.engine.analysis import fit_covers, format_bytes
 
 STAR_TEXT = """
@@ -61,11 +62,11 @@ def shards_section(fsdp, labels) -> None:
     for rid, w in fsdp[:1]:
         shards = frames_fsdp.shard_frame(w.of_type("fsdp_collective"))
         if shards.empty:
-            st.info(f"{labels[rid]}: waiting for the first step's collectives…",
+            st.info(f"{plain(labels[rid])}: waiting for the first step's collectives…",
                     icon=":material/hourglass_empty:")
             continue
         st.altair_chart(charts_fsdp.shard_chart(shards), key="learn_shards")
-        st.caption(f"{labels[rid]}: the unit with the largest all-gather; sizes are the shard bytes "
+        st.caption(f"{plain(labels[rid])}: the unit with the largest all-gather; sizes are the shard bytes "
                    "its all-gather and reduce-scatter carried (measured).")
 
 
@@ -107,7 +108,7 @@ def theory_section(windows, labels) -> None:
             st.altair_chart(topology_chart(nodes, edges, heading=f"{kind}, n\u00a0=\u00a0{n} (theory)",
                                            subtitle=subs[kind], max_mib=top, arrows=kind.startswith("ring")),
                             key=f"learn_theory_{kind.split()[0]}")
-    st.caption(f"P = {format_bytes(p_bytes)}: the gradient bytes of {labels[rid]}'s model. "
+    st.caption(f"P = {format_bytes(p_bytes)}: the gradient bytes of {plain(labels[rid])}'s model. "
                + ftop.THEORY_NOTE + ". " + NCCL_ALGO_NOTE)
     probe = next((e for w2 in windows.values() for e in w2.of_type("allreduce_probe") if e.get("fit")), None)
     fit = (probe or {}).get("fit")
@@ -172,7 +173,7 @@ def body(windows, labels) -> None:
         with col:
             st.markdown(STAR_TEXT if kind == "star" else RING_TEXT)
             if nodes.empty:
-                st.info(f"{labels[rid]}: waiting for the first step's bytes…",
+                st.info(f"{plain(labels[rid])}: waiting for the first step's bytes…",
                         icon=":material/hourglass_empty:")
                 continue
             heading = (f"{labels[rid]}: the star" if kind == "star"

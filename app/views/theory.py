@@ -21,6 +21,7 @@ from ddpviz.app.charts.theory import bandwidth_chart, time_chart
 from ddpviz.app.connection import require_client
 from ddpviz.app.frames import theory as ft
 from ddpviz.app.frames.compare import bytes_frame, view_of
+from ddpviz.app.widgets import plain
 from ddpviz.app.window import TERMINAL
 
 
@@ -28,14 +29,14 @@ def ddp_section(w, label: str) -> None:
     n = int(w.config.get("world_size") or 1)
     backend = (w.started or {}).get("backend")
     if n <= 1:  # nothing moves: no bandwidth, no ring model (a one-rank all-reduce is a no-op)
-        st.info(f"{label}: {ft.link_note(backend, n)}", icon=":material/info:")
+        st.info(f"{plain(label)}: {ft.link_note(backend, n)}", icon=":material/info:")
         return
     buckets = w.of_type("bucket")
     bk = ft.bucket_frame(buckets, n, min_step=1)  # step 0: one big bucket, first-call set-up
     probe = ft.latest_probe(w.of_type("allreduce_probe"))
     pf = ft.probe_frame(probe)
     if bk.empty and pf.empty:
-        st.info(f"{label}: waiting for bucket events…", icon=":material/hourglass_empty:")
+        st.info(f"{plain(label)}: waiting for bucket events…", icon=":material/hourglass_empty:")
         return
     model, counts = ft.bucket_fit(buckets, n)
     lines = ft.model_lines({ft.FIT_PROBE: (probe or {}).get("fit"), ft.FIT_BUCKETS: model},

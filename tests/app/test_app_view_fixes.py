@@ -349,3 +349,22 @@ def test_a_bucket_cap_reads_in_plain_digits(cap, text):
     from ddpviz.app.frames.buckets import cap_text
 
     assert cap_text(cap) == text
+
+
+def test_a_runs_label_is_shown_as_typed_in_markdown_never_as_markdown(fake_client, app_test):
+    """A label ':red[ALERT] **bold** $x^2$ [link](http://example.com)' rendered red text, bold, LaTeX and a live
+    link in Live's header and tiles (a new user, 2026-12-06): every Markdown character is escaped."""
+    import eventgen as g
+
+    from ddpviz.app.widgets import plain
+
+    label = ":red[ALERT] **bold** $x^2$ [link](http://example.com)"
+    # by hand: a backslash before each ASCII punctuation character Markdown, directives or LaTeX act on
+    assert plain(label) == r"\:red\[ALERT\] \*\*bold\*\* \$x\^2\$ \[link\]\(http\://example\.com\)"
+    fake_client.add_run("m", {"mode": "ddp", "steps": 10}, status="succeeded", label=label,
+                        events=g.full_run("m", "ddp", steps=10))
+    at = app_test("views/live.py", runs="m")
+    assert not at.exception, [e.value for e in at.exception]
+    shown = [e.value for e in at.markdown] + [e.label for e in at.metric] + [e.value for e in at.caption]
+    assert any(plain(label) in text for text in shown)
+    assert not any("[link](http" in text or ":red[" in text for text in shown)
