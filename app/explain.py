@@ -64,6 +64,8 @@ def pair_verdict(windows: dict[str, Any]) -> tuple[Verdict | None, bool]:
         return None, False
     dp, ddp = (windows[r] for r in pair)
     final = all(w.status in TERMINAL for w in (dp, ddp))
+    if alone_after(dp.status, ddp.status):  # `waiting_text` says why
+        return None, final
     key = tuple((w.run_id, getattr(w, "last_id", None), w.status, len(w.of_type("step")),
                  bool((w.run or {}).get("summary"))) for w in (dp, ddp))
     with _VERDICTS_LOCK:
@@ -109,6 +111,16 @@ MEANS_AND_MEDIANS = ("The verdict above splits the gap between the runs' *mean* 
 _EARLY = ("canceled", "failed", "lost")
 
 
+def alone_after(dp_status: str | None, ddp_status: str | None) -> str | None:
+    """The mode ("DP" or "DDP") that ended early (canceled, failed, lost) while the other went on, else None.
+    Such a pair has no verdict: the one that went on trained its last steps alone, without the other's load,
+    so the two runs' steps were not timed under the same conditions (a pair whose DP was canceled at step 110
+    was judged on DP's 103 steady steps in turns against DDP's 395, 290 of them alone, and the verdict blamed
+    noise: a new user, 2026-12-06)."""
+    early = [m for m, s in (("DP", dp_status), ("DDP", ddp_status)) if s in _EARLY]
+    return early[0] if len(early) == 1 else None
+
+
 def _pair_note(plan: dict[str, Any], dp_status: str | None, ddp_status: str | None) -> str:
     """The note for a pair submitted as one job: what its plan says, and a run that ended early."""
     statuses = {"DP": dp_status, "DDP": ddp_status}
@@ -141,6 +153,11 @@ def waiting_text(windows: dict[str, Any]) -> str | None:
     if pair is None:
         return None
     dp, ddp = (windows[r].status for r in pair)
+    early = alone_after(dp, ddp)
+    if early:
+        other, status = ("DDP", dp) if early == "DP" else ("DP", ddp)
+        return (f"No verdict: {early} ended early ({status}) and {other} trained on without it, so their steps "
+                "were not timed under the same load. Launch the pair again to compare them.")
     if dp in _EARLY + ("succeeded",) and ddp in _EARLY + ("succeeded",):
         return (f"No verdict: the runs ended (DP {dp}, DDP {ddp}) before each had "
                 f"{MIN_STEADY_STEPS} steady steps to judge them by.")

@@ -82,6 +82,21 @@ def test_the_newest_pair_is_judged_and_one_worker_is_said():
     assert explain.pair_verdict({"a": windows["a"]}) == (None, False)
 
 
+def test_a_pair_one_of_which_ended_early_while_the_other_went_on_has_no_verdict():
+    """DP canceled at step 110 of a pair in turns, DDP on alone to 400: the verdict set DP's steps in turns against
+    DDP's mostly alone and blamed noise (a new user, 2026-12-06). With both 12 steps (DP 10 ms, DDP 8 ms) a
+    verdict would be 1.25x; with one ended early there is none, and the page says why."""
+    for dp_status, ddp_status, early in (("canceled", "succeeded", "DP"), ("succeeded", "failed", "DDP"),
+                                         ("lost", "started", "DP")):
+        windows = {"a": _window("a", "dp", dp_status, 1.0, 0.010), "b": _window("b", "ddp", ddp_status, 2.0, 0.008)}
+        assert explain.pair_verdict(windows)[0] is None, (dp_status, ddp_status)
+        assert explain.waiting_text(windows).startswith(f"No verdict: {early} ended early (")
+    both = {"a": _window("a", "dp", "canceled", 1.0, 0.010), "b": _window("b", "ddp", "canceled", 2.0, 0.008)}
+    assert explain.pair_verdict(both)[0].ratio == pytest.approx(1.25)  # stopped together (e.g. Ctrl-C on up)
+    done = {"a": _window("a", "dp", "succeeded", 1.0, 0.010), "b": _window("b", "ddp", "succeeded", 2.0, 0.008)}
+    assert explain.pair_verdict(done)[0].ratio == pytest.approx(1.25)
+
+
 def test_buffers_frame_marks_ranks_that_start_from_rank_0s_buffers():
     sync = {"type": "sync", "step": 4, "checksums": [[1, 1], [1, 1]], "in_sync": True, "buffers": [
         {"name": "bn.running_mean", "rank": 0, "at_forward_start": [0.5, 0.1], "after_step": [0.7, 0.2]},
