@@ -25,6 +25,7 @@ from ddpviz.app.widgets import plain
 from ddpviz.app.window import TERMINAL, RunWindow
 from ddpviz.engine.stages import where_failed
 from ddpviz.engine.verdict import MIN_STEADY_STEPS
+from ddpviz.workers.heartbeat import NO_WORKER
 from ddpviz.workers.sink import DEFAULT_STREAM_MAXLEN as STREAM_MAXLEN
 
 # Windows shared by several panels are read at most this often: below the status panel's
@@ -129,6 +130,8 @@ def _run_status(client, w: RunWindow, label: str) -> None:
         st.warning("From ddpviz in the run: " + " · ".join(notes), icon=":material/info:")
     if w.error:
         _show_error(w.error, w.status)
+    if w.status == "queued" and not client.workers():
+        st.warning(NO_WORKER[0].upper() + NO_WORKER[1:] + ".", icon=":material/dns:")
     if w.status in ("queued", "started") and st.button("Cancel", key=f"cancel_{w.run_id}"):
         st.toast(f"{w.run_id}: {client.cancel(w.run_id)}")
 

@@ -27,6 +27,10 @@ log = logging.getLogger("ddpviz.worker")
 
 HEARTBEAT_INTERVAL_S = 3.0  # between refreshes
 HEARTBEAT_TTL_S = 15  # the hash expires this long after the last refresh (several missed beats)
+# What a page or the CLI says of a queued run while no worker is alive (none sent a heartbeat within the TTL): a
+# new user's `submit --wait` sat silent with none (2026-12-06); one home for the sentence
+NO_WORKER = (f"no worker is serving the queue (none sent a heartbeat in the last {HEARTBEAT_TTL_S} s): queued runs "
+             "wait until one starts (`ddpviz worker` on a host, or `ddpviz up`)")
 
 
 def detect_devices() -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from ddpviz.app.navigation import forget_on_arrival
 from ddpviz.app.widgets import field_widget, show_errors
 from ddpviz.app.window import TERMINAL
 from ddpviz.engine.config import ConfigError
+from ddpviz.workers.heartbeat import NO_WORKER
 from ddpviz.workers.sweeps import MEMBER_NAMES, submit_trio
 
 LIVE_PAGE = "views/live.py"
@@ -121,14 +122,16 @@ def launched_text(launched: dict[str, str]) -> str:
 ENDED_BADLY = ("failed", "canceled", "lost")
 
 
-def launch_status(launched: dict[str, str], records: dict[str, dict[str, Any] | None]) -> tuple[str, str]:
+def launch_status(launched: dict[str, str], records: dict[str, dict[str, Any] | None],
+                  workers_alive: int | None = None) -> tuple[str, str]:
     """(kind, text) of the line under the banner, from the runs' records (`DdpvizClient.get_run`):
     "error" naming each run that failed, was canceled or lost, with its record's reason (a pre-flight
     refusal comes back this way: PowerSGD on gloo with several buckets, a pair whose DDP run was
     refused); else "info" while any waits for a worker or is in its pre-flight checks (started, its
     record without the `run_started` event the engine sends once they passed); else "success": that every
     run finished where each succeeded, else that they passed their checks. Kind
-    is a Streamlit call's name (`st.error`, `st.info`, `st.success`)."""
+    is a Streamlit call's name (`st.error`, `st.info`, `st.success`). With `workers_alive` 0, runs waiting for a
+    worker are a "warning" that none is alive (`workers.heartbeat.NO_WORKER`)."""
     recs = {run_id: records.get(run_id) or {} for run_id in launched}  # a run not found yet: no record
     ended = []
     for run_id, mode in launched.items():
@@ -145,6 +148,8 @@ def launch_status(launched: dict[str, str], records: dict[str, dict[str, Any] | 
     if bad:
         return "error", "Not trained as asked. " + " · ".join(bad) + " (the Runs page keeps the whole error)."
     waiting = [_named(r, m) for r, m in launched.items() if recs[r].get("status", "queued") == "queued"]
+    if waiting and workers_alive == 0:
+        return "warning", f"Waiting for a worker: {', '.join(waiting)}. But {NO_WORKER}."
     if waiting:
         return "info", ("Waiting for a worker: " + ", ".join(waiting)
                         + ". A worker checks each run before it trains; a refusal shows here.")
@@ -178,10 +183,11 @@ def status_line(launched: dict[str, str]) -> None:
     def tick() -> None:
         try:
             records = {run_id: client.get_run(run_id) for run_id in launched}
+            alive = len(client.workers())
         except Exception as exc:  # Redis went away: the banner above still names the runs
             st.warning(f"Could not read the runs' status: {type(exc).__name__}: {exc}")
             return
-        kind, text = launch_status(launched, records)
+        kind, text = launch_status(launched, records, alive)
         getattr(st, kind)(text)
         if st.session_state.get(flag) and settled(records):
             st.session_state[flag] = False

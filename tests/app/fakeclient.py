@@ -22,12 +22,13 @@ class FakeClient:
         self.streams: dict[str, list[dict[str, Any]]] = {}
         self.submitted: list[dict[str, Any]] = []
         self.canceled: list[str] = []
+        self.live_workers: list[dict[str, Any]] = [{"name": "fake-worker"}]  # [] : none alive
 
     def ping(self) -> bool:
         return self.reachable
 
     def workers(self) -> list[dict[str, Any]]:
-        return [{"name": "fake-worker"}]
+        return self.live_workers
 
     def add_run(self, run_id: str, config: dict[str, Any], *, status: str = "queued",
                 events: list[dict[str, Any]] | None = None, group: str | None = None,

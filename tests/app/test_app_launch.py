@@ -169,3 +169,22 @@ def test_a_run_deleted_while_the_page_polls_raises_nothing_and_keeps_polling(fak
     del fake_client.runs[dp_id]
     at.run()
     assert not at.exception and at.session_state["launch_status_polling"] is True
+
+
+def test_with_no_worker_alive_launch_and_live_say_so(fake_client, app_test):
+    """`ddpviz up --workers 0`: a run waited at "Waiting for a worker" and "queued" with nothing saying that none
+    was alive (a new user, 2026-12-06)."""
+    from ddpviz.workers.heartbeat import NO_WORKER
+
+    fake_client.live_workers = []
+    at = app_test()
+    at.segmented_control(key="launch_what").set_value("pair").run()
+    at.button(key="launch_pair").click().run()
+    assert not at.exception
+    assert any(NO_WORKER in w.value for w in at.warning), [w.value for w in at.warning]
+    run_id = next(iter(fake_client.runs))
+    live = app_test("views/live.py", runs=run_id)
+    assert any("No worker is serving the queue" in w.value for w in live.warning)
+    fake_client.live_workers = [{"name": "w"}]
+    live = app_test("views/live.py", runs=run_id)
+    assert not any("No worker is serving the queue" in w.value for w in live.warning)

@@ -235,3 +235,29 @@ def test_runs_refuses_a_limit_below_one_naming_the_flag(capsys):
             build_parser().parse_args(["runs", "--limit", bad])
         assert exit_.value.code == 2 and "argument --limit: must be" in capsys.readouterr().err
     assert build_parser().parse_args(["runs", "--limit", "1"]).limit == 1
+
+
+def test_submit_wait_says_once_that_no_worker_serves_the_queue(monkeypatch, capsys):
+    """`ddpviz up --workers 0` then `submit --wait`: it printed the run id and sat silent (a new user,
+    2026-12-06). A queued run with no live worker is said once on stderr; the run then ends (canceled here)."""
+    import ddpviz.workers.cli.commands as commands
+    from ddpviz.workers.heartbeat import NO_WORKER
+
+    class Queue:
+        polls = 0
+
+        def get_run(self, rid):
+            self.polls += 1
+            return {"status": "queued" if self.polls < 8 else "canceled", "config": {"steps": 5}, "label": None,
+                    "summary": None, "error": None}
+
+        def read_events(self, rid, last):
+            return [], last
+
+        def workers(self):
+            return []
+
+    monkeypatch.setattr(commands, "WAIT_POLL_S", 0.0)
+    assert commands.follow(Queue(), ["r1"]) == 1
+    err = capsys.readouterr().err
+    assert err.count(NO_WORKER) == 1 and "Ctrl-C stops following" in err

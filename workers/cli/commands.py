@@ -107,6 +107,7 @@ def follow(client: Any, run_ids: list[str]) -> int:
         0 if every run finished, else 1.
     """
     from ddpviz.workers.cli.progress import RunProgress, summary_line
+    from ddpviz.workers.heartbeat import NO_WORKER
     from ddpviz.workers.store import TERMINAL
 
     records = {rid: client.get_run(rid) for rid in run_ids}
@@ -114,8 +115,13 @@ def follow(client: Any, run_ids: list[str]) -> int:
             for i, (rid, rec) in enumerate(records.items())}
     last = {rid: "0-0" for rid in run_ids}
     pending = set(run_ids)
+    warned = False
     try:
         while pending:
+            if not warned and any(client.get_run(rid)["status"] == "queued" for rid in pending) \
+                    and not client.workers():  # said once: a queued run with no worker waits silently else
+                _err(f"waiting: {NO_WORKER}; Ctrl-C stops following (the runs stay queued)")
+                warned = True
             for rid in sorted(pending):
                 ended = client.get_run(rid)["status"] in {s.value for s in TERMINAL}
                 events, last[rid] = client.read_events(rid, last[rid])
