@@ -23,6 +23,7 @@ from ddpviz.app.charts.style import (
     rows_height,
     title,
 )
+from ddpviz.app.frames.base import device_order
 from ddpviz.app.frames.dp import DP_PHASES, GIL_LANE
 
 IDLE = "idle (waiting)"
@@ -42,7 +43,7 @@ def dp_timeline(phases: pd.DataFrame, idle: pd.DataFrame, summary: pd.DataFrame,
     (`app.frames.dp.idle_frame`), each device's idle share (`app.frames.dp.idle_summary`) and,
     when `gil` (`app.frames.dp.gil_band_frame`) has rows, a GIL-wait lane under each device."""
     step = int(phases["step"].iloc[0]) if not phases.empty else None
-    devices = sorted(phases["device"].unique()) if not phases.empty else []
+    devices = device_order(phases["device"]) if not phases.empty else []
     with_gil = gil is not None and not gil.empty
     lanes = [lane for d in devices for lane in ((d, d + GIL_LANE) if with_gil else (d,))]
     y = alt.Y("device:N", title="device", sort=lanes, scale=alt.Scale(domain=lanes),
@@ -101,7 +102,7 @@ def phase_totals_chart(totals: pd.DataFrame, *, run: str) -> alt.Chart:
     """Median ms per step each device spends in each phase (`app.frames.dp.phase_totals`)."""
     return alt.Chart(totals).mark_bar(height=alt.RelativeBandSize(0.6)).encode(
         x=alt.X("sum(ms):Q", title="median time per step (ms)", stack="zero"),
-        y=alt.Y("device:N", title="device"),
+        y=alt.Y("device:N", title="device", sort=device_order(totals["device"])),
         color=_PHASE_ONLY, order=alt.Order("order:Q"),
         tooltip=[alt.Tooltip("device:N"), alt.Tooltip("phase:N"),
                  alt.Tooltip("ms:Q", title="median (ms)", format=".3f")],
@@ -118,7 +119,7 @@ def dp_phase_chart(phases: pd.DataFrame) -> alt.Chart:
     return alt.Chart(phases).mark_bar(height=alt.RelativeBandSize(0.7), stroke="white",
                                       strokeWidth=0.5).encode(
         x=alt.X("start_ms:Q", title="ms from step start"), x2="end_ms:Q",
-        y=alt.Y("device:N", title="device"),
+        y=alt.Y("device:N", title="device", sort=device_order(phases["device"])),
         color=alt.Color("phase:N", legend=alt.Legend(title="phase", orient="right", columns=2),
                         scale=alt.Scale(domain=DP_PHASES, range=PHASE_COLOURS), sort=DP_PHASES),
         tooltip=[alt.Tooltip("device:N"), alt.Tooltip("phase:N"),

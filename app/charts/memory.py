@@ -18,7 +18,7 @@ import altair as alt
 import pandas as pd
 
 from ddpviz.app.charts.style import PHASE_COLOURS, PHASE_HUES, WIDTH, device_scale, legend, stacked_legends, title
-from ddpviz.app.frames.base import MIB
+from ddpviz.app.frames.base import MIB, device_order
 from ddpviz.engine.analysis import byte_unit
 from ddpviz.app.frames.dp import DP_PHASES
 from ddpviz.app.frames.memory import DEVICE_SOURCES, HOST_SOURCES, SOURCE_LABELS, TIMER_NOTES
@@ -113,7 +113,7 @@ def _lines(df: pd.DataFrame, x: alt.X, y: alt.Y, tip: tuple[str, str] = ("mib", 
                                    point=alt.OverlayMarkDef(size=6, opacity=0.5)).encode(
         x=x, y=y,
         color=alt.Color("device:N", legend=_DEVICE_LEGEND,
-                        scale=device_scale(sorted(set(df["device"])))),
+                        scale=device_scale(device_order(df["device"]))),
         strokeDash=alt.StrokeDash("source_label:N", scale=dashes,
                                   # a fill colour too: over a line with points Vega draws the stroke
                                   # symbol with none (no swatch, seen in Chromium); size: the dashes show
@@ -178,7 +178,7 @@ def memory_over_run_charts(run_memory: pd.DataFrame, run: str) -> list[alt.Layer
         y = alt.Y("lo_mib:Q", title="MiB", axis=MIB_AXIS, scale=alt.Scale(nice=False, zero=False))
         lo, hi = mib_domain(pd.concat([df["lo_mib"], df["hi_mib"]]))
         colour = alt.Color("device:N", legend=_DEVICE_LEGEND,
-                           scale=device_scale(sorted(set(df["device"]))))
+                           scale=device_scale(device_order(df["device"])))
         tip = [alt.Tooltip("device:N"), alt.Tooltip("t_s:Q", title="s since start", format=".1f"),
                alt.Tooltip("mib:Q", title="mean MiB", format=",.2f"),
                alt.Tooltip("lo_mib:Q", title="min MiB", format=",.2f"),

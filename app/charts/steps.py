@@ -12,7 +12,7 @@ import pandas as pd
 
 from ddpviz.app.charts.style import HEIGHT, PHASE_HUES, STEP_X, WIDTH, legend, rows_height, run_scale, title, volume_scale
 from ddpviz.app.frames import steps as fsteps
-from ddpviz.app.frames.base import MIB
+from ddpviz.app.frames.base import MIB, device_order
 from ddpviz.engine.analysis import byte_unit
 from ddpviz.app.frames.steps import SMOOTH_STEPS, SPLIT_PARTS
 
@@ -88,7 +88,7 @@ def comm_volume_chart(volume: pd.DataFrame) -> alt.Chart:
     scale = volume_scale(long["which"])
     return alt.Chart(long).mark_bar().encode(
         x=alt.X("amount:Q", title=f"sent + received per step ({unit})"),
-        y=alt.Y("device:N", title="device"),
+        y=alt.Y("device:N", title="device", sort=device_order(long["device"])),
         yOffset=alt.YOffset("which:N", sort=scale.domain),
         color=alt.Color("which:N", legend=legend("bytes"), scale=scale),
         tooltip=[alt.Tooltip("device:N"), alt.Tooltip("which:N"),

@@ -7,6 +7,7 @@ An empty input gives an empty frame with the same columns, so charts never see m
 
 from __future__ import annotations
 
+import re
 from typing import Any, Iterable
 
 from ddpviz.engine.config import devices_used  # noqa: F401  (frames.devices_used: the pages' name for it)
@@ -79,3 +80,12 @@ def _complete(evs: list[Event], type_: str) -> bool:
     return True
 
 
+
+
+def device_order(names: Iterable[Any]) -> list[str]:
+    """Device names in numeric order ("cpu:2" before "cpu:10"; "cuda:0" after every "cpu:*"), each once: Vega
+    and `sorted` order them as text, and a 64-device DP run's lanes and legends read cpu:0, cpu:1, cpu:10, ...
+    (a new user, 2026-12-06)."""
+    def key(name: str) -> list:
+        return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name) if part]
+    return sorted({str(n) for n in names}, key=key)

@@ -17,7 +17,7 @@ import pandas as pd
 
 from ddpviz.app.frames import base as frames
 from ddpviz.app.frames import dp as fd
-from ddpviz.app.frames.base import Event, latest_complete_step, of_type
+from ddpviz.app.frames.base import Event, device_order, latest_complete_step, of_type
 from ddpviz.app.frames import steps as fsteps
 from ddpviz.engine.summary import run_steps
 
@@ -70,7 +70,7 @@ def idle_summary(phases: pd.DataFrame) -> pd.DataFrame:
     span = float(phases["end_ms"].max())
     idle = idle_frame(phases).groupby("device")["dur_ms"].sum()
     rows = []
-    for device in sorted(phases["device"].unique()):
+    for device in device_order(phases["device"]):
         i = float(idle.get(device, 0.0))
         rows.append({"device": device, "busy_ms": span - i, "idle_ms": i,
                      "idle_pct": 100.0 * i / span if span > 0 else 0.0})
@@ -192,7 +192,7 @@ def gil_share_frame(events: Iterable[Event], step: int | None = None) -> pd.Data
         return pd.DataFrame(columns=cols)
     step = max(e["step"] for e in evs) if step is None else step
     rows = []
-    for device in sorted({e["device"] for e in evs}):
+    for device in device_order(e["device"] for e in evs):
         mine = [e for e in evs if e["device"] == device]
         now = next((e for e in mine if e["step"] == step), None)
         rows.append({"device": device, "step_share": now["gil_wait_share"] if now else float("nan"),

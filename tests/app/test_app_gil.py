@@ -209,3 +209,17 @@ def test_the_lock_chart_lists_in_its_legend_only_the_states_it_draws():
     ddp[1]["other_wait_s"] = 0.0005  # rank 1 waited 0.5 ms for the all-reduce
     assert drawn(thread_states_chart(thread_states_frame({"DP": dp, "DDP": ddp})).to_dict()) == [
         *four, "waiting for the all-reduce"]
+
+
+def test_twelve_devices_are_drawn_in_numeric_order_not_as_text():
+    """A 64-device DP run's lanes read cpu:0, cpu:1, cpu:10, cpu:11, ... cpu:19, cpu:2 (a new user, 2026-12-06)."""
+    from ddpviz.app.frames.base import device_order
+
+    by_hand = [f"cpu:{i}" for i in range(12)]
+    assert device_order(reversed(by_hand)) == by_hand and sorted(by_hand) != by_hand  # text order differs
+    phases = fd.dp_phase_frame(g.dp_step("r", 0, world_size=12), 0)
+    timeline = charts_dp.dp_timeline(phases, fd.idle_frame(phases), fd.idle_summary(phases), run="DP").to_dict()
+    lanes = next(layer["encoding"]["y"]["sort"] for layer in timeline["layer"] if "sort" in layer["encoding"]["y"])
+    assert lanes == by_hand
+    assert charts_dp.dp_phase_chart(phases).to_dict()["encoding"]["y"]["sort"] == by_hand
+    assert list(fd.idle_summary(phases)["device"]) == by_hand
