@@ -39,8 +39,14 @@ EXPORT_FORMATS = {
     "csv": ExportFormat(".steps.csv", "text/csv", "Steps (CSV)"),
     "trace": ExportFormat(".trace.json", "application/json", "Chrome trace (Perfetto)"),
 }
+# The steps CSV's columns, in order. New ones go at the end so readers of the older columns keep working:
+# `memory_traced` and `replica_check` (the instrument's own work is in that step's times; the summary's
+# medians leave such steps out, `engine.summary.INSTRUMENT_FLAGS`) and `comm_exposed_source` (how
+# `comm_exposed_s` was measured), empty where a step event lacks them (docs/events.md, `step`).
 STEP_COLUMNS = ("rank", "device", "step", "loss", "samples", "step_time_s", "forward_s", "backward_s",
-                "comm_exposed_s", "optimizer_s", "samples_per_s", "start_ts")
+                "comm_exposed_s", "optimizer_s", "samples_per_s", "start_ts",
+                "memory_traced", "replica_check", "comm_exposed_source")
+STEP_SPAN_ARGS = ("loss", "forward_s", "backward_s", "comm_exposed_s", "optimizer_s")  # a trace step span's args
 
 
 def to_jsonl(events: Iterable[dict[str, Any]]) -> str:
@@ -48,7 +54,9 @@ def to_jsonl(events: Iterable[dict[str, Any]]) -> str:
 
 
 def steps_csv(events: Iterable[dict[str, Any]]) -> str:
-    """One row per `step` event with the step-time split (seconds) and throughput (samples/s)."""
+    """One row per `step` event: the columns of `STEP_COLUMNS`, the step-time split (seconds), throughput
+    (samples/s) and the flags of steps that carry the instrument's own work; a cell is empty where the
+    event lacks that field."""
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=STEP_COLUMNS, extrasaction="ignore")
     w.writeheader()
@@ -103,7 +111,7 @@ def chrome_trace(events: list[dict[str, Any]]) -> dict[str, Any]:
     for (rank, step), e in sorted(steps.items(), key=lambda kv: kv[0][::-1]):
         if "start_ts" in e and mode != "dp":
             span(f"step {step}", "step", (_process(e, mode), "steps"), e["start_ts"], e["step_time_s"],
-                 {k: e[k] for k in ("loss", "forward_s", "backward_s", "comm_exposed_s") if k in e})
+                 {k: e[k] for k in STEP_SPAN_ARGS if k in e})
     for e in events:
         t = e.get("type")
         base = steps.get((e.get("rank", 0), e.get("step")))

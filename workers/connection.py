@@ -234,7 +234,9 @@ class EmbeddedRedis:
 
     Data persist under `data_dir` (append-only file plus RDB snapshots) when `persist` is True,
     so runs survive a restart of `ddpviz up`. The server runs in its own process group and is
-    shut down (saving) on `stop()` / leaving the ``with`` block.
+    shut down (saving) on `stop()` / leaving the ``with`` block. With `die_with_parent` (what `up`
+    uses) it also gets SIGTERM, and saves, when the thread that started it dies, even by SIGKILL
+    (Linux: `workers.host.procs.parent_death_signal`).
 
     Example:
         >>> with EmbeddedRedis(tmp_path) as server:
@@ -246,10 +248,11 @@ class EmbeddedRedis:
     """
 
     def __init__(self, data_dir: str | os.PathLike[str] = Path(".ddpviz") / "redis", *,
-                 port: int | None = None, persist: bool = True):
+                 port: int | None = None, persist: bool = True, die_with_parent: bool = False):
         self.data_dir = Path(data_dir).resolve()
         self.port = port
         self.persist = persist
+        self.die_with_parent = die_with_parent
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -303,13 +306,20 @@ class EmbeddedRedis:
             port = self.port if tries == 1 else free_port()
             self.proc = subprocess.Popen(self._command(port), stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=self._preexec())
             if self._wait_ready(port):
                 self.port = port
                 return self
             self._kill()
         raise RuntimeError(f"embedded redis-server did not start on {EMBEDDED_HOST} "
                            f"(see {self.data_dir / 'redis.log'})")
+
+    def _preexec(self):
+        if not self.die_with_parent:
+            return None
+        from ddpviz.workers.host.procs import parent_death_signal
+
+        return parent_death_signal()
 
     def _wait_ready(self, port: int) -> bool:
         client = redis.Redis(host=EMBEDDED_HOST, port=port, socket_connect_timeout=1.0)

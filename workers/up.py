@@ -3,7 +3,9 @@
 Redis is ``$REDIS_URL`` when set, else an embedded server persisted under ``<data_dir>/redis``.
 Ctrl-C or SIGTERM stops everything, in order: the app; the workers (each asks its running run to
 cancel, then exits; a second signal kills its work-horse; then SIGKILL); any process still
-carrying this session's token; Redis last. Nothing is left behind.
+carrying this session's token; Redis last. Nothing is left behind. If `up` itself is killed
+(SIGKILL, no chance to clean up), the kernel sends SIGTERM to Redis, the workers and the app it
+started (Linux: `start_child`), so none of them stays behind holding the app's port.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 from ddpviz.workers.connection import (ENV_VAR, URL_FILE, EmbeddedRedis, connect, redact, remove_up_url,
                                        write_up_url)
+from ddpviz.workers.host.ports import describe_holder, port_in_use
 from ddpviz.workers.host.procs import UP_TOKEN_ENV, Child, sweep
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -61,6 +64,21 @@ def _stop_on_signals(stop: threading.Event) -> None:
 WORKER_RESTARTS_MAX = 5  # restarts of dead workers per `ddpviz up`, in all
 
 
+def start_child(name: str, argv: list[str], env: dict[str, str]) -> Child:
+    """Start one of `up`'s children (a worker, the app): its own session, and SIGTERM from the kernel
+    when `up` dies, even by SIGKILL (Linux; `workers.host.procs.parent_death_signal`). Call it from
+    the main thread: the signal follows the thread that started the child."""
+    return Child(name, argv, env, die_with_parent=True).start()
+
+
+def _refuse_if_port_taken(host: str, port: int) -> None:
+    """Raises RuntimeError naming what holds `port` (and how to stop a ddpviz app there)."""
+    if port_in_use(host, port):
+        holder = describe_holder(port)
+        raise RuntimeError(f"port {port} is taken{': ' + holder if holder else ''}; {'or ' if holder else ''}"
+                           f"try `ddpviz up --port {port + 1}`")
+
+
 def run_up(host: str = "127.0.0.1", port: int = 8501, n_workers: int = 1,
            data_dir: str | os.PathLike[str] = ".ddpviz", app: str | os.PathLike[str] | None = None) -> int:
     """Run the demo until Ctrl-C / SIGTERM (or until the app exits). Returns an exit code.
@@ -73,6 +91,7 @@ def run_up(host: str = "127.0.0.1", port: int = 8501, n_workers: int = 1,
     if not app_path.is_file():
         raise FileNotFoundError(f"app file not found: {app_path}")
     _warn_if_exposed(host)
+    _refuse_if_port_taken(host, port)  # before Redis and the workers start for nothing
     stop = threading.Event()
     _stop_on_signals(stop)
     token = uuid.uuid4().hex
@@ -82,18 +101,18 @@ def run_up(host: str = "127.0.0.1", port: int = 8501, n_workers: int = 1,
     try:
         url = os.environ.get(ENV_VAR, "").strip()
         if not url:
-            server = EmbeddedRedis(Path(data_dir) / "redis").start()
+            server = EmbeddedRedis(Path(data_dir) / "redis", die_with_parent=True).start()
             url = server.url
             url_file.write_text(url + "\n", encoding="utf-8")
             write_up_url(url)  # `ddpviz run` from any folder of this user finds it (connection.up_url)
         connect(url).close()  # fail early, naming the URL
         env = {**os.environ, ENV_VAR: url, UP_TOKEN_ENV: token, "PYTHONUNBUFFERED": "1"}
         hostname = socket.gethostname()
-        workers = [Child(f"worker-{i + 1}", [sys.executable, "-m", "ddpviz.workers", "worker", "--name",
-                                             f"{hostname}-up{os.getpid()}-{i + 1}"], env).start()
+        workers = [start_child(f"worker-{i + 1}", [sys.executable, "-m", "ddpviz.workers", "worker", "--name",
+                                                   f"{hostname}-up{os.getpid()}-{i + 1}"], env)
                    for i in range(n_workers)]
         children += workers
-        app_child = Child("app", app_command(app_path, host, port), env).start()
+        app_child = start_child("app", app_command(app_path, host, port), env)
         children.append(app_child)
         shown = "127.0.0.1" if host == "0.0.0.0" else host
         app_url = f"http://{shown}:{port}"
@@ -133,8 +152,11 @@ def _supervise(stop: threading.Event, app_child: Child, workers: list[Child],
     restarts = 0
     while not stop.wait(POLL_S):
         if not app_child.running():
-            hint = f" (is port {port} taken? try `ddpviz up --port {port + 1}`)" \
-                if app_child.proc.returncode == 1 else ""
+            hint = ""
+            if app_child.proc.returncode == 1:  # Streamlit's exit when it cannot bind the port, among others
+                holder = describe_holder(port)
+                hint = f" (port {port} is taken: {holder})" if holder else \
+                    f" (is port {port} taken? try `ddpviz up --port {port + 1}`)"
             print(f"ddpviz up: the app exited (code {app_child.proc.returncode}){hint}; stopping",
                   file=sys.stderr)
             return 1
@@ -155,7 +177,7 @@ def _supervise(stop: threading.Event, app_child: Child, workers: list[Child],
             argv = list(w.argv)  # a fresh worker name: RQ keeps the dead one's for a while
             at = argv.index("--name") + 1
             argv[at] = re.sub(r"-restart\d+$", "", argv[at]) + f"-restart{restarts}"
-            workers[i] = Child(w.name, argv, w.env).start()
+            workers[i] = start_child(w.name, argv, w.env)
             if children is not None:
                 children[children.index(w)] = workers[i]
     return 0

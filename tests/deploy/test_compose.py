@@ -198,3 +198,26 @@ def test_docker_compose_resolves_the_model(tmp_path):
                           "config", "--services"], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     assert set(out.stdout.split()) == {"redis", "app", "worker-gpu", "worker-cpu"}
+
+
+@pytest.mark.parametrize("path", [COMPOSE, MULTIHOST], ids=lambda p: p.name)
+def test_the_sections_the_compose_comments_point_to_exist_there(path):
+    """A comment's `(<file>, "<section>")` names a heading of that file (2026-12-06: "see README,
+    'Adding a host'" pointed at a section that is in docs/deploy.md)."""
+    comments = "\n".join(line for line in path.read_text().splitlines() if line.lstrip().startswith("#"))
+    joined = re.sub(r"\n#\s*", " ", comments)
+    refs = re.findall(r"(README|[\w./-]+\.md),\s*\"([^\"]+)\"", joined)
+    assert refs, "expected at least one pointer to a documented section"
+    for doc, section in refs:
+        target = REPO / ("README.md" if doc == "README" else doc)
+        headings = [h.lstrip("#").strip() for h in target.read_text().splitlines() if h.startswith("#")]
+        assert section in headings, f"{path.name}: {doc} has no section {section!r}"
+
+
+def test_the_compose_header_says_how_to_move_the_published_redis_port():
+    """Host port 6379 clashes with a local Redis; the header names the .env variable that moves it,
+    and that variable is the one .env.example sets and the Redis service publishes."""
+    header = COMPOSE.read_text().split("\nname:", 1)[0]
+    assert "DDPVIZ_REDIS_PORT" in header and ".env.example" in header
+    assert "DDPVIZ_REDIS_PORT=" in (REPO / ".env.example").read_text()
+    assert "${DDPVIZ_REDIS_PORT:-6379}:6379" in COMPOSE.read_text()

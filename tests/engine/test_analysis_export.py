@@ -61,6 +61,36 @@ def test_exports_round_trip(dp_events):
     rows = list(csv.DictReader(io.StringIO(steps_csv(dp_events))))
     assert [int(r["step"]) for r in rows] == [0, 1, 2]
     assert float(rows[0]["samples_per_s"]) > 0
+    assert list(rows[0])[:len(OLD_STEP_COLUMNS)] == OLD_STEP_COLUMNS
+
+
+OLD_STEP_COLUMNS = ["rank", "device", "step", "loss", "samples", "step_time_s", "forward_s", "backward_s",
+                    "comm_exposed_s", "optimizer_s", "samples_per_s", "start_ts"]  # the CSV's columns before 2026-12-06
+
+
+def test_steps_csv_marks_the_steps_that_carry_the_instruments_work():
+    """Hand-made steps: a memory-traced DDP step whose exposed comm came from the reducer, an ordinary
+    one, and a DP check step. The old columns come first, unchanged; the flags and the source follow,
+    empty where a step lacks them; the trace's step span carries `optimizer_s`."""
+    from ddpviz.engine.summary import INSTRUMENT_FLAGS
+
+    src = "backward end minus the last gradient's ready time (DDP's reducer, Reducer::get_backward_stats)"
+    base = {"type": "step", "rank": 0, "device": "cpu:0", "loss": 1.5, "samples": 16, "step_time_s": 0.02,
+            "forward_s": 0.005, "backward_s": 0.01, "comm_exposed_s": 0.001, "optimizer_s": 0.004,
+            "samples_per_s": 800.0, "start_ts": 100.0}
+    events = [{"type": "run_started", "mode": "ddp"},
+              {**base, "step": 0, "memory_traced": True, "comm_exposed_source": src},
+              {**base, "step": 1, "start_ts": 100.02},
+              {**base, "step": 2, "start_ts": 100.04, "replica_check": True, "memory_traced": False}]
+    rows = list(csv.reader(io.StringIO(steps_csv(events))))
+    assert rows[0] == OLD_STEP_COLUMNS + ["memory_traced", "replica_check", "comm_exposed_source"]
+    assert set(INSTRUMENT_FLAGS) <= set(rows[0])  # every flag the summary leaves steps out by
+    assert [r[:3] for r in rows[1:]] == [["0", "cpu:0", "0"], ["0", "cpu:0", "1"], ["0", "cpu:0", "2"]]
+    assert rows[1][9] == "0.004" and rows[1][11] == "100.0"  # optimizer_s, start_ts: where they were
+    assert [r[12:] for r in rows[1:]] == [["True", "", src], ["", "", ""], ["False", "True", ""]]
+    spans = [e for e in chrome_trace(events)["traceEvents"] if e["ph"] == "X" and e["cat"] == "step"]
+    assert [e["args"] for e in spans][0] == {"loss": 1.5, "forward_s": 0.005, "backward_s": 0.01,
+                                             "comm_exposed_s": 0.001, "optimizer_s": 0.004}
 
 
 def test_chrome_trace_has_one_track_per_device_with_every_dp_phase(dp_events):

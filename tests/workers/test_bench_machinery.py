@@ -274,6 +274,35 @@ def test_attach_figure_judges_the_real_sized_config_and_keeps_both(monkeypatch, 
     assert "real-sized: " in report._summary("9", fig) and "--bucket-cap-mb 25.0" in report._summary("9", fig)
 
 
+def test_figure_9_is_met_only_when_every_target_it_states_is_met(monkeypatch, tmp_path):
+    """The 2026-12-06 record: real-sized 1.013x (<= 1.03: met) but Redis stopped mid-run 1.521x
+    (> 1.10: missed), so figure 9 is not met, in the JSON and in the Markdown's met column, whatever
+    `met` the real-sized config carried. A target that could not be judged leaves it None, never True."""
+    from ddpviz.workers.bench import attach_cost as A
+    from ddpviz.workers.bench.figures import run_figure
+
+    monkeypatch.setattr(A, "measure_attach_cost", lambda redis, url, work, rounds, epochs, hidden, cap: {
+        "ratio": 1.013 if hidden == 2048 else 1.064, "target": 1.03, "met": hidden == 2048})
+    lost = {"ratio": 1.521, "target": 1.10, "every_step_kept": True, "met": False}
+
+    def fig9(redis_lost):
+        return run_figure("9", lambda: {**A.measure_attach_figure(None, "redis://unused", tmp_path, rounds=1),
+                                        "redis_lost": redis_lost}, lambda _: None)
+
+    fig = fig9(lost)
+    assert fig["configs"]["real-sized"]["met"] is True and fig["redis_lost"]["met"] is False
+    assert fig["met"] is False
+    md = report.markdown({"machine": {"host": "h", "date": "d", "cpu_count": 2, "cpu_model": "c", "memory_gib": 1,
+                                      "python": "3", "torch": "2", "cuda": False}, "figures": {"9": fig}})
+    row = next(ln for ln in md.splitlines() if ln.startswith("| 9 |"))
+    assert "1.521x (target <= 1.1)" in row and row.endswith("| **not met** |")
+    assert fig9({**lost, "ratio": 1.05, "met": True})["met"] is True  # both within their targets
+    assert fig9({"reason": "no redis-server"})["met"] is None  # the Redis part not measured: unknown
+    # a missed target outweighs one that could not be judged
+    assert report.verdict("9", {"ratio": 1.2, "target": 1.03, "redis_lost": {"reason": "x"}}) is False
+    assert report.verdict("5", {"memory_samples_per_s": {}, "overhead": [{"met": False}]}) is False
+
+
 def test_redis_loss_figure_takes_turns_and_needs_every_step(monkeypatch, tmp_path):
     """Figure 9's Redis-stopped part by hand: turns alternate (up first in even rounds), the ratio is
     median(stopped) / median(up), and one turn missing a step makes it unmet whatever the times."""

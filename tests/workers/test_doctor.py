@@ -31,7 +31,9 @@ def test_doctor_cpu_checks_pass_end_to_end(redis_url, tmp_path):
     cost = checks["bucket_cost_cpu"]["figures"]  # 0.1, 1 and 25 MB: PyTorch's own bucket counts, same weights
     assert [r["bucket_cap_mb"] for r in cost["rows"]] == [25.0, 1.0, 0.1]
     assert [r["buckets"] for r in cost["rows"]] == [2, 5, 20] and all(r["max_param_diff"] <= 1e-4 for r in cost["rows"])
-    assert all(c["verdict"] == "pass" for c in checks.values()) and report["ok"] is True
+    # the CPU bucket cost's 30 µs target is reported, not enforced: a miss here is a warning (exit code 0)
+    assert checks["bucket_cost_cpu"]["verdict"] == ("pass" if cost["target_met"] else "warn")
+    assert all(c["verdict"] == "pass" for n, c in checks.items() if n != "bucket_cost_cpu") and report["ok"] is True
     assert checks["redis"]["figures"]["configured"]["redis_version"]  # the --url server answered
     pair = checks["dp_ddp_pair"]["figures"]
     assert pair["dp"]["events"]["step"] == 5 and pair["ddp"]["events"]["step"] == 10  # 5 steps x 2 ranks

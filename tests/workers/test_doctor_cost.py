@@ -33,3 +33,48 @@ def test_a_cost_above_the_target_is_reported_as_missed():
     rows = cost_rows(measure, count, RunConfig(mode="ddp"))
     text, ok = verdict(rows, gpu=False)
     assert not ok and "500 µs per bucket" in text
+
+
+def _fake_harness(monkeypatch, extra_per_bucket_s: float) -> None:
+    """`check_bucket_cost`'s harness replaced by `_measure`: 2, 5 and 20 buckets at 25, 1 and 0.1 MB."""
+    import ddpviz.engine.harness.bucket_cost as bucket_cost
+    import ddpviz.engine.harness.overhead as overhead
+
+    measure, count = _measure(extra_per_bucket_s)
+    monkeypatch.setattr(overhead, "measure_overhead", lambda cfg, rounds, block_steps: measure(cfg))
+    monkeypatch.setattr(bucket_cost, "bucket_count", count)
+
+
+def test_a_missed_cpu_bucket_cost_target_warns_and_never_passes(monkeypatch, tmp_path, capsys):
+    """148 µs a bucket against the 30 µs target (the 2026-12-06 doctor): the check says `warn`, not
+    `pass`; the report counts and names it, and the exit code stays 0 (the doctor fails only on `fail`)."""
+    import argparse
+    import signal
+
+    from ddpviz.workers.doctor import checks
+    from ddpviz.workers.doctor.cost import check_bucket_cost
+    from ddpviz.workers.doctor.report import Check, Report, run_check
+
+    _fake_harness(monkeypatch, 148e-6)
+    got = run_check("bucket_cost_cpu", check_bucket_cost, lambda _: None)
+    assert got.verdict == "warn" and "148 µs per bucket per step" in got.detail and "missed" in got.detail
+    assert got.figures["target_met"] is False and [r["buckets"] for r in got.figures["rows"]] == [2, 5, 20]
+    report = Report(checks=[Check("redis"), got, Check("cleanup")])
+    assert report.ok and report.counts() == {"pass": 2, "warn": 1, "fail": 0, "skip": 0}
+    assert report.headline() == "passed with warnings: bucket_cost_cpu (3 checks: 2 pass, 1 warn)"
+    md = report.markdown()
+    assert md.startswith("# ddpviz doctor: passed with warnings") and "| bucket_cost_cpu | **warn** |" in md
+    assert report.as_dict()["verdicts"]["warn"] == 1
+
+    monkeypatch.setattr(checks, "run_doctor", lambda out, **kw: report)
+    args = argparse.Namespace(gpu=False, url=None, out=str(tmp_path))
+    term = signal.getsignal(signal.SIGTERM)
+    try:
+        assert checks.cmd_doctor(args) == 0
+    finally:  # cmd_doctor sets its own SIGTERM handler: give pytest its own back
+        signal.signal(signal.SIGTERM, term)
+    assert "ddpviz doctor: passed with warnings: bucket_cost_cpu" in capsys.readouterr().out
+
+    _fake_harness(monkeypatch, 20e-6)  # within the target: a pass
+    ok = run_check("bucket_cost_cpu", check_bucket_cost, lambda _: None)
+    assert ok.verdict == "pass" and "target <= 30 µs per bucket per step met" in ok.detail

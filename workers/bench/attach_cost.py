@@ -148,10 +148,13 @@ def measure_attach_cost(redis, url: str, work: Path, rounds: int = 5, epochs: in
 def measure_attach_figure(redis, url: str, work: Path, rounds: int = 5,
                           epochs: dict[str, int] | None = None) -> dict[str, Any]:
     """Figure 9: every `CONFIGS` entry measured (`measure_attach_cost`); the figure's own fields
-    (ratio, medians, met) are `JUDGED`'s, and ``configs`` holds each one by name.
+    (ratio, medians) are `JUDGED`'s, and ``configs`` holds each one by name. Its `met` is left to
+    `report.verdict`, which also judges the Redis-stopped part (`attach_redis_loss`).
     `epochs` overrides a configuration's epochs by name (the quick plan's short runs)."""
     configs = {}
     for name, c in CONFIGS.items():
         n = (epochs or {}).get(name, c["epochs"])
         configs[name] = measure_attach_cost(redis, url, work, rounds, n, c["hidden"], c["bucket_cap_mb"])
-    return {**configs[JUDGED], "judged": JUDGED, "configs": configs}
+    # the judged config's fields, but not its `met`: the figure's is `report.verdict`'s over all its targets
+    judged = {k: v for k, v in configs[JUDGED].items() if k != "met"}
+    return {**judged, "judged": JUDGED, "configs": configs}

@@ -67,7 +67,9 @@ def run_figure(key: str, fn: Callable[[], dict[str, Any]], say: Callable[[str], 
         fig = fn()
     except Exception as exc:  # the record says what broke; the other figures still run
         fig = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-    fig.setdefault("met", report.verdict(key, fig))
+    # always the figure's own verdict over every target it states (`report.verdict`), never a `met`
+    # that one of its parts brought along (figure 9's real-sized config carried its own)
+    fig["met"] = report.verdict(key, fig)
     fig["wall_s"] = round(time.time() - t0, 1)
     say(f"figure {key}: done in {fig['wall_s']} s")
     return fig

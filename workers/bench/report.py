@@ -1,8 +1,9 @@
 """The bench's record: machine facts, each figure against its target, JSON and a Markdown table.
 
-Targets are issue 10's (and issue 9's for figure 5). A figure's `met` is True/False where a
-target applies and was measured, None where there is no target (figures 7 and 8, figure 6 on
-gloo) or the figure could not be taken (its `reason` or `error` says why).
+Targets are issue 10's (and issue 9's for figure 5). A figure's `met` is True only when every
+target it states was measured and met, False when any of them was missed, and None where there is
+no target (figures 7 and 8, figure 6 on gloo) or a target could not be judged (its `reason` or
+`error` says why). `verdict` is the only source of a figure's `met`.
 """
 
 from __future__ import annotations
@@ -73,6 +74,9 @@ def growth_exponent(t_small: float | None, t_large: float | None, n_small: int, 
 
 
 def _all(*conds: bool | None) -> bool | None:
+    """False if any target was missed, else None if any could not be judged, else True."""
+    if any(c is False for c in conds):
+        return False
     if any(c is None for c in conds):
         return None
     return all(conds)

@@ -299,7 +299,7 @@ def _exit_on_sigterm(signum, frame) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    """The `ddpviz doctor` command: 0 when every check passed (or was skipped), else 1."""
+    """The `ddpviz doctor` command: 0 when no check failed (each passed, warned or was skipped), else 1."""
     from ddpviz.workers.connection import ENV_VAR
 
     if args.gpu:
@@ -310,10 +310,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     url = args.url or os.environ.get(ENV_VAR, "").strip() or None
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # e.g. `timeout`: stop what was started, then exit
     report = run_doctor(args.out, gpu=args.gpu, url=url, log=lambda m: print(m, file=sys.stderr, flush=True))
-    failed = [c.name for c in report.checks if c.verdict == "fail"]
-    print(f"ddpviz doctor: {'FAILED: ' + ', '.join(failed) if failed else 'all passed'} "
-          f"({len(report.checks)} checks) -> {Path(args.out) / 'report.md'}", flush=True)
-    return 1 if failed else 0
+    print(f"ddpviz doctor: {report.headline()} -> {Path(args.out) / 'report.md'}", flush=True)
+    return 0 if report.ok else 1
 
 
 def register(command) -> None:

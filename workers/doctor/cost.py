@@ -8,16 +8,17 @@ slope between the two caps: per-step costs cancel).
 
 Targets (issue 31): on a GPU every ratio of the default path <= `RATIO_TARGET` (the check fails otherwise);
 on CPU (gloo, 2 ranks) the extra host time per bucket <= `PER_BUCKET_TARGET_US`, from the least-squares slope
-over the three caps (reported with `target_met`, not enforced: see `check_bucket_cost`). Which DDP bucket path
-is measured is the config's `bucket_timing` (`auto` by default: the recorder on gloo, the hook on NCCL,
-`engine.config.effective_bucket_timing`; the figures say which config it was).
+over the three caps (reported with `target_met`, not enforced: a miss makes the check ``warn``, not ``fail``;
+see `check_bucket_cost`). Which DDP bucket path is measured is the config's `bucket_timing` (`auto` by default:
+the recorder on gloo, the hook on NCCL, `engine.config.effective_bucket_timing`; the figures say which config
+it was).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ddpviz.workers.doctor.report import CheckFailed
+from ddpviz.workers.doctor.report import CheckFailed, CheckWarned
 
 CAPS_MB = (25.0, 1.0, 0.1)  # the 25 MB run first: the others' per-bucket figure is against it
 RATIO_TARGET = 1.03  # GPU: instrumented / plain median step time
@@ -118,10 +119,11 @@ def check_bucket_cost(base: dict[str, Any] | None = None, rounds: int = 2,
                       block_steps: int = 10) -> tuple[str, dict[str, Any]]:
     """The CPU check (module docstring; the GPU's is `check_gpu_bucket_cost`). `base`: the config fields
     (default: `CPU_MODEL`). The target is reported, not enforced: a 2-core machine shared with other work
-    moves these figures by more than the target (~40 s).
+    moves these figures by more than the target (~40 s), so a miss is a warning, never a pass.
 
     Raises:
         CheckFailed: the two sides trained different weights.
+        CheckWarned: the per-bucket slope is above `PER_BUCKET_TARGET_US` (or could not be fitted).
     """
     from ddpviz.engine.config import RunConfig
     from ddpviz.engine.harness.bucket_cost import bucket_count
@@ -135,6 +137,9 @@ def check_bucket_cost(base: dict[str, Any] | None = None, rounds: int = 2,
         raise CheckFailed("plain and ddpviz DDP trained different weights", fig)
     text, ok = verdict(rows, False)
     fig["target_met"] = ok
-    return (f"bucket_timing={cfg.bucket_timing}: {text}; target {fig['target']} {'met' if ok else 'missed'} "
-            "(CPU: reported, not enforced)"), fig
+    line = (f"bucket_timing={cfg.bucket_timing}: {text}; target {fig['target']} {'met' if ok else 'missed'} "
+            "(CPU: reported, not enforced)")
+    if not ok:
+        raise CheckWarned(line, fig)
+    return line, fig
 

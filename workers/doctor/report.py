@@ -1,8 +1,10 @@
 """The report of `ddpviz doctor`: one verdict and its figures per check, as JSON and Markdown.
 
-A check's verdict is ``pass``, ``fail`` or ``skip`` (could not run here, with the reason). The
-doctor exits non-zero when any check failed. `report.json` holds everything; `report.md` is the
-same as a table a person can paste into the README's "GPU results".
+A check's verdict is ``pass``, ``warn`` (it ran and reported its figures, but a target it states
+and does not enforce was missed), ``fail`` or ``skip`` (could not run here, with the reason). The
+doctor exits non-zero when any check failed; a warning alone leaves the exit code at 0.
+`report.json` holds everything; `report.md` is the same as a table a person can paste into the
+README's "GPU results".
 
 Each check runs with the process's stop-signal handlers kept (`signals_kept`): torch's elastic
 agent, which the GPU checks run in this (the main) thread, installs its own handler for SIGTERM,
@@ -28,13 +30,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-VERDICTS = ("pass", "fail", "skip")
+VERDICTS = ("pass", "warn", "fail", "skip")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)  # torch elastic's set
 
 
 @dataclass
 class Check:
-    """One check: `name`, `verdict` (pass|fail|skip), `detail` (a sentence: what was found, and
+    """One check: `name`, `verdict` (pass|warn|fail|skip), `detail` (a sentence: what was found, and
     for a failure why), `figures` (JSON-able measurements, units in their names), `seconds`."""
 
     name: str
@@ -50,6 +52,15 @@ class Check:
 
 class CheckFailed(Exception):
     """Raised inside a check to fail it with a message (and the figures gathered so far)."""
+
+    def __init__(self, message: str, figures: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.figures = figures or {}
+
+
+class CheckWarned(Exception):
+    """Raised inside a check that ran but missed a target it reports without enforcing: ``warn``,
+    with the message and the figures (not a `CheckFailed`: the doctor's exit code stays 0)."""
 
     def __init__(self, message: str, figures: dict[str, Any] | None = None):
         super().__init__(message)
@@ -103,9 +114,9 @@ def run_check(name: str, fn: Callable[[], tuple[str, dict[str, Any]]],
               log: Callable[[str], None] = print) -> Check:
     """Run `fn` (which returns ``(detail, figures)``) as check `name`, timed.
 
-    `CheckFailed` and any other exception make it ``fail`` (an unexpected exception keeps its
-    last traceback lines in the figures), `CheckSkipped` makes it ``skip``. Stop-signal handlers
-    are the same after the check as before it (`signals_kept`).
+    `CheckWarned` makes it ``warn`` (with its figures); `CheckFailed` and any other exception make it
+    ``fail`` (an unexpected exception keeps its last traceback lines in the figures), `CheckSkipped`
+    makes it ``skip``. Stop-signal handlers are the same after the check as before it (`signals_kept`).
 
     Raises:
         Interrupted: a stop signal arrived during the check (the doctor's own SIGTERM handler's
@@ -121,6 +132,8 @@ def run_check(name: str, fn: Callable[[], tuple[str, dict[str, Any]]],
             check = Check(name, "pass", detail, figures)
         except CheckSkipped as exc:
             check = Check(name, "skip", str(exc))
+        except CheckWarned as exc:
+            check = Check(name, "warn", str(exc), exc.figures)
         except CheckFailed as exc:
             check = Check(name, "fail", str(exc), exc.figures)
         except SystemExit as exc:  # the doctor's SIGTERM handler (or a sys.exit inside the check)
@@ -152,7 +165,23 @@ class Report:
 
     @property
     def ok(self) -> bool:
+        """No check failed (a warning or a skip leaves the report ok)."""
         return all(c.verdict != "fail" for c in self.checks)
+
+    def counts(self) -> dict[str, int]:
+        """Checks per verdict, every verdict named (0 where none)."""
+        return {v: sum(c.verdict == v for c in self.checks) for v in VERDICTS}
+
+    def headline(self) -> str:
+        """'all passed', 'passed with warnings: a, b' or 'FAILED: c', then the checks counted (by verdict
+        where not all passed): the doctor's last line and its report's title."""
+        named = {v: [c.name for c in self.checks if c.verdict == v] for v in ("fail", "warn")}
+        head = ("FAILED: " + ", ".join(named["fail"]) if named["fail"] else
+                "passed with warnings: " + ", ".join(named["warn"]) if named["warn"] else "all passed")
+        counts = self.counts()
+        if counts["pass"] == len(self.checks):
+            return f"{head} ({len(self.checks)} checks)"
+        return f"{head} ({len(self.checks)} checks: {', '.join(f'{n} {v}' for v, n in counts.items() if n)})"
 
     autosave_dir: Path | None = None  # when set, the report is rewritten after every check
 
@@ -163,7 +192,7 @@ class Report:
         return check
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(ok=self.ok, gpu=self.gpu, started_at=self.started_at, host=self.host,
+        return dict(ok=self.ok, verdicts=self.counts(), gpu=self.gpu, started_at=self.started_at, host=self.host,
                     platform=self.platform, checks=[asdict(c) for c in self.checks])
 
     def write(self, out_dir: str | Path) -> tuple[Path, Path]:
@@ -176,7 +205,7 @@ class Report:
         return js, md
 
     def markdown(self) -> str:
-        lines = [f"# ddpviz doctor{' --gpu' if self.gpu else ''}: {'all passed' if self.ok else 'FAILED'}",
+        lines = [f"# ddpviz doctor{' --gpu' if self.gpu else ''}: {self.headline()}",
                  "", f"{self.started_at} on `{self.host}` (Python {self.platform['python']}, "
                  f"{self.platform['system']})", "",
                  "| check | verdict | seconds | what was found |", "|---|---|---:|---|"]
