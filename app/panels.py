@@ -190,7 +190,9 @@ def _show_error(error: dict[str, Any], status: str = "failed") -> None:
     where = where_failed(error)  # "pre-flight", "plugin build", "rank 1 at step 2" (engine.stages)
     where = f" ({where})" if where else ""
     if status == "canceled":  # asked for, not a failure
-        st.info(f"Run canceled: {error.get('exception', '')}", icon=":material/stop_circle:")
+        said = str(error.get("exception") or "")  # "Canceled: <reason> (...)": the badge says canceled already
+        st.info(f"Run canceled: {said[len('Canceled: '):] if said.startswith('Canceled: ') else said}",
+                icon=":material/stop_circle:")
         return
     verb = "lost" if status == "lost" else "failed"
     st.error(f"Run {verb}{where}: {error.get('exception', 'unknown error')}",

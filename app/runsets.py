@@ -95,9 +95,12 @@ def set_label(members: list[Run]) -> str:
     knobs = "".join(f", {words}" for key, words in (
         ("bucket_cap_mb", f"bucket cap {cap_text(ddp.get('bucket_cap_mb'))} MiB"), ("comm_hook", f"{ddp.get('comm_hook')} hook"),
         ("bucket_timing", f"bucket timing {ddp.get('bucket_timing')}"), ("overlap", "overlap off"))
-        if key in ddp and ddp.get(key) != RunConfig.model_fields[key].default)
+        if ddp.get(key) is not None and ddp.get(key) != RunConfig.model_fields[key].default)  # None: an attached run's
     bad = sorted({str(r.get("status")) for r in members} & {"failed", "canceled", "lost"})
-    return (f"{names} — {cfg.get('model')} ×{cfg.get('world_size')}, {cfg.get('steps')} steps{knobs} "
+    # devices as the Runs table counts them (a set's single run: 1, whatever its world_size; a new user saw
+    # "single ×1 · ... — mlp ×4" for `--mode single --world-size 4`)
+    devices = max((frames.devices_used(r.get("config") or {}) or 0 for r in members), default=0) or "?"
+    return (f"{names} — {cfg.get('model')} ×{devices}, {cfg.get('steps')} steps{knobs} "
             f"— {when} ({group[:12]})" + (f" · {', '.join(bad)}" if bad else ""))
 
 

@@ -99,6 +99,10 @@ st.title("Live")
 client = require_client()
 ids = pick_runs(client)
 if not ids:
+    # with runs stored, an empty pick (or an unknown id, warned above) is a choice to make, not "no runs"
+    if client.list_runs(limit=1):
+        st.info("Pick one or two runs above to watch.", icon=":material/touch_app:")
+        st.stop()
     st.info("No runs yet: launch one on the Launch page.")
     st.page_link("views/launch.py", label="Launch a run", icon=":material/rocket_launch:")
     st.stop()

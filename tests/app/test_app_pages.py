@@ -190,7 +190,7 @@ def test_live_page_shows_a_canceled_run_as_canceled_not_failed(fake_client, app_
     at = app_test("views/live.py", runs="stopped")
     assert not at.exception
     assert not at.error
-    assert "Run canceled: Canceled: canceled by user" in at.info[0].value
+    assert at.info[0].value == "Run canceled: canceled by user"  # "canceled" was said four times (a new user)
     card = next(c.value for c in at.caption if c.value.startswith("`stopped`"))
     assert "global batch" in card and "bucket cap" not in card and "overlap" not in card  # DP has neither
 
@@ -223,6 +223,10 @@ def test_live_page_unknown_run_id(fake_client, app_test):
     assert not at.exception
     assert "No such run: `nope`" in at.warning[0].value
     assert at.multiselect(key="live_pick").value == ["dp1"]
+    # only unknown ids, with runs stored: the warning, then the picker, not "No runs yet" (a new user, 2026-12-06)
+    at = app_test("views/live.py", runs="deadbeef")
+    assert not at.exception and "No such run: `deadbeef`" in at.warning[0].value
+    assert "No runs yet" not in str([i.value for i in at.info]) and "Pick one or two runs" in at.info[0].value
 
 
 def test_live_names_the_steps_whose_all_reduce_was_timed_when_the_typical_one_has_none(fake_client, app_test):

@@ -255,6 +255,16 @@ def test_a_sets_picker_label_names_its_ddp_knobs_and_a_run_that_did_not_succeed(
     plain = [dict(m, status="succeeded", config={**m["config"], "bucket_cap_mb": 25.0, "comm_hook": "none"})
              for m in members]
     assert "300 steps — " in set_label(plain) and not set_label(plain).endswith("failed")
+    # an attached run's config has no comm_hook: no "None hook" (a new user, 2026-12-06); a lone single run
+    # trains one device whatever its world_size ("mlp ×4" was shown for `--mode single --world-size 4`)
+    attached = [{"run_id": "c", "status": "failed", "created_at": T0_SET,
+                 "config": {"model": "Sequential", "world_size": 2, "steps": 4, "mode": "ddp", "comm_hook": None,
+                            "bucket_timing": None, "bucket_cap_mb": 0.1}}]
+    assert "Sequential ×2, 4 steps, bucket cap 0.1 MiB — " in set_label(attached)
+    assert "None" not in set_label(attached)
+    single = [{"run_id": "d", "status": "succeeded", "created_at": T0_SET,
+               "config": {"model": "mlp", "world_size": 4, "steps": 5, "mode": "single"}}]
+    assert "mlp ×1, 5 steps — " in set_label(single)
 
 
 T0_SET = 1_700_000_000.0

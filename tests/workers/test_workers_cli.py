@@ -261,3 +261,16 @@ def test_submit_wait_says_once_that_no_worker_serves_the_queue(monkeypatch, caps
     assert commands.follow(Queue(), ["r1"]) == 1
     err = capsys.readouterr().err
     assert err.count(NO_WORKER) == 1 and "Ctrl-C stops following" in err
+
+
+def test_a_canceled_runs_error_says_canceled_once_per_part():
+    """"Canceled: canceled by user (canceled: every rank process was stopped)" (a new user, 2026-12-06): the
+    engine's own "canceled: " is not repeated inside the worker's sentence."""
+    from types import SimpleNamespace
+
+    from ddpviz.workers.jobs.run import _stop_outcome
+
+    poller = SimpleNamespace(kind="cancel", reason="canceled by user")
+    status, error = _stop_outcome(poller, {"exception": "canceled: every rank process was stopped"})
+    assert status.value == "canceled"
+    assert error["exception"] == "Canceled: canceled by user (every rank process was stopped)"

@@ -325,6 +325,8 @@ def _stop_outcome(poller: StopPoller, error: dict | None) -> tuple[RunStatus, di
                                             f"run was stopped", tb, rank)
     if poller.kind == "stream":
         return RunStatus.FAILED, make_error(f"{poller.reason}; the run was stopped", tb, rank)
+    if said and said.lower().startswith("canceled: "):  # the engine's own word for it, said once already
+        said = said[len("canceled: "):]
     return RunStatus.CANCELED, make_error(
         f"Canceled: {poller.reason or 'canceled'}" + (f" ({said})" if said else ""), tb, rank)
 
