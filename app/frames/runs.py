@@ -28,7 +28,9 @@ def no_throughput_reason(run: dict[str, Any]) -> str:
     if status == "canceled":
         return f"canceled after {steps}"
     if status == "lost":
-        return "lost: its worker stopped sending heartbeats"
+        # no summary: the worker that builds it died; Live still draws the steps the stream holds (a new user saw
+        # 20,696 samples/s there against a dash here, 2026-12-06)
+        return "lost: its worker stopped sending heartbeats before its summary; Live shows its stored steps"
     if status == "failed":
         where = where_failed(run.get("error"))
         return f"failed{f' ({where})' if where else ''} after {steps}"
