@@ -73,7 +73,7 @@ class RunConfig(BaseModel):
     Defaults give a DDP run of about 20 s on 2 CPU cores (mlp on digits).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # nan read "must be <= 10.0"
 
     mode: Literal["dp", "ddp", "fsdp", "single"] = "ddp"  # single = one device, same global batch
     world_size: int = Field(2, ge=1, le=64)  # devices (DP) or rank processes (DDP, FSDP)
@@ -275,6 +275,7 @@ def _describe(err: dict[str, Any]) -> tuple[str, str]:
         "literal_error": lambda: f"must be one of {ctx.get('expected')}",
         "extra_forbidden": lambda: "is not a known field",
         "missing": lambda: "is required",
+        "finite_number": lambda: "must be a finite number",
         "string_too_long": lambda: f"must be at most {ctx.get('max_length')} characters",
         "string_too_short": lambda: f"must be at least {ctx.get('min_length')} characters",
     }

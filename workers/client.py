@@ -31,6 +31,17 @@ from ddpviz.workers.sink import decode_entries
 from ddpviz.workers.store import ACTIVE, TERMINAL, RunStatus, RunStore, make_error, new_run_id
 from ddpviz.workers.sweeps import member_label
 
+MAX_LABEL_CHARS = 80  # a label given to submit or submit_pair (a pair's runs add " · DP")
+
+
+def check_label(label: str | None) -> None:
+    """Raises engine.config.ConfigError (field ``label``) for a label over `MAX_LABEL_CHARS`: a 300-character
+    label widened `ddpviz runs` and every picker (a new user, 2026-12-06)."""
+    if label and len(label) > MAX_LABEL_CHARS:
+        from ddpviz.engine.config import ConfigError
+
+        raise ConfigError([("label", f"label must be at most {MAX_LABEL_CHARS} characters (got {len(label)})")])
+
 CANCEL_WAIT_S = 3.0  # how long a started run gets to stop by itself before its horse is killed
 CANCEL_POLL_S = 0.1
 RESULT_TTL_S = 24 * 3600  # RQ keeps a job's result this long (the run record is kept forever)
@@ -69,6 +80,7 @@ class DdpvizClient:
                 for ``nnodes > 1``, also fewer idle workers than nnodes.
         """
         cfg = validate_config(config)
+        check_label(label)
         if cfg.nnodes > 1:  # one node job per host (workers.jobs.multinode)
             from ddpviz.workers.jobs.multinode import submit_multinode
 
@@ -98,6 +110,7 @@ class DdpvizClient:
         Raises:
             engine.config.ConfigError: either variant breaks a rule (naming the field).
         """
+        check_label(label)
         dp_config = {k: v for k, v in config.items() if k not in COMM_HOOK_FIELDS}
         dp, ddp = self._submit_many([({**dp_config, "mode": "dp"}, member_label(label, "DP")),
                                      ({**config, "mode": "ddp"}, member_label(label, "DDP"))],
@@ -111,6 +124,7 @@ class DdpvizClient:
             from ddpviz.engine.config import ConfigError
 
             raise ConfigError([("timeout_s", f"timeout_s must be > 0 and <= 30 days (got {timeout_s})")])
+
         configs = [validate_config(cfg).to_json_dict() for cfg, _ in items]
         run_ids = [new_run_id() for _ in items]
         pair = pair_plan(run_ids[0], run_ids[1], configs[1]["steps"], configs[1].get("nnodes", 1)) if as_pair else None

@@ -55,3 +55,12 @@ def test_config_round_trips_through_json():
 def test_non_object_payload_is_refused():
     with pytest.raises(ConfigError, match="JSON object"):
         validate_config(["mode", "ddp"])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_number_that_is_not_finite_is_refused_as_such(bad):
+    """`--lr nan` was refused with "lr must be <= 10.0 (got nan)" (a new user, 2026-12-06): true of no NaN."""
+    with pytest.raises(ConfigError) as refused:
+        validate_config({"lr": bad, "bucket_cap_mb": bad})
+    assert dict(refused.value.errors) == {"lr": f"lr must be a finite number (got {bad!r})",
+                                          "bucket_cap_mb": f"bucket_cap_mb must be a finite number (got {bad!r})"}

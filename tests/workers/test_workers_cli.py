@@ -274,3 +274,15 @@ def test_a_canceled_runs_error_says_canceled_once_per_part():
     status, error = _stop_outcome(poller, {"exception": "canceled: every rank process was stopped"})
     assert status.value == "canceled"
     assert error["exception"] == "Canceled: canceled by user (every rank process was stopped)"
+
+
+def test_a_label_longer_than_80_characters_is_refused_before_anything_is_stored(redis_client):
+    """A 300-character label was accepted and widened `ddpviz runs` and every picker (a new user, 2026-12-06)."""
+    from ddpviz.engine.config import ConfigError
+
+    client = DdpvizClient(redis=redis_client)
+    with pytest.raises(ConfigError) as refused:
+        client.submit_pair({"steps": 2}, label="x" * 300)
+    assert dict(refused.value.errors) == {"label": "label must be at most 80 characters (got 300)"}
+    assert client.list_runs() == []
+    assert client.get_run(client.submit({"steps": 2}, label="y" * 80))["label"] == "y" * 80
