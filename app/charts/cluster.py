@@ -33,6 +33,9 @@ def gpu_memory_chart(gpus: pd.DataFrame) -> alt.LayerChart:
         width=WIDTH, height=rows_height(gpus, "gpu"))
 
 
+WORKER_LABEL_PX = 320  # the runs chart's worker names (a host, up's pid, a restart count)
+
+
 def worker_runs_chart(runs: pd.DataFrame, window: tuple[Any, Any, str] | None = None) -> alt.Chart:
     """A bar per run on its worker's lane, start to end (`app.frames.cluster.worker_runs_frame`); runs
     that overlapped on one worker stacked in its lane by their `slot` (`yOffset`), so a DP+DDP pair, trained
@@ -48,7 +51,8 @@ def worker_runs_chart(runs: pd.DataFrame, window: tuple[Any, Any, str] | None = 
                                     clip=True).encode(
         x=alt.X("start:T", title="time (local, h:m:s)", axis=alt.Axis(format="%H:%M:%S"), scale=scale),
         x2="end:T",
-        y=alt.Y("worker:N", title="worker"), yOffset=alt.YOffset("slot:N"),
+        # whole names: cut at Vega's 180 px default, restarted workers read as three identical "vm-up8008-1-rest…"
+        y=alt.Y("worker:N", title="worker", axis=alt.Axis(labelLimit=WORKER_LABEL_PX)), yOffset=alt.YOffset("slot:N"),
         color=alt.Color("mode:N", legend=legend("mode"), scale=MODE_COLOURS),
         tooltip=[alt.Tooltip("worker:N"), alt.Tooltip("run:N"), alt.Tooltip("status:N"),
                  alt.Tooltip("start:T", format="%H:%M:%S"),

@@ -35,15 +35,18 @@ def devices_text(devices: Iterable[Any]) -> str:
     return " + ".join(parts) or "none reported"
 
 
-def workers_frame(workers: Iterable[dict[str, Any]], now: float) -> pd.DataFrame:
+def workers_frame(workers: Iterable[dict[str, Any]], now: float,
+                  labels: dict[str, str] | None = None) -> pd.DataFrame:
     """One row per worker; `heartbeat_age_s` = now − last beat; `devices` in words (`devices_text`);
-    `gpus` "CPU only" when the worker reported none."""
-    rows = []
+    `gpus` "CPU only" when the worker reported none; `current_run` its runs as "label (id)" where `labels`
+    (run id -> label) knows them (a pair in turns is two ids: a new user saw "44bb…,ed8a…")."""
+    rows, names = [], labels or {}
     for w in workers:
         gpus = w.get("gpus") or []
         rows.append({
             "name": w.get("name"), "host": w.get("host"), "pid": w.get("pid"),
-            "state": w.get("state") or "?", "current_run": w.get("current_run") or "",
+            "state": w.get("state") or "?", "current_run": ", ".join(
+                f"{names[r]} ({r[:8]})" if names.get(r) else r for r in str(w.get("current_run") or "").split(",") if r),
             "heartbeat_age_s": max(0.0, now - float(w["ts"])) if w.get("ts") else None,
             "devices": devices_text(w.get("devices") or []),
             "gpus": ", ".join(f"{g.get('index')}: {g.get('name')}" for g in gpus) or "CPU only"})

@@ -26,7 +26,9 @@ def workers_panel(client) -> None:
     """Workers table and GPU chart, refreshed every `REFRESH_S` seconds."""
     now = time.time()
     workers = client.workers()
-    df = fc.workers_frame(workers, now)
+    running = {r for w in workers for r in str(w.get("current_run") or "").split(",") if r}
+    labels = {r: (client.get_run(r) or {}).get("label") or "" for r in running}
+    df = fc.workers_frame(workers, now, labels)
     if df.empty:
         st.warning("No live worker: start one with `ddpviz worker` (runs stay queued until one "
                    "is up).", icon=":material/dns:")

@@ -77,6 +77,10 @@ def test_cluster_frames():
                              {"kind": "cuda", "name": "NVIDIA H100"}, {"kind": "cuda", "name": "NVIDIA A10"}]) \
         == "CPU (16 cores) + 2 × NVIDIA H100 + 1 × NVIDIA A10"
     assert df["gpus"].iloc[1] == "CPU only"
+    # a pair in turns: two ids, each named by its label where known (raw "44bb…,ed8a…" before)
+    pair = fcl.workers_frame([{**GPU_WORKER, "current_run": "44bb9120bbbe439a,ed8a3f146f614b45"}], now=103.0,
+                             labels={"44bb9120bbbe439a": "p2 · DP", "ed8a3f146f614b45": ""})
+    assert pair["current_run"].iloc[0] == "p2 · DP (44bb9120), ed8a3f146f614b45"
     gpus = fcl.gpu_frame([GPU_WORKER])
     assert gpus["used_gib"].tolist() == [1.0, 2.0] and gpus["total_gib"].tolist() == [80.0, 80.0]
     _check_chart(charts_cluster.gpu_memory_chart(gpus))
