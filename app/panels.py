@@ -129,7 +129,7 @@ def _run_status(client, w: RunWindow, label: str) -> None:
     if notes:
         st.warning("From ddpviz in the run: " + " · ".join(notes), icon=":material/info:")
     if w.error:
-        _show_error(w.error, w.status)
+        _show_error(w.error, w.status, w.mode)
     if w.status == "queued" and not client.workers():
         st.warning(NO_WORKER[0].upper() + NO_WORKER[1:] + ".", icon=":material/dns:")
     if w.status in ("queued", "started") and st.button("Cancel", key=f"cancel_{w.run_id}"):
@@ -186,8 +186,8 @@ def what_trained(w: RunWindow) -> str:
     return f"{model} on {data}" if data else str(model or "model not known yet")
 
 
-def _show_error(error: dict[str, Any], status: str = "failed") -> None:
-    where = where_failed(error)  # "pre-flight", "plugin build", "rank 1 at step 2" (engine.stages)
+def _show_error(error: dict[str, Any], status: str = "failed", mode: str | None = None) -> None:
+    where = where_failed(error, mode)  # "pre-flight", "plugin build", "rank 1 at step 2" (engine.stages)
     where = f" ({where})" if where else ""
     if status == "canceled":  # asked for, not a failure
         said = str(error.get("exception") or "")  # "Canceled: <reason> (...)": the badge says canceled already

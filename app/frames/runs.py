@@ -32,7 +32,7 @@ def no_throughput_reason(run: dict[str, Any]) -> str:
         # 20,696 samples/s there against a dash here, 2026-12-06)
         return "lost: its worker stopped sending heartbeats before its summary; Live shows its stored steps"
     if status == "failed":
-        where = where_failed(run.get("error"))
+        where = where_failed(run.get("error"), (run.get("config") or {}).get("mode"))
         return f"failed{f' ({where})' if where else ''} after {steps}"
     return f"{status or 'unknown'}: no steps measured"
 

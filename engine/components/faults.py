@@ -15,6 +15,7 @@ import signal
 import time
 
 from ddpviz.engine.config import RunConfig
+from ddpviz.engine.stages import unit_word
 
 HANG_S = 3600.0  # long enough that only the collective timeout (or a cancel) ends it
 
@@ -45,7 +46,7 @@ def maybe_fail(cfg: RunConfig, rank: int, step: int) -> None:
     if cfg.fault == "none" or rank != cfg.fault_rank or step != cfg.fault_step:
         return
     if cfg.fault == "raise":
-        raise InjectedFault(f"injected fault: rank {rank} raised at step {step}", rank)
+        raise InjectedFault(f"injected fault: {unit_word(cfg.mode)} {rank} raised at step {step}", rank)
     if cfg.fault == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if cfg.fault == "hang":

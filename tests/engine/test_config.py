@@ -64,3 +64,17 @@ def test_a_number_that_is_not_finite_is_refused_as_such(bad):
         validate_config({"lr": bad, "bucket_cap_mb": bad})
     assert dict(refused.value.errors) == {"lr": f"lr must be a finite number (got {bad!r})",
                                           "bucket_cap_mb": f"bucket_cap_mb must be a finite number (got {bad!r})"}
+
+
+def test_a_dp_failure_names_its_device_not_a_rank():
+    """DP's injected fault read "rank 0 raised at step 5" and "Run failed (rank 0 at step 5)" (a new user,
+    2026-12-06): DP has one process with a thread per device."""
+    from ddpviz.engine.components.faults import InjectedFault, maybe_fail
+    from ddpviz.engine.stages import where_failed
+
+    error = {"stage": "training", "rank": 0, "step": 5}
+    assert (where_failed(error, "dp"), where_failed(error, "ddp"), where_failed(error)) == \
+        ("device 0 at step 5", "rank 0 at step 5", "rank 0 at step 5")
+    for mode, word in (("dp", "device"), ("ddp", "rank")):
+        with pytest.raises(InjectedFault, match=f"^injected fault: {word} 0 raised at step 5$"):
+            maybe_fail(RunConfig(mode=mode, fault="raise", fault_rank=0, fault_step=5), 0, 5)

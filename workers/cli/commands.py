@@ -72,7 +72,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, previous)
         FanoutSink(*sinks).close()
         progress.close()
-    print(summary_line(run_id, result.status, result.summary, result.error), flush=True)
+    print(summary_line(run_id, result.status, result.summary, result.error, cfg.mode), flush=True)
     if result.status == "failed" and (result.error or {}).get("traceback") and args.verbose:
         print(result.error["traceback"], file=sys.stderr)
     return EXIT_OK if result.status == "succeeded" else EXIT_FAILED
@@ -140,7 +140,8 @@ def follow(client: Any, run_ids: list[str]) -> int:
     ok = True
     for rid in run_ids:
         rec = client.get_run(rid)
-        print(summary_line(rid, rec["status"], rec["summary"], rec["error"]), flush=True)
+        print(summary_line(rid, rec["status"], rec["summary"], rec["error"], (rec.get("config") or {}).get("mode")),
+              flush=True)
         ok &= rec["status"] == "succeeded"
     return EXIT_OK if ok else EXIT_FAILED
 

@@ -47,7 +47,7 @@ def _num(value: Any, fmt: str) -> str:
 
 
 def summary_line(run_id: str, status: str, summary: dict[str, Any] | None,
-                 error: dict[str, Any] | None = None) -> str:
+                 error: dict[str, Any] | None = None, mode: str | None = None) -> str:
     """One line: status, steps, throughput, step time, final loss, accuracy, wall time; and the
     error's exception when there is one, with where it happened (`engine.stages.where_failed`:
     ``error (pre-flight): ...``, ``error (rank 1 at step 2): ...``)."""
@@ -61,6 +61,6 @@ def summary_line(run_id: str, status: str, summary: dict[str, Any] | None,
             f"val acc {_num(s.get('val_accuracy'), '.3f')}, "
             f"wall {_num(s.get('wall_time_s'), '.1f')} s")
     if error and error.get("exception"):
-        where = where_failed(error)
+        where = where_failed(error, mode)
         line += f"\n  error{f' ({where})' if where else ''}: {error['exception']}"
     return line
