@@ -74,6 +74,19 @@ def test_runs_table_counts_a_single_run_of_a_set_as_one_device():
     assert (single[at], ddp[at]) == ("1", "2")
 
 
+
+def test_runs_table_says_the_steps_a_run_did_where_it_ended_short():
+    """A pair's DP canceled at step 110 of 400 read STEPS 400, an attached run 4 (the steps it stores): a new user
+    could not tell asked from done (2026-12-06)."""
+    from ddpviz.workers.cli.commands import steps_cell
+
+    canceled = dict(config={"steps": 400}, summary={"steps_done": 110})
+    assert steps_cell(canceled) == "110/400"
+    assert steps_cell(dict(config={"steps": 400}, summary={"steps_done": 400})) == "400"
+    assert steps_cell(dict(config={"steps": 400}, summary=None)) == "400"  # queued or running
+    assert steps_cell(dict(config={"steps": 4, "attached": True}, summary={"steps_done": 4})) == "4"
+
+
 # -- 14, 19: run_started kept in the record; host = the worker ------------------------------------
 
 @pytest.mark.slow

@@ -193,6 +193,16 @@ RUNS_COLUMNS = ("RUN_ID", "STATUS", "LABEL", "MODE", "DEVICES", "STEPS", "CREATE
 RIGHT_ALIGNED = {"DEVICES", "STEPS", "TIME"}
 
 
+def steps_cell(run: dict[str, Any]) -> str:
+    """`ddpviz runs`' STEPS: the steps asked for, as "done/asked" where a run ended short of them (a pair's DP
+    canceled at step 110 read 400, while an attached run, which stores the steps it did, read 4: a new user,
+    2026-12-06)."""
+    asked, done = (run.get("config") or {}).get("steps"), (run.get("summary") or {}).get("steps_done")
+    if done is not None and asked and done != asked:
+        return f"{done}/{asked}"
+    return str(asked if asked is not None else "-")
+
+
 def runs_table(runs: list[dict[str, Any]]) -> list[str]:
     """`ddpviz runs` lines: a header and a row per run, each column as wide as its widest cell
     (labels are shown whole, so long ones never push the other columns out of line)."""
@@ -202,7 +212,7 @@ def runs_table(runs: list[dict[str, Any]]) -> list[str]:
     for r in runs:
         cfg = r["config"] or {}
         rows.append((r["run_id"], r["status"] or "-", r["label"] or "-", str(cfg.get("mode", "-")),
-                     str(devices_used(cfg) or "-"), str(cfg.get("steps", "-")), _when(r["created_at"]),
+                     str(devices_used(cfg) or "-"), steps_cell(r), _when(r["created_at"]),
                      _duration(r), r["worker"] or "-"))
     widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(RUNS_COLUMNS)]
 
