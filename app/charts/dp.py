@@ -73,11 +73,13 @@ def dp_timeline(phases: pd.DataFrame, idle: pd.DataFrame, summary: pd.DataFrame,
     if with_gil:
         layers += _gil_layers(gil, x, y)
         row_px = 40  # two lanes per device
+    t = title(label, "device 0 broadcasts, reduces and steps while the others wait"
+              + ("; GIL lanes: a dark bar as long as the threads waited for the GIL in the phase on its grey "
+                 "line (where inside it, not measured)" if with_gil else ""))
+    # the title's lines get their own room: a longer subtitle shrank the lanes and Vega hid every other label
     return alt.layer(*layers).properties(
-        title=title(label, "device 0 broadcasts, reduces and steps while the others wait"
-                    + ("; GIL lanes: a dark bar as long as the threads waited for the GIL in the phase on its grey "
-                       "line (where inside it, not measured)" if with_gil else "")),
-        width=WIDTH, height=rows_height(phases, "device", row_px=2 * row_px if with_gil else row_px) + LEGEND_PX)
+        title=t, width=WIDTH,
+        height=rows_height(phases, "device", row_px=2 * row_px if with_gil else row_px, title_params=t) + LEGEND_PX)
 
 
 def _gil_layers(gil: pd.DataFrame, x: alt.X, y: alt.Y) -> list[alt.Chart]:
