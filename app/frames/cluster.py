@@ -46,7 +46,8 @@ def workers_frame(workers: Iterable[dict[str, Any]], now: float,
         rows.append({
             "name": w.get("name"), "host": w.get("host"), "pid": w.get("pid"),
             "state": w.get("state") or "?", "current_run": ", ".join(
-                f"{names[r]} ({r[:8]})" if names.get(r) else r for r in str(w.get("current_run") or "").split(",") if r),
+                f"{names[r]} ({r[:8]})" if names.get(r) else r
+                for r in str(w.get("current_run") or "").split(",") if r),
             "heartbeat_age_s": max(0.0, now - float(w["ts"])) if w.get("ts") else None,
             "devices": devices_text(w.get("devices") or []),
             "gpus": ", ".join(f"{g.get('index')}: {g.get('name')}" for g in gpus) or "CPU only"})

@@ -1,7 +1,7 @@
 """Calibration of the scale-out predictor from a set's single-device baseline: the contention
 term κ (a DDP rank beside others against a device alone), the share f of compute that does
-not grow with the batch, and the compute's own contention κ_c where κ cannot explain the forward. Pure Python (no torch); `engine.predict.scaleout` uses both (see its module doc
-and docs/predict.md).
+not grow with the batch, and the compute's own contention κ_c where κ cannot explain the forward.
+Pure Python (no torch); `engine.predict.scaleout` uses them (see its module doc and docs/predict.md).
 """
 
 from __future__ import annotations

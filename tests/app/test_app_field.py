@@ -280,7 +280,8 @@ def test_runs_without_samples_per_s_show_a_dash_and_why(fake_client, app_test):
     assert table.proto.placeholder == "—"
     notes = dict(zip(table.value["run_id"], table.value["note"]))
     assert notes == {"c1": "canceled after no step",
-                     "l1": "lost: its worker stopped sending heartbeats before its summary; Live shows its stored steps",
+                     "l1": ("lost: its worker stopped sending heartbeats before its summary; Live shows its stored "
+                            "steps"),
                      "f1": "failed (rank 1 at step 3) after 3 step(s)", "ok": ""}
 
 
