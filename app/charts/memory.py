@@ -39,6 +39,13 @@ _PHASE_COLOUR = dict(zip(DP_PHASES, PHASE_COLOURS)) | {INSTRUMENT: PHASE_HUES["i
 _PHASE_COLUMNS = 3
 # a device legend, four entries a row: eight GPUs in one row ran past a half column
 _DEVICE_LEGEND = legend("device", orient="top", symbolType="square", columns=4)
+LEGEND_DEVICES_MAX = 16  # past this many, no device legend: 64 devices' legend (4 columns, 16 rows) crushed the
+# plot to ~10 px under "...35 entries" (a new user, 2026-12-06); each line's tooltip names its device
+
+
+def device_legend(devices) -> alt.Legend | None:
+    """The device colour legend, or None (no legend) for more than `LEGEND_DEVICES_MAX` devices."""
+    return _DEVICE_LEGEND if len(set(devices)) <= LEGEND_DEVICES_MAX else None
 _TO_THE_DATA = alt.Scale(nice=False, zero=True)  # a time axis from 0 to the last reading, set by the data
 _STEP_X_TITLE = "ms from the step's start"
 
@@ -112,7 +119,7 @@ def _lines(df: pd.DataFrame, x: alt.X, y: alt.Y, tip: tuple[str, str] = ("mib", 
     return alt.Chart(df).mark_line(interpolate="step-after", strokeWidth=2,
                                    point=alt.OverlayMarkDef(size=6, opacity=0.5)).encode(
         x=x, y=y,
-        color=alt.Color("device:N", legend=_DEVICE_LEGEND,
+        color=alt.Color("device:N", legend=device_legend(df["device"]),
                         scale=device_scale(device_order(df["device"]))),
         strokeDash=alt.StrokeDash("source_label:N", scale=dashes,
                                   # a fill colour too: over a line with points Vega draws the stroke
@@ -177,7 +184,7 @@ def memory_over_run_charts(run_memory: pd.DataFrame, run: str) -> list[alt.Layer
         x = alt.X("t_s:Q", title="seconds since the run started", scale=_TO_THE_DATA)
         y = alt.Y("lo_mib:Q", title="MiB", axis=MIB_AXIS, scale=alt.Scale(nice=False, zero=False))
         lo, hi = mib_domain(pd.concat([df["lo_mib"], df["hi_mib"]]))
-        colour = alt.Color("device:N", legend=_DEVICE_LEGEND,
+        colour = alt.Color("device:N", legend=device_legend(df["device"]),
                            scale=device_scale(device_order(df["device"])))
         tip = [alt.Tooltip("device:N"), alt.Tooltip("t_s:Q", title="s since start", format=".1f"),
                alt.Tooltip("mib:Q", title="mean MiB", format=",.2f"),

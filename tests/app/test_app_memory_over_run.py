@@ -143,3 +143,16 @@ def test_one_hosts_devices_are_named_as_every_other_chart_names_them_and_two_hos
         two.add(_readings("cpu:0", [T0 + 0.2], [MIB], host=host))
     assert sorted(fm.memory_over_run_frame(two.rows(), "run", origin_ts=T0)["device"]) == ["node-a/cpu:0",
                                                                                           "node-b/cpu:0"]
+
+
+def test_sixty_four_devices_draw_no_legend_that_would_crush_the_plot():
+    """64 devices' legend (4 columns, 16 rows) left the plot ~10 px under "...35 entries" (a new user,
+    2026-12-06): past 16 devices the lines keep their colours and tooltips, without a legend."""
+    for n in (16, 64):
+        h = ReadingHistory(bin_s=1.0)
+        for d in range(n):
+            h.add(_readings(f"cpu:{d}", [T0, T0 + 1], [MIB, 2 * MIB]))
+        spec = charts_memory.memory_over_run_charts(fm.memory_over_run_frame(h.rows(), "DP", T0), "DP")[0].to_dict()
+        legend = spec["layer"][1]["encoding"]["color"].get("legend", "absent")
+        assert (legend is None) == (n == 64), (n, legend)
+        assert spec["layer"][1]["encoding"]["tooltip"][0]["field"] == "device"
