@@ -25,8 +25,10 @@ def no_throughput_reason(run: dict[str, Any]) -> str:
         return "queued: not started yet"
     if status == "started":
         return "running: measured when it ends"
-    if status == "canceled":
-        return f"canceled after {steps}"
+    if status == "canceled":  # and why: a worker's shutdown read as a user's cancel (a new user, 2026-12-06)
+        said = str((run.get("error") or {}).get("exception") or "").splitlines()[:1]
+        why = said[0].removeprefix("Canceled: ") if said else ""
+        return f"canceled after {steps}" + (f": {why}" if why else "")
     if status == "lost":
         # no summary: the worker that builds it died; Live still draws the steps the stream holds (a new user saw
         # 20,696 samples/s there against a dash here, 2026-12-06)

@@ -269,7 +269,8 @@ def test_a_window_takes_run_started_from_the_record_when_the_stream_lost_it(fake
 # -- 15: the Runs table's dash and reason ------------------------------------------------------------
 
 def test_runs_without_samples_per_s_show_a_dash_and_why(fake_client, app_test):
-    fake_client.add_run("c1", {"mode": "ddp"}, status="canceled", summary={"steps_done": 0})
+    fake_client.add_run("c1", {"mode": "ddp"}, status="canceled", summary={"steps_done": 0},
+                        error={"exception": "Canceled: the worker is shutting down"})
     fake_client.add_run("l1", {"mode": "ddp"}, status="lost")
     fake_client.add_run("f1", {"mode": "ddp"}, status="failed", summary={"steps_done": 3},
                         error={"stage": "training", "rank": 1, "step": 3, "exception": "x"})
@@ -279,7 +280,7 @@ def test_runs_without_samples_per_s_show_a_dash_and_why(fake_client, app_test):
     table = at.dataframe[0]
     assert table.proto.placeholder == "—"
     notes = dict(zip(table.value["run_id"], table.value["note"]))
-    assert notes == {"c1": "canceled after no step",
+    assert notes == {"c1": "canceled after no step: the worker is shutting down",
                      "l1": ("lost: its worker stopped sending heartbeats before its summary; Live shows its stored "
                             "steps"),
                      "f1": "failed (rank 1 at step 3) after 3 step(s)", "ok": ""}
