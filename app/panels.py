@@ -239,8 +239,11 @@ def throughput_panel(client, windows: dict[str, RunWindow], labels: dict[str, st
             "instrument's own work (memory tracing, DP's replica checksums), as the run's summary does; once a "
             "run has ended, its summary's own figure, over every such step.")
     if not earlier.empty:
-        note += (f" Steps before the newest {window} are drawn in bins of {int(earlier['bin_steps'].max())} "
-                 "steps: each bin's mean samples/s and its min–max.")
+        n = int(earlier["bin_steps"].max())
+        # "up to": a wide run's window holds fewer (it reads at most so many events; a 64-device DP run's held
+        # ~100 steps while this said "the newest 500", and "bins of 1 steps": a new user, 2026-12-06)
+        note += (f" Steps before those drawn one by one (the newest, up to {window}) are drawn in bins of {n} "
+                 f"step{'' if n == 1 else 's'}: each bin's mean samples/s and its min–max.")
     for rid, w in windows.items():
         if w.unread_steps:
             lo, hi = w.unread_steps

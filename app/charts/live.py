@@ -93,9 +93,9 @@ def live_throughput_chart(recent: pd.DataFrame, earlier: pd.DataFrame, runs: lis
     return alt.layer(dots, line, band, mean).properties(
         width=WIDTH, height=HEIGHT + 90,
         title=title("Throughput per step", subtitle=[
-            f"newest {window_steps} steps: a dot per step (mean over ranks), line = rolling median of "
-            f"{SMOOTH_STEPS} steps",
-            f"steps before those (once a run is past {window_steps}): dashed = mean per bin, band = min–max · "
+            f"the newest steps (up to {window_steps}): a dot per step (mean over ranks), line = rolling median "
+            f"of {SMOOTH_STEPS} steps",
+            "steps before those: dashed = mean per bin, band = min–max · "
             "drag to pan, shift + wheel to zoom, double-click to reset"]))
 
 

@@ -162,8 +162,8 @@ def test_the_long_run_chart_says_what_is_binned_and_never_cuts_a_legend(fake_cli
     assert not at.exception
     spec = titled(at, "Throughput per step")
     sub = " ".join(spec["title"]["subtitle"])
-    assert "newest 500 steps: a dot per step" in sub
-    assert "steps before those (once a run is past 500): dashed = mean per bin" in sub
+    assert "the newest steps (up to 500): a dot per step" in sub  # up to: a wide run's window holds fewer
+    assert "steps before those: dashed = mean per bin" in sub
     dots, _, band, _ = spec["layer"]
     assert [r["step"] for r in rows(at, "Throughput per step", dots)] == list(range(4500, 5000))
     binned = rows(at, "Throughput per step", band)
@@ -171,7 +171,7 @@ def test_the_long_run_chart_says_what_is_binned_and_never_cuts_a_legend(fake_cli
     legends = [layer["encoding"]["color"]["legend"] for layer in spec["layer"]
                if "legend" in layer["encoding"].get("color", {})]
     assert legends and all(lg.get("labelLimit") == 0 for lg in legends)
-    assert "are drawn in bins of" in captions(at)
+    assert "Steps before those drawn one by one (the newest, up to 500) are drawn in bins of" in captions(at)
 
 
 # -- 13a: zoom on the step axis, and a spec that does not change with the data -------------------
