@@ -20,6 +20,7 @@ from ddpviz.app.frames import buckets as frames_buckets
 from ddpviz.app.frames import detail
 from ddpviz.app.frames import dp as fd
 from ddpviz.app.frames import steps as fsteps
+from ddpviz.app.frames.runs import cancel_reason
 from ddpviz.app.outage import REDIS_DOWN, show_outage
 from ddpviz.app.widgets import plain
 from ddpviz.app.window import TERMINAL, RunWindow
@@ -190,9 +191,7 @@ def _show_error(error: dict[str, Any], status: str = "failed", mode: str | None 
     where = where_failed(error, mode)  # "pre-flight", "plugin build", "rank 1 at step 2" (engine.stages)
     where = f" ({where})" if where else ""
     if status == "canceled":  # asked for, not a failure
-        said = str(error.get("exception") or "")  # "Canceled: <reason> (...)": the badge says canceled already
-        st.info(f"Run canceled: {said[len('Canceled: '):] if said.startswith('Canceled: ') else said}",
-                icon=":material/stop_circle:")
+        st.info(f"Run canceled: {cancel_reason(error)}", icon=":material/stop_circle:")
         return
     verb = "lost" if status == "lost" else "failed"
     st.error(f"Run {verb}{where}: {error.get('exception', 'unknown error')}",

@@ -25,6 +25,12 @@ class MLP(nn.Module):
         self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
         self.head = nn.Linear(dims[-1], n_classes)
 
+    @staticmethod
+    def n_params(in_dim: int, width: int, depth: int, n_classes: int) -> int:
+        """The parameters `__init__` creates, from the shapes alone (weights and biases of each Linear)."""
+        dims = [in_dim] + [width] * depth
+        return sum(a * b + b for a, b in zip(dims[:-1], dims[1:])) + width * n_classes + n_classes
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.hidden:
             x = F.relu(layer(x))  # (B, width)
@@ -40,6 +46,12 @@ class CNN(nn.Module):
         chans = [1] + [width] * depth
         self.convs = nn.ModuleList(nn.Conv2d(a, b, 3, padding=1) for a, b in zip(chans[:-1], chans[1:]))
         self.head = nn.Linear(width, n_classes)
+
+    @staticmethod
+    def n_params(width: int, depth: int, n_classes: int) -> int:
+        """The parameters `__init__` creates: each 3x3 conv's weights and biases, then the head's."""
+        chans = [1] + [width] * depth
+        return sum(9 * a * b + b for a, b in zip(chans[:-1], chans[1:])) + width * n_classes + n_classes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.view(x.size(0), 1, self.side, self.side)  # (B, 1, H, W)
@@ -120,6 +132,12 @@ class GPT(nn.Module):
             if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
                 nn.init.normal_(p, mean=0.0, std=INIT_STD / math.sqrt(2 * depth))
 
+    @staticmethod
+    def n_params(vocab_size: int, block_size: int, width: int, depth: int) -> int:
+        """The parameters `__init__` creates, the tied head counted once: the two embeddings, per block two
+        LayerNorms (4w), qkv (3w² + 3w), proj (w² + w) and the MLP (4w² + 4w, 4w² + w): 12w² + 13w, then ln_f."""
+        return (vocab_size + block_size) * width + depth * (12 * width * width + 13 * width) + 2 * width
+
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         T = idx.size(1)
         pos = torch.arange(T, device=idx.device)
@@ -162,17 +180,18 @@ def build_model(cfg: RunConfig, ds) -> nn.Module:
 
 
 def builtin_param_count(cfg: RunConfig, ds) -> int | None:
-    """Trainable parameters of built-in model `cfg.model` for dataset `ds`, counted on PyTorch's meta device
-    (shapes only: no memory, no init, no random numbers drawn), so a model too large for the host can be
-    refused before it is built (`engine.components.preflight.check_model_fits`). None for a plugin (its
-    `build` may do anything)."""
-    if cfg.model not in ("mlp", "cnn", "gpt"):
-        return None
-    try:
-        with torch.device("meta"):
-            return param_count(_build_builtin(cfg, ds))
-    except Exception:  # noqa: BLE001 - the real build, next, fails in its own stage and says why
-        return None
+    """Trainable parameters of built-in model `cfg.model` for dataset `ds`, from its class's shapes (`n_params`:
+    nothing built), so a model too large for the host can be refused before it is built
+    (`engine.components.preflight.check_model_fits`). None for a plugin (its `build` may do anything).
+    Not PyTorch's meta device: a GPT's init there (`normal_` through torch._refs) imported torch._dynamo,
+    1.4 s of CPU in every GPT run's launcher, which no rank-side work needed."""
+    if cfg.model == "mlp":
+        return MLP.n_params(ds.in_dim, cfg.width, cfg.depth, ds.n_classes)
+    if cfg.model == "cnn":
+        return CNN.n_params(cfg.width, cfg.depth, ds.n_classes)
+    if cfg.model == "gpt":
+        return GPT.n_params(ds.n_classes, cfg.block_size, cfg.width, cfg.depth)
+    return None
 
 
 def param_count(model: nn.Module) -> int:

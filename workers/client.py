@@ -124,7 +124,6 @@ class DdpvizClient:
             from ddpviz.engine.config import ConfigError
 
             raise ConfigError([("timeout_s", f"timeout_s must be > 0 and <= 30 days (got {timeout_s})")])
-
         configs = [validate_config(cfg).to_json_dict() for cfg, _ in items]
         run_ids = [new_run_id() for _ in items]
         pair = pair_plan(run_ids[0], run_ids[1], configs[1]["steps"], configs[1].get("nnodes", 1)) if as_pair else None

@@ -14,6 +14,12 @@ RUN_COLUMNS = ["run_id", "label", "mode", "model", "world_size", "status", "samp
                "wall_s", "source", "note", "created", "pinned"]  # the figures first, where the table opens
 
 
+def cancel_reason(error: dict[str, Any] | None) -> str:
+    """A canceled run's reason: its error's exception without the "Canceled: " the worker puts first
+    (`workers.jobs.run`), which the page's own words ("Run canceled", "canceled after") already say."""
+    return str((error or {}).get("exception") or "").removeprefix("Canceled: ")
+
+
 def no_throughput_reason(run: dict[str, Any]) -> str:
     """Why a run has no samples/s in its summary (empty when it has one)."""
     summary = run.get("summary") or {}
@@ -26,8 +32,7 @@ def no_throughput_reason(run: dict[str, Any]) -> str:
     if status == "started":
         return "running: measured when it ends"
     if status == "canceled":  # and why: a worker's shutdown read as a user's cancel (a new user, 2026-12-06)
-        said = str((run.get("error") or {}).get("exception") or "").splitlines()[:1]
-        why = said[0].removeprefix("Canceled: ") if said else ""
+        why = cancel_reason(run.get("error")).split("\n", 1)[0]
         return f"canceled after {steps}" + (f": {why}" if why else "")
     if status == "lost":
         # no summary: the worker that builds it died; Live still draws the steps the stream holds (a new user saw

@@ -20,7 +20,7 @@ from ddpviz.engine.run import run_training
 GIB = 1024 ** 3
 
 
-def test_the_count_on_the_meta_device_is_the_built_models_and_a_hand_worked_mlps():
+def test_the_count_from_the_shapes_is_the_built_models_and_a_hand_worked_mlps():
     cfg = RunConfig(mode="single", model="mlp", width=32, depth=3)
     ds = load_dataset(cfg)
     # Linear(in, 32) + 2 x Linear(32, 32) + Linear(32, classes), each with its bias

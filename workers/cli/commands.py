@@ -118,12 +118,13 @@ def follow(client: Any, run_ids: list[str]) -> int:
     warned = False
     try:
         while pending:
-            if not warned and any(client.get_run(rid)["status"] == "queued" for rid in pending) \
-                    and not client.workers():  # said once: a queued run with no worker waits silently else
+            status = {rid: client.get_run(rid)["status"] for rid in pending}  # one read per run and poll
+            if not warned and "queued" in status.values() and not client.workers():
+                # said once: a queued run with no worker waits silently else
                 _err(f"waiting: {NO_WORKER}; Ctrl-C stops following (the runs stay queued)")
                 warned = True
             for rid in sorted(pending):
-                ended = client.get_run(rid)["status"] in {s.value for s in TERMINAL}
+                ended = status[rid] in {s.value for s in TERMINAL}
                 events, last[rid] = client.read_events(rid, last[rid])
                 for event in events:
                     bars[rid].on_event(event)
