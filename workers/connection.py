@@ -248,11 +248,16 @@ class EmbeddedRedis:
     """
 
     def __init__(self, data_dir: str | os.PathLike[str] = Path(".ddpviz") / "redis", *,
-                 port: int | None = None, persist: bool = True, die_with_parent: bool = False):
+                 port: int | None = None, persist: bool = True, die_with_parent: bool = False,
+                 avoid_ports: tuple[int, ...] = ()):
         self.data_dir = Path(data_dir).resolve()
         self.port = port
         self.persist = persist
         self.die_with_parent = die_with_parent
+        # ports someone is about to bind (`up`'s app port): a free port picked now could be one of them, as the
+        # kernel may hand a just-released port out again (clean-clone CI, 2026-12-06: Redis took the app's port
+        # and the app exited with "Port ... is not available")
+        self.avoid_ports = set(avoid_ports)
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -303,7 +308,7 @@ class EmbeddedRedis:
         self._refuse_if_in_use()
         tries = 1 if self.port is not None else 3  # a free port can be taken before we bind it
         for attempt in range(tries):
-            port = self.port if tries == 1 else free_port()
+            port = self.port if tries == 1 else self._free_port()
             self.proc = subprocess.Popen(self._command(port), stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                          start_new_session=True, preexec_fn=self._preexec())
@@ -313,6 +318,12 @@ class EmbeddedRedis:
             self._kill()
         raise RuntimeError(f"embedded redis-server did not start on {EMBEDDED_HOST} "
                            f"(see {self.data_dir / 'redis.log'})")
+
+    def _free_port(self) -> int:
+        """A free port that is none of `avoid_ports`."""
+        while (port := free_port()) in self.avoid_ports:
+            pass
+        return port
 
     def _preexec(self):
         if not self.die_with_parent:

@@ -101,7 +101,7 @@ def run_up(host: str = "127.0.0.1", port: int = 8501, n_workers: int = 1,
     try:
         url = os.environ.get(ENV_VAR, "").strip()
         if not url:
-            server = EmbeddedRedis(Path(data_dir) / "redis", die_with_parent=True).start()
+            server = EmbeddedRedis(Path(data_dir) / "redis", die_with_parent=True, avoid_ports=(port,)).start()
             url = server.url
             url_file.write_text(url + "\n", encoding="utf-8")
             write_up_url(url)  # `ddpviz run` from any folder of this user finds it (connection.up_url)

@@ -123,3 +123,31 @@ def test_two_embedded_servers_never_share_a_data_folder(tmp_path):
             EmbeddedRedis(tmp_path).start()
     with EmbeddedRedis(tmp_path):  # a stale pidfile is no obstacle
         pass
+
+
+def test_up_s_embedded_redis_never_takes_the_apps_port(monkeypatch, tmp_path):
+    """The kernel may hand a just-released port out again: `up`'s Redis took the port the app was about to bind,
+    and the app exited with "Port 25946 is not available" (clean-clone CI, 2026-12-06). Redis skips it."""
+    import ddpviz.workers.connection as connection
+    import ddpviz.workers.up as up
+
+    app_port = connection.free_port()  # nothing listens there: up's own check of it passes
+    picks = iter([8611, 8611, 40123])
+    monkeypatch.setattr(connection, "free_port", lambda host="127.0.0.1": next(picks))
+    assert connection.EmbeddedRedis(tmp_path, avoid_ports=(8611,))._free_port() == 40123
+
+    made = []
+
+    class Stub:
+        def __init__(self, *args, **kwargs):
+            made.append(kwargs)
+            raise RuntimeError("stub: no server")
+
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.setattr(up, "EmbeddedRedis", Stub)
+    monkeypatch.setattr(up, "_stop_on_signals", lambda stop: None)
+    app = tmp_path / "app.py"
+    app.write_text("")
+    with pytest.raises(RuntimeError, match="stub"):
+        up.run_up(port=app_port, data_dir=tmp_path / "d", app=app)
+    assert made and made[0]["avoid_ports"] == (app_port,)
