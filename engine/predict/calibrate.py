@@ -10,6 +10,12 @@ from ddpviz.engine.predict.inputs import RunInputs
 from ddpviz.engine.predict.step_models import time_share
 
 
+def same_device_size(single: RunInputs, run: RunInputs) -> bool:
+    """Whether the single baseline and `run` ran on devices of one size: the same kind and the same
+    threads per device (the condition every calibration here needs to compare their times)."""
+    return (single.device_kind, single.cpu_threads_per_device) == (run.device_kind, run.cpu_threads_per_device)
+
+
 def contention(single: RunInputs | None, run: RunInputs) -> tuple[float, str]:
     """κ: how much slower a DDP rank's work runs beside the other ranks of its CPU host than the
     same work on a device alone.
@@ -27,8 +33,7 @@ def contention(single: RunInputs | None, run: RunInputs) -> tuple[float, str]:
     """
     if single is None or single.mode != "single" or run.mode != "ddp" or run.world_size < 2:
         return 1.0, "no DDP run beside a single-device baseline: no contention term (κ = 1)"
-    if (single.device_kind, single.cpu_threads_per_device) != (run.device_kind, run.cpu_threads_per_device) \
-            or run.device_kind != "cpu":
+    if not same_device_size(single, run) or run.device_kind != "cpu":
         return 1.0, "the single baseline ran on a different device size (or not on CPU): κ = 1"
     if not run.host_cpu_count:
         return 1.0, "the run does not say how many cores its host has (an older recording): κ = 1"
@@ -64,8 +69,7 @@ def fixed_fraction(single: RunInputs | None, run: RunInputs, kappa: float = 1.0)
     """
     if single is None or single.mode != "single":
         return 0.0, "no single-device baseline in this set: all compute taken as proportional to the batch"
-    if (single.device_kind, single.cpu_threads_per_device) != (run.device_kind, run.cpu_threads_per_device) \
-            or single.global_batch_size != run.global_batch_size or run.world_size < 2:
+    if not same_device_size(single, run) or single.global_batch_size != run.global_batch_size or run.world_size < 2:
         return 0.0, "the single baseline ran on a different device size or batch: not used"
     b_m, big = run.per_device_batch, float(single.global_batch_size)
     fwd_m = run.forward_s if run.mode == "ddp" else (run.dp_phases.get("forward") or {}).get("device_s", 0.0)
@@ -92,8 +96,7 @@ def compute_contention(single: RunInputs | None, run: RunInputs, kappa: float, f
         (κ_c, source in words); (kappa, why) where no usable baseline or forward is given.
     """
     if single is None or single.mode != "single" or run.mode != "ddp" or run.world_size < 2 \
-            or (single.device_kind, single.cpu_threads_per_device) != (run.device_kind, run.cpu_threads_per_device) \
-            or run.device_kind != "cpu" or not run.host_cpu_count or single.global_batch_size != run.global_batch_size:
+            or not same_device_size(single, run) or run.device_kind != "cpu" or not run.host_cpu_count or single.global_batch_size != run.global_batch_size:
         return kappa, "as κ (no single baseline of the same device size to set it apart)"
     if not (single.forward_s > 0 and run.forward_s > 0):
         return kappa, "as κ (no forward time in the runs)"
