@@ -79,6 +79,12 @@ def read_all_events(client, run_id: str, max_events: int = 2_000_000) -> list[di
     """Every event of the run's stream, oldest first (at most `max_events`). A stream whose head was trimmed
     (`trimmed_before`) gets its `run_started` back from the run's record, which keeps it (`workers.store`), so an
     export still says what ran."""
+    return read_history(client, run_id, max_events)[0]
+
+
+def read_history(client, run_id: str, max_events: int = 2_000_000) -> tuple[list[dict[str, Any]], int | None]:
+    """`read_all_events`'s events, and the first step the stream still held when its head was trimmed
+    (`trimmed_before`; None when it was not), from one read of the stream."""
     out: list[dict[str, Any]] = []
     last = "0-0"
     while len(out) < max_events:
@@ -87,8 +93,9 @@ def read_all_events(client, run_id: str, max_events: int = 2_000_000) -> list[di
         out += batch
         if not batch:
             break
-    if out and trimmed_before(out) is not None:
+    cut = trimmed_before(out[:READ_BATCH])
+    if out and cut is not None:
         started = (client.get_run(run_id) or {}).get("started")
         if started:
             out.insert(0, started)
-    return out
+    return out, cut

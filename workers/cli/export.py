@@ -22,15 +22,14 @@ def cmd_export(args: argparse.Namespace) -> int:
         return EXIT_REFUSED
     path = export_path(args.dir, args.run_id, EXPORT_FORMATS[args.format].suffix) if args.dir else args.out
     from ddpviz.workers.client import DdpvizClient
-    from ddpviz.workers.history import read_all_events, trimmed_before
+    from ddpviz.workers.history import read_history
     from ddpviz.workers.sink import DEFAULT_STREAM_MAXLEN
 
     client = DdpvizClient(url=args.url)
     if client.get_run(args.run_id) is None:
         _err(no_run(args.run_id, args.url))
         return EXIT_FAILED
-    events = read_all_events(client, args.run_id)
-    cut = trimmed_before(client.read_events(args.run_id, after_id="0-0", count=100)[0])
+    events, cut = read_history(client, args.run_id)
     if cut is not None:  # said on stderr whether the export goes to a file or stdout
         _err(f"warning: run {args.run_id}'s event stream keeps its newest {DEFAULT_STREAM_MAXLEN:,} events: steps "
              f"0-{cut - 1} were trimmed from it, so this export starts at step {cut} (its run_started comes from the "
