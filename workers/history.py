@@ -68,9 +68,10 @@ def rerun(client, run_id: str) -> str:
 def trimmed_before(head: list[dict[str, Any]]) -> int | None:
     """The first step a run's stream still holds when Redis trimmed its head (`XADD MAXLEN ~`: a stream keeps
     its newest `workers.sink.DEFAULT_STREAM_MAXLEN` events; a 64-device DP run of 300 steps lost steps 0-95, a
-    new user 2026-12-06), known by its first event not being `run_started`, which every run writes first; else
-    None. `head`: the stream's first events, oldest first."""
-    if not head or head[0].get("type") == "run_started":
+    new user 2026-12-06), known by its head holding no `run_started`, which every run writes among its first
+    events (not always the first: a pair's "turns" `log` comes before it); else None. `head`: the stream's
+    first events, oldest first."""
+    if not head or any(e.get("type") == "run_started" for e in head):
         return None
     return min((e["step"] for e in head if isinstance(e.get("step"), int)), default=None)
 

@@ -7,6 +7,8 @@ Redis keeps only a tail (it trims whole nodes of up to 100 entries: 100-200 kept
 
 from __future__ import annotations
 
+import pytest
+
 from ddpviz.app.window import RunWindow
 from ddpviz.workers.cli.commands import build_parser
 from ddpviz.workers.client import DdpvizClient
@@ -18,12 +20,16 @@ STARTED = {"type": "run_started", "run_id": "r", "mode": "dp", "world_size": 64,
            "config": {"mode": "dp", "world_size": 64, "steps": 2000}}
 
 
-def _run(redis_client, run_id: str, steps: int, maxlen: int) -> None:
+# what a pair's worker writes before each run's run_started (workers.jobs.pair: the turns it takes)
+TURNS_LOG = {"type": "log", "level": "info", "ts": 0.5, "message": "DP and DDP train at once on worker w, in turns"}
+
+
+def _run(redis_client, run_id: str, steps: int, maxlen: int, before: list[dict] = ()) -> None:
     store = RunStore(redis_client)
     store.create(run_id, STARTED["config"])
     store.save_started(run_id, {**STARTED, "run_id": run_id})
     writer = RedisStreamWriter(redis_client, run_id, maxlen)
-    writer.write_batch([{**STARTED, "run_id": run_id}] + [
+    writer.write_batch([{**e, "run_id": run_id} for e in before] + [{**STARTED, "run_id": run_id}] + [
         {"type": "step", "run_id": run_id, "step": s, "rank": 0, "ts": 2.0 + s, "samples": 64, "step_time_s": 0.01,
          "samples_per_s": 6400.0} for s in range(steps)])
 
@@ -50,11 +56,13 @@ def test_a_trimmed_stream_says_where_it_starts_and_keeps_its_run_started(redis_c
     assert f"steps 0-{first - 1} were trimmed from it, so this export starts at step {first}" in capsys.readouterr().err
 
 
-def test_a_whole_stream_is_read_as_written(redis_client, redis_url, tmp_path, capsys):
-    _run(redis_client, "whole", 50, maxlen=100_000)
+@pytest.mark.parametrize("before", [[], [TURNS_LOG]], ids=["run_started first", "a pair's log first"])
+def test_a_whole_stream_is_read_as_written(redis_client, redis_url, tmp_path, capsys, before):
+    _run(redis_client, "whole", 50, maxlen=100_000, before=before)
     client = DdpvizClient(redis=redis_client)
     events = read_all_events(client, "whole")
-    assert [e["type"] for e in events[:2]] == ["run_started", "step"] and len(events) == 51
+    assert [e["type"] for e in events[:len(before) + 2]] == [e["type"] for e in before] + ["run_started", "step"]
+    assert len(events) == len(before) + 51 and sum(e["type"] == "run_started" for e in events) == 1
     w = RunWindow("whole")
     w.poll(client)
     assert w.trimmed_before is None
