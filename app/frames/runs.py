@@ -106,3 +106,14 @@ def filter_runs(df: pd.DataFrame, *, statuses: Iterable[str] = (), modes: Iterab
                + df["model"].astype(str)).str.lower()
         keep &= hay.str.contains(needle, regex=False)
     return df[keep].reset_index(drop=True)
+
+
+def remap_selection(shown_before: list[str], rows: Iterable[int], shown_now: list[str]) -> list[int]:
+    """The rows of `shown_now` (run ids, top to bottom) holding the runs selected at `rows` of `shown_before`,
+    in the new order; runs no longer shown drop out. Streamlit keys a table's selection by row position
+    (`st.dataframe`'s `selection.rows`), so without this a new run at the top moved every tick one run down:
+    "Re-run 1" of one run left the next one selected, and Delete would have taken it (a new user, 2026-12-06)."""
+    at = {rid: i for i, rid in enumerate(shown_now)}
+    picked = [shown_before[i] for i in rows if 0 <= i < len(shown_before)]
+    return sorted(at[rid] for rid in picked if rid in at)
+

@@ -38,6 +38,7 @@ def runs_table(df) -> list[str]:
     """The table (with an 'open' link per row); returns the ids of the selected rows."""
     df = df.copy()
     df.insert(0, "open", [f"live?runs={rid}" for rid in df["run_id"]])
+    keep_selection(list(df["run_id"]))
     event = st.dataframe(
         df, key="runs_table", hide_index=True, on_select="rerun", selection_mode="multi-row",
         # what a row is and how it did first, then when, pinned, accuracy and model: widths in px so a 1,500 px
@@ -76,6 +77,21 @@ def runs_table(df) -> list[str]:
                "wall time also holds the other's turns.")
     rows = event.selection.rows if event is not None else []
     return [df["run_id"].iloc[i] for i in rows if i < len(df)]
+
+
+def keep_selection(shown: list[str]) -> None:
+    """Keep the table's selection on the same runs when its rows moved since the last render (a new run on top, a
+    filter, a deletion): the selection Streamlit keeps is row positions (`frames.runs.remap_selection`), so it is
+    set again, by run id, through the table's Session State key before the table is drawn."""
+    before = st.session_state.get("runs_table_shown")
+    st.session_state["runs_table_shown"] = shown
+    state = st.session_state.get("runs_table")
+    if before is None or before == shown or state is None:
+        return
+    rows = list(state["selection"]["rows"])
+    moved = fruns.remap_selection(before, rows, shown)
+    if moved != rows:
+        st.session_state["runs_table"] = {"selection": {"rows": moved, "columns": []}}
 
 
 def retention_note(client) -> None:

@@ -165,11 +165,29 @@ def test_runs_page_export_and_delete(session, tmp_path):
     trace = json.loads((tmp_path / "trace.json").read_text())
     tracks = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
     assert len(tracks) == 2  # one per rank (its steps and buckets are threads in it)
+    # a re-run lands on top of the table: the tick stays on the run it was on (Streamlit keeps row positions, and
+    # the next run down was ticked instead, Delete included: a new user, 2026-12-06)
+    before = {r["run_id"] for r in client.list_runs()}
+    page.get_by_role("button", name="Re-run 1").click()
+    deadline = time.monotonic() + 20
+    while not (new := {r["run_id"] for r in client.list_runs()} - before):
+        assert time.monotonic() < deadline, "the re-run was not submitted"
+        time.sleep(0.3)
+    (again,) = new
+    client.cancel(again)  # its training is not this test's: the page's rows are
+    page.get_by_text(f"Export {off}").wait_for(timeout=30_000)
+    page.wait_for_timeout(1000)
+    assert page.get_by_text(f"Export {off}").count() == 1
+    assert page.get_by_text(re.compile(r"^Export [0-9a-f]{16}$")).count() == 1
     page.get_by_role("button", name="Delete 1").click()
     page.get_by_role("button", name="Delete", exact=True).click()
     deadline = time.monotonic() + 20
     while client.get_run(off) is not None:
         assert time.monotonic() < deadline, "the run was not deleted"
+        time.sleep(0.3)
+    assert client.get_run(again) is not None  # the re-run, on top and unticked, is kept
+    while client.get_run(again)["status"] not in ("canceled", "succeeded", "failed"):
+        assert time.monotonic() < deadline + 60, "the re-run did not end"
         time.sleep(0.3)
     assert page.locator('[data-testid="stException"]').count() == 0
 

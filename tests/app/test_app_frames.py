@@ -275,3 +275,12 @@ def test_the_learn_pages_link_words_say_fitted_and_where_it_is_extrapolated():
     assert "ring and tree take the same time" in fitted_link_words({**fit, "alpha_s": 0.0}, 8 << 20)
     # a fit that names no sizes: nothing said of where it holds
     assert "extrapolated" not in fitted_link_words({**fit, "points_used": []}, 0.19 * 2**20)
+
+
+def test_a_runs_table_selection_follows_its_runs_when_rows_move():
+    # worked by hand: "c" and "a" ticked (rows 2 and 0); a re-run "n" lands on top and "b" is deleted
+    before = ["a", "b", "c", "d"]
+    now = ["n", "a", "c", "d"]
+    assert fruns.remap_selection(before, [0, 2], now) == [1, 2]
+    assert fruns.remap_selection(before, [1], now) == []  # a deleted run is no longer selected
+    assert fruns.remap_selection(before, [3, 7], ["d"]) == [0]  # a stale position beyond the table drops out
