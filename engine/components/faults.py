@@ -31,14 +31,37 @@ class InjectedFault(RuntimeError):
 DIVERGE_NUDGE = 1e-3  # added to every weight of the diverging replica
 
 
-def maybe_diverge(cfg: RunConfig, rank: int, step: int, model) -> None:
-    """With `fault=diverge`, nudge this replica's parameters so it no longer matches the others."""
+def diverge_note(cfg: RunConfig) -> str:
+    """What `fault=diverge` did in `cfg`'s mode, in words, for the run's record (a `log` event when it is injected,
+    and DDP's replica-check failure): a DP run that succeeds after it, or a DDP run failing at a later check step
+    on another rank, must not leave a user guessing whether the fault happened (a new user, 2026-12-06)."""
+    unit, n, at = unit_word(cfg.mode), cfg.fault_rank, cfg.fault_step
+    said = f"injected fault=diverge: {unit} {n}'s weights nudged by +{DIVERGE_NUDGE:g} at step {at}"
+    if cfg.mode == "dp" and n == 0:
+        return (f"{said}. Device 0 holds DP's one master copy, so the model itself changed for good; every later "
+                "replica is broadcast from it, so the replicas stay in sync")
+    if cfg.mode == "dp":
+        return (f"{said}, after that step's broadcast: its gradient came from the drifted copy, and DP threw the copy "
+                "away with the step's replicas (it broadcasts device 0's weights again every step), so the replicas "
+                "cannot stay apart under DP")
+    if cfg.mode == "fsdp":
+        return (f"{said}, after its optimizer step. FSDP keeps no replicas (each rank holds a different shard), so "
+                "the nudge changed that rank's shard of the one model, and no check can see it as a divergence")
+    return (f"{said}, after its optimizer step; the replica check (every eval_every = {cfg.eval_every} steps and at "
+            "the end) compares every rank's parameters")
+
+
+def maybe_diverge(cfg: RunConfig, rank: int, step: int, model, tel=None) -> None:
+    """With `fault=diverge`, nudge this replica's parameters so it no longer matches the others; `tel` (a
+    `Telemetry`) gets a `log` event saying so (`diverge_note`)."""
     if cfg.fault == "diverge" and rank == cfg.fault_rank and step == cfg.fault_step:
         import torch
 
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(DIVERGE_NUDGE)
+        if tel is not None:
+            tel.emit("log", step=step, level="warning", message=diverge_note(cfg))
 
 
 def maybe_fail(cfg: RunConfig, rank: int, step: int) -> None:

@@ -159,6 +159,20 @@ def test_diverged_replicas_fail_the_ddp_run_at_the_check():
     assert "replicas diverged at step 1" in result.error["exception"]
     (sync,) = sink.of_type("sync")
     assert sync["in_sync"] is False and sync["checksums"][0] != sync["checksums"][1]
+    # the record says the fault was injected, where and when, whichever rank's error is shown (a check step and
+    # another rank can be what the user sees first)
+    assert "injected fault=diverge: rank 1's weights nudged by +0.001 at step 1" in result.error["exception"]
+    (said,) = [e for e in sink.of_type("log") if "injected fault=diverge" in e["message"]]
+    assert said["rank"] == 1 and said["step"] == 1
+
+
+def test_a_diverge_fault_off_a_check_step_still_says_it_was_injected_in_dp():
+    # DP with fault_step 1 and checks at steps 2 and 3 only: it succeeds, every check is in sync, and its record
+    # says what was injected (a new user saw "succeeded", in sync, and no trace of the fault, 2026-12-06)
+    result, sink, _ = run(mode="dp", fault="diverge", fault_rank=0, fault_step=1, eval_every=3, steps=4)
+    assert result.status == "succeeded" and all(e["in_sync"] for e in sink.of_type("sync"))
+    (said,) = [e for e in sink.of_type("log") if "injected fault=diverge" in e["message"]]
+    assert said["step"] == 1 and "device 0's weights nudged" in said["message"] and "for good" in said["message"]
 
 
 def test_a_diverged_dp_replica_is_seen_at_its_step_and_gone_at_the_next():

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddpviz.engine.components.faults import maybe_diverge, maybe_fail
+from ddpviz.engine.components.faults import diverge_note, maybe_diverge, maybe_fail
 from ddpviz.engine.components.loop import drive
 from ddpviz.engine.components.training import (autocast, batch_to, evaluate, flat_params, make_optimizer, micro_loss,
                                                should_eval)
@@ -236,7 +236,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         t3 = now()
         opt.step()
         opt.zero_grad(set_to_none=not cfg.gradient_as_bucket_view)
-        maybe_diverge(cfg, rank, step, model)
+        maybe_diverge(cfg, rank, step, model, tel)
         del x, y, out  # freed inside the step, as a plain loop frees them when it rebinds the names
         t4 = now()
         # the loss read: ddpviz's; `item()` (0.46 µs here) rather than float() of a detached copy (1.4 µs), and
@@ -277,7 +277,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
         m4 = clock.mark()
         opt.step()
         opt.zero_grad(set_to_none=not cfg.gradient_as_bucket_view)
-        maybe_diverge(cfg, rank, step, model)
+        maybe_diverge(cfg, rank, step, model, tel)
         m5 = clock.mark()
 
         def fields_at(t5: float, loss: float, gil: dict | None = None, buckets: list[dict] | None = None) -> dict:
@@ -323,7 +323,8 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
             tel.emit("sync", step=step, checksums=sums, in_sync=in_sync, buffers=bufs,
                      checked="parameters after the optimizer step, all-gathered from every rank")
         if not in_sync:
-            raise ReplicasDiverged(f"replicas diverged at step {step}: parameter checksums {sums}")
+            cause = f" ({diverge_note(cfg)})" if cfg.fault == "diverge" and step >= cfg.fault_step else ""
+            raise ReplicasDiverged(f"replicas diverged at step {step}: parameter checksums {sums}{cause}")
 
     evaluate_fn = (lambda: evaluate(model, ds, device)) if rank == 0 else None
     step_fn = keep_before_traced(buffer_probe.wrap(train_step, lambda s: should_eval(cfg, s)), rec, cfg.steps)

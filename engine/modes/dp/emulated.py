@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 
 from ddpviz.engine.components.devices import DevicePlan
-from ddpviz.engine.components.faults import DIVERGE_NUDGE, maybe_fail
+from ddpviz.engine.components.faults import DIVERGE_NUDGE, diverge_note, maybe_fail
 from ddpviz.engine.components.loop import drive
 from ddpviz.engine.components.training import (
     autocast,
@@ -306,6 +306,8 @@ def train_dp(cfg: RunConfig, plan: DevicePlan, ds: Dataset, model: nn.Module, te
             tel.emit("comm_volume", step=step, device=plan.names[i], sent_bytes=dp.sent[i],
                      recv_bytes=dp.recv[i], volume_source="measured", theory_sent_bytes=theory,
                      theory_recv_bytes=theory)
+        if cfg.fault == "diverge" and step == cfg.fault_step:
+            tel.emit("log", step=step, level="warning", message=diverge_note(cfg))
         extra = {"replica_check": True} if should_eval(cfg, step) else {}  # its time includes the checksums
         return step_fields(start=t0, loss=loss, samples=cfg.global_batch_size, step_time_s=t_end - t0,
                            forward_s=log.total(("forward",)), backward_s=log.total(("loss", "backward")),

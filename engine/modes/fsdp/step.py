@@ -122,7 +122,7 @@ class StepRunner:
         m4 = self.clock.mark()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        maybe_diverge(self.cfg, self.rank, step, self.model)
+        maybe_diverge(self.cfg, self.rank, step, self.model, self.tel)
         m5 = self.clock.mark()
         self.clock.settle()  # the step's one wait for the GPU (none on CPU)
         at = lambda m: t0 + self.clock.seconds(m0, m)  # noqa: E731  (a mark as host perf_counter seconds)
