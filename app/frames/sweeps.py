@@ -36,8 +36,11 @@ def sweep_frame(runs: Iterable[dict[str, Any]]) -> pd.DataFrame:
             "bucket_cap_mb": cfg.get("bucket_cap_mb"), "overlap": cfg.get("overlap"),
             "status": r.get("status"), "samples_per_s": s.get("samples_per_s"),
             "step_time_ms": _ms(s.get("step_time_s")),
-            # one device communicates with nobody: its constant 0 (engine/modes/single.py) is no measurement
-            "comm_exposed_ms": None if mode == "single" else _ms(s.get("comm_exposed_s")),
+            # one device without collectives communicates with nobody: the constant 0 of single (engine/modes/single.py)
+            # and of DP on one device, which runs the module itself (engine/modes/dp/emulated.py, `_alone`), is no
+            # measurement; DDP on one rank still all-reduces (over a group of one), timed
+            "comm_exposed_ms": None if mode == "single" or (mode == "dp" and frames.devices_used(cfg) == 1)
+            else _ms(s.get("comm_exposed_s")),
             "overlap_frac": s.get("overlap") if mode in ("ddp", "fsdp") else None,  # DP: no all-reduce
             "width": cfg.get("width"), "depth": cfg.get("depth"),
             "gil_wait_share": mean_share(s.get("gil_wait_share"))})

@@ -128,7 +128,8 @@ def results(client, sweep_id: str) -> None:
                      "width": st.column_config.NumberColumn("width", format="%d", **small),
                      "depth": st.column_config.NumberColumn("depth", format="%d", **small),
                      "gil_wait_share": st.column_config.NumberColumn("GIL wait", format="percent", **small)})
-    st.caption("— marks what a run has not: comm for a single device (it talks to nobody); overlap for DP and "
+    st.caption("— marks what a run has not: comm on one device without collectives (single, and DP ×1, which runs the "
+               "module itself as torch's DataParallel does; DDP ×1 still all-reduces, over a group of one); overlap for DP and "
                "single (no all-reduce to hide), and for a DDP or FSDP run whose overlap was not measured (its Live "
                "page says why); GIL wait where no thread was metered.")
     active = int(df["status"].isin(ACTIVE).sum())

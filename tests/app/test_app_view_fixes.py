@@ -225,10 +225,12 @@ def test_the_sweeps_table_gives_a_single_run_no_comm():
 
     runs = [{"run_id": f"{m}0000000", "status": "succeeded", "config": {"mode": m, "world_size": n},
              "summary": {"samples_per_s": 100.0, "step_time_s": 0.01, "comm_exposed_s": c}}
-            for m, n, c in (("single", 1, 0.0), ("dp", 2, 0.002))]
-    comm = fs.sweep_frame(runs).set_index("mode")["comm_exposed_ms"]
-    assert comm["single"] is None or comm["single"] != comm["single"]  # blank ("—"), not 0.00
-    assert comm["dp"] == pytest.approx(2.0)
+            for m, n, c in (("single", 1, 0.0), ("dp", 2, 0.002), ("dp", 1, 0.0), ("ddp", 1, 0.00015))]
+    comm = list(fs.sweep_frame(runs)["comm_exposed_ms"])
+    assert comm[0] is None or comm[0] != comm[0]  # blank ("—"), not 0.00
+    assert comm[1] == pytest.approx(2.0)
+    assert comm[2] is None or comm[2] != comm[2]  # DP on one device runs the module itself: no copies to time
+    assert comm[3] == pytest.approx(0.15)  # DDP on one rank all-reduces over a group of one: measured
 
 
 def test_sweeps_efficiency_far_above_linear_points_at_the_baseline():

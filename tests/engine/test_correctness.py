@@ -43,6 +43,18 @@ def test_dp_matches_single(fields):
     assert phases == {"broadcast", "scatter", "forward", "gather", "loss", "backward", "reduce", "optimizer"}
 
 
+@pytest.mark.parametrize("accum", [1, 2])
+def test_dp_on_one_device_is_the_module_itself_as_in_torch(accum):
+    # torch's DataParallel on one device runs its module, no replicate, gather or reduce
+    # (torch/nn/parallel/data_parallel.py: `if len(self.device_ids) == 1: return self.module(...)`)
+    fields = dict(model="mlp", world_size=1, **{**SMALL, "grad_accum_steps": accum, "eval_every": 2})
+    result, sink = train(mode="dp", **fields)
+    torch.testing.assert_close(result.final_params, baseline(**fields), **TOL)
+    assert {e["phase"] for e in sink.of_type("dp_phase")} == {"forward", "backward", "optimizer"}
+    assert {e["sent_bytes"] + e["recv_bytes"] for e in sink.of_type("comm_volume")} == {0}
+    assert result.summary["replicas_in_sync"] is True and all(len(e["checksums"]) == 1 for e in sink.of_type("sync"))
+
+
 def test_single_really_trains_so_matching_it_means_something():
     before = train(mode="single", **{**SMALL, "steps": 1, "lr": 1e-9})[0].final_params
     after = baseline(model="mlp", **SMALL)
