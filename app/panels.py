@@ -187,6 +187,9 @@ def what_trained(w: RunWindow) -> str:
     return f"{model} on {data}" if data else str(model or "model not known yet")
 
 
+REFUSAL_STAGES = ("config", "pre-flight")  # engine.stages.STAGES that refuse a run before it trains
+
+
 def _show_error(error: dict[str, Any], status: str = "failed", mode: str | None = None) -> None:
     where = where_failed(error, mode)  # "pre-flight", "plugin build", "rank 1 at step 2" (engine.stages)
     where = f" ({where})" if where else ""
@@ -196,8 +199,12 @@ def _show_error(error: dict[str, Any], status: str = "failed", mode: str | None 
     verb = "lost" if status == "lost" else "failed"
     st.error(f"Run {verb}{where}: {error.get('exception', 'unknown error')}",
              icon=":material/error:")
-    if error.get("traceback"):
-        st.code(error["traceback"], language="python")
+    # a refusal before training (a field's rule, the pre-flight's checks) is its message: its traceback is ddpviz's
+    # own frames; any other failure's traceback is kept, folded and wrapped (a new user met a pre-flight refusal
+    # under an open traceback, and a hang's key line cut off at the block's right edge, 2026-12-06)
+    if error.get("traceback") and error.get("stage") not in REFUSAL_STAGES:
+        with st.expander("Traceback" + (f" (rank {error['rank']})" if error.get("rank") is not None else "")):
+            st.code(error["traceback"], language="python", wrap_lines=True)
 
 
 # ---- throughput and step split -------------------------------------------------------------

@@ -61,6 +61,16 @@ def test_the_failed_run_panel_names_the_stage_and_keeps_the_traceback(fake_clien
     fake_client.add_run("bad2", {"mode": "ddp"}, status="failed", error=err2, events=[])
     at = app_test("views/live.py", runs="bad2")
     assert "Run failed (rank 1 at step 2): InjectedFault: boom" in at.error[0].value
+    assert at.expander[0].label == "Traceback (rank 1)" and at.code[0].value == "tb"
+
+
+def test_a_refusal_before_training_shows_its_message_without_ddpvizs_traceback(fake_client, app_test):
+    err = {"stage": "pre-flight", "rank": None, "step": None, "traceback": "Traceback ...\n  check_model_fits",
+           "exception": "PreflightError: width: the mlp model has 3.16 B parameters ... lower width or depth"}
+    fake_client.add_run("big", {"mode": "ddp"}, status="failed", error=err, events=[g.run_finished("big", 0, "failed", err)])
+    at = app_test("views/live.py", runs="big")
+    assert "Run failed (pre-flight): PreflightError: width:" in at.error[0].value
+    assert not [c for c in at.code if "check_model_fits" in c.value]
 
 
 # -- 12: the plugin's dataset; labels of pairs and trios ------------------------------------------
