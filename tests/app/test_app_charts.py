@@ -258,3 +258,25 @@ def test_the_recorder_steps_subtitle_names_what_is_missing_and_the_plot_keeps_it
     assert "all-reduce start and end not measured on this step" in sub and "DDP's reducer" in sub
     extra_lines = len(rec["title"]["subtitle"]) - len(hook["title"]["subtitle"])
     assert extra_lines > 0 and rec["height"] - hook["height"] == TITLE_LINE_PX * extra_lines
+
+
+def test_the_exposed_band_is_never_under_an_all_reduce_bar():
+    """A profiled step: rank 0's only bucket ready at 4.0 ms, all-reduced 4.2-9.1 ms after its backward's end; the
+    exposed comm (4.0-9.1 ms) was drawn across the lane under that bar, 0.2 ms of it visible (a new user read
+    0.2 ms against the caption's 5.13 ms, 2026-12-06). The band must span the exposed time and share no y with a bar."""
+    from ddpviz.app.charts.buckets import bucket_timeline
+    from ddpviz.app.frames.buckets import exposed_frame, with_rank_names
+
+    events = [dict(type="bucket", step=1, rank=0, bucket_index=0, nbytes=1000, num_params=2, ready_s=0.0040,
+                   comm_start_s=0.0042, comm_end_s=0.0091, is_last=True),
+              dict(type="step", step=1, rank=0, backward_s=0.0040, comm_exposed_s=0.0051, backward_start_ts=100.0)]
+    names = {0: "rank 0"}
+    buckets = with_rank_names(fb.bucket_frame(events), names)
+    spec = bucket_timeline(buckets, with_rank_names(fb.backward_frame(events, 1), names),
+                           with_rank_names(exposed_frame(fb.bucket_frame(events), events), names), run="DDP").to_dict()
+    data = {i: spec["datasets"][layer["data"]["name"]] for i, layer in enumerate(spec["layer"])}
+    (band,) = [d for rows_ in data.values() for d in rows_ if d.get("kind") == "exposed comm"]
+    bars = [d for rows_ in data.values() for d in rows_ if d.get("kind") == "all-reduce (a bar per bucket)"]
+    assert (band["start_ms"], band["end_ms"]) == pytest.approx((4.0, 9.1))
+    assert bars and all(band["y1"] <= bar["y0"] or band["y0"] >= bar["y1"] for bar in bars)
+
