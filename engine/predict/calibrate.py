@@ -16,6 +16,23 @@ def same_device_size(single: RunInputs, run: RunInputs) -> bool:
     return (single.device_kind, single.cpu_threads_per_device) == (run.device_kind, run.cpu_threads_per_device)
 
 
+def unlike(single: RunInputs, run: RunInputs) -> str:
+    """What sets the single baseline apart from `run`, in words (device kind, threads per device, global batch,
+    a run on one device), for the calibration's "not used" notes: a new user read "a different device size or batch"
+    beside a baseline of the same batch, not knowing it had run with 2 threads against the ranks' 1 (2026-12-06)."""
+    said = []
+    if single.device_kind != run.device_kind:
+        said.append(f"{single.device_kind} against this run's {run.device_kind}")
+    elif single.cpu_threads_per_device != run.cpu_threads_per_device:
+        said.append(f"{single.cpu_threads_per_device} CPU thread(s) a device against this run's "
+                    f"{run.cpu_threads_per_device}")
+    if single.global_batch_size != run.global_batch_size:
+        said.append(f"global batch {single.global_batch_size} against {run.global_batch_size}")
+    if run.world_size < 2:
+        said.append("this run has one device")
+    return "; ".join(said) or "same device size and batch"
+
+
 def contention(single: RunInputs | None, run: RunInputs) -> tuple[float, str]:
     """κ: how much slower a DDP rank's work runs beside the other ranks of its CPU host than the
     same work on a device alone.
@@ -70,7 +87,7 @@ def fixed_fraction(single: RunInputs | None, run: RunInputs, kappa: float = 1.0)
     if single is None or single.mode != "single":
         return 0.0, "no single-device baseline in this set: all compute taken as proportional to the batch"
     if not same_device_size(single, run) or single.global_batch_size != run.global_batch_size or run.world_size < 2:
-        return 0.0, "the single baseline ran on a different device size or batch: not used"
+        return 0.0, f"the single baseline {single.run_id} is not comparable ({unlike(single, run)}): not used"
     b_m, big = run.per_device_batch, float(single.global_batch_size)
     fwd_m = run.forward_s if run.mode == "ddp" else (run.dp_phases.get("forward") or {}).get("device_s", 0.0)
     fwd_m /= kappa * time_share_of(run)

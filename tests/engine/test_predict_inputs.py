@@ -106,6 +106,17 @@ def test_fixed_fraction_from_two_forward_passes_by_hand():
     assert fixed_fraction(None, run)[0] == 0.0
 
 
+def test_a_baseline_not_used_says_what_sets_it_apart():
+    run = measure_run(_ddp_events())
+    single = _single()
+    single.cpu_threads_per_device = (run.cpu_threads_per_device or 1) + 1
+    f, source = fixed_fraction(single, run)
+    assert f == 0.0 and (f"{single.cpu_threads_per_device} CPU thread(s) a device against this run's "
+                         f"{run.cpu_threads_per_device}") in source and "global batch" not in source
+    single.cpu_threads_per_device, single.global_batch_size = run.cpu_threads_per_device, run.global_batch_size * 2
+    assert f"global batch {run.global_batch_size * 2} against {run.global_batch_size}" in fixed_fraction(single, run)[1]
+
+
 def _single(optimizer_s=0.4 * MS, forward_s=3 * MS):
     single = measure_run(_ddp_events())
     single.mode, single.world_size, single.run_id = "single", 1, "s1"
