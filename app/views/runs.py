@@ -200,6 +200,9 @@ pair_ids = newest_pair_ids(runs)
 if pair_ids:
     pair_windows = runsets.windows_for(pair_ids)
     panels.refresh(client, pair_windows)
+    # which pair the verdict is about: above a table of many runs, "No verdict: DDP ended early" named none (a new
+    # user, 2026-12-06)
+    st.caption(f"The newest DP and DDP pair: DP `{pair_ids[0]}`, DDP `{pair_ids[1]}`.")
     panels.show_verdict(pair_windows, runsets.unique_labels([r for r in runs if r["run_id"] in pair_ids]))
 shown = filters(fruns.runs_frame(runs))
 selected = runs_table(shown)

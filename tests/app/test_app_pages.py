@@ -215,6 +215,7 @@ def test_runs_page_lists_runs(fake_client, app_test):
     assert df["run_id"].tolist() == ["q1", "ddp1", "dp1"]
     assert df.loc[df["run_id"] == "ddp1", "samples_per_s"].iloc[0] == 3000.0
     assert at.button(key="cancel_runs").disabled  # nothing selected yet
+    assert "The newest DP and DDP pair: DP `dp1`, DDP `ddp1`." in [c.value for c in at.caption]  # the verdict's pair
 
 
 def test_live_page_unknown_run_id(fake_client, app_test):
