@@ -140,10 +140,10 @@ def memory_phase_frame(events: Iterable[Event], step: int | None) -> pd.DataFram
         return pd.DataFrame(columns=cols)
     e = st[0]
     bwd_at = (e["backward_start_ts"] - e["start_ts"] if e.get("backward_start_ts") and e.get("start_ts")
-              else e.get("forward_s", 0.0))
+              else e.get("forward_s") or 0.0)
     bwd_end = bwd_at + e.get("backward_s", 0.0) + (e.get("comm_exposed_s") or 0.0)
     total = e.get("step_time_s", bwd_end)
-    spans = [("forward", bwd_at - e.get("forward_s", 0.0), bwd_at), ("backward", bwd_at, bwd_end),
+    spans = [("forward", bwd_at - (e.get("forward_s") or 0.0), bwd_at), ("backward", bwd_at, bwd_end),
              ("optimizer", total - e.get("optimizer_s", 0.0), total)]
     return pd.DataFrame([{"phase": p, "start_ms": a * 1000.0, "end_ms": b * 1000.0}
                          for p, a, b in spans], columns=cols)

@@ -104,11 +104,22 @@ def throughput_tiles(steps: pd.DataFrame, min_steps: int,
 
 def unmeasured_parts(steps: pd.DataFrame) -> dict[str, str]:
     """run -> why a part of its split is missing: `engine.summary.COMM_NOT_MEASURED` for a run
-    whose steady steps have no exposed comm (FSDP on CUDA); runs with every part measured absent."""
+    whose steady steps have no exposed comm (FSDP on CUDA), `FORWARD_NOT_SEEN` for one with no forward
+    time (an attached process without DDP); runs with every part measured absent."""
     if steps.empty:
         return {}
-    return {run: f"exposed comm {COMM_NOT_MEASURED}" for run, df in steady_steps(steps).groupby("run", sort=False)
-            if df["comm_exposed_ms"].isna().all()}
+    out = {}
+    for run, df in steady_steps(steps).groupby("run", sort=False):
+        said = [f"exposed comm {COMM_NOT_MEASURED}"] if df["comm_exposed_ms"].isna().all() else []
+        if df["forward_ms"].isna().all():  # an attached process without DDP: no module's forward to time
+            said.append(FORWARD_NOT_SEEN)
+        if said:
+            out[run] = "; ".join(said)
+    return out
+
+
+# an attached script's process without a DDP, DP or FSDP module (engine.attach.steps): its steps' forward_s is null
+FORWARD_NOT_SEEN = "forward not seen (no DDP, DP or FSDP module in the process to time it; it is inside other)"
 
 
 SPLIT_WORDS = {EXPOSED_COMM_PART: "all-reduce time not hidden behind backward",

@@ -28,8 +28,9 @@ Its events (docs/events.md, "attached runs"):
   unscaled one), not the scaled tensor `backward()` got (`note_scaled`);
   `micro_steps`, `no_sync_micro_steps` (backwards whose forward ran under `no_sync()` /
   `require_backward_grad_sync = False`: DDP all-reduced nothing in them); in a process without a
-  DDP every `backward()` is a micro-step and forward time is not seen (0), samples not either (null, and
-  samples_per_s null: `SAMPLES_NOT_SEEN`);
+  DDP every `backward()` is a micro-step and forward time is not seen (`forward_s` null, the forward inside
+  `other_s`; the step still runs from the previous step's end), samples not either (null, and samples_per_s
+  null: `SAMPLES_NOT_SEEN`);
 - `bucket` (the synced backward's buckets), as a launched DDP rank emits them, and `comm_volume` every step.
 
 Backwards are `Tensor.backward` and `torch.autograd.backward` (the one inside the other counted
@@ -152,6 +153,7 @@ class StepTracker:
     def _fresh(self) -> None:
         self.start: float | None = None
         self.forward_s = 0.0
+        self.fwd_seen = False  # a training forward of a watched module ran in this step (else forward_s is None)
         self.fwd_t0: float | None = None
         self.micro: list[dict] = []
         self.losses: list[torch.Tensor] = []
@@ -177,6 +179,7 @@ class StepTracker:
             if self.memory is not None:
                 self.s.guard("memory", self.memory.step_start, self.step, watch)
         self.fwd_t0 = t
+        self.fwd_seen = True
         self.pending = [p for p in self.pending if p[0] is not watch] + [(watch, synced)]
         self.samples += samples
 
@@ -218,8 +221,8 @@ class StepTracker:
         for t in ([loss] if isinstance(loss, torch.Tensor) else list(loss)):
             if isinstance(t, torch.Tensor) and t.numel() == 1:
                 self.losses.append(self._unscaled(t))
-        if self.start is None:
-            self.start = now()
+        if self.start is None:  # no forward seen (no DDP in this process): the step still runs from the last one's end
+            self.start = self.prev_end if self.prev_end is not None else now()
         m = dict(watch=None, synced=False, t0=now(), candidates=candidates, views=[])
         self.micro.append(m)
         return m
@@ -332,11 +335,11 @@ class StepTracker:
         source = EXPLICIT_SAMPLES_SOURCE if samples is not None else SAMPLES_SOURCE if seen else SAMPLES_NOT_SEEN
         samples = (self.samples if samples is None else samples) * self.s.world_size
         fields = step_fields(start=self.start, loss=None, samples=samples, step_time_s=step_time,
-                             forward_s=forward_s, backward_s=bwd, comm_exposed_s=exposed,
+                             forward_s=forward_s if self.fwd_seen else None, backward_s=bwd, comm_exposed_s=exposed,
                              optimizer_s=opt_s, **extra)
         if not seen:
             fields.update(samples=None, samples_per_s=None)
-        fields.update(other_s=max(0.0, step_time - forward_s - bwd - exposed - opt_s),
+        fields.update(other_s=max(0.0, step_time - forward_s - bwd - exposed - opt_s),  # an unseen forward's in it
                       micro_steps=len(micro),
                       no_sync_micro_steps=sum(1 for m in micro if _syncs(m["watch"]) and not m["synced"]),
                       samples_source=source, step_source=STEP_SOURCES[self.explicit], loss_source=loss_source)

@@ -123,7 +123,7 @@ def test_bucket_chart_colour_note_matches_the_colours_drawn(views):
     for kind, name in cb.COLOUR_NAMES.items():
         if kind in colour:  # the starts-only mark is drawn (and in the legend) only where a step needs it
             assert _hue_word(colour[kind]) in name, (kind, colour[kind], name)
-    assert f"{cb.COLOUR_NAMES['exposed comm']}: exposed comm" in subtitle
+    assert f"{cb.COLOUR_NAMES['exposed comm']} under a lane: exposed comm" in subtitle
     # every mark is drawn in its legend swatch's colour: none faded by an opacity below 1
     for layer in spec["layer"]:
         mark = layer["mark"] if isinstance(layer["mark"], dict) else {"type": layer["mark"]}
