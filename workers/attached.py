@@ -15,10 +15,18 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+# a command that sets PYTHONPATH itself replaces the folder ddpviz put first on it (engine.attach.env.STARTUP_DIR): no
+# process of it loads the start-up hook (a new user's `env PYTHONPATH=lib torchrun ...` and a launch script's
+# `export PYTHONPATH=...`, 2026-12-06)
+PYTHONPATH_REPLACED = ("A command that sets PYTHONPATH itself (`env PYTHONPATH=...`, a launch script's "
+                       "`export PYTHONPATH=...`) replaces the folder ddpviz puts first on it, so none of its "
+                       "processes loads ddpviz: append instead (`PYTHONPATH=lib:$PYTHONPATH`) or set it before "
+                       "`ddpviz`")
 NOTHING_INSTRUMENTED = ("no process of the command trained under the instrumentation (none became a rank: "
                         "torchrun's workers, the launcher's own child, or a process that initialised a "
                         "process group); nothing was recorded. A single training process started by another "
-                        "launcher (e.g. `accelerate launch --cpu`) is recorded when it calls ddpviz.watch(model)")
+                        "launcher (e.g. `accelerate launch --cpu`) is recorded when it calls ddpviz.watch(model). "
+                        + PYTHONPATH_REPLACED)
 
 
 # a failed command whose ranks left no error file (an argparse error, a crash before training): the

@@ -92,3 +92,19 @@ def test_a_command_in_which_no_process_trained_says_so(tmp_path, redis_url, redi
     assert "no process of the command trained under the instrumentation" in proc.stderr
     rec = DdpvizClient(redis=redis_client).get_run(run_id_of(proc.stderr))
     assert rec["status"] == "failed" and rec["error"]["exception"].startswith("NothingInstrumented: ")
+
+
+def test_a_command_that_replaces_pythonpath_is_told_why_nothing_was_recorded(tmp_path, redis_url, redis_client):
+    # a training process whose PYTHONPATH the command set itself never loads ddpviz's start-up hook (a new user's
+    # `env PYTHONPATH=lib torchrun ...`, 2026-12-06): the run says which setting did it and what to do instead
+    train = ("import torch, torch.distributed as dist, torch.nn as nn\n"
+             f"dist.init_process_group('gloo', init_method='file://{tmp_path}/pg', rank=0, world_size=1)\n"
+             "m = nn.parallel.DistributedDataParallel(nn.Linear(4, 1))\n"
+             "m(torch.randn(2, 4)).sum().backward()\nprint('trained')\n")
+    proc = subprocess.run([*ddpviz_argv(), "run", "--spool", str(tmp_path / "spool"), "--", "env",
+                           f"PYTHONPATH={tmp_path}", sys.executable, "-c", train], env=cli_env(redis_url),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout == "trained\n", proc.stderr
+    rec = DdpvizClient(redis=redis_client).get_run(run_id_of(proc.stderr))
+    assert rec["status"] == "failed" and "sets PYTHONPATH itself" in rec["error"]["exception"]
+    assert "PYTHONPATH=lib:$PYTHONPATH" in proc.stderr

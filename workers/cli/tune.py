@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from ddpviz.workers.attached import PYTHONPATH_REPLACED
 from ddpviz.workers.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_REFUSED
 from ddpviz.workers.tunes import TuneKeeper, label, trial_run_label
 
@@ -104,8 +105,7 @@ def _ending(rc: int, killed: str | None, measured: dict, steps: int, spool: Path
         got = measured.get("steps") or 0
         why = f"{got} of the {steps} step(s) it needed were recorded"
         if not got:  # e.g. `ddpviz tune -- env PYTHONPATH=... torchrun ...`: the start-up hook is gone
-            why += ("; nothing of the command reported to ddpviz: a command that sets PYTHONPATH itself "
-                    "(env PYTHONPATH=...) drops ddpviz's start-up hook, set it before `ddpviz tune` instead")
+            why += f"; nothing of the command reported to ddpviz. {PYTHONPATH_REPLACED}"
         return killed, dict(rank=None, exception=why, traceback=None, exit_code=rc)
     if rc != 0:
         from ddpviz.workers.attached import failure
