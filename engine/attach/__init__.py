@@ -114,13 +114,14 @@ def _install(env):
     # before its first event too (an exception before any step was the run's error with rank null, though torchrun
     # named the rank); not a launcher that trained nothing (`accelerate launch` itself)
     given_rank = (os.environ if env is None else env).get("RANK") is not None
-    install_excepthook(lambda: s.rank if s.trained or given_rank else None, s.spool)
+    uncaught_at_exit = install_excepthook(lambda: s.rank if s.trained or given_rank else None, s.spool)
     probe = None
     if (os.environ if env is None else env).get(PROBE_ENV) == "1":
         probe = ProbeAtEnd(s, tracker)
         probe.install()
 
     def at_exit() -> None:
+        s.guard("ending", uncaught_at_exit)  # an exception the script's own sys.excepthook took instead of ddpviz's
         if s.trained or given_rank:  # the moment this rank's Python exited (engine.attach.errors.note_exit)
             s.guard("ending", note_exit, s.spool, s.rank)
         if COMPILED:  # the script compiled a watched module: its forwards were not timed (say so, once)

@@ -102,15 +102,36 @@ def child_failure(exc: BaseException) -> dict | None:
                                                        "timestamp": str(int(time.time()))}}}
 
 
-def install_excepthook(rank: int | None | Callable[[], int | None], spool: Path | None = None) -> None:
+def install_excepthook(rank: int | None | Callable[[], int | None], spool: Path | None = None) -> Callable[[], None]:
     """Write an uncaught exception to this worker's `TORCHELASTIC_ERROR_FILE` (unless something,
     e.g. `@record`, wrote one already, or the exception is ddpviz's own: `raised_in_ddpviz`),
     then call the previous hook. `rank`: the rank, or a callable giving it when the hook runs
     (None: a process that trained nothing, e.g. `accelerate launch` itself). A launcher's
     `ChildFailedError` is written as its first failing rank's exception (`child_failure`).
     A rank's own exception also goes to `spool`/`RANK_ERROR_FILE` (when given), with its `time_ns`. What is
-    printed and written leaves ddpviz's wrapper frames out (`without_own_frames`)."""
+    printed and written leaves ddpviz's wrapper frames out (`without_own_frames`). Every exception but a
+    `SystemExit` counts (a rank's own `KeyboardInterrupt` was left out, and the peer it left waiting was blamed).
+
+    Returns the at-exit half, for the process's atexit: a script that replaced `sys.excepthook` after ddpviz
+    (its own crash reporter) bypasses the hook, but Python still sets `sys.last_value` before calling the
+    script's hook, so the exception is recorded then (a new user's run read "exited with code 1, without an
+    exception", 2026-12-06)."""
     previous = sys.excepthook
+    recorded: list[BaseException] = []
+
+    def record(exc: BaseException, tb) -> None:
+        if isinstance(exc, (SystemExit, GeneratorExit)) or raised_in_ddpviz(tb) or any(e is exc for e in recorded):
+            return
+        recorded.append(exc)
+        r = rank() if callable(rank) else rank
+        launcher = child_failure(exc)
+        payload = launcher or error_payload(exc.with_traceback(tb), r)
+        path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+        if path and not os.path.exists(path):
+            with open(path, "w") as fh:
+                json.dump(payload, fh)
+        if spool is not None and launcher is None and r is not None:  # 0600, as the spool's other files
+            write_private(spool / RANK_ERROR_FILE.format(rank=r), payload)
 
     def hook(exc_type, exc, tb):
         try:  # the script's frames only, in what is printed and what the error files hold
@@ -123,21 +144,18 @@ def install_excepthook(rank: int | None | Callable[[], int | None], spool: Path 
         except Exception:
             pass
         try:
-            if isinstance(exc, Exception) and not raised_in_ddpviz(tb):
-                r = rank() if callable(rank) else rank
-                launcher = child_failure(exc)
-                payload = launcher or error_payload(exc.with_traceback(tb), r)
-                path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-                if path and not os.path.exists(path):
-                    with open(path, "w") as fh:
-                        json.dump(payload, fh)
-                if spool is not None and launcher is None and r is not None:  # 0600, as the spool's other files
-                    write_private(spool / RANK_ERROR_FILE.format(rank=r), payload)
+            record(exc, tb)
         except Exception:
             pass
         previous(exc_type, exc, tb)
 
+    def at_exit() -> None:
+        exc = getattr(sys, "last_value", None)  # set by Python before it calls whatever sys.excepthook is then
+        if isinstance(exc, BaseException) and sys.excepthook is not hook:
+            record(exc, without_own_frames(exc.__traceback__))
+
     sys.excepthook = hook
+    return at_exit
 
 
 # the exit code of every rank that failed, as torchrun's ChildFailedError knows it ({"failures": {rank: {exitcode,

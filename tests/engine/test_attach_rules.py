@@ -36,7 +36,7 @@ def test_only_forwards_with_autograd_on_and_the_module_training_are_training_for
 def _exc_from(code: str, filename: str) -> BaseException:
     try:
         exec(compile(code, filename, "exec"), {})
-    except Exception as exc:
+    except BaseException as exc:  # KeyboardInterrupt and SystemExit too
         return exc
     raise AssertionError("no exception")
 
@@ -113,3 +113,32 @@ def test_a_scripts_traceback_leaves_ddpvizs_wrapper_frames_out_and_ddpvizs_own_e
     except RuntimeError as exc:
         sys.excepthook(type(exc), exc, exc.__traceback__)
     assert got[-1][1:] == ["wrapper", "broken"]
+
+
+def test_an_exception_the_scripts_own_excepthook_took_and_a_ranks_keyboardinterrupt_are_recorded(tmp_path,
+                                                                                                 monkeypatch):
+    """A script that installs its own `sys.excepthook` after ddpviz bypassed ddpviz's, and its rank's ValueError
+    became "exited with code 1, without an exception"; a rank's own KeyboardInterrupt was not recorded either, and
+    the peer left waiting was blamed (a new user, 2026-12-06). Python sets `sys.last_value` before it calls
+    whatever hook is installed: the at-exit half records it, once."""
+    from ddpviz.engine.attach.errors import RANK_ERROR_FILE
+
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    monkeypatch.setattr(sys, "excepthook", lambda *a: None)
+    at_exit = install_excepthook(lambda: 1, tmp_path)
+    monkeypatch.setattr(sys, "excepthook", lambda *a: None)  # the script's own crash reporter
+    theirs = _exc_from("raise ValueError('boom on rank 1')", str(tmp_path / "train.py"))
+    monkeypatch.setattr(sys, "last_value", theirs, raising=False)
+    at_exit()
+    doc = json.loads((tmp_path / RANK_ERROR_FILE.format(rank=1)).read_text())["message"]
+    assert doc["message"] == "ValueError: boom on rank 1" and doc["extraInfo"]["rank"] == 1
+
+    at_exit = install_excepthook(lambda: 2, tmp_path)
+    stop = _exc_from("raise KeyboardInterrupt()", str(tmp_path / "train.py"))
+    sys.excepthook(type(stop), stop, stop.__traceback__)
+    assert json.loads((tmp_path / RANK_ERROR_FILE.format(rank=2)).read_text())["message"]["message"] == \
+        "KeyboardInterrupt: "
+    exit_ = _exc_from("raise SystemExit(3)", str(tmp_path / "train.py"))  # its own exit code says it
+    install_excepthook(lambda: 4, tmp_path)
+    sys.excepthook(type(exit_), exit_, exit_.__traceback__)
+    assert not (tmp_path / RANK_ERROR_FILE.format(rank=4)).exists()
