@@ -36,6 +36,10 @@ NO_ERROR_FILE = ("Why is in its own output, in the terminal that ran `ddpviz run
                  "leaves its exception and traceback here).")
 
 
+NO_OUTPUT_HERE = ("Why is in its own output, in the terminal that ran `ddpviz run` (e.g. sys.exit, or argparse's "
+                  "usage error).")
+
+
 def first_rank_error(spool: Path) -> dict[str, Any] | None:
     """The earliest rank exception in the spool (`engine.attach.errors.RANK_ERROR_FILE`, by `time_ns`): the
     root cause where torchrun's copy names another rank that failed in the same second (its tie rule)."""
@@ -84,8 +88,7 @@ def failure(spool: Path, exit_code: int, cmd: list[str] | None = None) -> dict[s
     elif exited is not None:
         rank, code, _ = exited
         err = make_error(f"CommandFailed: rank {rank} exited with code {code}, without an exception, before any "
-                         f"rank raised one (torchrun then exits {exit_code} whatever the code). Why is in its own "
-                         "output, in the terminal that ran `ddpviz run` (e.g. sys.exit, or argparse's usage error).",
+                         f"rank raised one (torchrun then exits {exit_code} whatever the code). {NO_OUTPUT_HERE}",
                          None, rank=rank, stage="training")
     else:
         err = make_error(f"CommandFailed: the command exited with code {exit_code}. {NO_ERROR_FILE}", None,

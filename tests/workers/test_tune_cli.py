@@ -204,3 +204,36 @@ def test_a_whole_search_prints_every_field_is_stored_and_leaves_the_users_files_
     assert _tree_hash(user) == before
     # no spool left behind (torchrun leaves its own torchelastic_* log folders, as it does without ddpviz)
     assert [p.name for p in tmp.iterdir() if not p.name.startswith(("torchelastic_", "torchinductor_"))] == []
+
+
+def test_a_script_without_ddp_is_told_there_is_nothing_to_tune(tmp_path):
+    # a one-process script trained 30 steps under tune and was refused with "it recorded 30 step(s), tune needs
+    # > 5", which said nothing of why (a new user, 2026-12-06)
+    from ddpviz.engine.tune import TuneError
+    from ddpviz.workers.cli.tune import NO_DDP_TO_TUNE, tune
+
+    script = tmp_path / "train.py"
+    script.write_text("import torch, torch.nn as nn\nm = nn.Linear(4, 1)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                      "for _ in range(40):\n    m(torch.randn(8, 4)).sum().backward()\n    opt.step()\n"
+                      "    opt.zero_grad()\n")
+    here = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        with pytest.raises(TuneError) as err:
+            tune([sys.executable, str(script)], STEPS, 2, 240, [], 1)
+    finally:
+        os.chdir(here)
+    assert NO_DDP_TO_TUNE in str(err.value)
+
+
+def test_a_failed_trials_error_points_to_the_output_tune_shows_not_a_terminal(tmp_path):
+    from ddpviz.workers.attached import NO_OUTPUT_HERE
+    from ddpviz.workers.cli.tune import TRIAL_OUTPUT, _ending
+
+    (tmp_path / "spool").mkdir()
+    (tmp_path / "spool" / "rank-exits.json").write_text(json.dumps({"failures": {"1": {"exitcode": 3}}}))
+    err_path = tmp_path / "stderr.txt"
+    err_path.write_text("rank 1 giving up\n")
+    ended, err = _ending(1, None, {"steps": 0, "ddp": None, "stopped": None}, STEPS, tmp_path / "spool", err_path)
+    assert TRIAL_OUTPUT in err["exception"] and NO_OUTPUT_HERE not in err["exception"]
+    assert err["stderr_tail"] == ["rank 1 giving up"]

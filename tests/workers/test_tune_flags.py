@@ -81,6 +81,13 @@ def test_the_baseline_line_says_buckets_and_settings_in_words(capsys):
     assert buckets_text([25 * mib, 25 * mib, 2 * mib]) == "3 buckets (25.0 MiB, 25.0 MiB, 2.00 MiB)"
     assert buckets_text([mib] * 7 + [1024]) == "8 buckets, 7.00 MiB in all (1.00 KiB to 1.00 MiB)"
     assert buckets_text([]) == "no bucket recorded"
+    # a script that ends by itself before the 30 steps asked: the steps the trials had, and why its files were
+    # written by every trial (a new user read "5..29" for trials of 24 steps, 2026-12-06)
+    rep["baseline"]["steps_recorded"] = 24
+    print_report(rep)
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "(median of steady steps 5..23: the script ends by itself after 24 of the 30 steps asked, so every " \
+           "trial ran it to its end, writing what it writes)" in first
 
 
 def test_the_budget_line_says_what_it_fits():

@@ -42,6 +42,13 @@ from ddpviz.workers.attached import PYTHONPATH_REPLACED
 from ddpviz.workers.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_REFUSED
 from ddpviz.workers.tunes import TuneKeeper, label, trial_run_label
 
+# a trial that trained without a DistributedDataParallel ddpviz saw (a one-process script): "it recorded 30 step(s),
+# tune needs > 5" said nothing of why (a new user, 2026-12-06)
+NO_DDP_TO_TUNE = ("no DistributedDataParallel was built under the instrumentation (the script trains without DDP, "
+                  "or builds it where ddpviz does not see it): tune tries DDP's settings, so there is nothing to tune")
+# what a failed trial's error says in place of `workers.attached.NO_ERROR_FILE`, which points to the terminal of
+# `ddpviz run`: tune keeps the command's output to itself, and the lines that say why are its stderr's last
+TRIAL_OUTPUT = "Why is in its output: its stderr's last lines follow."
 KILL_GRACE_S = 5.0  # a trial past its time gets SIGTERM, then SIGKILL this long after
 TRIAL_TIME_FACTOR = 4.0  # a later trial may take this many times the baseline's first one
 STDERR_TAIL_LINES = 15  # of a failed trial without torchrun's error file
@@ -110,9 +117,13 @@ def _ending(rc: int, killed: str | None, measured: dict, steps: int, spool: Path
     if rc != 0:
         from ddpviz.workers.attached import failure
 
+        from ddpviz.workers.attached import NO_ERROR_FILE, NO_OUTPUT_HERE
+
         err = failure(spool, rc)  # the failing rank's exception from torchrun's error file
         if err.get("traceback") is None and err_path.exists():
             err["stderr_tail"] = err_path.read_text(errors="replace").splitlines()[-STDERR_TAIL_LINES:]
+            err["exception"] = (err.get("exception") or "").replace(NO_ERROR_FILE, TRIAL_OUTPUT).replace(
+                NO_OUTPUT_HERE, TRIAL_OUTPUT)
         return f"failed: exit code {rc}", err
     if measured["stopped"] is not None:
         return f"stopped by tune after step {measured['stopped']['step']}: {measured['stopped']['how']}", None
@@ -266,6 +277,7 @@ def baseline_record(ref: dict[str, Any], baselines: list[dict[str, Any]], warmup
     curve = ready_curve(m["buckets"])
     return dict(knobs={}, settings=m["ddp"]["settings"], has_buffers=m["ddp"]["has_buffers"],
                 world_size=m["world_size"], step_time_s=times[len(times) // 2] if times else None,
+                steps_recorded=m["steps"],  # fewer than asked where the script ends by itself first
                 bucket_bytes=[round(c - p) for (c, _), p in zip(curve, [0.0] + [c for c, _ in curve[:-1]])],
                 bucket_source="measured: median bytes per bucket index over the first baseline's steady steps",
                 loss_noise=max(noises) if noises else None, loss_tolerance=loss_tolerance(m["losses"]),
@@ -289,6 +301,8 @@ def tune(cmd: list[str], steps: int, warmup: int, budget_s: float, knobs: list[s
     try:
         search = Search(cmd, steps, warmup, budget_s, root, keeper)
         ref = search.run({})
+        if ref["measured"]["ddp"] is None and not ref["error"]:  # it trained, but not through a DDP ddpviz saw
+            raise TuneError(f"the baseline trial {ref['ended']}; {NO_DDP_TO_TUNE}")
         if not usable(ref, warmup) or ref["measured"]["ddp"] is None:
             raise TuneError(f"the baseline trial {ref['ended']}"
                             + (f" ({_error_line(ref['error'])})" if ref["error"] else
