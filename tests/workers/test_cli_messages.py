@@ -16,6 +16,10 @@ def test_a_secrets_value_is_replaced_in_every_form_and_nothing_else_is():
                              "--use-auth", "--lr", "3e-4", f"--password={REDACTED}", f"OPENAI_API_KEY={REDACTED}",
                              "model.hidden=64", "--secret"]
     assert cmd[7] == "tok123"  # the caller's list is left as it was: the command runs with its arguments
+    urls = ["--url", "https://alice:S3cretPw@example.org/x", "--db=postgres://bob:pw%40x@db:5432/t",
+            "https://example.org/a:b@c", "redis://:onlypw@h:6379/0"]
+    assert redacted(urls) == ["--url", f"https://alice:{REDACTED}@example.org/x", f"--db=postgres://bob:{REDACTED}@db:5432/t",
+                              "https://example.org/a:b@c", f"redis://:{REDACTED}@h:6379/0"]
 
 
 def test_the_commands_environment_carries_the_redacted_line(tmp_path):

@@ -31,12 +31,21 @@ def _secret_name(name: str) -> bool:
     return any(w in SECRET_WORDS for w in re.split(r"[^a-z0-9]+", name.lower()))
 
 
+# a URL's password (``scheme://user:PASSWORD@host``), wherever an argument holds one
+_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)[^@/\s]*@")
+
+
 def redacted(cmd: list[str]) -> list[str]:
     """`cmd` as ddpviz stores and shows it (the run record, `run_started`, the spool's meta.json, the
     command's environment): the value of every option whose name has one of `SECRET_WORDS` as a word
-    (``--api-token X`` and ``--api-token=X``; not a next argument that is itself an option) and of every
-    ``NAME=VALUE`` argument whose NAME does (``WANDB_API_KEY=X``) replaced by ``***``. The command itself
-    runs with its arguments as given."""
+    (``--api-token X`` and ``--api-token=X``; not a next argument that is itself an option), of every
+    ``NAME=VALUE`` argument whose NAME does (``WANDB_API_KEY=X``), and the password of every URL
+    (``https://alice:***@host``: a new user's ``--url https://alice:S3cretPw@...`` was stored whole, 2026-12-06)
+    replaced by ``***``. The command itself runs with its arguments as given."""
+    return [_URL_PASSWORD.sub(rf"\g<head>{REDACTED}@", arg) for arg in _named_secrets(cmd)]
+
+
+def _named_secrets(cmd: list[str]) -> list[str]:
     out: list[str] = []
     hide = False
     for arg in cmd:
