@@ -53,3 +53,22 @@ def test_a_missing_run_names_the_redis_asked_and_why_that_one(tmp_path, monkeypa
     args = argparse.Namespace(run_id="n0such0run", url=redis_url, format="jsonl", out=None, dir=None)
     assert cmd_export(args) == 1
     assert f"no run 'n0such0run' in the Redis at {redis_url} (--url)" in capsys.readouterr().err
+
+
+def test_an_output_path_that_cannot_be_written_is_refused_in_one_line(tmp_path, redis_client, redis_url, capsys):
+    # a new user's `--out /nonexistent/x.jsonl` and `train --events /nonexistent/...` ended in FileNotFoundError
+    # tracebacks (2026-12-06); train refuses before anything trains
+    from ddpviz.workers.cli.commands import build_parser
+    from ddpviz.workers.cli.exits import EXIT_REFUSED
+    from ddpviz.workers.sink import RedisStreamWriter
+    from ddpviz.workers.store import RunStore
+
+    RunStore(redis_client).create("r1", {"mode": "ddp"})
+    RedisStreamWriter(redis_client, "r1", 1000).write_batch([{"type": "run_started", "run_id": "r1", "ts": 1.0}])
+    missing = tmp_path / "no" / "such" / "x.jsonl"
+    args = build_parser().parse_args(["export", "r1", "--url", redis_url, "--out", str(missing)])
+    assert args.handler(args) == EXIT_REFUSED
+    assert f"refused: --out: cannot write {missing}: No such file or directory" in capsys.readouterr().err
+    args = build_parser().parse_args(["train", "--steps", "1", "--events", str(missing)])
+    assert args.handler(args) == EXIT_REFUSED
+    assert f"refused: --events: cannot write {missing}" in capsys.readouterr().err

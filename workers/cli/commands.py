@@ -53,7 +53,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     progress = RunProgress(cfg.steps, f"{cfg.mode} {run_id}")
     sinks: list[Any] = [CallbackSink(progress.on_event)]
     if args.events:
-        open(args.events, "w").close()  # a fresh file per run (JsonlWriter appends)
+        try:
+            open(args.events, "w").close()  # a fresh file per run (JsonlWriter appends)
+        except OSError as exc:  # before anything trains, not a traceback after (a new user, 2026-12-06)
+            progress.close()
+            _err(f"refused: --events: cannot write {args.events}: {exc.strerror or exc}")
+            return EXIT_REFUSED
         sinks.append(BatchingSink(JsonlWriter(args.events)))
     stop = threading.Event()
 

@@ -38,10 +38,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     if path is None:
         sys.stdout.write(text)
         return EXIT_OK
-    if args.dir:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(text)
+    try:
+        if args.dir:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as exc:  # a clear line, not a traceback (a new user's --out /nonexistent/x.jsonl, 2026-12-06)
+        _err(f"refused: --{'dir' if args.dir else 'out'}: cannot write {path}: {exc.strerror or exc}")
+        return EXIT_REFUSED
     print(f"{len(events)} events of run {args.run_id} read; written as {args.format} to {path}", file=sys.stderr)
     return EXIT_OK
 
