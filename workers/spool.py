@@ -28,17 +28,32 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 import redis
 
-from ddpviz.engine.events import RawEvent, decode_json
+from ddpviz.engine.events import RawEvent, decode_json, make_event
 from ddpviz.engine.summary import SummaryBuilder
 from ddpviz.workers import keys
 from ddpviz.workers.sink import WRITE_CHUNK, RedisStreamWriter
 from ddpviz.workers.store import RunStore
+
+RANK_FILE = re.compile(r"events-rank(?P<rank>\d+)-pid(?P<pid>\d+)\.jsonl")  # an instrumented process's file
+
+
+def relaunch_note(pids: list[int]) -> str:
+    """What a run says when rank 0 trained in more than one process of its command (`pids`, in order): a sweep
+    driver's second `torchrun`, or torchrun restarting its workers. Each process counts its steps from 0, so the
+    record holds steps of the same number from each (a new user's `ddpviz run -- python sweep.py`, two
+    trainings under one run with steps 0-9 twice and nothing said, 2026-12-06)."""
+    return (f"rank 0 trained in {len(pids)} processes of this command, one after another (pids "
+            f"{', '.join(map(str, pids))}: a second launch, e.g. a sweep's next torchrun, or torchrun restarting its "
+            "workers): each counts its steps from 0, so this run holds steps of the same number from each; run each "
+            "training under its own `ddpviz run` to see them apart")
+
 
 HOLD_FOR_STARTED_S = 60.0  # events wait at most this long for rank 0's run_started, so it is stored first
 
@@ -138,6 +153,7 @@ class SpoolForwarder:
         self.builder = SummaryBuilder()
         self.first_pending_at: float | None = None
         self.redis_error: BaseException | None = None
+        self.rank0_pids: list[int] = []  # the processes rank 0's events came from, in the order their files appeared
 
     def connect(self, store: RunStore | None) -> None:
         self.store = store
@@ -145,6 +161,8 @@ class SpoolForwarder:
     def _read(self) -> None:
         for path in sorted(self.spool.glob("events-*.jsonl")):
             name = path.name
+            if name not in self.read_at:
+                self._first_seen(name)
             pos = self.read_at.get(name, 0)  # the first byte not yet read as a whole line
             try:
                 with open(path, "rb") as fh:
@@ -165,6 +183,18 @@ class SpoolForwarder:
                 if pos > self.sent.get(name, 0):
                     self.pending.append((name, pos, event))
             self.read_at[name] = pos
+
+    def _first_seen(self, name: str) -> None:
+        """A new events file: when it is rank 0's of a second process (`relaunch_note`), a `log` warning goes
+        out first (once per file, and not again where the file was being stored already)."""
+        m = RANK_FILE.fullmatch(name)
+        if m is None or m["rank"] != "0":
+            return
+        self.rank0_pids.append(int(m["pid"]))
+        if len(self.rank0_pids) > 1 and self.sent.get(name, 0) == 0:
+            note = make_event("log", self.run_id, rank=0, level="warning", message=relaunch_note(self.rank0_pids))
+            self.builder.observe(note)
+            self.pending.append((name, 0, note))
 
     def pump(self, final: bool = False, now: float | None = None) -> bool:
         """Read new events and store them. True when nothing is left to store."""

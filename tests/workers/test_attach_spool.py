@@ -118,3 +118,23 @@ def test_a_joined_nodes_events_go_out_once_another_node_stored_run_started(tmp_p
     events, _ = DdpvizClient(redis=redis_client).read_events("r1")
     assert events[0]["type"] == "run_started"
     assert sorted((e["rank"], e["step"]) for e in events if e["type"] == "step") == [(0, 0), (1, 0), (1, 1)]
+
+
+def test_a_second_rank_0_process_says_its_steps_restart_once(tmp_path, redis_client):
+    # a sweep driver's second torchrun (or torchrun restarting its workers): rank 0 in a new process counts from 0
+    # again; the run holding both said nothing (a new user's two trainings, steps 0-9 twice, 2026-12-06)
+    store = RunStore(redis_client)
+    create_record(store, "r1", ["python", "sweep.py"], "x")
+    (tmp_path / "events-rank0-pid11.jsonl").write_text(_line(type="run_started", rank=0) + _step(0, 0) + _step(0, 1))
+    (tmp_path / "events-rank1-pid12.jsonl").write_text(_step(1, 0) + _step(1, 1))
+    fwd = SpoolForwarder(tmp_path, "r1", store)
+    assert fwd.pump()
+    client = DdpvizClient(redis=redis_client)
+    assert not [e for e in client.read_events("r1")[0] if e["type"] == "log"]  # one process per rank: nothing to say
+    (tmp_path / "events-rank0-pid21.jsonl").write_text(_step(0, 0))
+    (tmp_path / "events-rank1-pid22.jsonl").write_text(_step(1, 0))
+    assert fwd.pump()
+    assert SpoolForwarder(tmp_path, "r1", store).pump(final=True)  # a restarted upload: said once
+    logs = [e for e in client.read_events("r1")[0] if e["type"] == "log"]
+    assert len(logs) == 1 and logs[0]["level"] == "warning" and "(pids 11, 21:" in logs[0]["message"]
+    assert "steps of the same number from each" in logs[0]["message"]
