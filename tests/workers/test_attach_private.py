@@ -108,3 +108,15 @@ def test_a_command_that_replaces_pythonpath_is_told_why_nothing_was_recorded(tmp
     rec = DdpvizClient(redis=redis_client).get_run(run_id_of(proc.stderr))
     assert rec["status"] == "failed" and "sets PYTHONPATH itself" in rec["error"]["exception"]
     assert "PYTHONPATH=lib:$PYTHONPATH" in proc.stderr
+
+
+def test_joining_a_run_that_does_not_exist_says_so_and_a_bad_id_is_refused(tmp_path, redis_url, redis_client):
+    # a new user's `--join nosuchrun` quietly made a run of that name (2026-12-06); node 0 may start later, so the
+    # run is still made, with a line saying what happened
+    proc = subprocess.run([*ddpviz_argv(), "run", "--join", "nosuchrun", "--spool", str(tmp_path / "spool"), "--",
+                           sys.executable, "-c", "pass"], env=cli_env(redis_url), capture_output=True, text=True,
+                          timeout=300)
+    assert "--join nosuchrun: no such run on" in proc.stderr and "this node creates it" in proc.stderr
+    bad = subprocess.run([*ddpviz_argv(), "run", "--join", "../x y", "--", sys.executable, "-c", "pass"],
+                         env=cli_env(redis_url), capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "refused: --join must be a run id" in bad.stderr

@@ -343,6 +343,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.kill_after is not None and not args.kill_after >= 0:
         _say(f"refused: --kill-after must be >= 0 seconds, got {args.kill_after}")
         return EXIT_REFUSED
+    from ddpviz.engine.export import SAFE_ID
+
+    if args.join is not None and not SAFE_ID.match(args.join):
+        _say(f"refused: --join must be a run id (1-64 letters, digits, '-' or '_'), got {args.join[:80]!r}")
+        return EXIT_REFUSED
     run_id = args.join or new_run_id()
     url = args.url or redis_url()
     default = run_id if not args.join else f"{run_id}-{socket.gethostname()}-{os.getpid()}"
@@ -363,6 +368,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if launch.store is not None:
         try:
             if not launch.store.exists(run_id):
+                if args.join:  # node 0 may start later, so it is made here; a mistyped id makes a run of its own
+                    _say(f"--join {run_id}: no such run on {redact(url)} yet, so this node creates it; if node 0's "
+                         "`ddpviz run` printed another id, stop this one and join that")
                 launch.create()
         except (redis.RedisError, OSError) as exc:
             launch.store = None
