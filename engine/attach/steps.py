@@ -21,7 +21,8 @@ Its events (docs/events.md, "attached runs"):
   `forward_s` (Σ the wrapped module's forward calls), `backward_s` (Σ `backward()` calls, less
   the exposed comm), `comm_exposed_s` (the synced backward's time after its last bucket was
   ready: what the all-reduce added), `optimizer_s`; `loss` = Σ of the scalar tensors
-  `backward()` was called on (on CUDA read once it reached the host, `LossReading`: the step's
+  `backward()` was called on in the step (inside an optimizer step's closure, its first evaluation's only: LBFGS
+  evaluates it again on the same batch, as it does the samples) (on CUDA read once it reached the host, `LossReading`: the step's
   event may then be written a step later); `samples` = the batch dimension of the first tensor the wrapped
   module received, Σ over micro-steps, × world_size (`samples_source` says so);
   `loss_source` says which tensors: under a `GradScaler` the loss given to `scaler.scale` (the
@@ -64,6 +65,10 @@ LOSS_SOURCE = "sum of the scalar tensors backward() was called on"
 SCALED_LOSS_SOURCE = ("sum of the losses given to GradScaler.scale (unscaled; backward() got them "
                       "multiplied by the scaler's scale)")
 EXPLICIT_LOSS_SOURCE = "ddpviz.step(loss=...)"
+# a step whose backwards got no one-element tensor (`out.backward(gradient)` on a batch of outputs): no loss to read
+NOT_A_MICRO_STEP: dict = {}  # `backward_start`'s answer for a backward whose loss counts but that is no micro-step
+LOSS_NOT_SEEN = ("not seen: backward() got no one-element tensor in this step (a backward of several outputs with "
+                 "their own gradient); give it with ddpviz.step(loss=...)")
 
 
 def _is_compiling() -> Callable[[], bool]:
@@ -144,6 +149,7 @@ class StepTracker:
         self.step = 0
         self.prev_end: float | None = None
         self.opt_depth = 0
+        self.closure_evaluated = False  # inside an optimizer step: its closure's first evaluation has run
         self.explicit = False  # steps end at explicit_step only (see the module docstring)
         self.unsent: list[tuple[int, dict, LossReading]] = []  # ended steps whose loss is still on the GPU
         self.scaled: list[tuple[Any, torch.Tensor]] = []  # (weakref to GradScaler.scale's output, its input)
@@ -181,7 +187,8 @@ class StepTracker:
         self.fwd_t0 = t
         self.fwd_seen = True
         self.pending = [p for p in self.pending if p[0] is not watch] + [(watch, synced)]
-        self.samples += samples
+        if not (self.opt_depth and self.closure_evaluated):  # a closure's re-evaluation: the same batch again
+            self.samples += samples
 
     def forward_end(self) -> None:
         self.fwd_depth = max(0, self.fwd_depth - 1)
@@ -209,29 +216,49 @@ class StepTracker:
     def backward_start(self, loss: Any) -> dict | None:
         """A backward of `loss` (a tensor, or the tensors given to `torch.autograd.backward`)
         begins. Returns its micro-step record, or None when it is not one (nested in a recorded
-        backward; after no training forward of a watched DDP)."""
+        backward; after no training forward of a watched DDP), or `NOT_A_MICRO_STEP` for a later backward of a
+        step's forward (its loss counted; `backward_end` takes it back)."""
         if getattr(self._in_backward, "on", False):
             return None
         if not self.pending and self.watches:  # a DDP script: a backward after no DDP forward is no micro-step of it
-            return None
+            if not self.micro:
+                return None
+            # but its loss is the step's too (`l1.backward(retain_graph=True); l2.backward()`), counted once: the
+            # torch.autograd.backward inside this Tensor.backward is nested in it
+            self._add_losses(loss)
+            self._in_backward.on = True
+            return NOT_A_MICRO_STEP
         self._in_backward.on = True
         candidates = list(self.pending)  # [] with no DDP in this process (one device, nn.DataParallel)
         for w, sy in candidates:
             w.begin_backward(sy)
-        for t in ([loss] if isinstance(loss, torch.Tensor) else list(loss)):
-            if isinstance(t, torch.Tensor) and t.numel() == 1:
-                self.losses.append(self._unscaled(t))
+        self._add_losses(loss)
         if self.start is None:  # no forward seen (no DDP in this process): the step still runs from the last one's end
             self.start = self.prev_end if self.prev_end is not None else now()
         m = dict(watch=None, synced=False, t0=now(), candidates=candidates, views=[])
         self.micro.append(m)
         return m
 
+    def _add_losses(self, loss: Any) -> None:
+        """The one-element tensors a backward got, into the step's loss; inside an optimizer step's closure
+        (`opt.step(closure)`) only its first evaluation's: LBFGS evaluates the closure again and again on the
+        same batch, and its step returns the first (a new user's LBFGS loss read 14.31 against the script's
+        7.10, 2026-12-06)."""
+        if self.opt_depth:
+            if self.closure_evaluated:
+                return
+            self.closure_evaluated = True
+        for t in ([loss] if isinstance(loss, torch.Tensor) else list(loss)):
+            if isinstance(t, torch.Tensor) and t.numel() == 1:
+                self.losses.append(self._unscaled(t))
+
     def backward_end(self, m: dict) -> None:
         """The backward of `m` ended: the pending forwards it reached are its `views` (an unsynced
         one, whose DDP reduces nothing, is reached by the first backward after it; a synced one by
         the backward in which its DDP reduced, `reduced_in_backward`); the others stay pending."""
         self._in_backward.on = False
+        if m is NOT_A_MICRO_STEP:
+            return
         m["t1"] = now()
         reached = [(w, sy) for w, sy in m["candidates"]
                    if not sy or getattr(w, "reduced_in_backward", lambda: True)()]
@@ -247,6 +274,7 @@ class StepTracker:
         self.opt_depth += 1
         if self.opt_depth == 1:
             self.opt_t0 = now()
+            self.closure_evaluated = False  # the step's closure (if any) not evaluated yet
 
     def optimizer_end(self, opt: Any = None) -> None:
         """At an outermost optimizer step's end. Its own time runs from its start, or from the end
@@ -330,7 +358,7 @@ class StepTracker:
         step_time = end - self.start
         reading = LossReading([loss] if loss is not None else self.losses)
         loss_source = EXPLICIT_LOSS_SOURCE if loss is not None else (
-            SCALED_LOSS_SOURCE if self.loss_scaled else LOSS_SOURCE)
+            SCALED_LOSS_SOURCE if self.loss_scaled else LOSS_SOURCE if self.losses else LOSS_NOT_SEEN)
         seen = samples is not None or self.samples > 0
         source = EXPLICIT_SAMPLES_SOURCE if samples is not None else SAMPLES_SOURCE if seen else SAMPLES_NOT_SEEN
         samples = (self.samples if samples is None else samples) * self.s.world_size

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ddpviz.engine.attach.env import (RANK_PID_ENV, RUN_ID_ENV, SOLO_ENV, SPOOL_ENV, STARTUP_DIR,
                                       child_environment, process_role, should_instrument)
 
@@ -268,3 +270,50 @@ def test_two_ddps_before_one_backward_both_get_their_buckets(tmp_path):
     assert owner == {"gen.weight": 0, "gen.bias": 0, "disc.weight": 1, "disc.bias": 1}
     volumes = [e for e in events if e["type"] == "comm_volume"]  # one per step, both DDPs' bytes
     assert [(v["step"], v["allreduce_bytes"], v["ddp_count"]) for v in volumes] == [(s, grad_bytes, 2) for s in range(3)]
+
+
+LOSSES = """
+import sys, torch, torch.nn as nn, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo", init_method=sys.argv[1], rank=0, world_size=1)
+torch.manual_seed(0)
+ddp = DDP(nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1)))
+x = torch.randn(16, 6); y = x.sum(1, keepdim=True)
+sgd = torch.optim.SGD(ddp.parameters(), lr=0.01)
+for _ in range(2):  # two backwards of one forward: the step's loss is both
+    o = ddp(x); l1, l2 = o.pow(2).mean(), o.abs().mean()
+    sgd.zero_grad(); l1.backward(retain_graph=True); l2.backward(); sgd.step()
+    print("RETAIN", l1.item() + l2.item())
+lbfgs = torch.optim.LBFGS(ddp.parameters(), lr=0.5, max_iter=4)
+for _ in range(2):  # the closure runs up to 4 times on the same 16 samples: the step's loss is its first
+    def closure():
+        lbfgs.zero_grad(); l = (ddp(x) - y).pow(2).mean(); l.backward(); return l
+    print("LBFGS", lbfgs.step(closure).item())
+o = ddp(x); o.backward(torch.ones_like(o) / 16); sgd.step()  # no one-element tensor: no loss to read
+"""
+
+
+def test_a_steps_loss_is_the_scripts_for_two_backwards_a_closure_and_none(tmp_path):
+    """Reference: the losses the script prints. `l1.backward(retain_graph=True); l2.backward()` was recorded as l1;
+    LBFGS as the sum of its closure's 4-5 evaluations, with 5 batches of samples; a non-scalar backward as null
+    with a source saying it summed scalars (a new user, 2026-12-06)."""
+    import json
+
+    from ddpviz.engine.attach.steps import LOSS_NOT_SEEN
+
+    script = tmp_path / "train.py"
+    script.write_text(LOSSES)
+    spool = tmp_path / "spool"
+    e = {k: v for k, v in os.environ.items() if not k.startswith("DDPVIZ_ATTACH")}
+    e.update({RUN_ID_ENV: "r", SPOOL_ENV: str(spool), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+              "PYTHONPATH": os.pathsep.join([str(STARTUP_DIR), str(REPO)])})
+    out = subprocess.run([sys.executable, str(script), f"file://{tmp_path}/pg"], env=e, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    said = [float(line.split()[1]) for line in out.stdout.splitlines()]
+    events = [json.loads(line) for f in spool.glob("events-*.jsonl") for line in f.read_text().splitlines()]
+    steps = sorted((ev for ev in events if ev["type"] == "step"), key=lambda ev: ev["step"])
+    assert [ev["loss"] for ev in steps[:4]] == pytest.approx(said, rel=1e-6)
+    assert [ev["samples"] for ev in steps[:4]] == [16, 16, 16, 16]
+    assert steps[2]["micro_steps"] > 1  # LBFGS did evaluate its closure more than once
+    assert steps[4]["loss"] is None and steps[4]["loss_source"] == LOSS_NOT_SEEN
