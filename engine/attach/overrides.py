@@ -97,7 +97,9 @@ def _hook(name: str, process_group: Any):
 
 def _tune_ddp_event(session: Any, ddp: Any, applied: dict[str, Any], hook: str | None) -> None:
     module = ddp.module
-    settings = dict(bucket_cap_mb=ddp.bucket_bytes_cap / 2**20, first_bucket_bytes=_first_bucket_bytes(ddp),
+    from ddpviz.engine.modes.ddp.buckets import cap_mb_of
+
+    settings = dict(bucket_cap_mb=cap_mb_of(int(ddp.bucket_bytes_cap)), first_bucket_bytes=_first_bucket_bytes(ddp),
                     gradient_as_bucket_view=bool(ddp.gradient_as_bucket_view), static_graph=bool(ddp.static_graph),
                     broadcast_buffers=bool(ddp.broadcast_buffers),
                     find_unused_parameters=bool(ddp.find_unused_parameters))

@@ -21,8 +21,7 @@ import torch.distributed as dist
 from ddpviz.engine.attach.env import COMMAND_ENV
 from ddpviz.engine.attach.session import Session
 from ddpviz.engine.config import SCHEMA_VERSION
-
-MIB = 1024 * 1024
+from ddpviz.engine.modes.ddp.buckets import cap_mb_of
 
 
 def script_name() -> str | None:
@@ -57,7 +56,7 @@ def started_fields(s: Session, watch: Any, first_step: dict | None) -> dict[str,
     config = dict(mode=mode, world_size=s.world_size,
                   steps=None, model=type(model).__name__ if model is not None else None,
                   dataset=None, device=kind, backend=backend, global_batch_size=(first_step or {}).get("samples"),
-                  bucket_cap_mb=(ddp.bucket_bytes_cap / MIB) if ddp is not None else None,
+                  bucket_cap_mb=cap_mb_of(int(ddp.bucket_bytes_cap)) if ddp is not None else None,
                   **dict(zip(("overlap", "overlap_source"), overlap_of(watch))),
                   gradient_as_bucket_view=getattr(ddp, "gradient_as_bucket_view", None),
                   static_graph=getattr(ddp, "static_graph", None),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
 import torch
 
 from ddpviz.engine.attach.errors import install_excepthook, raised_in_ddpviz
@@ -142,3 +143,26 @@ def test_an_exception_the_scripts_own_excepthook_took_and_a_ranks_keyboardinterr
     install_excepthook(lambda: 4, tmp_path)
     sys.excepthook(type(exit_), exit_, exit_.__traceback__)
     assert not (tmp_path / RANK_ERROR_FILE.format(rank=4)).exists()
+
+
+def test_a_ddps_bucket_cap_reads_as_the_script_gave_it():
+    # DDP keeps int(bucket_cap_mb * 1024 * 1024) bytes (torch/nn/parallel/distributed.py): a script's 0.02 read
+    # 0.01999950408935547 (a new user, 2026-12-06). Reference: the caps given, through a real DDP.
+    import tempfile
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ddpviz.engine.modes.ddp.buckets import cap_mb_of
+
+    if dist.is_initialized():
+        pytest.skip("a process group exists already")
+    with tempfile.TemporaryDirectory() as d:
+        dist.init_process_group("gloo", init_method=f"file://{d}/pg", rank=0, world_size=1)
+        try:
+            for given in (0.02, 0.1, 25.0, 0.001, 1.5, 0.0125, 100.0):
+                ddp = DDP(torch.nn.Linear(2, 2), bucket_cap_mb=given)
+                assert cap_mb_of(int(ddp.bucket_bytes_cap)) == given
+                assert ddp.bucket_bytes_cap / 2**20 != given or given in (25.0, 1.5, 100.0)  # what it read before
+        finally:
+            dist.destroy_process_group()

@@ -43,6 +43,17 @@ def ddp_bucket_cap_arg(cfg: RunConfig) -> float | None:
     return None if cfg.bucket_cap_mb == DDP_DEFAULT_BUCKET_CAP_MB else cfg.bucket_cap_mb
 
 
+def cap_mb_of(bucket_bytes_cap: int) -> float:
+    """The `bucket_cap_mb` a DDP was given, from its `bucket_bytes_cap` (``int(bucket_cap_mb * 1024 * 1024)``,
+    torch/nn/parallel/distributed.py): the shortest decimal (up to 9 places) that gives the same bytes, so a
+    script's 0.02 reads 0.02, not 0.01999950408935547 (a new user, 2026-12-06)."""
+    for places in range(10):
+        mb = round(bucket_bytes_cap / MIB, places)
+        if int(mb * MIB) == bucket_bytes_cap:
+            return mb
+    return bucket_bytes_cap / MIB
+
+
 def caps_bytes(cfg: RunConfig) -> tuple[int, int]:
     """(first_bucket_bytes_cap, bucket_bytes_cap) as DDP computes them."""
     cap = int(cfg.bucket_cap_mb * MIB)
