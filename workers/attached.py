@@ -36,6 +36,13 @@ NO_ERROR_FILE = ("Why is in its own output, in the terminal that ran `ddpviz run
                  "leaves its exception and traceback here).")
 
 
+def is_torchrun(cmd: list[str]) -> bool:
+    """Whether `cmd` is torchrun (`torchrun`, `python -m torch.distributed.run` or `.launch`), whose
+    workers are the ranks; any other command's own child is the training process itself."""
+    return bool(cmd) and (os.path.basename(cmd[0]) == "torchrun" or "torch.distributed.run" in cmd
+                          or "torch.distributed.launch" in cmd)
+
+
 NO_OUTPUT_HERE = ("Why is in its own output, in the terminal that ran `ddpviz run` (e.g. sys.exit, or argparse's "
                   "usage error).")
 
@@ -91,8 +98,9 @@ def failure(spool: Path, exit_code: int, cmd: list[str] | None = None) -> dict[s
                          f"rank raised one (torchrun then exits {exit_code} whatever the code). {NO_OUTPUT_HERE}",
                          None, rank=rank, stage="training")
     else:
-        err = make_error(f"CommandFailed: the command exited with code {exit_code}. {NO_ERROR_FILE}", None,
-                         stage="training")
+        # torchrun's error file is torchrun's to speak of: `ddpviz run -- python train.py` has none (a new user)
+        why = NO_ERROR_FILE if cmd is None or is_torchrun(cmd) else NO_OUTPUT_HERE
+        err = make_error(f"CommandFailed: the command exited with code {exit_code}. {why}", None, stage="training")
     err["exit_code"] = exit_code
     return err
 

@@ -71,6 +71,13 @@ def test_the_failing_ranks_exception_comes_from_torchruns_error_file(tmp_path):
     assert (err["rank"], err["exception"], err["traceback"]) == (1, "ValueError: bad batch", "Traceback ...")
     said = failure(tmp_path / "none", 3)["exception"]
     assert said.startswith("CommandFailed: the command exited with code 3. ") and "terminal" in said
+    # torchrun's error file is named only where torchrun ran (a one-process command has none: a new user)
+    (tmp_path / "none").mkdir()
+    script = tmp_path / "t.py"
+    script.write_text("raise SystemExit(3)\n")
+    assert "torchrun" in failure(tmp_path / "none", 3, ["torchrun", "--nproc-per-node", "2", str(script)])["exception"]
+    alone = failure(tmp_path / "none", 3, ["python", str(script)])["exception"]
+    assert "terminal" in alone and "torchrun" not in alone
 
 
 def test_the_root_cause_is_the_rank_that_failed_first_not_torchruns_tie_pick(tmp_path, monkeypatch):

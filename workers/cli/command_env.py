@@ -12,12 +12,8 @@ import os
 import re
 from pathlib import Path
 
+from ddpviz.workers.attached import is_torchrun
 
-def is_torchrun(cmd: list[str]) -> bool:
-    """Whether `cmd` is torchrun (`torchrun`, `python -m torch.distributed.run` or `.launch`), whose
-    workers are the ranks; any other command's own child is the training process itself."""
-    return os.path.basename(cmd[0]) == "torchrun" or "torch.distributed.run" in cmd or \
-        "torch.distributed.launch" in cmd
 
 
 # Words that make an argument's name a secret's (`redacted`), as whole words of the name: --api-token X,
