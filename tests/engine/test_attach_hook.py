@@ -143,6 +143,21 @@ def test_a_builtin_comm_hook_runs_as_its_python_twin_with_the_same_result(tmp_pa
     assert all(e["nbytes"] * 2 == e["uncompressed_nbytes"] for e in buckets)  # fp16 on the wire
 
 
+def run_as_rank_0(tmp_path: Path, code: str, *args: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """`code` as a script run as rank 0 of a world of 1 with the start-up hook first on PYTHONPATH, as `ddpviz run`
+    starts a rank; returns the finished process (it must exit 0) and every event of its spool."""
+    import json
+
+    script, spool = tmp_path / "train.py", tmp_path / "spool"
+    script.write_text(code)
+    e = {k: v for k, v in os.environ.items() if not k.startswith("DDPVIZ_ATTACH")}
+    e.update({RUN_ID_ENV: "r", SPOOL_ENV: str(spool), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+              "PYTHONPATH": os.pathsep.join([str(STARTUP_DIR), str(REPO)])})
+    out = subprocess.run([sys.executable, str(script), *args], env=e, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out, [json.loads(line) for f in spool.glob("events-*.jsonl") for line in f.read_text().splitlines()]
+
+
 NO_DDP = """
 import sys, time, torch, torch.nn as nn
 torch.manual_seed(0)
@@ -158,17 +173,7 @@ for step in range(4):
 
 
 def test_a_script_without_ddp_still_gets_its_steps_and_a_dataparallel_note(tmp_path):
-    import json
-
-    script = tmp_path / "train.py"
-    script.write_text(NO_DDP)
-    spool = tmp_path / "spool"
-    e = {k: v for k, v in os.environ.items() if not k.startswith("DDPVIZ_ATTACH")}
-    e.update({RUN_ID_ENV: "r", SPOOL_ENV: str(spool), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-              "PYTHONPATH": os.pathsep.join([str(STARTUP_DIR), str(REPO)])})
-    out = subprocess.run([sys.executable, str(script)], env=e, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    events = [json.loads(line) for f in spool.glob("events-*.jsonl") for line in f.read_text().splitlines()]
+    out, events = run_as_rank_0(tmp_path, NO_DDP)
     steps = [e for e in events if e["type"] == "step"]
     assert [e["step"] for e in steps] == [0, 1, 2, 3]  # the script's four optimizer steps
     assert all(e["micro_steps"] == 1 and e["no_sync_micro_steps"] == 0 and e["loss"] > 0 for e in steps)
@@ -297,21 +302,10 @@ def test_a_steps_loss_is_the_scripts_for_two_backwards_a_closure_and_none(tmp_pa
     """Reference: the losses the script prints. `l1.backward(retain_graph=True); l2.backward()` was recorded as l1;
     LBFGS as the sum of its closure's 4-5 evaluations, with 5 batches of samples; a non-scalar backward as null
     with a source saying it summed scalars (a new user, 2026-12-06)."""
-    import json
-
     from ddpviz.engine.attach.steps import LOSS_NOT_SEEN
 
-    script = tmp_path / "train.py"
-    script.write_text(LOSSES)
-    spool = tmp_path / "spool"
-    e = {k: v for k, v in os.environ.items() if not k.startswith("DDPVIZ_ATTACH")}
-    e.update({RUN_ID_ENV: "r", SPOOL_ENV: str(spool), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-              "PYTHONPATH": os.pathsep.join([str(STARTUP_DIR), str(REPO)])})
-    out = subprocess.run([sys.executable, str(script), f"file://{tmp_path}/pg"], env=e, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
+    out, events = run_as_rank_0(tmp_path, LOSSES, f"file://{tmp_path}/pg")
     said = [float(line.split()[1]) for line in out.stdout.splitlines()]
-    events = [json.loads(line) for f in spool.glob("events-*.jsonl") for line in f.read_text().splitlines()]
     steps = sorted((ev for ev in events if ev["type"] == "step"), key=lambda ev: ev["step"])
     assert [ev["loss"] for ev in steps[:4]] == pytest.approx(said, rel=1e-6)
     assert [ev["samples"] for ev in steps[:4]] == [16, 16, 16, 16]
