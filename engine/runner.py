@@ -108,12 +108,17 @@ def _started_fields(cfg: RunConfig, plan: DevicePlan, model: torch.nn.Module, ds
         from ddpviz.engine.modes.fsdp.units import fsdp_preview
 
         extra["fsdp_units"] = fsdp_preview(cfg, model)
+    # a single run trains on one device, whatever world size its config keeps (a set's: it computes that many
+    # devices' global batch, `devices_used`): its record says one device and the batch it processes (a new user read
+    # a trio's single run exported as world_size 2, micro-batch 128, 2026-12-06)
+    one = cfg.mode == "single"
     return dict(extra, schema_version=SCHEMA_VERSION, config=cfg.to_json_dict(), mode=cfg.mode,
-                world_size=cfg.world_size, backend=plan.backend, devices=plan.infos,
+                world_size=1 if one else cfg.world_size, backend=plan.backend, devices=plan.infos,
                 device_names=plan.names, emulated=plan.emulated, torch_version=torch.__version__,
                 host=host or None, hostname=socket.gethostname(), dataset_name=ds.name,
                 param_count=param_count(model), grad_bytes=grad_bytes(model),
-                micro_batch_per_device=cfg.micro_batch_per_device, **_cpu_fields(cfg, plan),
+                micro_batch_per_device=cfg.global_batch_size // cfg.grad_accum_steps if one
+                else cfg.micro_batch_per_device, **_cpu_fields(cfg, plan),
                 sampler=dict(kind="DistributedSampler", shuffle=True, drop_last=True,
                              policy="drop_last: every rank gets len(dataset) // world_size samples and "
                                     "the same number of full batches, so no collective waits for a rank"),

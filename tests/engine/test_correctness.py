@@ -86,3 +86,13 @@ def test_uneven_dataset_across_three_ranks_crosses_an_epoch_without_hanging():
     assert sink.of_type("run_started")[0]["sampler"]["drop_last"] is True
     assert {e["rank"] for e in sink.of_type("step")} == {0, 1, 2}
     torch.testing.assert_close(result.final_params, baseline(**fields), **TOL)
+
+
+def test_a_sets_single_run_is_recorded_as_one_device_with_the_whole_batch():
+    # the trio's single run keeps the set's world_size 2 in its config (it computes 2 devices' global batch on
+    # one): its run_started said world_size 2 and micro-batch 16 of 32 (a new user's export, 2026-12-06)
+    result, sink = train(mode="single", world_size=2, **{**SMALL, "steps": 2})
+    (started,) = sink.of_type("run_started")
+    assert started["config"]["world_size"] == 2  # as asked
+    assert started["world_size"] == 1 and started["micro_batch_per_device"] == SMALL["global_batch_size"]
+    assert {e["samples"] for e in sink.of_type("step")} == {SMALL["global_batch_size"]}
