@@ -74,12 +74,11 @@ def timeline(w, label: str, step: int, x_max: float | None) -> None:
 
 def side_by_side(windows, labels: dict[str, str], step: int) -> None:
     """`timeline` of every window at `step`, one column each, on one time scale when there are
-    several (the latest all-reduce end or backward end among them)."""
-    frames_at = [fb.bucket_frame(w.of_type("bucket"), step) for w in windows.values()]
-    ends = [f["comm_end_ms"].max() for f in frames_at if not f.empty] + \
-           [fb.backward_frame(w.of_type("step"), step)["end_ms"].max()
-            for w in windows.values()]
-    x_max = max([e for e in ends if pd.notna(e)], default=None) if len(windows) > 1 else None
+    several (the latest all-reduce end, backward end or exposed band's end among them: with no all-reduce
+    ends, bucket_timing=recorder, a band ran off the shared axis, a new user, 2026-12-06)."""
+    x_max = max([e for w in windows.values() if pd.notna(e := fb.timeline_end_ms(w.of_type("bucket"),
+                                                                               w.of_type("step"), step))],
+                default=None) if len(windows) > 1 else None
     for col, (rid, w) in zip(st.columns(len(windows)), windows.items()):
         with col:
             timeline(w, labels[rid], step, x_max)

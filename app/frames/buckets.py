@@ -48,10 +48,12 @@ def with_rank_names(df: pd.DataFrame, names: dict[int, str]) -> pd.DataFrame:
 def exposed_frame(buckets: pd.DataFrame, steps: Iterable[Event]) -> pd.DataFrame:
     """Per rank: the exposed part of communication in this step.
 
-    Columns: rank, start_ms (last bucket ready), end_ms (last all-reduce end), exposed_ms, and
-    reported_ms (the engine's `comm_exposed_s` of that rank's step event, for the tooltip). Where no
-    all-reduce end was measured but the step's exposed comm was (bucket_timing=recorder on gloo: the
-    backward's end minus the last ready time, both DDP's reducer's), end_ms = start_ms + reported_ms.
+    Columns: rank, start_ms (last bucket ready), end_ms, exposed_ms, and reported_ms (the engine's
+    `comm_exposed_s` of that rank's step event). The band is the run's own figure wherever the step has one:
+    end_ms = start_ms + reported_ms, so its length is what the step split, the per-step chart and the exports
+    say (the backward's time after its last bucket was ready, docs/measures.md); only a step without one falls
+    back to the last all-reduce end (the last all-reduce's end minus the last ready: 1.24 ms drawn where the
+    run reported 1.367 ms, a new user, 2026-12-06).
     """
     cols = ["rank", "start_ms", "end_ms", "exposed_ms", "reported_ms"]
     if buckets.empty:
@@ -62,11 +64,23 @@ def exposed_frame(buckets: pd.DataFrame, steps: Iterable[Event]) -> pd.DataFrame
     g = buckets.groupby("rank").agg(start_ms=("ready_ms", "max"), end_ms=("comm_end_ms", "max"))
     g = g.reset_index()
     g["reported_ms"] = [reported.get(int(r), float("nan")) for r in g["rank"]]
-    unended = g["end_ms"].isna() & g["reported_ms"].notna()
-    g.loc[unended, "end_ms"] = g.loc[unended, "start_ms"] + g.loc[unended, "reported_ms"]
+    said = g["reported_ms"].notna()
+    g.loc[said, "end_ms"] = g.loc[said, "start_ms"] + g.loc[said, "reported_ms"]
     g["end_ms"] = g[["start_ms", "end_ms"]].max(axis=1)
     g["exposed_ms"] = g["end_ms"] - g["start_ms"]
     return g[cols]
+
+
+def timeline_end_ms(buckets: Iterable[Event], steps: Iterable[Event], step: int) -> float:
+    """Where a run's timeline of `step` ends (ms from backward start): its latest all-reduce end, backward end or
+    exposed band's end (`exposed_frame`), NaN when it has none; side-by-side timelines share the largest."""
+    steps = list(steps)
+    frame = bucket_frame(buckets, step)
+    ends = [backward_frame(steps, step)["end_ms"].max()]
+    if not frame.empty:
+        ends += [frame["comm_end_ms"].max(), exposed_frame(frame, steps)["end_ms"].max()]
+    ends = [e for e in ends if pd.notna(e)]
+    return max(ends) if ends else float("nan")
 
 
 def exposed_per_step(events: Iterable[Event], run: str) -> pd.DataFrame:

@@ -280,3 +280,14 @@ def test_the_exposed_band_is_never_under_an_all_reduce_bar():
     assert (band["start_ms"], band["end_ms"]) == pytest.approx((4.0, 9.1))
     assert bars and all(band["y1"] <= bar["y0"] or band["y0"] >= bar["y1"] for bar in bars)
 
+
+
+def test_side_by_side_timelines_reach_the_end_of_every_exposed_band():
+    """bucket_timing=recorder on gloo: ready times and the step's exposed comm, no all-reduce ends. Rank 1's band
+    (ready 0.5 ms + 3.17 ms) ran off a shared axis that stopped at the backward's end (a new user, 2026-12-06)."""
+    events = [dict(type="bucket", step=27, rank=r, bucket_index=0, nbytes=1000, num_params=2, ready_s=0.0005,
+                   comm_start_s=None, comm_end_s=None, is_last=True) for r in (0, 1)]
+    events += [dict(type="step", step=27, rank=0, backward_s=0.0008, comm_exposed_s=0.0002, backward_start_ts=1.0),
+               dict(type="step", step=27, rank=1, backward_s=0.0008, comm_exposed_s=0.00317, backward_start_ts=1.0)]
+    steps = [e for e in events if e["type"] == "step"]
+    assert fb.timeline_end_ms(events, steps, 27) == pytest.approx(0.5 + 3.17)
