@@ -130,7 +130,7 @@ def _run_status(client, w: RunWindow, label: str) -> None:
     if notes:
         st.warning("From ddpviz in the run: " + " · ".join(notes), icon=":material/info:")
     if w.error:
-        _show_error(w.error, w.status, w.mode)
+        show_error(w.error, w.status, w.mode)
     if w.status == "queued" and not client.workers():
         st.warning(NO_WORKER[0].upper() + NO_WORKER[1:] + ".", icon=":material/dns:")
     if w.status in ("queued", "started") and st.button("Cancel", key=f"cancel_{w.run_id}"):
@@ -190,7 +190,8 @@ def what_trained(w: RunWindow) -> str:
 REFUSAL_STAGES = ("config", "pre-flight")  # engine.stages.STAGES that refuse a run before it trains
 
 
-def _show_error(error: dict[str, Any], status: str = "failed", mode: str | None = None) -> None:
+def show_error(error: dict[str, Any], status: str = "failed", mode: str | None = None) -> None:
+    """A run's ending in words: canceled (why), failed or lost (where, the exception; a traceback folded)."""
     where = where_failed(error, mode)  # "pre-flight", "plugin build", "rank 1 at step 2" (engine.stages)
     where = f" ({where})" if where else ""
     if status == "canceled":  # asked for, not a failure

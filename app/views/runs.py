@@ -209,6 +209,9 @@ selected = runs_table(shown)
 actions(client, {r["run_id"]: r.get("status") for r in runs}, selected,
         {r["run_id"]: bool(r.get("pinned")) for r in runs})
 if len(selected) == 1:
+    chosen = next((r for r in runs if r["run_id"] == selected[0]), {})
+    if chosen.get("error"):  # what Launch promises the Runs page keeps: the whole error of a run that failed
+        panels.show_error(chosen["error"], chosen.get("status") or "failed", (chosen.get("config") or {}).get("mode"))
     downloads(client, selected[0])
 st.caption(f"{len(shown)} of {len(runs)} runs shown · select rows to act on them · workers: "
            + (", ".join(str(w.get("name", w)) for w in client.workers()) or "none"))

@@ -270,3 +270,17 @@ def test_the_verdict_box_says_who_leads_and_folds_the_parts_that_decided_it(fake
     fold, = [e for e in at.expander if e.label == VERDICT_WHY]
     why = " ".join(m.value for m in fold.markdown)
     assert "mean step is" in why and "not measured:" in why and " ms" in why
+
+
+def test_the_runs_page_shows_a_selected_failed_runs_error(fake_client, app_test):
+    # Launch says "the Runs page keeps the whole error": it showed none for a selected failed run (a new user)
+    err = {"stage": "training", "rank": 1, "step": 5, "exception": "InjectedFault: injected fault: rank 1 raised at "
+           "step 5", "traceback": "Traceback (most recent call last):\n  boom"}
+    fake_client.add_run("bad", {"mode": "ddp"}, status="failed", error=err)
+    at = app_test("views/runs.py")
+    assert not at.error
+    at.session_state["runs_table"] = {"selection": {"rows": [0], "columns": []}}
+    at.run()
+    assert not at.exception
+    assert "Run failed (rank 1 at step 5): InjectedFault: injected fault: rank 1 raised at step 5" in at.error[0].value
+    assert at.code[0].value == err["traceback"]
