@@ -8,6 +8,8 @@ above the table.
 
 from __future__ import annotations
 
+import time
+
 import streamlit as st
 
 from ddpviz.app import panels, runsets
@@ -196,6 +198,11 @@ if not runs:
     st.page_link("views/launch.py", label="Launch a run", icon=":material/rocket_launch:")
     st.stop()
 retention_note(client)
+# the table is read when the page runs (any click on it re-reads): a run submitted elsewhere, or one that ended since,
+# shows after a refresh (a new user waited for a re-run's "queued" to change, 2026-12-06)
+was, refresh = st.columns([5, 1])
+was.caption(f"Runs as of {time.strftime('%H:%M:%S')} (this page does not refresh by itself).")
+refresh.button("Refresh", key="runs_refresh", icon=":material/refresh:", width="stretch")
 pair_ids = newest_pair_ids(runs)
 if pair_ids:
     pair_windows = runsets.windows_for(pair_ids)

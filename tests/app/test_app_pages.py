@@ -284,3 +284,11 @@ def test_the_runs_page_shows_a_selected_failed_runs_error(fake_client, app_test)
     assert not at.exception
     assert "Run failed (rank 1 at step 5): InjectedFault: injected fault: rank 1 raised at step 5" in at.error[0].value
     assert at.code[0].value == err["traceback"]
+
+
+def test_the_runs_pages_refresh_reads_runs_submitted_since(fake_client, app_test):
+    _add_pair(fake_client, status="succeeded")
+    at = app_test("views/runs.py")
+    fake_client.add_run("later", {"mode": "ddp"}, status="queued", created_at=g.T0 + 9)  # from the CLI, say
+    at.button(key="runs_refresh").click().run()
+    assert at.dataframe[0].value["run_id"].tolist()[0] == "later"
