@@ -59,8 +59,10 @@ class DdpvizClient:
         RedisUnavailable: when connecting from `url` and Redis does not answer.
     """
 
-    def __init__(self, redis: redis.Redis | None = None, url: str | None = None):
-        self.redis = redis if redis is not None else connect(url)
+    def __init__(self, redis: redis.Redis | None = None, url: str | None = None, **connect_kwargs: Any):
+        """`redis`: a client to use; else one to `url` (`workers.connection.connect`, with `connect_kwargs`:
+        the CLI passes its short reply timeout)."""
+        self.redis = redis if redis is not None else connect(url, **connect_kwargs)
         self.store = RunStore(self.redis)
         self.queue = Queue(keys.QUEUE_NAME, connection=self.redis, serializer=JSONSerializer)
 

@@ -37,6 +37,11 @@ USER_URL_NAME = "up.url"
 SOCKET_CONNECT_TIMEOUT_S = 5.0  # giving up on a TCP connect
 SOCKET_TIMEOUT_S = 30.0  # one command's reply (RQ raises this for its blocking pops)
 APP_SOCKET_TIMEOUT_S = 3.0  # the app's reads: a hung server becomes a banner, not a frozen page
+# the CLI's commands (runs, cancel, submit, export...): a frozen server (SIGSTOP, a full disk) is said in about
+# CLI_SOCKET_TIMEOUT_S (5.3 s, tests/workers/test_cli_messages.py), not after minutes of 30 s timeouts retried (a
+# new user's `ddpviz runs` printed nothing for 300 s; `submit --wait` ended in a TimeoutError traceback, 2026-12-06)
+CLI_SOCKET_TIMEOUT_S = 5.0
+CLI_RETRY_ATTEMPTS = 0  # a command fails at once; the user runs it again
 HEALTH_CHECK_INTERVAL_S = 25  # PING an idle pooled connection before reuse after this long
 RETRY_ATTEMPTS = 3  # retries of a command after a connection error or timeout
 RETRY_BACKOFF_BASE_S = 0.05  # first backoff; doubles each retry

@@ -72,3 +72,24 @@ def test_an_output_path_that_cannot_be_written_is_refused_in_one_line(tmp_path, 
     args = build_parser().parse_args(["train", "--steps", "1", "--events", str(missing)])
     assert args.handler(args) == EXIT_REFUSED
     assert f"refused: --events: cannot write {missing}" in capsys.readouterr().err
+
+
+def test_a_server_that_accepts_but_never_answers_is_said_in_seconds(capsys):
+    # a frozen Redis (SIGSTOP): `ddpviz runs` printed nothing for 300 s (30 s replies, retried), a new user 2026-12-06
+    import socket
+    import time
+
+    import pytest
+
+    from ddpviz.workers.cli.commands import main
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)  # connections are accepted by the kernel; nothing ever replies
+        port = server.getsockname()[1]
+        t0 = time.monotonic()
+        with pytest.raises(SystemExit) as ended:
+            main(["runs", "--url", f"redis://127.0.0.1:{port}/0"])
+        took = time.monotonic() - t0
+    assert ended.value.code == 2 and took < 20, took
+    assert f"127.0.0.1:{port}" in capsys.readouterr().err

@@ -32,9 +32,16 @@ def _err(message: str) -> None:
 
 
 def _client(args: argparse.Namespace):
-    from ddpviz.workers.client import DdpvizClient
+    return cli_client(args.url)
 
-    return DdpvizClient(url=args.url)
+
+def cli_client(url: str | None):
+    """The client a CLI command talks to Redis with: a short reply timeout (`CLI_SOCKET_TIMEOUT_S`), so a frozen
+    server is said in seconds (`main`), never waited on for minutes."""
+    from ddpviz.workers.client import DdpvizClient
+    from ddpviz.workers.connection import CLI_RETRY_ATTEMPTS, CLI_SOCKET_TIMEOUT_S
+
+    return DdpvizClient(url=url, socket_timeout_s=CLI_SOCKET_TIMEOUT_S, retry_attempts=CLI_RETRY_ATTEMPTS)
 
 
 # -- train ------------------------------------------------------------------------------------
@@ -412,6 +419,9 @@ def main(argv: list[str] | None = None) -> None:
         code = EXIT_REFUSED
     except redis.exceptions.ConnectionError as exc:
         _err(f"lost the connection to Redis: {exc}")
+        code = EXIT_REFUSED
+    except redis.exceptions.TimeoutError as exc:  # a server that accepts but does not answer (stopped, overloaded)
+        _err(f"Redis did not answer in time ({exc}): is its server stopped or overloaded?")
         code = EXIT_REFUSED
     except KeyboardInterrupt:
         code = 130

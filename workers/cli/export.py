@@ -21,11 +21,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         _err(f"refused: run_id must be 1-64 letters, digits, '-' or '_' (got {args.run_id[:80]!r})")
         return EXIT_REFUSED
     path = export_path(args.dir, args.run_id, EXPORT_FORMATS[args.format].suffix) if args.dir else args.out
-    from ddpviz.workers.client import DdpvizClient
+    from ddpviz.workers.cli.commands import cli_client
     from ddpviz.workers.history import read_history
     from ddpviz.workers.sink import DEFAULT_STREAM_MAXLEN
 
-    client = DdpvizClient(url=args.url)
+    client = cli_client(args.url)
     if client.get_run(args.run_id) is None:
         _err(no_run(args.run_id, args.url))
         return EXIT_FAILED

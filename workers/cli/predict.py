@@ -66,7 +66,7 @@ def _print_table(rep: dict) -> None:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from ddpviz.workers.client import DdpvizClient
+    from ddpviz.workers.cli.commands import cli_client
     from ddpviz.workers.scaleout import report, scenario_from
 
     try:
@@ -74,7 +74,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
                            compute_key=args.compute, utilisation=args.utilisation, alpha_s=args.alpha_s,
                            beta_bytes_per_s=args.beta_bytes_per_s, dp_collectives=args.dp_collectives,
                            allreduce_algo=args.allreduce_algo)
-        rep = report(DdpvizClient(url=args.url), args.run_id, args.world_sizes, sc)
+        rep = report(cli_client(args.url), args.run_id, args.world_sizes, sc)
     except KeyError as exc:
         print(f"ddpviz: {exc.args[0]}", file=sys.stderr)
         return 1

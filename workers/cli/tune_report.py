@@ -53,7 +53,8 @@ def print_report(rep: dict[str, Any]) -> None:
              "writing what it writes") if got < asked else ""
     con.print(f"baseline: {b['world_size']} rank{'s' * (b['world_size'] != 1)}, step "
               f"{_fmt(b['step_time_s'] and b['step_time_s'] * 1e3)} ms (median of steady steps "
-              f"{rep['warmup']}..{min(asked, got) - 1}{short}), {buckets_text(b['bucket_bytes'])}; the script's settings: "
+              f"{rep['warmup']}..{min(asked, got) - 1}{short}), {buckets_text(b['bucket_bytes'])}; "
+              "the script's settings: "
               + ", ".join(f"{k}={v}" for k, v in (b["settings"] or {}).items()), markup=False, highlight=False,
               soft_wrap=True)
     table = Table(title=f"candidate / baseline step time, {rep['rounds']} round(s) taking turns")
