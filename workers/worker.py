@@ -235,12 +235,22 @@ class DdpvizWorker(Worker):
             return
         from ddpviz.workers.keys import pair_or_run
 
+        unasked = []
         for run_id in pair_or_run(job_id):  # both runs of a pair job
             try:
                 self.cancel_store.request_cancel(run_id, SHUTDOWN_CANCEL_REASON)
                 self.log.info("Worker %s: asked run %s to cancel", self.name, run_id)
-            except Exception as exc:  # Redis gone: the run ends with the horse later
+            except Exception as exc:  # Redis gone (`up` killed with it, say): the run cannot hear a cancel
                 self.log.warning("Worker %s: could not cancel run %s: %s", self.name, run_id, exc)
+                unasked.append(run_id)
+        if unasked and self.horse_pid:
+            # its ranks would train on, unasked, while the horse retries recording its end for minutes: a new user's
+            # `kill -9` of `up` left a worker, its horse and two ranks training for ~8 minutes (2026-12-06). The
+            # horse's process group goes now (its ranks with it, by their parent-death signal); the run is judged
+            # lost once Redis is back (`workers.liveness`), with nothing of it left running
+            self.log.warning("Worker %s: stopping run(s) %s now, with no Redis to cancel them through", self.name,
+                             ", ".join(unasked))
+            self.kill_horse()
 
 
 def _current(worker: Worker) -> tuple[str | None, str]:

@@ -147,3 +147,33 @@ def test_a_worker_stops_at_once_when_rqs_command_thread_already_waits_unsubscrib
         assert done.wait(2 * PUBSUB_STOP_WAIT_S + 3), "unsubscribe still waiting on the pubsub thread"
     finally:
         worker.connection.close()
+
+
+def test_a_stopping_worker_that_cannot_reach_redis_stops_its_run_itself(redis_client, monkeypatch):
+    """`kill -9` of `up` takes its Redis; the worker's SIGTERM asked the run to cancel through that Redis, failed, and
+    its ranks trained on for ~8 minutes (a new user, 2026-12-06). With no Redis to ask, it stops the work-horse's
+    process group itself (its ranks go with it); with Redis it only asks, as before."""
+    import redis
+
+    from ddpviz.workers.worker import DdpvizWorker
+
+    class Gone:
+        def request_cancel(self, run_id, reason):
+            raise redis.exceptions.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
+
+    class Here:
+        asked: list = []
+
+        def request_cancel(self, run_id, reason):
+            self.asked.append(run_id)
+
+    for store, killed_outright in ((Gone(), True), (Here(), False)):
+        worker = DdpvizWorker(["ddpviz"], connection=redis_client)
+        signals: list = []
+        monkeypatch.setattr(worker, "kill_horse", lambda sig=None: signals.append(sig))
+        monkeypatch.setattr(worker, "get_current_job_id", lambda: "run1")
+        worker._horse_pid = 12345  # a horse is running (never signalled: kill_horse is the stand-in)
+        worker.cancel_store = store
+        worker.handle_warm_shutdown_request()
+        assert (None in signals) is killed_outright, signals  # kill_horse() with its default: SIGKILL
+    assert Here.asked == ["run1"]
