@@ -22,6 +22,8 @@ import json
 import logging
 import os
 import signal
+import threading
+import time
 from typing import Any
 
 import redis
@@ -47,6 +49,9 @@ STACKS_SIGNAL = signal.SIGUSR1
 PUBSUB_STOP_WAIT_S = 1.0  # how long a stopping worker waits for RQ's command-channel thread
 
 SHUTDOWN_CANCEL_REASON = "the worker is shutting down"
+# after asking its run to cancel, a stopping worker stops the horse itself if it still runs this long after (a run
+# stops within a few seconds of a cancel it can read: `workers.host.stop`)
+SHUTDOWN_KILL_AFTER_S = 20.0
 _REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
 
@@ -243,6 +248,10 @@ class DdpvizWorker(Worker):
             except Exception as exc:  # Redis gone (`up` killed with it, say): the run cannot hear a cancel
                 self.log.warning("Worker %s: could not cancel run %s: %s", self.name, run_id, exc)
                 unasked.append(run_id)
+        if not unasked and self.horse_pid:  # asked; a horse that cannot hear it (Redis gone right after) is stopped
+            timer = threading.Timer(SHUTDOWN_KILL_AFTER_S, self._stop_horse_still_running, args=(self.horse_pid,))
+            timer.daemon = True
+            timer.start()
         if unasked and self.horse_pid:
             # its ranks would train on, unasked, while the horse retries recording its end for minutes: a new user's
             # `kill -9` of `up` left a worker, its horse and two ranks training for ~8 minutes (2026-12-06). The
@@ -251,6 +260,26 @@ class DdpvizWorker(Worker):
             self.log.warning("Worker %s: stopping run(s) %s now, with no Redis to cancel them through", self.name,
                              ", ".join(unasked))
             self.kill_horse()
+
+
+    def _stop_horse_still_running(self, pid: int) -> None:
+        """`SHUTDOWN_KILL_AFTER_S` after a warm shutdown asked the run to cancel: the same horse still running
+        could not hear it (`kill -9` of `up` takes its Redis a moment after the worker wrote the cancel; the horse's
+        poller then reads no flag and its ranks trained on for ~8 minutes, a new user, 2026-12-06): stop it."""
+        if self.horse_pid != pid:
+            return
+        self.log.warning("Worker %s: the run did not stop %.0f s after its cancel; stopping its processes",
+                         self.name, SHUTDOWN_KILL_AFTER_S)
+        with contextlib.suppress(Exception):
+            self.kill_horse()
+        # a stopping worker whose Redis is gone retries every call into it for ~20 s (WORKER_RETRY_ATTEMPTS) and
+        # stayed, idle, for minutes (parent 1, after `kill -9` of `up`): with nothing left to record, it goes
+        time.sleep(SHUTDOWN_KILL_AFTER_S)
+        try:
+            self.connection.ping()
+        except Exception:
+            self.log.warning("Worker %s: stopping, and Redis still unreachable: exiting", self.name)
+            os._exit(1)
 
 
 def _current(worker: Worker) -> tuple[str | None, str]:

@@ -177,3 +177,29 @@ def test_a_stopping_worker_that_cannot_reach_redis_stops_its_run_itself(redis_cl
         worker.handle_warm_shutdown_request()
         assert (None in signals) is killed_outright, signals  # kill_horse() with its default: SIGKILL
     assert Here.asked == ["run1"]
+
+
+def test_a_run_that_cannot_hear_the_shutdowns_cancel_is_stopped_and_the_worker_exits(redis_client, monkeypatch):
+    """The cancel was written, then Redis died (`kill -9` of `up` takes both): the horse never read it. The worker
+    stops the horse SHUTDOWN_KILL_AFTER_S later and, with Redis still gone, exits (it idled for minutes, parent 1)."""
+    import redis
+
+    import ddpviz.workers.worker as worker_module
+    from ddpviz.workers.worker import DdpvizWorker
+
+    worker = DdpvizWorker(["ddpviz"], connection=redis_client)
+    killed, exits = [], []
+    monkeypatch.setattr(worker, "kill_horse", lambda sig=None: killed.append(sig))
+    monkeypatch.setattr(worker_module.time, "sleep", lambda s: None)
+    monkeypatch.setattr(worker_module.os, "_exit", lambda code: exits.append(code))
+    worker._horse_pid = 12345
+    worker._stop_horse_still_running(999)  # another horse by now: nothing
+    assert killed == [] and exits == []
+    worker._stop_horse_still_running(12345)  # Redis answers: the horse is stopped, the worker stays to finish
+    assert killed == [None] and exits == []
+
+    def gone():
+        raise redis.exceptions.ConnectionError("Connection refused")
+    monkeypatch.setattr(worker.connection, "ping", gone)
+    worker._stop_horse_still_running(12345)
+    assert killed == [None, None] and exits == [1]
