@@ -35,6 +35,16 @@ def test_a_cost_above_the_target_is_reported_as_missed():
     assert not ok and "500 µs per bucket" in text
 
 
+def test_a_cost_far_below_zero_is_noise_never_a_met_target():
+    # a doctor run on a busy 2-core VM fitted -1045 µs per bucket and said "target met" (a new user, 2026-12-06)
+    measure, count = _measure(-1000e-6)
+    rows = cost_rows(measure, count, RunConfig(mode="ddp"))
+    text, ok = verdict(rows, gpu=False)
+    assert not ok and "-1000 µs per bucket" in text and "not judged" in text
+    measure, count = _measure(-10e-6)  # within the target's width of zero: none seen, as a small cost is
+    assert verdict(cost_rows(measure, count, RunConfig(mode="ddp")), gpu=False)[1] is True
+
+
 def _fake_harness(monkeypatch, extra_per_bucket_s: float) -> None:
     """`check_bucket_cost`'s harness replaced by `_measure`: 2, 5 and 20 buckets at 25, 1 and 0.1 MB."""
     import ddpviz.engine.harness.bucket_cost as bucket_cost

@@ -75,7 +75,11 @@ def verdict(rows: list[dict[str, Any]], gpu: bool) -> tuple[str, bool]:
     if gpu:
         ok = all(r["ratio"] <= RATIO_TARGET for r in rows)
     else:
-        ok = slope is not None and slope <= PER_BUCKET_TARGET_US
+        ok = slope is not None and -PER_BUCKET_TARGET_US <= slope <= PER_BUCKET_TARGET_US
+        if slope is not None and slope < -PER_BUCKET_TARGET_US:
+            # the instrument cannot make a bucket cheaper: a slope this far below zero is the harness's noise (a
+            # new user's doctor passed on "-1045 µs per bucket", plain 33.07 ms against 12.26, 2026-12-06)
+            text += " (below zero: the machine's noise swamped it, not judged)"
     return text, ok
 
 
