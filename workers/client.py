@@ -328,3 +328,11 @@ class DdpvizClient:
         gpus = live NVML figures ``[{index, name, memory_used_bytes, memory_total_bytes,
         utilization_pct}]``, empty on a host without GPUs)."""
         return read_workers(self.redis)
+
+
+def cli_client(url: str | None) -> DdpvizClient:
+    """The client a CLI command talks to Redis with: a short reply timeout (`CLI_SOCKET_TIMEOUT_S`, no retry), so a
+    frozen server is said in seconds (`workers.cli.commands.main`), never waited on for minutes."""
+    from ddpviz.workers.connection import CLI_RETRY_ATTEMPTS, CLI_SOCKET_TIMEOUT_S
+
+    return DdpvizClient(url=url, socket_timeout_s=CLI_SOCKET_TIMEOUT_S, retry_attempts=CLI_RETRY_ATTEMPTS)

@@ -32,16 +32,9 @@ def _err(message: str) -> None:
 
 
 def _client(args: argparse.Namespace):
+    from ddpviz.workers.client import cli_client
+
     return cli_client(args.url)
-
-
-def cli_client(url: str | None):
-    """The client a CLI command talks to Redis with: a short reply timeout (`CLI_SOCKET_TIMEOUT_S`), so a frozen
-    server is said in seconds (`main`), never waited on for minutes."""
-    from ddpviz.workers.client import DdpvizClient
-    from ddpviz.workers.connection import CLI_RETRY_ATTEMPTS, CLI_SOCKET_TIMEOUT_S
-
-    return DdpvizClient(url=url, socket_timeout_s=CLI_SOCKET_TIMEOUT_S, retry_attempts=CLI_RETRY_ATTEMPTS)
 
 
 # -- train ------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         _err(f"refused: run_id must be 1-64 letters, digits, '-' or '_' (got {args.run_id[:80]!r})")
         return EXIT_REFUSED
     path = export_path(args.dir, args.run_id, EXPORT_FORMATS[args.format].suffix) if args.dir else args.out
-    from ddpviz.workers.cli.commands import cli_client
+    from ddpviz.workers.client import cli_client
     from ddpviz.workers.history import read_history
     from ddpviz.workers.sink import DEFAULT_STREAM_MAXLEN
 

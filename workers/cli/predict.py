@@ -66,7 +66,7 @@ def _print_table(rep: dict) -> None:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from ddpviz.workers.cli.commands import cli_client
+    from ddpviz.workers.client import cli_client
     from ddpviz.workers.scaleout import report, scenario_from
 
     try:
