@@ -33,7 +33,7 @@ from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from ddpviz.engine.components.lifetime import die_with_parent
+from ddpviz.engine.components.lifetime import die_with_parent, is_live_child
 from ddpviz.workers import keys
 from ddpviz.workers.connection import WORKER_RETRY_ATTEMPTS, WORKER_RETRY_BACKOFF_CAP_S, connect, exposure_warning, redis_url
 from ddpviz.workers.heartbeat import Heartbeat, detect_devices
@@ -266,7 +266,7 @@ class DdpvizWorker(Worker):
         """`SHUTDOWN_KILL_AFTER_S` after a warm shutdown asked the run to cancel: the same horse still running
         could not hear it (`kill -9` of `up` takes its Redis a moment after the worker wrote the cancel; the horse's
         poller then reads no flag and its ranks trained on for ~8 minutes, a new user, 2026-12-06): stop it."""
-        if self.horse_pid != pid:
+        if self.horse_pid != pid or not is_live_child(pid):  # ended (and reaped: its pid may be anyone's now)
             return
         self.log.warning("Worker %s: the run did not stop %.0f s after its cancel; stopping its processes",
                          self.name, SHUTDOWN_KILL_AFTER_S)

@@ -29,3 +29,15 @@ def die_with_parent(parent_pid: int | None = None, sig: int = signal.SIGKILL) ->
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
     if parent_pid is not None and os.getppid() != parent_pid:
         os._exit(1)
+
+
+def is_live_child(pid: int) -> bool:
+    """`pid` is a live (not zombie) child of this process, by /proc/<pid>/stat (Linux; False elsewhere): a pid
+    kept from earlier may since belong to anyone once its process was reaped."""
+    from pathlib import Path
+
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[0] != "Z" and int(fields[1]) == os.getpid()

@@ -25,6 +25,7 @@ from typing import Callable
 import torch
 
 from ddpviz.engine.components.devices import DevicePlan
+from ddpviz.engine.components.lifetime import is_live_child
 from ddpviz.engine.components.ports import free_port  # noqa: F401 (engine.modes.launcher.free_port: its old home)
 from ddpviz.engine.components.loop import Canceled
 from ddpviz.engine.config import RunConfig
@@ -162,7 +163,7 @@ def fork_server_pid() -> int | None:
     from multiprocessing import forkserver
 
     pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
-    return pid if pid and _is_live_child(pid) else None
+    return pid if pid and is_live_child(pid) else None
 
 
 def kill_fork_server(pid: int | None = None) -> bool:
@@ -184,13 +185,6 @@ def kill_fork_server(pid: int | None = None) -> bool:
 _FORK_SERVERS_KILLED: set[int] = set()
 
 
-def _is_live_child(pid: int) -> bool:
-    """`pid` is a live (not zombie) child of this process, by /proc/<pid>/stat (Linux)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return False
-    return fields[0] != "Z" and int(fields[1]) == os.getpid()
 
 
 RankFollower = _Follower  # the bench drives the real forwarding path with stand-in ranks

@@ -167,6 +167,19 @@ def test_a_stopping_worker_that_cannot_reach_redis_stops_its_run_itself(redis_cl
         def request_cancel(self, run_id, reason):
             self.asked.append(run_id)
 
+    import ddpviz.workers.worker as worker_module
+
+    timers: list = []
+
+    class Timer:  # the stand-in of the delayed stop: a real one would fire 20 s later in this test process, after
+        def __init__(self, delay, fn, args=()):  # the test's stand-ins are gone, at a pid that is someone else's
+            self.daemon = False
+            timers.append((delay, fn, args))
+
+        def start(self):
+            pass
+
+    monkeypatch.setattr(worker_module.threading, "Timer", Timer)
     for store, killed_outright in ((Gone(), True), (Here(), False)):
         worker = DdpvizWorker(["ddpviz"], connection=redis_client)
         signals: list = []
@@ -177,6 +190,8 @@ def test_a_stopping_worker_that_cannot_reach_redis_stops_its_run_itself(redis_cl
         worker.handle_warm_shutdown_request()
         assert (None in signals) is killed_outright, signals  # kill_horse() with its default: SIGKILL
     assert Here.asked == ["run1"]
+    # asked: the horse is stopped later only if it still runs then (`_stop_horse_still_running`)
+    assert [(delay, args) for delay, _, args in timers] == [(worker_module.SHUTDOWN_KILL_AFTER_S, (12345,))]
 
 
 def test_a_run_that_cannot_hear_the_shutdowns_cancel_is_stopped_and_the_worker_exits(redis_client, monkeypatch):
@@ -194,7 +209,9 @@ def test_a_run_that_cannot_hear_the_shutdowns_cancel_is_stopped_and_the_worker_e
     monkeypatch.setattr(worker_module.os, "_exit", lambda code: exits.append(code))
     worker._horse_pid = 12345
     worker._stop_horse_still_running(999)  # another horse by now: nothing
+    worker._stop_horse_still_running(12345)  # no child of this process (ended, reaped: the pid may be anyone's)
     assert killed == [] and exits == []
+    monkeypatch.setattr(worker_module, "is_live_child", lambda pid: pid == 12345)  # the horse, still running
     worker._stop_horse_still_running(12345)  # Redis answers: the horse is stopped, the worker stays to finish
     assert killed == [None] and exits == []
 
