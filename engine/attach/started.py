@@ -21,7 +21,6 @@ import torch.distributed as dist
 from ddpviz.engine.attach.env import COMMAND_ENV
 from ddpviz.engine.attach.session import Session
 from ddpviz.engine.config import SCHEMA_VERSION
-from ddpviz.engine.modes.ddp.buckets import cap_mb_of
 
 
 def script_name() -> str | None:
@@ -53,6 +52,8 @@ def started_fields(s: Session, watch: Any, first_step: dict | None) -> dict[str,
     ddp = getattr(watch, "ddp", None)
     own = watch.started_fields() if hasattr(watch, "started_fields") else {}  # FSDP2: mode, fsdp_units
     mode = own.pop("mode", None) or ("ddp" if ddp is not None else "single")
+    from ddpviz.engine.modes.ddp.buckets import cap_mb_of  # here, once a run starts: not in every process's start-up
+
     config = dict(mode=mode, world_size=s.world_size,
                   steps=None, model=type(model).__name__ if model is not None else None,
                   dataset=None, device=kind, backend=backend, global_batch_size=(first_step or {}).get("samples"),
