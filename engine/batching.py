@@ -26,13 +26,18 @@ RANK_FLUSH_INTERVAL_S = 0.05
 
 class Later:
     """Events built by a `BatchingSink`'s writer thread, not by the thread that emits them:
-    `fn(*args)` -> a list of `count` events, called once when the sink takes them, in their place in
-    the order. For a hot path (a DDP rank's ordinary steps) whose arguments are its only per-step work."""
+    `fn(*args, **kwargs)` -> a list of `count` events (`build`), called once when the sink takes them, in
+    their place in the order. For a hot path (a DDP rank's ordinary steps, an attached script's step)
+    whose arguments are its only per-step work."""
 
-    __slots__ = ("fn", "args", "count")
+    __slots__ = ("fn", "args", "count", "kwargs")
 
-    def __init__(self, fn: Callable[..., list[dict[str, Any]]], args: tuple, count: int):
-        self.fn, self.args, self.count = fn, args, count
+    def __init__(self, fn: Callable[..., list[dict[str, Any]]], args: tuple, count: int,
+                 kwargs: dict[str, Any] | None = None):
+        self.fn, self.args, self.count, self.kwargs = fn, args, count, kwargs
+
+    def build(self) -> list[dict[str, Any]]:
+        return self.fn(*self.args, **self.kwargs) if self.kwargs else self.fn(*self.args)
 
 
 class BatchingSink:
@@ -101,7 +106,7 @@ class BatchingSink:
                     batch.append(item)
                     continue
                 try:
-                    batch.extend(item.fn(*item.args))
+                    batch.extend(item.build())
                 except Exception as exc:
                     self._count_lost(item.count, exc, batch[-1:])
             for i in range(0, len(batch), self.max_batch):

@@ -117,13 +117,14 @@ class Session:
         self.tel.device = f"cuda:{index or 0}" if kind == "cuda" else f"cpu:{self.rank}"
 
     def emit(self, type_: str, **fields: Any) -> None:
+        """One event, built on the writer thread (`Telemetry.emit_soon`): the script's thread pays an append."""
         self._identity()
-        self.tel.emit(type_, **fields)
+        self.tel.emit_soon(type_, [fields])
 
     def emit_many(self, type_: str, rows: list[dict[str, Any]], **common: Any) -> None:
-        """`emit` for each row (`Telemetry.emit_many`)."""
+        """`emit` for each row (`Telemetry.emit_soon`); `rows` are handed over (not changed after)."""
         self._identity()
-        self.tel.emit_many(type_, rows, **common)
+        self.tel.emit_soon(type_, rows, **common)
 
     def guard(self, part: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """`fn(*args, **kwargs)`, unless `part` is off. The first exception switches `part` off,
@@ -192,6 +193,16 @@ class _LazySink:
         if self._sink is None:
             self._sink = self._open()
         emit_all(self._sink, events)
+
+    def emit_later(self, later: Any) -> None:
+        """`BatchingSink.emit_later`, where the real sink has it (else built now)."""
+        if self._sink is None:
+            self._sink = self._open()
+        emit_later = getattr(self._sink, "emit_later", None)
+        if emit_later is not None:
+            emit_later(later)
+        else:
+            emit_all(self._sink, later.build())
 
     def flush(self) -> None:
         if self._sink is not None and hasattr(self._sink, "flush"):

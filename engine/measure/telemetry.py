@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ddpviz.engine.events import EventSink, emit_all, make_event, make_events
+from ddpviz.engine.events import EVENT_TYPES, EventSink, emit_all, make_event, make_events
 from ddpviz.engine.batching import Later
 
 
@@ -45,7 +45,21 @@ class Telemetry:
         if emit_later is not None:
             emit_later(later)
         else:
-            emit_all(self.sink, later.fn(*later.args))
+            emit_all(self.sink, later.build())
+
+    def emit_soon(self, type_: str, rows: list[dict[str, Any]], **common: Any) -> None:
+        """`emit_many(type_, rows, **common)`, with the events built on the sink's writer thread where the sink
+        can (`hand_over_later`): the caller pays a clock read and one append, not the build (an attached
+        script's step and bucket events: 2 x ~15 µs a step on its training thread here, 2026-12-06). `ts` is
+        this call's time. The caller hands `rows` over: they must not change after the call.
+
+        Raises:
+            ValueError: `type_` is not in `EVENT_TYPES` (checked now, not on the writer thread).
+        """
+        if type_ not in EVENT_TYPES:
+            raise ValueError(f"event type must be one of {EVENT_TYPES} (got {type_!r})")
+        common["ts"] = time.time()  # make_events' stamp, overridden by common's
+        self.hand_over_later(Later(make_events, (type_, self.run_id, rows), len(rows), self._identity(common)))
 
     def build_many(self, type_: str, rows: list[dict[str, Any]], **common: Any) -> list[dict[str, Any]]:
         """The events `emit_many` would hand to the sink, not handed over (for `hand_over`)."""
