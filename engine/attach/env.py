@@ -39,6 +39,13 @@ BUCKET_TIMING_ENV = "DDPVIZ_ATTACH_BUCKET_TIMING"  # `ddpviz run --bucket-timing
 # buckets, `engine.modes.ddp.flight.buffer_entries`): the DDP is not built yet when the command starts;
 # more buckets a step need a larger TORCH_FR_BUFFER_SIZE, which the user's own setting gives
 ATTACH_FR_BUCKETS = 64
+# Kineto (torch 2.13's CPU build) prints "USDT:... SyncActivityProfilerHandler.cpp:52] profiler_start" and
+# "...profiler_stop" on stderr at every profile, at any KINETO_LOG_LEVEL below 6, which it reads once, at torch's
+# import. The recorder path profiles its sampled steps on gloo (`engine.modes.ddp.sampled`): ~40 such lines a run
+# in the script's own output, which it never prints without ddpviz (found 2026-12-06). 6 silences Kineto's
+# messages in the script's processes; a level the user set is kept.
+KINETO_LOG_ENV = "KINETO_LOG_LEVEL"
+KINETO_QUIET = "6"
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 # How often the launcher forwards the spool files to Redis; a process's event file is flushed as
 # often (flushing more often would make no event reach Redis sooner, and each flush takes the GIL
@@ -100,7 +107,8 @@ def set_bucket_timing(env: dict[str, str], timing: str) -> None:
     buffer size when its process group is made (a size set after `init_process_group` is ignored;
     checked on gloo), so it cannot wait for DDP; TORCH_NCCL_ENABLE_TIMING=1 gives NCCL entries a GPU
     duration and is read by NCCL only. On gloo the recorder holds entries anyway (2,000 by default on
-    torch 2.13); a smaller buffer costs it nothing more.
+    torch 2.13); a smaller buffer costs it nothing more. `KINETO_LOG_LEVEL` is set to `KINETO_QUIET` unless the
+    user set it, so the sampled steps' profiler adds no line to the script's output.
 
     Raises:
         ValueError: `timing` is not one of `engine.config.BUCKET_TIMINGS`.
@@ -112,5 +120,7 @@ def set_bucket_timing(env: dict[str, str], timing: str) -> None:
     env[BUCKET_TIMING_ENV] = timing
     if timing == "recorder":
         from ddpviz.engine.modes.ddp.flight import buffer_entries, enable_recorder
+
+        env.setdefault(KINETO_LOG_ENV, KINETO_QUIET)  # the sampled steps' profiler prints nothing of its own
 
         enable_recorder(buffer_entries(ATTACH_FR_BUCKETS), "nccl", environ=env)

@@ -31,9 +31,11 @@ def test_the_launcher_asks_for_the_recorder_and_its_variables_keeping_the_users(
     assert env["TORCH_FR_BUFFER_SIZE"] == "144" and env["TORCH_NCCL_ENABLE_TIMING"] == "1"  # 2 x 64 buckets + 16
     hook = command_env("r1", Path("/tmp/spool"), ["torchrun", "train.py"])
     assert hook[BUCKET_TIMING_ENV] == "hook" and "TORCH_NCCL_ENABLE_TIMING" not in hook
-    mine = {"TORCH_FR_BUFFER_SIZE": "4000", "TORCH_NCCL_ENABLE_TIMING": "0"}
+    assert env["KINETO_LOG_LEVEL"] == "6" and "KINETO_LOG_LEVEL" not in hook  # the sampled steps' profiler, quiet
+    mine = {"TORCH_FR_BUFFER_SIZE": "4000", "TORCH_NCCL_ENABLE_TIMING": "0", "KINETO_LOG_LEVEL": "2"}
     set_bucket_timing(mine, "recorder")
     assert mine["TORCH_FR_BUFFER_SIZE"] == "4000" and mine["TORCH_NCCL_ENABLE_TIMING"] == "0"
+    assert mine["KINETO_LOG_LEVEL"] == "2"
     with pytest.raises(ValueError, match="bucket_timing must be one of hook, recorder"):
         set_bucket_timing({}, "nccl")
 

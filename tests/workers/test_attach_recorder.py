@@ -38,7 +38,7 @@ def _attached(tmp, cmd, redis_url, client):
     from ddpviz.workers.client import DdpvizClient
 
     events = read_all_events(DdpvizClient(redis=client), run_id)
-    return dict(tmp=tmp, events=events, mine=reports(tmp / "att.json"),
+    return dict(tmp=tmp, events=events, mine=reports(tmp / "att.json"), stderr=proc.stderr,
                 record=DdpvizClient(redis=client).get_run(run_id))
 
 
@@ -51,6 +51,20 @@ def regression(tmp_path_factory, redis_url, redis_client):
 
 def test_training_is_bitwise_that_of_the_script_without_ddpviz(regression):
     assert_params_bitwise_equal(regression["tmp"])
+
+
+def test_the_sampled_steps_profiler_adds_no_line_to_the_scripts_output(regression):
+    """Kineto prints a 'USDT: ... profiler_start' and '... profiler_stop' line at each profile on this torch (the
+    reference: one profile in a plain process); the attached script's output holds none of them."""
+    import subprocess
+    import sys
+
+    plain = subprocess.run([sys.executable, "-c", "import torch\nfrom torch.profiler import profile\n"
+                            "with profile():\n    torch.ones(2) + 1"], capture_output=True, text=True, timeout=120)
+    if "profiler_start" not in plain.stderr:
+        pytest.skip("this torch's Kineto prints nothing at a profile")
+    assert any(e.get("source") == PROFILER_SOURCE for e in regression["events"] if e["type"] == "bucket")
+    assert "profiler_start" not in regression["stderr"] and "profiler_stop" not in regression["stderr"]
 
 
 def test_ddp_holds_no_comm_hook_so_no_python_runs_per_bucket(regression):
