@@ -10,15 +10,13 @@ import streamlit as st
 from ddpviz.app.charts import fsdp as charts_fsdp
 from ddpviz.app.frames import fsdp as frames_fsdp
 from ddpviz.app.frames.base import MIB
+from ddpviz.app.frames.fsdp import CPU_NOTE
 
 VOLUME_CAPTION = ("bytes: measured tensor sizes of every all-gather and reduce-scatter × the backend's "
                   "wire factor per rank (ring all-gather (n−1)/n; reduce-scatter (n−1)/n on NCCL, "
                   "2(n−1)/n on gloo, which runs it as an all-reduce). Theory: 3(n−1)/n·P with "
                   "reshard_after_forward, 2(n−1)/n·P without (P = parameter bytes); FSDP2 keeps the "
                   "root unit gathered from forward to backward, so it is gathered once.")
-CPU_NOTE = ("On CPU, FSDP2 runs each gloo collective on the training thread, so none overlaps "
-            "compute here; on GPUs they run on separate CUDA streams and the next unit's all-gather "
-            "hides behind the current unit's compute.")
 
 
 def fsdp_detail(w, label: str, rid: str) -> None:

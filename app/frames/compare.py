@@ -17,7 +17,7 @@ from ddpviz.app.frames import base as frames
 from ddpviz.app.frames import steps as fsteps
 from ddpviz.app.frames.steps import THEORY, volume_label
 from ddpviz.engine.analysis import theory_bytes
-from ddpviz.engine.summary import COMM_NOT_MEASURED
+from ddpviz.engine.summary import COMM_NOT_MEASURED, FSDP_HOST_BLOCKING
 
 MIB = frames.MIB
 
@@ -299,6 +299,9 @@ def side_by_side(df: pd.DataFrame) -> pd.DataFrame:
             out[r["run"]][[c for _, c, _ in TABLE_ROWS].index("comm_exposed_ms")] = COMM_NOT_MEASURED
         if isinstance(r.get("overlap_note"), str):  # the summary's reason (bucket_timing=recorder), never a dash
             out[r["run"]][[c for _, c, _ in TABLE_ROWS].index("overlap")] = OVERLAP_SHORT
+        elif r["mode"] == "fsdp" and _fmt(r["overlap"], "{}") != "—":  # measured only on the host clock: CPU
+            out[r["run"]][[c for _, c, _ in TABLE_ROWS].index("overlap")] = \
+                f"{r['overlap']:.0%} (by construction on CPU: {FSDP_HOST_BLOCKING})"
     return pd.DataFrame(out)
 
 

@@ -17,6 +17,10 @@ import pandas as pd
 
 from ddpviz.app.frames.base import MIB, of_type
 from ddpviz.app.frames.memory import SOURCE_LABELS
+from ddpviz.engine.summary import FSDP_HOST_BLOCKING
+
+CPU_NOTE = (f"On CPU, {FSDP_HOST_BLOCKING} here; on GPUs they run on separate CUDA streams and the next unit's "
+            "all-gather hides behind the current unit's compute.")
 
 Event = dict[str, Any]
 KINDS = ["all-gather (forward)", "all-gather (backward)", "reduce-scatter"]

@@ -37,9 +37,25 @@ def progress_text(page) -> str:
     return page.get_by_text(" / 100000").first.inner_text()
 
 
+def drawn_box(page, chart, timeout_ms: int = 60_000) -> dict:
+    """The chart's box, in view, once Vega has drawn it and its size held for 250 ms. The page's text can be in
+    while a chart's container is still empty or growing on a loaded machine, and a strip clipped from it was empty
+    (Playwright: "Clipped area is either empty or outside the resulting image", make test on a loaded VM,
+    2026-12-06)."""
+    last = None
+    for _ in range(timeout_ms // 250):
+        chart.scroll_into_view_if_needed()
+        box = chart.bounding_box()
+        if box and box == last and box["height"] > 120 and box["width"] > 120 and chart.locator("canvas, svg").count():
+            return box
+        last = box
+        page.wait_for_timeout(250)
+    raise AssertionError(f"the chart was not drawn in {timeout_ms} ms (its box: {last})")
+
+
 def axis_strip(page, chart, path: Path) -> bytes:
     """PNG of the chart's x-axis labels (below the plot, above the axis title)."""
-    box = chart.bounding_box()
+    box = drawn_box(page, chart)
     clip = {"x": box["x"] + 60, "y": box["y"] + box["height"] - 66, "width": box["width"] - 70, "height": 26}
     return page.screenshot(path=str(path), clip=clip)
 
@@ -92,7 +108,7 @@ def test_pan_and_tooltip_survive_live_refreshes(tmp_path):
 
             unpanned = axis_strip(page, throughput, tmp_path / "axis_unpanned.png")  # its domain starts at step 0
             for _ in range(3):  # a drag that ends while a refresh redraws the chart can be lost: drag again
-                box = throughput.bounding_box()
+                box = drawn_box(page, throughput)
                 x, y = box["x"] + box["width"] * 0.7, box["y"] + box["height"] * 0.6
                 page.mouse.move(x, y)
                 page.mouse.down()
@@ -112,7 +128,7 @@ def test_pan_and_tooltip_survive_live_refreshes(tmp_path):
                     break
             assert not starts_at_zero(before_axis, unpanned), "three drags did not pan the throughput chart"
 
-            bar = split.bounding_box()
+            bar = drawn_box(page, split)
             for at in (0.42, 0.38, 0.46, 0.34, 0.5, 0.3, 0.55):  # the bar's height in its box: the layout's
                 page.mouse.move(bar["x"] + bar["width"] * 0.35, bar["y"] + bar["height"] * at)
                 page.wait_for_timeout(500)

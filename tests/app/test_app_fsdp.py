@@ -210,3 +210,22 @@ def test_exposed_comm_not_measured_on_cuda_reads_as_text_everywhere(fsdp):
     report = mode_report(RunResult("succeeded", summary=summary), None)
     assert report["step_time_split"]["comm_exposed_s"] is None
     assert report["comm_exposed_note"] == "not measured on CUDA"
+
+
+def test_compare_says_why_fsdp_overlaps_nothing_on_cpu(fsdp):
+    """A real FSDP2 run on 2 gloo ranks: every collective blocked the training thread, so the summary's overlap is
+    0 (the union of the collectives' spans is the exposed comm); Compare's cell says so beside the 0%, and the
+    step's exposed comm stays a number."""
+    from ddpviz.engine.summary import FSDP_HOST_BLOCKING, SummaryBuilder
+
+    b = SummaryBuilder()
+    for e in fsdp:
+        b.observe(e)
+    summary = b.summary()
+    assert summary["overlap"] == 0 and summary["comm_exposed_s"] > 0
+    w = RunWindow("f", recent_steps=8, first_steps=2)
+    w.ingest([e for e in fsdp if e["type"] != "run_finished"])
+    w.run = {"config": fsdp[0]["config"], "status": "succeeded", "summary": summary}
+    table = fc.side_by_side(fc.compare_frame([fc.view_of(w, "FSDP")])).set_index("measure")
+    assert table.loc["overlap (1 − exposed / total comm)", "FSDP"] == f"0% (by construction on CPU: {FSDP_HOST_BLOCKING})"
+    assert table.loc["  exposed comm (ms)", "FSDP"] == f"{summary['comm_exposed_s'] * 1e3:.2f}"

@@ -160,6 +160,24 @@ def test_compare_says_exposed_comm_not_measured_where_the_run_could_not_measure_
     assert "exposed comm 1.50 ms " in lines["ddp"]
 
 
+def test_compare_says_why_fsdp_overlaps_nothing_on_cpu(monkeypatch, capsys):
+    """FSDP's overlap is measured on the host clock only (CPU, gloo), where its collectives block the training
+    thread: `ddpviz compare` says so beside the 0%, as Compare does; DDP's figure stands alone."""
+    import ddpviz.engine.harness.compare as harness
+    from ddpviz.engine.result import RunResult
+    from ddpviz.engine.summary import FSDP_HOST_BLOCKING
+
+    summaries = {"ddp": {"samples_per_s": 100.0, "comm_exposed_s": 0.0015, "overlap": 0.25},
+                 "fsdp": {"samples_per_s": 90.0, "comm_exposed_s": 0.004, "overlap": 0.0}}
+    monkeypatch.setattr(harness, "compare", lambda cfg, modes, on_mode, turns=None: {
+        m: harness.mode_report(RunResult("succeeded", summary=summaries[m]), None, m) for m in modes})
+    args = build_parser().parse_args(["compare", "--modes", "ddp,fsdp", "--steps", "3"])
+    assert args.handler(args) == 0
+    lines = dict(line.split(maxsplit=1) for line in capsys.readouterr().out.splitlines())
+    assert f"overlap 0% (by construction on CPU: {FSDP_HOST_BLOCKING}) " in lines["fsdp"]
+    assert "overlap 25% " in lines["ddp"] and "by construction" not in lines["ddp"]
+
+
 def test_compare_names_dps_copies_for_what_they_are_in_its_lines_and_json(monkeypatch, capsys):
     """DP's `comm_exposed_s` is its copies through device 0 (scatter, gather, reduce, broadcast), never exposed
     comm: `ddpviz compare` calls it as the app does (issue 33.4), in its text and its --json (`comm_part`)."""

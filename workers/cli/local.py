@@ -49,6 +49,7 @@ def compare_turns(given: str, modes: tuple[str, ...], steps: int) -> tuple[int |
 def cmd_compare(args: argparse.Namespace) -> int:
     from ddpviz.engine.config import validate_config
     from ddpviz.engine.harness.compare import ALL_MODES, compare, report_verdict
+    from ddpviz.engine.summary import FSDP_HOST_BLOCKING
     from ddpviz.workers.cli.flags import run_fields
 
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
@@ -95,6 +96,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
             # only what all-reduces has an overlap (DP's copies and single have none: no figure, as the app)
             overlap = "" if mode not in ("ddp", "fsdp") else \
                 f"overlap {'not measured' if r['overlap'] is None else format(r['overlap'], '.0%')}  "
+            if mode == "fsdp" and r["overlap"] is not None:  # measured on the host clock only: CPU, gloo
+                overlap = overlap.rstrip() + f" (by construction on CPU: {FSDP_HOST_BLOCKING})  "
             diff = r["max_param_diff_vs_single"]
             sync = r["replicas_in_sync"]  # None: not checked (single has one replica; FSDP holds shards)
             print(f"{mode:<6} {r['status']:<9} {sps or 0:>10.0f} samples/s  {up}"
