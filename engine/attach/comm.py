@@ -52,6 +52,7 @@ class HookState(PickledAsDetached):
         self.scale = 1.0 / world_size
         self.user_hook: Callable | None = None
         self.user_state: Any = None
+        self.user_builtin = False  # the script's hook is a built-in one's Python twin (engine.attach.ddp)
         self.synced_backwards = 0  # backward passes whose buckets were recorded
 
 

@@ -158,8 +158,8 @@ class Watch(DeferredMarks):
                 self.nohook.note_script_hook(hook)
         else:
             register(ddp, self.state, timed_comm_hook)
-        ddp.register_forward_pre_hook(self._pre, with_kwargs=True)
-        ddp.register_forward_hook(self._post, always_call=True)  # a forward that raised still ends
+        self.hook_ids = (ddp.register_forward_pre_hook(self._pre, with_kwargs=True).id,
+                         ddp.register_forward_hook(self._post, always_call=True).id)  # a forward that raised ends
         ddp._ddpviz_watch = self
 
     @property
@@ -268,6 +268,26 @@ class Watch(DeferredMarks):
         self.volume.add(step, self, out)
         return out
 
+    def unwatched_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """`state` (the DDP's `__getstate__`, what `torch.save(ddp)`, `pickle` and `copy.deepcopy` keep) as it is
+        without ddpviz: no `_ddpviz_watch`, none of this watch's forward hooks (its handles' ids, out of every
+        `_forward*` dict), and in `_comm_hooks` the script's own hook where ddpviz's wrapped it, else nothing. So
+        a DDP saved whole in an attached script loads where ddpviz is not installed (before 2026-12-06 its pickle
+        named ddpviz's modules: "No module named 'ddpviz'" on loading it elsewhere; found by a new user). The
+        dicts and list are new ones: `state` shares them with the live DDP."""
+        out = dict(state)
+        out.pop("_ddpviz_watch", None)
+        for name, value in state.items():
+            if name.startswith("_forward") and isinstance(value, dict) and any(i in value for i in self.hook_ids):
+                out[name] = type(value)((k, v) for k, v in value.items() if k not in self.hook_ids)
+        hooks = state.get("_comm_hooks")
+        if hooks and any(st is self.state for _, st in hooks):
+            # a built-in hook (`_register_builtin_comm_hook`) runs in C++ without ddpviz: DDP lists no Python hook
+            user = (None, None) if self.state.user_builtin else (self.state.user_hook, self.state.user_state)
+            out["_comm_hooks"] = [user if st is self.state else (h, st) for h, st in hooks
+                                  if st is not self.state or user[0] is not None]
+        return out
+
     def preview(self) -> dict[str, Any]:
         """`run_started`'s `bucket_preview`, from the buckets DDP handed the hook."""
         ddp = self.ddp
@@ -366,9 +386,22 @@ def patch_ddp(session: Session, tracker: Any) -> None:
         if watch is None or watch.state.user_hook is not None or twin is None:
             return builtin(self, comm_hook_type)
         watch.state.user_state, watch.state.user_hook = self.process_group, twin
+        watch.state.user_builtin = True  # DDP keeps no Python hook of it (`unwatched_state`)
         return None
 
+    getstate = DDP.__getstate__
+
+    @functools.wraps(getstate)
+    def __getstate__(self):
+        state = getstate(self)
+        watch = self.__dict__.get("_ddpviz_watch")
+        if not isinstance(watch, Watch):
+            return state
+        # failed: the state with ddpviz's objects, which pickle as inert `Detached` ones (session.PickledAsDetached)
+        return session.guard("pickling", watch.unwatched_state, state) or state
+
     DDP.__init__ = __init__
+    DDP.__getstate__ = __getstate__
     DDP.register_comm_hook = register_comm_hook
     DDP._register_builtin_comm_hook = _register_builtin_comm_hook
     apply_tune(session, tracker)  # `ddpviz tune`'s trial settings (engine.attach.overrides), if any
