@@ -127,5 +127,12 @@ def test_the_rank_gains_no_module_name_outside_ddpviz(collide):
                        for m in att["modules"])
 
 
+def test_the_ranks_sys_path_is_the_plain_runs(collide):
+    """ddpviz's start-up folder is on PYTHONPATH only for Python to find its sitecustomize; once it ran, the folder
+    is off sys.path (before 2026-12-06 a rank's sys.path held it, though docs/attach.md said it adds nothing)."""
+    for plain, att in zip(collide["plain"]["reports"], collide["att"]["reports"]):
+        assert att["sys_path"] == plain["sys_path"]
+
+
 def test_trained_parameters_equal_the_plain_run_bit_for_bit(collide):
     assert_params_bitwise_equal(collide["tmp"])

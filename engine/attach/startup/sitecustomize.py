@@ -59,4 +59,16 @@ def _start() -> None:
               file=sys.stderr, flush=True)
 
 
+def _leave_sys_path() -> None:
+    """Take this folder off sys.path once this file ran: PYTHONPATH holds it only for Python to find this file at
+    start-up (and keeps it for the processes this one starts), and the script's sys.path is then what it is without
+    ddpviz (docs/attach.md)."""
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+
+
 _start()
+_leave_sys_path()

@@ -51,7 +51,7 @@ def main() -> None:
         base = report[:-len(".json")]
         with open(f"{base}.rank{rank}.json", "w") as fh:
             json.dump({"pid": os.getpid(), "steps": len(losses), "losses": losses, "samples": samples,
-                       "modules": sorted(sys.modules), "helper": helper, "spool_files": files,
+                       "modules": sorted(sys.modules), "sys_path": sys.path, "helper": helper, "spool_files": files,
                        "scale": scaler.get_scale()}, fh)
         torch.save({n: p.detach().clone() for n, p in ddp.module.named_parameters()}, f"{base}.rank{rank}.pt")
     dist.barrier()
