@@ -18,10 +18,13 @@ from typing import Any, Callable
 # a command that sets PYTHONPATH itself replaces the folder ddpviz put first on it (engine.attach.env.STARTUP_DIR): no
 # process of it loads the start-up hook (a new user's `env PYTHONPATH=lib torchrun ...` and a launch script's
 # `export PYTHONPATH=...`, 2026-12-06)
-PYTHONPATH_REPLACED = ("A command that sets PYTHONPATH itself (`env PYTHONPATH=...`, a launch script's "
-                       "`export PYTHONPATH=...`) replaces the folder ddpviz puts first on it, so none of its "
-                       "processes loads ddpviz: append instead (`PYTHONPATH=lib:$PYTHONPATH`) or set it before "
-                       "`ddpviz`")
+# ddpviz reaches the command's Python processes through PYTHONPATH alone: each way that is lost (a new user's
+# `python -E` read "sets PYTHONPATH itself", which it did not, 2026-12-06)
+PYTHONPATH_REPLACED = ("ddpviz reaches the command's Python processes through PYTHONPATH, its start-up folder first. "
+                       "A command that sets PYTHONPATH itself (`env PYTHONPATH=...`, a launch script's "
+                       "`export PYTHONPATH=...`) replaces that folder: append instead (`PYTHONPATH=lib:$PYTHONPATH`) "
+                       "or set it before `ddpviz`. A Python started with -E, -I or -S ignores it, and a Python of "
+                       "another installation may lack ddpviz (`python -c 'import ddpviz'` says)")
 NOTHING_INSTRUMENTED = ("no process of the command trained under the instrumentation (none became a rank: "
                         "torchrun's workers, the launcher's own child, or a process that initialised a "
                         "process group); nothing was recorded. A single training process started by another "

@@ -73,6 +73,23 @@ def test_a_broken_instrumentation_says_one_line_and_the_program_runs(tmp_path):
     assert out.stderr.count("ddpviz: instrumentation off in this process") == 1
 
 
+def test_a_python_without_ddpviz_in_an_attached_run_says_nothing(tmp_path):
+    """A Python of another installation (here Debian's) that the command or its script starts finds ddpviz's start-up
+    hook on PYTHONPATH but no ddpviz: it runs as without ddpviz, with no line of ddpviz's (there was one in every such
+    process, 2026-12-06); `ddpviz run` says why when nothing trained instrumented (test_attach_private.py)."""
+    other = "/usr/bin/python3"
+    probe = subprocess.run([other, "-c", "import ddpviz"], env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path,
+                           capture_output=True) \
+        if os.path.exists(other) else None
+    if probe is None or probe.returncode == 0:
+        pytest.skip(f"no Python without ddpviz at {other}")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(STARTUP_DIR), RUN_ID_ENV: "abc", SPOOL_ENV: str(tmp_path),
+           "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    out = subprocess.run([other, "-c", "print('program ran')"], env=env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert (out.returncode, out.stdout, out.stderr) == (0, "program ran\n", "")
+
+
 BUILTIN = """
 import json, os, sys, torch, torch.distributed as dist, torch.nn as nn
 dist.init_process_group("gloo")

@@ -120,3 +120,17 @@ def test_joining_a_run_that_does_not_exist_says_so_and_a_bad_id_is_refused(tmp_p
     bad = subprocess.run([*ddpviz_argv(), "run", "--join", "../x y", "--", sys.executable, "-c", "pass"],
                          env=cli_env(redis_url), capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "refused: --join must be a run id" in bad.stderr
+
+
+def test_a_python_that_ignores_pythonpath_is_told_why_nothing_was_recorded(tmp_path, redis_url, redis_client):
+    # `python -E` ignores PYTHONPATH, so ddpviz's start-up hook never loads; the run said the command had set
+    # PYTHONPATH itself, which it had not (a new user, 2026-12-06): the words name -E too
+    train = ("import torch, torch.distributed as dist, torch.nn as nn\n"
+             f"dist.init_process_group('gloo', init_method='file://{tmp_path}/pg', rank=0, world_size=1)\n"
+             "m = nn.parallel.DistributedDataParallel(nn.Linear(4, 1))\n"
+             "m(torch.randn(2, 4)).sum().backward()\nprint('trained')\n")
+    proc = subprocess.run([*ddpviz_argv(), "run", "--spool", str(tmp_path / "spool"), "--", sys.executable, "-E",
+                           "-c", train], env=cli_env(redis_url), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout == "trained\n", proc.stderr
+    rec = DdpvizClient(redis=redis_client).get_run(run_id_of(proc.stderr))
+    assert rec["status"] == "failed" and "started with -E, -I or -S ignores it" in rec["error"]["exception"]

@@ -54,9 +54,20 @@ def _start() -> None:
             from ddpviz.engine.attach.claim import wait_for_process_group
 
             wait_for_process_group()
+    except ModuleNotFoundError as exc:
+        if exc.name != "ddpviz":
+            _say_off(exc)
+        # else a Python without ddpviz (another installation, a system tool the script runs): silent, as it is
+        # without ddpviz; where no process trained instrumented, `ddpviz run` says why (a line in every such process,
+        # 2026-12-06)
     except Exception as exc:  # fail open: training starts uninstrumented
-        print(f"ddpviz: instrumentation off in this process ({type(exc).__name__}: {exc})",
-              file=sys.stderr, flush=True)
+        _say_off(exc)
+
+
+def _say_off(exc: BaseException) -> None:
+    import sys
+
+    print(f"ddpviz: instrumentation off in this process ({type(exc).__name__}: {exc})", file=sys.stderr, flush=True)
 
 
 def _leave_sys_path() -> None:
