@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 from attach_tools import EXAMPLES, assert_params_bitwise_equal, by_rank, reports, run_attached, run_plain

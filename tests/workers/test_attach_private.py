@@ -77,7 +77,7 @@ def test_an_unwritable_cwd_falls_back_to_a_per_user_temp_folder_and_a_stored_run
     proc, seen = _run(tmp_path, redis_url, "/proc", redis_url)  # /proc: no folder can be made there
     spool = Path(seen["spool"])
     assert spool.parent == user_temp_root() / "spool"
-    assert f"cannot write /proc/.ddpviz" in proc.stderr and f"the run's spool is {spool}" in proc.stderr
+    assert "cannot write /proc/.ddpviz" in proc.stderr and f"the run's spool is {spool}" in proc.stderr
     assert _mode(user_temp_root()) == 0o700
     assert not spool.exists()  # every event reached Redis: nothing of the run left on disk
     rec = DdpvizClient(redis=redis_client).get_run(run_id_of(proc.stderr))
