@@ -195,14 +195,10 @@ class _LazySink:
         emit_all(self._sink, events)
 
     def emit_later(self, later: Any) -> None:
-        """`BatchingSink.emit_later`, where the real sink has it (else built now)."""
+        """The real sink's `emit_later` (`_open_sink` makes a `rank_sink`, a `BatchingSink`, which has it)."""
         if self._sink is None:
             self._sink = self._open()
-        emit_later = getattr(self._sink, "emit_later", None)
-        if emit_later is not None:
-            emit_later(later)
-        else:
-            emit_all(self._sink, later.build())
+        self._sink.emit_later(later)
 
     def flush(self) -> None:
         if self._sink is not None and hasattr(self._sink, "flush"):
