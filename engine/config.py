@@ -16,9 +16,18 @@ SCHEMA_VERSION = 1  # version of the event schema, carried in `run_started`
 # How DDP's buckets are recorded (docs/bucket-timing.md): "hook" = ddpviz's Python comm hook on every
 # bucket; "recorder" = no hook, DDP's own C++ all-reduce. The one home of these names: `RunConfig`
 # (launched runs) and `ddpviz run --bucket-timing` (attached runs, engine/attach/env.py) both use them.
-# A launched run may also say "auto" (its default): `effective_bucket_timing` picks by backend.
+# Either may also say "auto" (the default of both since 2026-12-06): `resolve_bucket_timing` picks by backend.
 BUCKET_TIMINGS: tuple[str, ...] = ("hook", "recorder")
+BUCKET_TIMING_CHOICES: tuple[str, ...] = ("auto",) + BUCKET_TIMINGS
 BucketTiming = Literal["hook", "recorder", "auto"]
+
+
+def resolve_bucket_timing(timing: str, backend: str) -> str:
+    """"hook" or "recorder" for a DDP on `backend` ("gloo", "nccl", ...): `timing` itself, or for "auto"
+    the recorder on gloo and the hook on any other backend (`effective_bucket_timing` says why)."""
+    if timing != "auto":
+        return timing
+    return "recorder" if backend == "gloo" else "hook"
 
 
 def effective_bucket_timing(cfg: "RunConfig", backend: str) -> str:
@@ -30,9 +39,7 @@ def effective_bucket_timing(cfg: "RunConfig", backend: str) -> str:
     1.29-1.49x vs 1.28-1.49x on a small one (docs/gpu/2026-12-05-h100). Since 2026-12-05 (night) it reads
     only DDP's reducer (bytes, order, host launch times; `engine.modes.ddp.flight.LayoutBuckets`), not yet
     measured on a GPU: "auto" stays the hook on NCCL until a GPU run shows that path's cost."""
-    if cfg.bucket_timing != "auto":
-        return cfg.bucket_timing
-    return "recorder" if backend == "gloo" else "hook"
+    return resolve_bucket_timing(cfg.bucket_timing, backend)
 
 BUILTIN_MODELS = ("mlp", "cnn", "gpt")
 FSDP_FIELDS = ("reshard_after_forward", "fsdp_param_dtype", "fsdp_reduce_dtype")  # mode fsdp only

@@ -59,7 +59,9 @@ EMBEDDED_STOP_TIMEOUT_S = 10.0
 
 
 class RedisUnavailable(ConnectionError):
-    """Redis could not be reached. The message names the URL with any password masked."""
+    """Redis could not be used. The message names the URL with any password masked, and what went wrong: the
+    URL itself (`RedisUrlInvalid`), the credentials, a server that answered but refused (a database number
+    it does not have), or no answer."""
 
     def __init__(self, url: str, cause: BaseException | str):
         self.url = redact(url)
@@ -67,9 +69,41 @@ class RedisUnavailable(ConnectionError):
         if isinstance(cause, redis.exceptions.AuthenticationError) or "password" in self.cause.lower():
             super().__init__(f"Redis at {self.url} refused the credentials: {self.cause} "
                              f"(check the user and password in {ENV_VAR})")
+        elif isinstance(cause, redis.exceptions.ResponseError):  # it answered: reachable, but it said no
+            hint = ("; the database number after the port must be below the server's `databases` setting, 16 by "
+                    "default" if "db index" in self.cause.lower() else "")
+            super().__init__(f"Redis at {self.url} answered but refused the connection: {self.cause}{hint} "
+                             f"(check {ENV_VAR} or --url)")
         else:
             super().__init__(f"cannot reach Redis at {self.url}: {self.cause} "
                              f"(set {ENV_VAR}, or run `ddpviz up` to start an embedded server)")
+
+
+class RedisUrlInvalid(RedisUnavailable, ValueError):
+    """The Redis URL breaks a rule (`check_url`); nothing was tried. The message names the part and the rule."""
+
+    def __init__(self, url: str, rule: str):
+        self.url, self.cause = redact(url), rule
+        ConnectionError.__init__(self, f"Redis URL {self.url} is not valid: {rule} (set {ENV_VAR} or --url to e.g. "
+                                       f"{DEFAULT_URL})")
+
+
+def check_url(url: str) -> None:
+    """Refuse a redis:// or rediss:// URL whose path is not a database number: redis-py reads
+    ``redis://host:6379/abc`` as database 0 without a word, so the user's data would go where they did not say.
+
+    Raises:
+        RedisUrlInvalid: the path is neither empty, "/" nor "/N" with N a whole number >= 0.
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise RedisUrlInvalid(url, str(exc)) from None
+    if parts.scheme not in ("redis", "rediss"):
+        return
+    db = parts.path.lstrip("/")
+    if db and not db.isdigit():
+        raise RedisUrlInvalid(url, f"the database after the port must be a whole number >= 0 (got {db!r})")
 
 
 def redact(url: str) -> str:
@@ -197,10 +231,12 @@ def connect(url: str | None = None, *, check: bool = True, retry_attempts: int =
             so a hung server shows a banner within seconds instead of freezing a page.
 
     Raises:
-        RedisUnavailable: the URL is malformed, the server refuses or does not answer, or
-            authentication fails. The message names the URL without its password.
+        RedisUnavailable: the URL is malformed (`RedisUrlInvalid`, `check_url`), the server refuses (a database
+            number it does not have) or does not answer, or authentication fails. The message names the URL
+            without its password.
     """
     url = url or redis_url()
+    check_url(url)
     tls: dict[str, str] = {}
     if url.startswith("rediss://") and "ssl_ca_certs=" not in url and os.environ.get(CA_CERTS_ENV_VAR):
         tls["ssl_ca_certs"] = os.environ[CA_CERTS_ENV_VAR]
@@ -217,7 +253,7 @@ def connect(url: str | None = None, *, check: bool = True, retry_attempts: int =
             retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
         )
     except ValueError as exc:
-        raise RedisUnavailable(url, f"invalid URL ({exc})") from None
+        raise RedisUrlInvalid(url, f"invalid URL ({exc})") from None
     if check:
         try:
             client.ping()

@@ -17,7 +17,7 @@ does (docs/events.md) into this process's spool file, which the launcher forward
     imports   a callback after a module's first import (FSDP2 is patched only if the script imports it)
     probe     `ddpviz run --probe`: the all-reduce probe on the script's process group after its last step
     comm      `timed_comm_hook`, the one function DDP calls per bucket, and the all_reduce tap
-    nohook    `--bucket-timing recorder`: a DDP's buckets from its reducer and PyTorch's recorders, no hook
+    nohook    `--bucket-timing recorder` (`auto` on gloo): a DDP's buckets from its reducer and PyTorch's recorders
     steps     steps from the optimizer step hooks or explicit calls: the step split, loss, samples, micro-steps
     api       what the public `ddpviz` package (watch, step) calls: a model registered by hand, explicit steps
     started   `run_started` of an attached run (rank 0)
@@ -130,6 +130,7 @@ def _install(env):
         if probe is not None:
             s.guard("probe", probe.at_exit)
         s.guard("steps", tracker.close)
+        tracker.stop_profiling()  # whatever is switched off (it catches its own errors)
         s.guard("run_started", started.at_exit)
         s.guard("memory", memory.close)
         s.guard("steps", tracker.release)

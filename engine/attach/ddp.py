@@ -24,9 +24,9 @@ The bucket layout comes from the hook itself: the parameters of each `GradBucket
 (the initial layout on the first synced backward, the rebuilt one after DDP's rebuild, which
 `Reducer::rebuild_buckets` does once, in the forward after the first synced backward).
 
-With `ddpviz run --bucket-timing recorder` (`Session.bucket_timing`) none of the above hooks the
-buckets: `Watch` registers no comm hook, the script's own hook goes to DDP unwrapped, and the
-buckets come from DDP's reducer (`engine.attach.nohook`); the forward hooks stay.
+With `ddpviz run --bucket-timing recorder`, or `auto` (the default) on a gloo DDP (`bucket_timing_of`), none
+of the above hooks the buckets: `Watch` registers no comm hook, the script's own hook goes to DDP unwrapped, and
+the buckets come from DDP's reducer (`engine.attach.nohook`); the forward hooks stay.
 """
 
 from __future__ import annotations
@@ -120,6 +120,23 @@ class VolumeBook:
                     ddp_count=len(parts))
 
 
+def bucket_timing_of(session: Session, ddp: DDP, device: torch.device) -> str:
+    """"hook" or "recorder" for `ddp`, whose parameters are on `device`: the session's `bucket_timing`, "auto"
+    resolved by the backend DDP all-reduces with (`engine.config.resolve_bucket_timing`: the recorder on gloo);
+    the hook, whatever was asked, for a model with sparse gradients, as in launched runs
+    (`engine.modes.ddp.flight.no_hook_path`: the reducer's layout gives dense sizes, only the hook sees what a
+    sparse bucket sends). A group of several backends ("cpu:gloo,cuda:nccl", `init_process_group()` with none
+    named) counts as the one for `device`'s type."""
+    from ddpviz.engine.config import resolve_bucket_timing
+    from ddpviz.engine.modes.ddp.buckets import expect_sparse_gradient
+
+    backend = str(dist.get_backend(ddp.process_group))
+    if ":" in backend:
+        backend = dict(part.split(":", 1) for part in backend.split(",")).get(device.type, backend)
+    timing = resolve_bucket_timing(session.bucket_timing, backend)
+    return "hook" if timing == "recorder" and any(expect_sparse_gradient(ddp.module)) else timing
+
+
 class Watch(DeferredMarks):
     """The instrumentation of one DDP (see the module docstring); a watch of the step tracker
     (`engine.attach.steps`: `begin_backward`, `comm_split`, `drain` at exit)."""
@@ -152,7 +169,9 @@ class Watch(DeferredMarks):
         self.last_buckets: list[dict] = []  # the latest emitted backward's bucket records (`overlap_of`)
         self.deferred: list[tuple[int, list[dict], Any]] = []  # CUDA: (step, records, origin) not yet complete
         self.param_bytes = sum(p.numel() * p.element_size() for p in ddp.module.parameters() if p.requires_grad)
-        if session.bucket_timing == "recorder":
+        self.synced_backwards = 0  # synced backwards begun so far
+        self.auto = session.bucket_timing == "auto"  # the path was ddpviz's choice (`take_hook_path`)
+        if bucket_timing_of(session, ddp, device) == "recorder":
             self.nohook = NoHookBuckets(ddp, names)
             for hook, _ in getattr(ddp, "_comm_hooks", None) or []:  # e.g. DDP(mixed_precision=...)'s
                 self.nohook.note_script_hook(hook)
@@ -185,6 +204,7 @@ class Watch(DeferredMarks):
     def _begin_synced(self) -> None:
         """A synced backward begins: the bytes of an earlier synced backward of the same step
         (whose records the recorder drops now) are carried into the step's `comm_volume`."""
+        self.synced_backwards += 1
         if self.nohook is not None:
             self.nohook.begin_backward(should_trace_memory(self.tracker.step, STEPS_HINT))
             return
@@ -199,6 +219,27 @@ class Watch(DeferredMarks):
         if self.nohook is not None:
             return True
         return bool(self.state.recorder.records) or "bucket timing" in self.s.disabled
+
+    def take_hook_path(self) -> bool:
+        """The script registers a Python comm hook of its own on a DDP that `auto` gave the recorder path, before
+        its first synced backward: from now on ddpviz's hook wraps it (`timed_comm_hook`), so its buckets' bytes
+        are what the script's hook all-reduces (PowerSGD's P and Q, fp16's halves) and their times are measured;
+        the script's hook already runs Python per bucket. Returns False (the recorder path stays, the script's hook
+        goes to DDP unwrapped) for an explicit `--bucket-timing recorder`, after a synced backward, or where DDP
+        refused ddpviz's hook."""
+        if not self.auto or self.synced_backwards or self.nohook is None:
+            return False
+        try:
+            _REGISTER(self.ddp, self.state, timed_comm_hook)
+        except Exception:
+            return False
+        self.nohook = None
+        return True
+
+    def stop_profiling(self) -> None:
+        """At a step's end and at exit: no sampled profile of this DDP outlives its step (`NoHookBuckets`)."""
+        if self.nohook is not None:
+            self.nohook.stop_profiling()
 
     def comm_split(self, step: int, micros: list[dict]) -> tuple[float, float, dict[str, Any]]:
         """(exposed comm in forward, in backward, the step's extra fields) of this DDP in `step`,
@@ -334,7 +375,8 @@ def watch_ddp(session: Session, tracker: Any, ddp: DDP) -> Watch | None:
     watch = getattr(ddp, "_ddpviz_watch", None)
     if watch is not None:
         return watch
-    if getattr(ddp, "_comm_hooks", None) and session.bucket_timing != "recorder":  # recorder needs no hook
+    device = next((p.device for p in ddp.module.parameters()), torch.device("cpu"))
+    if getattr(ddp, "_comm_hooks", None) and bucket_timing_of(session, ddp, device) != "recorder":  # it needs none
         raise HookTaken("this DistributedDataParallel got a comm hook before ddpviz was installed; "
                         "its buckets are not timed (start the script with `ddpviz run` to have them)")
     watch = session.guard("ddp", Watch, session, tracker, ddp, _REGISTER)
@@ -367,7 +409,7 @@ def patch_ddp(session: Session, tracker: Any) -> None:
         watch.state.user_state, watch.state.user_hook = state, hook
         with contextlib.suppress(Exception):  # DDP's logging data names the script's hook, as without ddpviz
             self.logger._set_comm_hook_name(hook.__qualname__)
-        if watch.nohook is not None:  # no hook of ours: DDP runs the script's, unwrapped
+        if watch.nohook is not None and not watch.take_hook_path():  # no hook of ours: DDP runs the script's
             watch.nohook.note_script_hook(hook)
             return register(self, state, hook)
         return None

@@ -34,7 +34,7 @@ COMMAND_ENV = "DDPVIZ_ATTACH_COMMAND"  # JSON list: the command line `ddpviz run
 OFF_ENV = "DDPVIZ_ATTACH_OFF"  # "1": the hook does nothing (a user's escape hatch)
 RANK_PID_ENV = "DDPVIZ_ATTACH_RANK_PID"  # pid of the nearest process that is (or may become) a rank
 LAUNCHER_ENV = "DDPVIZ_ATTACH_LAUNCHER"  # pid of the `ddpviz run` that started the command (who to stop)
-BUCKET_TIMING_ENV = "DDPVIZ_ATTACH_BUCKET_TIMING"  # `ddpviz run --bucket-timing`: "hook" (unset) or "recorder"
+BUCKET_TIMING_ENV = "DDPVIZ_ATTACH_BUCKET_TIMING"  # `ddpviz run --bucket-timing`: "auto", "hook" (unset), "recorder"
 # NCCL flight-recorder entries `ddpviz run --bucket-timing recorder` asks for (two steps of up to 64
 # buckets, `engine.modes.ddp.flight.buffer_entries`): the DDP is not built yet when the command starts;
 # more buckets a step need a larger TORCH_FR_BUFFER_SIZE, which the user's own setting gives
@@ -93,34 +93,39 @@ def child_environment(base: Mapping[str, str], run_id: str, spool: Path) -> dict
 
 
 def bucket_timing(env: Mapping[str, str] | None = None) -> str:
-    """This rank's `bucket_timing` (`engine.config.BUCKET_TIMINGS`): `BUCKET_TIMING_ENV`, "hook" when
-    unset or not one of them. Called in ranks only (it imports the config's names)."""
-    from ddpviz.engine.config import BUCKET_TIMINGS
+    """This rank's requested `bucket_timing` (`engine.config.BUCKET_TIMING_CHOICES`): `BUCKET_TIMING_ENV`, "hook"
+    when unset or not one of them (`ddpviz.watch()` in a script not started by `ddpviz run`: nothing set the
+    variables the recorder's sampled steps need). "auto" is resolved per DDP by its backend
+    (`engine.attach.ddp.bucket_timing_of`). Called in ranks only (it imports the config's names)."""
+    from ddpviz.engine.config import BUCKET_TIMING_CHOICES
 
     value = (os.environ if env is None else env).get(BUCKET_TIMING_ENV, "")
-    return value if value in BUCKET_TIMINGS else BUCKET_TIMINGS[0]
+    return value if value in BUCKET_TIMING_CHOICES else "hook"
 
 
 def set_bucket_timing(env: dict[str, str], timing: str) -> None:
-    """Ask the command's ranks for `timing` ("hook" or "recorder"). With "recorder", the flight
+    """Ask the command's ranks for `timing` ("auto", "hook" or "recorder"; "auto": each DDP's backend picks,
+    `engine.config.resolve_bucket_timing`). With "recorder", the flight
     recorder's variables are set too, unless the user set them: on torch 2.13 a process reads its
     buffer size when its process group is made (a size set after `init_process_group` is ignored;
     checked on gloo), so it cannot wait for DDP; TORCH_NCCL_ENABLE_TIMING=1 gives NCCL entries a GPU
     duration and is read by NCCL only. On gloo the recorder holds entries anyway (2,000 by default on
     torch 2.13); a smaller buffer costs it nothing more. `KINETO_LOG_LEVEL` is set to `KINETO_QUIET` unless the
-    user set it, so the sampled steps' profiler adds no line to the script's output.
+    user set it, so the sampled steps' profiler adds no line to the script's output. "auto" sets only
+    `KINETO_LOG_LEVEL` (read at torch's import, before the backend is known): a gloo DDP gets the recorder,
+    whose sampled steps run the profiler; an NCCL one the hook, which reads no flight recorder.
 
     Raises:
-        ValueError: `timing` is not one of `engine.config.BUCKET_TIMINGS`.
+        ValueError: `timing` is not one of `engine.config.BUCKET_TIMING_CHOICES`.
     """
-    from ddpviz.engine.config import BUCKET_TIMINGS
+    from ddpviz.engine.config import BUCKET_TIMING_CHOICES
 
-    if timing not in BUCKET_TIMINGS:
-        raise ValueError(f"bucket_timing must be one of {', '.join(BUCKET_TIMINGS)} (got {timing!r})")
+    if timing not in BUCKET_TIMING_CHOICES:
+        raise ValueError(f"bucket_timing must be one of {', '.join(BUCKET_TIMING_CHOICES)} (got {timing!r})")
     env[BUCKET_TIMING_ENV] = timing
+    if timing != "hook":
+        env.setdefault(KINETO_LOG_ENV, KINETO_QUIET)  # the sampled steps' profiler prints nothing of its own
     if timing == "recorder":
         from ddpviz.engine.modes.ddp.flight import buffer_entries, enable_recorder
-
-        env.setdefault(KINETO_LOG_ENV, KINETO_QUIET)  # the sampled steps' profiler prints nothing of its own
 
         enable_recorder(buffer_entries(ATTACH_FR_BUCKETS), "nccl", environ=env)

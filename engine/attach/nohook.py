@@ -1,4 +1,4 @@
-"""The buckets of a DDP watched with `ddpviz run --bucket-timing recorder`: no comm hook, so no
+"""The buckets of a DDP watched with `ddpviz run --bucket-timing recorder`, or `auto` (the default) on gloo: no
 Python runs per bucket (issue 31, docs/bucket-timing.md).
 
 `engine.attach.ddp.Watch` registers nothing on the DDP: DDP's reducer divides each gradient by
@@ -92,6 +92,11 @@ class NoHookBuckets:
         self.read_flight = sample and self.flight is not None
         if self.read_flight:
             self.flight.begin_backward()
+
+    def stop_profiling(self) -> None:
+        """Stop a sampled backward's profile that no `resolved` read (`SampledSpans.stop`)."""
+        if self.layout_reader.sampler.active:
+            self.layout_reader.sampler.stop()
 
     def resolved(self) -> list[dict[str, Any]]:
         """The latest synced backward's bucket records (`engine.modes.ddp.flight`'s fields), with

@@ -325,6 +325,7 @@ class StepTracker:
                     self.memory.abandon()
                 except Exception:
                     pass
+            self.stop_profiling()
             self.prev_end = end
             self.step += 1
             self._fresh()
@@ -393,6 +394,16 @@ class StepTracker:
         for watch in self.watches:
             if hasattr(watch, "drain"):
                 watch.drain()
+
+    def stop_profiling(self) -> None:
+        """Stop any sampled step's profile still running (a part raised before reading it), whatever is switched
+        off: PyTorch's profiler left running crashed the script at its exit (`SampledSpans.stop`). At each step's
+        end and at exit."""
+        for watch in self.watches:
+            try:
+                getattr(watch, "stop_profiling", lambda: None)()
+            except Exception:
+                pass
 
     def release(self) -> None:
         """At exit, once nothing more is recorded: drop ddpviz's references to the script's DDPs

@@ -29,19 +29,24 @@ def test_the_launcher_asks_for_the_recorder_and_its_variables_keeping_the_users(
     env = command_env("r1", Path("/tmp/spool"), ["torchrun", "train.py"], bucket_timing="recorder")
     assert env[BUCKET_TIMING_ENV] == "recorder" and bucket_timing(env) == "recorder"
     assert env["TORCH_FR_BUFFER_SIZE"] == "144" and env["TORCH_NCCL_ENABLE_TIMING"] == "1"  # 2 x 64 buckets + 16
-    hook = command_env("r1", Path("/tmp/spool"), ["torchrun", "train.py"])
+    auto = command_env("r1", Path("/tmp/spool"), ["torchrun", "train.py"])  # the default
+    assert auto[BUCKET_TIMING_ENV] == "auto" and bucket_timing(auto) == "auto"
+    assert "TORCH_NCCL_ENABLE_TIMING" not in auto and "TORCH_FR_BUFFER_SIZE" not in auto  # NCCL: the hook
+    hook = command_env("r1", Path("/tmp/spool"), ["torchrun", "train.py"], bucket_timing="hook")
     assert hook[BUCKET_TIMING_ENV] == "hook" and "TORCH_NCCL_ENABLE_TIMING" not in hook
     assert env["KINETO_LOG_LEVEL"] == "6" and "KINETO_LOG_LEVEL" not in hook  # the sampled steps' profiler, quiet
+    assert auto["KINETO_LOG_LEVEL"] == "6"  # a gloo DDP's sampled steps profile
     mine = {"TORCH_FR_BUFFER_SIZE": "4000", "TORCH_NCCL_ENABLE_TIMING": "0", "KINETO_LOG_LEVEL": "2"}
     set_bucket_timing(mine, "recorder")
     assert mine["TORCH_FR_BUFFER_SIZE"] == "4000" and mine["TORCH_NCCL_ENABLE_TIMING"] == "0"
     assert mine["KINETO_LOG_LEVEL"] == "2"
-    with pytest.raises(ValueError, match="bucket_timing must be one of hook, recorder"):
+    with pytest.raises(ValueError, match="bucket_timing must be one of auto, hook, recorder"):
         set_bucket_timing({}, "nccl")
 
 
 def test_a_rank_reads_the_config_names_and_an_old_runs_variable_is_dropped():
     assert BUCKET_TIMINGS == ("hook", "recorder")
+    assert bucket_timing({BUCKET_TIMING_ENV: "auto"}) == "auto"
     assert bucket_timing({}) == "hook" and bucket_timing({BUCKET_TIMING_ENV: "bogus"}) == "hook"
     assert BUCKET_TIMING_ENV not in child_environment({BUCKET_TIMING_ENV: "recorder"}, "r2", Path("/tmp/s"))
 
@@ -177,3 +182,67 @@ def test_a_torch_without_the_reducers_stamps_gets_the_layout_and_no_error(monkey
     rows = _cuda_layout(monkeypatch, None)
     assert [r["nbytes"] for r in rows] == [32, 60]
     assert all("enqueue_s" not in r and r["ready_s"] is None and r["comm_start_s"] is None for r in rows)
+
+
+def test_auto_is_the_recorder_for_a_gloo_ddp_and_the_hook_for_nccl_or_sparse_gradients(monkeypatch):
+    """`ddpviz run`'s default (`auto`) resolved per DDP as a launched run's is (`effective_bucket_timing`), and a
+    model with sparse gradients keeps the hook whatever was asked (the reducer's layout gives dense sizes)."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ddpviz.engine.attach.ddp import bucket_timing_of
+    from ddpviz.engine.components.ports import free_port
+
+    def asked(timing):
+        return SimpleNamespace(bucket_timing=timing)
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        dense, sparse = DDP(nn.Linear(4, 4)), DDP(nn.Sequential(nn.Embedding(8, 4, sparse=True), nn.Linear(4, 1)))
+        assert bucket_timing_of(asked("auto"), dense, cpu) == "recorder"
+        assert bucket_timing_of(asked("hook"), dense, cpu) == "hook"
+        assert bucket_timing_of(asked("recorder"), dense, cpu) == "recorder"
+        assert bucket_timing_of(asked("auto"), sparse, cpu) == "hook"
+        assert bucket_timing_of(asked("recorder"), sparse, cpu) == "hook"
+        monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+        assert bucket_timing_of(asked("auto"), dense, cuda) == "hook"
+        assert bucket_timing_of(asked("recorder"), dense, cuda) == "recorder"
+        monkeypatch.setattr(dist, "get_backend", lambda group=None: "cpu:gloo,cuda:nccl")  # init_process_group()
+        assert bucket_timing_of(asked("auto"), dense, cpu) == "recorder"
+        assert bucket_timing_of(asked("auto"), dense, cuda) == "hook"
+    finally:
+        monkeypatch.undo()
+        dist.destroy_process_group()
+
+
+def test_a_sampled_steps_profile_ends_with_its_step_when_a_part_raised_before_reading_it(tmp_path):
+    """The recorder profiles sampled steps (0-2) and stops the profile when the step's buckets are read; a part that
+    raised before that read (here the step event) left PyTorch's profiler running, and the script died of SIGSEGV
+    at its exit (`ddpviz run`'s default on gloo, 2026-12-06)."""
+    from attach_process import EPILOGUE, PREAMBLE, run_script
+
+    script = 'import os\nos.environ["DDPVIZ_ATTACH_BUCKET_TIMING"] = "auto"\n' + PREAMBLE + r'''
+import ddpviz.engine.attach.steps as steps
+emit = steps.StepTracker._emit_step
+def broken(self, end):
+    if self.step == 1:
+        raise RuntimeError("sabotaged step event")
+    return emit(self, end)
+steps.StepTracker._emit_step = broken
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(4):
+    model(torch.randn(4, 8)).sum().backward()
+    during = torch._C._autograd._profiler_enabled()
+    opt.step()
+    opt.zero_grad()
+    print("profiling", i, during, torch._C._autograd._profiler_enabled(), flush=True)
+''' + EPILOGUE
+    lines = run_script(tmp_path, script, "attached", ("profiling",))
+    # steps 0-2 are profiled through their backward (the reference: the profiler is on there); none after its step
+    assert lines == ["profiling 0 True False", "profiling 1 True False", "profiling 2 False False",
+                     "profiling 3 False False"], lines

@@ -150,3 +150,25 @@ def test_ddp_shows_batchnorm_buffers_per_rank_broadcast_from_rank_0(models, broa
             assert n[(name, 0)]["after_step"] != n[(name, 1)]["after_step"]
             same_start = n[(name, 0)]["at_forward_start"] == n[(name, 1)]["at_forward_start"]
             assert same_start is broadcast
+
+
+def test_ddp_takes_the_buffer_setting_without_torchs_deprecation_warning():
+    """torch 2.13 warns "`broadcast_buffers` is deprecated" on every rank given that keyword, True or False (it was
+    in every launched rank's output); `buffer_sync_arg` gives DDP the same setting without it."""
+    import warnings
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ddpviz.engine.components.ports import free_port
+    from ddpviz.engine.modes.ddp.buckets import buffer_sync_arg
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        for flag in (True, False):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                ddp = DDP(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)), **buffer_sync_arg(flag))
+            assert ddp.broadcast_buffers is flag
+    finally:
+        dist.destroy_process_group()

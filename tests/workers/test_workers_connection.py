@@ -54,6 +54,23 @@ def test_malformed_url_is_unavailable_not_a_traceback():
         connect("http://nowhere")
 
 
+def test_a_database_that_is_no_number_is_refused_before_connecting_and_one_out_of_range_is_no_outage(redis_url):
+    """redis-py reads ``/abc`` as database 0 without a word (checked: its connection kwargs say db None), and a
+    server without database 99 answered "DB index is out of range", which ddpviz said as "cannot reach"."""
+    from ddpviz.workers.connection import RedisUrlInvalid
+
+    with pytest.raises(RedisUrlInvalid, match=r"database after the port must be a whole number >= 0 \(got 'abc'\)"):
+        connect("redis://:hunter2@127.0.0.1:1/abc")  # nothing listens on port 1: refused before any connect
+    from urllib.parse import urlsplit, urlunsplit
+
+    with pytest.raises(RedisUnavailable) as info:
+        connect(urlunsplit(urlsplit(redis_url)._replace(path="/99")))  # the server has 16 (redis's default)
+    message = str(info.value)
+    assert "answered but refused" in message and "below the server's `databases`" in message, message
+    assert "cannot reach" not in message
+    connect(urlunsplit(urlsplit(redis_url)._replace(path="/"))).close()  # no database: 0, as redis-py reads it
+
+
 def test_redis_url_prefers_env_then_up_file_then_default(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("REDIS_URL", raising=False)

@@ -76,11 +76,11 @@ class Launch:
 
     def __init__(self, run_id: str, spool: Path, url: str | None, cmd: list[str], label: str | None,
                  joined: bool = False, probe: bool = False, kill_after_s: float | None = None,
-                 bucket_timing: str = "hook"):
+                 bucket_timing: str = "auto"):
         from ddpviz.workers.spool import SpoolForwarder
 
         self.probe = probe  # --probe: the all-reduce probe after the script's last step
-        self.bucket_timing = bucket_timing  # --bucket-timing: hook (a Python comm hook) or recorder (none)
+        self.bucket_timing = bucket_timing  # --bucket-timing: auto, hook (a Python comm hook) or recorder (none)
         self.joined = joined  # another launcher (node 0 of a --nnodes run) created the run and ends it
         self.run_id, self.spool, self.url, self.cmd, self.label = run_id, spool, url, cmd, label
         self.store = _store(url)
@@ -140,7 +140,7 @@ class Launch:
     def redis_down(self, why: Any) -> None:
         if not self.said_down:
             self.said_down = True
-            _say(f"Redis unreachable ({why}); training goes on, events are kept in {self.spool} and "
+            _say(f"events not sent to Redis ({why}); training goes on, events are kept in {self.spool} and "
                  f"sent when Redis answers (or: {upload_hint(self.spool, self.url)})")
 
     def signal_group(self, sig: int) -> None:
@@ -400,12 +400,12 @@ def register(command) -> None:
     p.add_argument("--probe", action="store_true",
                    help="after the script's last step, time all-reduces of the run's bucket sizes on its own "
                         "process group (the all-reduce probe, for Theory); every rank must reach the end")
-    from ddpviz.engine.config import BUCKET_TIMINGS
+    from ddpviz.engine.config import BUCKET_TIMING_CHOICES
 
-    p.add_argument("--bucket-timing", choices=BUCKET_TIMINGS, default=BUCKET_TIMINGS[0],
-                   help="hook (default): a Python comm hook times every bucket of every step; recorder: no "
-                        "hook, DDP's own C++ all-reduce; bucket bytes every step, times on sampled steps "
-                        "(docs/bucket-timing.md)")
+    p.add_argument("--bucket-timing", choices=BUCKET_TIMING_CHOICES, default="auto",
+                   help="auto (default): recorder for a gloo DDP, hook for an NCCL one; hook: a Python comm hook "
+                        "times every bucket of every step; recorder: no hook, DDP's own C++ all-reduce, bucket "
+                        "bytes every step, times on sampled steps (docs/bucket-timing.md)")
     p.add_argument("--kill-after", type=float, default=None, metavar="SECONDS",
                    help="after passing SIGINT/SIGTERM (or a cancel) on to the command, SIGKILL it if still running "
                         "this long after (default: torchrun's own grace, TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30 s, "

@@ -62,9 +62,9 @@ def _named_secrets(cmd: list[str]) -> list[str]:
 
 
 def command_env(run_id: str, spool: Path, cmd: list[str], probe: bool = False,
-                bucket_timing: str = "hook") -> dict[str, str]:
+                bucket_timing: str = "auto") -> dict[str, str]:
     """os.environ for `cmd` of run `run_id`, its events spooled in `spool`; `probe`: the all-reduce
-    probe after the last step; `bucket_timing`: "hook" or "recorder" (with the flight recorder's
+    probe after the last step; `bucket_timing`: "auto", "hook" or "recorder" (with the flight recorder's
     variables, `engine.attach.env.set_bucket_timing`).
 
     Raises:

@@ -43,6 +43,23 @@ def ddp_bucket_cap_arg(cfg: RunConfig) -> float | None:
     return None if cfg.bucket_cap_mb == DDP_DEFAULT_BUCKET_CAP_MB else cfg.bucket_cap_mb
 
 
+def buffer_sync_arg(broadcast_buffers: bool) -> dict[str, bool]:
+    """DDP's keyword for `RunConfig.broadcast_buffers` (rank 0's buffers to every rank before each forward):
+    nothing at True (every torch's default); at False `forward_sync_buffers=False` where DDP has it (torch 2.13
+    renamed `broadcast_buffers`, and warns "`broadcast_buffers` is deprecated" (FutureWarning) on every rank given
+    it, True or False), else `broadcast_buffers=False`. The new name still syncs the buffers once at
+    construction, the old one did not (torch/nn/parallel/distributed.py): a launched rank's model is built from
+    `cfg.seed` on every rank, so its buffers are equal then and that sync changes nothing."""
+    import inspect
+
+    if broadcast_buffers:
+        return {}
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    new = "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
+    return {"forward_sync_buffers" if new else "broadcast_buffers": False}
+
+
 def cap_mb_of(bucket_bytes_cap: int) -> float:
     """The `bucket_cap_mb` a DDP was given, from its `bucket_bytes_cap` (``int(bucket_cap_mb * 1024 * 1024)``,
     torch/nn/parallel/distributed.py): the shortest decimal (up to 9 places) that gives the same bytes, so a

@@ -36,7 +36,7 @@ from ddpviz.engine.measure.memory_sampler import model_memory_sampler, should_tr
 from ddpviz.engine.measure.sync import param_checksum
 from ddpviz.engine.measure.telemetry import Telemetry, now, step_fields, wall_ts
 from ddpviz.engine.models import build_model
-from ddpviz.engine.modes.ddp.buckets import ddp_bucket_cap_arg
+from ddpviz.engine.modes.ddp.buckets import buffer_sync_arg, ddp_bucket_cap_arg
 from ddpviz.engine.modes.ddp.comm_hook import recording_hook
 from ddpviz.engine.modes.ddp.comm_hooks import compose, selected_hook, volume_label
 from ddpviz.engine.modes.ddp.flight import READY_EXPOSED_SOURCE, READY_SOURCE, LayoutBuckets, no_hook_path
@@ -89,7 +89,7 @@ def _train_rank(cfg: RunConfig, run_id: str, rank: int, wd: Path, backend: str, 
     ddp = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,
               bucket_cap_mb=ddp_bucket_cap_arg(cfg), gradient_as_bucket_view=cfg.gradient_as_bucket_view,
               static_graph=cfg.static_graph, find_unused_parameters=cfg.find_unused_parameters,
-              broadcast_buffers=cfg.broadcast_buffers)
+              **buffer_sync_arg(cfg.broadcast_buffers))
     names = {p.data_ptr(): n for n, p in model.named_parameters()}
     meter = MeterGate()  # the steps whose marks read this thread's clocks (engine.measure.gil)
     rec = MemoryBucketRecorder(world, cfg.overlap, names,  # its marks read this thread's clocks too

@@ -124,6 +124,18 @@ class SampledSpans:
         self._range = record_function(ORIGIN)
         self._range.__enter__()
 
+    def stop(self) -> None:
+        """Stop a profile that will not be read (its step ended without reading it: an instrumentation part that
+        raised). Left running, PyTorch's profiler outlived the step; at the process's exit it crashed the script
+        (SIGSEGV after "Requested callback is not found", torch 2.13, 2026-12-06)."""
+        rng, prof, self._prof, self._range = self._range, self._prof, None, None
+        try:
+            if rng is not None:
+                rng.__exit__(None, None, None)
+        finally:
+            if prof is not None:
+                prof.__exit__(None, None, None)
+
     def spans(self) -> list[tuple[float, float, float]] | None:
         """After the backward: per bucket in index order, or None when the launches and the
         collectives do not pair up (then nothing is claimed)."""
