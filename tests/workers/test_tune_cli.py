@@ -158,6 +158,19 @@ def test_a_math_changing_setting_shows_its_loss_difference_and_is_rejected_as_sa
     assert same_math("same", hook["loss_max_abs_diff"], tol, 0.0)[0]
 
 
+def test_the_baseline_times_every_steady_bucket_so_a_bucket_cap_is_predicted(trials):
+    """tune's prediction fits the link from the baseline's steady steps' all-reduce times (`predict_ratio`): its
+    trials time every bucket (`--bucket-timing hook`); under `ddpviz run`'s default on gloo (the recorder, since
+    2026-12-06) only the sampled steps are, and a cap had no prediction."""
+    from ddpviz.engine.tune import predict_ratio
+
+    base = trials["base"]["measured"]
+    assert base["buckets"] and all(b["comm_start_s"] is not None and b["comm_end_s"] is not None
+                                   for b in base["buckets"])
+    ratio, basis = predict_ratio(base, dict(knobs={"bucket_cap_mb": CAP_MB}))
+    assert ratio is not None and basis.startswith("step model"), basis
+
+
 def _tree_hash(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(folder.rglob("*")) if p.is_file()}

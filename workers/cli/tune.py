@@ -65,7 +65,9 @@ def trial_env(cmd: list[str], spool: Path, knobs: dict[str, Any], steps: int,
     from ddpviz.engine.attach.overrides import COMM_HOOK_ENV, DDP_KWARGS_ENV, STOP_AFTER_ENV
     from ddpviz.workers.cli.command_env import command_env
 
-    env = command_env(run_id or f"tune-{spool.name}", spool, cmd)
+    # every bucket timed: `engine.tune.predict_ratio` fits the link from the baseline's steady steps' all-reduces,
+    # which `ddpviz run`'s default on gloo (the recorder) times on sampled steps only
+    env = command_env(run_id or f"tune-{spool.name}", spool, cmd, bucket_timing="hook")
     ddp = {k: v for k, v in knobs.items() if k != "comm_hook"}
     env[DDP_KWARGS_ENV] = json.dumps(ddp)
     env[STOP_AFTER_ENV] = str(steps)
