@@ -22,12 +22,16 @@ BUCKET_TIMING_CHOICES: tuple[str, ...] = ("auto",) + BUCKET_TIMINGS
 BucketTiming = Literal["hook", "recorder", "auto"]
 
 
-def resolve_bucket_timing(timing: str, backend: str) -> str:
+def resolve_bucket_timing(timing: str, backend: str, find_unused_parameters: bool = False) -> str:
     """"hook" or "recorder" for a DDP on `backend` ("gloo", "nccl", ...): `timing` itself, or for "auto"
-    the recorder on gloo and the hook on any other backend (`effective_bucket_timing` says why)."""
+    the recorder on gloo and the hook on any other backend (`effective_bucket_timing` says why), and the hook
+    under `find_unused_parameters`: there DDP never rebuilds its buckets, so its reducer logs no parameter
+    indices to read ready times by, and it all-reduces its map of used parameters beside the buckets, so a
+    sampled step's profile does not pair up either: the recorder measured no time at all (a new user's
+    trial, 2026-12-06)."""
     if timing != "auto":
         return timing
-    return "recorder" if backend == "gloo" else "hook"
+    return "recorder" if backend == "gloo" and not find_unused_parameters else "hook"
 
 
 def effective_bucket_timing(cfg: "RunConfig", backend: str) -> str:
@@ -39,7 +43,7 @@ def effective_bucket_timing(cfg: "RunConfig", backend: str) -> str:
     1.29-1.49x vs 1.28-1.49x on a small one (docs/gpu/2026-12-05-h100). Since 2026-12-05 (night) it reads
     only DDP's reducer (bytes, order, host launch times; `engine.modes.ddp.flight.LayoutBuckets`), not yet
     measured on a GPU: "auto" stays the hook on NCCL until a GPU run shows that path's cost."""
-    return resolve_bucket_timing(cfg.bucket_timing, backend)
+    return resolve_bucket_timing(cfg.bucket_timing, backend, cfg.find_unused_parameters)
 
 BUILTIN_MODELS = ("mlp", "cnn", "gpt")
 FSDP_FIELDS = ("reshard_after_forward", "fsdp_param_dtype", "fsdp_reduce_dtype")  # mode fsdp only

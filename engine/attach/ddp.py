@@ -133,7 +133,7 @@ def bucket_timing_of(session: Session, ddp: DDP, device: torch.device) -> str:
     backend = str(dist.get_backend(ddp.process_group))
     if ":" in backend:
         backend = dict(part.split(":", 1) for part in backend.split(",")).get(device.type, backend)
-    timing = resolve_bucket_timing(session.bucket_timing, backend)
+    timing = resolve_bucket_timing(session.bucket_timing, backend, bool(getattr(ddp, "find_unused_parameters", False)))
     return "hook" if timing == "recorder" and any(expect_sparse_gradient(ddp.module)) else timing
 
 
@@ -171,7 +171,17 @@ class Watch(DeferredMarks):
         self.param_bytes = sum(p.numel() * p.element_size() for p in ddp.module.parameters() if p.requires_grad)
         self.synced_backwards = 0  # synced backwards begun so far
         self.auto = session.bucket_timing == "auto"  # the path was ddpviz's choice (`take_hook_path`)
-        if bucket_timing_of(session, ddp, device) == "recorder":
+        timing = bucket_timing_of(session, ddp, device)
+        earlier = [w for w in tracker.watches if isinstance(w, Watch)]
+        # `auto` gives each DDP of a process with several the hook: only the hook sees whether a backward reached a
+        # DDP (its buckets came). Without, a GAN's D step, whose backward never reaches G, counted as G's too: G's
+        # buckets went on the wrong step, timed by D's profiled all-reduce or G's stale reducer stamps, and
+        # comm_volume swapped between D and G steps (a new user's trial, 2026-12-06)
+        if self.auto and earlier and not getattr(ddp, "_comm_hooks", None):  # DDP takes one hook: a held slot stays
+            timing = "hook"
+            for w in earlier:
+                w.take_hook_path()
+        if timing == "recorder":
             self.nohook = NoHookBuckets(ddp, names)
             for hook, _ in getattr(ddp, "_comm_hooks", None) or []:  # e.g. DDP(mixed_precision=...)'s
                 self.nohook.note_script_hook(hook)

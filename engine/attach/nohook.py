@@ -41,7 +41,8 @@ SCRIPT_HOOK_NBYTES_SOURCE = ("DDP's reducer layout: the bucket buffer's bytes, b
                              "(what it hands to the all-reduce is not measured)")
 SCRIPT_HOOK_SOURCE = ("DDP's reducer layout: bucket bytes (before the script's comm hook), parameters and order; "
                       "ready, all-reduce start and end not measured: the script's comm hook holds DDP's one hook "
-                      "slot (bucket_timing=recorder neither registers a hook nor wraps the script's)")
+                      "slot (no hook of ddpviz's on this DDP: bucket_timing=recorder, or auto with a built-in hook, registers "
+                      "none and wraps none of the script's)")
 FLIGHT_MISSED_SOURCE = ("DDP's reducer layout: bytes and order, the host launch (enqueue_s) from its stamps where "
                         "given; GPU durations not measured: the flight recorder held {got} all-reduces of this "
                         "backward for {want} buckets")

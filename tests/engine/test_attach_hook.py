@@ -223,9 +223,10 @@ for step in range(3):
 """
 
 
-def _one_rank_events(tmp_path, source: str) -> list[dict]:
-    """Run `source` as rank 0 of 1 (gloo) with the start-up hook, as `ddpviz run` starts it; its
-    events, after checking it exited 0 with no instrumentation part switched off."""
+def _one_rank_events(tmp_path, source: str, **env: str) -> list[dict]:
+    """Run `source` as rank 0 of 1 (gloo) with the start-up hook, as `ddpviz run` starts it (`env`: more
+    variables, e.g. its bucket timing); its events, after checking it exited 0 with no instrumentation part
+    switched off."""
     import json
 
     script = tmp_path / "train.py"
@@ -234,7 +235,7 @@ def _one_rank_events(tmp_path, source: str) -> list[dict]:
     e = {k: v for k, v in os.environ.items() if not k.startswith("DDPVIZ_ATTACH")}
     e.update({RUN_ID_ENV: "r", SPOOL_ENV: str(spool), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-              "PYTHONPATH": os.pathsep.join([str(STARTUP_DIR), str(REPO)])})
+              "PYTHONPATH": os.pathsep.join([str(STARTUP_DIR), str(REPO)]), **env})
     out = subprocess.run([sys.executable, str(script)], env=e, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "instrumentation off" not in out.stderr, out.stderr
@@ -262,16 +263,19 @@ for it in range(2):  # PyTorch's DCGAN example: one G forward, a D step on it de
 """
 
 
-def test_a_dcgan_loop_gives_the_generator_the_backward_that_reduced_it(tmp_path):
+@pytest.mark.parametrize("timing", ["hook", "auto"])
+def test_a_dcgan_loop_gives_the_generator_the_backward_that_reduced_it(tmp_path, timing):
     """The generator's forward comes a step before its reduce (the D step's optimizer ends that step):
-    its buckets are those of the G step's backward (before, they were never written)."""
-    events = _one_rank_events(tmp_path, DCGAN)
+    its buckets are those of the G step's backward (before, they were never written). Under `ddpviz run`'s
+    default (auto) too: with no hook G's buckets went on the D steps, timed by D's all-reduce (2026-12-06)."""
+    events = _one_rank_events(tmp_path, DCGAN, DDPVIZ_ATTACH_BUCKET_TIMING=timing)
     g_bytes, d_bytes = (4 * 8 + 8) * 4, (8 * 1 + 1) * 4
     per_step = {s: sorted(b["ddp_index"] for b in events if b["type"] == "bucket" and b["step"] == s) for s in range(4)}
     assert per_step == {0: [1], 1: [0, 1], 2: [1], 3: [0, 1]}  # D steps: D's bucket; G steps: both
     volumes = [(v["step"], v["allreduce_bytes"], v["ddp_count"]) for v in events if v["type"] == "comm_volume"]
     assert volumes == [(0, d_bytes, 1), (1, g_bytes + d_bytes, 2), (2, d_bytes, 1), (3, g_bytes + d_bytes, 2)]
     assert [e["step"] for e in events if e["type"] == "step"] == [0, 1, 2, 3]  # two optimizer steps an iteration
+    assert all(b["comm_end_s"] is not None for b in events if b["type"] == "bucket")  # the hook times every one
 
 
 def test_two_ddps_before_one_backward_both_get_their_buckets(tmp_path):

@@ -207,6 +207,9 @@ def test_auto_is_the_recorder_for_a_gloo_ddp_and_the_hook_for_nccl_or_sparse_gra
         assert bucket_timing_of(asked("recorder"), dense, cpu) == "recorder"
         assert bucket_timing_of(asked("auto"), sparse, cpu) == "hook"
         assert bucket_timing_of(asked("recorder"), sparse, cpu) == "hook"
+        unused = DDP(nn.Linear(4, 4), find_unused_parameters=True)
+        assert bucket_timing_of(asked("auto"), unused, cpu) == "hook"
+        assert bucket_timing_of(asked("recorder"), unused, cpu) == "recorder"  # asked for: kept
         monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
         assert bucket_timing_of(asked("auto"), dense, cuda) == "hook"
         assert bucket_timing_of(asked("recorder"), dense, cuda) == "recorder"

@@ -114,3 +114,7 @@ def test_auto_is_the_recorder_on_gloo_and_the_hook_on_nccl():
     assert no_hook_path(auto, "nccl", model) is False
     sparse = torch.nn.Sequential(torch.nn.Embedding(10, 4, sparse=True), torch.nn.Linear(4, 2))
     assert no_hook_path(auto, "gloo", sparse) is False  # the hook sees what a sparse bucket sends
+    # find_unused_parameters: no rebuilt layout to read ready times by, an extra all-reduce on sampled steps
+    unused = RunConfig(find_unused_parameters=True)
+    assert effective_bucket_timing(unused, "gloo") == "hook" and no_hook_path(unused, "gloo", model) is False
+    assert effective_bucket_timing(unused.model_copy(update=dict(bucket_timing="recorder")), "gloo") == "recorder"

@@ -71,3 +71,24 @@ def test_a_scheduled_script_profiler_survives_sampled_steps_in_its_warm_up():
     assert lines[5] == "after False"
     events = eval(lines[6].removeprefix("events "))  # noqa: S307  (a list of ints we printed)
     assert len(events) == 1 and events[0] >= 2 * 4  # the two recorded steps' forward and backward ops at least
+
+
+def test_a_second_ddps_sampled_step_is_told_ddpvizs_own_profile_is_running_not_the_scripts():
+    """Two DDPs of one process (`--bucket-timing recorder`) sampled in one backward: the second found the first's
+    profile running and said "the script runs PyTorch's profiler itself" of a script that runs none (a new user's
+    GAN, 2026-12-06). PyTorch's own flag is the reference that a profile is on."""
+    import pytest
+
+    from ddpviz.engine.modes.ddp.sampled import OTHER_DDP, profiler_busy
+
+    if profiler_busy() is not None:
+        pytest.skip(f"a profiler is busy in this process already: {profiler_busy()}")
+    first, second = SampledSpans(), SampledSpans()
+    first.start()
+    try:
+        assert torch._C._autograd._profiler_enabled()
+        second.start()
+        assert second.stood_aside == OTHER_DDP and not second.active
+    finally:
+        first.stop()
+    assert not torch._C._autograd._profiler_enabled() and profiler_busy() is None

@@ -257,7 +257,7 @@ def reducer_layout(ddp: Any) -> list[tuple[tuple[int, ...] | None, int]] | None:
     return [(None, b) for b in nbytes]
 
 
-from ddpviz.engine.modes.ddp.sampled import PROFILER_SOURCE  # noqa: E402  (sampled steps' source)
+from ddpviz.engine.modes.ddp.sampled import PROFILER_SOURCE, UNPAIRED  # noqa: E402  (sampled steps' source)
 
 LAYOUT_SOURCE = ("DDP's reducer layout: bytes, parameters and order measured; ready, all-reduce start and end "
                  "not measured (no comm hook, no flight recorder read)")
@@ -303,6 +303,10 @@ class LayoutBuckets:
     """
 
     LAYOUT_READS = 3
+    # while the reducer's logged layout has no parameter indices yet, read again up to this pass: with
+    # static_graph DDP logs its rebuilt layout after the 4th backward (torch 2.13, a new user's trial, 2026-12-06),
+    # and before this the steps after the 3rd had no ready times; a read allocates a zero copy of every bucket
+    LAYOUT_RETRIES = 8
 
     def __init__(self, ddp: Any, names: dict[int, str], host_enqueue: bool | None = None):
         from ddpviz.engine.modes.ddp.sampled import SampledSpans
@@ -357,14 +361,16 @@ class LayoutBuckets:
         """This backward's buckets: bucket_index, nbytes, num_params, param_names (when the layout
         is new), `ready_s` (CPU) or `enqueue_s` (CUDA, `host_enqueue`) where the reducer's stamps map to
         the layout, all-reduce times None except on a profiled gloo step, `source`, `sampled`."""
-        if self.passes <= self.LAYOUT_READS or not self._layout:
+        if self._layout_due():
             self._read_layout()
         fresh = self._named != self._layout
         self._named = self._layout
         n = len(self._layout)
-        spans = self.sampler.spans() if self.sampler.active else None
-        if spans is not None and len(spans) != n:
-            spans = None  # the profiler saw another number of all-reduces: claim nothing
+        profiled = self.sampler.active
+        spans = self.sampler.spans() if profiled else None
+        if profiled and (spans is None or len(spans) != n):  # claim nothing, and say why
+            spans = None
+            self.sampler.stood_aside = UNPAIRED.format(n=n)
         fwd, self._forward_ns = self._forward_ns, None  # one synced forward's origin, used once
         readies = None if spans or fwd is None else self._readies(fwd)
         if readies and self.host_enqueue:
@@ -390,7 +396,7 @@ class LayoutBuckets:
         reducer's stamps readable. Else None, and the caller takes `resolved()`. Either call uses the
         forward's origin once. For a DDP rank's ordinary steps (`engine.modes.ddp.rank`), whose bucket
         events are then `steady_rows` with these times: what `resolved` gives, without building them."""
-        if self.passes <= self.LAYOUT_READS or self._named is not self._layout or self.sampler.active \
+        if self._layout_due() or self._named is not self._layout or self.sampler.active \
                 or self._forward_ns is None or self.host_enqueue:
             return None
         fwd, self._forward_ns = self._forward_ns, None
@@ -399,6 +405,12 @@ class LayoutBuckets:
     def steady_rows(self) -> list[dict[str, Any]]:
         """Each bucket's event fields on a step with ready times (`steady_readies`), `ready_s` None."""
         return [self._row(i, (None, None, None), READY_SOURCE, False) for i in range(len(self._layout))]
+
+    def _layout_due(self) -> bool:
+        """Whether this pass reads the reducer's layout: the first `LAYOUT_READS` passes (DDP rebuilds its
+        buckets once, in the 2nd), none read yet, or its indices still missing up to `LAYOUT_RETRIES`."""
+        return self.passes <= self.LAYOUT_READS or not self._layout or (
+            self._groups is None and self.passes <= self.LAYOUT_RETRIES)
 
     def _read_layout(self) -> None:
         """The reducer's current buckets: parameter names and bytes, and their parameter indices."""

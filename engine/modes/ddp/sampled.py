@@ -43,8 +43,15 @@ SCRIPT_PROFILER = "the script runs PyTorch's profiler itself (a process has one;
 ON_DEMAND = ("Kineto's on-demand profiling is on (KINETO_USE_DAEMON): it may start the process's one profiler "
              "at any time")
 UNWATCHED = "this torch's profiler entry points were not found, so the script's own profiling cannot be seen"
+OTHER_DDP = ("another DDP's sampled step is being profiled by ddpviz in this backward (a process has one "
+             "profiler)")
+# the profile's all-reduces did not pair one to one with the buckets (`pair_spans`): under find_unused_parameters DDP
+# all-reduces its map of used parameters too (a new user's trial, 2026-12-06)
+UNPAIRED = ("the profiler's all-reduces did not pair one to one with the {n} bucket(s) (e.g. DDP's all-reduce of its "
+            "used-parameter map under find_unused_parameters)")
 _WATCH: dict[str, Any] = {"installed": False, "failed": False, "seen": False}
 _OURS = threading.local()  # set while ddpviz itself starts a profiler
+_RUNNING = {"n": 0}  # ddpviz's own profiles running now (`SampledSpans`)
 
 
 def _noting(fn: Callable) -> Callable:
@@ -87,6 +94,8 @@ def profiler_busy() -> str | None:
     """Why ddpviz must not start a profiler now (module docstring), or None."""
     import torch
 
+    if _RUNNING["n"]:
+        return OTHER_DDP
     if _WATCH["seen"] or getattr(torch.autograd.profiler, "_is_profiler_enabled", False) \
             or torch._C._autograd._profiler_enabled():
         return SCRIPT_PROFILER
@@ -121,6 +130,7 @@ class SampledSpans:
         finally:
             _OURS.on = False
         self._prof = prof
+        _RUNNING["n"] += 1
         self._range = record_function(ORIGIN)
         self._range.__enter__()
 
@@ -129,6 +139,8 @@ class SampledSpans:
         raised). Left running, PyTorch's profiler outlived the step; at the process's exit it crashed the script
         (SIGSEGV after "Requested callback is not found", torch 2.13, 2026-12-06)."""
         rng, prof, self._prof, self._range = self._range, self._prof, None, None
+        if prof is not None:
+            _RUNNING["n"] -= 1
         try:
             if rng is not None:
                 rng.__exit__(None, None, None)
@@ -139,9 +151,12 @@ class SampledSpans:
     def spans(self) -> list[tuple[float, float, float]] | None:
         """After the backward: per bucket in index order, or None when the launches and the
         collectives do not pair up (then nothing is claimed)."""
-        self._range.__exit__(None, None, None)
-        self._prof.__exit__(None, None, None)
-        prof, self._prof, self._range = self._prof, None, None
+        rng, prof, self._prof, self._range = self._range, self._prof, None, None
+        _RUNNING["n"] -= 1
+        try:
+            rng.__exit__(None, None, None)
+        finally:
+            prof.__exit__(None, None, None)
         return pair_spans(kineto_rows(prof))
 
 
