@@ -158,6 +158,16 @@ def test_a_builtin_comm_hook_runs_as_its_python_twin_with_the_same_result(tmp_pa
     assert steps == [(r, s) for r in (0, 1) for s in range(3)]
     assert {e["rank"] for e in buckets} == {0, 1}
     assert all(e["nbytes"] * 2 == e["uncompressed_nbytes"] for e in buckets)  # fp16 on the wire
+    # `ddpviz run`'s default on gloo: DDP runs its C++ hook itself; run_started names it as the buckets do (it said
+    # None, 2026-12-06)
+    run("auto.pt", [str(STARTUP_DIR), str(REPO)],
+        **{RUN_ID_ENV: "r2", SPOOL_ENV: str(tmp_path / "auto"), "DDPVIZ_ATTACH_BUCKET_TIMING": "auto"})
+    assert all(torch.equal(x, y) for x, y in zip(torch.load(tmp_path / "auto.pt.0"), b0))
+    events = [json.loads(line) for f in (tmp_path / "auto").glob("events-*.jsonl")
+              for line in f.read_text().splitlines()]
+    named = {e["comm_hook"] for e in events if e["type"] == "bucket"}
+    assert len(named) == 1 and "FP16_COMPRESS" in next(iter(named)), named
+    assert [e["config"]["comm_hook"] for e in events if e["type"] == "run_started"] == list(named)
 
 
 def run_as_rank_0(tmp_path: Path, code: str, *args: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
