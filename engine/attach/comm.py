@@ -35,6 +35,9 @@ from ddpviz.engine.modes.ddp.comm_hooks import run_tapped
 
 BUCKET_BYTES = "bucket buffer (DDP's flat gradients, float32 here)"
 HOOK_BYTES = "tensors the script's comm hook handed to torch.distributed.all_reduce"
+# DDP hands a sparse gradient's bucket over as the COO gradient itself (`Reducer::mark_variable_ready_sparse`): its
+# bytes are its values' and indices' (`engine.modes.ddp.comm_hook`), not a flat buffer's (said so until 2026-12-06)
+SPARSE_BYTES = "sparse gradient: its values and indices (DDP hands the COO gradient itself to the hook)"
 
 
 class HookState(PickledAsDetached):
@@ -59,7 +62,8 @@ class HookState(PickledAsDetached):
 def _record(state: HookState, bucket: dist.GradBucket) -> dict:
     rec = state.recorder._record(bucket)
     rec["uncompressed_nbytes"] = rec["nbytes"]
-    rec["nbytes_source"] = BUCKET_BYTES if state.user_hook is None else HOOK_BYTES
+    rec["nbytes_source"] = HOOK_BYTES if state.user_hook is not None else \
+        SPARSE_BYTES if bucket.buffer().is_sparse else BUCKET_BYTES
     if state.user_hook is not None:
         rec["nbytes"] = 0
     return rec

@@ -342,3 +342,27 @@ def test_a_steps_loss_is_the_scripts_for_two_backwards_a_closure_and_none(tmp_pa
     assert [ev["samples"] for ev in steps[:4]] == [16, 16, 16, 16]
     assert steps[2]["micro_steps"] > 1  # LBFGS did evaluate its closure more than once
     assert steps[4]["loss"] is None and steps[4]["loss_source"] == LOSS_NOT_SEEN
+
+
+SPARSE = """
+import torch, torch.distributed as dist, torch.nn as nn
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Embedding(50, 16, sparse=True), nn.Linear(16, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    model(torch.tensor([[1, 2, 3, 4, 5]] * 4)).sum().backward()  # 20 lookups a step
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_a_sparse_buckets_bytes_are_said_to_be_its_values_and_indices(tmp_path):
+    """Reference, by hand: the embedding's COO gradient holds 20 lookups, 20 int64 indices and 20 x 16 float32
+    values = 1,440 B; its `nbytes_source` said "bucket buffer (DDP's flat gradients)" (a new user's trial)."""
+    from ddpviz.engine.attach.comm import SPARSE_BYTES
+
+    events = _one_rank_events(tmp_path, SPARSE, DDPVIZ_ATTACH_BUCKET_TIMING="auto")  # sparse: the hook, always
+    sparse = [b for b in events if b["type"] == "bucket" and b["nbytes_source"] == SPARSE_BYTES]
+    assert [b["step"] for b in sparse] == [0, 1, 2], sparse
+    assert all(b["nbytes"] == 20 * 8 + 20 * 16 * 4 for b in sparse), [b["nbytes"] for b in sparse]
