@@ -8,6 +8,8 @@ PyTorch's flight recorder on gloo (`time_created_ns`) and the profiler's own `pr
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -159,16 +161,11 @@ def test_gloo_ready_times_come_from_ddps_reducer_on_every_step():
         leave_process_group()
 
 
-def test_static_graph_gets_ready_times_once_ddp_logs_its_layout():
-    """With static_graph DDP logs its rebuilt layout's parameter indices only after the 4th backward (torch
-    2.13); the layout was read on the first 3 only, so no later step had ready times (a new user's trial,
-    2026-12-06). Reference: PyTorch's post-accumulate-grad hooks timed by this test on the same parameters."""
-    import time
-
+@contextlib.contextmanager
+def one_rank_group():
+    """A one-process gloo group for the test's DDP (seeded), left after it; skips where one exists."""
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ddpviz.engine.modes.ddp.flight import LayoutBuckets, reducer_layout
     from ddpviz.engine.modes.launcher import free_port
     from ddpviz.engine.modes.ranks import leave_process_group
 
@@ -177,6 +174,22 @@ def test_static_graph_gets_ready_times_once_ddp_logs_its_layout():
     torch.manual_seed(0)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
+        yield
+    finally:
+        leave_process_group()
+
+
+def test_static_graph_gets_ready_times_once_ddp_logs_its_layout():
+    """With static_graph DDP logs its rebuilt layout's parameter indices only after the 4th backward (torch
+    2.13); the layout was read on the first 3 only, so no later step had ready times (a new user's trial,
+    2026-12-06). Reference: PyTorch's post-accumulate-grad hooks timed by this test on the same parameters."""
+    import time
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ddpviz.engine.modes.ddp.flight import LayoutBuckets, reducer_layout
+
+    with one_rank_group():
         ddp = DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)), bucket_cap_mb=0.01,
                   static_graph=True)
         log = LayoutBuckets(ddp, {p.data_ptr(): n for n, p in ddp.module.named_parameters()})
@@ -199,8 +212,6 @@ def test_static_graph_gets_ready_times_once_ddp_logs_its_layout():
                     prefix = layer.rsplit(".", 1)[0]
                     hooked = max(v for k, v in stamped.items() if k.startswith(prefix + "."))
                     assert abs(b["ready_s"] - (hooked - origin) / 1e9) < 0.002, (step, prefix)
-    finally:
-        leave_process_group()
     first = logged.index(True)  # DDP's own: the backward after which its rebuilt indices are logged
     assert first >= 3, logged
     assert timed == list(range(first, 7)), (logged, timed)
@@ -210,19 +221,12 @@ def test_a_sampled_step_whose_all_reduces_do_not_pair_says_why_and_claims_no_tim
     """Under find_unused_parameters DDP also all-reduces its map of used parameters: the profiled backward holds
     one all-reduce more than buckets, and the step's times were dropped without a word (a new user's trial,
     2026-12-06). Reference: the count of `gloo:all_reduce` in PyTorch's own event list of the same profile."""
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from ddpviz.engine.modes.ddp.flight import LayoutBuckets
     from ddpviz.engine.modes.ddp.sampled import UNPAIRED
-    from ddpviz.engine.modes.launcher import free_port
-    from ddpviz.engine.modes.ranks import leave_process_group
 
-    if dist.is_initialized():
-        pytest.skip("a process group exists already")
-    torch.manual_seed(0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    try:
+    with one_rank_group():
         ddp = DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)), bucket_cap_mb=0.01,
                   find_unused_parameters=True)
         log = LayoutBuckets(ddp, {p.data_ptr(): n for n, p in ddp.module.named_parameters()})
@@ -234,8 +238,6 @@ def test_a_sampled_step_whose_all_reduces_do_not_pair_says_why_and_claims_no_tim
             prof = log.sampler._prof
             out.sum().backward()
             got = log.resolved()
-    finally:
-        leave_process_group()
     collectives = sum(1 for e in prof.events() if e.name == "gloo:all_reduce")
     assert collectives == len(got) + 1, (collectives, len(got))
     assert all(b["comm_start_s"] is None and not b["sampled"] for b in got)
