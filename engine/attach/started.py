@@ -122,8 +122,9 @@ def _hook_name(watch: Any) -> str | None:
     if getattr(watch, "ddp", None) is None:
         return None
     hook = watch.state.user_hook
-    if hook is None and watch.nohook is not None:  # no hook of ddpviz's: the script's own as DDP runs it (a built-in)
-        return watch.nohook.script_hook
+    nohook = getattr(watch, "nohook", None)
+    if hook is None and nohook is not None:  # no hook of ddpviz's: the script's own as DDP runs it (a built-in)
+        return nohook.script_hook
     return getattr(hook, "__qualname__", repr(hook)) if hook is not None else None
 
 
