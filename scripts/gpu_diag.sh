@@ -6,7 +6,7 @@
 #   --wheels DIR  wheels to install into a temporary folder on PYTHONPATH (scripts/gpu_wheels.sh's, plus
 #                 py-spy's if you want all threads sampled: `pip download --no-deps --only-binary=:all:
 #                 --python-version 3.12 --platform manylinux1_x86_64 -d DIR py-spy`)
-#   --out OUT     where the files go (default: $OUT where set, else ./ddpviz-diag): at most 6 files
+#   --out OUT     where the files go (default: $OUT where set, else ./ddpviz-diag): at most 7 files
 #   --cpu         the same steps on CPU with small models (to try this script where there is no GPU)
 #
 # Writes, in order, each step under its own `timeout`:
@@ -16,6 +16,9 @@
 #   pyspy-hook.txt.gz, pyspy-recorder.txt.gz  py-spy's samples of every thread of a `ddpviz train` run (raw
 #                     folded stacks: `frame;frame;... count`), when py-spy is installed; else a cProfile of the training
 #                     thread (DDPVIZ_PROFILE_RANK) as rank0-hook.pstats / rank0-recorder.pstats
+#   attach.json       an unmodified script (examples/attach/train_regression.py, one rank, NCCL) plain and under
+#                     `ddpviz run`, by its own printed iteration times, 3 rounds taking turns
+#                     (python -m ddpviz.workers.bench.attach_cost: the attached NCCL rows of issue 31)
 #   diag.log          everything printed
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -74,6 +77,14 @@ for timing in hook recorder; do
   fi
   echo "train $timing rc=$rc" >>"$LOG"; [ $rc -eq 0 ] || FAILED="$FAILED train-$timing"
 done
+step attach
+if [ -n "$CPU" ]; then
+  ATTACH=(--device cpu --nproc 1 --rounds 1 --epochs 1 --hidden 64)
+else
+  ATTACH=(--device cuda --nproc 1 --rounds 3 --epochs 10)
+fi
+timeout 300 "$PY" -m ddpviz.workers.bench.attach_cost "${ATTACH[@]}" --out "$OUT_DIR/attach.json" >>"$LOG" 2>&1
+rc=$?; echo "attach rc=$rc" >>"$LOG"; [ $rc -eq 0 ] || FAILED="$FAILED attach"
 step done
-grep -E "^(== |flight_cost rc|overhead rc|train .* rc|run .* (succeeded|failed))|target" "$LOG"
+grep -E "^(== |flight_cost rc|overhead rc|train .* rc|attach rc|run .* (succeeded|failed))|target" "$LOG"
 [ -z "$FAILED" ] || { echo "gpu_diag: failed:$FAILED (see $LOG)" >&2; exit 1; }

@@ -2,6 +2,7 @@
 (MSE), gradient accumulation with `no_sync()`. Nothing in it knows ddpviz.
 
     torchrun --nproc-per-node 2 train_regression.py --epochs 2 --accum 2
+    torchrun --nproc-per-node 1 train_regression.py --device cuda   # NCCL, one GPU a rank
 
 `--profile` runs PyTorch's profiler over the first optimizer steps, as research code does (a schedule:
 warm-up 2 steps, record 2), and reports how many events its trace held.
@@ -43,14 +44,20 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--bucket-cap-mb", type=float, default=0.25)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")  # cuda: one GPU a rank, NCCL
     args = ap.parse_args()
 
-    dist.init_process_group("gloo")
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(1234)
     model = nn.Sequential(nn.Linear(32, args.hidden), nn.ReLU(), nn.Linear(args.hidden, args.hidden),
                           nn.ReLU(), nn.Linear(args.hidden, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 1))
-    ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb)
+    model = model.to(device)
+    ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
     loss_fn = nn.MSELoss()
     ds = make_data()
@@ -69,6 +76,7 @@ def main() -> None:
         step_loss = 0.0
         for i, (x, y) in enumerate(loader):
             t0 = time.perf_counter()
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             last = (i + 1) % args.accum == 0
             if last:
                 loss = loss_fn(ddp(x), y) / args.accum

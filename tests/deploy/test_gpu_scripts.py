@@ -99,6 +99,9 @@ def test_gpu_diag_runs_its_steps_on_cpu_and_leaves_its_files(tmp_path):
     for timing in ("hook", "recorder"):
         assert f"train {timing} rc=0" in log
         assert pstats.Stats(str(out / f"rank0-{timing}.pstats")).total_calls > 0
+    attach = json.loads((out / "attach.json").read_text())  # the script's own times, both sides, one round
+    assert attach["n_plain"] > 0 and attach["n_attached"] > 0 and attach["backend"] == "gloo", attach
+    assert [r["run_steps"] >= r["script_steps"] > 0 for r in attach["attached_runs"]] == [True]
 
 
 def test_gpu_diag_says_a_failed_step_and_exits_1(tmp_path):
@@ -108,4 +111,4 @@ def test_gpu_diag_says_a_failed_step_and_exits_1(tmp_path):
                            str(tmp_path / "bare" / "bin" / "python"), "--out", str(tmp_path / "d"), "--cpu"],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": ""})
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "gpu_diag: failed: flight_cost train-hook train-recorder" in proc.stderr
+    assert "gpu_diag: failed: flight_cost train-hook train-recorder attach" in proc.stderr

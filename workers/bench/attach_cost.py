@@ -57,10 +57,10 @@ def printed_ms(stdout: str) -> list[float]:
     return [float(ms) for _, ms in PRINTED.findall(stdout)][WARMUP_PRINTS:]
 
 
-def _cmd(epochs: int, hidden: int, bucket_cap_mb: float) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+def _cmd(epochs: int, hidden: int, bucket_cap_mb: float, nproc: int = 2, device: str = "cpu") -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
             str(free_port()), str(EXAMPLE), "--epochs", str(epochs), "--hidden", str(hidden),
-            "--bucket-cap-mb", str(bucket_cap_mb)]
+            "--bucket-cap-mb", str(bucket_cap_mb), "--device", device]
 
 
 RUN_ID_LINE = re.compile(r"ddpviz: run ([0-9a-f]{16})")  # how `ddpviz run` announces its run
@@ -78,9 +78,9 @@ def bench_env() -> dict[str, str]:
 
 
 def _turn(attached: bool, url: str, work: Path, epochs: int, hidden: int, bucket_cap_mb: float,
-          i: int) -> dict[str, Any]:
+          i: int, nproc: int = 2, device: str = "cpu") -> dict[str, Any]:
     env = bench_env()
-    cmd = _cmd(epochs, hidden, bucket_cap_mb)
+    cmd = _cmd(epochs, hidden, bucket_cap_mb, nproc, device)
     if attached:
         cmd = [sys.executable, "-m", "ddpviz.workers", "run", "--url", url, "--spool", str(work / f"spool-{hidden}-{i}"),
                "--name", f"bench attach cost {i}", "--", *cmd]
@@ -98,8 +98,10 @@ def _turn(attached: bool, url: str, work: Path, epochs: int, hidden: int, bucket
 
 
 def measure_attach_cost(redis, url: str, work: Path, rounds: int = 5, epochs: int = 40,
-                        hidden: int = 1024, bucket_cap_mb: float = 0.25) -> dict[str, Any]:
-    """One configuration of figure 9 (module docstring). `redis`/`url`: the bench's private Redis.
+                        hidden: int = 1024, bucket_cap_mb: float = 0.25, nproc: int = 2,
+                        device: str = "cpu") -> dict[str, Any]:
+    """One configuration of figure 9 (module docstring). `redis`/`url`: the bench's private Redis; `nproc`
+    ranks on `device` ("cuda": one GPU a rank, NCCL; `main` on a GPU host).
 
     Raises:
         RuntimeError: a turn failed, printed no times, or an attached turn left no run holding
@@ -112,7 +114,7 @@ def measure_attach_cost(redis, url: str, work: Path, rounds: int = 5, epochs: in
     turns = []
     for r in range(rounds):
         for attached in ((False, True) if r % 2 == 0 else (True, False)):
-            turns.append(_turn(attached, url, work, epochs, hidden, bucket_cap_mb, len(turns)))
+            turns.append(_turn(attached, url, work, epochs, hidden, bucket_cap_mb, len(turns), nproc, device))
     client = DdpvizClient(redis=redis)
     for t in turns:
         if not t["ms"]:
@@ -135,7 +137,7 @@ def measure_attach_cost(redis, url: str, work: Path, rounds: int = 5, epochs: in
     ratio = statistics.median(att) / statistics.median(plain)
     return {"script": "examples/attach/train_regression.py", "hidden": hidden, "epochs": epochs,
             "parameters": parameters(hidden), "bucket_cap_mb": bucket_cap_mb,
-            "rounds": rounds, "world_size": 2, "backend": "gloo",
+            "rounds": rounds, "world_size": nproc, "device": device, "backend": "nccl" if device == "cuda" else "gloo",
             "source": "measured: the iteration times the script printed with its own clock",
             "plain_median_ms": round(statistics.median(plain), 3),
             "attached_median_ms": round(statistics.median(att), 3),
@@ -158,3 +160,40 @@ def measure_attach_figure(redis, url: str, work: Path, rounds: int = 5,
     # the judged config's fields, but not its `met`: the figure's is `report.verdict`'s over all its targets
     judged = {k: v for k, v in configs[JUDGED].items() if k != "met"}
     return {**judged, "judged": JUDGED, "configs": configs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One configuration measured alone, with a private embedded Redis (`scripts/gpu_diag.sh`: the attached NCCL
+    rows of issue 31 on a GPU host, ``--device cuda --nproc 1``); the record as JSON on stdout or in ``--out``.
+    Exit 1 when a turn failed (its error in the record)."""
+    import argparse
+    import json
+    import tempfile
+
+    from ddpviz.workers.connection import EmbeddedRedis, connect
+
+    ap = argparse.ArgumentParser(prog="python -m ddpviz.workers.bench.attach_cost", description=main.__doc__)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--nproc", type=int, default=2, help="ranks (torchrun --nproc-per-node)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="ddpviz-attach-cost-") as tmp, \
+            EmbeddedRedis(Path(tmp) / "redis", persist=False) as server:
+        try:
+            fig = measure_attach_cost(connect(server.url), server.url, Path(tmp), args.rounds, args.epochs,
+                                      args.hidden, args.bucket_cap_mb, args.nproc, args.device)
+        except (RuntimeError, subprocess.SubprocessError) as exc:
+            fig = {"error": str(exc)[-3000:]}
+    text = json.dumps(fig, indent=1)
+    if args.out:
+        args.out.write_text(text + "\n")
+    print(text)
+    return 1 if "error" in fig else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
