@@ -122,8 +122,9 @@ class VolumeBook:
 
 def bucket_timing_of(session: Session, ddp: DDP, device: torch.device) -> str:
     """"hook" or "recorder" for `ddp`, whose parameters are on `device`: the session's `bucket_timing`, "auto"
-    resolved by the backend DDP all-reduces with (`engine.config.resolve_bucket_timing`: the recorder on gloo);
-    the hook, whatever was asked, for a model with sparse gradients, as in launched runs
+    resolved by the backend DDP all-reduces with and its `find_unused_parameters`
+    (`engine.config.resolve_bucket_timing`: the recorder on gloo without it); the hook, whatever was asked, for a
+    model with sparse gradients, as in launched runs
     (`engine.modes.ddp.flight.no_hook_path`: the reducer's layout gives dense sizes, only the hook sees what a
     sparse bucket sends). A group of several backends ("cpu:gloo,cuda:nccl", `init_process_group()` with none
     named) counts as the one for `device`'s type."""
