@@ -41,7 +41,7 @@ def effective_bucket_timing(cfg: "RunConfig", backend: str) -> str:
     path, which read PyTorch's flight-recorder dump every step (11.4-12.6 µs per entry held on an H100),
     was no lighter: ddpviz ÷ plain DDP 1.030-1.048x (recorder) vs 1.042-1.049x (hook) on a 99.5 M GPT,
     1.29-1.49x vs 1.28-1.49x on a small one (docs/gpu/2026-12-05-h100). Since 2026-12-05 (night) it reads
-    only DDP's reducer (bytes, order, host launch times; `engine.modes.ddp.flight.LayoutBuckets`), not yet
+    only DDP's reducer (bytes, order, host launch times; `engine.modes.ddp.reducer.LayoutBuckets`), not yet
     measured on a GPU: "auto" stays the hook on NCCL until a GPU run shows that path's cost."""
     return resolve_bucket_timing(cfg.bucket_timing, backend, cfg.find_unused_parameters)
 

@@ -17,7 +17,8 @@ does (docs/events.md) into this process's spool file, which the launcher forward
     imports   a callback after a module's first import (FSDP2 is patched only if the script imports it)
     probe     `ddpviz run --probe`: the all-reduce probe on the script's process group after its last step
     comm      `timed_comm_hook`, the one function DDP calls per bucket, and the all_reduce tap
-    nohook    `--bucket-timing recorder` (`auto` on gloo): a DDP's buckets from its reducer and PyTorch's recorders
+    nohook    which DDPs go without a comm hook (`--bucket-timing`), and their buckets from the reducer and recorders
+    volume    the process's one `comm_volume` a step, over all its DDPs
     steps     steps from the optimizer step hooks or explicit calls: the step split, loss, samples, micro-steps
     api       what the public `ddpviz` package (watch, step) calls: a model registered by hand, explicit steps
     started   `run_started` of an attached run (rank 0)

@@ -56,6 +56,7 @@ class HookState(PickledAsDetached):
         self.user_hook: Callable | None = None
         self.user_state: Any = None
         self.user_builtin = False  # the script's hook is a built-in one's Python twin (engine.attach.ddp)
+        self.sparse = False  # the model has a sparse gradient (set by engine.attach.ddp): buckets checked for it
         self.synced_backwards = 0  # backward passes whose buckets were recorded
 
 
@@ -63,7 +64,7 @@ def _record(state: HookState, bucket: dist.GradBucket) -> dict:
     rec = state.recorder._record(bucket)
     rec["uncompressed_nbytes"] = rec["nbytes"]
     rec["nbytes_source"] = HOOK_BYTES if state.user_hook is not None else \
-        SPARSE_BYTES if bucket.buffer().is_sparse else BUCKET_BYTES
+        SPARSE_BYTES if state.sparse and bucket.buffer().is_sparse else BUCKET_BYTES
     if state.user_hook is not None:
         rec["nbytes"] = 0
     return rec

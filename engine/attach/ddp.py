@@ -16,7 +16,7 @@ watches one DDP built before that (`ddpviz.watch(ddp)` in a process instrumented
 
 Several DDPs in one process (a GAN's generator and discriminator): each `Watch` has a `ddp_index`
 (0 for the first DDP the process built, 1 for the next, ...), carried by its `bucket` events, so
-two DDPs' bucket 0 stay apart; the process still writes one `comm_volume` per step (`VolumeBook`:
+two DDPs' bucket 0 stay apart; the process still writes one `comm_volume` per step (`engine.attach.volume.VolumeBook`:
 the bytes of every DDP that all-reduced in it, summed); a launched rank writes one on its traced steps and
 when its bucket sizes change only (engine.modes.ddp.rank's `volume_due`).
 
@@ -24,7 +24,7 @@ The bucket layout comes from the hook itself: the parameters of each `GradBucket
 (the initial layout on the first synced backward, the rebuilt one after DDP's rebuild, which
 `Reducer::rebuild_buckets` does once, in the forward after the first synced backward).
 
-With `ddpviz run --bucket-timing recorder`, or `auto` (the default) on a gloo DDP (`bucket_timing_of`), none
+With `ddpviz run --bucket-timing recorder`, or `auto` (the default) on a gloo DDP (`nohook.bucket_timing_of`), none
 of the above hooks the buckets: `Watch` registers no comm hook, the script's own hook goes to DDP unwrapped, and
 the buckets come from DDP's reducer (`engine.attach.nohook`); the forward hooks stay.
 """
@@ -41,14 +41,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddpviz.engine.attach.comm import HookState, timed_comm_hook
 from ddpviz.engine.attach.memory import STEPS_HINT
-from ddpviz.engine.attach.nohook import NoHookBuckets, comm_exposed
+from ddpviz.engine.attach.nohook import NoHookBuckets, bucket_timing_of, comm_exposed
 from ddpviz.engine.attach.overrides import apply_tune
 from ddpviz.engine.attach.session import DeferredMarks, Session
 from ddpviz.engine.attach.steps import compiled_away
 from ddpviz.engine.attach.transparent import past_wrappers, wrapper
+from ddpviz.engine.attach.volume import VolumeBook
 from ddpviz.engine.measure.clocks import CudaClock, HostClock
 from ddpviz.engine.measure.memory_sampler import should_trace_memory
 from ddpviz.engine.measure.telemetry import wall_ts
+from ddpviz.engine.modes.ddp.buckets import expect_sparse_gradient
 from ddpviz.engine.modes.ddp.comm_hook import BucketRecorder
 
 LAYOUT_BACKWARDS = 3  # synced backwards whose layouts are kept for run_started (DDP rebuilds once, in the 2nd)
@@ -59,83 +61,6 @@ def _layout(records: list[dict], names: dict[int, tuple[str, ...]]) -> list[dict
                  num_params=len(names.get(r["bucket_index"], ())),
                  param_names=list(names.get(r["bucket_index"], ())), sparse=False)
             for r in sorted(records, key=lambda r: r["bucket_index"])]
-
-
-class VolumeBook:
-    """One `comm_volume` event per step for every DDP of the process (docs/events.md: one per
-    device and step). A step's event is written once the step has ended (`close`, from the step
-    tracker) and every DDP that all-reduced in it has handed over its buckets (`add`; on CUDA that
-    comes at a later step's end, when the bucket's CUDA events completed). Bytes: Σ over those
-    DDPs of the bytes their comm hook handed to all-reduce (in every synced backward of the step:
-    `carry` brings those before the last); `sent_bytes`/`recv_bytes` each DDP's
-    bytes × its ring factor 2(n−1)/n, summed; `theory_*`: the same factor × each DDP's gradient
-    bytes, summed; `ddp_count`: how many DDPs the step's bytes came from."""
-
-    def __init__(self, session: Session):
-        self.s = session
-        self.steps: dict[int, dict[str, Any]] = {}  # step -> {expect, got, closed}
-
-    def _entry(self, step: int) -> dict[str, Any]:
-        return self.steps.setdefault(step, dict(expect=set(), got={}, closed=False))
-
-    def expect(self, step: int, watch: "Watch") -> None:
-        """`watch` all-reduced in `step`: its buckets are due before the step's event."""
-        self._entry(step)["expect"].add(watch.ddp_index)
-
-    def carry(self, step: int, watch: "Watch", nbytes: int) -> None:
-        """`watch` all-reduced `nbytes` more in `step`, in synced backwards before its last one."""
-        if nbytes:
-            carried = self._entry(step).setdefault("carried", {})
-            carried[watch.ddp_index] = carried.get(watch.ddp_index, 0) + nbytes
-
-    def add(self, step: int, watch: "Watch", out: list[dict[str, Any]]) -> None:
-        """`watch`'s bucket records of `step` (as emitted)."""
-        self._entry(step)["got"][watch.ddp_index] = (watch, out)
-        self._flush(step)
-
-    def close(self, step: int) -> None:
-        """`step` has ended: no DDP will all-reduce in it any more."""
-        if step in self.steps:
-            self.steps[step]["closed"] = True
-            self._flush(step)
-
-    def _flush(self, step: int) -> None:
-        e = self.steps[step]
-        if not e["closed"] or not e["expect"] <= set(e["got"]):
-            return
-        del self.steps[step]
-        for older in [s for s, o in self.steps.items() if s < step and o["closed"]]:
-            del self.steps[older]  # a DDP whose timing went off since: its buckets will not come
-        parts = [e["got"][i] for i in sorted(e["got"])]
-        sent = theory = nbytes = 0
-        for watch, out in parts:
-            ring = 2 * (watch.world_size - 1) / watch.world_size
-            b = sum(r["nbytes"] or 0 for r in out) + e.get("carried", {}).get(watch.ddp_index, 0)
-            nbytes, sent, theory = nbytes + b, sent + int(ring * b), theory + int(ring * watch.param_bytes)
-        sources = list(dict.fromkeys(out[0]["nbytes_source"] for _, out in parts if out))
-        self.s.emit("comm_volume", step=step, allreduce_bytes=nbytes, sent_bytes=sent, recv_bytes=sent,
-                    volume_source="derived (ring all-reduce)",
-                    allreduce_bytes_source="; ".join(sources) or None,
-                    theory_sent_bytes=theory, theory_recv_bytes=theory, world_size=parts[0][0].world_size,
-                    ddp_count=len(parts))
-
-
-def bucket_timing_of(session: Session, ddp: DDP, device: torch.device) -> str:
-    """"hook" or "recorder" for `ddp`, whose parameters are on `device`: the session's `bucket_timing`, "auto"
-    resolved by the backend DDP all-reduces with and its `find_unused_parameters`
-    (`engine.config.resolve_bucket_timing`: the recorder on gloo without it); the hook, whatever was asked, for a
-    model with sparse gradients, as in launched runs
-    (`engine.modes.ddp.flight.no_hook_path`: the reducer's layout gives dense sizes, only the hook sees what a
-    sparse bucket sends). A group of several backends ("cpu:gloo,cuda:nccl", `init_process_group()` with none
-    named) counts as the one for `device`'s type."""
-    from ddpviz.engine.config import resolve_bucket_timing
-    from ddpviz.engine.modes.ddp.buckets import expect_sparse_gradient
-
-    backend = str(dist.get_backend(ddp.process_group))
-    if ":" in backend:
-        backend = dict(part.split(":", 1) for part in backend.split(",")).get(device.type, backend)
-    timing = resolve_bucket_timing(session.bucket_timing, backend, bool(getattr(ddp, "find_unused_parameters", False)))
-    return "hook" if timing == "recorder" and any(expect_sparse_gradient(ddp.module)) else timing
 
 
 class Watch(DeferredMarks):
@@ -166,6 +91,7 @@ class Watch(DeferredMarks):
         clock = CudaClock(device) if device.type == "cuda" else HostClock()  # the DDP's device (31.5)
         rec = BucketRecorder(self.world_size, True, names, clock, group=ddp.process_group, predivided=True)
         self.state = HookState(rec, session.guard, self.world_size)
+        self.state.sparse = any(expect_sparse_gradient(ddp.module))  # else no bucket is asked (per bucket, per step)
         self.layouts: list[list[dict]] = []  # the layout of each of the first synced backwards
         self.last_buckets: list[dict] = []  # the latest emitted backward's bucket records (`overlap_of`)
         self.deferred: list[tuple[int, list[dict], Any]] = []  # CUDA: (step, records, origin) not yet complete

@@ -96,7 +96,7 @@ def bucket_timing(env: Mapping[str, str] | None = None) -> str:
     """This rank's requested `bucket_timing` (`engine.config.BUCKET_TIMING_CHOICES`): `BUCKET_TIMING_ENV`, "hook"
     when unset or not one of them (`ddpviz.watch()` in a script not started by `ddpviz run`: nothing set the
     variables the recorder's sampled steps need). "auto" is resolved per DDP by its backend
-    (`engine.attach.ddp.bucket_timing_of`). Called in ranks only (it imports the config's names)."""
+    (`engine.attach.nohook.bucket_timing_of`). Called in ranks only (it imports the config's names)."""
     from ddpviz.engine.config import BUCKET_TIMING_CHOICES
 
     value = (os.environ if env is None else env).get(BUCKET_TIMING_ENV, "")

@@ -3,7 +3,7 @@ Python runs per bucket (issue 31, docs/bucket-timing.md).
 
 `engine.attach.ddp.Watch` registers nothing on the DDP: DDP's reducer divides each gradient by
 world_size while copying it into its bucket and all-reduces the bucket in C++, as without ddpviz.
-Its `bucket` events come from the launched runs' readers (`engine.modes.ddp.flight`), once per step:
+Its `bucket` events come from the launched runs' readers (`engine.modes.ddp.reducer`, `.flight`), once per step:
 
 - gloo (and any backend without a flight-recorder dump): `LayoutBuckets`, DDP's reducer layout —
   bytes, parameters and order every step; on CPU modules each bucket's `ready_s` from the reducer's
@@ -33,20 +33,39 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ddpviz.engine.modes.ddp.flight import (READY_EXPOSED_SOURCE, READY_SOURCE, FlightBuckets, FlightReader,
-                                            LayoutBuckets, dump_function, recorder_on, reducer_layout)
+from ddpviz.engine.modes.ddp.flight import FlightBuckets, FlightReader, dump_function, recorder_on
+from ddpviz.engine.modes.ddp.reducer import (READY_EXPOSED_SOURCE, READY_SOURCE, LayoutBuckets,
+                                             reducer_layout)
 
 NBYTES_SOURCE = "DDP's reducer layout: the bucket buffer's bytes (no comm hook)"
 SCRIPT_HOOK_NBYTES_SOURCE = ("DDP's reducer layout: the bucket buffer's bytes, before the script's comm hook "
                              "(what it hands to the all-reduce is not measured)")
 SCRIPT_HOOK_SOURCE = ("DDP's reducer layout: bucket bytes (before the script's comm hook), parameters and order; "
                       "ready, all-reduce start and end not measured: the script's comm hook holds DDP's one hook "
-                      "slot (no hook of ddpviz's on this DDP: bucket_timing=recorder, or auto with a built-in hook, registers "
-                      "none and wraps none of the script's)")
+                      "slot (no hook of ddpviz's on this DDP: bucket_timing=recorder, or auto with a built-in hook, "
+                      "registers none and wraps none of the script's)")
 FLIGHT_MISSED_SOURCE = ("DDP's reducer layout: bytes and order, the host launch (enqueue_s) from its stamps where "
                         "given; GPU durations not measured: the flight recorder held {got} all-reduces of this "
                         "backward for {want} buckets")
 NOT_MEASURED_NOTE = "not measured on this step (bucket_timing=recorder: bucket times on sampled steps only)"
+
+
+def bucket_timing_of(session: Any, ddp: Any, device: Any) -> str:
+    """"hook" or "recorder" for `ddp`, whose parameters are on `device`: the session's `bucket_timing`, "auto"
+    resolved by the backend DDP all-reduces with and its `find_unused_parameters`
+    (`engine.config.resolve_bucket_timing`: the recorder on gloo without it); the hook, whatever was asked, for a
+    model with sparse gradients, as in launched runs
+    (`engine.modes.ddp.flight.no_hook_path`: the reducer's layout gives dense sizes, only the hook sees what a
+    sparse bucket sends). A group of several backends ("cpu:gloo,cuda:nccl", `init_process_group()` with none
+    named) counts as the one for `device`'s type."""
+    from ddpviz.engine.config import resolve_bucket_timing
+    from ddpviz.engine.modes.ddp.buckets import expect_sparse_gradient
+
+    backend = str(dist.get_backend(ddp.process_group))
+    if ":" in backend:
+        backend = dict(part.split(":", 1) for part in backend.split(",")).get(device.type, backend)
+    timing = resolve_bucket_timing(session.bucket_timing, backend, bool(getattr(ddp, "find_unused_parameters", False)))
+    return "hook" if timing == "recorder" and any(expect_sparse_gradient(ddp.module)) else timing
 
 
 class NoHookBuckets:
@@ -128,7 +147,7 @@ class NoHookBuckets:
 def comm_exposed(buckets: list[dict[str, Any]], last_bwd_s: float) -> tuple[float, dict[str, Any]]:
     """(exposed comm in s, the step's extra fields) of a DDP with no hook: the backward's time after
     its last bucket was ready where every bucket's `ready_s` was measured (a sampled step's profiler,
-    or on gloo DDP's reducer's own ready times, `engine.modes.ddp.flight.LayoutBuckets`, every step
+    or on gloo DDP's reducer's own ready times, `engine.modes.ddp.reducer.LayoutBuckets`, every step
     once its layout is rebuilt), else not measured (`comm_exposed_measured` false, which makes the
     step's figure null, with a note)."""
     if buckets and all(b.get("ready_s") is not None for b in buckets):

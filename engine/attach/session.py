@@ -42,7 +42,7 @@ class Session:
         disabled: names of instrumentation parts switched off after an error (`guard`).
         label: the run's name given to `ddpviz.watch()` (rank 0's is the run's), or None.
         bucket_timing: "auto", "hook" or "recorder" (`ddpviz run --bucket-timing`, `engine.attach.env`; "auto" per
-            DDP: `engine.attach.ddp.bucket_timing_of`).
+            DDP: `engine.attach.nohook.bucket_timing_of`).
         tracker, started, memory: the process's `StepTracker`, `StartedEmitter`, `MemoryWatch`
             (set by `engine.attach.install`).
     """

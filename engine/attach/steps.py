@@ -140,7 +140,7 @@ class StepTracker:
         self.watches: list[Any] = []
         self.modules: list[Any] = []  # engine.attach.api.ModuleWatch: models registered by ddpviz.watch()
         self.memory: Any = None  # engine.attach.memory.MemoryWatch, set by install
-        self.ddp_volume: Any = None  # engine.attach.ddp.VolumeBook, set by the first DDP watched
+        self.ddp_volume: Any = None  # engine.attach.volume.VolumeBook, set by the first DDP watched
         # (watch, synced) of each watched forward whose backward has not come yet, one per watch, in
         # order: a GAN's D(G(z)) runs two DDPs' forwards before one backward, which reduces both; a
         # DCGAN's `fake = G(z)` is reduced only by the next step's backward (the D step's backward

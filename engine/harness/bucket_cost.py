@@ -304,7 +304,7 @@ def _in_thread_rank(rank: int, cfg_dict: dict, caps_mb: list[float], steps: int,
     from ddpviz.engine.measure.telemetry import Telemetry
     from ddpviz.engine.models import build_model
     from ddpviz.engine.modes.ddp.buckets import ddp_bucket_cap_arg
-    from ddpviz.engine.modes.ddp.flight import LayoutBuckets
+    from ddpviz.engine.modes.ddp.reducer import LayoutBuckets
     from ddpviz.engine.modes.ranks import join_process_group, leave_process_group
 
     base = RunConfig(**{**cfg_dict, "world_size": 1})

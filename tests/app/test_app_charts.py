@@ -218,7 +218,7 @@ def test_charts_accept_empty_frames():
 def _recorder_step(spans: bool) -> tuple[list[dict], list[dict]]:
     """One DDP step of 2 ranks, 2 buckets: ready times always (DDP's reducer), all-reduce spans only
     when `spans` (the hook, or a profiled step); exposed comm 1.5 ms (rank 0) and 0.5 ms (rank 1)."""
-    from ddpviz.engine.modes.ddp.flight import READY_SOURCE
+    from ddpviz.engine.modes.ddp.reducer import READY_SOURCE
 
     buckets, steps = [], []
     for rank, exposed in ((0, 0.0015), (1, 0.0005)):

@@ -249,7 +249,7 @@ def test_a_cuda_no_hook_step_says_its_host_launches_are_not_drawn_instead_of_hov
     """The CUDA no-hook path gives host launch times only: no mark is drawn, so the subtitle must not
     tell the reader to hover a bucket; it says why nothing is drawn."""
     from ddpviz.app.charts.buckets import bucket_timeline
-    from ddpviz.engine.modes.ddp.flight import ENQUEUE_SOURCE
+    from ddpviz.engine.modes.ddp.reducer import ENQUEUE_SOURCE
 
     evs = [dict(type="bucket", run_id="r", step=4, rank=0, bucket_index=i, nbytes=1000, num_params=1, ready_s=None,
                 comm_start_s=None, comm_end_s=None, enqueue_s=0.001 * (i + 1), source=ENQUEUE_SOURCE)

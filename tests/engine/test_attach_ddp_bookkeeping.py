@@ -1,6 +1,6 @@
 """An attached DDP's bookkeeping, against hand-worked figures and without processes: several DDPs
 in one process (a GAN's generator and discriminator) — the step's exposed comm and its one
-`comm_volume` (engine/attach/steps.py, engine/attach/ddp.py `VolumeBook`) — and the CUDA path's
+`comm_volume` (engine/attach/steps.py, engine/attach/volume.py `VolumeBook`) — and the CUDA path's
 deferred bucket events written at exit, on stand-in events. The real two-DDP script is in
 tests/engine/test_attach_hook.py."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ddpviz.engine.attach.comm import BUCKET_BYTES
-from ddpviz.engine.attach.ddp import VolumeBook
+from ddpviz.engine.attach.volume import VolumeBook
 from ddpviz.engine.attach.env import RUN_ID_ENV, SPOOL_ENV
 from ddpviz.engine.attach.session import Session
 from ddpviz.engine.attach.steps import StepTracker

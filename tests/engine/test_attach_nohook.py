@@ -151,7 +151,7 @@ def test_exposed_comm_is_measured_only_when_every_bucket_has_its_ready_time():
 def _cuda_layout(monkeypatch, stats):
     """`LayoutBuckets` of a stand-in CUDA DDP whose reducer stamps `stats` (ns from its forward's end), or
     none at all (`stats` None: a torch without `get_backward_stats`)."""
-    from ddpviz.engine.modes.ddp.flight import LayoutBuckets
+    from ddpviz.engine.modes.ddp.reducer import LayoutBuckets
 
     ddp = _StandInDDP()
     ddp.device = torch.device("cuda")  # a device object only: nothing runs on it
@@ -170,7 +170,7 @@ def test_a_cuda_ddps_stamps_are_its_buckets_launches_in_index_order(monkeypatch)
     layout). Bucket 1's own last stamp (1,500 ns after the forward) is before bucket 0's (4,000): DDP
     launches it only after bucket 0, so both launch at 4,000 ns - 1,000 ns (the backward began 1,000 ns
     after the forward's end). No ready time or span is claimed on CUDA."""
-    from ddpviz.engine.modes.ddp.flight import ENQUEUE_SOURCE
+    from ddpviz.engine.modes.ddp.reducer import ENQUEUE_SOURCE
 
     rows = _cuda_layout(monkeypatch, [1_000, 1_500, 3_000, 4_000])
     assert [r["enqueue_s"] for r in rows] == pytest.approx([3e-6, 3e-6])
@@ -192,7 +192,7 @@ def test_auto_is_the_recorder_for_a_gloo_ddp_and_the_hook_for_nccl_or_sparse_gra
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ddpviz.engine.attach.ddp import bucket_timing_of
+    from ddpviz.engine.attach.nohook import bucket_timing_of
     from ddpviz.engine.components.ports import free_port
 
     def asked(timing):

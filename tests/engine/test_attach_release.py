@@ -11,8 +11,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-SCRIPT = r'''
-import atexit, gc, os, socket, weakref
+# ddpviz installed, then a one-process gloo group on a free port (both scripts below)
+ATTACHED_GROUP = r'''
 from ddpviz.engine.attach import install
 install()
 import torch, torch.distributed as dist
@@ -21,7 +21,11 @@ with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
 dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+'''
 
+SCRIPT = r'''
+import atexit, gc, os, socket, weakref
+''' + ATTACHED_GROUP + r'''
 def train():
     ddp = DDP(torch.nn.Linear(4, 1))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
@@ -56,15 +60,7 @@ import atexit, gc, os, socket, sys
 calls, real = [], gc.collect
 gc.collect = lambda *a, **k: calls.append(a) or real(*a, **k)
 atexit.register(lambda: print("full collections at exit", len(calls), flush=True))  # runs after ddpviz's handler
-from ddpviz.engine.attach import install
-install()
-import torch, torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
-ddp = DDP(torch.nn.Linear(4, 1))
+''' + ATTACHED_GROUP + r'''ddp = DDP(torch.nn.Linear(4, 1))
 opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
 for step in range(3):
     ddp(torch.randn(2, 4)).sum().backward()

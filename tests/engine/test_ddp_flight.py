@@ -16,7 +16,7 @@ from plain_ddp import plain_ddp
 
 from ddpviz.engine.config import RunConfig
 from ddpviz.engine.measure.memory_sampler import should_trace_memory
-from ddpviz.engine.modes.ddp.flight import READY_EXPOSED_SOURCE, READY_SOURCE
+from ddpviz.engine.modes.ddp.reducer import READY_EXPOSED_SOURCE, READY_SOURCE
 from ddpviz.engine.modes.ddp.rank import NO_BUCKET_TIMES, exposed_comm
 from ddpviz.engine.modes.ddp.sampled import PROFILER_SOURCE
 from ddpviz.engine.summary import OVERLAP_NOT_MEASURED

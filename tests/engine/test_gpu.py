@@ -64,7 +64,7 @@ def test_ddp_recorder_path_on_nccl_gives_launch_times_and_claims_no_span():
     """`bucket_timing="recorder"` on NCCL: no hook, no flight-recorder read; every step after DDP's rebuilt
     layout is known carries each bucket's host launch (`enqueue_s`, the reducer's stamps), in index
     order, and no ready time or span; training equals single's (DDP's own C++ path)."""
-    from ddpviz.engine.modes.ddp.flight import ENQUEUE_SOURCE
+    from ddpviz.engine.modes.ddp.reducer import ENQUEUE_SOURCE
 
     fields = {**SMALL, "steps": 8}
     ddp, sink = run(mode="ddp", bucket_cap_mb=0.01, bucket_timing="recorder", **fields)

@@ -1,4 +1,4 @@
-"""DDP's reducer's own stamps (`Reducer::get_backward_stats`, `engine.modes.ddp.flight.LayoutBuckets`):
+"""DDP's reducer's own stamps (`Reducer::get_backward_stats`, `engine.modes.ddp.reducer.LayoutBuckets`):
 ready times on CPU, host launch times on CUDA (issue 31), and the profiler's full spans on gloo's sampled
 steps (`engine.modes.ddp.sampled`).
 
@@ -13,7 +13,7 @@ import contextlib
 import pytest
 import torch
 
-from ddpviz.engine.modes.ddp.flight import ENQUEUE_SOURCE, READY_SOURCE, launches
+from ddpviz.engine.modes.ddp.reducer import ENQUEUE_SOURCE, READY_SOURCE, launches
 from ddpviz.engine.modes.ddp.sampled import pair_spans
 from tests.engine.field_models import SleepInBackward
 
@@ -29,7 +29,8 @@ import json, os, sys, time
 os.environ["TORCH_FR_BUFFER_SIZE"] = "64"  # before the process group: torch reads it then
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from ddpviz.engine.modes.ddp.flight import FlightReader, LayoutBuckets
+from ddpviz.engine.modes.ddp.flight import FlightReader
+from ddpviz.engine.modes.ddp.reducer import LayoutBuckets
 from ddpviz.engine.modes.launcher import free_port
 
 class Sleep(torch.autograd.Function):
@@ -112,7 +113,7 @@ def test_gloo_ready_times_come_from_ddps_reducer_on_every_step():
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ddpviz.engine.modes.ddp.flight import LayoutBuckets
+    from ddpviz.engine.modes.ddp.reducer import LayoutBuckets
     from ddpviz.engine.modes.launcher import free_port
     from ddpviz.engine.modes.ranks import leave_process_group
 
@@ -187,7 +188,7 @@ def test_static_graph_gets_ready_times_once_ddp_logs_its_layout():
 
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ddpviz.engine.modes.ddp.flight import LayoutBuckets, reducer_layout
+    from ddpviz.engine.modes.ddp.reducer import LayoutBuckets, reducer_layout
 
     with one_rank_group():
         ddp = DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)), bucket_cap_mb=0.01,
@@ -223,7 +224,7 @@ def test_a_sampled_step_whose_all_reduces_do_not_pair_says_why_and_claims_no_tim
     2026-12-06). Reference: the count of `gloo:all_reduce` in PyTorch's own event list of the same profile."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ddpviz.engine.modes.ddp.flight import LayoutBuckets
+    from ddpviz.engine.modes.ddp.reducer import LayoutBuckets
     from ddpviz.engine.modes.ddp.sampled import UNPAIRED
 
     with one_rank_group():

@@ -13,7 +13,7 @@ from attach_tools import assert_params_bitwise_equal, by_rank, ints, params, rep
 from ddpviz.engine.attach.memory import STEPS_HINT
 from ddpviz.engine.attach.nohook import SCRIPT_HOOK_SOURCE
 from ddpviz.engine.measure.memory_sampler import should_trace_memory
-from ddpviz.engine.modes.ddp.flight import READY_EXPOSED_SOURCE, READY_SOURCE
+from ddpviz.engine.modes.ddp.reducer import READY_EXPOSED_SOURCE, READY_SOURCE
 from ddpviz.engine.modes.ddp.sampled import PROFILER_SOURCE
 from ddpviz.workers.connection import connect
 from ddpviz.workers.history import read_all_events

@@ -7,6 +7,7 @@
     buckets     the bucket layout, before anything launches, by PyTorch's own assignment rule
     memory      what a DDP rank adds to memory tracing and the replica check
     probe       the all-reduce probe on the run's own process group (nccl-tests style)
-flight      `bucket_timing=recorder`: buckets from DDP's reducer (and, attached NCCL, the flight recorder), no Python per bucket
+flight      `bucket_timing=recorder`: which runs take it; PyTorch's flight recorder (attached NCCL's sampled steps)
+reducer     `bucket_timing=recorder`: every step's buckets from DDP's reducer (layout, stamps), no Python per bucket
 sampled     `bucket_timing=recorder` on sampled steps: full bucket spans from PyTorch's profiler
 """

@@ -39,7 +39,8 @@ from ddpviz.engine.models import build_model
 from ddpviz.engine.modes.ddp.buckets import buffer_sync_arg, ddp_bucket_cap_arg
 from ddpviz.engine.modes.ddp.comm_hook import recording_hook
 from ddpviz.engine.modes.ddp.comm_hooks import compose, selected_hook, volume_label
-from ddpviz.engine.modes.ddp.flight import READY_EXPOSED_SOURCE, READY_SOURCE, LayoutBuckets, no_hook_path
+from ddpviz.engine.modes.ddp.flight import no_hook_path
+from ddpviz.engine.modes.ddp.reducer import READY_EXPOSED_SOURCE, READY_SOURCE, LayoutBuckets
 from ddpviz.engine.modes.ddp.memory import BufferProbe, MemoryBucketRecorder, keep_before_traced
 from ddpviz.engine.modes.ranks import init_rank, progress, run_rank
 

@@ -135,9 +135,10 @@ class SampledSpans:
         self._range.__enter__()
 
     def stop(self) -> None:
-        """Stop a profile that will not be read (its step ended without reading it: an instrumentation part that
-        raised). Left running, PyTorch's profiler outlived the step; at the process's exit it crashed the script
-        (SIGSEGV after "Requested callback is not found", torch 2.13, 2026-12-06)."""
+        """Stop the profile (`spans` reads it after); alone, for one that will not be read (its step ended
+        without reading it: an instrumentation part that raised). Left running, PyTorch's profiler outlived the
+        step; at the process's exit it crashed the script (SIGSEGV after "Requested callback is not found", torch
+        2.13, 2026-12-06)."""
         rng, prof, self._prof, self._range = self._range, self._prof, None, None
         if prof is not None:
             _RUNNING["n"] -= 1
@@ -151,12 +152,8 @@ class SampledSpans:
     def spans(self) -> list[tuple[float, float, float]] | None:
         """After the backward: per bucket in index order, or None when the launches and the
         collectives do not pair up (then nothing is claimed)."""
-        rng, prof, self._prof, self._range = self._range, self._prof, None, None
-        _RUNNING["n"] -= 1
-        try:
-            rng.__exit__(None, None, None)
-        finally:
-            prof.__exit__(None, None, None)
+        prof = self._prof
+        self.stop()
         return pair_spans(kineto_rows(prof))
 
 
