@@ -41,12 +41,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddpviz.engine.attach.comm import HookState, timed_comm_hook
 from ddpviz.engine.attach.memory import STEPS_HINT
-from ddpviz.engine.attach.nohook import NoHookBuckets, bucket_timing_of, comm_exposed
+from ddpviz.engine.attach.nohook import NBYTES_SOURCE, NoHookBuckets, bucket_timing_of, comm_exposed
 from ddpviz.engine.attach.overrides import apply_tune
 from ddpviz.engine.attach.session import DeferredMarks, Session
-from ddpviz.engine.attach.steps import compiled_away
+from ddpviz.engine.attach.steps import batch_samples, compiled_away
 from ddpviz.engine.attach.transparent import past_wrappers, wrapper
-from ddpviz.engine.attach.volume import VolumeBook
+from ddpviz.engine.attach.volume import VolumeBook, volume_fields
 from ddpviz.engine.measure.clocks import CudaClock, HostClock
 from ddpviz.engine.measure.memory_sampler import should_trace_memory
 from ddpviz.engine.measure.telemetry import wall_ts
@@ -79,6 +79,9 @@ class Watch(DeferredMarks):
 
     def __init__(self, session: Session, tracker: Any, ddp: DDP, register: Any):
         self.s, self.tracker, self.ddp = session, tracker, ddp
+        # the module the DDP wraps (the script's model), read on every forward (`training_forward`): `ddp.module`
+        # goes through nn.Module.__getattr__, 0.9 µs a read here
+        self.module: torch.nn.Module = ddp.module
         self.ddp_index = sum(1 for w in tracker.watches if isinstance(w, Watch))  # built before this one
         if tracker.ddp_volume is None:
             tracker.ddp_volume = VolumeBook(session)
@@ -93,7 +96,9 @@ class Watch(DeferredMarks):
         self.state = HookState(rec, session.guard, self.world_size)
         self.state.sparse = any(expect_sparse_gradient(ddp.module))  # else no bucket is asked (per bucket, per step)
         self.layouts: list[list[dict]] = []  # the layout of each of the first synced backwards
-        self.last_buckets: list[dict] = []  # the latest emitted backward's bucket records (`overlap_of`)
+        # the latest emitted backward's bucket records (`overlap_of`; an ordinary step's are built by the writer)
+        self.last_buckets: list[dict] = []
+        self._steady: tuple = (None, [], {})  # (the layout, its bucket event heads, comm_volume head): `steady_buckets`
         self.deferred: list[tuple[int, list[dict], Any]] = []  # CUDA: (step, records, origin) not yet complete
         self.param_bytes = sum(p.numel() * p.element_size() for p in ddp.module.parameters() if p.requires_grad)
         self.synced_backwards = 0  # synced backwards begun so far
@@ -118,15 +123,11 @@ class Watch(DeferredMarks):
                          ddp.register_forward_hook(self._post, always_call=True).id)  # a forward that raised ends
         ddp._ddpviz_watch = self
 
-    @property
-    def module(self) -> torch.nn.Module:
-        """The module the DDP wraps (the script's model)."""
-        return self.ddp.module
 
     @compiled_away
     def _pre(self, module: DDP, args: tuple, kwargs: dict) -> None:
         synced = bool(module.require_backward_grad_sync and torch.is_grad_enabled())
-        self.s.guard("steps", self.tracker.forward_start, self, synced, _samples(args, kwargs))
+        self.s.guard("steps", self.tracker.forward_start, self, synced, batch_samples(args, kwargs))
 
     @compiled_away
     def _post(self, module: DDP, args: tuple, output: Any) -> None:
@@ -222,6 +223,29 @@ class Watch(DeferredMarks):
         self._emit_completed()
         return []
 
+    def steady_buckets(self) -> tuple[list[dict[str, Any]], list[float], dict[str, Any], Any] | None:
+        """For an ordinary step (`engine.attach.steps.StepTracker._ordinary`): its one synced backward's buckets on
+        the recorder path (no hook), the layout steady and reported, the step not sampled, the reducer's ready
+        stamps readable (`LayoutBuckets.steady_readies`): (the bucket events' heads, each bucket's ready time in s
+        from the backward's start, the `comm_volume` event's head, `comm_exposed`). The events built from them are
+        the ones `buckets` and the `VolumeBook` emit on such a step (tests/engine/test_attach_ordinary.py), without
+        their per-step work on the script's thread. None otherwise, and the caller takes `buckets`."""
+        nh = self.nohook
+        if nh is None or nh.synced != 1 or nh.read_flight or nh.script_hook is not None \
+                or len(self.layouts) < LAYOUT_BACKWARDS or self.volume.steps or "bucket timing" in self.s.disabled:
+            return None
+        reader = nh.layout_reader
+        readies = reader.steady_readies()
+        if readies is None:
+            return None
+        nh.synced = 0
+        if self._steady[0] is not reader._layout:
+            rows = [dict(r, nbytes_source=NBYTES_SOURCE) for r in reader.steady_rows()]
+            tel = self.s.tel
+            self._steady = (reader._layout, [tel.head("bucket", ddp_index=self.ddp_index, **r) for r in rows],
+                            tel.head("comm_volume", **volume_fields([(self, rows)], {})))
+        return self._steady[1], readies, self._steady[2], comm_exposed
+
     def _emit_completed(self) -> None:
         rec = self.state.recorder
         while self.deferred and _completed(self.deferred[0]):
@@ -285,12 +309,6 @@ def _marks(item: tuple[int, list[dict], Any]) -> list[Any]:
 
 def _completed(item: tuple[int, list[dict], Any]) -> bool:
     return all(m.query() for m in _marks(item) if m is not None) and all("comm_end" in r for r in item[1])
-
-
-def _samples(args: tuple, kwargs: dict) -> int:
-    from ddpviz.engine.attach.steps import batch_samples
-
-    return batch_samples(args, kwargs)
 
 
 _REGISTER = DDP.register_comm_hook  # DDP's own, before patch_ddp wraps it

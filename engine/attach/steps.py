@@ -45,14 +45,17 @@ Every hook runs under the session's guard (`engine.attach.session.Session.guard`
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from typing import Any, Callable
 
 import torch
 
 from ddpviz.engine.attach.session import Detached, Session
+from ddpviz.engine.batching import Later
+from ddpviz.engine.events import mark_nonfinite
 from ddpviz.engine.measure.deferred import LossReading
-from ddpviz.engine.measure.telemetry import now, step_fields
+from ddpviz.engine.measure.telemetry import now, step_fields, wall_ts
 
 SAMPLES_SOURCE = "batch dimension of the first tensor the DDP module received, summed over micro-steps, x world_size"
 EXPLICIT_SAMPLES_SOURCE = "ddpviz.step(samples=...) of this rank, x world_size"
@@ -111,6 +114,8 @@ def compiled_away(hook: Callable) -> Callable:
 def batch_samples(args: tuple, kwargs: dict) -> int:
     """The leading dimension of the first tensor in a forward call's arguments (0 if none):
     what the wrapped module saw of the batch."""
+    if args and isinstance(args[0], torch.Tensor):  # the usual `model(x)`, on every forward: no walk
+        return int(args[0].shape[0]) if args[0].dim() else 1
     stack = list(args) + list(kwargs.values())
     while stack:
         x = stack.pop(0)
@@ -154,6 +159,7 @@ class StepTracker:
         self.unsent: list[tuple[int, dict, LossReading]] = []  # ended steps whose loss is still on the GPU
         self.scaled: list[tuple[Any, torch.Tensor]] = []  # (weakref to GradScaler.scale's output, its input)
         self._in_backward = threading.local()  # inside a recorded backward: torch.autograd.backward within counts once
+        self._step_head: dict | None = None  # the step event's constant part (`Telemetry.head`), for `_ordinary`
         self._fresh()
 
     def _fresh(self) -> None:
@@ -317,18 +323,61 @@ class StepTracker:
         return True
 
     def _end_step(self, end: float) -> None:
+        ordinary = False
         try:
-            self._emit_step(end)
+            ordinary = self._ordinary(end)
+            if not ordinary:
+                self._emit_step(end)
         finally:
             if self.memory is not None and self.memory._open is not None:  # the step failed to close it
                 try:  # whatever is switched off: a traced step left open would slow every step after it
                     self.memory.abandon()
                 except Exception:
                     pass
-            self.stop_profiling()
+            if not ordinary:  # an ordinary step's one DDP ran no profile (`LayoutBuckets.steady_readies`)
+                self.stop_profiling()
             self.prev_end = end
             self.step += 1
             self._fresh()
+
+    def _ordinary(self, end: float) -> bool:
+        """Hand over an ordinary step's events to be built on the event writer's thread, and say whether it did.
+        Ordinary: after step 0, micro-steps of the process's one DDP of which only the last all-reduced (a
+        script's `no_sync()` accumulation, or one micro-step), on the recorder path with its layout steady
+        (`engine.attach.ddp.Watch.steady_buckets`), a forward seen, the losses on the CPU, nothing given to
+        `explicit_step`, no memory trace open, no earlier step waiting for its loss. Its events (buckets,
+        comm_volume, step) are `_emit_step`'s for such a step (tests/engine/test_attach_ordinary.py); this thread
+        keeps the readings only (issue 31: an attached small step's own cost, docs/measured.md). Else False, and
+        `_emit_step` does the step."""
+        micro, losses = self.micro, self.losses
+        if self.step == 0 or not micro or not losses or len(self.watches) != 1 or self.unsent or not self.fwd_seen \
+                or self.samples <= 0 or self.given != (None, None) \
+                or (self.memory is not None and self.memory._open is not None):
+            return False
+        last = micro[-1]
+        watch = last["watch"]
+        if not last["synced"] or any(m["synced"] or m["watch"] is not watch for m in micro[:-1]) \
+                or any(len(m["views"]) != 1 or "t1" not in m for m in micro) \
+                or any(t.device.type != "cpu" for t in losses):
+            return False
+        steady = self.s.guard("bucket timing", getattr(watch, "steady_buckets", _none))
+        if steady is None:
+            return False
+        if self._step_head is None:
+            self._step_head = self.s.tel.head("step")
+        tail = _ORDINARY_TAILS[len(micro), self.explicit, self.loss_scaled] if len(micro) <= 8 else dict(
+            _ORDINARY_TAILS[1, self.explicit, self.loss_scaled], micro_steps=len(micro),
+            no_sync_micro_steps=len(micro) - 1)
+        heads, readies, volume_head, exposed_of = steady
+        backward_s = sum(m["t1"] - m["t0"] for m in micro)
+        loss = float(sum(float(v) for v in losses))  # `LossReading`'s sum, in its order
+        self.s.tel.hand_over_later(Later(ordinary_events, (
+            self._step_head, heads, volume_head, exposed_of, time.time(), self.step, readies, self.start, end,
+            self.forward_s, backward_s, last["t0"], last["t1"], self.optimizer_s, loss,
+            self.samples * self.s.world_size, tail), len(heads) + 2))
+        if self.on_step is not None:
+            self.on_step(self.step, None)
+        return True
 
     def _emit_step(self, end: float) -> None:
         samples, loss = self.given
@@ -354,24 +403,17 @@ class StepTracker:
         if self.ddp_volume is not None:
             self.s.guard("bucket timing", self.ddp_volume.close, step)
         bwd -= exposed_bwd
-        forward_s, exposed = self.forward_s - exposed_fwd, exposed_fwd + exposed_bwd
-        opt_s = self.optimizer_s
-        step_time = end - self.start
+        seen = samples is not None or self.samples > 0
+        source = EXPLICIT_SAMPLES_SOURCE if samples is not None else SAMPLES_SOURCE if seen else SAMPLES_NOT_SEEN
         reading = LossReading([loss] if loss is not None else self.losses)
         loss_source = EXPLICIT_LOSS_SOURCE if loss is not None else (
             SCALED_LOSS_SOURCE if self.loss_scaled else LOSS_SOURCE if self.losses else LOSS_NOT_SEEN)
-        seen = samples is not None or self.samples > 0
-        source = EXPLICIT_SAMPLES_SOURCE if samples is not None else SAMPLES_SOURCE if seen else SAMPLES_NOT_SEEN
-        samples = (self.samples if samples is None else samples) * self.s.world_size
-        fields = step_fields(start=self.start, loss=None, samples=samples, step_time_s=step_time,
-                             forward_s=forward_s if self.fwd_seen else None, backward_s=bwd, comm_exposed_s=exposed,
-                             optimizer_s=opt_s, **extra)
-        if not seen:
-            fields.update(samples=None, samples_per_s=None)
-        fields.update(other_s=max(0.0, step_time - forward_s - bwd - exposed - opt_s),  # an unseen forward's in it
-                      micro_steps=len(micro),
-                      no_sync_micro_steps=sum(1 for m in micro if _syncs(m["watch"]) and not m["synced"]),
-                      samples_source=source, step_source=STEP_SOURCES[self.explicit], loss_source=loss_source)
+        fields = attached_fields(
+            self.start, end, self.forward_s - exposed_fwd, self.fwd_seen, bwd, exposed_fwd + exposed_bwd,
+            self.optimizer_s, ((self.samples if samples is None else samples) * self.s.world_size) if seen else None,
+            extra, micro_steps=len(micro),
+            no_sync_micro_steps=sum(1 for m in micro if _syncs(m["watch"]) and not m["synced"]),
+            samples_source=source, step_source=STEP_SOURCES[self.explicit], loss_source=loss_source)
         if self.memory is not None:
             self.s.guard("memory", self.memory.step_end, fields)
         self.unsent.append((step, fields, reading))
@@ -428,3 +470,49 @@ def training_forward(watch: Any) -> bool:
 def _syncs(watch: Any) -> bool:
     """A watch whose backward reduces gradients unless the script skips it (DDP, FSDP2)."""
     return bool(getattr(watch, "reduces_gradients", False))
+
+
+# an ordinary step's last fields (`StepTracker._ordinary`), by (micro-steps, explicit steps, the loss from
+# GradScaler.scale): every micro-step before the last ran under no_sync
+_ORDINARY_TAILS = {(n, explicit, scaled): dict(micro_steps=n, no_sync_micro_steps=n - 1, samples_source=SAMPLES_SOURCE,
+                                               step_source=STEP_SOURCES[explicit],
+                                               loss_source=SCALED_LOSS_SOURCE if scaled else LOSS_SOURCE)
+                   for n in range(1, 9) for explicit in (False, True) for scaled in (False, True)}
+
+
+def _none() -> None:
+    return None
+
+
+def attached_fields(start: float, end: float, forward_s: float, forward_seen: bool, backward_s: float,
+                    exposed_s: float, optimizer_s: float, samples: int | None, extra: dict[str, Any],
+                    **tail: Any) -> dict[str, Any]:
+    """An attached step's `step` event fields, the loss None (module docstring): times in s from `now()` readings,
+    `forward_s` null where no forward was seen (`forward_seen`), `samples` (all ranks) null where not seen, then
+    samples/s too; `other_s` the step's time outside its measured phases; `extra` and `tail` as given."""
+    step_time = end - start
+    fields = step_fields(start=start, loss=None, samples=samples or 0, step_time_s=step_time,
+                         forward_s=forward_s if forward_seen else None, backward_s=backward_s,
+                         comm_exposed_s=exposed_s, optimizer_s=optimizer_s, **extra)
+    if samples is None:
+        fields.update(samples=None, samples_per_s=None)
+    fields.update(other_s=max(0.0, step_time - forward_s - backward_s - exposed_s - optimizer_s), **tail)
+    return fields
+
+
+def ordinary_events(step_head: dict, bucket_heads: list[dict], volume_head: dict, exposed_of: Callable,
+                    ts: float, step: int, readies: list[float], start: float, end: float, forward_s: float,
+                    backward_s: float, t0: float, t1: float, optimizer_s: float, loss: float, samples: int,
+                    tail: dict) -> list[dict]:
+    """An ordinary step's events (`StepTracker._ordinary`), from its readings (s; `backward_s` Σ its micro-steps'
+    backwards, `t0`/`t1` its synced backward's start and end): each bucket's (its head with the ready time), the
+    step's comm_volume and its step event, as `_emit_step` writes them. Called on the event writer's thread
+    (`engine.batching.Later`): it reads nothing that changes after the step."""
+    events = [{**h, "ts": ts, "step": step, "ready_s": r} for h, r in zip(bucket_heads, readies)]
+    exposed, extra = exposed_of(events, t1 - t0)
+    fields = attached_fields(start, end, forward_s, True, backward_s - exposed, exposed, optimizer_s, samples,
+                             dict(backward_start_ts=wall_ts(t0), **extra), **tail)
+    fields["loss"] = loss
+    events.append({**volume_head, "ts": ts, "step": step})
+    events.append({**step_head, "ts": ts, "step": step, **(fields if loss - loss == 0 else mark_nonfinite(fields))})
+    return events

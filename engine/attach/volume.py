@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddpviz.engine.analysis import ring_factor
 from ddpviz.engine.attach.session import Session
 
 
@@ -53,14 +54,19 @@ class VolumeBook:
         for older in [s for s, o in self.steps.items() if s < step and o["closed"]]:
             del self.steps[older]  # a DDP whose timing went off since: its buckets will not come
         parts = [e["got"][i] for i in sorted(e["got"])]
-        sent = theory = nbytes = 0
-        for watch, out in parts:
-            ring = 2 * (watch.world_size - 1) / watch.world_size
-            b = sum(r["nbytes"] or 0 for r in out) + e.get("carried", {}).get(watch.ddp_index, 0)
-            nbytes, sent, theory = nbytes + b, sent + int(ring * b), theory + int(ring * watch.param_bytes)
-        sources = list(dict.fromkeys(out[0]["nbytes_source"] for _, out in parts if out))
-        self.s.emit("comm_volume", step=step, allreduce_bytes=nbytes, sent_bytes=sent, recv_bytes=sent,
-                    volume_source="derived (ring all-reduce)",
-                    allreduce_bytes_source="; ".join(sources) or None,
-                    theory_sent_bytes=theory, theory_recv_bytes=theory, world_size=parts[0][0].world_size,
-                    ddp_count=len(parts))
+        self.s.emit("comm_volume", step=step, **volume_fields(parts, e.get("carried", {})))
+
+
+def volume_fields(parts: list[tuple[Any, list[dict[str, Any]]]], carried: dict[int, int]) -> dict[str, Any]:
+    """A step's `comm_volume` fields (`VolumeBook`) from each DDP that all-reduced in it: `parts` are (its watch,
+    its bucket records as emitted), `carried` the bytes of its synced backwards before the last, by `ddp_index`.
+    Sizes in bytes; the ring factor is `engine.analysis.ring_factor`."""
+    sent = theory = nbytes = 0
+    for watch, out in parts:
+        ring = ring_factor(watch.world_size)
+        b = sum(r["nbytes"] or 0 for r in out) + carried.get(watch.ddp_index, 0)
+        nbytes, sent, theory = nbytes + b, sent + int(ring * b), theory + int(ring * watch.param_bytes)
+    sources = list(dict.fromkeys(out[0]["nbytes_source"] for _, out in parts if out))
+    return dict(allreduce_bytes=nbytes, sent_bytes=sent, recv_bytes=sent, volume_source="derived (ring all-reduce)",
+                allreduce_bytes_source="; ".join(sources) or None, theory_sent_bytes=theory,
+                theory_recv_bytes=theory, world_size=parts[0][0].world_size, ddp_count=len(parts))
