@@ -218,6 +218,39 @@ def test_static_graph_gets_ready_times_once_ddp_logs_its_layout():
     assert timed == list(range(first, 7)), (logged, timed)
 
 
+def test_a_sampled_step_whose_profile_stood_aside_is_no_steady_step(monkeypatch):
+    """A sampled step on which ddpviz's profiler stood aside (here Kineto's on-demand daemon, `KINETO_USE_DAEMON`)
+    is profiled by no one: its buckets' `source` says why (`resolved`). `steady_readies` gave that step's ready
+    times as an ordinary step's, and an attached run wrote its buckets without the reason (a new user's trial,
+    2026-12-07: a script profiler earlier in the run, steps ended by `ddpviz.step()` before the backward). Reference:
+    `resolved()` of the same backward, which reads the reducer's stamps and names the reason."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ddpviz.engine.modes.ddp.reducer import LayoutBuckets
+    from ddpviz.engine.modes.ddp.sampled import ON_DEMAND
+
+    with one_rank_group():
+        ddp = DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)), bucket_cap_mb=0.01)
+        log = LayoutBuckets(ddp, {p.data_ptr(): n for n, p in ddp.module.named_parameters()})
+        for step in range(5):
+            out = ddp(torch.randn(8, 64))
+            log.forward_returned()
+            log.sample_next = sampled = step == 4
+            if sampled:
+                monkeypatch.setenv("KINETO_USE_DAEMON", "1")
+            log.begin_backward()
+            out.sum().backward()
+            if step == 3:
+                assert log.steady_readies() is not None, "an ordinary step before it"
+                continue
+            if sampled:
+                assert log.sampler.stood_aside == ON_DEMAND and not log.sampler.active
+                assert log.steady_readies() is None
+            got = log.resolved()
+    assert [b["source"].startswith(READY_SOURCE) for b in got] == [True, True]
+    assert all(b["ready_s"] is not None and ON_DEMAND in b["source"] for b in got), got[0]["source"]
+
+
 def test_a_sampled_step_whose_all_reduces_do_not_pair_says_why_and_claims_no_time():
     """Under find_unused_parameters DDP also all-reduces its map of used parameters: the profiled backward holds
     one all-reduce more than buckets, and the step's times were dropped without a word (a new user's trial,

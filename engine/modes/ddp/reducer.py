@@ -168,8 +168,8 @@ class LayoutBuckets:
         forward's origin once. For a DDP rank's ordinary steps (`engine.modes.ddp.rank`), whose bucket
         events are then `steady_rows` with these times: what `resolved` gives, without building them."""
         if self._layout_due() or self._named is not self._layout or self.sampler.active \
-                or self._forward_ns is None or self.host_enqueue:
-            return None
+                or self.sampler.stood_aside or self._forward_ns is None or self.host_enqueue:
+            return None  # a sampled step whose profile stood aside: `resolved` says why in `source`
         fwd, self._forward_ns = self._forward_ns, None
         return self._readies(fwd)
 
