@@ -344,3 +344,18 @@ def test_emit_cost_re_emits_each_recorded_event_with_its_own_fields():
     assert got["mean_bytes"] == round(sum(len(encode_json(e)) for e in evs) / 3)
     assert 0 < got["loop_us_per_event"] <= got["with_write_us_per_event"]
     assert got["source"].startswith("measured: a real 2-rank gloo DDP run's events")
+
+
+def test_attach_step_judges_each_round_by_its_own_plain_run():
+    """`ddpviz.workers.bench.attach_step`: a round's ratio is its attached wall median over its own plain one, so a
+    machine that slows between rounds does not move the figure; worked by hand: 550/500, 820/800, 720/600."""
+    from ddpviz.workers.bench.attach_step import main, summarize
+
+    rounds = [{"plain": {"wall_median_us": p}, "attached": {"wall_median_us": a}} for p, a in
+              [(500.0, 550.0), (800.0, 820.0), (600.0, 720.0)]]
+    got = summarize(rounds)
+    assert got["ratio_per_round"] == [1.1, 1.025, 1.2]
+    assert got["ratio_median"] == pytest.approx(1.1) and got["ratio_range"] == pytest.approx([1.025, 1.2])
+    assert got["extra_us_per_round"] == [50.0, 20.0, 120.0] and got["extra_us_median"] == 50.0
+    with pytest.raises(SystemExit):  # fewer steps than the medians leave out: refused before anything runs
+        main(["--steps", "300"])
