@@ -70,6 +70,13 @@ SCALED_LOSS_SOURCE = ("sum of the losses given to GradScaler.scale (unscaled; ba
 EXPLICIT_LOSS_SOURCE = "ddpviz.step(loss=...)"
 # a step whose backwards got no one-element tensor (`out.backward(gradient)` on a batch of outputs): no loss to read
 NOT_A_MICRO_STEP: dict = {}  # `backward_start`'s answer for a backward whose loss counts but that is no micro-step
+# said once where a backward follows only forwards of the watched model in eval() mode (a fine-tuning script that
+# keeps BatchNorm's statistics frozen that way): before 2026-12-07 such a script was recorded as no step at all, and
+# nothing said why (found by a helper's trial)
+EVAL_NOTE = ("a backward() followed forwards of the watched model in eval() mode with autograd on: ddpviz records "
+             "steps from training forwards only (model.train(); that is how it tells evaluation passes apart), so "
+             "these steps are not recorded. Keep the model in train() mode and freeze what you need per module "
+             "(e.g. BatchNorm layers' eval()) to have them recorded")
 LOSS_NOT_SEEN = ("not seen: backward() got no one-element tensor in this step (a backward of several outputs with "
                  "their own gradient); give it with ddpviz.step(loss=...)")
 
@@ -198,6 +205,7 @@ class StepTracker:
         self.scaled: list[tuple[Any, torch.Tensor]] = []  # (weakref to GradScaler.scale's output, its input)
         self._in_backward = threading.local()  # inside a recorded backward: torch.autograd.backward within counts once
         self._step_head: dict | None = None  # the step event's constant part (`Telemetry.head`), for `_ordinary`
+        self.eval_with_grad = False  # a watched module ran a forward in eval() mode with autograd on (`EVAL_NOTE`)
         self._fresh()
 
     def _fresh(self) -> None:
@@ -222,6 +230,7 @@ class StepTracker:
             return
         if not training_forward(watch):  # evaluation: no samples, no time, no backward waits for it
             self.fwd_skip = True
+            self.eval_with_grad = self.eval_with_grad or torch.is_grad_enabled()
             return
         t = now()
         if self.start is None:
@@ -266,6 +275,8 @@ class StepTracker:
             return None
         if not self.pending and self.watches:  # a DDP script: a backward after no DDP forward is no micro-step of it
             if not self.micro:
+                if self.eval_with_grad:  # the script trains its model in eval() mode: say why nothing is recorded
+                    self.s.note(EVAL_NOTE)
                 return None
             # but its loss is the step's too (`l1.backward(retain_graph=True); l2.backward()`), counted once: the
             # torch.autograd.backward inside this Tensor.backward is nested in it

@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+from tests.engine.attach_process import PREAMBLE
+
 # ddpviz installed, then a one-process gloo group on a free port (both scripts below)
 ATTACHED_GROUP = r'''
 from ddpviz.engine.attach import install
@@ -91,17 +93,9 @@ def test_a_process_ending_in_an_uncaught_exception_is_not_held_up_by_a_full_coll
 
 
 DROPS = r'''
-import gc, json, os, socket, sys, weakref
+import gc, json, weakref
 gc.disable()  # reference counts alone free what the script drops: plain DDP needs no more (no cycle)
-if sys.argv[1] == "attached":
-    from ddpviz.engine.attach import install
-    install()
-import torch, torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+''' + PREAMBLE + r'''
 refs, alive = [], []
 for epoch in range(3):  # a new DDP each epoch, the last one dropped
     ddp = DDP(torch.nn.Linear(64, 64))

@@ -166,3 +166,41 @@ def test_a_ddps_bucket_cap_reads_as_the_script_gave_it():
                 assert ddp.bucket_bytes_cap / 2**20 != given or given in (25.0, 1.5, 100.0)  # what it read before
         finally:
             dist.destroy_process_group()
+
+
+def test_a_script_training_its_model_in_eval_mode_is_told_why_no_step_is_recorded(tmp_path):
+    """ddpviz records steps from training forwards only (`training_forward`), so a script that trains its DDP's model
+    in eval() mode (freezing BatchNorm's statistics that way) was recorded as no step at all, and nothing said why
+    (a helper's trial, 2026-12-07). It now says so once, on stderr and as a `log` event. Reference: the same script
+    with the model in train() mode, whose 4 steps are recorded without the note."""
+    import subprocess
+
+    from ddpviz.engine.attach.steps import EVAL_NOTE
+
+    from tests.engine.attach_process import PREAMBLE
+
+    script = PREAMBLE + r'''
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 1))
+ddp = DDP(model)
+if sys.argv[2] == "eval":
+    model.eval()
+opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+for _ in range(4):
+    ddp(torch.randn(16, 8)).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+dist.destroy_process_group()
+'''
+    got = {}
+    for mode in ("eval", "train"):
+        spool = tmp_path / mode
+        spool.mkdir()
+        out = subprocess.run([sys.executable, "-c", script, "attached", mode], capture_output=True, text=True,
+                             timeout=120, env={"PATH": "/usr/bin:/bin", "DDPVIZ_ATTACH_RUN_ID": "eval",
+                                               "DDPVIZ_ATTACH_SPOOL": str(spool), "OMP_NUM_THREADS": "1"})
+        assert out.returncode == 0, out.stderr[-3000:]
+        events = [json.loads(line) for p in spool.glob("events-*.jsonl") for line in p.read_text().splitlines()]
+        got[mode] = (out.stderr.count(EVAL_NOTE), [e["message"] for e in events if e["type"] == "log"],
+                     sum(1 for e in events if e["type"] == "step"))
+    assert got["eval"] == (1, [EVAL_NOTE], 0), got["eval"]
+    assert got["train"] == (0, [], 4), got["train"]

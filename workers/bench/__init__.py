@@ -16,7 +16,9 @@ Figures, each measured in one run of the bench, never in a timed test:
    what a Redis stopped mid-run costs it (`attach_redis_loss`)
 10. what ddpviz's DDP adds per bucket and per step, against plain torch DDP (`bucket_cost`); an
     attached script's per-bucket cost, `ddpviz run --bucket-timing hook` vs `recorder`
-    (`attach_bucket_cost`, run on its own: ``python -m ddpviz.workers.bench.attach_bucket_cost``)
+    (`attach_bucket_cost`, run on its own: ``python -m ddpviz.workers.bench.attach_bucket_cost``), and an
+    attached small step under `ddpviz run` against plain, with ddpviz's own time on its training thread
+    (`attach_step`, on its own: ``python -m ddpviz.workers.bench.attach_step``)
 
 Layout: the bench is split by concept under `workers/bench/`; `figures` runs each figure and
 `cli` orders them and writes the record (`report`). Imports keep pointing app -> workers ->
