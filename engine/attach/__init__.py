@@ -20,6 +20,7 @@ does (docs/events.md) into this process's spool file, which the launcher forward
     nohook    which DDPs go without a comm hook (`--bucket-timing`), and their buckets from the reducer and recorders
     volume    the process's one `comm_volume` a step, over all its DDPs
     steps     steps from the optimizer step hooks or explicit calls: the step split, loss, samples, micro-steps
+    step_events  a step event's fields and sources, and an ordinary step's events built on the writer's thread
     api       what the public `ddpviz` package (watch, step) calls: a model registered by hand, explicit steps
     started   `run_started` of an attached run (rank 0)
     memory    the memory sampler and live-tensor ledger on sampled steps

@@ -14,7 +14,7 @@ Where a step ends, one rule per process (`step_source` in each step event says w
   comes right after an optimizer-ended step, with nothing of the next step begun, switches the rule
   and ends no step (that step is already written); otherwise it ends the step it is in.
 
-Its events (docs/events.md, "attached runs"):
+Its events (docs/events.md, "attached runs"; their fields and sources: `engine.attach.step_events`):
 
 - `step`: `step_time_s` from the previous step's end (step 0: its first forward's start) to this
   one's, so the script's data loading and its own code are inside it, as `other_s`;
@@ -53,22 +53,12 @@ import torch
 
 from ddpviz.engine.attach.session import Detached, Session
 from ddpviz.engine.batching import Later
-from ddpviz.engine.events import mark_nonfinite
+from ddpviz.engine.attach.step_events import (EXPLICIT_LOSS_SOURCE, EXPLICIT_SAMPLES_SOURCE, LOSS_NOT_SEEN,
+                                              LOSS_SOURCE, SAMPLES_NOT_SEEN, SAMPLES_SOURCE, SCALED_LOSS_SOURCE,
+                                              STEP_SOURCES, attached_fields, ordinary_events, ordinary_tail)
 from ddpviz.engine.measure.deferred import LossReading
-from ddpviz.engine.measure.telemetry import now, step_fields, wall_ts
+from ddpviz.engine.measure.telemetry import now
 
-SAMPLES_SOURCE = "batch dimension of the first tensor the DDP module received, summed over micro-steps, x world_size"
-EXPLICIT_SAMPLES_SOURCE = "ddpviz.step(samples=...) of this rank, x world_size"
-# no wrapped module's training forward in the step (a script without DDP, DP or FSDP): samples and samples/s are
-# null, never 0 (before 2026-12-06 Live read "median samples/s 0" for such a run)
-SAMPLES_NOT_SEEN = ("not seen: no DDP, DP or FSDP module's training forward in this step (give them with "
-                    "ddpviz.step(samples=...))")
-STEP_SOURCES = {False: "optimizer", True: "explicit"}  # by StepTracker.explicit
-LOSS_SOURCE = "sum of the scalar tensors backward() was called on"
-SCALED_LOSS_SOURCE = ("sum of the losses given to GradScaler.scale (unscaled; backward() got them "
-                      "multiplied by the scaler's scale)")
-EXPLICIT_LOSS_SOURCE = "ddpviz.step(loss=...)"
-# a step whose backwards got no one-element tensor (`out.backward(gradient)` on a batch of outputs): no loss to read
 NOT_A_MICRO_STEP: dict = {}  # `backward_start`'s answer for a backward whose loss counts but that is no micro-step
 # said once where a backward follows only forwards of the watched model in eval() mode (a fine-tuning script that
 # keeps BatchNorm's statistics frozen that way): before 2026-12-07 such a script was recorded as no step at all, and
@@ -77,8 +67,6 @@ EVAL_NOTE = ("a backward() followed forwards of the watched model in eval() mode
              "steps from training forwards only (model.train(); that is how it tells evaluation passes apart), so "
              "these steps are not recorded. Keep the model in train() mode and freeze what you need per module "
              "(e.g. BatchNorm layers' eval()) to have them recorded")
-LOSS_NOT_SEEN = ("not seen: backward() got no one-element tensor in this step (a backward of several outputs with "
-                 "their own gradient); give it with ddpviz.step(loss=...)")
 
 
 def _is_compiling() -> Callable[[], bool]:
@@ -414,9 +402,7 @@ class StepTracker:
             return False
         if self._step_head is None:
             self._step_head = self.s.tel.head("step")
-        tail = _ORDINARY_TAILS[len(micro), self.explicit, self.loss_scaled] if len(micro) <= 8 else dict(
-            _ORDINARY_TAILS[1, self.explicit, self.loss_scaled], micro_steps=len(micro),
-            no_sync_micro_steps=len(micro) - 1)
+        tail = ordinary_tail(len(micro), self.explicit, self.loss_scaled)
         heads, readies, volume_head, exposed_of = steady
         backward_s = sum(m["t1"] - m["t0"] for m in micro)
         loss = float(sum(float(v) for v in losses))  # `LossReading`'s sum, in its order
@@ -521,47 +507,5 @@ def _syncs(watch: Any) -> bool:
     return bool(getattr(watch, "reduces_gradients", False))
 
 
-# an ordinary step's last fields (`StepTracker._ordinary`), by (micro-steps, explicit steps, the loss from
-# GradScaler.scale): every micro-step before the last ran under no_sync
-_ORDINARY_TAILS = {(n, explicit, scaled): dict(micro_steps=n, no_sync_micro_steps=n - 1, samples_source=SAMPLES_SOURCE,
-                                               step_source=STEP_SOURCES[explicit],
-                                               loss_source=SCALED_LOSS_SOURCE if scaled else LOSS_SOURCE)
-                   for n in range(1, 9) for explicit in (False, True) for scaled in (False, True)}
-
-
 def _none() -> None:
     return None
-
-
-def attached_fields(start: float, end: float, forward_s: float, forward_seen: bool, backward_s: float,
-                    exposed_s: float, optimizer_s: float, samples: int | None, extra: dict[str, Any],
-                    **tail: Any) -> dict[str, Any]:
-    """An attached step's `step` event fields, the loss None (module docstring): times in s from `now()` readings,
-    `forward_s` null where no forward was seen (`forward_seen`), `samples` (all ranks) null where not seen, then
-    samples/s too; `other_s` the step's time outside its measured phases; `extra` and `tail` as given."""
-    step_time = end - start
-    fields = step_fields(start=start, loss=None, samples=samples or 0, step_time_s=step_time,
-                         forward_s=forward_s if forward_seen else None, backward_s=backward_s,
-                         comm_exposed_s=exposed_s, optimizer_s=optimizer_s, **extra)
-    if samples is None:
-        fields.update(samples=None, samples_per_s=None)
-    fields.update(other_s=max(0.0, step_time - forward_s - backward_s - exposed_s - optimizer_s), **tail)
-    return fields
-
-
-def ordinary_events(step_head: dict, bucket_heads: list[dict], volume_head: dict, exposed_of: Callable,
-                    ts: float, step: int, readies: list[float], start: float, end: float, forward_s: float,
-                    backward_s: float, t0: float, t1: float, optimizer_s: float, loss: float, samples: int,
-                    tail: dict) -> list[dict]:
-    """An ordinary step's events (`StepTracker._ordinary`), from its readings (s; `backward_s` Σ its micro-steps'
-    backwards, `t0`/`t1` its synced backward's start and end): each bucket's (its head with the ready time), the
-    step's comm_volume and its step event, as `_emit_step` writes them. Called on the event writer's thread
-    (`engine.batching.Later`): it reads nothing that changes after the step."""
-    events = [{**h, "ts": ts, "step": step, "ready_s": r} for h, r in zip(bucket_heads, readies)]
-    exposed, extra = exposed_of(events, t1 - t0)
-    fields = attached_fields(start, end, forward_s, True, backward_s - exposed, exposed, optimizer_s, samples,
-                             dict(backward_start_ts=wall_ts(t0), **extra), **tail)
-    fields["loss"] = loss
-    events.append({**volume_head, "ts": ts, "step": step})
-    events.append({**step_head, "ts": ts, "step": step, **(fields if loss - loss == 0 else mark_nonfinite(fields))})
-    return events
