@@ -102,8 +102,8 @@ def watch_model(s: Session, model: torch.nn.Module) -> None:
 def watch_optimizer(s: Session, opt: torch.optim.Optimizer) -> None:
     """Register `opt`: its state counts in the memory ledger's tensors from the first traced step
     on (otherwise from its first `step()`)."""
-    if s.memory is not None:
-        s.memory.add_optimizer(opt)
+    if s.memory is not None and all(o is not opt for o in s.memory.optimizers):
+        s.memory.optimizers.append(opt)
 
 
 def step(s: Session, samples: Any = None, loss: Any = None) -> None:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import weakref
 from typing import Any
 
 import torch
@@ -79,15 +78,11 @@ class Watch(DeferredMarks):
     nohook: NoHookBuckets | None = None  # bucket_timing=recorder: no comm hook (engine.attach.nohook)
 
     def __init__(self, session: Session, tracker: Any, ddp: DDP, register: Any):
-        self.s, self.tracker = session, tracker
-        # weakly: the DDP holds this watch (its forward hooks, `_ddpviz_watch`), so one the script drops is freed at
-        # once, as without ddpviz (a cycle waited for a full garbage collection: `engine.attach.steps.LiveWatches`)
-        self._ddp = weakref.ref(ddp)
+        self.s, self.tracker, self.ddp = session, tracker, ddp
         # the module the DDP wraps (the script's model), read on every forward (`training_forward`): `ddp.module`
         # goes through nn.Module.__getattr__, 0.9 µs a read here
         self.module: torch.nn.Module = ddp.module
-        self.ddp_index = tracker.ddps_watched  # DDPs watched before this one, dropped ones too: never reused
-        tracker.ddps_watched += 1
+        self.ddp_index = sum(1 for w in tracker.watches if isinstance(w, Watch))  # built before this one
         if tracker.ddp_volume is None:
             tracker.ddp_volume = VolumeBook(session)
         self.volume: VolumeBook = tracker.ddp_volume
@@ -128,11 +123,6 @@ class Watch(DeferredMarks):
                          ddp.register_forward_hook(self._post, always_call=True).id)  # a forward that raised ends
         ddp._ddpviz_watch = self
 
-
-    @property
-    def ddp(self) -> DDP | None:
-        """The watched DDP; None once the script dropped it (no hook of it runs then)."""
-        return self._ddp()
 
     @compiled_away
     def _pre(self, module: DDP, args: tuple, kwargs: dict) -> None:

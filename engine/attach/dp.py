@@ -24,7 +24,6 @@ optimizer phase is not marked (the step's `optimizer_s` times it on the host).
 from __future__ import annotations
 
 import functools
-import weakref
 from typing import Any, Callable
 
 import torch
@@ -52,13 +51,11 @@ class DpWatch(DeferredMarks):
         from ddpviz.engine.modes.dp.book import tensor_nbytes, theory_star_bytes
         from ddpviz.engine.modes.dp.hooks import CudaStreamClock
 
-        self.s, self.tracker = session, tracker
-        self._dp = weakref.ref(dp)  # weakly, as `engine.attach.ddp.Watch` its DDP: the DataParallel holds this watch
+        self.s, self.tracker, self.dp = session, tracker, dp
         self.module, self.device = dp.module, dp.src_device_obj
         self.n = len(dp.device_ids)
         self.names = [f"{self.device.type}:{i}" for i in dp.device_ids]
-        ids = list(dp.device_ids)
-        self.make_clock = clock or (lambda: CudaStreamClock(ids))
+        self.make_clock = clock or (lambda: CudaStreamClock(dp.device_ids))
         self.param_nbytes = [tensor_nbytes([p]) for p in dp.module.parameters()]
         self.theory = theory_star_bytes(self.n, sum(self.param_nbytes))
         self.step_of: int | None = None  # the step the current book belongs to
@@ -69,11 +66,6 @@ class DpWatch(DeferredMarks):
         dp.register_forward_pre_hook(self._pre, with_kwargs=True)
         dp.register_forward_hook(self._post, always_call=True)
         dp._ddpviz_watch = self
-
-    @property
-    def dp(self) -> nn.DataParallel | None:
-        """The watched DataParallel; None once the script dropped it."""
-        return self._dp()
 
     # -- the DP module's forward (hooks) ----------------------------------------------------------
     @compiled_away

@@ -10,8 +10,6 @@ its module and device are then known.
 
 from __future__ import annotations
 
-import contextlib
-import weakref
 from typing import Any
 
 from ddpviz.engine.attach.session import Session
@@ -30,39 +28,27 @@ class MemoryWatch:
     def __init__(self, s: Session, tracker: Any):
         self.s, self.tracker = s, tracker
         self.sampler: MemorySampler | None = None
-        self.optimizers: list[weakref.ref] = []  # weak references to the script's optimizers seen stepping
+        self.optimizers: list[Any] = []
         self._open: Any = None
-        self.model: Any = None  # a weak reference to the traced model, once built
+        self.model = None
 
     def _build(self, watch: Any) -> None:
-        device = watch.device
-        model = weakref.ref(watch.module)  # the script's: dropped by it, freed (`engine.attach.steps.LiveWatches`)
+        model, device = watch.module, watch.device
         self.model = model
         ledger = TensorLedger(1, device_type=device.type)
 
         def existing():
-            m = model()
-            out = [] if m is None else [(0, "params", m.parameters()), (0, "buffers", m.buffers()),
-                                        (0, "grads", [p.grad for p in m.parameters()])]
-            return out + [(0, "optimizer_state", optimizer_state_tensors(o)) for o in self._optimizers()]
+            out = [(0, "params", model.parameters()), (0, "buffers", model.buffers()),
+                   (0, "grads", [p.grad for p in model.parameters()])]
+            return out + [(0, "optimizer_state", optimizer_state_tensors(o)) for o in self.optimizers]
 
         probe = DeviceProbe(self.s.tel.device, ledger_index=0,
                             cuda_index=(device.index or 0) if device.type == "cuda" else None)
         self.sampler = MemorySampler(self.s.tel, [probe], STEPS_HINT, ledger=ledger, existing=existing,
-                                     hooks=lambda: _phase_hooks(ledger, model()))
-
-    def _optimizers(self) -> list[Any]:
-        """The script's optimizers that it still holds (kept weakly: an optimizer holds its model's parameters)."""
-        live = [o for o in (r() for r in self.optimizers) if o is not None]
-        self.optimizers = [weakref.ref(o) for o in live]
-        return live
+                                     hooks=lambda: _phase_hooks(ledger, model))
 
     def step_start(self, step: int, watch: Any) -> None:
-        """At the first forward of `step`: trace it if it is a sampled step. The model traced is the first
-        watched one while the script holds it, then the one of the first step after it was dropped."""
-        if self.sampler is not None and self.model() is None:
-            self.sampler.close()
-            self.sampler = None
+        """At the first forward of `step`: trace it if it is a sampled step."""
         if self.sampler is None:
             self._build(watch)
         if should_trace_memory(step, STEPS_HINT):
@@ -70,13 +56,9 @@ class MemoryWatch:
             cm.__enter__()
             self._open = cm
 
-    def add_optimizer(self, opt: Any) -> None:
-        """Count `opt`'s state among a traced step's existing tensors (once; held weakly, `_optimizers`)."""
-        if all(r() is not opt for r in self.optimizers):
-            self.optimizers.append(weakref.ref(opt))
-
     def optimizer_seen(self, opt: Any) -> None:
-        self.add_optimizer(opt)
+        if all(o is not opt for o in self.optimizers):
+            self.optimizers.append(opt)
         if self._open is not None and self.sampler is not None and self.sampler.ledger is not None:
             self.sampler.ledger.set_kind("optimizer")
 
@@ -104,6 +86,5 @@ class MemoryWatch:
 
 def _phase_hooks(ledger: TensorLedger, model: Any):
     """`engine.measure.memory_sampler.phase_hooks` without an optimizer handle (the script's is
-    known only once it steps; `MemoryWatch.optimizer_seen` names what the optimizer makes); none for a model
-    the script dropped (None)."""
-    return contextlib.nullcontext() if model is None else phase_hooks(ledger, model, None, first_kind=None)
+    known only once it steps; `MemoryWatch.optimizer_seen` names what the optimizer makes)."""
+    return phase_hooks(ledger, model, None, first_kind=None)

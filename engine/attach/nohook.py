@@ -29,7 +29,6 @@ not measured, sampled steps included (`SCRIPT_HOOK_SOURCE`).
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import torch.distributed as dist
@@ -80,7 +79,7 @@ class NoHookBuckets:
     """
 
     def __init__(self, ddp: Any, names: dict[int, str], flight: FlightReader | None = None):
-        self._ddp = weakref.ref(ddp)  # the DDP holds its watch, which holds this: no cycle back to it
+        self.ddp = ddp
         self.script_hook: str | None = None  # the script's own hook, once DDP has one
         backend = dist.get_backend(ddp.process_group)
         self.layout_reader = LayoutBuckets(ddp, names)
@@ -88,8 +87,7 @@ class NoHookBuckets:
         if flight is None and backend == "nccl" and recorder_on() and dump_function(backend) is not None:
             flight = FlightReader(backend=backend)
         ordered = [names.get(p.data_ptr(), "?") for p in ddp.module.parameters() if p.requires_grad]
-        ref = self._ddp
-        self.flight = FlightBuckets(flight, lambda: reducer_layout(ref()), ordered) if flight is not None else None
+        self.flight = FlightBuckets(flight, lambda: reducer_layout(ddp), ordered) if flight is not None else None
         self.synced = 0  # synced backwards since the last `resolved` (several in a step: bytes carried)
         self.read_flight = False  # the latest synced backward is a sampled one: read the recorder after it
 

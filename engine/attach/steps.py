@@ -123,43 +123,6 @@ def batch_samples(args: tuple, kwargs: dict) -> int:
     return 0
 
 
-class LiveWatches:
-    """The process's watches (`engine.attach.ddp.Watch`, `.dp.DpWatch`, `.fsdp.FsdpWatch`) whose module the script
-    still holds, oldest first: iterated, counted and indexed as a list of the live ones. Held weakly: each watch
-    lives as long as its module does (the module's forward hooks are the watch's methods, and a DDP or
-    DataParallel keeps its watch in `_ddpviz_watch`), so a model the script drops is freed as it is without
-    ddpviz. Before 2026-12-07 this was a list, and every DDP a script built and dropped (one a epoch, a sweep in one
-    process) stayed in memory with its model's parameters and gradients until the process ended
-    (tests/engine/test_attach_release.py)."""
-
-    def __init__(self) -> None:
-        self._refs: list[weakref.ref] = []
-
-    def append(self, watch: Any) -> None:
-        self._refs.append(weakref.ref(watch))
-
-    def _live(self) -> list[Any]:
-        live = [w for w in (r() for r in self._refs) if w is not None]
-        if len(live) != len(self._refs):
-            self._refs = [r for r in self._refs if r() is not None]
-        return live
-
-    def __iter__(self):
-        return iter(self._live())
-
-    def __len__(self) -> int:
-        return len(self._live())
-
-    def __bool__(self) -> bool:
-        return bool(self._live())
-
-    def __getitem__(self, i: int) -> Any:
-        return self._live()[i]
-
-    def clear(self) -> None:
-        self._refs.clear()
-
-
 class StepTracker:
     """Builds the step events of one process. `watches` are the `engine.attach.ddp.Watch`es
     and the `engine.attach.fsdp.FsdpWatch`, `modules` the `engine.attach.api.ModuleWatch`es.
@@ -174,8 +137,7 @@ class StepTracker:
     def __init__(self, session: Session, on_step: Callable[[int, dict], None] | None = None):
         self.s = session
         self.on_step = on_step  # called after each step's events (run_started, memory)
-        self.watches = LiveWatches()
-        self.ddps_watched = 0  # DDPs watched so far in this process, dropped ones too (`Watch.ddp_index`)
+        self.watches: list[Any] = []
         self.modules: list[Any] = []  # engine.attach.api.ModuleWatch: models registered by ddpviz.watch()
         self.memory: Any = None  # engine.attach.memory.MemoryWatch, set by install
         self.ddp_volume: Any = None  # engine.attach.volume.VolumeBook, set by the first DDP watched

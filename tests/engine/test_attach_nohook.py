@@ -86,9 +86,7 @@ def _nccl(monkeypatch, entries):
     monkeypatch.setattr("time.time_ns", lambda: 1_000_000_000)
     ddp = _StandInDDP()
     names = {p.data_ptr(): n for n, p in ddp.module.named_parameters()}
-    b = NoHookBuckets(ddp, names, flight=FlightReader(lambda **kw: pickle.dumps({"entries": entries})))
-    b.stand_in = ddp  # held as a script holds its DDP (NoHookBuckets holds it weakly)
-    return b
+    return NoHookBuckets(ddp, names, flight=FlightReader(lambda **kw: pickle.dumps({"entries": entries})))
 
 
 def test_nccl_buckets_take_enqueue_times_and_gpu_durations_from_the_recorder_but_no_span(monkeypatch):

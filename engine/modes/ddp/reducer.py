@@ -9,7 +9,6 @@ its all-reduce was launched (`enqueue_s`); on gloo's sampled steps also PyTorch'
 from __future__ import annotations
 
 import time
-import weakref
 from typing import Any, Callable
 
 from ddpviz.engine.modes.ddp.sampled import PROFILER_SOURCE, UNPAIRED
@@ -83,8 +82,7 @@ class LayoutBuckets:
     def __init__(self, ddp: Any, names: dict[int, str], host_enqueue: bool | None = None):
         from ddpviz.engine.modes.ddp.sampled import SampledSpans
 
-        self._ddp = weakref.ref(ddp)  # an attached DDP holds its watch, which holds this: no cycle back to it
-        self.names, self.passes = names, 0
+        self.ddp, self.names, self.passes = ddp, names, 0
         self._layout: list[tuple[tuple[str, ...], int]] = []
         self._groups: list[tuple[int, ...]] | None = None  # reducer parameter indices per bucket
         self._named: Any = None
@@ -100,11 +98,6 @@ class LayoutBuckets:
     def layout(self) -> list[tuple[tuple[str, ...], int]]:
         """The current buckets as (parameter names, bytes); a new list object whenever it was read anew."""
         return self._layout
-
-    @property
-    def ddp(self) -> Any:
-        """The DDP whose reducer this reads (None once dropped)."""
-        return self._ddp()
 
     def held_nbytes(self, gradient_as_bucket_view: bool) -> int:
         """Bytes of the bucket buffers DDP's reducer holds in C++ (its layout's sizes, known after the
